@@ -1,0 +1,38 @@
+# kvpilot — the two commands are `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test lint typecheck pytest venv demo lock bench clean
+
+venv: $(STAMP)
+
+# The virtual environment is rebuilt whenever the lock file or the project metadata changes.
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+test: venv lint typecheck pytest
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+pytest: venv
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/python -m bench.twin
+
+# Regenerate the lock after editing dependencies in pyproject.toml (needs `uv` on PATH).
+lock:
+	uv pip compile pyproject.toml --extra dev --python-version 3.11 --generate-hashes -o requirements.lock
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

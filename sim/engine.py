@@ -1,0 +1,613 @@
+"""The scheduler core: one SGLang scheduler (one DP rank) in simulated time.
+
+It reproduces the parts of SGLang's `Scheduler` that decide throughput under memory pressure:
+
+* prefill-first: a prefill batch runs whenever one can be formed, else one decode step;
+* admission by `PrefillAdder`: a new request needs `extend + min(max_new, 4096)` tokens against
+  `available + evictable - sum(running: min(remaining, 4096) * new_token_ratio)`; after a refusal the
+  batch is marked full until a request finishes or is retracted;
+* `new_token_ratio` decays linearly from `0.7 * conservativeness` to 14% of that over 600 decode
+  steps, resets when idle, and jumps after a retraction;
+* retraction before a decode step that cannot give every request a token: fewest outputs first
+  (then longest input), until 20 tokens per remaining request are free; retracted requests keep
+  their outputs and are re-prefilled later;
+* chunked prefill, a radix prefix cache with LRU eviction and the hierarchical host tier;
+* batch latencies from the preset's step model; GPU OOM when a batch's activations exceed the
+  headroom that `mem_fraction_static` left.
+
+Nothing here sleeps: `step()` runs one batch and advances `now` by its simulated duration.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sim.memory import CLIP_MAX_NEW_TOKENS, Headroom, activation_need_gib
+from sim.presets import Preset
+from sim.radix import Match, Node, RadixTree, Tokens
+
+RETRACT_DECODE_STEPS = 20
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+
+
+class GpuOutOfMemory(Exception):
+    """A batch needed more activation memory than the static split left free."""
+
+
+class HostOutOfMemory(Exception):
+    """The host pool's pinned pages were touched beyond the host's RAM: the kernel kills us."""
+
+
+@dataclass(eq=False)
+class Request:
+    rid: str
+    input_ids: Tokens
+    max_new_tokens: int
+    arrival: float
+    stream: bool = False
+    on_progress: Callable[[Request], None] | None = None
+    on_finish: Callable[[Request], None] | None = None
+    # --- scheduler state ---
+    out_len: int = 0
+    output_ids: list[int] = field(default_factory=list)  # filled when the request finishes
+    prefilled: int = 0  # tokens of (input + output) whose KV is computed
+    node: Node | None = None  # locked radix node (prefix this request holds)
+    tree_len: int = 0  # tokens of this request held by the tree (locked path length)
+    private: int = 0  # KV tokens allocated outside the tree
+    # --- accounting for meta_info and metrics ---
+    cached_tokens: int = 0
+    cached_device: int = 0
+    cached_host: int = 0
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    finish_reason: str = ""
+    retractions: int = 0
+    aborted: bool = False
+    last_progress_out: int = 0
+    last_progress_at: float = 0.0
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.input_ids) + self.out_len
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.max_new_tokens - self.out_len)
+
+    def fill_ids(self) -> Tokens:
+        """Input plus the output so far: what a (re-)prefill must cover."""
+        if self.out_len == 0:
+            return self.input_ids
+        return self.input_ids + tuple(synthetic_output(self.rid, self.out_len))
+
+
+def synthetic_output(rid: str, n: int, vocab: int = 1024, offset: int = 1000) -> list[int]:
+    """Deterministic output token ids for a request (the twin does not sample from a model)."""
+    base = _stable_hash(rid)
+    return [offset + (base + i * 7919) % vocab for i in range(n)]
+
+
+def _stable_hash(text: str) -> int:
+    h = 2166136261
+    for ch in text.encode():
+        h = ((h ^ ch) * 16777619) & 0xFFFFFFFF
+    return h
+
+
+@dataclass
+class PrefillStats:
+    new_seq: int
+    new_tokens: int
+    cached_tokens: int
+    host_loaded_tokens: int
+    token_usage: float
+    running: int
+    queued: int
+    pending_tokens: int
+    duration: float
+    retracted_readmitted: int
+
+
+@dataclass
+class DecodeStats:
+    running: int
+    used_tokens: int
+    token_usage: float
+    gen_throughput: float
+    queued: int
+
+
+class Observer(Protocol):
+    """What the server (logs, metrics) or a benchmark wants to hear about."""
+
+    def prefill_batch(self, engine: Engine, stats: PrefillStats) -> None: ...
+    def decode_log(self, engine: Engine, stats: DecodeStats) -> None: ...
+    def retracted(self, engine: Engine, count: int, old_ratio: float, new_ratio: float) -> None: ...
+
+
+class NullObserver:
+    def prefill_batch(self, engine: Engine, stats: PrefillStats) -> None:
+        return None
+
+    def decode_log(self, engine: Engine, stats: DecodeStats) -> None:
+        return None
+
+    def retracted(self, engine: Engine, count: int, old_ratio: float, new_ratio: float) -> None:
+        return None
+
+
+@dataclass
+class EngineConfig:
+    preset: Preset
+    max_total_num_tokens: int
+    cell_size: int
+    max_running_requests: int
+    chunked_prefill_size: int  # -1 = off
+    max_prefill_tokens: int
+    page_size: int
+    schedule_conservativeness: float
+    disable_radix_cache: bool
+    host_pool_tokens: int  # 0 = no hierarchical cache
+    hicache_write_policy: str
+    decode_log_interval: int
+    headroom: Headroom
+    tp_size: int
+    host_oom_on_first_batch: bool = False
+    stream_interval: int = 1
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig, observer: Observer | None = None) -> None:
+        self.cfg = cfg
+        self.observer: Observer = observer or NullObserver()
+        self.now = 0.0
+        self.size = cfg.max_total_num_tokens
+        self.free = cfg.max_total_num_tokens
+        self.private_total = 0
+        self.tree = RadixTree(cfg.host_pool_tokens, cfg.hicache_write_policy)
+        self.radix = not cfg.disable_radix_cache
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.chunked: Request | None = None
+        self.batch_is_full = False
+        self.init_ratio = min(0.7 * cfg.schedule_conservativeness, 1.0)
+        self.min_ratio = self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.ratio_decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = self.init_ratio
+        # counters and per-interval accumulators
+        self.forward_ct_decode = 0
+        self.num_generated_since_log = 0
+        self.last_decode_log_at = 0.0
+        self.last_gen_throughput = 0.0
+        self.last_cache_hit_rate = 0.0
+        self.last_retracted = 0
+        self.retracted_total = 0
+        self.generated_total = 0  # tokens decoded (including the first token of each prefill)
+        self.prefill_computed_total = 0
+        self.busy_time = 0.0
+        self.prefill_time = 0.0
+        self.decode_time = 0.0
+        self.loaded_back_total = 0
+        self.batches = 0
+        self._touched_host = False
+        self._requests: dict[str, Request] = {}
+
+    # ----------------------------------------------------------------- public API
+    def submit(self, req: Request) -> None:
+        req.last_progress_at = self.now
+        self.waiting.append(req)
+        self._requests[req.rid] = req
+
+    def abort(self, rid: str) -> bool:
+        req = self._requests.get(rid)
+        if req is None or req.finished_at is not None:
+            return False
+        req.aborted = True
+        if req in self.waiting:
+            self.waiting.remove(req)
+            self._finish(req, "abort")
+        return True
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running and self.chunked is None
+
+    @property
+    def evictable(self) -> int:
+        return self.tree.evictable_tokens
+
+    @property
+    def used_tokens(self) -> int:
+        """SGLang's num_used: max_total - (available + evictable)."""
+        return self.size - self.free - self.tree.evictable_tokens
+
+    @property
+    def token_usage(self) -> float:
+        return self.used_tokens / self.size
+
+    def running_kv_tokens(self) -> int:
+        return sum(r.seq_len for r in self.running)
+
+    def step(self) -> float:
+        """Run one batch (prefill if one can be formed, else decode); return its duration.
+
+        Returns 0.0 when there is nothing to do (the caller then lets idle time pass).
+        """
+        duration = self._prefill()
+        if duration is None:
+            duration = self._decode()
+        if duration is None:
+            self.new_token_ratio = self.init_ratio
+            return 0.0
+        self.batches += 1
+        return duration
+
+    def advance_idle(self, until: float) -> None:
+        if until > self.now:
+            self.now = until
+
+    def flush_cache(self) -> bool:
+        if not self.idle:
+            return False
+        self.free += self.tree.device_tokens
+        self.tree.reset()
+        return True
+
+    # ----------------------------------------------------------------- memory helpers
+    def _alloc(self, n: int) -> bool:
+        if n <= 0:
+            return True
+        if self.free < n and self.radix:
+            self.free += self.tree.evict(n - self.free)
+        if self.free < n:
+            return False
+        self.free -= n
+        return True
+
+    def _release(self, req: Request) -> None:
+        """Give back a request's private KV and its lock on the tree (finish or retract)."""
+        self.free += req.private
+        self.private_total -= req.private
+        req.private = 0
+        if req.node is not None:
+            self.tree.unlock(req.node)
+            req.node = None
+        req.tree_len = 0
+
+    def _cache_in_tree(self, req: Request, tokens: Tokens) -> None:
+        """Insert computed KV into the tree and move the request's lock to the new node."""
+        added, node = self.tree.insert(tokens, self.now)
+        moved = len(tokens) - req.tree_len  # tokens that were private until now
+        duplicates = moved - added
+        self.free += duplicates
+        self.private_total -= moved
+        req.private -= moved
+        self.tree.lock(node)
+        if req.node is not None:
+            self.tree.unlock(req.node)
+        req.node = node
+        req.tree_len = len(tokens)
+
+    # ----------------------------------------------------------------- prefill
+    def _prefill(self) -> float | None:
+        if self.chunked is None and (self.batch_is_full or not self.waiting):
+            return None
+        running_bs = len(self.running)
+        if running_bs >= self.cfg.max_running_requests and self.chunked is None:
+            self.batch_is_full = True
+            return None
+        page = self.cfg.page_size
+        rem_total = self.free + self.tree.evictable_tokens - page
+        rem_total -= int(
+            sum(min(r.remaining, CLIP_MAX_NEW_TOKENS) for r in self.running) * self.new_token_ratio
+        )
+        rem_input = self.cfg.max_prefill_tokens
+        chunk_budget = self.cfg.chunked_prefill_size if self.cfg.chunked_prefill_size > 0 else None
+        batch: list[tuple[Request, int]] = []  # (request, tokens computed in this batch)
+        new_tokens = cached = loaded = readmitted = 0
+
+        # A request in the middle of a chunked prefill always goes first.
+        cont = self.chunked
+        if cont is not None:
+            extend = len(cont.fill_ids()) - cont.prefilled
+            if chunk_budget is not None:
+                extend = min(extend, chunk_budget)
+            if self._alloc(extend):
+                cont.private += extend
+                self.private_total += extend
+                batch.append((cont, extend))
+                new_tokens += extend
+                rem_input -= extend
+                rem_total -= extend
+                if chunk_budget is not None:
+                    chunk_budget -= extend
+                if cont.prefilled + extend >= len(cont.fill_ids()):
+                    self.chunked = None
+            else:
+                return None  # nothing left to evict: decode until memory frees up
+
+        while self.waiting and self.chunked is None:
+            if len(batch) + running_bs >= self.cfg.max_running_requests:
+                self.batch_is_full = True
+                break
+            req = self.waiting[0]
+            fill = req.fill_ids()
+            match = self._match(fill)
+            prefix = match.device_len + match.host_len
+            extend = len(fill) - prefix
+            reserve = min(req.remaining, CLIP_MAX_NEW_TOKENS)
+            if extend + reserve >= rem_total:
+                self.batch_is_full = True
+                break
+            if extend >= rem_input and batch:
+                break
+            is_chunked = chunk_budget is not None and extend > chunk_budget
+            if is_chunked:
+                assert chunk_budget is not None
+                extend = chunk_budget // page * page
+                if extend <= 0:
+                    break
+            if not self._admit(req, match, extend):
+                self.batch_is_full = True
+                break
+            self.waiting.popleft()
+            readmitted += 1 if req.retractions else 0
+            batch.append((req, extend))
+            new_tokens += extend
+            cached += prefix
+            loaded += match.host_len
+            rem_input -= extend
+            rem_total -= extend + (0 if is_chunked else reserve)
+            if chunk_budget is not None:
+                chunk_budget -= extend
+            if is_chunked:
+                self.chunked = req
+
+        if not batch:
+            return None
+        self._check_activation(new_tokens)
+        self._check_host_touch()
+        st = self.cfg.preset.step
+        duration = (
+            st.prefill_base_s
+            + new_tokens / st.prefill_tokens_per_s
+            + loaded * self.cfg.cell_size / st.host_link_bytes_per_s
+        )
+        self.now += duration
+        self.busy_time += duration
+        self.prefill_time += duration
+        self.prefill_computed_total += new_tokens
+        self.loaded_back_total += loaded
+        for req, extend in batch:
+            req.prefilled += extend
+            fill = req.fill_ids()
+            if self.radix:
+                self._cache_in_tree(req, fill[: req.prefilled])
+            if req.prefilled >= len(fill):
+                # The forward pass of the last chunk samples the next token.
+                if req.first_token_at is None:
+                    req.first_token_at = self.now
+                req.out_len += 1
+                self.generated_total += 1
+                self.num_generated_since_log += 1
+                self.running.append(req)
+                self._notify(req)
+        self._finish_completed()
+        self.last_cache_hit_rate = cached / (cached + new_tokens) if cached + new_tokens else 0.0
+        self.observer.prefill_batch(
+            self,
+            PrefillStats(
+                new_seq=len(batch),
+                new_tokens=new_tokens,
+                cached_tokens=cached,
+                host_loaded_tokens=loaded,
+                token_usage=self.token_usage,
+                running=len(self.running),
+                queued=len(self.waiting),
+                pending_tokens=sum(r.seq_len for r in self.waiting),
+                duration=duration,
+                retracted_readmitted=readmitted,
+            ),
+        )
+        return duration
+
+    def _match(self, fill: Tokens) -> Match:
+        if not self.radix:
+            return Match(0, 0, self.tree.root, self.tree.root)
+        # The last token is always computed (SGLang never serves a whole prompt from cache).
+        return self.tree.match_prefix(fill[:-1], self.now)
+
+    def _admit(self, req: Request, match: Match, extend: int) -> bool:
+        """Lock the prefix, allocate room for host hits and new tokens, load host hits back."""
+        self.tree.lock(match.last_node)  # protects device and host parts while we allocate
+        if not self._alloc(extend + match.host_len):
+            self.tree.unlock(match.last_node)
+            return False
+        if match.host_len:
+            # The loaded tokens leave "free" and become device tokens of the tree.
+            self.free += match.host_len
+            before = self.tree.device_tokens
+            self.tree.load_back(match, self.now)
+            self.free -= self.tree.device_tokens - before
+        prefix = match.device_len + match.host_len
+        if self.radix:
+            req.node = match.last_node
+            req.tree_len = prefix
+        req.private += extend
+        self.private_total += extend
+        req.prefilled = prefix
+        if req.admitted_at is None:
+            req.admitted_at = self.now
+            req.cached_tokens = prefix
+            req.cached_device = match.device_len
+            req.cached_host = match.host_len
+        return True
+
+    # ----------------------------------------------------------------- decode
+    def _decode(self) -> float | None:
+        if not self.running:
+            return None
+        self._retract_if_needed()
+        if not self.running:
+            return None
+        bs = len(self.running)
+        if not self._alloc(bs):  # pragma: no cover - retraction guarantees room
+            raise RuntimeError("decode allocation failed after retraction")
+        self.private_total += bs
+        kv = 0
+        for r in self.running:
+            r.out_len += 1
+            r.private += 1
+            kv += r.seq_len
+        self._check_activation(bs)
+        st = self.cfg.preset.step
+        duration = st.decode_base_s + st.per_seq_s * bs + kv * self.cfg.cell_size / st.mem_bw_bytes_per_s
+        model = self.cfg.preset.model
+        if model.is_moe:
+            touched = 1 - (1 - model.experts_per_token / model.num_experts) ** bs
+            duration += (
+                self.cfg.preset.expert_bytes_per_gpu(self.cfg.tp_size) * touched
+                / st.mem_bw_bytes_per_s
+            )
+        if self.tree.hierarchical:
+            duration += st.hicache_decode_overhead_s
+        self.now += duration
+        self.busy_time += duration
+        self.decode_time += duration
+        self.generated_total += bs
+        self.num_generated_since_log += bs
+        self.forward_ct_decode += 1
+        self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
+        for r in self.running:
+            if r.stream and r.out_len - r.last_progress_out >= self.cfg.stream_interval:
+                self._notify(r)
+        self._finish_completed()
+        if self.forward_ct_decode % self.cfg.decode_log_interval == 0:
+            gap = self.now - self.last_decode_log_at
+            self.last_decode_log_at = self.now
+            self.last_gen_throughput = self.num_generated_since_log / gap if gap > 0 else 0.0
+            self.num_generated_since_log = 0
+            self.observer.decode_log(
+                self,
+                DecodeStats(
+                    running=len(self.running),
+                    used_tokens=self.used_tokens,
+                    token_usage=self.token_usage,
+                    gen_throughput=self.last_gen_throughput,
+                    queued=len(self.waiting),
+                ),
+            )
+        return duration
+
+    def _retract_if_needed(self) -> None:
+        need = len(self.running) * self.cfg.page_size
+        if self.free + self.tree.evictable_tokens >= need:
+            return
+        old_ratio = self.new_token_ratio
+        order = sorted(
+            self.running, key=lambda r: (r.out_len, -len(r.input_ids)), reverse=True
+        )
+        retracted: list[Request] = []
+        while order:
+            avail = self.free + self.tree.evictable_tokens
+            if retracted and avail >= len(order) * RETRACT_DECODE_STEPS:
+                break
+            if len(order) == 1 and avail >= self.cfg.page_size:
+                break
+            victim = order.pop()
+            self._release(victim)
+            victim.prefilled = 0
+            victim.retractions += 1
+            retracted.append(victim)
+        if not retracted:
+            return
+        self.running = order
+        self.waiting.extend(retracted)
+        total_out = sum(r.out_len for r in order)
+        total_max = sum(r.max_new_tokens for r in order)
+        if total_max:
+            self.new_token_ratio = min(
+                1.0, (total_out + RETRACT_DECODE_STEPS * len(order)) / total_max
+            )
+        self.batch_is_full = False
+        self.last_retracted = len(retracted)
+        self.retracted_total += len(retracted)
+        self.observer.retracted(self, len(retracted), old_ratio, self.new_token_ratio)
+
+    # ----------------------------------------------------------------- finishing
+    def _finish_completed(self) -> None:
+        done = [r for r in self.running if r.out_len >= r.max_new_tokens or r.aborted]
+        if not done:
+            return
+        keep = [r for r in self.running if not (r.out_len >= r.max_new_tokens or r.aborted)]
+        self.running = keep
+        self.batch_is_full = False
+        for r in done:
+            if self.radix and not r.aborted:
+                self._cache_in_tree(r, r.fill_ids()[: r.seq_len - 1])
+            self._release(r)
+            self._finish(r, "abort" if r.aborted else "length")
+
+    def _finish(self, req: Request, reason: str) -> None:
+        req.finished_at = self.now
+        req.finish_reason = reason
+        req.output_ids = synthetic_output(req.rid, req.out_len)
+        self._requests.pop(req.rid, None)
+        if req.on_finish is not None:
+            req.on_finish(req)
+
+    def _notify(self, req: Request) -> None:
+        req.last_progress_out = req.out_len
+        req.last_progress_at = self.now
+        if req.on_progress is not None:
+            req.on_progress(req)
+
+    # ----------------------------------------------------------------- failure checks
+    def _check_activation(self, tokens_in_batch: int) -> None:
+        hr = self.cfg.headroom
+        if hr.batch_fits(self.cfg.preset, tokens_in_batch):
+            return
+        need = activation_need_gib(self.cfg.preset, tokens_in_batch)
+        free_mib = max(0.0, hr.activation_gib) * 1024
+        total = self.cfg.preset.memory.gpu_memory_mib / 1024
+        raise GpuOutOfMemory(
+            f"CUDA out of memory. Tried to allocate {need - max(0.0, hr.activation_gib) + 0.25:.2f}"
+            f" GiB. GPU 0 has a total capacity of {total:.2f} GiB of which {free_mib:.2f} MiB is "
+            f"free. Of the allocated memory {total - hr.activation_gib:.2f} GiB is allocated by "
+            "PyTorch. (batch of "
+            f"{tokens_in_batch} tokens)"
+        )
+
+    def _check_host_touch(self) -> None:
+        if self.cfg.host_oom_on_first_batch and not self._touched_host:
+            self._touched_host = True
+            raise HostOutOfMemory("host pinned memory overcommitted")
+
+
+def run_for(engine: Engine, duration: float, on_idle: Callable[[Engine], bool] | None = None) -> None:
+    """Advance an engine as fast as possible for `duration` simulated seconds.
+
+    `on_idle` may submit work (a closed-loop workload); if it returns False the clock jumps.
+    """
+    end = engine.now + duration
+    while engine.now < end:
+        spent = engine.step()
+        if spent == 0.0 and (on_idle is None or not on_idle(engine)):
+            engine.advance_idle(end)
+
+
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "GpuOutOfMemory",
+    "HostOutOfMemory",
+    "NullObserver",
+    "Observer",
+    "Request",
+    "run_for",
+]

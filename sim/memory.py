@@ -1,0 +1,283 @@
+"""SGLang's memory arithmetic: defaults, KV-pool capacity, request pool, host pool, OOM headroom.
+
+Pure functions of a preset and resolved arguments, so they can be unit-tested against the numbers
+in the reference notes and reused by anything that predicts capacity. Failures raise
+`StartupFailure` carrying the exact message SGLang prints.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sim.presets import GIB, Preset
+from sim.version import SGLangVersion
+
+CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+HOST_RESERVE_BYTES = 10 * GIB  # SGLang keeps 10 GiB of host RAM free when sizing the host pool
+
+
+class StartupFailure(Exception):
+    """The server cannot start; `exc_type` and the message are what SGLang's traceback ends with."""
+
+    def __init__(self, exc_type: str, message: str, stage: str) -> None:
+        super().__init__(message)
+        self.exc_type = exc_type
+        self.message = message
+        self.stage = stage
+
+
+@dataclass(frozen=True)
+class GpuDefaults:
+    chunked_prefill_size: int
+    cuda_graph_max_bs: int
+
+
+def gpu_defaults(version: SGLangVersion, gpu_memory_mib: int, tp_size: int) -> GpuDefaults:
+    """`_handle_gpu_memory_settings`: chunked prefill and CUDA-graph batch size by GPU memory."""
+    gib = gpu_memory_mib / 1024
+    small_bucket_chunk = 4096 if version.refactored else 2048
+    if gib < 20:
+        return GpuDefaults(2048, 8)
+    if gib < 35:
+        big = 48 if version.refactored else 24
+        return GpuDefaults(small_bucket_chunk, big if tp_size < 4 else 80)
+    if gib < 60:
+        return GpuDefaults(4096, 32 if tp_size < 4 else 160)
+    if gib < 90:
+        return GpuDefaults(8192, 256 if tp_size < 4 else 512)
+    if gib < 160:
+        return GpuDefaults(8192, 256 if tp_size < 4 else 512)
+    return GpuDefaults(16384, 512)
+
+
+def default_mem_fraction_static(
+    version: SGLangVersion,
+    gpu_memory_mib: int,
+    tp_size: int,
+    pp_size: int,
+    chunked_prefill_size: int,
+    cuda_graph_max_bs: int,
+    is_mla: bool,
+    multimodal: bool,
+) -> float:
+    """The reserve heuristic that picks `mem_fraction_static` when the operator gives none."""
+    activation_tokens = max(chunked_prefill_size, 2048)
+    reserve_mib = 512 + activation_tokens * 1.5 + cuda_graph_max_bs * 2 + tp_size * pp_size / 8 * 1024
+    if version.refactored:
+        reserve_mib += 1536 if is_mla else 8 * 8  # prefill CUDA graph reserve
+    if gpu_memory_mib > 60 * 1024:
+        reserve_mib = max(reserve_mib, 10240)
+    fraction = round((gpu_memory_mib - reserve_mib) / gpu_memory_mib, 3)
+    if multimodal:
+        fraction = round(fraction * 0.98, 3)  # adjust_mem_fraction_for_vlm lowers VLMs slightly
+    return fraction
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The KV pool as `ModelRunner.init_memory_pool` would size it on one GPU."""
+
+    pre_gib: float  # free before weights (minimum over ranks)
+    avail_gib: float  # free after weights
+    rest_gib: float  # budget for the KV pool
+    cell_size: int  # bytes per token per GPU
+    profiled_tokens: int
+    max_total_num_tokens: int
+    kv_cache_gib: float
+    warnings: tuple[str, ...]
+
+
+def plan_capacity(
+    preset: Preset,
+    version: SGLangVersion,
+    mem_fraction_static: float,
+    kv_dtype: str,
+    attention_tp: int,
+    page_size: int,
+    max_total_tokens: int | None,
+) -> Capacity:
+    """`rest = avail - pre * (1 - mem_fraction_static)`; tokens = rest / cell, capped, page-rounded."""
+    mem = preset.memory
+    pre = mem.free_before_load_gib
+    static = mem.weights_gib + mem.other_static_gib
+    if mem.weights_gib > pre:
+        raise StartupFailure(
+            "torch.OutOfMemoryError",
+            f"CUDA out of memory. Tried to allocate {mem.weights_gib - pre + 0.5:.2f} GiB. GPU 0 "
+            f"has a total capacity of {mem.gpu_memory_mib / 1024:.2f} GiB of which 0 bytes is free.",
+            "load_weight",
+        )
+    avail = pre - static
+    rest = avail - pre * (1 - mem_fraction_static)
+    cell = preset.model.cell_size(kv_dtype, attention_tp)
+    if rest <= 0:
+        if version.refactored:
+            needed = math.ceil((1 - avail / pre) * 100) / 100
+            msg = (
+                "Loaded weights leave no GPU memory for the KV cache under "
+                f"--mem-fraction-static={mem_fraction_static}. Raise --mem-fraction-static "
+                f"above {needed:.2f}"
+            )
+        else:
+            msg = "Not enough memory. Please try to increase --mem-fraction-static."
+        raise StartupFailure("RuntimeError", msg, "memory_pool")
+    profiled = int(rest * GIB // cell)
+    tokens = profiled
+    warnings: list[str] = []
+    if max_total_tokens is not None:
+        if max_total_tokens > profiled:
+            warnings.append(
+                f"max_total_tokens={max_total_tokens} is larger than the profiled value "
+                f"{profiled}. Use the profiled value instead."
+            )
+        tokens = min(profiled, max_total_tokens)
+    tokens = tokens // page_size * page_size
+    if tokens <= 0:
+        raise StartupFailure(
+            "RuntimeError",
+            "Not enough memory. Please try to increase --mem-fraction-static.",
+            "memory_pool",
+        )
+    return Capacity(
+        pre_gib=pre,
+        avail_gib=avail,
+        rest_gib=rest,
+        cell_size=cell,
+        profiled_tokens=profiled,
+        max_total_num_tokens=tokens,
+        kv_cache_gib=tokens * cell / GIB,
+        warnings=tuple(warnings),
+    )
+
+
+def request_pool_size(max_total_num_tokens: int, context_len: int) -> int:
+    """Default `max_num_reqs`: clamp(int(tokens / context * 512), 2048, 4096)."""
+    return min(4096, max(2048, int(max_total_num_tokens / context_len * 512)))
+
+
+def effective_max_running_requests(
+    max_total_num_tokens: int, context_len: int, user_value: int | None, dp_size: int
+) -> int:
+    """What the scheduler really admits at most (not the user value echoed in server args)."""
+    pool = request_pool_size(max_total_num_tokens, context_len)
+    if user_value is None:
+        return min(max_total_num_tokens // 2, pool)
+    return max(1, min(user_value // max(1, dp_size), pool, max_total_num_tokens // 2))
+
+
+def max_req_input_len(context_len: int, max_total_num_tokens: int) -> int:
+    return min(context_len - 1, max_total_num_tokens - 1) - 5
+
+
+@dataclass(frozen=True)
+class HostPool:
+    """The hierarchical cache's host pool, per rank and for the whole host."""
+
+    tokens_per_rank: int
+    bytes_per_rank: int
+    ranks_on_host: int
+    total_bytes: int
+    host_available_bytes: int
+    will_oom_host: bool  # passes SGLang's check but overcommits pinned RAM (old versions)
+    ratio_used: float
+    log_lines: tuple[str, ...]
+
+
+def plan_host_pool(
+    preset: Preset,
+    version: SGLangVersion,
+    device_tokens: int,
+    cell_size: int,
+    page_size: int,
+    ranks_on_host: int,
+    hicache_ratio: float | None,
+    hicache_size_gb: float,
+    host_ram_gib: float,
+) -> HostPool:
+    """`HostKVCache.__init__`: size the pool, then run the version's host-memory check."""
+    available = int((host_ram_gib - preset.host_other_gib) * GIB)
+    budget_per_rank = max(0, (available - HOST_RESERVE_BYTES) // max(1, ranks_on_host))
+    logs: list[str] = []
+    ratio = hicache_ratio
+    if version.refactored and ratio is None and hicache_size_gb <= 0:
+        device_bytes = device_tokens * cell_size
+        auto = min(2.0, 0.95 * budget_per_rank * 0.8 / max(1, device_bytes))
+        if auto <= 0:
+            raise StartupFailure(
+                "ValueError", "No host memory is left for HiCache after the 10 GiB reserve", "hicache"
+            )
+        logs.append(f"HiCache auto-sizing: ratio 2.0 -> {auto:.2f}; budget per rank "
+                    f"{budget_per_rank / 1e9:.2f} GB")
+        ratio = auto
+    if ratio is None:
+        ratio = 2.0
+    if hicache_size_gb > 0:
+        tokens = int(hicache_size_gb * 1e9 // cell_size)
+    else:
+        tokens = int(device_tokens * ratio)
+    tokens = (tokens // page_size + 1) * page_size
+    requested = tokens * cell_size
+    if tokens <= device_tokens:
+        if not version.refactored:
+            raise StartupFailure(
+                "AssertionError",
+                "The host memory should be larger than the device memory with the current "
+                f"protocol, but got host {tokens} tokens <= device {device_tokens} tokens. "
+                "Increase --hicache-ratio or --hicache-size.",
+                "hicache",
+            )
+        logs.append(
+            f"HiCache host pool ({tokens} tokens) is smaller than the device pool "
+            f"({device_tokens} tokens)."
+        )
+    limit = budget_per_rank if version.refactored else available - HOST_RESERVE_BYTES
+    if requested > limit:
+        raise StartupFailure(
+            "ValueError",
+            f"Not enough host memory available. Requesting {requested / 1e9:.2f} GB but only have "
+            f"{limit / 1e9:.2f} GB free. Please reduce the size of the hierarchical cache.",
+            "hicache",
+        )
+    total = requested * ranks_on_host
+    if version.refactored:
+        logs.append(
+            f"Allocating kv hierarchical KV host pool: {tokens} tokens, "
+            f"{requested / 1e9:.2f} GB host memory."
+        )
+    else:
+        logs.append(f"Allocating {requested / 1e9:.2f} GB host memory for hierarchical KV cache.")
+    return HostPool(
+        tokens_per_rank=tokens,
+        bytes_per_rank=requested,
+        ranks_on_host=ranks_on_host,
+        total_bytes=total,
+        host_available_bytes=available,
+        will_oom_host=total > available,
+        ratio_used=ratio,
+        log_lines=tuple(logs),
+    )
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """GPU memory left for activations after the static pool and CUDA graphs."""
+
+    reserve_gib: float  # pre * (1 - mem_fraction_static)
+    graph_gib: float
+    activation_gib: float  # what is left for a batch's activations
+
+    def batch_fits(self, preset: Preset, tokens_in_batch: int) -> bool:
+        return activation_need_gib(preset, tokens_in_batch) <= self.activation_gib
+
+
+def activation_need_gib(preset: Preset, tokens_in_batch: int) -> float:
+    mem = preset.memory
+    return mem.activation_base_gib + mem.activation_per_ktoken_gib * tokens_in_batch / 1000
+
+
+def headroom(preset: Preset, mem_fraction_static: float, hicache: bool) -> Headroom:
+    mem = preset.memory
+    reserve = mem.free_before_load_gib * (1 - mem_fraction_static)
+    graphs = mem.graph_gib + (mem.hicache_extra_gib if hicache else 0.0)
+    return Headroom(reserve_gib=reserve, graph_gib=graphs, activation_gib=reserve - graphs)

@@ -1,0 +1,146 @@
+"""Workload profiles shared by the built-in (in-process) workload and the HTTP load generator.
+
+A profile is a closed loop of N users. Each user asks for one request at a time and, when it
+completes, builds the next one. Token ids stay in [3, 300) so that the same prompts work against a
+real SGLang server with a tiny test tokenizer.
+
+* `incident`: long generations (mean ~4K new tokens, gamma-distributed), ~1K-token prompts behind a
+  short shared system prompt, so there is little prefix sharing: the synthetic-data job of the
+  Kimi-K2.5 incident.
+* `multi-turn`: chat sessions over a shared system prompt and a per-session document; every turn
+  resends the whole conversation, so prompts share growing prefixes and the prefix cache (and the
+  hierarchical cache once the GPU evicts) pays off.
+* `short-chat`: short prompts and answers; light KV pressure.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+TOKEN_LOW, TOKEN_HIGH = 3, 300
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    input_ids: tuple[int, ...]
+    max_new_tokens: int
+    user: int
+    turn: int
+
+
+def _tokens(rng: random.Random, n: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(TOKEN_LOW, TOKEN_HIGH) for _ in range(n))
+
+
+@dataclass
+class _Session:
+    history: tuple[int, ...]
+    turns_left: int
+    turn: int = 0
+
+
+@dataclass
+class Profile:
+    """Base: subclasses decide the next request of a user and how to absorb its answer."""
+
+    seed: int = 0
+    rng: random.Random = field(init=False)
+
+    name = "base"
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def next_request(self, user: int) -> RequestSpec:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def completed(self, user: int, spec: RequestSpec, output_ids: list[int]) -> None:
+        """Called when a user's request finished, with what the server generated."""
+        return None
+
+
+@dataclass
+class IncidentProfile(Profile):
+    system_prompt_tokens: int = 120
+    mean_prompt_tokens: int = 300
+    mean_output_tokens: int = 3500
+    max_output_tokens: int = 8192
+    name = "incident"
+    _system: tuple[int, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._system = _tokens(random.Random(self.seed + 7), self.system_prompt_tokens)
+
+    def next_request(self, user: int) -> RequestSpec:
+        body = int(min(4000, max(100, self.rng.lognormvariate(0, 0.5) * self.mean_prompt_tokens * 0.9)))
+        out = int(min(self.max_output_tokens, max(256, self.rng.gammavariate(16.0, self.mean_output_tokens / 16))))
+        return RequestSpec(self._system + _tokens(self.rng, body), out, user, 0)
+
+
+@dataclass
+class MultiTurnProfile(Profile):
+    system_prompt_tokens: int = 500
+    document_tokens: int = 2000
+    user_message_tokens: int = 150
+    answer_tokens: int = 300
+    turns_per_session: int = 8
+    name = "multi-turn"
+    _system: tuple[int, ...] = field(init=False, default=())
+    _sessions: dict[int, _Session] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._system = _tokens(random.Random(self.seed + 11), self.system_prompt_tokens)
+
+    def next_request(self, user: int) -> RequestSpec:
+        session = self._sessions.get(user)
+        if session is None or session.turns_left <= 0:
+            doc = _tokens(self.rng, int(self.document_tokens * self.rng.uniform(0.5, 1.5)))
+            session = _Session(self._system + doc, self.turns_per_session)
+            self._sessions[user] = session
+        message = _tokens(self.rng, int(self.user_message_tokens * self.rng.uniform(0.5, 1.5)))
+        prompt = session.history + message
+        answer = int(self.answer_tokens * self.rng.uniform(0.5, 1.5))
+        return RequestSpec(prompt, max(8, answer), user, session.turn)
+
+    def completed(self, user: int, spec: RequestSpec, output_ids: list[int]) -> None:
+        session = self._sessions.get(user)
+        if session is None:
+            return
+        session.history = spec.input_ids + tuple(output_ids)
+        session.turns_left -= 1
+        session.turn += 1
+
+
+@dataclass
+class ShortChatProfile(Profile):
+    system_prompt_tokens: int = 60
+    name = "short-chat"
+    _system: tuple[int, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._system = _tokens(random.Random(self.seed + 13), self.system_prompt_tokens)
+
+    def next_request(self, user: int) -> RequestSpec:
+        body = self.rng.randint(40, 400)
+        out = self.rng.randint(32, 300)
+        return RequestSpec(self._system + _tokens(self.rng, body), out, user, 0)
+
+
+PROFILES: dict[str, type[Profile]] = {
+    "incident": IncidentProfile,
+    "multi-turn": MultiTurnProfile,
+    "short-chat": ShortChatProfile,
+}
+
+
+def make_profile(name: str, seed: int = 0) -> Profile:
+    try:
+        cls = PROFILES[name]
+    except KeyError:
+        known = ", ".join(sorted(PROFILES))
+        raise ValueError(f"unknown workload profile {name!r}; choose one of: {known}") from None
+    return cls(seed=seed)
