@@ -1,0 +1,26 @@
+"""Run the real SGLang server on a CPU with a simulated GPU (see ../README.md)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_INSTALLED = False
+
+
+def install() -> None:
+    """Install the module stubs and the post-import patch hooks (idempotent)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    _INSTALLED = True
+
+    # CPU platform; the Rust radix core is left on unless overridden.
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+    from . import hooks, patches, stubs
+
+    stubs.install(os.environ.get("KVPILOT_SIM_STUB_MODULES", "sgl_kernel,torchvision"))
+    hooks.install(patches.PATCHES)
+    sys.modules.setdefault("kvpilot_simshim.patches", patches)
