@@ -155,7 +155,8 @@ def main(argv: Sequence[str]) -> int:
         added = {k: v for k, v in shim_env(os.environ).items() if os.environ.get(k) != v}
         print(" ".join(f"{k}={shlex.quote(v)}" for k, v in added.items()), shlex.join(cmd))
         return 0
-    os.execve(cmd[0], cmd, env)
+    os.execve(cmd[0], cmd, env)  # does not return
+    return 0
 
 
 if __name__ == "__main__":

@@ -49,14 +49,102 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-_WORDS = (
-    "the a an of to in for on with by is are was be as at from this that it its and or not "
-    "server request requests token tokens cache prefix radix memory pool batch decode prefill "
-    "latency throughput queue running waiting model weights layer layers head heads page size "
-    "gpu cpu host device ratio fraction static total max min time first output input chat user "
-    "assistant system hello world please tell me about how what when why which number value "
-    "tune tuning restart metric metrics health ready load loads info usage capacity context"
-).split()
+_WORDS = [
+    "the",
+    "a",
+    "an",
+    "of",
+    "to",
+    "in",
+    "for",
+    "on",
+    "with",
+    "by",
+    "is",
+    "are",
+    "was",
+    "be",
+    "as",
+    "at",
+    "from",
+    "this",
+    "that",
+    "it",
+    "its",
+    "and",
+    "or",
+    "not",
+    "server",
+    "request",
+    "requests",
+    "token",
+    "tokens",
+    "cache",
+    "prefix",
+    "radix",
+    "memory",
+    "pool",
+    "batch",
+    "decode",
+    "prefill",
+    "latency",
+    "throughput",
+    "queue",
+    "running",
+    "waiting",
+    "model",
+    "weights",
+    "layer",
+    "layers",
+    "head",
+    "heads",
+    "page",
+    "size",
+    "gpu",
+    "cpu",
+    "host",
+    "device",
+    "ratio",
+    "fraction",
+    "static",
+    "total",
+    "max",
+    "min",
+    "time",
+    "first",
+    "output",
+    "input",
+    "chat",
+    "user",
+    "assistant",
+    "system",
+    "hello",
+    "world",
+    "please",
+    "tell",
+    "me",
+    "about",
+    "how",
+    "what",
+    "when",
+    "why",
+    "which",
+    "number",
+    "value",
+    "tune",
+    "tuning",
+    "restart",
+    "metric",
+    "metrics",
+    "health",
+    "ready",
+    "load",
+    "loads",
+    "info",
+    "usage",
+    "capacity",
+    "context",
+]
 
 
 def _corpus() -> list[str]:
@@ -105,7 +193,14 @@ def _model_config(vocab_size: int, bos_id: int, eos_id: int, sample_id: int) -> 
 def _train_tokenizer() -> Any:
     # Single-threaded training keeps the merge order stable.
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (  # type: ignore[import-not-found]  # noqa: PLC0415
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -5,21 +5,20 @@ from __future__ import annotations
 import os
 import sys
 
-_INSTALLED = False
+_STATE = {"installed": False}
 
 
 def install() -> None:
     """Install the module stubs and the post-import patch hooks (idempotent)."""
-    global _INSTALLED
-    if _INSTALLED:
+    if _STATE["installed"]:
         return
-    _INSTALLED = True
+    _STATE["installed"] = True
 
     # CPU platform; the Rust radix core is left on unless overridden.
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-    from . import hooks, patches, stubs
+    from . import hooks, patches, stubs  # noqa: PLC0415  (after the environment is set)
 
     stubs.install(os.environ.get("KVPILOT_SIM_STUB_MODULES", "sgl_kernel,torchvision"))
     hooks.install(patches.PATCHES)

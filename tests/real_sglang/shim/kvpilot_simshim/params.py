@@ -39,14 +39,10 @@ class SimParams:
             weights_gib=_float("KVPILOT_SIM_WEIGHTS_GIB", d.weights_gib),
             overhead_gib=_float("KVPILOT_SIM_OVERHEAD_GIB", d.overhead_gib),
             prefill_base_ms=_float("KVPILOT_SIM_PREFILL_BASE_MS", d.prefill_base_ms),
-            prefill_ms_per_token=_float(
-                "KVPILOT_SIM_PREFILL_MS_PER_TOKEN", d.prefill_ms_per_token
-            ),
+            prefill_ms_per_token=_float("KVPILOT_SIM_PREFILL_MS_PER_TOKEN", d.prefill_ms_per_token),
             decode_base_ms=_float("KVPILOT_SIM_DECODE_BASE_MS", d.decode_base_ms),
             decode_ms_per_seq=_float("KVPILOT_SIM_DECODE_MS_PER_SEQ", d.decode_ms_per_seq),
-            decode_ms_per_ktoken=_float(
-                "KVPILOT_SIM_DECODE_MS_PER_KTOKEN", d.decode_ms_per_ktoken
-            ),
+            decode_ms_per_ktoken=_float("KVPILOT_SIM_DECODE_MS_PER_KTOKEN", d.decode_ms_per_ktoken),
             time_scale=scale,
         )
 
@@ -61,7 +57,9 @@ class SimParams:
 
         rest_bytes = int((mem_fraction_static * GPU_GIB - WEIGHTS_GIB - OVERHEAD_GIB) * 2**30)
         """
-        return int((mem_fraction_static * self.gpu_gib - self.weights_gib - self.overhead_gib) * GIB)
+        return int(
+            (mem_fraction_static * self.gpu_gib - self.weights_gib - self.overhead_gib) * GIB
+        )
 
     # --- time ---------------------------------------------------------------------------------
 

@@ -136,7 +136,11 @@ def _compact_model_config(model_config: Any) -> Iterator[None]:
     if os.environ.get("KVPILOT_SIM_COMPACT_POOLS", "1") == "0":
         yield
         return
-    saved = {k: model_config.__dict__[k] for k in ("head_dim", "v_head_dim") if k in model_config.__dict__}
+    saved = {
+        k: model_config.__dict__[k]
+        for k in ("head_dim", "v_head_dim")
+        if k in model_config.__dict__
+    }
     model_config.head_dim = 1
     model_config.v_head_dim = 1
     model_config.get_num_kv_heads = lambda *args, **kwargs: 1
@@ -163,7 +167,7 @@ def _sample_token_id(model_config: Any) -> int:
 
 
 def _patch_model_runner(mod: types.ModuleType) -> None:
-    import torch
+    import torch  # noqa: PLC0415  (torch is imported only inside SGLang processes)
 
     cls = mod.ModelRunner  # type: ignore[attr-defined]
     _require(
@@ -185,7 +189,9 @@ def _patch_model_runner(mod: types.ModuleType) -> None:
             self.start_layer = 0
             self.end_layer = num_layers
 
-        def forward(self, input_ids: Any, positions: Any, forward_batch: Any, pp_proxy_tensors: Any = None) -> Any:  # noqa: E501
+        def forward(
+            self, input_ids: Any, positions: Any, forward_batch: Any, pp_proxy_tensors: Any = None
+        ) -> Any:
             raise RuntimeError("the simulated model is never called")
 
     def load_model(self: Any) -> None:
@@ -207,12 +213,16 @@ def _patch_model_runner(mod: types.ModuleType) -> None:
         )
 
     def forward(self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
-        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.layers.logits_processor import (  # noqa: PLC0415
+            LogitsProcessorOutput,
+        )
 
         self.forward_pass_id += 1
         bs = int(forward_batch.batch_size)
         logits = torch.zeros((bs, 1), dtype=torch.float32)
-        return output_cls(logits_output=LogitsProcessorOutput(next_token_logits=logits), can_run_graph=False)
+        return output_cls(
+            logits_output=LogitsProcessorOutput(next_token_logits=logits), can_run_graph=False
+        )
 
     def sample(self: Any, logits_output: Any, forward_batch: Any) -> Any:
         bs = int(forward_batch.batch_size)
@@ -270,10 +280,14 @@ def step_seconds(batch: Any) -> tuple[str, float, dict[str, int]]:
         kv_tokens = int(seq_lens.sum()) if seq_lens is not None else int(batch.seq_lens_sum or 0)
         return "decode", PARAMS.decode_seconds(bs, kv_tokens), {"bs": bs, "kv_tokens": kv_tokens}
     new_tokens = int(batch.extend_num_tokens or 0)
-    return "prefill", PARAMS.prefill_seconds(new_tokens), {
-        "bs": int(batch.batch_size()),
-        "new_tokens": new_tokens,
-    }
+    return (
+        "prefill",
+        PARAMS.prefill_seconds(new_tokens),
+        {
+            "bs": int(batch.batch_size()),
+            "new_tokens": new_tokens,
+        },
+    )
 
 
 def _patch_scheduler(mod: types.ModuleType) -> None:

@@ -1,0 +1,304 @@
+"""Smoke tests of the real SGLang 0.5.23 server on CPU with the simulated GPU (the shim).
+
+They need ``tests/real_sglang/setup.sh`` to have run and skip otherwise. Three servers are started
+(about 20 s each) and shared by the tests of each scenario.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+from collections.abc import Iterator
+
+import httpx
+import psutil
+import pytest
+
+from .harness import RealSGLang, sglang_env_available
+
+pytestmark = [
+    pytest.mark.real_sglang,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not sglang_env_available(),
+        reason="real SGLang environment not installed (run tests/real_sglang/setup.sh)",
+    ),
+]
+
+GIB = 1 << 30
+# Llama-3.1-8B: 32 layers x 8 KV heads x (128 + 128) head dims, per byte of KV dtype.
+CELL_BYTES_PER_ELEMENT = 32 * 8 * (128 + 128)
+# Simulated GPU used by these tests (an H200-like card and an 8B bf16 model).
+SIM_ENV = {
+    "KVPILOT_SIM_GPU_GIB": "141",
+    "KVPILOT_SIM_WEIGHTS_GIB": "15",
+    "KVPILOT_SIM_OVERHEAD_GIB": "1.4",
+}
+API_KEY = "kvpilot-test-key"
+
+
+def predicted_tokens(
+    mfs: float, elem_bytes: int, page_size: int = 1, cap: int | None = None
+) -> int:
+    """The documented capacity formula (tests/real_sglang/shim/README.md)."""
+    gpu = float(SIM_ENV["KVPILOT_SIM_GPU_GIB"])
+    weights = float(SIM_ENV["KVPILOT_SIM_WEIGHTS_GIB"])
+    overhead = float(SIM_ENV["KVPILOT_SIM_OVERHEAD_GIB"])
+    rest_bytes = int((mfs * gpu - weights - overhead) * 2**30)
+    tokens = rest_bytes // (CELL_BYTES_PER_ELEMENT * elem_bytes)
+    tokens = tokens // page_size * page_size
+    if cap is not None and cap < tokens:
+        tokens = cap // page_size * page_size
+    return tokens
+
+
+def _start(args: list[str]) -> Iterator[RealSGLang]:
+    server = RealSGLang.start(None, ["--enable-metrics", *args], SIM_ENV, timeout=180)
+    pids = server.pids()
+    assert len(pids) >= 3, pids  # HTTP server, scheduler, detokenizer
+    try:
+        yield server
+    finally:
+        server.stop()
+        alive = [p for p in pids if psutil.pid_exists(p) and _not_zombie(p)]
+        assert not alive, f"processes left behind after stop(): {alive}"
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture(scope="module")
+def default_server() -> Iterator[RealSGLang]:
+    """bf16 KV cache, every memory setting auto-resolved from the simulated 141 GiB GPU."""
+    yield from _start([])
+
+
+@pytest.fixture(scope="module")
+def fp8_server() -> Iterator[RealSGLang]:
+    yield from _start(["--kv-cache-dtype", "fp8_e4m3", "--mem-fraction-static", "0.85"])
+
+
+@pytest.fixture(scope="module")
+def capped_server() -> Iterator[RealSGLang]:
+    """A small KV pool (cap not a multiple of the page size) behind an API key."""
+    yield from _start(
+        [
+            "--mem-fraction-static",
+            "0.88",
+            "--max-total-tokens",
+            "20010",
+            "--page-size",
+            "16",
+            "--api-key",
+            API_KEY,
+        ]
+    )
+
+
+def server_info(server: RealSGLang) -> dict[str, object]:
+    with server.client() as client:
+        resp = client.get("/server_info")
+        resp.raise_for_status()
+        info: dict[str, object] = resp.json()
+        return info
+
+
+# ---- default server ------------------------------------------------------------------------
+
+
+def test_health_and_readiness(default_server: RealSGLang) -> None:
+    with default_server.client() as client:
+        for path in ("/health", "/health_generate", "/ready", "/model_info", "/v1/models"):
+            assert client.get(path).status_code == 200, path
+    assert default_server.startup_s is not None and default_server.startup_s < 90
+
+
+def test_server_info_default_capacity(default_server: RealSGLang) -> None:
+    info = server_info(default_server)
+    assert info["version"] == "0.5.23"
+    # The auto default, computed by SGLang from the simulated 141 GiB capacity:
+    # round((144384 MiB - 12928 MiB reserve) / 144384 MiB, 3).
+    assert info["mem_fraction_static"] == 0.91
+    assert info["chunked_prefill_size"] == 8192
+    assert info["max_total_num_tokens"] == predicted_tokens(0.91, 2) == 916766
+    assert info["max_req_input_len"] == 8192 - 1 - 5
+    states = info["internal_states"]
+    assert isinstance(states, list)
+    assert states[0]["memory_usage"]["token_capacity"] == 916766
+    assert states[0]["effective_max_running_requests_per_dp"] == 4096
+
+
+def test_loads(default_server: RealSGLang) -> None:
+    with default_server.client() as client:
+        body = client.get("/v1/loads", params={"include": "all"}).json()
+    load = body["loads"][0]
+    assert load["max_total_num_tokens"] == 916766
+    assert load["max_running_requests"] == 4096
+    assert load["num_running_reqs"] == 0
+    assert load["num_waiting_reqs"] == 0
+
+
+def test_generate_and_chat(default_server: RealSGLang) -> None:
+    with default_server.client() as client:
+        resp = client.post(
+            "/generate",
+            json={"text": "Hello there", "sampling_params": {"max_new_tokens": 8}},
+        )
+        resp.raise_for_status()
+        out = resp.json()
+        assert out["meta_info"]["completion_tokens"] == 8
+        assert out["meta_info"]["finish_reason"]["type"] == "length"
+        assert out["text"].split() == ["token"] * 8  # the constant sampled token
+
+        began = time.monotonic()
+        resp = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": "default",
+                "messages": [{"role": "user", "content": "How full is the cache?"}],
+                "max_tokens": 20,
+            },
+        )
+        elapsed = time.monotonic() - began
+        resp.raise_for_status()
+        chat = resp.json()
+        assert chat["choices"][0]["finish_reason"] == "length"
+        assert chat["usage"]["completion_tokens"] == 20
+        assert chat["usage"]["prompt_tokens"] > 5
+        # 1 prefill + 19 decode steps of >= 12 ms each (default step-time model).
+        assert elapsed > 0.2
+
+        chunks = []
+        with client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={
+                "model": "default",
+                "messages": [{"role": "user", "content": "stream please"}],
+                "max_tokens": 4,
+                "stream": True,
+            },
+        ) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    chunks.append(line[6:])
+        assert chunks[-1] == "[DONE]"
+        assert len(chunks) >= 4
+
+
+def test_metrics(default_server: RealSGLang) -> None:
+    with default_server.client() as client:
+        client.post("/generate", json={"text": "warm", "sampling_params": {"max_new_tokens": 2}})
+        text = client.get("/metrics").text
+    names = set(re.findall(r"^(sglang:[a-z0-9_]+)", text, flags=re.M))
+    for name in (
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:token_usage",
+        "sglang:max_total_num_tokens",
+        "sglang:kv_used_tokens",
+        "sglang:kv_available_tokens",
+        "sglang:cache_hit_rate",
+        "sglang:gen_throughput",
+        "sglang:prompt_tokens_total",
+        "sglang:generation_tokens_total",
+        "sglang:time_to_first_token_seconds_bucket",
+        "sglang:e2e_request_latency_seconds_bucket",
+    ):
+        assert name in names, name
+    match = re.search(r"^sglang:max_total_num_tokens\{[^}]*\} (\S+)$", text, flags=re.M)
+    assert match and float(match.group(1)) == 916766
+
+
+def test_idle_cpu_is_low(default_server: RealSGLang) -> None:
+    procs = [psutil.Process(pid) for pid in default_server.pids()]
+    for proc in procs:
+        proc.cpu_percent(None)
+    time.sleep(2.0)
+    total = sum(proc.cpu_percent(None) for proc in procs)
+    assert total < 25.0, f"idle server uses {total:.0f}% CPU"
+
+
+# ---- fp8 KV cache --------------------------------------------------------------------------
+
+
+def test_fp8_capacity(fp8_server: RealSGLang) -> None:
+    info = server_info(fp8_server)
+    assert info["kv_cache_dtype"] == "fp8_e4m3"
+    assert info["mem_fraction_static"] == 0.85
+    assert info["max_total_num_tokens"] == predicted_tokens(0.85, 1)
+    with fp8_server.client() as client:
+        out = client.post(
+            "/generate", json={"text": "fp8", "sampling_params": {"max_new_tokens": 3}}
+        ).json()
+    assert out["meta_info"]["completion_tokens"] == 3
+
+
+# ---- capped pool: page rounding, API key, admission under load -------------------------------
+
+
+def test_capped_capacity_and_auth(capped_server: RealSGLang) -> None:
+    info = server_info(capped_server)
+    assert info["page_size"] == 16
+    assert info["max_total_num_tokens"] == predicted_tokens(0.88, 2, 16, 20010) == 20000
+    assert httpx.get(f"{capped_server.url}/v1/models", timeout=10).status_code == 401
+
+
+def test_admission_under_kv_cap(capped_server: RealSGLang) -> None:
+    """64 requests of 512 prompt + 128 output tokens cannot all fit into 20000 KV tokens."""
+    rng = random.Random(7)
+    n_requests, prompt_len, output_len = 64, 512, 128
+
+    async def one(client: httpx.AsyncClient) -> dict[str, object]:
+        ids = [rng.randrange(5, 400) for _ in range(prompt_len)]  # distinct: no prefix hits
+        resp = await client.post(
+            "/generate",
+            json={
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": output_len, "ignore_eos": True},
+            },
+        )
+        resp.raise_for_status()
+        meta: dict[str, object] = resp.json()["meta_info"]
+        return meta
+
+    async def watch(client: httpx.AsyncClient, done: asyncio.Event) -> list[dict[str, float]]:
+        samples = []
+        while not done.is_set():
+            load = (await client.get("/v1/loads")).json()["loads"][0]
+            samples.append(load)
+            await asyncio.sleep(0.05)
+        return samples
+
+    async def run() -> tuple[list[dict[str, object]], list[dict[str, float]]]:
+        async with httpx.AsyncClient(
+            base_url=capped_server.url, headers=capped_server.headers, timeout=120
+        ) as client:
+            done = asyncio.Event()
+            watcher = asyncio.create_task(watch(client, done))
+            results = await asyncio.gather(*(one(client) for _ in range(n_requests)))
+            done.set()
+            return list(results), await watcher
+
+    began = time.monotonic()
+    results, samples = asyncio.run(run())
+    elapsed = time.monotonic() - began
+    assert all(r["completion_tokens"] == output_len for r in results)
+    peak_running = max(s["num_running_reqs"] for s in samples)
+    peak_waiting = max(s["num_waiting_reqs"] for s in samples)
+    peak_usage = max(s["token_usage"] for s in samples)
+    # At most 20000 / 640 = 31 requests fit at their full length; the rest queue.
+    assert 0 < peak_running < n_requests
+    assert peak_waiting > 0
+    assert peak_usage > 0.8
+    assert elapsed < 60
+    with capped_server.client() as client:
+        text = client.get("/metrics").text
+    queue_time = re.search(r"^sglang:queue_time_seconds_sum\{[^}]*\} (\S+)$", text, flags=re.M)
+    assert queue_time and float(queue_time.group(1)) > 0
