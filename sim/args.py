@@ -15,6 +15,7 @@ from typing import Any
 
 from sim.memory import (
     Capacity,
+    StartupFailure,
     default_mem_fraction_static,
     effective_max_running_requests,
     gpu_defaults,
@@ -119,6 +120,9 @@ def build_parser(prog: str = "launch_server.py") -> argparse.ArgumentParser:
                       help="drive the scheduler in-process with this profile (no HTTP needed)")
     twin.add_argument("--concurrency", type=_positive_int, default=None,
                       help="requests the built-in workload keeps in flight")
+    twin.add_argument("--answer-tokens", type=_positive_int, default=None,
+                      help="mean answer length when a request does not set ignore_eos "
+                      "(default: the preset's)")
     twin.add_argument("--sim-gpu-free-gib", type=_positive_float, default=None,
                       help="override the preset's free GPU memory before weights load (GiB)")
     twin.add_argument("--sim-weights-gib", type=float, default=None,
@@ -141,6 +145,7 @@ class TwinConfig:
     seed: int
     workload: str | None
     concurrency: int | None
+    answer_tokens: int
     kv_dtype: str  # resolved, never "auto"
     capacity: Capacity
     max_running_requests: int
@@ -149,6 +154,7 @@ class TwinConfig:
     chunked_prefill_size: int  # -1 disables chunking
     attention_tp: int
     launch_command: list[str] = field(default_factory=list)
+    failure: StartupFailure | None = None  # the memory arithmetic refused this configuration
 
     @property
     def max_req_input_len(self) -> int:
@@ -198,7 +204,8 @@ def _replace_preset_memory(preset: Preset, ns: argparse.Namespace) -> Preset:
 def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
     """Parse and resolve like SGLang's ServerArgs.__post_init__; argparse exits 2 on bad input.
 
-    Raises `sim.memory.StartupFailure` when the memory arithmetic refuses the configuration.
+    When the memory arithmetic refuses the configuration the result carries it in `failure`;
+    the server then fails the way SGLang does, after loading the weights.
     """
     parser = build_parser(prog)
     ns, rest = parser.parse_known_args(argv)
@@ -252,11 +259,17 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
     kv_dtype = model.resolve_kv_dtype(ns.kv_cache_dtype)
     if kv_dtype not in KV_DTYPE_BYTES:
         parser.error(f"argument --kv-cache-dtype: {kv_dtype!r} is not supported by the twin")
-    capacity = plan_capacity(
-        preset, version, mfs, kv_dtype, attention_tp, page_size, ns.max_total_tokens
-    )
+    failure: StartupFailure | None = None
+    try:
+        capacity = plan_capacity(
+            preset, version, mfs, kv_dtype, attention_tp, page_size, ns.max_total_tokens
+        )
+    except StartupFailure as exc:
+        failure = exc
+        capacity = Capacity(0.0, 0.0, 0.0, preset.model.cell_size(kv_dtype, attention_tp),
+                            0, 0, 0.0, ())
     max_running = effective_max_running_requests(
-        capacity.max_total_num_tokens, context_len, ns.max_running_requests, dp
+        max(2, capacity.max_total_num_tokens), context_len, ns.max_running_requests, dp
     )
     served = ns.served_model_name or ns.model_path or model.name
     server_args: dict[str, Any] = {
@@ -316,6 +329,7 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
         seed=ns.seed,
         workload=ns.workload,
         concurrency=ns.concurrency,
+        answer_tokens=ns.answer_tokens or preset.answer_tokens,
         kv_dtype=kv_dtype,
         capacity=capacity,
         max_running_requests=max_running,
@@ -324,4 +338,5 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
         chunked_prefill_size=chunked,
         attention_tp=attention_tp,
         launch_command=list(argv),
+        failure=failure,
     )

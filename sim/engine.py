@@ -20,6 +20,7 @@ Nothing here sleeps: `step()` runs one batch and advances `now` by its simulated
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ class Request:
     max_new_tokens: int
     arrival: float
     stream: bool = False
+    stop_at: int | None = None  # where the model emits EOS (None: runs to max_new_tokens)
     on_progress: Callable[[Request], None] | None = None
     on_finish: Callable[[Request], None] | None = None
     # --- scheduler state ---
@@ -76,6 +78,11 @@ class Request:
         return len(self.input_ids) + self.out_len
 
     @property
+    def target(self) -> int:
+        """Output length at which the request finishes."""
+        return self.max_new_tokens if self.stop_at is None else min(self.stop_at, self.max_new_tokens)
+
+    @property
     def remaining(self) -> int:
         return max(0, self.max_new_tokens - self.out_len)
 
@@ -90,6 +97,15 @@ def synthetic_output(rid: str, n: int, vocab: int = 1024, offset: int = 1000) ->
     """Deterministic output token ids for a request (the twin does not sample from a model)."""
     base = _stable_hash(rid)
     return [offset + (base + i * 7919) % vocab for i in range(n)]
+
+
+def natural_answer_length(input_ids: Tokens, seed: int, mean_tokens: int) -> int:
+    """Where the simulated model would stop on its own (EOS), deterministic per prompt.
+
+    Gamma-distributed with shape 16 (a coefficient of variation of 25%) around `mean_tokens`.
+    """
+    rng = random.Random(hash((input_ids[:64], len(input_ids), seed)))
+    return max(1, int(rng.gammavariate(16.0, mean_tokens / 16.0)))
 
 
 def _stable_hash(text: str) -> int:
@@ -541,17 +557,21 @@ class Engine:
 
     # ----------------------------------------------------------------- finishing
     def _finish_completed(self) -> None:
-        done = [r for r in self.running if r.out_len >= r.max_new_tokens or r.aborted]
+        done = [r for r in self.running if r.out_len >= r.target or r.aborted]
         if not done:
             return
-        keep = [r for r in self.running if not (r.out_len >= r.max_new_tokens or r.aborted)]
+        keep = [r for r in self.running if not (r.out_len >= r.target or r.aborted)]
         self.running = keep
         self.batch_is_full = False
         for r in done:
             if self.radix and not r.aborted:
                 self._cache_in_tree(r, r.fill_ids()[: r.seq_len - 1])
             self._release(r)
-            self._finish(r, "abort" if r.aborted else "length")
+            if r.aborted:
+                reason = "abort"
+            else:
+                reason = "length" if r.out_len >= r.max_new_tokens else "stop"
+            self._finish(r, reason)
 
     def _finish(self, req: Request, reason: str) -> None:
         req.finished_at = self.now

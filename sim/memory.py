@@ -68,10 +68,10 @@ def default_mem_fraction_static(
         reserve_mib += 1536 if is_mla else 8 * 8  # prefill CUDA graph reserve
     if gpu_memory_mib > 60 * 1024:
         reserve_mib = max(reserve_mib, 10240)
-    fraction = round((gpu_memory_mib - reserve_mib) / gpu_memory_mib, 3)
-    if multimodal:
-        fraction = round(fraction * 0.98, 3)  # adjust_mem_fraction_for_vlm lowers VLMs slightly
-    return fraction
+    # SGLang lowers the value further for vision-language models (adjust_mem_fraction_for_vlm);
+    # the twin does not model that adjustment, so `multimodal` is accepted but unused.
+    del multimodal
+    return round((gpu_memory_mib - reserve_mib) / gpu_memory_mib, 3)
 
 
 @dataclass(frozen=True)

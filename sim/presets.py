@@ -60,6 +60,7 @@ class Preset:
     host_ram_gib: float
     host_other_gib: float  # RSS and unreclaimable page cache besides the KV host pool
     startup_s: float  # weight loading and warm-up, simulated seconds
+    answer_tokens: int  # mean length of an answer that ends at EOS (no ignore_eos)
     memory: MemoryModel
     step: StepModel
     sources: tuple[str, ...] = field(default_factory=tuple)
@@ -81,6 +82,7 @@ KIMI_INCIDENT = Preset(
     host_ram_gib=256.0,
     host_other_gib=40.0,
     startup_s=480.0,
+    answer_tokens=3500,
     memory=MemoryModel(
         gpu_memory_mib=97_887,
         free_before_load_gib=95.3,
@@ -118,6 +120,7 @@ LLAMA_H100 = Preset(
     host_ram_gib=1024.0,
     host_other_gib=24.0,
     startup_s=45.0,
+    answer_tokens=400,
     memory=MemoryModel(
         gpu_memory_mib=81_559,
         free_before_load_gib=79.1,
@@ -152,6 +155,7 @@ QWEN_H200 = Preset(
     host_ram_gib=2048.0,
     host_other_gib=32.0,
     startup_s=90.0,
+    answer_tokens=600,
     memory=MemoryModel(
         gpu_memory_mib=143_771,
         free_before_load_gib=139.8,

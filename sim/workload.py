@@ -4,9 +4,9 @@ A profile is a closed loop of N users. Each user asks for one request at a time 
 completes, builds the next one. Token ids stay in [3, 300) so that the same prompts work against a
 real SGLang server with a tiny test tokenizer.
 
-* `incident`: long generations (mean ~4K new tokens, gamma-distributed), ~1K-token prompts behind a
-  short shared system prompt, so there is little prefix sharing: the synthetic-data job of the
-  Kimi-K2.5 incident.
+* `incident`: ~400-token prompts (a short shared system prompt, then unique text) and long
+  generations of ~3.5K tokens (gamma-distributed, 25% spread), ~3.9K tokens per request in all.
+  Little prefix sharing: the synthetic-data job of the Kimi-K2.5 incident.
 * `multi-turn`: chat sessions over a shared system prompt and a per-session document; every turn
   resends the whole conversation, so prompts share growing prefixes and the prefix cache (and the
   hierarchical cache once the GPU evicts) pays off.
@@ -27,6 +27,7 @@ class RequestSpec:
     max_new_tokens: int
     user: int
     turn: int
+    ignore_eos: bool = True  # False: the server's model decides where the answer ends
 
 
 def _tokens(rng: random.Random, n: int) -> tuple[int, ...]:
@@ -74,9 +75,13 @@ class IncidentProfile(Profile):
         self._system = _tokens(random.Random(self.seed + 7), self.system_prompt_tokens)
 
     def next_request(self, user: int) -> RequestSpec:
-        body = int(min(4000, max(100, self.rng.lognormvariate(0, 0.5) * self.mean_prompt_tokens * 0.9)))
-        out = int(min(self.max_output_tokens, max(256, self.rng.gammavariate(16.0, self.mean_output_tokens / 16))))
-        return RequestSpec(self._system + _tokens(self.rng, body), out, user, 0)
+        spread = self.rng.lognormvariate(0, 0.5)
+        body = int(min(4000, max(100, spread * self.mean_prompt_tokens * 0.9)))
+        # Output lengths are fixed per request (ignore_eos), gamma-distributed around the mean
+        # with a 25% coefficient of variation, so max_new_tokens is the real length.
+        out = self.rng.gammavariate(16.0, self.mean_output_tokens / 16.0)
+        out_tokens = int(min(self.max_output_tokens, max(256, out)))
+        return RequestSpec(self._system + _tokens(self.rng, body), out_tokens, user, 0)
 
 
 @dataclass
