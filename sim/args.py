@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sim.memory import (
@@ -28,7 +28,14 @@ from sim.version import DEFAULT_VERSION, SGLangVersion
 
 KV_DTYPE_CHOICES_055 = ["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1"]
 KV_DTYPE_CHOICES_0523 = [
-    "auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16",
+    "auto",
+    "fp8_e5m2",
+    "fp8_e4m3",
+    "mxfp8",
+    "bf16",
+    "bfloat16",
+    "nvfp4",
+    "fp4_mx_block16",
 ]
 WRITE_POLICIES = ["write_back", "write_through", "write_through_selective"]
 WORKLOAD_PROFILES = ["incident", "multi-turn", "short-chat"]
@@ -63,14 +70,18 @@ def build_parser(prog: str = "launch_server.py") -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", type=str, default=None)
     p.add_argument("--host", type=str, default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=_positive_int,
-                   default=None)
-    p.add_argument("--dp-size", "--data-parallel-size", dest="dp_size", type=_positive_int,
-                   default=1)
-    p.add_argument("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=_positive_int,
-                   default=1)
-    p.add_argument("--ep-size", "--expert-parallel-size", dest="ep_size", type=_positive_int,
-                   default=1)
+    p.add_argument(
+        "--tp-size", "--tensor-parallel-size", dest="tp_size", type=_positive_int, default=None
+    )
+    p.add_argument(
+        "--dp-size", "--data-parallel-size", dest="dp_size", type=_positive_int, default=1
+    )
+    p.add_argument(
+        "--pp-size", "--pipeline-parallel-size", dest="pp_size", type=_positive_int, default=1
+    )
+    p.add_argument(
+        "--ep-size", "--expert-parallel-size", dest="ep_size", type=_positive_int, default=1
+    )
     p.add_argument("--nnodes", type=_positive_int, default=1)
     p.add_argument("--enable-dp-attention", action="store_true")
     p.add_argument("--mem-fraction-static", type=_fraction, default=None)
@@ -82,18 +93,31 @@ def build_parser(prog: str = "launch_server.py") -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=_positive_int, default=None)
     p.add_argument("--kv-cache-dtype", type=str, default="auto")
     p.add_argument("--context-length", type=_positive_int, default=None)
-    p.add_argument("--schedule-policy", type=str, default="fcfs",
-                   choices=["fcfs", "lpm", "random", "dfs-weight", "lof", "priority"])
+    p.add_argument(
+        "--schedule-policy",
+        type=str,
+        default="fcfs",
+        choices=["fcfs", "lpm", "random", "dfs-weight", "lof", "priority"],
+    )
     p.add_argument("--schedule-conservativeness", type=_positive_float, default=1.0)
     p.add_argument("--disable-radix-cache", action="store_true")
-    p.add_argument("--enable-hierarchical-cache", "--enable-hicache",
-                   dest="enable_hierarchical_cache", action="store_true")
+    p.add_argument(
+        "--enable-hierarchical-cache",
+        "--enable-hicache",
+        dest="enable_hierarchical_cache",
+        action="store_true",
+    )
     p.add_argument("--hicache-ratio", type=_positive_float, default=None)
     p.add_argument("--hicache-size", type=float, default=0)
-    p.add_argument("--hicache-write-policy", type=str, default="write_through",
-                   choices=WRITE_POLICIES)
-    p.add_argument("--hicache-io-backend", type=str, default="kernel",
-                   choices=["direct", "kernel", "kernel_ascend"])
+    p.add_argument(
+        "--hicache-write-policy", type=str, default="write_through", choices=WRITE_POLICIES
+    )
+    p.add_argument(
+        "--hicache-io-backend",
+        type=str,
+        default="kernel",
+        choices=["direct", "kernel", "kernel_ascend"],
+    )
     p.add_argument("--hicache-mem-layout", type=str, default=None)
     p.add_argument("--hicache-storage-backend", type=str, default=None)
     p.add_argument("--cuda-graph-max-bs", type=_positive_int, default=None)
@@ -111,24 +135,56 @@ def build_parser(prog: str = "launch_server.py") -> argparse.ArgumentParser:
     twin = p.add_argument_group("twin-only (not SGLang flags)")
     twin.add_argument("--preset", type=str, default=DEFAULT_PRESET, choices=sorted(PRESETS))
     twin.add_argument("--sglang-version", type=str, default=DEFAULT_VERSION)
-    twin.add_argument("--time-scale", type=_positive_float, default=1.0,
-                      help="the simulated world runs K times faster than the wall clock")
-    twin.add_argument("--host-ram-gb", type=_positive_float, default=None,
-                      help="host RAM in GiB (default: the preset's)")
+    twin.add_argument(
+        "--time-scale",
+        type=_positive_float,
+        default=1.0,
+        help="the simulated world runs K times faster than the wall clock",
+    )
+    twin.add_argument(
+        "--host-ram-gb",
+        type=_positive_float,
+        default=None,
+        help="host RAM in GiB (default: the preset's)",
+    )
     twin.add_argument("--seed", type=int, default=0)
-    twin.add_argument("--workload", type=str, default=None, choices=WORKLOAD_PROFILES,
-                      help="drive the scheduler in-process with this profile (no HTTP needed)")
-    twin.add_argument("--concurrency", type=_positive_int, default=None,
-                      help="requests the built-in workload keeps in flight")
-    twin.add_argument("--answer-tokens", type=_positive_int, default=None,
-                      help="mean answer length when a request does not set ignore_eos "
-                      "(default: the preset's)")
-    twin.add_argument("--sim-gpu-free-gib", type=_positive_float, default=None,
-                      help="override the preset's free GPU memory before weights load (GiB)")
-    twin.add_argument("--sim-weights-gib", type=float, default=None,
-                      help="override the preset's weights per GPU (GiB)")
-    twin.add_argument("--sim-other-static-gib", type=float, default=None,
-                      help="override the preset's other static GPU memory (GiB)")
+    twin.add_argument(
+        "--workload",
+        type=str,
+        default=None,
+        choices=WORKLOAD_PROFILES,
+        help="drive the scheduler in-process with this profile (no HTTP needed)",
+    )
+    twin.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=None,
+        help="requests the built-in workload keeps in flight",
+    )
+    twin.add_argument(
+        "--answer-tokens",
+        type=_positive_int,
+        default=None,
+        help="mean answer length when a request does not set ignore_eos (default: the preset's)",
+    )
+    twin.add_argument(
+        "--sim-gpu-free-gib",
+        type=_positive_float,
+        default=None,
+        help="override the preset's free GPU memory before weights load (GiB)",
+    )
+    twin.add_argument(
+        "--sim-weights-gib",
+        type=float,
+        default=None,
+        help="override the preset's weights per GPU (GiB)",
+    )
+    twin.add_argument(
+        "--sim-other-static-gib",
+        type=float,
+        default=None,
+        help="override the preset's other static GPU memory (GiB)",
+    )
     return p
 
 
@@ -189,8 +245,6 @@ def parse_unknown(tokens: list[str]) -> dict[str, Any]:
 
 
 def _replace_preset_memory(preset: Preset, ns: argparse.Namespace) -> Preset:
-    from dataclasses import replace
-
     mem = preset.memory
     if ns.sim_gpu_free_gib is not None:
         mem = replace(mem, free_before_load_gib=ns.sim_gpu_free_gib)
@@ -221,7 +275,8 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
     if ns.kv_cache_dtype not in choices:
         allowed = ", ".join(repr(c) for c in choices)
         parser.error(
-            f"argument --kv-cache-dtype: invalid choice: {ns.kv_cache_dtype!r} (choose from {allowed})"
+            f"argument --kv-cache-dtype: invalid choice: {ns.kv_cache_dtype!r} "
+            f"(choose from {allowed})"
         )
     if ns.workload and not ns.concurrency:
         parser.error("argument --workload: needs --concurrency N (requests kept in flight)")
@@ -232,7 +287,9 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
     tp = ns.tp_size if ns.tp_size is not None else preset.tp_size
     dp = ns.dp_size
     if ns.enable_dp_attention and tp % dp != 0:
-        parser.error(f"tp_size ({tp}) must be divisible by dp_size ({dp}) with --enable-dp-attention")
+        parser.error(
+            f"tp_size ({tp}) must be divisible by dp_size ({dp}) with --enable-dp-attention"
+        )
     gpus = tp * ns.pp_size * (1 if ns.enable_dp_attention else dp)
     if gpus > preset.gpus_per_host * ns.nnodes:
         parser.error(
@@ -241,8 +298,10 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
         )
     attention_tp = tp // dp if ns.enable_dp_attention else tp
     defaults = gpu_defaults(version, preset.memory.gpu_memory_mib, tp)
-    chunked = ns.chunked_prefill_size if ns.chunked_prefill_size is not None else (
-        defaults.chunked_prefill_size
+    chunked = (
+        ns.chunked_prefill_size
+        if ns.chunked_prefill_size is not None
+        else (defaults.chunked_prefill_size)
     )
     if chunked == 0 or chunked < -1:
         parser.error(f"argument --chunked-prefill-size: must be -1 (off) or > 0, got {chunked}")
@@ -251,8 +310,14 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
         mfs = ns.mem_fraction_static
     else:
         mfs = default_mem_fraction_static(
-            version, preset.memory.gpu_memory_mib, tp, ns.pp_size, chunked, graph_bs,
-            model.is_mla, model.multimodal,
+            version,
+            preset.memory.gpu_memory_mib,
+            tp,
+            ns.pp_size,
+            chunked,
+            graph_bs,
+            model.is_mla,
+            model.multimodal,
         )
     page_size = ns.page_size or 1
     context_len = ns.context_length or model.context_length
@@ -266,8 +331,9 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
         )
     except StartupFailure as exc:
         failure = exc
-        capacity = Capacity(0.0, 0.0, 0.0, preset.model.cell_size(kv_dtype, attention_tp),
-                            0, 0, 0.0, ())
+        capacity = Capacity(
+            0.0, 0.0, 0.0, preset.model.cell_size(kv_dtype, attention_tp), 0, 0, 0.0, ()
+        )
     max_running = effective_max_running_requests(
         max(2, capacity.max_total_num_tokens), context_len, ns.max_running_requests, dp
     )

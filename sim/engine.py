@@ -4,8 +4,8 @@ It reproduces the parts of SGLang's `Scheduler` that decide throughput under mem
 
 * prefill-first: a prefill batch runs whenever one can be formed, else one decode step;
 * admission by `PrefillAdder`: a new request needs `extend + min(max_new, 4096)` tokens against
-  `available + evictable - sum(running: min(remaining, 4096) * new_token_ratio)`; after a refusal the
-  batch is marked full until a request finishes or is retracted;
+  `available + evictable - sum(running: min(remaining, 4096) * new_token_ratio)`; after a refusal
+  the batch is marked full until a request finishes or is retracted;
 * `new_token_ratio` decays linearly from `0.7 * conservativeness` to 14% of that over 600 decode
   steps, resets when idle, and jumps after a retraction;
 * retraction before a decode step that cannot give every request a token: fewest outputs first
@@ -80,7 +80,9 @@ class Request:
     @property
     def target(self) -> int:
         """Output length at which the request finishes."""
-        return self.max_new_tokens if self.stop_at is None else min(self.stop_at, self.max_new_tokens)
+        return (
+            self.max_new_tokens if self.stop_at is None else min(self.stop_at, self.max_new_tokens)
+        )
 
     @property
     def remaining(self) -> int:
@@ -264,8 +266,7 @@ class Engine:
         return duration
 
     def advance_idle(self, until: float) -> None:
-        if until > self.now:
-            self.now = until
+        self.now = max(self.now, until)
 
     def flush_cache(self) -> bool:
         if not self.idle:
@@ -482,12 +483,15 @@ class Engine:
             kv += r.seq_len
         self._check_activation(bs)
         st = self.cfg.preset.step
-        duration = st.decode_base_s + st.per_seq_s * bs + kv * self.cfg.cell_size / st.mem_bw_bytes_per_s
+        duration = (
+            st.decode_base_s + st.per_seq_s * bs + kv * self.cfg.cell_size / st.mem_bw_bytes_per_s
+        )
         model = self.cfg.preset.model
         if model.is_moe:
             touched = 1 - (1 - model.experts_per_token / model.num_experts) ** bs
             duration += (
-                self.cfg.preset.expert_bytes_per_gpu(self.cfg.tp_size) * touched
+                self.cfg.preset.expert_bytes_per_gpu(self.cfg.tp_size)
+                * touched
                 / st.mem_bw_bytes_per_s
             )
         if self.tree.hierarchical:
@@ -525,9 +529,7 @@ class Engine:
         if self.free + self.tree.evictable_tokens >= need:
             return
         old_ratio = self.new_token_ratio
-        order = sorted(
-            self.running, key=lambda r: (r.out_len, -len(r.input_ids)), reverse=True
-        )
+        order = sorted(self.running, key=lambda r: (r.out_len, -len(r.input_ids)), reverse=True)
         retracted: list[Request] = []
         while order:
             avail = self.free + self.tree.evictable_tokens
@@ -567,10 +569,7 @@ class Engine:
             if self.radix and not r.aborted:
                 self._cache_in_tree(r, r.fill_ids()[: r.seq_len - 1])
             self._release(r)
-            if r.aborted:
-                reason = "abort"
-            else:
-                reason = "length" if r.out_len >= r.max_new_tokens else "stop"
+            reason = "abort" if r.aborted else "length" if r.out_len >= r.max_new_tokens else "stop"
             self._finish(r, reason)
 
     def _finish(self, req: Request, reason: str) -> None:
@@ -609,7 +608,9 @@ class Engine:
             raise HostOutOfMemory("host pinned memory overcommitted")
 
 
-def run_for(engine: Engine, duration: float, on_idle: Callable[[Engine], bool] | None = None) -> None:
+def run_for(
+    engine: Engine, duration: float, on_idle: Callable[[Engine], bool] | None = None
+) -> None:
     """Advance an engine as fast as possible for `duration` simulated seconds.
 
     `on_idle` may submit work (a closed-loop workload); if it returns False the clock jumps.

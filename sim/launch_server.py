@@ -92,12 +92,17 @@ async def startup(rt: Runtime) -> None:
     prefix = rank_prefix(int(sa["tp_size"]), rt.dp_size)
     load_time = cfg.preset.startup_s * 0.8
     log.line("Init torch distributed begin.", prefix)
-    log.line(f"Init torch distributed ends. mem usage={mem.gpu_memory_mib / 1024 - mem.free_before_load_gib:.2f} GB", prefix)
+    log.line(
+        "Init torch distributed ends. mem usage="
+        f"{mem.gpu_memory_mib / 1024 - mem.free_before_load_gib:.2f} GB",
+        prefix,
+    )
     log.line(f"Load weight begin. avail mem={mem.free_before_load_gib:.2f} GB", prefix)
     await _sleep_sim(rt.clock, load_time)
     if mem.weights_gib > mem.free_before_load_gib:
-        raise StartupFailure("torch.OutOfMemoryError",
-                             "CUDA out of memory while loading weights.", "load_weight")
+        raise StartupFailure(
+            "torch.OutOfMemoryError", "CUDA out of memory while loading weights.", "load_weight"
+        )
     avail = mem.free_before_load_gib - mem.weights_gib - mem.other_static_gib
     log.line(
         f"Load weight end. type={cfg.preset.model.architecture}, dtype=torch.bfloat16, "
@@ -115,8 +120,9 @@ async def startup(rt: Runtime) -> None:
         sizes = f"KV size: {kv_gb:.2f} GB"
     else:
         sizes = f"K size: {kv_gb / 2:.2f} GB, V size: {kv_gb / 2:.2f} GB"
-    log.line(f"KV Cache is allocated. {dtype_part}#tokens: {cap.max_total_num_tokens}, {sizes}",
-             prefix)
+    log.line(
+        f"KV Cache is allocated. {dtype_part}#tokens: {cap.max_total_num_tokens}, {sizes}", prefix
+    )
     pool = rt.plan_host_pool()
     if pool is not None:
         for line in pool.log_lines:
@@ -179,13 +185,19 @@ async def warmup(rt: Runtime, url: str, api_key: str | None) -> None:
         if not rt.cfg.server_args["skip_server_warmup"]:
             for _ in range(600):
                 try:
-                    await client.get(url + ("/model_info" if rt.cfg.version.new_endpoints
-                                            else "/get_model_info"))
+                    await client.get(
+                        url + ("/model_info" if rt.cfg.version.new_endpoints else "/get_model_info")
+                    )
                     break
                 except httpx.TransportError:
                     await asyncio.sleep(0.05)
-            await client.post(url + "/generate", json={
-                "text": WARMUP_TEXT, "sampling_params": {"temperature": 0, "max_new_tokens": 8}})
+            await client.post(
+                url + "/generate",
+                json={
+                    "text": WARMUP_TEXT,
+                    "sampling_params": {"temperature": 0, "max_new_tokens": 8},
+                },
+            )
     rt.status = "up"
     rt.log.line("The server is fired up and ready to roll!")
 
@@ -216,8 +228,13 @@ async def serve(cfg: TwinConfig) -> int:
     rt.on_fatal = on_fatal
     _configure_uvicorn_logging(log)
     config = uvicorn.Config(
-        TwinApp(rt).build(), host=str(sa["host"]), port=int(sa["port"]), log_config=None,
-        access_log=True, timeout_keep_alive=5, lifespan="off",
+        TwinApp(rt).build(),
+        host=str(sa["host"]),
+        port=int(sa["port"]),
+        log_config=None,
+        access_log=True,
+        timeout_keep_alive=5,
+        lifespan="off",
     )
     server = uvicorn.Server(config)
     drive = asyncio.create_task(rt.drive())
@@ -231,8 +248,10 @@ async def serve(cfg: TwinConfig) -> int:
             await asyncio.sleep(0.01)
         await warmup(rt, url, sa["api_key"])
         if cfg.workload and cfg.concurrency:
-            log.line(f"twin: built-in workload {cfg.workload!r} with {cfg.concurrency} "
-                     "requests in flight")
+            log.line(
+                f"twin: built-in workload {cfg.workload!r} with {cfg.concurrency} "
+                "requests in flight"
+            )
             rt.start_workload(cfg.workload, cfg.concurrency)
 
     starter = asyncio.create_task(after_start())

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from sim import tokenizer
 from sim.workload import PROFILES, RequestSpec, make_profile
 
 
@@ -49,8 +50,10 @@ class LoadReport:
 
     def summary(self) -> dict[str, Any]:
         lat = sorted(self.e2e_latencies)
+
         def pct(p: float) -> float | None:
             return lat[min(len(lat) - 1, int(p * len(lat)))] if lat else None
+
         sim = max(self.sim_seconds, 1e-9)
         out = {k: v for k, v in asdict(self).items() if k != "e2e_latencies"}
         out.update(
@@ -58,9 +61,14 @@ class LoadReport:
             completed_tokens_per_s=round(self.completion_tokens / sim, 2),
             requests_per_s=round(self.completed / sim, 4),
             cache_hit_fraction=round(self.cached_tokens / self.prompt_tokens, 4)
-            if self.prompt_tokens else 0.0,
-            e2e_latency_s={"mean": round(statistics.fmean(lat), 3) if lat else None,
-                           "p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99)},
+            if self.prompt_tokens
+            else 0.0,
+            e2e_latency_s={
+                "mean": round(statistics.fmean(lat), 3) if lat else None,
+                "p50": pct(0.5),
+                "p90": pct(0.9),
+                "p99": pct(0.99),
+            },
         )
         return out
 
@@ -82,7 +90,9 @@ async def _probe(client: httpx.AsyncClient) -> float:
             try:
                 info = resp.json()
             except ValueError:
-                raise LoadError(f"{client.base_url}{path} did not return JSON: not SGLang?") from None
+                raise LoadError(
+                    f"{client.base_url}{path} did not return JSON: not SGLang?"
+                ) from None
             twin = info.get("kvpilot_twin") if isinstance(info, dict) else None
             if isinstance(twin, dict) and isinstance(twin.get("time_scale"), (int, float)):
                 return float(twin["time_scale"])
@@ -92,17 +102,21 @@ async def _probe(client: httpx.AsyncClient) -> float:
 
 def _payload(spec: RequestSpec, api: str, model: str) -> tuple[str, dict[str, Any]]:
     if api == "chat":
-        from sim import tokenizer
-
         text = tokenizer.decode(spec.input_ids)
         return "/v1/chat/completions", {
-            "model": model, "messages": [{"role": "user", "content": text}],
-            "max_tokens": spec.max_new_tokens, "temperature": 0, "ignore_eos": spec.ignore_eos,
+            "model": model,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": spec.max_new_tokens,
+            "temperature": 0,
+            "ignore_eos": spec.ignore_eos,
         }
     return "/generate", {
         "input_ids": list(spec.input_ids),
-        "sampling_params": {"max_new_tokens": spec.max_new_tokens,
-                            "ignore_eos": spec.ignore_eos, "temperature": 0},
+        "sampling_params": {
+            "max_new_tokens": spec.max_new_tokens,
+            "ignore_eos": spec.ignore_eos,
+            "temperature": 0,
+        },
     }
 
 
@@ -119,8 +133,12 @@ async def run_load(
 ) -> LoadReport:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, limits=limits,
-                                 timeout=httpx.Timeout(None, connect=10.0)) as client:
+    async with httpx.AsyncClient(
+        base_url=url.rstrip("/"),
+        headers=headers,
+        limits=limits,
+        timeout=httpx.Timeout(None, connect=10.0),
+    ) as client:
         scale = await _probe(client)
         prof = make_profile(profile, seed)
         report = LoadReport(url, profile, concurrency, 0.0, scale)
@@ -189,8 +207,10 @@ def format_report(summary: dict[str, Any]) -> str:
         f"{summary['requests_per_s']:.3f}, prefix-cache hit {summary['cache_hit_fraction']:.1%}",
     ]
     if lat["mean"] is not None:
-        lines.append(f"  e2e latency (server) mean {lat['mean']:.2f} s, p50 {lat['p50']:.2f}, "
-                     f"p90 {lat['p90']:.2f}, p99 {lat['p99']:.2f}")
+        lines.append(
+            f"  e2e latency (server) mean {lat['mean']:.2f} s, p50 {lat['p50']:.2f}, "
+            f"p90 {lat['p90']:.2f}, p99 {lat['p99']:.2f}"
+        )
     if summary["errors"]:
         lines.append(f"  errors: {summary['errors']}")
     return "\n".join(lines)
@@ -214,9 +234,17 @@ def main(argv: list[str] | None = None) -> int:
     if not ns.url.startswith(("http://", "https://")):
         p.error(f"--url must start with http:// or https://, got {ns.url!r}")
     try:
-        report = asyncio.run(run_load(ns.url, concurrency=ns.concurrency, profile=ns.profile,
-                                      duration=ns.duration, api=ns.api, api_key=ns.api_key,
-                                      seed=ns.seed))
+        report = asyncio.run(
+            run_load(
+                ns.url,
+                concurrency=ns.concurrency,
+                profile=ns.profile,
+                duration=ns.duration,
+                api=ns.api,
+                api_key=ns.api_key,
+                seed=ns.seed,
+            )
+        )
     except LoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -63,7 +63,9 @@ def default_mem_fraction_static(
 ) -> float:
     """The reserve heuristic that picks `mem_fraction_static` when the operator gives none."""
     activation_tokens = max(chunked_prefill_size, 2048)
-    reserve_mib = 512 + activation_tokens * 1.5 + cuda_graph_max_bs * 2 + tp_size * pp_size / 8 * 1024
+    reserve_mib = (
+        512 + activation_tokens * 1.5 + cuda_graph_max_bs * 2 + tp_size * pp_size / 8 * 1024
+    )
     if version.refactored:
         reserve_mib += 1536 if is_mla else 8 * 8  # prefill CUDA graph reserve
     if gpu_memory_mib > 60 * 1024:
@@ -97,7 +99,7 @@ def plan_capacity(
     page_size: int,
     max_total_tokens: int | None,
 ) -> Capacity:
-    """`rest = avail - pre * (1 - mem_fraction_static)`; tokens = rest / cell, capped, page-rounded."""
+    """`rest = avail - pre * (1 - mem_fraction_static)`; tokens = rest / cell, capped, rounded."""
     mem = preset.memory
     pre = mem.free_before_load_gib
     static = mem.weights_gib + mem.other_static_gib
@@ -105,7 +107,8 @@ def plan_capacity(
         raise StartupFailure(
             "torch.OutOfMemoryError",
             f"CUDA out of memory. Tried to allocate {mem.weights_gib - pre + 0.5:.2f} GiB. GPU 0 "
-            f"has a total capacity of {mem.gpu_memory_mib / 1024:.2f} GiB of which 0 bytes is free.",
+            f"has a total capacity of {mem.gpu_memory_mib / 1024:.2f} GiB of which 0 bytes is "
+            "free.",
             "load_weight",
         )
     avail = pre - static
@@ -205,10 +208,14 @@ def plan_host_pool(
         auto = min(2.0, 0.95 * budget_per_rank * 0.8 / max(1, device_bytes))
         if auto <= 0:
             raise StartupFailure(
-                "ValueError", "No host memory is left for HiCache after the 10 GiB reserve", "hicache"
+                "ValueError",
+                "No host memory is left for HiCache after the 10 GiB reserve",
+                "hicache",
             )
-        logs.append(f"HiCache auto-sizing: ratio 2.0 -> {auto:.2f}; budget per rank "
-                    f"{budget_per_rank / 1e9:.2f} GB")
+        logs.append(
+            f"HiCache auto-sizing: ratio 2.0 -> {auto:.2f}; budget per rank "
+            f"{budget_per_rank / 1e9:.2f} GB"
+        )
         ratio = auto
     if ratio is None:
         ratio = 2.0

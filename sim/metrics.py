@@ -3,8 +3,8 @@
 Scheduler gauges are refreshed where SGLang refreshes them (each prefill batch and every
 `--decode-log-interval` decode steps); request counters and histograms move when a request
 finishes, because SGLang's tokenizer manager counts tokens at completion. So a rate computed from
-`sglang:generation_tokens_total` is the *completed* requests' token rate, and `sglang:gen_throughput`
-is the scheduler's instantaneous decode rate.
+`sglang:generation_tokens_total` is the *completed* requests' token rate, and
+`sglang:gen_throughput` is the scheduler's instantaneous decode rate.
 
 All time values are simulated seconds.
 """
@@ -18,10 +18,55 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from sim.version import SGLangVersion
 
 TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
-ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06,
-               0.08, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8]
-E2E_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600,
-               1200, 1800, 2400]
+ITL_BUCKETS = [
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.035,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1,
+    2,
+    4,
+    6,
+    8,
+]
+E2E_BUCKETS = [
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1,
+    2,
+    4,
+    6,
+    8,
+    10,
+    20,
+    40,
+    60,
+    80,
+    100,
+    200,
+    400,
+    600,
+    1200,
+    1800,
+    2400,
+]
 
 # (metric name without the `sglang:` prefix, first dialect that has it)
 SCHEDULER_GAUGES: list[tuple[str, str]] = [
@@ -113,34 +158,60 @@ class TwinMetrics:
         stream_labels = tok_labels + (["is_streaming"] if version.refactored else [])
         self._tok_labels = tok_labels
         self._stream_labels = stream_labels
-        self.prompt_tokens = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.",
-                                     stream_labels, registry=r)
+        self.prompt_tokens = Counter(
+            "sglang:prompt_tokens", "Number of prefill tokens processed.", stream_labels, registry=r
+        )
         self.generation_tokens = Counter(
-            "sglang:generation_tokens", "Number of generation tokens processed.", stream_labels,
-            registry=r)
+            "sglang:generation_tokens",
+            "Number of generation tokens processed.",
+            stream_labels,
+            registry=r,
+        )
         cached_labels = tok_labels + (["cache_source"] if version.refactored else [])
         self._cached_labels = cached_labels
         self.cached_tokens = Counter(
-            "sglang:cached_tokens", "Number of cached prompt tokens.", cached_labels, registry=r)
-        self.num_requests = Counter("sglang:num_requests", "Number of requests processed.",
-                                    stream_labels, registry=r)
+            "sglang:cached_tokens", "Number of cached prompt tokens.", cached_labels, registry=r
+        )
+        self.num_requests = Counter(
+            "sglang:num_requests", "Number of requests processed.", stream_labels, registry=r
+        )
         self.num_so_requests = Counter(
-            "sglang:num_so_requests", "Number of structured output requests processed.",
-            tok_labels, registry=r)
-        self.num_aborted = Counter("sglang:num_aborted_requests", "Number of requests aborted.",
-                                   tok_labels, registry=r)
-        self.ttft = Histogram("sglang:time_to_first_token_seconds",
-                              "Histogram of time to first token in seconds.", stream_labels,
-                              buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram("sglang:inter_token_latency_seconds",
-                             "Histogram of inter-token latency in seconds.", tok_labels,
-                             buckets=ITL_BUCKETS, registry=r)
-        self.e2e = Histogram("sglang:e2e_request_latency_seconds",
-                             "Histogram of End-to-end request latency in seconds", stream_labels,
-                             buckets=E2E_BUCKETS, registry=r)
-        self.queue_time = Histogram("sglang:queue_time_seconds",
-                                    "Histogram of queueing time in seconds.", tok_labels,
-                                    buckets=TTFT_BUCKETS, registry=r)
+            "sglang:num_so_requests",
+            "Number of structured output requests processed.",
+            tok_labels,
+            registry=r,
+        )
+        self.num_aborted = Counter(
+            "sglang:num_aborted_requests", "Number of requests aborted.", tok_labels, registry=r
+        )
+        self.ttft = Histogram(
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            stream_labels,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "sglang:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            tok_labels,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            stream_labels,
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "sglang:queue_time_seconds",
+            "Histogram of queueing time in seconds.",
+            tok_labels,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
         self.tpot: Histogram | None = None
         self.retracted_total: Counter | None = None
         self.startup_phase: Gauge | None = None
@@ -148,36 +219,64 @@ class TwinMetrics:
         self.http_responses: Counter | None = None
         self.http_active: Gauge | None = None
         if version.refactored:
-            self.tpot = Histogram("sglang:request_time_per_output_token_seconds",
-                                  "Histogram of time per output token in seconds.", stream_labels,
-                                  buckets=ITL_BUCKETS, registry=r)
-            self.retracted_total = Counter("sglang:num_retracted_requests",
-                                           "Number of retracted requests.", sched_labels,
-                                           registry=r)
-            self.startup_phase = Gauge("sglang:startup_time_seconds",
-                                       "Startup time by phase in seconds.",
-                                       sched_labels + ["phase"], registry=r)
-            self.http_requests = Counter("sglang:http_requests", "HTTP requests received.",
-                                         ["method", "path"], registry=r)
-            self.http_responses = Counter("sglang:http_responses", "HTTP responses sent.",
-                                          ["method", "path", "status_code"], registry=r)
-            self.http_active = Gauge("sglang:http_requests_active", "HTTP requests in flight.",
-                                     ["method", "path"], registry=r)
+            self.tpot = Histogram(
+                "sglang:request_time_per_output_token_seconds",
+                "Histogram of time per output token in seconds.",
+                stream_labels,
+                buckets=ITL_BUCKETS,
+                registry=r,
+            )
+            self.retracted_total = Counter(
+                "sglang:num_retracted_requests",
+                "Number of retracted requests.",
+                sched_labels,
+                registry=r,
+            )
+            self.startup_phase = Gauge(
+                "sglang:startup_time_seconds",
+                "Startup time by phase in seconds.",
+                [*sched_labels, "phase"],
+                registry=r,
+            )
+            self.http_requests = Counter(
+                "sglang:http_requests", "HTTP requests received.", ["method", "path"], registry=r
+            )
+            self.http_responses = Counter(
+                "sglang:http_responses",
+                "HTTP responses sent.",
+                ["method", "path", "status_code"],
+                registry=r,
+            )
+            self.http_active = Gauge(
+                "sglang:http_requests_active",
+                "HTTP requests in flight.",
+                ["method", "path"],
+                registry=r,
+            )
         # HiCache families (present whether or not the cache is on, as SGLang registers them).
         backup_name = "hicache_backup_tokens" if version.refactored else "backuped_tokens"
-        self.backup_tokens = Counter(f"sglang:{backup_name}", "Tokens written to the host pool.",
-                                     sched_labels, registry=r)
-        self.evicted_tokens = Counter("sglang:evicted_tokens", "Tokens evicted from the GPU cache.",
-                                      sched_labels, registry=r)
-        self.load_back_tokens = Counter("sglang:load_back_tokens",
-                                        "Tokens loaded back from the host pool.", sched_labels,
-                                        registry=r)
+        self.backup_tokens = Counter(
+            f"sglang:{backup_name}", "Tokens written to the host pool.", sched_labels, registry=r
+        )
+        self.evicted_tokens = Counter(
+            "sglang:evicted_tokens", "Tokens evicted from the GPU cache.", sched_labels, registry=r
+        )
+        self.load_back_tokens = Counter(
+            "sglang:load_back_tokens",
+            "Tokens loaded back from the host pool.",
+            sched_labels,
+            registry=r,
+        )
         self._hicache_seen = {"backup": 0, "evicted": 0, "load_back": 0}
 
     # ----------------------------------------------------------------- labels
     def sched_label_values(self, dp_rank: int = 0) -> dict[str, str]:
-        values = {"model_name": self.model_name, "engine_type": "unified", "tp_rank": "0",
-                  "pp_rank": "0"}
+        values = {
+            "model_name": self.model_name,
+            "engine_type": "unified",
+            "tp_rank": "0",
+            "pp_rank": "0",
+        }
         if "moe_ep_rank" in self._sched_labels:
             values["moe_ep_rank"] = "0"
         if self.dp_size > 1:
@@ -199,8 +298,10 @@ class TwinMetrics:
             if name in self.gauges:
                 self.gauges[name].labels(**labels).set(value)
         if self.startup_phase is not None:
-            for phase, value in (("load_weights", self.static.get("engine_load_weights_time", 0)),
-                                 ("total", self.static.get("engine_startup_time", 0))):
+            for phase, value in (
+                ("load_weights", self.static.get("engine_load_weights_time", 0)),
+                ("total", self.static.get("engine_startup_time", 0)),
+            ):
                 self.startup_phase.labels(**labels, phase=phase).set(value)
 
     def scheduler(self, snap: SchedulerSnapshot, dp_rank: int = 0) -> None:
@@ -230,17 +331,23 @@ class TwinMetrics:
             gauge = self.gauges.get(name)
             if gauge is not None:
                 gauge.labels(**labels).set(value)
-        for name in ("num_grammar_queue_reqs", "num_paused_reqs", "spec_accept_length",
-                     "spec_accept_rate"):
+        for name in (
+            "num_grammar_queue_reqs",
+            "num_paused_reqs",
+            "spec_accept_length",
+            "spec_accept_rate",
+        ):
             if name in self.gauges:
                 self.gauges[name].labels(**labels).set(0)
 
     def hicache(self, backup: int, evicted: int, load_back: int, dp_rank: int = 0) -> None:
         labels = self.sched_label_values(dp_rank)
         seen = self._hicache_seen
-        for key, total, counter in (("backup", backup, self.backup_tokens),
-                                    ("evicted", evicted, self.evicted_tokens),
-                                    ("load_back", load_back, self.load_back_tokens)):
+        for key, total, counter in (
+            ("backup", backup, self.backup_tokens),
+            ("evicted", evicted, self.evicted_tokens),
+            ("load_back", load_back, self.load_back_tokens),
+        ):
             if total > seen[key]:
                 counter.labels(**labels).inc(total - seen[key])
                 seen[key] = total

@@ -243,7 +243,7 @@ class RadixTree:
 
     # ----- device eviction -----
     def evict(self, num_tokens: int) -> int:
-        """Free at least `num_tokens` device tokens from unlocked LRU leaves; return tokens freed."""
+        """Free at least `num_tokens` device tokens from unlocked LRU leaves; return the count."""
         if num_tokens <= 0 or self.evictable_tokens <= 0:
             return 0
         freed = 0
@@ -315,7 +315,10 @@ class RadixTree:
             self.device_tokens,
             self.evictable_tokens,
             self.host_tokens,
-        ), ((device, evictable, host), (self.device_tokens, self.evictable_tokens, self.host_tokens))
+        ), (
+            (device, evictable, host),
+            (self.device_tokens, self.evictable_tokens, self.host_tokens),
+        )
 
 
 def _common_prefix(key: Tokens, tokens: Tokens, pos: int) -> int:

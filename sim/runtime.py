@@ -9,6 +9,7 @@ letting reported time run ahead of the simulation, and a warning is logged once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import time
@@ -73,17 +74,20 @@ class _Observer:
 
     def prefill_batch(self, engine: Engine, stats: PrefillStats) -> None:
         self.rt.log.line(prefill_line(self.rt.cfg.version, stats), self.prefix, engine.now)
-        self.rt.publish(engine, self.dp_rank, gen_throughput=None,
-                        cache_hit_rate=engine.last_cache_hit_rate)
+        self.rt.publish(
+            engine, self.dp_rank, gen_throughput=None, cache_hit_rate=engine.last_cache_hit_rate
+        )
 
     def decode_log(self, engine: Engine, stats: DecodeStats) -> None:
         self.rt.log.line(decode_line(self.rt.cfg.version, stats), self.prefix, engine.now)
-        self.rt.publish(engine, self.dp_rank, gen_throughput=stats.gen_throughput,
-                        cache_hit_rate=None)
+        self.rt.publish(
+            engine, self.dp_rank, gen_throughput=stats.gen_throughput, cache_hit_rate=None
+        )
 
     def retracted(self, engine: Engine, count: int, old_ratio: float, new_ratio: float) -> None:
         self.rt.log.line(
-            retract_line(count, old_ratio, new_ratio, count, self.rt.cfg.version), self.prefix,
+            retract_line(count, old_ratio, new_ratio, count, self.rt.cfg.version),
+            self.prefix,
             engine.now,
         )
         self.rt.metrics.retracted(count, self.dp_rank)
@@ -162,8 +166,14 @@ class Runtime:
             self.engines.append(engine)
 
     # ----------------------------------------------------------------- metrics
-    def publish(self, engine: Engine, dp_rank: int, *, gen_throughput: float | None,
-                cache_hit_rate: float | None) -> None:
+    def publish(
+        self,
+        engine: Engine,
+        dp_rank: int,
+        *,
+        gen_throughput: float | None,
+        cache_hit_rate: float | None,
+    ) -> None:
         tree = engine.tree
         self.metrics.scheduler(
             SchedulerSnapshot(
@@ -186,8 +196,9 @@ class Runtime:
         )
         engine.last_retracted = 0
         if tree.hierarchical:
-            self.metrics.hicache(tree.backed_up_total, tree.device_evicted_total,
-                                 engine.loaded_back_total, dp_rank)
+            self.metrics.hicache(
+                tree.backed_up_total, tree.device_evicted_total, engine.loaded_back_total, dp_rank
+            )
 
     # ----------------------------------------------------------------- requests
     def stop_at(self, input_ids: tuple[int, ...], ignore_eos: bool) -> int | None:
@@ -195,14 +206,27 @@ class Runtime:
             return None
         return natural_answer_length(input_ids, self.cfg.seed, self.cfg.answer_tokens)
 
-    def submit(self, input_ids: tuple[int, ...], max_new_tokens: int, *, stream: bool,
-               rid: str | None = None, ignore_eos: bool = False) -> Pending:
+    def submit(
+        self,
+        input_ids: tuple[int, ...],
+        max_new_tokens: int,
+        *,
+        stream: bool,
+        rid: str | None = None,
+        ignore_eos: bool = False,
+    ) -> Pending:
         dp_rank = next(self._rr) % len(self.engines)
         engine = self.engines[dp_rank]
         if engine.idle:
             engine.advance_idle(self.clock.now())
-        req = Request(rid or uuid.uuid4().hex, input_ids, max_new_tokens, engine.now, stream=stream,
-                      stop_at=self.stop_at(input_ids, ignore_eos))
+        req = Request(
+            rid or uuid.uuid4().hex,
+            input_ids,
+            max_new_tokens,
+            engine.now,
+            stream=stream,
+            stop_at=self.stop_at(input_ids, ignore_eos),
+        )
         pending = Pending(req, dp_rank, engine.now)
         req.on_progress = lambda r, p=pending: self._defer(r.last_progress_at, p)
         req.on_finish = lambda r, p=pending: self._finished(r, p)
@@ -231,7 +255,9 @@ class Runtime:
             req = pending.req
             if pending.done:
                 continue
-            pending.delivered_out = req.last_progress_out if req.finished_at is None else req.out_len
+            pending.delivered_out = (
+                req.last_progress_out if req.finished_at is None else req.out_len
+            )
             if req.finished_at is not None and req.finished_at <= now:
                 pending.done = True
                 pending.delivered_out = req.out_len
@@ -264,8 +290,13 @@ class Runtime:
         spec = self.workload.next_request(user)
         dp_rank = next(self._rr) % len(self.engines)
         engine = self.engines[dp_rank]
-        req = Request(f"wl-{uuid.uuid4().hex[:12]}", spec.input_ids, spec.max_new_tokens,
-                      engine.now, stop_at=self.stop_at(spec.input_ids, spec.ignore_eos))
+        req = Request(
+            f"wl-{uuid.uuid4().hex[:12]}",
+            spec.input_ids,
+            spec.max_new_tokens,
+            engine.now,
+            stop_at=self.stop_at(spec.input_ids, spec.ignore_eos),
+        )
 
         def done(r: Request, spec: Any = spec, user: int = user) -> None:
             assert self.workload is not None
@@ -305,17 +336,15 @@ class Runtime:
                             )
                     await asyncio.sleep(0)
                     continue
-                due = [t for t in busy]
+                due = list(busy)
                 if self._deferred:
                     due.append(self._deferred[0][0])
                 wait = 0.05
                 if due:
                     wait = min(wait, self.clock.wall_seconds(min(due) - self.clock.now()))
                 self._wake.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.0005))
-                except TimeoutError:
-                    pass
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # GPU or host OOM from the engine: the process dies

@@ -53,10 +53,14 @@ class TwinApp:
         routes = [
             Route("/health", self.health, methods=["GET"]),
             Route("/health_generate", self.health, methods=["GET"]),
-            Route("/get_server_info", self._deprecated(self.server_info, "/server_info"),
-                  methods=["GET"]),
-            Route("/get_model_info", self._deprecated(self.model_info, "/model_info"),
-                  methods=["GET"]),
+            Route(
+                "/get_server_info",
+                self._deprecated(self.server_info, "/server_info"),
+                methods=["GET"],
+            ),
+            Route(
+                "/get_model_info", self._deprecated(self.model_info, "/model_info"), methods=["GET"]
+            ),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/generate", self.generate, methods=["POST", "PUT"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
@@ -138,9 +142,18 @@ class TwinApp:
                 memory_usage["token_capacity_swa"] = 0
                 memory_usage["graph"] = {"decode": round(mem.graph_gib, 2)}
             state: dict[str, Any] = {
-                **{k: sa[k] for k in ("mem_fraction_static", "max_total_tokens",
-                                      "max_running_requests", "chunked_prefill_size",
-                                      "max_prefill_tokens", "page_size", "kv_cache_dtype")},
+                **{
+                    k: sa[k]
+                    for k in (
+                        "mem_fraction_static",
+                        "max_total_tokens",
+                        "max_running_requests",
+                        "chunked_prefill_size",
+                        "max_prefill_tokens",
+                        "page_size",
+                        "kv_cache_dtype",
+                    )
+                },
                 "dp_rank": rank,
                 "last_gen_throughput": engine.last_gen_throughput,
                 "memory_usage": memory_usage,
@@ -188,8 +201,13 @@ class TwinApp:
             "architectures": [m.architecture],
         }
         if self.version.refactored:
-            info.update(served_model_name=sa["served_model_name"], load_format="auto",
-                        reasoning_parser=None, tool_call_parser=None, disaggregation_mode="null")
+            info.update(
+                served_model_name=sa["served_model_name"],
+                load_format="auto",
+                reasoning_parser=None,
+                tool_call_parser=None,
+                disaggregation_mode="null",
+            )
         return JSONResponse(info)
 
     async def models(self, request: Request) -> Response:
@@ -205,11 +223,17 @@ class TwinApp:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def get_load(self, request: Request) -> Response:
-        return JSONResponse([
-            {"dp_rank": rank, "num_reqs": len(e.running) + len(e.waiting),
-             "num_waiting_reqs": len(e.waiting), "num_tokens": e.used_tokens}
-            for rank, e in enumerate(self.rt.engines)
-        ])
+        return JSONResponse(
+            [
+                {
+                    "dp_rank": rank,
+                    "num_reqs": len(e.running) + len(e.waiting),
+                    "num_waiting_reqs": len(e.waiting),
+                    "num_tokens": e.used_tokens,
+                }
+                for rank, e in enumerate(self.rt.engines)
+            ]
+        )
 
     def _rank_load(self, rank: int, include: set[str]) -> dict[str, Any]:
         e = self.rt.engines[rank]
@@ -239,13 +263,20 @@ class TwinApp:
             load["num_total_reqs"] = len(e.running) + len(e.waiting)
         if "memory" in include or "all" in include:
             mem = self.cfg.preset.memory
-            load["memory"] = {"weight_gb": round(mem.weights_gib, 2),
-                              "kv_cache_gb": round(self.cfg.capacity.kv_cache_gib, 2),
-                              "graph_gb": round(mem.graph_gib, 2), "token_capacity": e.size}
+            load["memory"] = {
+                "weight_gb": round(mem.weights_gib, 2),
+                "kv_cache_gb": round(self.cfg.capacity.kv_cache_gib, 2),
+                "graph_gb": round(mem.graph_gib, 2),
+                "token_capacity": e.size,
+            }
         if "queues" in include or "all" in include:
-            load["queues"] = {"waiting": len(e.waiting), "grammar": 0, "paused": 0,
-                              "retracted": sum(1 for r in e.waiting if r.retractions),
-                              "prealloc_ready": 0}
+            load["queues"] = {
+                "waiting": len(e.waiting),
+                "grammar": 0,
+                "paused": 0,
+                "retracted": sum(1 for r in e.waiting if r.retractions),
+                "prealloc_ready": 0,
+            }
         return load
 
     async def loads(self, request: Request) -> Response:
@@ -328,9 +359,15 @@ class TwinApp:
                 "completion to fit within the limit.",
             )
 
-    def _start(self, input_ids: tuple[int, ...], max_new: int, stream: bool,
-               rid: str | None, ignore_eos: bool) -> Pending:
-        if self.rt.status != "up" and self.rt.status != "warming":
+    def _start(
+        self,
+        input_ids: tuple[int, ...],
+        max_new: int,
+        stream: bool,
+        rid: str | None,
+        ignore_eos: bool,
+    ) -> Pending:
+        if self.rt.status not in {"up", "warming"}:
             raise ApiError(503, "The server is not ready.")
         self._check_lengths(len(input_ids), max_new)
         return self.rt.submit(input_ids, max_new, stream=stream, rid=rid, ignore_eos=ignore_eos)
@@ -393,8 +430,9 @@ class TwinApp:
             params = body.get("sampling_params") or {}
             if not isinstance(params, dict):
                 raise ApiError(400, "sampling_params must be an object")
-            max_new = _int_param(params.get("max_new_tokens"), DEFAULT_MAX_NEW_TOKENS,
-                                 "max_new_tokens")
+            max_new = _int_param(
+                params.get("max_new_tokens"), DEFAULT_MAX_NEW_TOKENS, "max_new_tokens"
+            )
             stream = bool(body.get("stream", False))
             if "input_ids" in body and body["input_ids"] is not None:
                 prompts = _ids_batch(body["input_ids"])
@@ -404,20 +442,23 @@ class TwinApp:
             else:
                 raise ApiError(400, "Either text or input_ids should be provided.")
             batch = isinstance(body.get("text"), list) or (
-                isinstance(body.get("input_ids"), list) and body["input_ids"]
+                isinstance(body.get("input_ids"), list)
+                and body["input_ids"]
                 and isinstance(body["input_ids"][0], list)
             )
             rid = body.get("rid") if isinstance(body.get("rid"), str) else None
             if stream and batch:
                 raise ApiError(400, "Streaming is supported for a single prompt only.")
             ignore_eos = bool(params.get("ignore_eos", False))
-            pendings = [self._start(p, max_new, stream, None if batch else rid, ignore_eos)
-                        for p in prompts]
+            pendings = [
+                self._start(p, max_new, stream, None if batch else rid, ignore_eos) for p in prompts
+            ]
         except ApiError as exc:
             return JSONResponse({"error": {"message": exc.message}}, status_code=exc.status)
         if stream:
-            return StreamingResponse(self._generate_stream(pendings[0]),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                self._generate_stream(pendings[0]), media_type="text/event-stream"
+            )
         try:
             for p in pendings:
                 await self._wait(p, request)
@@ -434,7 +475,11 @@ class TwinApp:
         try:
             async for _, now in self._progress(p):
                 ids = synthetic_output(p.req.rid, now)
-                chunk = {"text": tokenizer.decode(ids), "output_ids": ids, "meta_info": self._meta(p)}
+                chunk = {
+                    "text": tokenizer.decode(ids),
+                    "output_ids": ids,
+                    "meta_info": self._meta(p),
+                }
                 yield f"data: {json.dumps(chunk)}\n\n".encode()
             yield b"data: [DONE]\n\n"
         finally:
@@ -467,21 +512,25 @@ class TwinApp:
                     raise ApiError(400, "prompt must be a string or a list of token ids")
             max_new = _int_param(
                 body.get("max_completion_tokens", body.get("max_tokens")),
-                DEFAULT_MAX_NEW_TOKENS if not chat else
-                max(1, self.cfg.context_len - len(prompt_ids) - 1),
+                DEFAULT_MAX_NEW_TOKENS
+                if not chat
+                else max(1, self.cfg.context_len - len(prompt_ids) - 1),
                 "max_tokens",
             )
             max_new = min(max_new, max(1, self.cfg.context_len - len(prompt_ids)))
             stream = bool(body.get("stream", False))
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            pending = self._start(prompt_ids, max_new, stream, None,
-                                  bool(body.get("ignore_eos", False)))
+            pending = self._start(
+                prompt_ids, max_new, stream, None, bool(body.get("ignore_eos", False))
+            )
         except ApiError as exc:
             return _openai_error(exc.status, exc.message)
         model = str(body.get("model") or self.cfg.server_args["served_model_name"])
         if stream:
-            return StreamingResponse(self._openai_stream(pending, chat, model, include_usage),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                self._openai_stream(pending, chat, model, include_usage),
+                media_type="text/event-stream",
+            )
         try:
             await self._wait(pending, request)
         except ApiError as exc:
@@ -489,31 +538,49 @@ class TwinApp:
         r = pending.req
         text = tokenizer.decode(synthetic_output(r.rid, pending.delivered_out))
         finish = r.finish_reason or "length"
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish,
-                                  "matched_stop": None}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "logprobs": None,
+            "finish_reason": finish,
+            "matched_stop": None,
+        }
         if chat:
-            choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None,
-                                 "tool_calls": None}
+            choice["message"] = {
+                "role": "assistant",
+                "content": text,
+                "reasoning_content": None,
+                "tool_calls": None,
+            }
         else:
             choice["text"] = text
-        return JSONResponse({
-            "id": r.rid,
-            "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [choice],
-            "usage": self._usage(pending),
-        })
+        return JSONResponse(
+            {
+                "id": r.rid,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [choice],
+                "usage": self._usage(pending),
+            }
+        )
 
     def _usage(self, p: Pending) -> dict[str, Any]:
         prompt = len(p.req.input_ids)
-        details = ({"cached_tokens": p.req.cached_tokens}
-                   if self.cfg.server_args["enable_cache_report"] else None)
-        return {"prompt_tokens": prompt, "total_tokens": prompt + p.delivered_out,
-                "completion_tokens": p.delivered_out, "prompt_tokens_details": details}
+        details = (
+            {"cached_tokens": p.req.cached_tokens}
+            if self.cfg.server_args["enable_cache_report"]
+            else None
+        )
+        return {
+            "prompt_tokens": prompt,
+            "total_tokens": prompt + p.delivered_out,
+            "completion_tokens": p.delivered_out,
+            "prompt_tokens_details": details,
+        }
 
-    async def _openai_stream(self, p: Pending, chat: bool, model: str,
-                             include_usage: bool) -> AsyncIterator[bytes]:
+    async def _openai_stream(
+        self, p: Pending, chat: bool, model: str, include_usage: bool
+    ) -> AsyncIterator[bytes]:
         kind = "chat.completion.chunk" if chat else "text_completion"
         created = int(time.time())
         cid = uuid.uuid4().hex
@@ -529,8 +596,13 @@ class TwinApp:
                 choice["delta"] = delta
             else:
                 choice["text"] = delta_text or ""
-            body = {"id": cid, "object": kind, "created": created, "model": model,
-                    "choices": [choice]}
+            body = {
+                "id": cid,
+                "object": kind,
+                "created": created,
+                "model": model,
+                "choices": [choice],
+            }
             return f"data: {json.dumps(body)}\n\n".encode()
 
         try:
@@ -542,8 +614,14 @@ class TwinApp:
                 first = False
             yield chunk(None, p.req.finish_reason or "length")
             if include_usage:
-                usage = {"id": cid, "object": kind, "created": created, "model": model,
-                         "choices": [], "usage": self._usage(p)}
+                usage = {
+                    "id": cid,
+                    "object": kind,
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": self._usage(p),
+                }
                 yield f"data: {json.dumps(usage)}\n\n".encode()
             yield b"data: [DONE]\n\n"
         finally:

@@ -42,7 +42,7 @@ class RunStats:
     generated: int = 0
 
     def steady(self, skip: float = 1 / 3) -> list[Sample]:
-        return self.samples[int(len(self.samples) * skip):]
+        return self.samples[int(len(self.samples) * skip) :]
 
     def mean(self, attr: str, skip: float = 1 / 3) -> float:
         return statistics.fmean(getattr(s, attr) for s in self.steady(skip))
@@ -61,9 +61,17 @@ def engine_config(cfg: TwinConfig) -> EngineConfig:
     sa = cfg.server_args
     pool = None
     if sa["enable_hierarchical_cache"]:
-        pool = plan_host_pool(cfg.preset, cfg.version, cfg.capacity.max_total_num_tokens,
-                              cfg.capacity.cell_size, cfg.page_size, cfg.ranks_on_host,
-                              sa["hicache_ratio"], float(sa["hicache_size"]), cfg.host_ram_gib)
+        pool = plan_host_pool(
+            cfg.preset,
+            cfg.version,
+            cfg.capacity.max_total_num_tokens,
+            cfg.capacity.cell_size,
+            cfg.page_size,
+            cfg.ranks_on_host,
+            sa["hicache_ratio"],
+            float(sa["hicache_size"]),
+            cfg.host_ram_gib,
+        )
     return EngineConfig(
         preset=cfg.preset,
         max_total_num_tokens=cfg.capacity.max_total_num_tokens,
@@ -104,10 +112,14 @@ def simulate(
     def submit(user: int) -> None:
         spec = prof.next_request(user)
         counter[0] += 1
-        stop = None if spec.ignore_eos else natural_answer_length(
-            spec.input_ids, cfg.seed, cfg.answer_tokens)
-        req = Request(f"sim-{counter[0]}", spec.input_ids, spec.max_new_tokens, engine.now,
-                      stop_at=stop)
+        stop = (
+            None
+            if spec.ignore_eos
+            else natural_answer_length(spec.input_ids, cfg.seed, cfg.answer_tokens)
+        )
+        req = Request(
+            f"sim-{counter[0]}", spec.input_ids, spec.max_new_tokens, engine.now, stop_at=stop
+        )
 
         def finished(r: Request, spec: object = spec, user: int = user) -> None:
             stats.completed += 1
@@ -130,9 +142,17 @@ def simulate(
         if engine.step() == 0.0:
             engine.advance_idle(min(duration, next_sample))
         while engine.now >= next_sample and next_sample <= duration:
-            stats.samples.append(Sample(next_sample, len(engine.running), len(engine.waiting),
-                                        engine.token_usage, engine.last_gen_throughput,
-                                        engine.generated_total, stats.completed_tokens))
+            stats.samples.append(
+                Sample(
+                    next_sample,
+                    len(engine.running),
+                    len(engine.waiting),
+                    engine.token_usage,
+                    engine.last_gen_throughput,
+                    engine.generated_total,
+                    stats.completed_tokens,
+                )
+            )
             next_sample += sample_every
     stats.retracted = engine.retracted_total
     stats.generated = engine.generated_total

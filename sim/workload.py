@@ -58,7 +58,7 @@ class Profile:
 
     def completed(self, user: int, spec: RequestSpec, output_ids: list[int]) -> None:
         """Called when a user's request finished, with what the server generated."""
-        return None
+        return
 
 
 @dataclass

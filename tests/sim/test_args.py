@@ -18,8 +18,11 @@ def test_defaults_resolve_like_sglang() -> None:
 
 def test_unknown_flags_are_accepted_and_kept() -> None:
     cfg = resolve(["--enable-torch-compile", "--attention-backend", "fa3", "--foo=1"])
-    assert cfg.unknown_args == {"enable_torch_compile": True, "attention_backend": "fa3",
-                                "foo": "1"}
+    assert cfg.unknown_args == {
+        "enable_torch_compile": True,
+        "attention_backend": "fa3",
+        "foo": "1",
+    }
 
 
 @pytest.mark.parametrize(

@@ -36,36 +36,54 @@ def test_incident_reproduces(incident: object) -> None:
 
 
 def test_higher_fraction_raises_capacity_and_throughput(incident: object) -> None:
-    better = simulate(["--mem-fraction-static", "0.88"], profile="incident", concurrency=150,
-                      duration=900)
+    better = simulate(
+        ["--mem-fraction-static", "0.88"], profile="incident", concurrency=150, duration=900
+    )
     assert abs(better.capacity - 159_000) / 159_000 < 0.01
     assert better.mean("running") > incident.mean("running") + 12  # type: ignore[attr-defined]
     assert better.mean("gen_throughput") > 1.1 * incident.mean("gen_throughput")  # type: ignore[attr-defined]
 
 
 def test_fp8_kv_doubles_capacity() -> None:
-    fp8 = simulate([*INCIDENT, "--kv-cache-dtype", "fp8_e4m3"], profile="incident",
-                   concurrency=150, duration=300)
+    fp8 = simulate(
+        [*INCIDENT, "--kv-cache-dtype", "fp8_e4m3"],
+        profile="incident",
+        concurrency=150,
+        duration=300,
+    )
     assert fp8.capacity == pytest.approx(2 * 116_171, abs=2)
     assert fp8.mean("running") > 85
 
 
 def test_0_93_dies_under_load() -> None:
     with pytest.raises(GpuOutOfMemory, match="CUDA out of memory"):
-        simulate(["--mem-fraction-static", "0.93"], profile="incident", concurrency=150,
-                 duration=60)
+        simulate(
+            ["--mem-fraction-static", "0.93"], profile="incident", concurrency=150, duration=60
+        )
 
 
 def test_0_93_survives_light_load() -> None:
-    stats = simulate(["--mem-fraction-static", "0.93"], profile="short-chat", concurrency=4,
-                     duration=60)
+    stats = simulate(
+        ["--mem-fraction-static", "0.93"], profile="short-chat", concurrency=4, duration=60
+    )
     assert stats.completed > 0
 
 
 def test_hicache_48_kills_the_host_on_old_versions() -> None:
     with pytest.raises(HostOutOfMemory):
-        simulate([*INCIDENT, "--sglang-version", "0.5.5", "--enable-hierarchical-cache",
-                  "--hicache-size", "48"], profile="incident", concurrency=10, duration=30)
+        simulate(
+            [
+                *INCIDENT,
+                "--sglang-version",
+                "0.5.5",
+                "--enable-hierarchical-cache",
+                "--hicache-size",
+                "48",
+            ],
+            profile="incident",
+            concurrency=10,
+            duration=30,
+        )
 
 
 def test_client_bound_has_no_queue() -> None:
@@ -78,8 +96,12 @@ def test_client_bound_has_no_queue() -> None:
 def test_multi_turn_reuses_prefixes_and_hicache_helps() -> None:
     base = ["--preset", "llama-3.1-8b-h100", "--max-total-tokens", "60000"]
     plain = simulate(base, profile="multi-turn", concurrency=48, duration=600)
-    hier = simulate([*base, "--enable-hierarchical-cache", "--hicache-ratio", "4"],
-                    profile="multi-turn", concurrency=48, duration=600)
+    hier = simulate(
+        [*base, "--enable-hierarchical-cache", "--hicache-ratio", "4"],
+        profile="multi-turn",
+        concurrency=48,
+        duration=600,
+    )
     plain_hit = plain.cached_tokens / plain.prompt_tokens
     hier_hit = hier.cached_tokens / hier.prompt_tokens
     # The GPU pool cannot keep 48 conversations: most prefixes are evicted before they return.
@@ -92,16 +114,30 @@ def test_multi_turn_reuses_prefixes_and_hicache_helps() -> None:
 
 def test_hicache_does_not_help_without_reuse() -> None:
     plain = simulate(INCIDENT, profile="incident", concurrency=150, duration=600)
-    hier = simulate([*INCIDENT, "--enable-hierarchical-cache"], profile="incident",
-                    concurrency=150, duration=600)
+    hier = simulate(
+        [*INCIDENT, "--enable-hierarchical-cache"],
+        profile="incident",
+        concurrency=150,
+        duration=600,
+    )
     assert hier.host_cached_tokens < 0.05 * hier.prompt_tokens
     assert hier.generation_rate <= plain.generation_rate * 1.02  # decode cost, no gain
 
 
 def test_kv_accounting_invariant_holds_every_step() -> None:
-    cfg = resolve(["--preset", "llama-3.1-8b-h100", "--max-total-tokens", "20000",
-                   "--enable-hierarchical-cache", "--hicache-ratio", "3",
-                   "--chunked-prefill-size", "1024"])
+    cfg = resolve(
+        [
+            "--preset",
+            "llama-3.1-8b-h100",
+            "--max-total-tokens",
+            "20000",
+            "--enable-hierarchical-cache",
+            "--hicache-ratio",
+            "3",
+            "--chunked-prefill-size",
+            "1024",
+        ]
+    )
     engine = Engine(engine_config(cfg))
     prof = make_profile("multi-turn", 3)
     n = [0]
@@ -123,8 +159,8 @@ def test_kv_accounting_invariant_holds_every_step() -> None:
     for _ in range(6000):
         engine.step()
         held = sum(r.private for r in engine.running) + (
-            engine.chunked.private if engine.chunked and engine.chunked not in engine.running
-            else 0)
+            engine.chunked.private if engine.chunked and engine.chunked not in engine.running else 0
+        )
         assert engine.private_total == held
         assert engine.free + engine.tree.device_tokens + engine.private_total == engine.size
         assert engine.free >= 0
@@ -133,8 +169,9 @@ def test_kv_accounting_invariant_holds_every_step() -> None:
 
 
 def test_retraction_picks_fewest_outputs_and_raises_ratio() -> None:
-    cfg = resolve(["--preset", "llama-3.1-8b-h100", "--max-total-tokens", "6000",
-                   "--disable-radix-cache"])
+    cfg = resolve(
+        ["--preset", "llama-3.1-8b-h100", "--max-total-tokens", "6000", "--disable-radix-cache"]
+    )
     engine = Engine(engine_config(cfg))
     events: list[tuple[int, float, float]] = []
 

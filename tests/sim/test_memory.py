@@ -51,9 +51,9 @@ def test_cap_and_page_rounding() -> None:
 
 
 def test_too_low_fraction_fails_with_sglangs_message() -> None:
-    with pytest.raises(StartupFailure, match="Not enough memory. Please try to increase"):
+    with pytest.raises(StartupFailure, match=r"Not enough memory\. Please try to increase"):
         plan_capacity(KIMI_INCIDENT, V055, 0.70, "bf16", 8, 1, None)
-    with pytest.raises(StartupFailure, match="Raise --mem-fraction-static above 0.78"):
+    with pytest.raises(StartupFailure, match=r"Raise --mem-fraction-static above 0\.78"):
         plan_capacity(KIMI_INCIDENT, V0523, 0.70, "bf16", 8, 1, None)
 
 
@@ -61,8 +61,9 @@ def test_default_fraction_heuristic() -> None:
     # reference: nvidia-smi 143,771 MiB -> 0.907 at TP1 and 0.897 at TP8
     for tp, expected in ((1, 0.907), (8, 0.897)):
         d = gpu_defaults(V055, 143_771, tp)
-        got = default_mem_fraction_static(V055, 143_771, tp, 1, d.chunked_prefill_size,
-                                          d.cuda_graph_max_bs, False, False)
+        got = default_mem_fraction_static(
+            V055, 143_771, tp, 1, d.chunked_prefill_size, d.cuda_graph_max_bs, False, False
+        )
         assert got == expected
     d = gpu_defaults(V055, 97_887, 8)
     assert (d.chunked_prefill_size, d.cuda_graph_max_bs) == (8192, 512)
@@ -91,7 +92,9 @@ def test_hicache_48gb_per_rank() -> None:
     assert old.total_bytes == pytest.approx(384e9, rel=0.001)
     assert old.will_oom_host
     # 0.5.23 splits the budget per rank and refuses at startup.
-    with pytest.raises(StartupFailure, match="Not enough host memory available. Requesting 48.00 GB"):
+    with pytest.raises(
+        StartupFailure, match=r"Not enough host memory available\. Requesting 48\.00 GB"
+    ):
         plan_host_pool(KIMI_INCIDENT, V0523, 116_171, 70_272, 1, 8, None, 48, 256)
 
 

@@ -9,7 +9,7 @@ from sim.radix import RadixTree
 
 def test_match_insert_and_split() -> None:
     tree = RadixTree()
-    added, node = tree.insert((1, 2, 3, 4), 0.0)
+    added, _node = tree.insert((1, 2, 3, 4), 0.0)
     assert added == 4 and tree.device_tokens == 4
     assert tree.match_prefix((1, 2, 9), 1.0).device_len == 2  # splits the node at 2
     added, _ = tree.insert((1, 2, 7, 8), 2.0)

@@ -1,0 +1,125 @@
+"""The incident over real HTTP: `sim.load` drives the twin, the metrics show the bottleneck."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from sim.load import run_load
+from tests.twin_process import REPO, free_port, running_twin
+
+
+def gauges(url: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for sample in family.samples:
+            out.setdefault(sample.name, sample.value)
+    return out
+
+
+def test_incident_load_over_http() -> None:
+    args = ["--time-scale", "200", "--mem-fraction-static", "0.85", "--enable-metrics"]
+    with running_twin(args) as twin:
+        report = asyncio.run(run_load(twin.url, concurrency=150, profile="incident", duration=8.0))
+        g = gauges(twin.url)
+    summary = report.summary()
+    assert report.time_scale == 200
+    assert report.completed > 20 and report.failed == 0
+    assert 1200 <= summary["sim_seconds"] <= 2000
+    assert g["sglang:max_total_num_tokens"] == 116_171
+    assert 38 <= g["sglang:num_running_reqs"] <= 60
+    assert 88 <= g["sglang:num_queue_reqs"] <= 112
+    assert g["sglang:token_usage"] >= 0.75
+    # The completed-token rate lags the decode rate while the first long requests finish.
+    assert summary["completed_tokens_per_s"] < 950
+
+
+def test_builtin_workload_without_http_load() -> None:
+    args = [
+        "--time-scale",
+        "400",
+        "--mem-fraction-static",
+        "0.85",
+        "--enable-metrics",
+        "--workload",
+        "incident",
+        "--concurrency",
+        "150",
+    ]
+    with running_twin(args) as twin:
+        import time
+
+        time.sleep(4)
+        g = gauges(twin.url)
+        assert g["sglang:num_running_reqs"] + g["sglang:num_queue_reqs"] >= 140
+        assert g["sglang:gen_throughput"] > 500
+
+
+def test_load_cli_json_and_errors() -> None:
+    with running_twin(["--time-scale", "500", "--preset", "llama-3.1-8b-h100"]) as twin:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sim.load",
+                "--url",
+                twin.url,
+                "--concurrency",
+                "8",
+                "--profile",
+                "short-chat",
+                "--duration",
+                "2",
+                "--json",
+                "--api",
+                "chat",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        summary = json.loads(proc.stdout)
+        assert summary["completed"] > 10 and summary["failed"] == 0
+    dead = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim.load",
+            "--url",
+            f"http://127.0.0.1:{free_port()}",
+            "--concurrency",
+            "1",
+            "--duration",
+            "1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert dead.returncode == 2 and "cannot reach" in dead.stderr
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim.load",
+            "--url",
+            "localhost:1",
+            "--concurrency",
+            "1",
+            "--duration",
+            "1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "must start with http://" in bad.stderr
