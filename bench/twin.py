@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -50,9 +51,19 @@ def bench_engine(duration: float, repeat: int) -> dict[str, float]:
 def bench_http(scale: float, seconds: float) -> dict[str, float]:
     port = 31_877
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sim.launch_server", "--port", str(port), "--time-scale",
-         str(scale), *INCIDENT, "--enable-metrics"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "sim.launch_server",
+            "--port",
+            str(port),
+            "--time-scale",
+            str(scale),
+            *INCIDENT,
+            "--enable-metrics",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -63,10 +74,10 @@ def bench_http(scale: float, seconds: float) -> dict[str, float]:
             except httpx.TransportError:
                 time.sleep(0.05)
         info0 = httpx.get(url + "/server_info").json()["kvpilot_twin"]["sim_time_s"]
-        report = asyncio.run(run_load(url, concurrency=150, profile="incident",
-                                      duration=seconds))
+        report = asyncio.run(run_load(url, concurrency=150, profile="incident", duration=seconds))
         info1 = httpx.get(url + "/server_info").json()["kvpilot_twin"]["sim_time_s"]
-        rss_kib = int(open(f"/proc/{proc.pid}/status").read().split("VmRSS:")[1].split()[0])
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        rss_kib = int(status.split("VmRSS:")[1].split()[0])
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -56,8 +56,9 @@ def spawn(args: list[str], port: int | None = None) -> TwinProcess:
     log = Path(tempfile.mkstemp(prefix="twin-", suffix=".log")[1])
     cmd = [sys.executable, "-m", "sim.launch_server", "--port", str(port), *args]
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     return TwinProcess(proc, port, log)
 
 

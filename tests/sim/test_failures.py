@@ -131,7 +131,7 @@ def test_port_in_use_is_reported() -> None:
 
 @pytest.mark.parametrize("version", ["0.5.5", "0.5.23"])
 def test_startup_is_not_ready_until_warm(version: str) -> None:
-    twin = spawn(["--time-scale", "100", "--sglang-version", version])
+    twin = spawn(["--time-scale", "400", "--sglang-version", version])
     try:
         wait_healthy(twin, timeout=30)
         log = twin.log()
