@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -52,8 +53,6 @@ def test_builtin_workload_without_http_load() -> None:
         "150",
     ]
     with running_twin(args) as twin:
-        import time
-
         time.sleep(4)
         g = gauges(twin.url)
         assert g["sglang:num_running_reqs"] + g["sglang:num_queue_reqs"] >= 140

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -218,8 +220,6 @@ def test_completions_and_abort() -> None:
             headers={"content-type": "application/json"},
         ).json()
         assert done["object"] == "text_completion" and done["usage"]["completion_tokens"] == 3
-        import threading
-
         result: dict[str, object] = {}
 
         def slow() -> None:
@@ -235,8 +235,6 @@ def test_completions_and_abort() -> None:
 
         worker = threading.Thread(target=slow)
         worker.start()
-        import time
-
         time.sleep(1.0)
         assert httpx.post(proc.url + "/abort_request", json={"rid": "long-one"}).status_code == 200
         worker.join(timeout=30)
