@@ -1,12 +1,12 @@
 """Start and stop the real SGLang server (CPU + simulated GPU) from Python tests.
 
 Importable from the main test venv: it never imports sglang or torch. It starts
-``tests/real_sglang/launch.py`` as a subprocess in a new session, talks HTTP with httpx and, on
-stop, kills the whole process group::
+``tests/real_sglang/launch.py`` (under the ``reaper.py`` supervisor, in a new session) as a
+subprocess, talks HTTP with httpx and, on stop, tears the whole process tree down::
 
-    from tests.real_sglang.harness import RealSGLang, free_port, sglang_env_available
+    from tests.real_sglang.harness import RealSGLang, sglang_env_available
 
-    with RealSGLang.start(free_port(), ["--max-total-tokens", "20000"]) as srv:
+    with RealSGLang.start(None, ["--max-total-tokens", "20000"]) as srv:
         httpx.get(f"{srv.url}/server_info").json()["max_total_num_tokens"]  # 20000
 """
 
@@ -30,6 +30,7 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 LAUNCH = HERE / "launch.py"
+REAPER = HERE / "reaper.py"
 REPO = HERE.parents[1]
 STAMP_NAME = ".kvpilot-sglang-installed"
 
@@ -67,14 +68,14 @@ def _flag_value(args: Sequence[str], flag: str) -> str | None:
     return None
 
 
-def _group_members(pgid: int) -> list[psutil.Process]:
-    """Live (non-zombie) processes of process group ``pgid``."""
+def session_members(sid: int) -> list[psutil.Process]:
+    """Live (non-zombie) processes of session ``sid``."""
     members = []
     for proc in psutil.process_iter():
         try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+            if os.getsid(proc.pid) == sid and proc.status() != psutil.STATUS_ZOMBIE:
                 members.append(proc)
-        except (ProcessLookupError, psutil.Error):
+        except (OSError, psutil.Error):
             continue
     return members
 
@@ -92,7 +93,7 @@ class RealSGLang:
         workdir: Path,
         api_key: str | None,
     ) -> None:
-        self.proc = proc
+        self.proc = proc  # the reaper; it leads the session every server process belongs to
         self.host = host
         self.port = port
         self.args = list(args)
@@ -101,6 +102,8 @@ class RealSGLang:
         self.api_key = api_key
         self.startup_s: float | None = None
         self._final_log = ""
+        self._shm_files: set[str] = set()
+        self._stopped = False
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -116,9 +119,10 @@ class RealSGLang:
     ) -> RealSGLang:
         """Launch the server and wait until ``GET /health`` answers 200.
 
-        ``args`` are SGLang server flags (``--port``/``--host`` are added from the parameters);
-        ``env`` overrides environment variables (for example ``KVPILOT_SIM_GPU_GIB``). On
-        failure the process group is killed and :class:`RealSGLangError` carries the log tail.
+        ``port`` None picks a free port. ``args`` are SGLang server flags (``--port`` and
+        ``--host`` are appended from the parameters); ``env`` overrides environment variables
+        (for example ``KVPILOT_SIM_GPU_GIB``). On failure everything started is torn down and
+        :class:`RealSGLangError` carries the tail of the server log.
         """
         if not sglang_env_available():
             raise RealSGLangError(
@@ -135,6 +139,8 @@ class RealSGLang:
         # which stop() removes.
         full_env["TMPDIR"] = str(tmpdir)
         argv = [
+            sys.executable,
+            str(REAPER),
             sys.executable,
             str(LAUNCH),
             *args,
@@ -172,8 +178,10 @@ class RealSGLang:
         return server
 
     def wait_healthy(self, timeout: float) -> None:
+        """Poll until ``/health`` is 200 and the log shows this server bound ``host:port``."""
         began = time.monotonic()
         deadline = began + timeout
+        bound = f"Uvicorn running on http://{self.host}:{self.port}"
         with httpx.Client(timeout=5.0, headers=self.headers) as client:
             while True:
                 code = self.proc.poll()
@@ -183,8 +191,13 @@ class RealSGLang:
                         + self.log_tail()
                     )
                 with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.url}/health").status_code == 200:
+                    # The log check guards against another process holding the same port.
+                    if (
+                        client.get(f"{self.url}/health").status_code == 200
+                        and bound in self.log_text()
+                    ):
                         self.startup_s = time.monotonic() - began
+                        self._shm_files |= self._held_shm_files()
                         return
                 if time.monotonic() > deadline:
                     raise RealSGLangError(
@@ -192,33 +205,44 @@ class RealSGLang:
                     )
                 time.sleep(0.5)
 
-    def stop(self, grace: float = 10.0) -> None:
-        """Stop the server and every process it started; remove its work directory.
+    def stop(self, graceful: bool = False) -> None:
+        """Stop the server and every process it started; remove what it left on disk.
 
-        SIGTERM goes to the server process first (SGLang then shuts its children down); after
-        ``grace`` seconds, or as soon as the server is gone, the whole process group gets
-        SIGKILL, and this waits until no member of the group is left.
+        By default the process tree is killed at once (SIGKILL, well under a second).
+        ``graceful=True`` sends SIGTERM to SGLang first and lets it drain and shut down (about
+        5 s, at most 10 s). Either way this returns only when no process of the server's
+        session is left (not even a zombie), then removes the work directory (log, TMPDIR) and
+        the server's ``/dev/shm`` segment. Safe to call twice.
         """
-        pgid = self.proc.pid  # start_new_session: the server leads its own group
+        if self._stopped:
+            return
+        sid = self.proc.pid
         if self.proc.poll() is None:
+            self._shm_files |= self._held_shm_files()
             with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
+                self.proc.send_signal(signal.SIGTERM if graceful else signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(grace)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
+                self.proc.wait(30 if graceful else 15)
+        # Fallback when the reaper itself is gone or stuck: kill what is left of the session.
+        for proc in session_members(sid):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
         deadline = time.monotonic() + 10
-        while _group_members(pgid) and time.monotonic() < deadline:
+        while session_members(sid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        left = _group_members(pgid)
+        left = session_members(sid)
         if left:
             raise RuntimeError(f"processes left behind: {[p.pid for p in left]}")
+        for path in self._shm_files:  # SGLang never unlinks its load-snapshot segment
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         # Keep the log readable after the work directory is gone.
         if self.log_path.exists():
             self._final_log = self.log_path.read_text(errors="replace")
         shutil.rmtree(self.workdir, ignore_errors=True)
+        self._stopped = True
 
     def __enter__(self) -> RealSGLang:
         return self
@@ -254,13 +278,26 @@ class RealSGLang:
         return self.log_text()[-chars:]
 
     def pids(self) -> list[int]:
-        """PIDs of the live processes of the server's process group."""
-        return sorted(p.pid for p in _group_members(self.proc.pid))
+        """PIDs of the live processes of the server's session (the reaper included)."""
+        return sorted(p.pid for p in session_members(self.proc.pid))
+
+    def server_pids(self) -> list[int]:
+        """PIDs of the SGLang processes (HTTP server, scheduler, detokenizer, helpers)."""
+        return [pid for pid in self.pids() if pid != self.proc.pid]
 
     def rss_bytes(self) -> int:
-        """Resident memory of the whole process group, in bytes."""
+        """Resident memory of the SGLang processes, in bytes."""
         total = 0
-        for proc in _group_members(self.proc.pid):
+        for pid in self.server_pids():
             with contextlib.suppress(psutil.Error):
-                total += proc.memory_info().rss
+                total += psutil.Process(pid).memory_info().rss
         return total
+
+    def _held_shm_files(self) -> set[str]:
+        """``/dev/shm`` files that the server's processes have open or mapped."""
+        held: set[str] = set()
+        for proc in session_members(self.proc.pid):
+            with contextlib.suppress(psutil.Error):
+                held.update(f.path for f in proc.open_files())
+                held.update(m.path for m in proc.memory_maps(grouped=True))
+        return {p for p in held if p.startswith("/dev/shm/")}

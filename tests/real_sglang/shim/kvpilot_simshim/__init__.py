@@ -18,7 +18,7 @@ def install() -> None:
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-    from . import hooks, patches, stubs  # noqa: PLC0415  (after the environment is set)
+    from . import hooks, patches, stubs  # noqa: PLC0415
 
     stubs.install(os.environ.get("KVPILOT_SIM_STUB_MODULES", "sgl_kernel,torchvision"))
     hooks.install(patches.PATCHES)

@@ -125,16 +125,69 @@ def _patch_kv_cache_configurator(mod: types.ModuleType) -> None:
 
     @functools.wraps(orig_build)
     def _build_token_to_kv_pool(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with _compact_model_config(self.model_config):
-            return orig_build(self, *args, **kwargs)
+        config = self.model_config
+        heads = config.get_num_kv_heads(
+            mod.get_parallel().attn_tp_size,  # type: ignore[attr-defined]
+            mod.get_parallel().attn_dcp_size,  # type: ignore[attr-defined]
+        )
+        real = (heads * config.head_dim, heads * config.v_head_dim)
+        with _compact_model_config(config) as compacted:
+            _REAL_GEOMETRY.value = real if compacted else None
+            try:
+                pool = orig_build(self, *args, **kwargs)
+            finally:
+                _REAL_GEOMETRY.value = None
+        mem_usage = getattr(pool, "mem_usage", None)
+        if isinstance(mem_usage, float):
+            free = PARAMS.gpu_gib - PARAMS.weights_gib - PARAMS.overhead_gib - mem_usage
+            SIMULATED_FREE_AFTER_KV_GIB[:] = [free]
+            logger.info("kvpilot sim: simulated free GPU memory after the KV pool: %.3f GiB", free)
+        return pool
 
     cls._build_token_to_kv_pool = _build_token_to_kv_pool
 
 
+# Free memory of the simulated GPU once the KV pool exists, in GiB (set when the pool is built).
+SIMULATED_FREE_AFTER_KV_GIB: list[float] = []
+
+
+# (K, V) elements per token and layer of the real geometry, while a compact pool is being built.
+_REAL_GEOMETRY = threading.local()
+
+
+def _patch_memory_pool(mod: types.ModuleType) -> None:
+    """Report the bytes a pool would take at full geometry (the "KV Cache is allocated" log line
+    and ``mem_usage``, which feeds /server_info, /v1/loads and kv_cache_memory_usage_gb)."""
+    cls = mod.KVCache  # type: ignore[attr-defined]
+    _require(cls, "_finalize_allocation_log")
+    orig = cls._finalize_allocation_log
+
+    @functools.wraps(orig)
+    def _finalize_allocation_log(self: Any, num_tokens: int) -> None:
+        real = getattr(_REAL_GEOMETRY, "value", None)
+        sizes = self.get_kv_size_bytes() if real is not None else None
+        if not (isinstance(sizes, tuple) and len(sizes) == 2):
+            orig(self, num_tokens)  # pools without separate K/V buffers keep their compact size
+            return
+        # The compact buffers hold one element per token and layer.
+        scaled = (int(sizes[0]) * real[0], int(sizes[1]) * real[1])
+        self.get_kv_size_bytes = lambda: scaled
+        try:
+            orig(self, num_tokens)
+        finally:
+            del self.get_kv_size_bytes
+        logger.info(
+            "kvpilot sim: the KV pool above is held compactly in host memory (%.3f GiB)",
+            (int(sizes[0]) + int(sizes[1])) / GIB,
+        )
+
+    cls._finalize_allocation_log = _finalize_allocation_log
+
+
 @contextlib.contextmanager
-def _compact_model_config(model_config: Any) -> Iterator[None]:
+def _compact_model_config(model_config: Any) -> Iterator[bool]:
     if os.environ.get("KVPILOT_SIM_COMPACT_POOLS", "1") == "0":
-        yield
+        yield False
         return
     saved = {
         k: model_config.__dict__[k]
@@ -145,7 +198,7 @@ def _compact_model_config(model_config: Any) -> Iterator[None]:
     model_config.v_head_dim = 1
     model_config.get_num_kv_heads = lambda *args, **kwargs: 1
     try:
-        yield
+        yield True
     finally:
         del model_config.get_num_kv_heads
         for key, value in saved.items():
@@ -167,7 +220,7 @@ def _sample_token_id(model_config: Any) -> int:
 
 
 def _patch_model_runner(mod: types.ModuleType) -> None:
-    import torch  # noqa: PLC0415  (torch is imported only inside SGLang processes)
+    import torch  # noqa: PLC0415
 
     cls = mod.ModelRunner  # type: ignore[attr-defined]
     _require(
@@ -202,7 +255,7 @@ def _patch_model_runner(mod: types.ModuleType) -> None:
         self.sliding_window_size = None
         self.prefill_aware_swa = False
         self.dtype = self.model_config.dtype
-        self.weight_load_mem_usage = 0.0
+        self.weight_load_mem_usage = PARAMS.weights_gib  # reported as memory_usage.weight
         self.weight_load_time = time.perf_counter() - tic
         self.sim_sample_token_id = _sample_token_id(self.model_config)
         logger.info(
@@ -312,10 +365,81 @@ def _patch_scheduler(mod: types.ModuleType) -> None:
     cls.run_batch = run_batch
     cls.event_loop_overlap = cls.event_loop_normal
 
+    # The scheduler records the free device memory after start-up (memory_usage.startup_available
+    # and the startup_available_gpu_memory_gb gauge): report the simulated GPU's.
+    orig_available = mod.get_available_gpu_memory  # type: ignore[attr-defined]
+
+    def get_available_gpu_memory(*args: Any, **kwargs: Any) -> float:
+        if SIMULATED_FREE_AFTER_KV_GIB:
+            return SIMULATED_FREE_AFTER_KV_GIB[0]
+        return float(orig_available(*args, **kwargs))
+
+    mod.get_available_gpu_memory = get_available_gpu_memory  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------------------------
+# HiCache host pools: no pinned (page-locked) memory on a CPU-only torch.
+# --------------------------------------------------------------------------------------------
+
+
+def _patch_pool_host_base(mod: types.ModuleType) -> None:
+    cls = mod.HostKVCache  # type: ignore[attr-defined]
+    orig_init = cls.__init__
+
+    @functools.wraps(orig_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs["pin_memory"] = False
+        orig_init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+
+
+# L1 (device) <-> L2 (host) copies: the pools are compact placeholders, so the physical copy is
+# skipped; the transfer bookkeeping (events, layer-done callbacks, radix-tree state) is real.
+
+
+def _patch_l2_transfer(mod: types.ModuleType) -> None:
+    import torch  # noqa: PLC0415
+
+    cls = mod.L2TransferEngine  # type: ignore[attr-defined]
+    _require(cls, "_submission", "submit_device_to_host", "submit_host_to_device")
+    if not hasattr(torch.cpu.Stream, "synchronize"):
+        torch.cpu.Stream.synchronize = lambda self: None
+
+    def submit_device_to_host(self: Any, transfers: list[Any]) -> Any:
+        with self._submission(transfers, self.device_to_host_stream, "device_to_host") as (
+            _prepared,
+            completion,
+        ):
+            pass
+        return completion
+
+    def submit_host_to_device(
+        self: Any,
+        transfers: list[Any],
+        *,
+        transfer_layer_id_max: int,
+        start_event: Any = None,
+        on_layer_done: Any = None,
+    ) -> Any:
+        with self._submission(
+            transfers, self.host_to_device_stream, "host_to_device", start_event
+        ) as (_prepared, completion):
+            if on_layer_done is not None:
+                for layer_id in range(transfer_layer_id_max):
+                    on_layer_done(layer_id)
+        return completion
+
+    cls.submit_device_to_host = submit_device_to_host
+    cls.submit_host_to_device = submit_host_to_device
+
 
 PATCHES: dict[str, Callable[[types.ModuleType], None]] = {
     "sglang.srt.utils.common": _patch_utils_common,
     "sglang.srt.mem_cache.kv_cache_configurator": _patch_kv_cache_configurator,
     "sglang.srt.model_executor.model_runner": _patch_model_runner,
     "sglang.srt.managers.scheduler": _patch_scheduler,
+    "sglang.srt.mem_cache.memory_pool": _patch_memory_pool,
+    "sglang.srt.mem_cache.pool_host.base": _patch_pool_host_base,
+    "sglang.srt.mem_cache.l2_transfer": _patch_l2_transfer,
 }
