@@ -1,0 +1,182 @@
+"""The `kvpilot` command line.
+
+Every user error ends with one `error: ...` line that says what was wrong and how to fix it, and
+exit status 2 (usage) or 1 (the server or environment); never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TextIO
+
+from bot.render import render
+from playbooks.clock import make_clock
+from playbooks.diagnose import DiagnoseSettings, diagnose
+from playbooks.measure import MeasurementError, MeasurePlan
+from playbooks.server_args import ArgError, parse_change
+from playbooks.sources.gpu import NvmlGpuReader
+from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
+from playbooks.sources.sglang import SGLangClient, SGLangError
+
+
+class Progress:
+    """A one-line progress bar on a terminal; silent elsewhere."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.active = stream.isatty()
+
+    def __call__(self, elapsed: float, target: float, message: str) -> None:
+        if not self.active:
+            return
+        width = 30
+        done = min(width, int(width * elapsed / target)) if target > 0 else 0
+        bar = "#" * done + "." * (width - done)
+        self.stream.write(f"\rmeasuring [{bar}] {elapsed:5.0f}/{target:.0f} s  {message}   ")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self.active:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvpilot", description="Tune SGLang servers safely.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    d = sub.add_parser("diagnose", help="measure a server, name its bottleneck, propose changes")
+    d.add_argument(
+        "--server",
+        required=True,
+        metavar="URL",
+        help="SGLang base URL, e.g. http://127.0.0.1:30000",
+    )
+    d.add_argument("--api-key", default=None, help="the server's --api-key, if it has one")
+    d.add_argument(
+        "--window",
+        type=_positive,
+        default=None,
+        metavar="SECONDS",
+        help="measure exactly this long (default: until the rate is known to "
+        "--precision, between 3 and 15 minutes)",
+    )
+    d.add_argument(
+        "--precision",
+        type=_positive,
+        default=0.05,
+        help="relative half-width of the 95%% interval to reach (default 0.05)",
+    )
+    d.add_argument("--max-window", type=_positive, default=900.0, metavar="SECONDS")
+    d.add_argument(
+        "--consider",
+        action="append",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="evaluate a change you have in mind (repeat for separate changes)",
+    )
+    d.add_argument("--json", action="store_true", help="print one JSON object")
+    d.add_argument(
+        "--gpu-memory-gib",
+        type=_positive,
+        default=None,
+        help="free GPU memory per GPU before the weights load (about nvidia-smi's "
+        "total); needed for exact capacity predictions on SGLang < 0.5.23",
+    )
+    d.add_argument(
+        "--local-gpus",
+        action="store_true",
+        help="read GPU memory with NVML (the bot runs on the server's GPU host)",
+    )
+    host = d.add_mutually_exclusive_group()
+    host.add_argument(
+        "--host-ram-gib",
+        type=_positive,
+        default=None,
+        help="the GPU host's RAM, for hierarchical-cache sizing",
+    )
+    host.add_argument(
+        "--local-host",
+        action="store_true",
+        help="read host RAM from /proc/meminfo (the bot runs on the GPU host)",
+    )
+    d.add_argument(
+        "--time-scale",
+        type=_positive,
+        default=1.0,
+        help="measure on a clock K times faster than the wall clock (only for an "
+        "SGLang twin started with --time-scale K)",
+    )
+    return parser
+
+
+def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        consider = tuple(parse_change(items) for items in ns.consider)
+        plan = MeasurePlan(
+            precision=ns.precision,
+            max_window_s=max(ns.max_window, ns.window or 0),
+            min_window_s=min(180.0, ns.max_window),
+            fixed_window_s=ns.window,
+        )
+    except (ArgError, ValueError) as exc:
+        err.write(f"error: {exc}\n")
+        return 2
+    host: HostReader | None = None
+    if ns.host_ram_gib is not None:
+        host = ConfiguredHost(ns.host_ram_gib)
+    elif ns.local_host:
+        host = MeminfoReader()
+    settings = DiagnoseSettings(
+        plan=plan,
+        consider=consider,
+        gpu_memory_gib=ns.gpu_memory_gib,
+        gpus=NvmlGpuReader() if ns.local_gpus else None,
+        host=host,
+    )
+    progress = Progress(err)
+    try:
+        client = SGLangClient.connect(ns.server, ns.api_key)
+    except SGLangError as exc:
+        err.write(f"error: {exc}\n")
+        return 2
+    try:
+        finding = diagnose(client, make_clock(ns.time_scale), settings, on_progress=progress)
+    except (SGLangError, MeasurementError) as exc:
+        progress.finish()
+        err.write(f"error: {exc}\n")
+        return 1
+    finally:
+        client.close()
+    progress.finish()
+    data = finding.to_json()
+    if ns.json:
+        out.write(json.dumps(data) + "\n")
+    else:
+        out.write(render("diagnose.txt.j2", f=data))
+    return 0
+
+
+def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command == "diagnose":
+        return cmd_diagnose(ns, out, err)
+    parser.print_help(err)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Capacity arithmetic from the server's own report, and the safety rules for changes.
+
+Inputs come from SGLang's server info (`mem_fraction_static`, `max_total_num_tokens`,
+`memory_usage.{weight,kvcache,graph,token_capacity}`) plus the GPU's memory (NVML on the GPU host,
+`startup_available` from SGLang 0.5.23, or configuration). SGLang sizes the pool as
+
+    kv = mem_fraction_static * pre - static          (GiB per GPU)
+    max_total_num_tokens = kv * 2**30 / bytes_per_token
+
+where `pre` is the GPU memory free before the weights load. So a new fraction f' gives
+`kv' = kv + (f' - f) * pre`, and a KV dtype of half the size doubles the tokens. The memory left
+for activations after the static split and the CUDA graphs is `(1 - f) * pre - graphs`; SGLang's
+tuning guide asks for 5-8 GB there, and the incident's 0.93 (4.7 GiB left) ran out of memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GIB = 1 << 30
+ACTIVATION_FLOOR_GIB = 5.0  # SGLang's tuning guide: leave 5-8 GB for activations
+SAFETY_MARGIN_GIB = 0.5
+HICACHE_GPU_EXTRA_GIB = 0.5  # transfer buffers the hierarchical cache keeps on the GPU
+HOST_RESERVE_GIB = 10.0  # SGLang keeps 10 GiB of host RAM free when sizing a host pool
+HOST_MARGIN = 0.10  # and we keep 10% of what is left for everything else on the host
+KV_DTYPE_BYTES = {
+    "bf16": 2.0,
+    "bfloat16": 2.0,
+    "fp16": 2.0,
+    "float16": 2.0,
+    "auto": 2.0,
+    "fp8_e4m3": 1.0,
+    "fp8_e5m2": 1.0,
+}
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    pre_gib: float  # free GPU memory before the weights load (per GPU)
+    source: str  # where the figure came from
+    exact: bool  # False when estimated from the split itself
+
+
+@dataclass(frozen=True)
+class CapacityModel:
+    mem_fraction_static: float
+    max_total_num_tokens: int
+    bytes_per_token: float
+    kv_gib: float
+    weights_gib: float | None
+    graph_gib: float
+    gpu: GpuMemory
+    page_size: int
+    max_total_tokens_cap: int | None
+    kv_dtype: str  # the dtype the pool uses now ("auto" = the model's)
+
+    @property
+    def static_gib(self) -> float:
+        return self.mem_fraction_static * self.gpu.pre_gib - self.kv_gib
+
+    def tokens_at(self, fraction: float, bytes_per_token: float | None = None) -> int:
+        kv = self.kv_gib + (fraction - self.mem_fraction_static) * self.gpu.pre_gib
+        if kv <= 0:
+            return 0
+        tokens = int(kv * GIB // (bytes_per_token or self.bytes_per_token))
+        if self.max_total_tokens_cap is not None:
+            tokens = min(tokens, self.max_total_tokens_cap)
+        return tokens // self.page_size * self.page_size
+
+    def activation_room_gib(self, fraction: float, hicache: bool = False) -> float:
+        extra = HICACHE_GPU_EXTRA_GIB if hicache else 0.0
+        return (1 - fraction) * self.gpu.pre_gib - self.graph_gib - extra
+
+    def safe_max_fraction(self, hicache: bool = False) -> float:
+        """Highest fraction (two decimals, rounded down) that leaves the activation floor."""
+        extra = HICACHE_GPU_EXTRA_GIB if hicache else 0.0
+        need = self.graph_gib + extra + ACTIVATION_FLOOR_GIB + SAFETY_MARGIN_GIB
+        return math.floor((1 - need / self.gpu.pre_gib) * 100 + 1e-9) / 100
+
+    def min_fraction(self) -> float:
+        """Below this the weights leave no room for any KV cache (SGLang refuses to start)."""
+        return self.static_gib / self.gpu.pre_gib
+
+
+def build_model(
+    *,
+    mem_fraction_static: float,
+    max_total_num_tokens: int,
+    kvcache_gb: float | None,
+    token_capacity: int | None,
+    weights_gb: float | None,
+    graph_gb: float | None,
+    gpu: GpuMemory | None,
+    page_size: int,
+    max_total_tokens_cap: int | None,
+    kv_dtype: str,
+    fallback_bytes_per_token: float | None = None,
+) -> CapacityModel:
+    """Assemble the model; estimate GPU memory when no better source exists (and say so)."""
+    tokens = token_capacity or max_total_num_tokens
+    if kvcache_gb is not None and tokens:
+        bytes_per_token = kvcache_gb * GIB / tokens
+        kv_gib = kvcache_gb
+    elif fallback_bytes_per_token:
+        bytes_per_token = fallback_bytes_per_token
+        kv_gib = tokens * bytes_per_token / GIB
+    else:
+        raise ValueError(
+            "the server reports no KV cache size (memory_usage.kvcache); cannot "
+            "derive bytes per token"
+        )
+    if gpu is None:
+        # The static budget f * pre holds at least the weights and the pool: pre >= (W + KV) / f.
+        static = (weights_gb or 0.0) + kv_gib
+        gpu = GpuMemory(
+            static / mem_fraction_static, "estimated as (weights + KV) / fraction", exact=False
+        )
+    return CapacityModel(
+        mem_fraction_static=mem_fraction_static,
+        max_total_num_tokens=max_total_num_tokens,
+        bytes_per_token=bytes_per_token,
+        kv_gib=kv_gib,
+        weights_gib=weights_gb,
+        graph_gib=graph_gb if graph_gb is not None else 2.0,
+        gpu=gpu,
+        page_size=max(1, page_size),
+        max_total_tokens_cap=max_total_tokens_cap,
+        kv_dtype=kv_dtype,
+    )
+
+
+@dataclass(frozen=True)
+class HostBudget:
+    ranks_on_host: int
+    host_total_gib: float
+    host_available_gib: float
+    per_rank_budget_gib: float  # what each rank may pin, all ranks together fitting with margin
+
+    @classmethod
+    def of(cls, total_gib: float, available_gib: float, ranks: int) -> HostBudget:
+        usable = max(0.0, (available_gib - HOST_RESERVE_GIB) * (1 - HOST_MARGIN))
+        return cls(ranks, total_gib, available_gib, usable / max(1, ranks))
+
+    def pinned_total_gb(self, per_rank_gb: float) -> float:
+        return per_rank_gb * self.ranks_on_host

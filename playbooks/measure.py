@@ -1,0 +1,359 @@
+"""Measure a server's throughput honestly: batch means, an interval, and a window that fits.
+
+Two throughputs, because SGLang counts tokens at two places:
+
+* **generation** — the scheduler's decode rate, `sglang:gen_throughput` (tokens/s generated across
+  all running requests, refreshed every `--decode-log-interval` steps). Smooth; the primary metric.
+* **effective** — completed requests' output tokens per second, from deltas of
+  `sglang:generation_tokens_total`, which SGLang increments when a request *finishes*. Lumpy when
+  requests are long, so its interval is wider; it is what a batch job actually gets.
+
+Samples are grouped into batches (30 s by default); the batch means are treated as independent
+once their lag-1 autocorrelation is small (batches are doubled while it exceeds 0.3), and a Student
+t interval is formed from them. The window grows until the generation rate is known to the asked
+precision (5% by default), but never less than `min_window_s` and never more than `max_window_s`.
+A fixed `--window` measures exactly that long and says what precision it reached.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from playbooks.clock import Clock
+from playbooks.sources.sglang import Metrics, MetricsDisabled, RankLoad, SGLangClient
+from playbooks.stats import Interval, lag1_autocorrelation, mean_interval, merge_pairs
+
+MIN_BATCHES = 8
+MAX_LAG1 = 0.3
+
+
+class MeasurementError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class MeasurePlan:
+    precision: float = 0.05
+    confidence: float = 0.95
+    min_window_s: float = 180.0
+    max_window_s: float = 900.0
+    batch_s: float = 30.0
+    scrape_s: float = 5.0
+    fixed_window_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.precision < 1:
+            raise ValueError(f"precision must be between 0 and 1, got {self.precision}")
+        if self.fixed_window_s is not None and self.fixed_window_s < 2 * self.scrape_s:
+            raise ValueError(
+                f"a window of {self.fixed_window_s:g} s is too short: it must cover at least two "
+                f"scrapes ({2 * self.scrape_s:g} s)"
+            )
+        if self.min_window_s > self.max_window_s:
+            raise ValueError("min_window_s must not exceed max_window_s")
+
+
+@dataclass
+class _Sample:
+    t: float
+    gen_throughput: float | None
+    running: float
+    queued: float
+    token_usage: float | None
+    cache_hit_rate: float | None
+    generation_tokens: float | None
+    prompt_tokens: float | None
+    requests: float | None
+    cached_tokens: float | None
+    retractions: float | None
+    retract_gauge: float | None
+
+
+@dataclass
+class Measurement:
+    window_s: float
+    batch_s: float
+    batches: int
+    lag1: float
+    stop_reason: str
+    source: str  # "metrics" or "loads"
+    generation: Interval | None
+    effective: Interval | None
+    prompt_tokens_per_s: float | None
+    requests_per_s: float | None
+    completed_requests: int | None
+    avg_prompt_tokens: float | None
+    avg_output_tokens: float | None
+    running: float
+    queued: float
+    queued_max: float
+    queue_nonempty_fraction: float
+    token_usage: float | None
+    cache_hit_rate: float | None
+    cached_fraction: float | None
+    retractions: int | None
+    retractions_seen_in_gauge: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def avg_tokens_per_request(self) -> float | None:
+        if self.avg_prompt_tokens is None or self.avg_output_tokens is None:
+            return None
+        return self.avg_prompt_tokens + self.avg_output_tokens
+
+
+ProgressFn = Callable[[float, float, str], None]
+
+
+def _from_metrics(t: float, m: Metrics) -> _Sample:
+    retract_counter = m.get("sglang:num_retracted_requests_total")
+    return _Sample(
+        t=t,
+        gen_throughput=m.get("sglang:gen_throughput"),
+        running=m.get("sglang:num_running_reqs") or 0.0,
+        queued=m.get("sglang:num_queue_reqs") or 0.0,
+        token_usage=m.mean("sglang:token_usage"),
+        cache_hit_rate=m.mean("sglang:cache_hit_rate"),
+        generation_tokens=m.get("sglang:generation_tokens_total"),
+        prompt_tokens=m.get("sglang:prompt_tokens_total"),
+        requests=m.get("sglang:num_requests_total"),
+        cached_tokens=m.get("sglang:cached_tokens_total") or 0.0,
+        retractions=retract_counter,
+        retract_gauge=m.get("sglang:num_retracted_reqs"),
+    )
+
+
+def _from_loads(t: float, loads: list[RankLoad]) -> _Sample:
+    usages = [x.token_usage for x in loads if x.token_usage is not None]
+    gens = [x.gen_throughput for x in loads if x.gen_throughput is not None]
+    hits = [x.cache_hit_rate for x in loads if x.cache_hit_rate is not None]
+    return _Sample(
+        t=t,
+        gen_throughput=sum(gens) if gens else None,
+        running=float(sum(x.running for x in loads)),
+        queued=float(sum(x.waiting for x in loads)),
+        token_usage=statistics.fmean(usages) if usages else None,
+        cache_hit_rate=statistics.fmean(hits) if hits else None,
+        generation_tokens=None,
+        prompt_tokens=None,
+        requests=None,
+        cached_tokens=None,
+        retractions=None,
+        retract_gauge=None,
+    )
+
+
+def _batch_series(
+    samples: list[_Sample], t0: float, batch_s: float, value: Callable[[_Sample], float | None]
+) -> list[float]:
+    """Mean of a gauge within each complete batch."""
+    out: list[float] = []
+    end = t0 + batch_s
+    bucket: list[float] = []
+    for s in samples[1:]:
+        while s.t > end:
+            if bucket:
+                out.append(statistics.fmean(bucket))
+            bucket = []
+            end += batch_s
+        v = value(s)
+        if v is not None:
+            bucket.append(v)
+    return out
+
+
+def _batch_rates(
+    samples: list[_Sample], t0: float, batch_s: float, counter: Callable[[_Sample], float | None]
+) -> list[float]:
+    """Counter increase per second within each complete batch (boundary = last sample in it)."""
+    out: list[float] = []
+    prev = samples[0]
+    end = t0 + batch_s
+    last_in_batch = prev
+    for s in samples[1:]:
+        if s.t > end:
+            a, b = counter(prev), counter(last_in_batch)
+            if a is not None and b is not None and last_in_batch.t > prev.t:
+                out.append((b - a) / (last_in_batch.t - prev.t))
+            prev = last_in_batch
+            while s.t > end:
+                end += batch_s
+        last_in_batch = s
+    return out
+
+
+def measure(
+    client: SGLangClient,
+    clock: Clock,
+    plan: MeasurePlan = MeasurePlan(),
+    on_progress: ProgressFn | None = None,
+) -> Measurement:
+    """Scrape the server until the plan is satisfied; never mutates it."""
+    notes: list[str] = []
+    source = "metrics"
+    try:
+        first = client.metrics()
+        if not first.has("sglang:gen_throughput") and not first.has("sglang:num_running_reqs"):
+            raise MetricsDisabled("/metrics has no SGLang scheduler metrics yet")
+        sample = _from_metrics(clock.now(), first)
+    except MetricsDisabled as exc:
+        source = "loads"
+        notes.append(
+            f"{exc}; falling back on {client.base_url}/v1/loads and server info: no "
+            "completed-request counters, so no effective throughput"
+        )
+        sample = _from_loads(clock.now(), client.loads())
+    samples = [sample]
+    t0 = sample.t
+    batch_s = plan.batch_s
+    target = plan.fixed_window_s or plan.max_window_s
+    stop_reason = ""
+    while True:
+        clock.sleep(plan.scrape_s)
+        now = clock.now()
+        if source == "metrics":
+            s = _from_metrics(now, client.metrics())
+            prev = samples[-1]
+            if s.requests is not None and prev.requests is not None and s.requests < prev.requests:
+                raise MeasurementError(
+                    "the server's counters went backwards: it restarted during the measurement; "
+                    "measure again once it has warmed up"
+                )
+        else:
+            s = _from_loads(now, client.loads())
+        samples.append(s)
+        elapsed = now - t0
+        gens = _batch_series(samples, t0, batch_s, lambda x: x.gen_throughput)
+        lag = lag1_autocorrelation(gens)
+        while lag > MAX_LAG1 and len(gens) >= 2 * MIN_BATCHES:
+            batch_s *= 2
+            notes.append(
+                f"batch means were autocorrelated (lag-1 {lag:.2f}): batches doubled to "
+                f"{batch_s:g} s"
+            )
+            gens = merge_pairs(gens)
+            lag = lag1_autocorrelation(gens)
+        interval = mean_interval(gens, plan.confidence) if len(gens) >= 2 else None
+        if on_progress is not None:
+            precision = interval.relative_half_width if interval else math.inf
+            on_progress(
+                elapsed,
+                target,
+                f"{len(gens)} batches, ±{precision:.1%}"
+                if math.isfinite(precision)
+                else f"{len(gens)} batches",
+            )
+        if plan.fixed_window_s is not None:
+            if elapsed >= plan.fixed_window_s:
+                stop_reason = f"the fixed window of {plan.fixed_window_s:g} s ended"
+                break
+            continue
+        precise = (
+            interval is not None
+            and len(gens) >= MIN_BATCHES
+            and interval.relative_half_width <= plan.precision
+            and lag <= MAX_LAG1
+        )
+        if precise and elapsed >= plan.min_window_s:
+            stop_reason = (
+                f"the generation rate was known to ±{plan.precision:.0%} "
+                f"({plan.confidence:.0%} confidence) after {len(gens)} batches"
+            )
+            break
+        if elapsed >= plan.max_window_s:
+            stop_reason = (
+                f"the longest window allowed ({plan.max_window_s:g} s) ended before "
+                f"±{plan.precision:.0%} was reached"
+            )
+            break
+    return _summarise(samples, t0, batch_s, plan, source, stop_reason, notes)
+
+
+def _summarise(
+    samples: list[_Sample],
+    t0: float,
+    batch_s: float,
+    plan: MeasurePlan,
+    source: str,
+    stop_reason: str,
+    notes: list[str],
+) -> Measurement:
+    first, last = samples[0], samples[-1]
+    window = last.t - t0
+    gens = _batch_series(samples, t0, batch_s, lambda x: x.gen_throughput)
+    while lag1_autocorrelation(gens) > MAX_LAG1 and len(gens) >= 2 * MIN_BATCHES:
+        gens = merge_pairs(gens)
+        batch_s *= 2
+    generation = mean_interval(gens, plan.confidence) if len(gens) >= 2 else None
+    if generation is None and gens:
+        generation = Interval(gens[0], -math.inf, math.inf, 1, math.inf)
+    if len(gens) < MIN_BATCHES:
+        notes.append(
+            f"only {len(gens)} complete batches of {batch_s:g} s: the interval is wide; "
+            "measure longer for a firmer number"
+        )
+    effective = None
+    prompt_rate = requests_rate = None
+    completed = None
+    avg_prompt = avg_output = cached_fraction = None
+    retractions = None
+    if (
+        source == "metrics"
+        and first.generation_tokens is not None
+        and last.generation_tokens is not None
+    ):
+        rates = _batch_rates(samples, t0, batch_s, lambda x: x.generation_tokens)
+        if len(rates) >= 2:
+            effective = mean_interval(rates, plan.confidence)
+        d_gen = last.generation_tokens - first.generation_tokens
+        d_prompt = (last.prompt_tokens or 0.0) - (first.prompt_tokens or 0.0)
+        d_req = (last.requests or 0.0) - (first.requests or 0.0)
+        d_cached = (last.cached_tokens or 0.0) - (first.cached_tokens or 0.0)
+        if effective is None and window > 0:
+            effective = Interval(d_gen / window, -math.inf, math.inf, 1, math.inf)
+        prompt_rate = d_prompt / window if window else None
+        requests_rate = d_req / window if window else None
+        completed = int(d_req)
+        if d_req > 0:
+            avg_prompt = d_prompt / d_req
+            avg_output = d_gen / d_req
+        cached_fraction = d_cached / d_prompt if d_prompt > 0 else None
+        if completed < 10:
+            notes.append(
+                f"only {completed} requests completed in the window: averages per "
+                "request and the effective rate are rough"
+            )
+        if first.retractions is not None and last.retractions is not None:
+            retractions = int(last.retractions - first.retractions)
+    body = samples[1:] or samples
+    usages = [s.token_usage for s in body if s.token_usage is not None]
+    hits = [s.cache_hit_rate for s in body if s.cache_hit_rate is not None]
+    lag = lag1_autocorrelation(gens)
+    return Measurement(
+        window_s=window,
+        batch_s=batch_s,
+        batches=len(gens),
+        lag1=lag,
+        stop_reason=stop_reason,
+        source=source,
+        generation=generation,
+        effective=effective,
+        prompt_tokens_per_s=prompt_rate,
+        requests_per_s=requests_rate,
+        completed_requests=completed,
+        avg_prompt_tokens=avg_prompt,
+        avg_output_tokens=avg_output,
+        running=statistics.fmean(s.running for s in body),
+        queued=statistics.fmean(s.queued for s in body),
+        queued_max=max(s.queued for s in body),
+        queue_nonempty_fraction=sum(1 for s in body if s.queued > 0) / len(body),
+        token_usage=statistics.fmean(usages) if usages else None,
+        cache_hit_rate=statistics.fmean(hits) if hits else None,
+        cached_fraction=cached_fraction,
+        retractions=retractions,
+        retractions_seen_in_gauge=sum(1 for s in body if (s.retract_gauge or 0) > 0),
+        notes=notes,
+    )

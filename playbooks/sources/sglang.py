@@ -1,0 +1,363 @@
+"""Read-only client for SGLang's HTTP API (both endpoint dialects), on httpx.
+
+Paths live in one place (`_PATHS`), because SGLang renamed them in 0.5.10 (`/get_server_info` ->
+`/server_info`, `/get_model_info` -> `/model_info`, `/get_load` -> `/v1/loads`) and removed the old
+load path in 0.5.23. The client tries the new name first and falls back on 404, then remembers which
+dialect answered.
+
+Only idempotent GETs are retried (tenacity), and only on transport errors and 502/503/504. A 401 is
+"unauthorised", a 404 on every info path is "not SGLang", a 404 on `/metrics` means the server runs
+without `--enable-metrics` (the caller falls back on loads and server info and says so).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+_PATHS = {
+    "server_info": ("/server_info", "/get_server_info"),
+    "model_info": ("/model_info", "/get_model_info"),
+    "loads": ("/v1/loads", "/get_load"),
+}
+RETRYABLE_STATUS = {502, 503, 504}
+
+
+class SGLangError(Exception):
+    """A problem talking to SGLang; `hint` says what the operator can do about it."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} {self.hint}".strip()
+
+
+class Unreachable(SGLangError):
+    pass
+
+
+class Unauthorized(SGLangError):
+    pass
+
+
+class NotSGLang(SGLangError):
+    pass
+
+
+class MetricsDisabled(SGLangError):
+    pass
+
+
+class _Retryable(Exception):
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """`internal_states[0].memory_usage`: GB per GPU as SGLang reports them (GiB in fact)."""
+
+    weight_gb: float | None
+    kvcache_gb: float | None
+    graph_gb: float | None
+    token_capacity: int | None
+    startup_available_gb: float | None
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    version: str
+    max_total_num_tokens: int
+    max_req_input_len: int | None
+    server_args: dict[str, Any]
+    memory: MemoryReport
+    effective_max_running_requests: int | None
+    dp_ranks: int
+    raw: dict[str, Any] = field(repr=False)
+
+    def arg(self, name: str, default: Any = None) -> Any:
+        return self.server_args.get(name, default)
+
+    @property
+    def mem_fraction_static(self) -> float | None:
+        value = self.server_args.get("mem_fraction_static")
+        return float(value) if isinstance(value, (int, float)) else None
+
+    @property
+    def tp_size(self) -> int:
+        return int(self.server_args.get("tp_size") or 1)
+
+
+@dataclass(frozen=True)
+class RankLoad:
+    dp_rank: int
+    running: int
+    waiting: int
+    used_tokens: int | None
+    token_usage: float | None
+    gen_throughput: float | None
+    cache_hit_rate: float | None
+    max_total_num_tokens: int | None
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """One scrape of `/metrics`: each sample summed over its label sets (ranks, streaming...)."""
+
+    samples: dict[str, float]
+    counts: dict[str, int]
+    families: frozenset[str]
+
+    def get(self, name: str) -> float | None:
+        """The sum over label sets: right for counters and for per-rank amounts."""
+        return self.samples.get(name)
+
+    def mean(self, name: str) -> float | None:
+        """The mean over label sets: right for ratios such as token usage."""
+        if name not in self.samples:
+            return None
+        return self.samples[name] / max(1, self.counts.get(name, 1))
+
+    def has(self, family: str) -> bool:
+        return family in self.families
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, (httpx.TransportError, _Retryable))
+
+
+class SGLangClient:
+    """Reads SGLang state. Never mutates the server."""
+
+    def __init__(
+        self,
+        http: httpx.Client,
+        *,
+        attempts: int = 3,
+        wait: Callable[..., float] | None = None,
+    ) -> None:
+        self.http = http
+        self._retry = Retrying(
+            retry=retry_if_exception(_retryable),
+            stop=stop_after_attempt(attempts),
+            wait=wait or wait_exponential(multiplier=0.2, max=2.0),
+            reraise=True,
+        )
+        self._dialect: dict[str, str] = {}
+
+    @classmethod
+    def connect(cls, url: str, api_key: str | None = None, timeout: float = 10.0) -> SGLangClient:
+        if not url.startswith(("http://", "https://")):
+            raise SGLangError(
+                f"invalid server URL {url!r}",
+                "Use the form http://HOST:PORT (for example http://127.0.0.1:30000).",
+            )
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        return cls(httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout))
+
+    @property
+    def base_url(self) -> str:
+        return str(self.http.base_url).rstrip("/")
+
+    def close(self) -> None:
+        self.http.close()
+
+    # ----------------------------------------------------------------- transport
+    def _get(self, path: str, params: dict[str, str] | None = None) -> httpx.Response:
+        def once() -> httpx.Response:
+            response = self.http.get(path, params=params)
+            if response.status_code in RETRYABLE_STATUS:
+                raise _Retryable(response)
+            return response
+
+        try:
+            response: httpx.Response = self._retry(once)
+        except _Retryable as exc:
+            return exc.response
+        except httpx.TransportError as exc:
+            raise Unreachable(
+                f"cannot reach SGLang at {self.base_url}: {exc.__class__.__name__}: {exc}",
+                "Is the server running, and is the URL (host and port) right?",
+            ) from exc
+        if response.status_code == 401:
+            raise Unauthorized(
+                f"{self.base_url} refused the request as unauthorised (401)",
+                "The server runs with --api-key: configure the same key for this server.",
+            )
+        return response
+
+    def _json(self, kind: str) -> Any:
+        paths = _PATHS[kind]
+        order = [self._dialect[kind]] if kind in self._dialect else list(paths)
+        last: httpx.Response | None = None
+        for path in order:
+            response = self._get(path)
+            if response.status_code == 404:
+                last = response
+                continue
+            if response.status_code != 200:
+                raise SGLangError(
+                    f"{self.base_url}{path} answered HTTP {response.status_code}",
+                    "The server may be starting or overloaded; try again shortly.",
+                )
+            try:
+                data = response.json()
+            except ValueError:
+                raise NotSGLang(
+                    f"{self.base_url}{path} did not return JSON",
+                    "Is this an SGLang server? Check the URL and port.",
+                ) from None
+            self._dialect[kind] = path
+            return data
+        assert last is not None
+        raise NotSGLang(
+            f"{self.base_url} has none of {', '.join(paths)}",
+            "This does not look like an SGLang server (or it is older than 0.5.5).",
+        )
+
+    # ----------------------------------------------------------------- reads
+    def health(self) -> bool:
+        try:
+            return self._get("/health").status_code == 200
+        except Unreachable:
+            return False
+
+    def server_info(self) -> ServerInfo:
+        data = self._json("server_info")
+        if not isinstance(data, dict) or "max_total_num_tokens" not in data:
+            raise NotSGLang(
+                f"{self.base_url} server info has no max_total_num_tokens",
+                "This does not look like an SGLang server.",
+            )
+        return parse_server_info(data)
+
+    def model_info(self) -> dict[str, Any]:
+        data = self._json("model_info")
+        if not isinstance(data, dict):
+            raise NotSGLang(f"{self.base_url} model info is not an object")
+        return data
+
+    def loads(self) -> list[RankLoad]:
+        return parse_loads(self._json("loads"))
+
+    def metrics(self) -> Metrics:
+        response = self._get("/metrics")
+        if response.status_code == 404:
+            raise MetricsDisabled(
+                f"{self.base_url}/metrics is not served",
+                "Start SGLang with --enable-metrics for throughput counters.",
+            )
+        if response.status_code != 200:
+            raise SGLangError(f"{self.base_url}/metrics answered HTTP {response.status_code}")
+        return parse_metrics(response.text)
+
+    @property
+    def dialect(self) -> str:
+        """`0.5.10+` or `0.5.5`, once server info has been read."""
+        return "0.5.5" if self._dialect.get("server_info") == "/get_server_info" else "0.5.10+"
+
+
+def parse_server_info(data: dict[str, Any]) -> ServerInfo:
+    states = data.get("internal_states") or [{}]
+    first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+    usage = first.get("memory_usage") or {}
+    graph = usage.get("graph", usage.get("cuda_graph"))
+    if isinstance(graph, dict):  # 0.5.23 reports graph memory per phase
+        graph = sum(v for v in graph.values() if isinstance(v, (int, float)))
+    effective = first.get("effective_max_running_requests_per_dp")
+    server_args = {k: v for k, v in data.items() if k not in ("internal_states",)}
+    return ServerInfo(
+        version=str(data.get("version", "unknown")),
+        max_total_num_tokens=int(data["max_total_num_tokens"]),
+        max_req_input_len=_int(data.get("max_req_input_len")),
+        server_args=server_args,
+        memory=MemoryReport(
+            weight_gb=_float(usage.get("weight")),
+            kvcache_gb=_float(usage.get("kvcache")),
+            graph_gb=_float(graph),
+            token_capacity=_int(usage.get("token_capacity")),
+            startup_available_gb=_float(usage.get("startup_available")),
+        ),
+        effective_max_running_requests=_int(effective),
+        dp_ranks=len(states) if isinstance(states, list) and states else 1,
+        raw=data,
+    )
+
+
+def parse_loads(data: Any) -> list[RankLoad]:
+    """`/v1/loads` (0.5.10+) or `/get_load` (0.5.5) into per-rank loads."""
+    if isinstance(data, dict) and isinstance(data.get("loads"), list):
+        return [
+            RankLoad(
+                dp_rank=int(x.get("dp_rank", i)),
+                running=int(x.get("num_running_reqs", 0)),
+                waiting=int(x.get("num_waiting_reqs", 0)),
+                used_tokens=_int(x.get("num_used_tokens")),
+                token_usage=_float(x.get("token_usage")),
+                gen_throughput=_float(x.get("gen_throughput")),
+                cache_hit_rate=_float(x.get("cache_hit_rate")),
+                max_total_num_tokens=_int(x.get("max_total_num_tokens")),
+            )
+            for i, x in enumerate(data["loads"])
+        ]
+    if isinstance(data, list):
+        return [
+            RankLoad(
+                dp_rank=int(x.get("dp_rank", i)),
+                running=int(x.get("num_reqs", 0)) - int(x.get("num_waiting_reqs", 0)),
+                waiting=int(x.get("num_waiting_reqs", 0)),
+                used_tokens=_int(x.get("num_tokens")),
+                token_usage=None,
+                gen_throughput=None,
+                cache_hit_rate=None,
+                max_total_num_tokens=None,
+            )
+            for i, x in enumerate(data)
+        ]
+    raise NotSGLang("the load endpoint returned an unexpected shape")
+
+
+def parse_metrics(text: str) -> Metrics:
+    """Sum each `sglang:` sample over its label sets (DP ranks, streaming or not, ...)."""
+    samples: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    families: set[str] = set()
+    try:
+        parsed = list(text_string_to_metric_families(text))
+    except ValueError as exc:
+        raise NotSGLang(f"/metrics is not Prometheus text: {exc}") from None
+    for family in parsed:
+        if not family.name.startswith("sglang:"):
+            continue
+        families.add(family.name)
+        for sample in family.samples:
+            if sample.name.endswith("_created") or "le" in sample.labels:
+                continue
+            if math.isnan(sample.value):
+                continue
+            samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
+            counts[sample.name] = counts.get(sample.name, 0) + 1
+    return Metrics(samples, counts, frozenset(families))
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -1,0 +1,150 @@
+"""Typed findings the playbooks return; templates and JSON render them, nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Verdict = Literal["recommended", "possible", "needs_opt_in", "unsafe", "not_useful"]
+Bottleneck = Literal["kv_cache", "compute", "client", "prefill", "unknown"]
+VERDICT_ORDER: dict[str, int] = {
+    "unsafe": 0,
+    "needs_opt_in": 1,
+    "not_useful": 2,
+    "possible": 3,
+    "recommended": 4,
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One change (or action) with its prediction and verdict."""
+
+    title: str
+    change: dict[str, Any]  # SGLang server-arg names -> values; {} for actions off the server
+    verdict: Verdict
+    predicted_max_total_num_tokens: int | None
+    predicted_gain: tuple[float, float] | None  # relative throughput change, low..high
+    risk: str
+    reasons: list[str]
+    considered: bool = False  # asked for with --consider
+
+    def to_json(self) -> dict[str, Any]:
+        gain = None
+        if self.predicted_gain is not None:
+            low, high = self.predicted_gain
+            gain = {"low": round(low, 4), "high": round(high, 4)}
+        return {
+            "title": self.title,
+            "change": self.change,
+            "predicted_max_total_num_tokens": self.predicted_max_total_num_tokens,
+            "predicted_throughput_change": gain,
+            "verdict": self.verdict,
+            "risk": self.risk,
+            "reasons": self.reasons,
+            "considered": self.considered,
+        }
+
+
+@dataclass(frozen=True)
+class Rate:
+    mean: float
+    low: float | None
+    high: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mean": round(self.mean, 2),
+            "ci95": None
+            if self.low is None or self.high is None
+            else [round(self.low, 2), round(self.high, 2)],
+        }
+
+
+@dataclass
+class DiagnoseFinding:
+    playbook: str
+    server: str
+    version: str
+    model: str
+    started_at: str
+    finished_at: str
+    max_total_num_tokens: int
+    token_usage: float | None
+    running: float
+    queued: float
+    avg_tokens_per_request: float | None
+    avg_prompt_tokens: float | None
+    avg_output_tokens: float | None
+    bytes_per_token: float
+    gpu_memory_gib: float
+    gpu_memory_source: str
+    requests_that_fit: float | None
+    generation: Rate | None
+    effective: Rate | None
+    prompt_tokens_per_s: float | None
+    requests_per_s: float | None
+    window_s: float
+    batch_s: float
+    batches: int
+    window_reason: str
+    measured_from: str
+    cache_hit_fraction: float | None
+    retractions: int | None
+    bottleneck: Bottleneck
+    evidence: list[str]
+    options: list[Option]
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        def r(x: float | None, n: int = 4) -> float | None:
+            return None if x is None else round(x, n)
+
+        return {
+            "playbook": self.playbook,
+            "server": self.server,
+            "version": self.version,
+            "model": self.model,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "capacity": {
+                "max_total_num_tokens": self.max_total_num_tokens,
+                "token_usage": r(self.token_usage),
+                "running": r(self.running, 2),
+                "queued": r(self.queued, 2),
+                "avg_tokens_per_request": r(self.avg_tokens_per_request, 1),
+                "avg_prompt_tokens": r(self.avg_prompt_tokens, 1),
+                "avg_output_tokens": r(self.avg_output_tokens, 1),
+                "bytes_per_token": round(self.bytes_per_token, 1),
+                "gpu_memory_gib": round(self.gpu_memory_gib, 2),
+                "gpu_memory_source": self.gpu_memory_source,
+                "requests_that_fit": r(self.requests_that_fit, 1),
+            },
+            "throughput": {
+                "generation_tokens_per_s": None
+                if self.generation is None
+                else round(self.generation.mean, 2),
+                "generation_ci95": None
+                if self.generation is None
+                else self.generation.to_json()["ci95"],
+                "effective_tokens_per_s": None
+                if self.effective is None
+                else round(self.effective.mean, 2),
+                "effective_ci95": None
+                if self.effective is None
+                else self.effective.to_json()["ci95"],
+                "prompt_tokens_per_s": r(self.prompt_tokens_per_s, 2),
+                "requests_per_s": r(self.requests_per_s),
+                "window_s": round(self.window_s, 1),
+                "batch_s": self.batch_s,
+                "batches": self.batches,
+                "window_reason": self.window_reason,
+                "measured_from": self.measured_from,
+            },
+            "cache_hit_fraction": r(self.cache_hit_fraction),
+            "retractions": self.retractions,
+            "bottleneck": self.bottleneck,
+            "evidence": self.evidence,
+            "options": [o.to_json() for o in self.options],
+            "notes": self.notes,
+        }
