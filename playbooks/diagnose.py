@@ -244,6 +244,12 @@ def analyse(ctx: Context) -> tuple[Bottleneck, list[str]]:
             f"{m.avg_output_tokens:,.0f} output tokens; a running request holds ~{per:,.0f} "
             f"tokens of KV, so ~{fit:.0f} fit in {cap:,} tokens"
         )
+    if m.usage_trend is not None and m.usage_trend[1] - m.usage_trend[0] > 0.15:
+        evidence.append(
+            f"token usage rose from {m.usage_trend[0]:.2f} to {m.usage_trend[1]:.2f} during the "
+            "window: the server is still filling up (recent restart or a new burst); measure "
+            "again in a few minutes for a settled picture"
+        )
     rpm = retractions_per_minute(ctx)
     if rpm is not None:
         evidence.append(f"{m.retractions} retractions in {m.window_s / 60:.1f} min ({rpm:.1f}/min)")

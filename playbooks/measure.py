@@ -96,6 +96,7 @@ class Measurement:
     cached_fraction: float | None
     retractions: int | None
     retractions_seen_in_gauge: int
+    usage_trend: tuple[float, float] | None = None  # mean usage in the first and last third
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -332,6 +333,10 @@ def _summarise(
     usages = [s.token_usage for s in body if s.token_usage is not None]
     hits = [s.cache_hit_rate for s in body if s.cache_hit_rate is not None]
     lag = lag1_autocorrelation(gens)
+    trend = None
+    if len(usages) >= 6:
+        third = len(usages) // 3
+        trend = (statistics.fmean(usages[:third]), statistics.fmean(usages[-third:]))
     return Measurement(
         window_s=window,
         batch_s=batch_s,
@@ -355,5 +360,6 @@ def _summarise(
         cached_fraction=cached_fraction,
         retractions=retractions,
         retractions_seen_in_gauge=sum(1 for s in body if (s.retract_gauge or 0) > 0),
+        usage_trend=trend,
         notes=notes,
     )

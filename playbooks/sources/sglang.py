@@ -43,7 +43,7 @@ class SGLangError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        return f"{self.message} {self.hint}".strip()
+        return f"{self.message}. {self.hint}" if self.hint else self.message
 
 
 class Unreachable(SGLangError):

@@ -1,0 +1,129 @@
+"""Batch-means measurement on a scripted server and a manual clock."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import httpx
+import pytest
+
+from playbooks.clock import ManualClock
+from playbooks.measure import MeasurementError, MeasurePlan, measure
+from playbooks.sources.sglang import SGLangClient
+from playbooks.stats import lag1_autocorrelation, mean_interval, t_quantile
+
+
+class Scripted:
+    """A fake SGLang /metrics whose values are functions of the manual clock."""
+
+    def __init__(
+        self,
+        clock: ManualClock,
+        noise: float = 40.0,
+        seed: int = 1,
+        metrics: bool = True,
+        restart_at: float | None = None,
+    ) -> None:
+        self.clock = clock
+        self.rng = random.Random(seed)
+        self.noise = noise
+        self.metrics = metrics
+        self.restart_at = restart_at
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        t = self.clock.now()
+        if request.url.path == "/v1/loads":
+            return httpx.Response(
+                200,
+                json={
+                    "loads": [
+                        {
+                            "dp_rank": 0,
+                            "num_running_reqs": 10,
+                            "num_waiting_reqs": 0,
+                            "token_usage": 0.2,
+                            "gen_throughput": 300.0,
+                            "cache_hit_rate": 0.0,
+                        }
+                    ]
+                },
+            )
+        if request.url.path != "/metrics" or not self.metrics:
+            return httpx.Response(404)
+        gen = 800 + self.rng.gauss(0, self.noise)
+        base = t if self.restart_at is None or t < self.restart_at else t - self.restart_at
+        text = (
+            "# TYPE sglang:gen_throughput gauge\n"
+            f"sglang:gen_throughput {gen}\n"
+            "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 50\n"
+            "# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs 100\n"
+            "# TYPE sglang:token_usage gauge\nsglang:token_usage 0.95\n"
+            "# TYPE sglang:generation_tokens counter\n"
+            f"sglang:generation_tokens_total {800 * base}\n"
+            "# TYPE sglang:prompt_tokens counter\n"
+            f"sglang:prompt_tokens_total {100 * base}\n"
+            "# TYPE sglang:num_requests counter\n"
+            f"sglang:num_requests_total {base / 4}\n"
+        )
+        return httpx.Response(200, text=text)
+
+    def client(self) -> SGLangClient:
+        http = httpx.Client(transport=httpx.MockTransport(self.handler), base_url="http://s")
+        return SGLangClient(http, wait=lambda *_: 0.0)
+
+
+def test_adaptive_window_stops_at_the_precision() -> None:
+    clock = ManualClock()
+    m = measure(Scripted(clock).client(), clock, MeasurePlan(precision=0.02))
+    assert m.generation is not None and m.effective is not None
+    assert m.generation.mean == pytest.approx(800, rel=0.02)
+    assert m.generation.relative_half_width <= 0.02
+    assert m.batches >= 8 and 180 <= m.window_s <= 900
+    assert "known to ±2%" in m.stop_reason
+    assert m.effective.mean == pytest.approx(800, rel=0.01)
+    assert m.avg_output_tokens == pytest.approx(3200) and m.avg_prompt_tokens == pytest.approx(400)
+    assert m.queue_nonempty_fraction == 1.0
+
+
+def test_noisy_server_hits_the_cap_and_says_so() -> None:
+    clock = ManualClock()
+    plan = MeasurePlan(precision=0.01, max_window_s=300)
+    m = measure(Scripted(clock, noise=400).client(), clock, plan)
+    assert m.window_s == pytest.approx(300, abs=5)
+    assert "ended before ±1%" in m.stop_reason
+
+
+def test_fixed_window_is_never_a_bare_sample() -> None:
+    clock = ManualClock()
+    m = measure(Scripted(clock).client(), clock, MeasurePlan(fixed_window_s=60))
+    assert m.window_s == pytest.approx(60)
+    assert any("only 1 complete batches" in n or "only 2 complete" in n for n in m.notes)
+    with pytest.raises(ValueError, match="too short"):
+        MeasurePlan(fixed_window_s=5)
+
+
+def test_falls_back_on_loads_without_metrics() -> None:
+    clock = ManualClock()
+    m = measure(Scripted(clock, metrics=False).client(), clock, MeasurePlan(fixed_window_s=120))
+    assert m.source == "loads"
+    assert m.effective is None
+    assert m.generation is not None and m.generation.mean == pytest.approx(300)
+    assert any("--enable-metrics" in n for n in m.notes)
+
+
+def test_restart_during_measurement_is_an_error() -> None:
+    clock = ManualClock()
+    with pytest.raises(MeasurementError, match="restarted"):
+        measure(Scripted(clock, restart_at=100).client(), clock, MeasurePlan())
+
+
+def test_statistics_helpers() -> None:
+    assert t_quantile(0.975, 10) == pytest.approx(2.228, abs=0.003)
+    assert t_quantile(0.975, 30) == pytest.approx(2.042, abs=0.002)
+    iv = mean_interval([1.0, 2.0, 3.0, 4.0])
+    assert iv.mean == 2.5 and iv.low < 2.5 < iv.high
+    ar = [math.sin(i / 5) for i in range(100)]
+    assert lag1_autocorrelation(ar) > 0.9
+    rng = random.Random(3)
+    assert abs(lag1_autocorrelation([rng.random() for _ in range(400)])) < 0.15
