@@ -262,6 +262,8 @@ def analyse(ctx: Context) -> tuple[Bottleneck, list[str]]:
         )
         return "client", evidence
     retracting = bool((rpm or 0) > 0 or m.retractions_seen_in_gauge)
+    if usage is not None and m.usage_trend is not None and m.usage_trend[1] > usage:
+        usage = m.usage_trend[1]  # judge a filling server by where it got to, not its ramp
     if usage is not None and (usage >= SATURATED_USAGE or (retracting and usage >= 0.7)):
         evidence.append(
             f"requests wait while the KV pool is {usage:.0%} used"

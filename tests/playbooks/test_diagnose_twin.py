@@ -167,7 +167,7 @@ def test_human_report() -> None:
             "--time-scale",
             SCALE,
             "--window",
-            "120",
+            "400",
             "--gpu-memory-gib",
             "95.59",
         )
