@@ -29,6 +29,7 @@ pytest: venv
 
 bench: venv
 	$(BIN)/python -m bench.twin
+	$(BIN)/python -m bench.diagnose
 
 # Regenerate the lock after editing dependencies in pyproject.toml (needs `uv` on PATH).
 lock:
