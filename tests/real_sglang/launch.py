@@ -33,7 +33,6 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SHIM_DIR = HERE / "shim"
 MAKE_MODEL = HERE / "make_model.py"
-MODEL_VERSION_FILE = ".kvpilot-model-version"
 
 DEFAULT_CONTEXT_LENGTH = 8192
 
@@ -110,10 +109,8 @@ def shim_env(base: Mapping[str, str]) -> dict[str, str]:
 
 
 def ensure_model(python: Path, target: Path) -> None:
-    """Build the weightless model directory if it is missing or stale."""
-    marker = target / MODEL_VERSION_FILE
-    if marker.is_file():
-        return
+    """Build the weightless model directory if it is missing or from an older recipe
+    (``make_model.py`` returns at once when the directory is current)."""
     result = subprocess.run(
         [str(python), str(MAKE_MODEL), str(target)],
         stdout=subprocess.PIPE,

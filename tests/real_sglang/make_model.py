@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 # Bump when anything below changes the produced files.
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"
 VERSION_FILE = ".kvpilot-model-version"
 
 # Llama-3.1-8B attention shape: 32 layers x 8 KV heads x head_dim 128.
@@ -36,7 +37,8 @@ HEAD_DIM = 128
 HIDDEN = 4096
 INTERMEDIATE = 14336
 VOCAB_SIZE = 128256
-CONTEXT_LENGTH = 8192
+# As Llama-3.1-8B; launch.py passes --context-length 8192 unless told otherwise.
+CONTEXT_LENGTH = 131072
 
 TOKENIZER_VOCAB = 400
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
@@ -193,16 +195,13 @@ def _model_config(vocab_size: int, bos_id: int, eos_id: int, sample_id: int) -> 
 def _train_tokenizer() -> Any:
     # Single-threaded training keeps the merge order stable.
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
-    from tokenizers import (  # type: ignore[import-not-found]  # noqa: PLC0415
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+    # Imported here: only the SGLang venv has `tokenizers`; this file is also type-checked and
+    # imported (for default_dir) from the main venv.
+    tk = importlib.import_module("tokenizers")
+    decoders, models, pre_tokenizers = tk.decoders, tk.models, tk.pre_tokenizers
+    processors, trainers = tk.processors, tk.trainers
 
-    tok = Tokenizer(models.BPE())
+    tok = tk.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)

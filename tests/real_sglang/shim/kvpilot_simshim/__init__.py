@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-import sys
+
+from . import hooks, patches, stubs
 
 _STATE = {"installed": False}
 
@@ -18,8 +19,5 @@ def install() -> None:
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-    from . import hooks, patches, stubs  # noqa: PLC0415
-
     stubs.install(os.environ.get("KVPILOT_SIM_STUB_MODULES", "sgl_kernel,torchvision"))
     hooks.install(patches.PATCHES)
-    sys.modules.setdefault("kvpilot_simshim.patches", patches)

