@@ -24,10 +24,24 @@ from bot.cli import main as kvpilot
 
 def start_twin(port: int, scale: float) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sim.launch_server", "--port", str(port), "--time-scale",
-         str(scale), "--mem-fraction-static", "0.85", "--enable-metrics", "--workload",
-         "incident", "--concurrency", "150"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "sim.launch_server",
+            "--port",
+            str(port),
+            "--time-scale",
+            str(scale),
+            "--mem-fraction-static",
+            "0.85",
+            "--enable-metrics",
+            "--workload",
+            "incident",
+            "--concurrency",
+            "150",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -53,9 +67,19 @@ def main() -> int:
         time.sleep(2)  # let the load settle
         overheads = []
         for i in range(ns.repeat):
-            args = ["diagnose", "--server", f"http://127.0.0.1:{port}", "--time-scale",
-                    str(ns.scale), "--window", str(ns.window), "--gpu-memory-gib", "95.59",
-                    "--host-ram-gib", "256"] + (["--json"] if i % 2 == 0 else [])
+            args = [
+                "diagnose",
+                "--server",
+                f"http://127.0.0.1:{port}",
+                "--time-scale",
+                str(ns.scale),
+                "--window",
+                str(ns.window),
+                "--gpu-memory-gib",
+                "95.59",
+                "--host-ram-gib",
+                "256",
+            ] + (["--json"] if i % 2 == 0 else [])
             start = time.perf_counter()
             code = kvpilot(args, out=io.StringIO(), err=io.StringIO())
             wall = time.perf_counter() - start
@@ -66,8 +90,10 @@ def main() -> int:
         proc.wait(timeout=10)
     print(f"diagnose on the incident preset, {ns.window:g} s window at time scale {ns.scale:g}")
     print(f"  window (wall)              {ns.window / ns.scale:.2f} s")
-    print(f"  overhead beyond the window median {statistics.median(overheads):.2f} s, "
-          f"max {max(overheads):.2f} s over {ns.repeat} runs")
+    print(
+        f"  overhead beyond the window median {statistics.median(overheads):.2f} s, "
+        f"max {max(overheads):.2f} s over {ns.repeat} runs"
+    )
     print("  target                     < 5 s")
     return 0
 

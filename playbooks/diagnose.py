@@ -82,10 +82,21 @@ def resolve_gpu_memory(
     notes: list[str] = []
     if settings.gpu_memory_gib is not None:
         return GpuMemory(settings.gpu_memory_gib, "configuration", True), notes
-    if info.memory.startup_available_gb is not None:
-        return GpuMemory(
-            info.memory.startup_available_gb, "server (startup_available)", True
-        ), notes
+    sa = info.memory.startup_available_gb
+    fraction = info.mem_fraction_static
+    if sa is not None and fraction is not None and fraction < 1:
+        graph = info.memory.graph_gb or 0.0
+        if info.arg("max_total_tokens") is None:
+            # Uncapped, the pool takes f * pre - static, so what is left after start-up is
+            # exactly (1 - f) * pre - graphs.
+            source = "server: (startup_available + graphs) / (1 - mem_fraction_static)"
+            return GpuMemory((sa + graph) / (1 - fraction), source, True), notes
+        known = sa + graph + (info.memory.weight_gb or 0.0) + (info.memory.kvcache_gb or 0.0)
+        notes.append(
+            "the KV pool is capped by --max-total-tokens, so GPU memory is taken as "
+            "startup_available + weights + KV + graphs, which misses the CUDA context"
+        )
+        return GpuMemory(known, "server: startup_available + weights + KV + graphs", False), notes
     if settings.gpus is not None:
         try:
             gpus = settings.gpus.snapshot()

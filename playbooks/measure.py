@@ -210,6 +210,9 @@ def measure(
     samples = [sample]
     t0 = sample.t
     batch_s = plan.batch_s
+    if plan.fixed_window_s is not None:
+        # A short fixed window still gets a few batches (never fewer than one scrape each).
+        batch_s = max(plan.scrape_s, min(plan.batch_s, plan.fixed_window_s / 4))
     target = plan.fixed_window_s or plan.max_window_s
     stop_reason = ""
     while True:

@@ -127,9 +127,9 @@ async def startup(rt: Runtime) -> None:
     if pool is not None:
         for line in pool.log_lines:
             log.line(line, prefix)
-    reserve = mem.free_before_load_gib * (1 - float(sa["mem_fraction_static"]))
+    reserve = mem.free_before_load_gib - mem.weights_gib - mem.other_static_gib - kv_gb
     log.line(f"Memory pool end. avail mem={reserve:.2f} GB", prefix)
-    hr = headroom(cfg.preset, float(sa["mem_fraction_static"]), pool is not None)
+    hr = headroom(cfg.preset, float(sa["mem_fraction_static"]), pool is not None, cap.kv_cache_gib)
     log.line(
         "Capture cuda graph begin. This can take up to several minutes. "
         f"avail mem={reserve:.2f} GB",
@@ -160,6 +160,7 @@ async def startup(rt: Runtime) -> None:
     )
     rt.build_engines()
     rt.startup_time = rt.clock.now()
+    rt.startup_available_gib = hr.activation_gib
     rt.metrics.static = {
         "engine_startup_time": rt.startup_time,
         "engine_load_weights_time": load_time,
@@ -169,7 +170,7 @@ async def startup(rt: Runtime) -> None:
         "page_size": cfg.page_size,
         "num_pages": cap.max_total_num_tokens // cfg.page_size,
         "context_len": cfg.context_len,
-        "startup_available_gpu_memory_gb": mem.free_before_load_gib,
+        "startup_available_gpu_memory_gb": hr.activation_gib,
         "max_total_num_tokens": cap.max_total_num_tokens,
         "max_total_num_tokens_swa": 0,
     }

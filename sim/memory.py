@@ -283,8 +283,18 @@ def activation_need_gib(preset: Preset, tokens_in_batch: int) -> float:
     return mem.activation_base_gib + mem.activation_per_ktoken_gib * tokens_in_batch / 1000
 
 
-def headroom(preset: Preset, mem_fraction_static: float, hicache: bool) -> Headroom:
+def headroom(
+    preset: Preset, mem_fraction_static: float, hicache: bool, kv_cache_gib: float | None = None
+) -> Headroom:
+    """Memory left after weights, other static memory and the KV pool, then after CUDA graphs.
+
+    Without `--max-total-tokens` the pool takes its whole budget and the rest is exactly
+    `pre * (1 - mem_fraction_static)`; a capped (smaller) pool leaves more.
+    """
     mem = preset.memory
     reserve = mem.free_before_load_gib * (1 - mem_fraction_static)
+    if kv_cache_gib is not None:
+        static = mem.weights_gib + mem.other_static_gib
+        reserve = max(reserve, mem.free_before_load_gib - static - kv_cache_gib)
     graphs = mem.graph_gib + (mem.hicache_extra_gib if hicache else 0.0)
     return Headroom(reserve_gib=reserve, graph_gib=graphs, activation_gib=reserve - graphs)

@@ -105,6 +105,7 @@ class Runtime:
         self.status = "starting"  # starting | up | dead
         self.started_at_sim = 0.0
         self.startup_time = 0.0
+        self.startup_available_gib = 0.0  # free GPU memory once start-up is done
         self.metrics = TwinMetrics(cfg.version, str(sa["served_model_name"]), self.dp_size)
         self._deferred: list[tuple[float, int, Pending]] = []
         self._tie = itertools.count()
@@ -152,7 +153,12 @@ class Runtime:
             host_pool_tokens=hp.tokens_per_rank if hp else 0,
             hicache_write_policy=str(sa["hicache_write_policy"]),
             decode_log_interval=int(sa["decode_log_interval"]),
-            headroom=headroom(self.cfg.preset, float(sa["mem_fraction_static"]), hp is not None),
+            headroom=headroom(
+                self.cfg.preset,
+                float(sa["mem_fraction_static"]),
+                hp is not None,
+                self.cfg.capacity.kv_cache_gib,
+            ),
             tp_size=int(sa["tp_size"]),
             host_oom_on_first_batch=bool(hp and hp.will_oom_host),
             stream_interval=int(sa["stream_interval"]),

@@ -138,7 +138,9 @@ class TwinApp:
                 "graph": round(mem.graph_gib, 2),
             }
             if self.version.refactored:
-                memory_usage["startup_available"] = round(cap.pre_gib, 2)
+                # SGLang reads free GPU memory once start-up is done (the `available_gpu_mem`
+                # of its summary line): what is left after the KV pool and the CUDA graphs.
+                memory_usage["startup_available"] = round(self.rt.startup_available_gib, 3)
                 memory_usage["token_capacity_swa"] = 0
                 memory_usage["graph"] = {"decode": round(mem.graph_gib, 2)}
             state: dict[str, Any] = {

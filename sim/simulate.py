@@ -85,7 +85,12 @@ def engine_config(cfg: TwinConfig) -> EngineConfig:
         host_pool_tokens=pool.tokens_per_rank if pool else 0,
         hicache_write_policy=str(sa["hicache_write_policy"]),
         decode_log_interval=int(sa["decode_log_interval"]),
-        headroom=headroom(cfg.preset, float(sa["mem_fraction_static"]), pool is not None),
+        headroom=headroom(
+            cfg.preset,
+            float(sa["mem_fraction_static"]),
+            pool is not None,
+            cfg.capacity.kv_cache_gib,
+        ),
         tp_size=int(sa["tp_size"]),
         host_oom_on_first_batch=bool(pool and pool.will_oom_host),
         stream_interval=int(sa["stream_interval"]),

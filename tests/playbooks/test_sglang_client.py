@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from playbooks.diagnose import DiagnoseSettings, resolve_gpu_memory
 from playbooks.sources.sglang import (
     MetricsDisabled,
     NotSGLang,
@@ -42,7 +43,8 @@ def test_recorded_dialects(version: str) -> None:
         assert "/server_info" in rec.requests and "/get_server_info" in rec.requests
         assert info.effective_max_running_requests is None
     if version == "0.5.23":
-        assert info.memory.startup_available_gb == pytest.approx(95.3)
+        # free GPU memory after start-up: (1 - 0.85) * 95.3 GiB - 2 GiB of CUDA graphs
+        assert info.memory.startup_available_gb == pytest.approx(12.295, abs=0.001)
         assert info.effective_max_running_requests == 2048
 
 
@@ -142,3 +144,31 @@ def test_metrics_are_summed_over_ranks_and_averaged_for_ratios() -> None:
     recorded = parse_metrics((FIXTURES / "twin-0.5.23" / "metrics_2.txt").read_text())
     assert recorded.get("sglang:generation_tokens_total") is not None
     assert recorded.has("sglang:kv_used_tokens")
+
+
+def test_gpu_memory_from_startup_available() -> None:
+    twin = SGLangClient(Recorded("twin-0.5.23").client(), wait=no_wait).server_info()
+    gpu, notes = resolve_gpu_memory(twin, DiagnoseSettings())
+    assert gpu is not None and gpu.exact and gpu.pre_gib == pytest.approx(95.3, abs=0.01)
+    real = SGLangClient(Recorded("real-0.5.23").client(), wait=no_wait).server_info()
+    gpu, notes = resolve_gpu_memory(real, DiagnoseSettings())
+    # capped pool: a lower bound that misses the CUDA context (the shim's 1.4 GiB)
+    assert gpu is not None and not gpu.exact and gpu.pre_gib == pytest.approx(139.6, abs=0.01)
+    assert "capped" in notes[0]
+    old = SGLangClient(Recorded("twin-0.5.10").client(), wait=no_wait).server_info()
+    gpu, notes = resolve_gpu_memory(old, DiagnoseSettings())
+    assert gpu is None and "estimated" in notes[0]
+    gpu, _ = resolve_gpu_memory(old, DiagnoseSettings(gpu_memory_gib=95.59))
+    assert gpu is not None and gpu.source == "configuration"
+
+
+def test_real_sglang_recording_parses() -> None:
+    client = SGLangClient(Recorded("real-0.5.23").client(), wait=no_wait)
+    info = client.server_info()
+    assert info.version == "0.5.23" and info.max_total_num_tokens == 30_000
+    assert info.memory.graph_gb == 0.0 and info.memory.weight_gb == 15.0
+    assert info.effective_max_running_requests == 2048
+    loads = client.loads()
+    assert loads[0].max_total_num_tokens == 30_000
+    metrics = client.metrics()
+    assert metrics.has("sglang:gen_throughput") and metrics.get("sglang:num_requests_total")
