@@ -13,46 +13,11 @@ from __future__ import annotations
 import argparse
 import io
 import statistics
-import subprocess
 import sys
 import time
 
-import httpx
-
 from bot.cli import main as kvpilot
-
-
-def start_twin(port: int, scale: float) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sim.launch_server",
-            "--port",
-            str(port),
-            "--time-scale",
-            str(scale),
-            "--mem-fraction-static",
-            "0.85",
-            "--enable-metrics",
-            "--workload",
-            "incident",
-            "--concurrency",
-            "150",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("twin did not start")
+from tests.twin_process import running_twin
 
 
 def main() -> int:
@@ -61,16 +26,25 @@ def main() -> int:
     p.add_argument("--window", type=float, default=600.0)
     p.add_argument("--repeat", type=int, default=3)
     ns = p.parse_args()
-    port = 31_899
-    proc = start_twin(port, ns.scale)
-    try:
+    twin_args = [
+        "--time-scale",
+        str(ns.scale),
+        "--mem-fraction-static",
+        "0.85",
+        "--enable-metrics",
+        "--workload",
+        "incident",
+        "--concurrency",
+        "150",
+    ]
+    with running_twin(twin_args) as twin:
         time.sleep(2)  # let the load settle
         overheads = []
         for i in range(ns.repeat):
             args = [
                 "diagnose",
                 "--server",
-                f"http://127.0.0.1:{port}",
+                twin.url,
                 "--time-scale",
                 str(ns.scale),
                 "--window",
@@ -85,9 +59,6 @@ def main() -> int:
             wall = time.perf_counter() - start
             assert code == 0
             overheads.append(wall - ns.window / ns.scale)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
     print(f"diagnose on the incident preset, {ns.window:g} s window at time scale {ns.scale:g}")
     print(f"  window (wall)              {ns.window / ns.scale:.2f} s")
     print(

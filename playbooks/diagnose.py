@@ -361,38 +361,38 @@ def propose(ctx: Context, bottleneck: Bottleneck) -> list[Option]:
     return options
 
 
+def _hicache_refused(ctx: Context, risk: str, reason: str) -> Option:
+    return Option(
+        title="hierarchical cache (host RAM)",
+        change={"enable_hierarchical_cache": True},
+        verdict="unsafe",
+        predicted_max_total_num_tokens=ctx.info.max_total_num_tokens,
+        predicted_gain=None,
+        risk=risk,
+        reasons=[reason],
+    )
+
+
 def hicache_proposal(ctx: Context, bottleneck: Bottleneck) -> Option | None:
     """Size a host pool that all ranks together fit in host RAM; judge whether it helps."""
     if ctx.host is None:
-        return Option(
-            title="hierarchical cache (host RAM)",
-            change={"enable_hierarchical_cache": True},
-            verdict="unsafe",
-            predicted_max_total_num_tokens=ctx.info.max_total_num_tokens,
-            predicted_gain=None,
-            risk="host OOM if the per-rank pools overcommit RAM",
-            reasons=[
-                "host RAM is unknown (configure host_ram_gib or run on the GPU host), so "
-                "a host pool cannot be checked against it"
-            ],
+        return _hicache_refused(
+            ctx,
+            "host OOM if the per-rank pools overcommit RAM",
+            "host RAM is unknown (configure host_ram_gib or run on the GPU host), so a host "
+            "pool cannot be checked against it",
         )
     budget = HostBudget.of(ctx.host.total_gib, ctx.host.available_gib, ctx.ranks_on_host)
     device_gb = ctx.info.max_total_num_tokens * ctx.cap.bytes_per_token / 1e9
     per_rank_gb = min(budget.per_rank_budget_gib * GIB / 1e9, 2 * device_gb)
     size_gb = math.floor(per_rank_gb)
     if size_gb <= 0 or (not ctx.per_rank_checked and size_gb <= device_gb):
-        return Option(
-            title="hierarchical cache (host RAM)",
-            change={"enable_hierarchical_cache": True},
-            verdict="unsafe",
-            predicted_max_total_num_tokens=ctx.info.max_total_num_tokens,
-            predicted_gain=None,
-            risk="host OOM",
-            reasons=[
-                f"the host cannot hold a pool larger than the GPU pool ({device_gb:.1f} GB) "
-                f"on each of {ctx.ranks_on_host} ranks: {budget.per_rank_budget_gib:.1f} "
-                "GiB per rank is available after SGLang's 10 GiB reserve and a 10% margin"
-            ],
+        return _hicache_refused(
+            ctx,
+            "host OOM",
+            f"the host cannot hold a pool larger than the GPU pool ({device_gb:.1f} GB) on each "
+            f"of {ctx.ranks_on_host} ranks: {budget.per_rank_budget_gib:.1f} GiB per rank is "
+            "available after SGLang's 10 GiB reserve and a 10% margin",
         )
     return evaluate({"enable_hierarchical_cache": True, "hicache_size": size_gb}, ctx, bottleneck)
 
