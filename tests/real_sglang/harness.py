@@ -119,11 +119,31 @@ class RealSGLang:
     ) -> RealSGLang:
         """Launch the server and wait until ``GET /health`` answers 200.
 
-        ``port`` None picks a free port. ``args`` are SGLang server flags (``--port`` and
-        ``--host`` are appended from the parameters); ``env`` overrides environment variables
-        (for example ``KVPILOT_SIM_GPU_GIB``). On failure everything started is torn down and
+        ``port`` None picks a free port (and picks another if that one is taken by the time the
+        server binds it). ``args`` are SGLang server flags (``--port`` and ``--host`` are
+        appended from the parameters); ``env`` overrides environment variables (for example
+        ``KVPILOT_SIM_GPU_GIB``). On failure everything started is torn down and
         :class:`RealSGLangError` carries the tail of the server log.
         """
+        attempts = 3 if port is None else 1
+        for attempt in range(attempts):
+            try:
+                return cls._start_once(port, args, env, host=host, timeout=timeout)
+            except RealSGLangError as exc:
+                if attempt + 1 == attempts or "address already in use" not in str(exc).lower():
+                    raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _start_once(
+        cls,
+        port: int | None = None,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        *,
+        host: str = "127.0.0.1",
+        timeout: float = DEFAULT_START_TIMEOUT_S,
+    ) -> RealSGLang:
         if not sglang_env_available():
             raise RealSGLangError(
                 f"SGLang environment not installed at {sglang_venv()}; "
@@ -138,6 +158,8 @@ class RealSGLang:
         # SGLang's temporary files (Prometheus multiprocess dir, ...) go under the workdir,
         # which stop() removes.
         full_env["TMPDIR"] = str(tmpdir)
+        # If this process dies without stop(), the reaper removes the work directory itself.
+        full_env["KVPILOT_REAPER_CLEANUP_DIR"] = str(workdir)
         argv = [
             sys.executable,
             str(REAPER),
@@ -190,12 +212,16 @@ class RealSGLang:
                         f"SGLang exited with code {code} during start-up; log tail:\n"
                         + self.log_tail()
                     )
+                log = self.log_text()
+                if "error while attempting to bind on address" in log:
+                    # Uvicorn could not bind; SGLang then hangs instead of exiting.
+                    raise RealSGLangError(
+                        f"port {self.port} is taken (address already in use); log tail:\n"
+                        + self.log_tail()
+                    )
                 with contextlib.suppress(httpx.HTTPError):
                     # The log check guards against another process holding the same port.
-                    if (
-                        client.get(f"{self.url}/health").status_code == 200
-                        and bound in self.log_text()
-                    ):
+                    if client.get(f"{self.url}/health").status_code == 200 and bound in log:
                         self.startup_s = time.monotonic() - began
                         self._shm_files |= self._held_shm_files()
                         return

@@ -12,7 +12,10 @@ nothing behind, not even zombies (the init process of some sandboxes never reaps
   every child until none is left;
 * SIGINT: kill the group at once. SIGTERM: forward SIGTERM to the command (SGLang drains and shuts
   down), wait up to ``KVPILOT_REAPER_GRACE_S`` seconds (default 10), then kill the group;
-* the wrapper gets SIGTERM when its own parent dies, so a crashed test run cleans up too.
+* the wrapper gets SIGTERM when its own parent dies, so a crashed test run cleans up too;
+* after the tree is gone it unlinks the ``/dev/shm`` files the tree had open (SGLang leaves its
+  load-snapshot segment behind), and if its parent died it also removes the directory named by
+  ``KVPILOT_REAPER_CLEANUP_DIR`` (the harness's work directory).
 
 Exit status: the command's (``128 + signal`` if a signal ended it).
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +33,7 @@ import time
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+SHM_SCAN_INTERVAL_S = 5.0
 
 
 class _Stop(Exception):
@@ -91,6 +96,28 @@ def _children() -> list[int]:
     return found
 
 
+def _session_shm_files() -> set[str]:
+    """``/dev/shm`` paths open or mapped by any process of this session."""
+    sid, found = os.getsid(0), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if os.getsid(int(entry)) != sid:
+                continue
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                with contextlib.suppress(OSError):
+                    found.add(os.readlink(f"/proc/{entry}/fd/{fd}"))
+            with open(f"/proc/{entry}/maps") as maps:
+                for line in maps:
+                    fields = line.split(None, 5)
+                    if len(fields) == 6:
+                        found.add(fields[5].strip())
+        except OSError:
+            continue
+    return {path for path in found if path.startswith("/dev/shm/")}
+
+
 def _kill_group_and_reap(pgid: int) -> None:
     """SIGKILL the command's process group and every child of ours; reap until none is left."""
     while True:
@@ -118,18 +145,27 @@ def main(argv: list[str]) -> int:
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_stop)
-    if os.getppid() == 1:  # the parent died before PDEATHSIG was armed
+    parent = os.getppid()
+    if parent == 1:  # the parent died before PDEATHSIG was armed
         return 1
     grace = float(os.environ.get("KVPILOT_REAPER_GRACE_S", "10"))
     child = subprocess.Popen(argv, process_group=0)
     code: int | None = None
+    shm_files: set[str] = set()
+    next_scan = time.monotonic() + 1.0
     try:
         while code is None:
-            got, status = os.waitpid(-1, 0)
+            got, status = os.waitpid(-1, os.WNOHANG)
             if got == child.pid:
                 code = _status_code(status)
+            elif got == 0:
+                if time.monotonic() >= next_scan:  # segments appear during start-up
+                    shm_files |= _session_shm_files()
+                    next_scan = time.monotonic() + SHM_SCAN_INTERVAL_S
+                time.sleep(0.2)
     except _Stop as stop:
         _ignore_stop_signals()
+        shm_files |= _session_shm_files()
         if stop.signum == signal.SIGTERM and grace > 0:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signal.SIGTERM)
@@ -139,8 +175,15 @@ def main(argv: list[str]) -> int:
     except ChildProcessError:
         code = 1
     _ignore_stop_signals()
+    shm_files |= _session_shm_files()
     _kill_group_and_reap(child.pid)
     child.returncode = code  # already reaped above; keep Popen from waiting again
+    for path in shm_files:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    cleanup_dir = os.environ.get("KVPILOT_REAPER_CLEANUP_DIR")
+    if cleanup_dir and os.getppid() != parent:
+        shutil.rmtree(cleanup_dir, ignore_errors=True)
     return code
 
 
