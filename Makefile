@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest venv demo lock bench clean
+.PHONY: test lint typecheck pytest venv demo lock bench clean real-sglang
 
 venv: $(STAMP)
 
@@ -15,7 +15,11 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-test: venv lint typecheck pytest
+# The real SGLang server on CPU (tests/real_sglang): a separate 2.6 GB environment, installed once.
+real-sglang:
+	bash tests/real_sglang/setup.sh
+
+test: venv lint typecheck real-sglang pytest
 
 lint: venv
 	$(BIN)/ruff check .

@@ -131,6 +131,12 @@ def build_parser(prog: str = "launch_server.py") -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--enable-cache-report", action="store_true")
     p.add_argument("--random-seed", type=int, default=None)
+    p.add_argument(
+        "--device",
+        type=str,
+        default="cuda",
+        help="cuda for a GPU server; cpu only changes the labels SGLang prints",
+    )
     # --- twin-only flags ---
     twin = p.add_argument_group("twin-only (not SGLang flags)")
     twin.add_argument("--preset", type=str, default=DEFAULT_PRESET, choices=sorted(PRESETS))
@@ -168,10 +174,11 @@ def build_parser(prog: str = "launch_server.py") -> argparse.ArgumentParser:
         help="mean answer length when a request does not set ignore_eos (default: the preset's)",
     )
     twin.add_argument(
-        "--sim-gpu-free-gib",
+        "--sim-gpu-gib",
         type=_positive_float,
         default=None,
-        help="override the preset's free GPU memory before weights load (GiB)",
+        help="override the preset's GPU memory (GiB): both what SGLang's defaults see as the "
+        "total and the free memory before the weights load",
     )
     twin.add_argument(
         "--sim-weights-gib",
@@ -246,8 +253,12 @@ def parse_unknown(tokens: list[str]) -> dict[str, Any]:
 
 def _replace_preset_memory(preset: Preset, ns: argparse.Namespace) -> Preset:
     mem = preset.memory
-    if ns.sim_gpu_free_gib is not None:
-        mem = replace(mem, free_before_load_gib=ns.sim_gpu_free_gib)
+    if ns.sim_gpu_gib is not None:
+        mem = replace(
+            mem,
+            free_before_load_gib=ns.sim_gpu_gib,
+            gpu_memory_mib=int(ns.sim_gpu_gib * 1024),
+        )
     if ns.sim_weights_gib is not None:
         mem = replace(mem, weights_gib=ns.sim_weights_gib)
     if ns.sim_other_static_gib is not None:
@@ -283,6 +294,8 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
     if ns.hicache_size < 0:
         parser.error(f"argument --hicache-size: must be >= 0 GB, got {ns.hicache_size}")
     preset = _replace_preset_memory(get_preset(ns.preset), ns)
+    if ns.disable_cuda_graph:
+        preset = replace(preset, memory=replace(preset.memory, graph_gib=0.0))
     model = preset.model
     tp = ns.tp_size if ns.tp_size is not None else preset.tp_size
     dp = ns.dp_size
@@ -318,6 +331,7 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
             graph_bs,
             model.is_mla,
             model.multimodal,
+            cuda_graphs=not ns.disable_cuda_graph,
         )
     page_size = ns.page_size or 1
     context_len = ns.context_length or model.context_length
@@ -383,7 +397,7 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
         "trust_remote_code": ns.trust_remote_code,
         "enable_cache_report": ns.enable_cache_report,
         "random_seed": ns.random_seed if ns.random_seed is not None else ns.seed,
-        "device": "cuda",
+        "device": ns.device,
     }
     return TwinConfig(
         server_args=server_args,

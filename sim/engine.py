@@ -177,6 +177,9 @@ class EngineConfig:
     tp_size: int
     host_oom_on_first_batch: bool = False
     stream_interval: int = 1
+    # SGLang 0.5.23: a running request with ignore_eos reserves all its remaining tokens
+    # ("fixed-length requests cannot benefit from the early-EOS estimate").
+    fixed_length_full_reserve: bool = False
 
 
 class Engine:
@@ -212,6 +215,7 @@ class Engine:
         self.decode_time = 0.0
         self.loaded_back_total = 0
         self.batches = 0
+        self.decode_moments = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
         self._touched_host = False
         self._requests: dict[str, Request] = {}
 
@@ -320,8 +324,14 @@ class Engine:
             return None
         page = self.cfg.page_size
         rem_total = self.free + self.tree.evictable_tokens - page
+        ratio = self.new_token_ratio
+        full = self.cfg.fixed_length_full_reserve
         rem_total -= int(
-            sum(min(r.remaining, CLIP_MAX_NEW_TOKENS) for r in self.running) * self.new_token_ratio
+            sum(
+                min(r.remaining, CLIP_MAX_NEW_TOKENS)
+                * (1.0 if full and r.stop_at is None else ratio)
+                for r in self.running
+            )
         )
         rem_input = self.cfg.max_prefill_tokens
         chunk_budget = self.cfg.chunked_prefill_size if self.cfg.chunked_prefill_size > 0 else None
@@ -499,6 +509,14 @@ class Engine:
         self.now += duration
         self.busy_time += duration
         self.decode_time += duration
+        step_us = duration * 1e6
+        moments = self.decode_moments
+        moments[0] += 1.0
+        moments[1] += bs
+        moments[2] += step_us
+        moments[3] += bs * bs
+        moments[4] += bs * step_us
+        moments[5] += bs
         self.generated_total += bs
         self.num_generated_since_log += bs
         self.forward_ct_decode += 1

@@ -28,6 +28,14 @@ from sim.runtime import Runtime, SimClock
 from sim.server import TwinApp
 
 WARMUP_TEXT = "The capital city of France is"
+TORCH_DTYPES = {
+    "bf16": "torch.bfloat16",
+    "bfloat16": "torch.bfloat16",
+    "fp16": "torch.float16",
+    "float16": "torch.float16",
+    "fp8_e4m3": "torch.float8_e4m3fn",
+    "fp8_e5m2": "torch.float8_e5m2",
+}
 
 
 class _SimFormatter(logging.Formatter):
@@ -115,7 +123,8 @@ async def startup(rt: Runtime) -> None:
         log.line(warning, prefix)
     cap = cfg.capacity
     kv_gb = cap.kv_cache_gib
-    dtype_part = f"dtype: {cfg.kv_dtype}, " if cfg.version.refactored else ""
+    torch_dtype = TORCH_DTYPES.get(cfg.kv_dtype, cfg.kv_dtype)
+    dtype_part = f"dtype: {torch_dtype}, " if cfg.version.refactored else ""
     if cfg.preset.model.is_mla:
         sizes = f"KV size: {kv_gb:.2f} GB"
     else:
@@ -155,24 +164,41 @@ async def startup(rt: Runtime) -> None:
         f"chunked_prefill_size={cfg.chunked_prefill_size}, "
         f"max_prefill_tokens={sa['max_prefill_tokens']}, "
         f"max_running_requests={cfg.max_running_requests}, "
-        f"context_len={cfg.context_len}, available_gpu_mem={hr.activation_gib:.2f} GB",
+        f"context_len={cfg.context_len}, "
+        f"available_{'cpu' if sa['device'] == 'cpu' else 'gpu'}_mem={hr.activation_gib:.2f} GB",
         prefix,
     )
     rt.build_engines()
     rt.startup_time = rt.clock.now()
     rt.startup_available_gib = hr.activation_gib
+    rt.startup_phases = {
+        "load_weight": load_time,
+        "kv_cache_allocation": 0.05,
+        "scheduler_e2e": rt.startup_time,
+        "cuda_graph": {
+            "prefill": 0.0,
+            "decode": graph_time,
+            "target_verify": 0.0,
+            "draft_prefill": 0.0,
+            "draft_decode": 0.0,
+            "draft_extend": 0.0,
+        },
+        "tokenizer_e2e": rt.startup_time,
+    }
     rt.metrics.static = {
         "engine_startup_time": rt.startup_time,
         "engine_load_weights_time": load_time,
         "kv_cache_memory_usage_gb": kv_gb,
         "weight_memory_usage_gb": mem.weights_gib,
-        "graph_memory_usage_gb": mem.graph_gib,
+        "graph_memory_usage_gb": hr.graph_gib,
         "page_size": cfg.page_size,
         "num_pages": cap.max_total_num_tokens // cfg.page_size,
         "context_len": cfg.context_len,
         "startup_available_gpu_memory_gb": hr.activation_gib,
         "max_total_num_tokens": cap.max_total_num_tokens,
-        "max_total_num_tokens_swa": 0,
+    }
+    rt.metrics.startup_phases = {
+        k: float(v) for k, v in rt.startup_phases.items() if isinstance(v, (int, float))
     }
     for rank in range(rt.dp_size):
         rt.metrics.set_static(rank)

@@ -50,7 +50,11 @@ def rank_prefix(tp_size: int, dp_size: int, dp_rank: int = 0) -> str:
     return prefix
 
 
-def prefill_line(v: SGLangVersion, s: PrefillStats) -> str:
+def graph_label(device: str) -> str:
+    return "cpu graph" if device == "cpu" else "cuda graph"
+
+
+def prefill_line(v: SGLangVersion, s: PrefillStats, device: str = "cuda") -> str:
     msg = (
         f"Prefill batch, #new-seq: {s.new_seq}, #new-token: {s.new_tokens}, "
         f"#cached-token: {s.cached_tokens}, token usage: {s.token_usage:.2f}, "
@@ -60,14 +64,15 @@ def prefill_line(v: SGLangVersion, s: PrefillStats) -> str:
         msg += f"#pending-token: {s.pending_tokens}, "
     if v.new_endpoints:
         throughput = s.new_tokens / s.duration if s.duration > 0 else 0.0
-        msg += f"cuda graph: False, input throughput (token/s): {throughput:.2f}"
+        msg += f"{graph_label(device)}: False, input throughput (token/s): {throughput:.2f}"
     return msg
 
 
-def decode_line(v: SGLangVersion, s: DecodeStats) -> str:
+def decode_line(v: SGLangVersion, s: DecodeStats, device: str = "cuda") -> str:
+    graphs = "False" if device == "cpu" else "True"
     msg = (
         f"Decode batch, #running-req: {s.running}, #token: {s.used_tokens}, "
-        f"token usage: {s.token_usage:.2f}, cuda graph: True, "
+        f"token usage: {s.token_usage:.2f}, {graph_label(device)}: {graphs}, "
         f"gen throughput (token/s): {s.gen_throughput:.2f}, #queue-req: {s.queued}"
     )
     return msg if v.new_endpoints else msg + ", "

@@ -60,14 +60,19 @@ def default_mem_fraction_static(
     cuda_graph_max_bs: int,
     is_mla: bool,
     multimodal: bool,
+    cuda_graphs: bool = True,
 ) -> float:
-    """The reserve heuristic that picks `mem_fraction_static` when the operator gives none."""
+    """The reserve heuristic that picks `mem_fraction_static` when the operator gives none.
+
+    From 0.5.23 the CUDA-graph part of the reserve is dropped when graphs are disabled.
+    """
     activation_tokens = max(chunked_prefill_size, 2048)
-    reserve_mib = (
-        512 + activation_tokens * 1.5 + cuda_graph_max_bs * 2 + tp_size * pp_size / 8 * 1024
-    )
+    graph_mib = cuda_graph_max_bs * 2
     if version.refactored:
-        reserve_mib += 1536 if is_mla else 8 * 8  # prefill CUDA graph reserve
+        graph_mib += 1536 if is_mla else 8 * 8  # prefill CUDA graph reserve
+        if not cuda_graphs:
+            graph_mib = 0
+    reserve_mib = 512 + activation_tokens * 1.5 + graph_mib + tp_size * pp_size / 8 * 1024
     if gpu_memory_mib > 60 * 1024:
         reserve_mib = max(reserve_mib, 10240)
     # SGLang lowers the value further for vision-language models (adjust_mem_fraction_for_vlm);
@@ -149,7 +154,8 @@ def plan_capacity(
         cell_size=cell,
         profiled_tokens=profiled,
         max_total_num_tokens=tokens,
-        kv_cache_gib=tokens * cell / GIB,
+        # SGLang's pool holds one page of padding rows on top of its tokens.
+        kv_cache_gib=(tokens + page_size) * cell / GIB,
         warnings=tuple(warnings),
     )
 

@@ -73,13 +73,15 @@ class _Observer:
         self.prefix = rank_prefix(rt.cfg.server_args["tp_size"], rt.dp_size, dp_rank)
 
     def prefill_batch(self, engine: Engine, stats: PrefillStats) -> None:
-        self.rt.log.line(prefill_line(self.rt.cfg.version, stats), self.prefix, engine.now)
+        device = str(self.rt.cfg.server_args["device"])
+        self.rt.log.line(prefill_line(self.rt.cfg.version, stats, device), self.prefix, engine.now)
         self.rt.publish(
             engine, self.dp_rank, gen_throughput=None, cache_hit_rate=engine.last_cache_hit_rate
         )
 
     def decode_log(self, engine: Engine, stats: DecodeStats) -> None:
-        self.rt.log.line(decode_line(self.rt.cfg.version, stats), self.prefix, engine.now)
+        device = str(self.rt.cfg.server_args["device"])
+        self.rt.log.line(decode_line(self.rt.cfg.version, stats, device), self.prefix, engine.now)
         self.rt.publish(
             engine, self.dp_rank, gen_throughput=stats.gen_throughput, cache_hit_rate=None
         )
@@ -106,7 +108,13 @@ class Runtime:
         self.started_at_sim = 0.0
         self.startup_time = 0.0
         self.startup_available_gib = 0.0  # free GPU memory once start-up is done
-        self.metrics = TwinMetrics(cfg.version, str(sa["served_model_name"]), self.dp_size)
+        self.startup_phases: dict[str, Any] = {}
+        self.metrics = TwinMetrics(
+            cfg.version,
+            str(sa["served_model_name"]),
+            self.dp_size,
+            hicache=bool(sa["enable_hierarchical_cache"]),
+        )
         self._deferred: list[tuple[float, int, Pending]] = []
         self._tie = itertools.count()
         self._rr = itertools.count()
@@ -162,6 +170,7 @@ class Runtime:
             tp_size=int(sa["tp_size"]),
             host_oom_on_first_batch=bool(hp and hp.will_oom_host),
             stream_interval=int(sa["stream_interval"]),
+            fixed_length_full_reserve=self.cfg.version.refactored,
         )
         now = self.clock.now()
         self.engines = []
@@ -201,10 +210,9 @@ class Runtime:
             dp_rank,
         )
         engine.last_retracted = 0
-        if tree.hierarchical:
-            self.metrics.hicache(
-                tree.backed_up_total, tree.device_evicted_total, engine.loaded_back_total, dp_rank
-            )
+        self.metrics.cache_movement(
+            tree.backed_up_total, tree.device_evicted_total, engine.loaded_back_total, dp_rank
+        )
 
     # ----------------------------------------------------------------- requests
     def stop_at(self, input_ids: tuple[int, ...], ignore_eos: bool) -> int | None:
@@ -268,10 +276,10 @@ class Runtime:
                 pending.done = True
                 pending.delivered_out = req.out_len
                 self._pending.pop(req.rid, None)
-                self._record_finish(req)
+                self._record_finish(req, pending.dp_rank)
             pending.event.set()
 
-    def _record_finish(self, req: Request) -> None:
+    def _record_finish(self, req: Request, dp_rank: int = 0) -> None:
         assert req.finished_at is not None
         self.metrics.request_finished(
             prompt_tokens=len(req.input_ids),
@@ -283,6 +291,7 @@ class Runtime:
             queue_time=None if req.admitted_at is None else req.admitted_at - req.arrival,
             streaming=req.stream,
             aborted=req.finish_reason == "abort",
+            dp_rank=dp_rank,
         )
 
     # ----------------------------------------------------------------- built-in workload
@@ -307,7 +316,7 @@ class Runtime:
         def done(r: Request, spec: Any = spec, user: int = user) -> None:
             assert self.workload is not None
             self.workload_completed += 1
-            self._record_finish(r)
+            self._record_finish(r, dp_rank)
             self.workload.completed(user, spec, r.output_ids)
             self._workload_next(user)
 

@@ -22,6 +22,14 @@ from sim.runtime import Pending, Runtime
 
 Handler = Callable[[Request], Awaitable[Response]]
 DEFAULT_MAX_NEW_TOKENS = 128
+GRAPH_PHASES = (
+    "prefill",
+    "decode",
+    "target_verify",
+    "draft_prefill",
+    "draft_decode",
+    "draft_extend",
+)
 
 
 class ApiError(Exception):
@@ -141,8 +149,12 @@ class TwinApp:
                 # SGLang reads free GPU memory once start-up is done (the `available_gpu_mem`
                 # of its summary line): what is left after the KV pool and the CUDA graphs.
                 memory_usage["startup_available"] = round(self.rt.startup_available_gib, 3)
-                memory_usage["token_capacity_swa"] = 0
-                memory_usage["graph"] = {"decode": round(mem.graph_gib, 2)}
+                memory_usage["token_capacity_swa"] = None
+                memory_usage["kvcache"] = round(cap.kv_cache_gib, 3)
+                memory_usage["graph"] = {
+                    phase: (round(mem.graph_gib, 3) if phase == "decode" else 0.0)
+                    for phase in GRAPH_PHASES
+                }
             state: dict[str, Any] = {
                 **{
                     k: sa[k]
@@ -174,7 +186,7 @@ class TwinApp:
         out: dict[str, Any] = {**sa, **scheduler_info}
         if self.version.refactored:
             out["launch_command"] = _redacted_command(cfg.launch_command)
-            out["startup_time"] = self.rt.startup_time
+            out["startup_time"] = self.rt.startup_phases
             out["frontend"] = "python"
         out["internal_states"] = states
         out["version"] = str(self.version)
@@ -209,6 +221,7 @@ class TwinApp:
                 reasoning_parser=None,
                 tool_call_parser=None,
                 disaggregation_mode="null",
+                embedding={"family": "none", "task": "none", "enabled": False},
             )
         return JSONResponse(info)
 
@@ -253,14 +266,27 @@ class TwinApp:
         }
         if self.version.refactored:
             load.update(
+                timestamp=time.time(),
                 num_waiting_uncached_tokens=sum(r.seq_len for r in e.waiting),
                 num_total_tokens=e.size - e.free,
                 num_active_tokens=e.used_tokens,
                 num_prealloc_ready_tokens=0,
                 total_prefill_uncached_tokens=e.prefill_computed_total,
                 total_prefill_busy_us=int(e.prefill_time * 1e6),
-                decode_moments=e.forward_ct_decode,
+                # [steps, sum batch, sum step us, sum batch^2, sum batch*us, sum generated]
+                decode_moments=list(e.decode_moments) if e.decode_moments[0] > 0 else None,
+                disaggregation={
+                    "mode": "null",
+                    "prefill_bootstrap_queue_reqs": 0,
+                    "prefill_inflight_queue_reqs": 0,
+                    "decode_prealloc_queue_reqs": 0,
+                    "decode_transfer_queue_reqs": 0,
+                    "decode_retracted_queue_reqs": 0,
+                    "kv_transfer_speed_gb_s": 0.0,
+                    "kv_transfer_latency_ms": 0.0,
+                },
             )
+            include = include | {"memory", "queues"}
         else:
             load["num_total_reqs"] = len(e.running) + len(e.waiting)
         if "memory" in include or "all" in include:

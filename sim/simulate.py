@@ -94,6 +94,7 @@ def engine_config(cfg: TwinConfig) -> EngineConfig:
         tp_size=int(sa["tp_size"]),
         host_oom_on_first_batch=bool(pool and pool.will_oom_host),
         stream_interval=int(sa["stream_interval"]),
+        fixed_length_full_reserve=cfg.version.refactored,
     )
 
 
