@@ -174,6 +174,13 @@ def build_parser(prog: str = "launch_server.py") -> argparse.ArgumentParser:
         help="mean answer length when a request does not set ignore_eos (default: the preset's)",
     )
     twin.add_argument(
+        "--sim-step-time-factor",
+        type=_positive_float,
+        default=1.0,
+        help="multiply every batch's duration (0.9 = 11%% faster hardware); benchmarks of the "
+        "improve-or-revert gate use it to create a known true effect",
+    )
+    twin.add_argument(
         "--sim-gpu-gib",
         type=_positive_float,
         default=None,
@@ -294,6 +301,22 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
     if ns.hicache_size < 0:
         parser.error(f"argument --hicache-size: must be >= 0 GB, got {ns.hicache_size}")
     preset = _replace_preset_memory(get_preset(ns.preset), ns)
+    if ns.sim_step_time_factor != 1.0:
+        f = ns.sim_step_time_factor
+        st = preset.step
+        preset = replace(
+            preset,
+            step=replace(
+                st,
+                decode_base_s=st.decode_base_s * f,
+                mem_bw_bytes_per_s=st.mem_bw_bytes_per_s / f,
+                per_seq_s=st.per_seq_s * f,
+                prefill_base_s=st.prefill_base_s * f,
+                prefill_tokens_per_s=st.prefill_tokens_per_s / f,
+                host_link_bytes_per_s=st.host_link_bytes_per_s / f,
+                hicache_decode_overhead_s=st.hicache_decode_overhead_s * f,
+            ),
+        )
     if ns.disable_cuda_graph:
         preset = replace(preset, memory=replace(preset.memory, graph_gib=0.0))
     model = preset.model
