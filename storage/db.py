@@ -1,0 +1,123 @@
+"""Opening the kvpilot database.
+
+One SQLite file holds everything. It runs in WAL mode so that the bot's readers (status
+commands, reports) never block the experiment engine's writes, with foreign keys on (SQLite
+leaves them off per connection) and a busy timeout so that two bot processes queue for the
+write lock instead of failing at once. Migrations run on every open, so a database written by
+an older kvpilot is upgraded in place; one written by a newer kvpilot is refused, because this
+code cannot know what the newer schema means.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlite_utils import Database
+
+from storage.errors import StorageError
+from storage.migrations import MIGRATIONS, migration_names
+
+BUSY_TIMEOUT_MS = 5000
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def open_db(path: str | Path) -> Database:
+    """Open (creating if needed) the database at ``path`` and bring its schema up to date."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _refuse_foreign_file(path)
+    try:
+        db = Database(path)
+    except sqlite3.DatabaseError as exc:
+        raise StorageError(f"cannot open {path} as a SQLite database: {exc}") from exc
+    try:
+        db.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        db.conn.execute("PRAGMA foreign_keys = ON")
+        db.enable_wal()
+        migrate(db, where=str(path))
+    except StorageError:
+        db.close()
+        raise
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise StorageError(f"cannot use {path} as the kvpilot database: {exc}") from exc
+    return db
+
+
+def memory_db() -> Database:
+    """A private in-memory database with the current schema, for tests and dry runs."""
+    db = Database(memory=True)
+    db.conn.execute("PRAGMA foreign_keys = ON")
+    migrate(db, where=":memory:")
+    return db
+
+
+def migrate(db: Database, *, where: str = "the database") -> None:
+    """Apply pending migrations, refusing a schema newer than this code.
+
+    The whole run holds the write lock (``BEGIN IMMEDIATE``), so two processes opening the same
+    file at once cannot both apply the same migration; sqlite-utils nests each migration in a
+    savepoint inside it.
+    """
+    with write_transaction(db):
+        applied = [m.name for m in MIGRATIONS.applied(db)]
+        known = set(migration_names())
+        unknown = [name for name in applied if name not in known]
+        if unknown:
+            raise StorageError(
+                f"{where} was written by a newer kvpilot: schema migrations "
+                f"{', '.join(unknown)} are unknown to this version. Upgrade kvpilot to open it "
+                "(or point kvpilot at a different database file)."
+            )
+        MIGRATIONS.apply(db)
+
+
+def applied_migrations(db: Database) -> list[str]:
+    """Names of the migrations applied to ``db``, in the order they ran."""
+    return [m.name for m in MIGRATIONS.applied(db)]
+
+
+@contextmanager
+def write_transaction(db: Database) -> Iterator[Database]:
+    """A transaction that takes the write lock up front.
+
+    ``db.atomic()`` starts a deferred transaction. In WAL mode a deferred transaction that reads
+    and then writes fails at once with "database is locked" if another process committed in
+    between, without waiting on the busy timeout. Read-check-write changes (one active
+    experiment per server, legal transitions, leases) therefore start with ``BEGIN IMMEDIATE``,
+    which waits for the lock and then sees the latest data. Nested inside an open transaction
+    this is ``db.atomic()``'s savepoint.
+    """
+    if db.conn.in_transaction:
+        with db.atomic():
+            yield db
+        return
+    db.conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.rollback()
+        raise
+    try:
+        db.conn.execute("COMMIT")
+    except BaseException:
+        db.rollback()
+        raise
+
+
+def _refuse_foreign_file(path: Path) -> None:
+    """Refuse a file that exists but is not SQLite, before SQLite says something vaguer."""
+    if not path.exists() or path.is_dir():
+        if path.is_dir():
+            raise StorageError(f"{path} is a directory; give the path of a database file")
+        return
+    with path.open("rb") as handle:
+        header = handle.read(len(_SQLITE_MAGIC))
+    if header and header != _SQLITE_MAGIC:
+        raise StorageError(
+            f"{path} exists but is not a SQLite database; move it away or point kvpilot at a "
+            "different database file"
+        )

@@ -1,0 +1,191 @@
+"""The schema, as an ordered list of migrations (``sqlite_utils.Migrations``).
+
+A migration, once released, never changes: a database records which ones it has applied by
+name, and a changed migration would not run again. Schema changes are new migrations appended
+at the end. Each migration spells out its SQL instead of importing constants from the rest of
+the package, so that it keeps meaning what it meant when it was written.
+
+Tables are ``STRICT`` so that a wrong type is an error rather than a silently stored string.
+Timestamps are ISO-8601 UTC text (see ``storage._codec``); ``*_json`` columns hold JSON text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlite_utils import Database, Migrations
+
+MIGRATION_SET = "kvpilot"
+MIGRATIONS = Migrations(MIGRATION_SET)
+_NAMES: list[str] = []
+
+
+def migration_names() -> list[str]:
+    """Names of the migrations this code knows, oldest first."""
+    return list(_NAMES)
+
+
+def _migration(fn: Callable[[Database], None]) -> Callable[[Database], None]:
+    _NAMES.append(fn.__name__)
+    return MIGRATIONS()(fn)
+
+
+def _run(db: Database, *statements: str) -> None:
+    # One statement per execute(): executescript() would commit the enclosing transaction,
+    # which would let a half-applied migration be recorded as applied.
+    for statement in statements:
+        db.execute(statement)
+
+
+@_migration
+def m001_servers_configs_audit(db: Database) -> None:
+    """Servers, their launch configuration history, and the append-only audit log."""
+    _run(
+        db,
+        """
+        CREATE TABLE servers (
+            name TEXT PRIMARY KEY,
+            url TEXT NOT NULL,
+            launcher_kind TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        ) STRICT
+        """,
+        """
+        CREATE TABLE launch_configs (
+            id INTEGER PRIMARY KEY,
+            server TEXT NOT NULL,
+            args_json TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('applied', 'last_known_good', 'proposed')),
+            created_at TEXT NOT NULL,
+            note TEXT
+        ) STRICT
+        """,
+        # current and last-known-good are "the newest row of a kind for a server"
+        "CREATE INDEX launch_configs_server_kind ON launch_configs (server, kind, id)",
+        """
+        CREATE TABLE audit_log (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            server TEXT,
+            experiment_id INTEGER,
+            properties_json TEXT NOT NULL
+        ) STRICT
+        """,
+        "CREATE INDEX audit_log_server ON audit_log (server, id)",
+        "CREATE INDEX audit_log_experiment ON audit_log (experiment_id, id)",
+        "CREATE INDEX audit_log_name ON audit_log (name, id)",
+        # The audit log is evidence: SQLite itself refuses to rewrite or delete it.
+        """
+        CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
+        BEGIN
+            SELECT RAISE(ABORT, 'audit_log is append-only: rows cannot be updated');
+        END
+        """,
+        """
+        CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
+        BEGIN
+            SELECT RAISE(ABORT, 'audit_log is append-only: rows cannot be deleted');
+        END
+        """,
+    )
+
+
+@_migration
+def m002_proposals_approvals(db: Database) -> None:
+    """Proposals bound to a plan hash, and the decisions people made on them."""
+    _run(
+        db,
+        """
+        CREATE TABLE proposals (
+            id INTEGER PRIMARY KEY,
+            server TEXT NOT NULL,
+            change_json TEXT NOT NULL,
+            plan_json TEXT NOT NULL,
+            plan_hash TEXT NOT NULL,
+            snapshot_json TEXT NOT NULL,
+            created_by TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL
+        ) STRICT
+        """,
+        "CREATE INDEX proposals_server ON proposals (server, id)",
+        """
+        CREATE TABLE approvals (
+            id INTEGER PRIMARY KEY,
+            proposal_id INTEGER NOT NULL REFERENCES proposals (id),
+            decision TEXT NOT NULL CHECK (decision IN ('approved', 'rejected')),
+            actor TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            plan_hash TEXT NOT NULL
+        ) STRICT
+        """,
+        "CREATE INDEX approvals_proposal ON approvals (proposal_id, id)",
+    )
+
+
+@_migration
+def m003_experiments_samples(db: Database) -> None:
+    """Experiments, their transition history, and the samples measured for them."""
+    _run(
+        db,
+        """
+        CREATE TABLE experiments (
+            id INTEGER PRIMARY KEY,
+            server TEXT NOT NULL,
+            proposal_id INTEGER REFERENCES proposals (id),
+            state TEXT NOT NULL,
+            change_json TEXT NOT NULL,
+            baseline_config_json TEXT NOT NULL,
+            trial_config_json TEXT NOT NULL,
+            settings_json TEXT NOT NULL,
+            result_json TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            step_started_at TEXT NOT NULL,
+            deadline_at TEXT,
+            lease_owner TEXT,
+            lease_expires_at TEXT
+        ) STRICT
+        """,
+        "CREATE INDEX experiments_server ON experiments (server, id)",
+        "CREATE INDEX experiments_state ON experiments (state)",
+        # One active experiment per server, enforced by SQLite even against a writer that
+        # skips the check in storage.experiments. The list is the active states of this
+        # release; a migration that adds a state recreates this index.
+        """
+        CREATE UNIQUE INDEX experiments_one_active_per_server ON experiments (server)
+        WHERE state IN (
+            'proposed', 'approved', 'baseline', 'restarting', 'warming_up', 'trial',
+            'deciding', 'reverting'
+        )
+        """,
+        """
+        CREATE TABLE experiment_transitions (
+            id INTEGER PRIMARY KEY,
+            experiment_id INTEGER NOT NULL REFERENCES experiments (id),
+            from_state TEXT,
+            to_state TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            details_json TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        ) STRICT
+        """,
+        "CREATE INDEX experiment_transitions_experiment"
+        " ON experiment_transitions (experiment_id, id)",
+        """
+        CREATE TABLE samples (
+            id INTEGER PRIMARY KEY,
+            experiment_id INTEGER REFERENCES experiments (id),
+            server TEXT NOT NULL,
+            phase TEXT NOT NULL CHECK (phase IN ('baseline', 'warmup', 'trial', 'monitor')),
+            t REAL NOT NULL,
+            wall_time TEXT NOT NULL,
+            metrics_json TEXT NOT NULL
+        ) STRICT
+        """,
+        "CREATE INDEX samples_experiment ON samples (experiment_id, phase, t)",
+        "CREATE INDEX samples_server ON samples (server, t)",
+    )
