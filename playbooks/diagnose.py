@@ -686,3 +686,55 @@ def _title(change: dict[str, Any]) -> str:
             text = str(v)
         parts.append(f"{k}={text}")
     return ", ".join(parts)
+
+
+def judge_change(
+    info: ServerInfo, change: dict[str, Any], settings: DiagnoseSettings = DiagnoseSettings()
+) -> Option:
+    """Safety verdict for one change without a measurement window (for experiments).
+
+    Uses the same capacity and host checks as `evaluate`; the usefulness parts see a neutral,
+    unmeasured server, so only `unsafe` and the predicted capacity are meaningful here.
+    """
+    gpu, _ = resolve_gpu_memory(info, settings)
+    fraction = info.mem_fraction_static or 0.85
+    cap = build_model(
+        mem_fraction_static=fraction,
+        max_total_num_tokens=info.max_total_num_tokens,
+        kvcache_gb=info.memory.kvcache_gb,
+        token_capacity=info.memory.token_capacity,
+        weights_gb=info.memory.weight_gb,
+        graph_gb=info.memory.graph_gb,
+        gpu=gpu,
+        page_size=int(info.arg("page_size") or 1),
+        max_total_tokens_cap=info.arg("max_total_tokens"),
+        kv_dtype=str(info.arg("kv_cache_dtype") or "auto"),
+        fallback_bytes_per_token=None,
+    )
+    host = settings.host.memory() if settings.host is not None else None
+    neutral = Measurement(
+        window_s=0.0,
+        batch_s=0.0,
+        batches=0,
+        lag1=0.0,
+        stop_reason="not measured",
+        source="metrics",
+        generation=None,
+        effective=None,
+        prompt_tokens_per_s=None,
+        requests_per_s=None,
+        completed_requests=None,
+        avg_prompt_tokens=None,
+        avg_output_tokens=None,
+        running=1.0,
+        queued=1.0,
+        queued_max=1.0,
+        queue_nonempty_fraction=1.0,
+        token_usage=0.9,
+        cache_hit_rate=None,
+        cached_fraction=None,
+        retractions=None,
+        retractions_seen_in_gauge=0,
+    )
+    ctx = Context(info, neutral, cap, host, ranks_on_host(info), parse_version(info.version))
+    return evaluate(change, ctx, "kv_cache", considered=True)

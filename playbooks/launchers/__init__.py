@@ -1,0 +1,1 @@
+"""Launchers start, stop and reconfigure SGLang servers behind one interface."""

@@ -1,0 +1,247 @@
+"""The `process` launcher: kvpilot owns the SGLang process on this host.
+
+The command comes from configuration as an argument list, for example
+`["python", "-m", "sglang.launch_server", "--model-path", ..., "--port", "30000"]`, and is
+executed without a shell. The server runs in its own session, so it outlives a crash of the bot;
+its PID, arguments and log path are kept in a small state file, which a restarted bot uses to find
+(adopt) the server again. Readiness is `/health` answering 200; a start fails when the process
+exits first or the deadline passes. Why a server went down is read from its exit status and
+SGLang's own log lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from playbooks.clock import Clock, WallClock
+from playbooks.launchers.base import LaunchError, ServerState
+
+# SGLang's own words, most specific first, and what they mean for an operator.
+FAILURE_PATTERNS: list[tuple[str, str]] = [
+    (
+        "Not enough host memory available",
+        "the hierarchical cache's host pool does not fit in host RAM",
+    ),
+    ("No host memory is left for HiCache", "no host RAM is left for the hierarchical cache"),
+    (
+        "Not enough memory. Please try to increase --mem-fraction-static",
+        "the weights leave no GPU memory for the KV cache: mem_fraction_static is too low",
+    ),
+    (
+        "Loaded weights leave no GPU memory for the KV cache",
+        "the weights leave no GPU memory for the KV cache: mem_fraction_static is too low",
+    ),
+    (
+        "CUDA out of memory",
+        "GPU out of memory (activations or CUDA graphs did not fit: "
+        "mem_fraction_static too high for this load)",
+    ),
+    ("OutOfMemoryError", "GPU out of memory"),
+    ("Address already in use", "the port is already in use"),
+    ("address already in use", "the port is already in use"),
+]
+READY_LINE = "The server is fired up and ready to roll!"
+
+
+def classify_exit(code: int | None, log_tail: str) -> str:
+    for needle, meaning in FAILURE_PATTERNS:
+        if needle in log_tail:
+            return meaning
+    if code == -signal.SIGKILL or code == 128 + signal.SIGKILL:
+        if (
+            "Received sigquit from a child process" in log_tail
+            or "Scheduler hit an exception" in log_tail
+        ):
+            return "a scheduler process failed (see the log)"
+        return (
+            "killed by SIGKILL with no error of its own: most likely the kernel's OOM killer "
+            "(host RAM overcommitted, e.g. by the hierarchical cache's pinned host pool)"
+        )
+    if code is None:
+        return "not running"
+    return f"exited with status {code}"
+
+
+@dataclass
+class ProcessSpec:
+    name: str
+    command: list[str]  # the full argument vector: executable part + SGLang server arguments
+    url: str
+    state_dir: Path
+    ready_timeout_s: float = 1800.0  # on the clock: a large model takes many minutes to load
+    stop_timeout_s: float = 30.0  # wall seconds for SIGTERM before SIGKILL
+    env: dict[str, str] | None = None
+
+    def split(self) -> tuple[list[str], list[str]]:
+        """(executable part, server arguments): the arguments start at the first `--flag`."""
+        for i, tok in enumerate(self.command):
+            if tok.startswith("--"):
+                return self.command[:i], self.command[i:]
+        return list(self.command), []
+
+
+class ProcessLauncher:
+    kind = "process"
+
+    def __init__(self, spec: ProcessSpec, clock: Clock | None = None) -> None:
+        self.spec = spec
+        self.clock = clock or WallClock()
+        self.spec.state_dir.mkdir(parents=True, exist_ok=True)
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # ----------------------------------------------------------------- state file
+    @property
+    def _state_path(self) -> Path:
+        return self.spec.state_dir / f"{self.spec.name}.process.json"
+
+    def _read_state(self) -> dict[str, object]:
+        try:
+            data = json.loads(self._state_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _write_state(self, data: dict[str, object]) -> None:
+        tmp = self._state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self._state_path)
+
+    def log_path(self) -> Path | None:
+        value = self._read_state().get("log")
+        return Path(str(value)) if value else None
+
+    def log_tail(self, chars: int = 6000) -> str:
+        path = self.log_path()
+        if path is None or not path.exists():
+            return ""
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - chars))
+            return f.read().decode(errors="replace")
+
+    # ----------------------------------------------------------------- interface
+    def current_args(self) -> list[str]:
+        args = self._read_state().get("args")
+        if isinstance(args, list):
+            return [str(a) for a in args]
+        return self.spec.split()[1]
+
+    def _pid(self) -> int | None:
+        pid = self._read_state().get("pid")
+        return pid if isinstance(pid, int) else None
+
+    def _alive(self, pid: int | None) -> bool:
+        if pid is None:
+            return False
+        if self._proc is not None and self._proc.pid == pid:
+            return self._proc.poll() is None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # A zombie of ours (not reaped yet) is not alive.
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if stat.split(")")[-1].split()[0] == "Z":
+                return False
+        return True
+
+    def _exit_code(self) -> int | None:
+        if self._proc is not None:
+            return self._proc.poll()
+        code = self._read_state().get("exit_code")
+        return code if isinstance(code, int) else None
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(self.spec.url.rstrip("/") + "/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def state(self) -> ServerState:
+        pid = self._pid()
+        alive = self._alive(pid)
+        if alive:
+            ready = self.healthy()
+            return ServerState(True, ready, pid, None, "" if ready else "starting or not ready")
+        code = self._exit_code()
+        return ServerState(False, False, pid, code, classify_exit(code, self.log_tail()))
+
+    def start(self, args: list[str]) -> None:
+        exe, _ = self.spec.split()
+        log = self.spec.state_dir / f"{self.spec.name}-{int(time.time() * 1000)}.log"
+        env = {**os.environ, **(self.spec.env or {})}
+        with log.open("wb") as out:
+            self._proc = subprocess.Popen(
+                [*exe, *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        self._write_state(
+            {"pid": self._proc.pid, "args": args, "log": str(log), "started_at": time.time()}
+        )
+
+    def wait_ready(self) -> None:
+        deadline = self.clock.now() + self.spec.ready_timeout_s
+        pid = self._pid()
+        while True:
+            if not self._alive(pid):
+                code = self._exit_code()
+                tail = self.log_tail()
+                raise LaunchError(
+                    f"the server exited before it was ready: {classify_exit(code, tail)}", tail
+                )
+            if self.healthy():
+                return
+            if self.clock.now() > deadline:
+                tail = self.log_tail()
+                self.stop()
+                raise LaunchError(
+                    f"the server was not ready after {self.spec.ready_timeout_s:g} s", tail
+                )
+            self.clock.sleep(min(5.0, self.spec.ready_timeout_s / 100))
+
+    def apply(self, args: list[str]) -> None:
+        self.stop()
+        self.start(args)
+        self.wait_ready()
+
+    def stop(self) -> None:
+        pid = self._pid()
+        if pid is None or not self._alive(pid):
+            self._reap()
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.spec.stop_timeout_s
+        while self._alive(pid) and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.05)
+        if self._alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            while self._alive(pid):
+                self._reap()
+                time.sleep(0.02)
+        self._reap()
+
+    def _reap(self) -> None:
+        if self._proc is not None and self._proc.poll() is not None:
+            state = self._read_state()
+            state["exit_code"] = self._proc.returncode
+            self._write_state(state)
