@@ -34,6 +34,7 @@ from playbooks.gate import (
     GateSettings,
     batch_means,
     decide,
+    log_ratio,
     warmup_cut,
 )
 from playbooks.stats import t_quantile
@@ -153,11 +154,8 @@ def fixed_window(
     means = batch_means(body, body[0].t + cut, gate.batch_s, lambda s: s.gen_throughput)
     if len(means) < 2:
         return "revert"
-    mb, mt = statistics.fmean(base_means), statistics.fmean(means)
-    num = sum((x / mb - 1) ** 2 for x in base_means) + sum((x / mt - 1) ** 2 for x in means)
-    df = len(base_means) + len(means) - 2
-    se = math.sqrt(num / df * (1 / len(means) + 1 / len(base_means)))
-    d = math.log(mt / mb)
+    d, var, df, _ = log_ratio(base_means, means, settings)
+    se = math.sqrt(var)
     low = d - t_quantile(1 - settings.alpha / 2, df) * se
     return "keep" if low > 0 and math.expm1(d) >= settings.min_effect else "revert"
 
@@ -169,6 +167,7 @@ class Outcome:
     verdict: str
     time_s: float
     fixed: dict[float, str]
+    rule: str
 
 
 def gate_over_time(
@@ -193,7 +192,7 @@ def one_seed(seed: int) -> list[Outcome]:
         trial = run_window(factor, clients, 10_000 + 10 * seed + i, settings.max_trial_s)
         decision, when = gate_over_time(baseline, trial, settings)
         fixed = {w: fixed_window(baseline, trial, settings, w) for w in FIXED_WINDOWS_S}
-        out.append(Outcome(name, decision.action, decision.verdict, when, fixed))
+        out.append(Outcome(name, decision.action, decision.verdict, when, fixed, decision.rule))
     return out
 
 
@@ -208,7 +207,7 @@ def wrong(effect: float | None, action: str, settings: GateSettings) -> bool | N
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gate")
-    p.add_argument("--runs", type=int, default=100, help="experiments per scenario")
+    p.add_argument("--runs", type=int, default=60, help="experiments per scenario")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
     ns = p.parse_args(argv)
@@ -280,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{chosen / 60:g} | {ratio:.0%} |"
         )
     lines.append("")
+    guards = sorted(
+        {o.rule.split("(")[0].strip() for rs in by.values() for o in rs if o.verdict == "guardrail"}
+    )
+    for g_rule in guards:
+        lines.append(f"- guardrail seen: {g_rule}")
     targets = [
         ("wrong keeps <= 5% at 0%", (rate(by["0%"], 0.0, "gate") or 0) <= 0.05),
         ("wrong keeps <= 5% at -10%", (rate(by["-10%"], -0.1, "gate") or 0) <= 0.05),

@@ -21,13 +21,18 @@ Statistical design (see the reference notes on gate statistics, §3):
   and a ceiling (at most half the series).
 * **Batch means:** the baseline's series is cut into `batch_s` batches, doubled while their lag-1
   autocorrelation exceeds `max_lag1`; the trial uses the same batch length.
-* **Sequential test:** an asymptotic confidence sequence (normal-mixture boundary, Howard et al.
-  2021 / Waudby-Smith et al.) on d = log(trial mean / baseline mean), with the variance of d from
-  the pooled coefficient of variation of the batch means (t-corrected for few batches). It is valid
-  under continuous monitoring, so the gate may look after every new trial batch. Keep when the
-  interval is wholly above 0 *and* the estimate is at least `min_effect`; revert when the interval
-  is wholly below `min_effect`; at the cap (`max_trial_s`) an unresolved test is "inconclusive",
-  which reverts.
+* **Sequential test:** d = log(trial mean / baseline mean) of the batch means, with variance
+  cv^2 (1/k + 1/n_b) from the pooled per-batch CV of both windows, scaled for the batch means'
+  residual lag-1 autocorrelation and t-corrected for few batches. In information time
+  (I = 1/var) d*I is a Brownian motion even though the baseline is shared by every look, so a
+  Wald SPRT of "no gain" (theta = 0) against the planning effect (+10%) is valid when the gate
+  looks after every trial batch: keep when the log-likelihood ratio crosses ln((1-beta)/alpha)
+  *and* the estimate is at least `min_effect`; revert when it crosses ln(beta/(1-alpha)), or when
+  the anytime interval — a normal-mixture confidence sequence (Howard et al. 2021), also the
+  interval reported — lies wholly below `min_effect`. The SPRT is truncated at `max_trial_s`:
+  an unresolved test is "inconclusive", which reverts. The SPRT rather than the confidence
+  sequence decides because at the planning effect it needs about a third of the confidence
+  sequence's information (a CS pays ~4 standard errors for validity against every effect size).
 * **Guardrails** (revert regardless of throughput): error rate, retractions per minute, TTFT p95,
   completed-token rate. **Validity checks:** offered concurrency (running + queued) or the request
   mix (prompt and output tokens per completed request) differing between the windows ("drifted"),
@@ -41,6 +46,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from statistics import NormalDist
 from typing import Literal
 
@@ -74,6 +80,7 @@ class GateSettings:
     planning_effect: float = 0.10  # planning only: the gain the trial is sized to detect
     batch_s: float = 30.0
     max_lag1: float = 0.3
+    min_lag1_adjust: float = -1 / 3  # most negative lag-1 credited (halves the variance)
     min_batches: int = 4  # trial batches before any decision
     min_baseline_batches: int = 4
     max_trial_s: float = 1800.0  # cap on the trial, warm-up included
@@ -101,6 +108,7 @@ class GateSettings:
             (self.planning_effect > self.min_effect, "planning_effect must exceed min_effect"),
             (self.batch_s > 0, "batch_s must be positive"),
             (0 < self.max_lag1 < 1, "max_lag1 must be in (0, 1)"),
+            (-1 < self.min_lag1_adjust <= 0, "min_lag1_adjust must be in (-1, 0]"),
             (self.min_batches >= 2, "min_batches must be at least 2"),
             (self.min_baseline_batches >= 2, "min_baseline_batches must be at least 2"),
             (
@@ -347,6 +355,37 @@ def _baseline(samples: Sequence[GateSample], settings: GateSettings) -> _Baselin
     return _Baseline(means, batch_s, _facts(samples, t0), _lifetime_s(samples))
 
 
+def log_ratio(
+    baseline_means: list[float], trial_means: list[float], settings: GateSettings
+) -> tuple[float, float, int, float]:
+    """d = log(trial / baseline) of batch means: (d, its variance, df, per-batch CV^2).
+
+    The variance uses the pooled CV of both windows' batch means, scaled by (1 + rho)/(1 - rho)
+    for their residual lag-1 autocorrelation rho (pooled, clipped to [min_lag1_adjust, max_lag1]):
+    oscillating series (retraction cycles) have rho < 0 and a mean far steadier than i.i.d.
+    batches suggest; clipping means a noisy rho can at most halve the variance.
+    """
+    cv2, df = _pooled_cv2(baseline_means, trial_means)
+    rho = _pooled_lag1(baseline_means, trial_means)
+    rho = min(max(rho, settings.min_lag1_adjust), settings.max_lag1)
+    cv2 *= (1 + rho) / (1 - rho)
+    var = cv2 * (1 / len(trial_means) + 1 / len(baseline_means))
+    d = math.log(statistics.fmean(trial_means) / statistics.fmean(baseline_means))
+    return d, var, df, cv2
+
+
+def _pooled_lag1(a: list[float], b: list[float]) -> float:
+    """Lag-1 autocorrelation of two sets of batch means, each about its own mean."""
+    num = den = 0.0
+    for xs in (a, b):
+        if len(xs) >= 3:
+            m = statistics.fmean(xs)
+            dev = [x / m - 1 for x in xs]
+            den += sum(x * x for x in dev)
+            num += sum(dev[i] * dev[i + 1] for i in range(len(dev) - 1))
+    return num / den if den > 0 else 0.0
+
+
 def _pooled_cv2(a: list[float], b: list[float]) -> tuple[float, int]:
     """Pooled squared coefficient of variation of two sets of batch means, and its df."""
     num = 0.0
@@ -385,7 +424,7 @@ def decide(
     base_iv = _interval(base.means, 1 - settings.alpha)
     elapsed = trial[-1].t - trial[0].t if len(trial) >= 2 else 0.0
     # The trial starts at the restart, one scrape interval before the first sample.
-    spacing = statistics.median(b.t - a.t for a, b in zip(trial, trial[1:])) if elapsed else 0.0
+    spacing = statistics.median(b.t - a.t for a, b in pairwise(trial)) if elapsed else 0.0
     at_cap = elapsed + spacing >= settings.max_trial_s - 1e-9
 
     def pending(rule: str, batches: int = 0, cut: float = 0.0) -> GateDecision:
@@ -433,10 +472,8 @@ def decide(
     saturation = _saturation(bf, tf, settings)
 
     # d = log(trial / baseline): its variance from the pooled CV of the batch means.
-    cv2, df = _pooled_cv2(base.means, means)
+    d, var, df, cv2 = log_ratio(base.means, means, settings)
     n_b = len(base.means)
-    var = cv2 * (1 / k + 1 / n_b)
-    d = math.log(trial_iv.mean / base_iv.mean)
     info = 1 / var
     # Small-sample correction: shrink the information by (z / t)^2 for the estimated variance.
     a = settings.alpha
@@ -463,36 +500,66 @@ def decide(
     )
     if guard:
         return GateDecision(
-            "revert", "guardrail", *common[:2], effect, guard[0], k, base.batch_s, cut,
+            "revert",
+            "guardrail",
+            *common[:2],
+            effect,
+            guard[0],
+            k,
+            base.batch_s,
+            cut,
             [*reasons, *guard, f"decode-rate change {e_txt}"],
         )
     if drift:
         return GateDecision(
             "revert" if settings.revert_inconclusive else "keep",
-            "drifted", *common[:2], effect,
+            "drifted",
+            *common[:2],
+            effect,
             "the load changed between the windows, so the comparison is not valid: " + drift[0],
-            k, base.batch_s, cut, [*reasons, *drift, f"decode-rate change {e_txt}"],
+            k,
+            base.batch_s,
+            cut,
+            [*reasons, *drift, f"decode-rate change {e_txt}"],
         )
     if saturation:
         return GateDecision(
             "revert" if settings.revert_inconclusive else "keep",
-            "inconclusive", *common[:2], effect,
+            "inconclusive",
+            *common[:2],
+            effect,
             "throughput cannot show an effect: " + saturation[0],
-            k, base.batch_s, cut, [*reasons, *saturation, f"decode-rate change {e_txt}"],
+            k,
+            base.batch_s,
+            cut,
+            [*reasons, *saturation, f"decode-rate change {e_txt}"],
         )
     reasons = [*reasons, f"decode-rate change {e_txt}", s_txt]
     if llr >= upper_b and effect.mean >= settings.min_effect:
         blocked = _effective_check(bf, tf, settings)
         if blocked:
             return GateDecision(
-                "revert", "guardrail", *common[:2], effect, blocked, k, base.batch_s, cut,
+                "revert",
+                "guardrail",
+                *common[:2],
+                effect,
+                blocked,
+                k,
+                base.batch_s,
+                cut,
                 [*reasons, blocked],
             )
         return GateDecision(
-            "keep", "improved", *common[:2], effect,
+            "keep",
+            "improved",
+            *common[:2],
+            effect,
             f"the decode rate rose significantly (sequential test) and by at least "
             f"{settings.min_effect:.0%}: {e_txt}",
-            k, base.batch_s, cut, reasons,
+            k,
+            base.batch_s,
+            cut,
+            reasons,
         )
     if llr <= lower_b or high < math.log1p(settings.min_effect):
         why = (
@@ -502,8 +569,15 @@ def decide(
             "confidence"
         )
         return GateDecision(
-            "revert", "not_improved", *common[:2], effect, f"{why}: {e_txt}",
-            k, base.batch_s, cut, reasons,
+            "revert",
+            "not_improved",
+            *common[:2],
+            effect,
+            f"{why}: {e_txt}",
+            k,
+            base.batch_s,
+            cut,
+            reasons,
         )
     if at_cap:
         return _inconclusive(
@@ -603,12 +677,16 @@ def _drift(bf: _WindowFacts, tf: _WindowFacts, s: GateSettings) -> list[str]:
             ("output", bf.output_per_request, tf.output_per_request),
         ):
             change = _ratio_change(a, b)
-            if change is not None and a is not None and b is not None:
-                if abs(change) > s.drift_mix_limit:
-                    out.append(
-                        f"{what} tokens per completed request went from {a:.0f} to {b:.0f} "
-                        f"({change:+.0%}; limit ±{s.drift_mix_limit:.0%})"
-                    )
+            if (
+                change is not None
+                and a is not None
+                and b is not None
+                and abs(change) > s.drift_mix_limit
+            ):
+                out.append(
+                    f"{what} tokens per completed request went from {a:.0f} to {b:.0f} "
+                    f"({change:+.0%}; limit ±{s.drift_mix_limit:.0%})"
+                )
     return out
 
 
@@ -673,9 +751,7 @@ def plan_trial(
         )
     if fixed is None:
         notes.append("the baseline alone is too noisy for a fixed-window test at these rates")
-    detectable = math.expm1(
-        (z_a + z_b) * math.sqrt(cv2 * (1 / cap_batches + 1 / nb))
-    )
+    detectable = math.expm1((z_a + z_b) * math.sqrt(cv2 * (1 / cap_batches + 1 / nb)))
     exp_b = min(expected or cap_batches, cap_batches)
     return TrialPlan(
         batch_s=s.batch_s,
