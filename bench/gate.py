@@ -51,7 +51,7 @@ WARM_S = 600.0
 BASELINE_S = 1200.0
 SAMPLE_S = 5.0
 LOOK_S = 30.0
-FIXED_WINDOWS_S = [600.0, 900.0, 1200.0, 1500.0, 1800.0]
+FIXED_WINDOWS_S = [450.0, 600.0, 900.0, 1200.0, 1500.0, 1800.0]
 
 # name, throughput effect (None: drift), step-time factor, trial clients
 SCENARIOS: list[tuple[str, float | None, float, int]] = [

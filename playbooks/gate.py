@@ -81,7 +81,7 @@ class GateSettings:
     batch_s: float = 30.0
     max_lag1: float = 0.3
     min_lag1_adjust: float = -1 / 3  # most negative lag-1 credited (halves the variance)
-    min_batches: int = 4  # trial batches before any decision
+    min_batches: int = 3  # trial batches before any decision (the baseline adds the df)
     min_baseline_batches: int = 4
     max_trial_s: float = 1800.0  # cap on the trial, warm-up included
     warmup_floor_s: float = 60.0
@@ -90,9 +90,10 @@ class GateSettings:
     mser_group: int = 5
     # guardrails
     error_rate_limit: float = 0.01  # errors per completed request, trial minus baseline
-    retractions_per_min_limit: float = 10.0
+    retractions_per_min_limit: float = 5.0  # trips only above this and ...
+    retractions_factor: float = 2.0  # ... above this multiple of the baseline's rate
     ttft_p95_factor: float = 1.5
-    effective_drop_limit: float = 0.15  # completed-token rate fall that blocks a keep
+    effective_drop_limit: float = 0.25  # completed-token rate fall that blocks a keep
     min_requests_for_rates: int = 30
     # validity
     drift_load_limit: float = 0.20  # relative change of mean running + queued
@@ -110,6 +111,7 @@ class GateSettings:
             (0 < self.max_lag1 < 1, "max_lag1 must be in (0, 1)"),
             (-1 < self.min_lag1_adjust <= 0, "min_lag1_adjust must be in (-1, 0]"),
             (self.min_batches >= 2, "min_batches must be at least 2"),
+            (self.retractions_factor >= 1, "retractions_factor must be >= 1"),
             (self.min_baseline_batches >= 2, "min_baseline_batches must be at least 2"),
             (
                 self.max_trial_s >= self.warmup_floor_s + self.min_batches * self.batch_s,
@@ -624,11 +626,16 @@ def _guardrails(bf: _WindowFacts, tf: _WindowFacts, s: GateSettings) -> list[str
                 f"the error rate rose from {bf.errors_per_request:.2%} to "
                 f"{tf.errors_per_request:.2%} of requests (limit +{s.error_rate_limit:.2%})"
             )
-    if tf.retractions_per_min is not None and tf.retractions_per_min > s.retractions_per_min_limit:
-        out.append(
-            f"{tf.retractions_per_min:.1f} retractions per minute after the warm-up "
-            f"(limit {s.retractions_per_min_limit:g})"
-        )
+    if tf.retractions_per_min is not None:
+        limit = s.retractions_per_min_limit
+        if bf.retractions_per_min is not None:
+            limit = max(limit, s.retractions_factor * bf.retractions_per_min)
+        if tf.retractions_per_min > limit:
+            out.append(
+                f"{tf.retractions_per_min:.1f} retractions per minute after the warm-up "
+                f"(limit {limit:.1f}: {s.retractions_per_min_limit:g} or "
+                f"{s.retractions_factor:g}x the baseline's, whichever is higher)"
+            )
     if (
         bf.ttft_p95_s is not None
         and tf.ttft_p95_s is not None
