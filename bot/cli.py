@@ -119,6 +119,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure on a clock K times faster than the wall clock (only for an "
         "SGLang twin started with --time-scale K)",
     )
+    e = sub.add_parser("experiment", help="apply one change, measure it, keep it or revert it")
+    e.add_argument(
+        "--config", default=None, help="kvpilot.toml (default: $KVPILOT_CONFIG or ./kvpilot.toml)"
+    )
+    e.add_argument("--server", required=True, help="a server name from the configuration")
+    e.add_argument(
+        "--set",
+        action="append",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the SGLang server arguments to change",
+    )
+    e.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    e.add_argument(
+        "--force", action="store_true", help="run a change that the safety checks call unsafe"
+    )
+    e.add_argument("--json", action="store_true", help="print the finished experiment as JSON")
+    ex = sub.add_parser("experiments", help="read the experiment history")
+    ex_sub = ex.add_subparsers(dest="action", metavar="ACTION")
+    ls = ex_sub.add_parser("list", help="recent experiments")
+    ls.add_argument("--config", default=None)
+    ls.add_argument("--server", default=None)
+    ls.add_argument("--json", action="store_true")
+    show = ex_sub.add_parser("show", help="one experiment with its transitions and audit trail")
+    show.add_argument("id", type=int)
+    show.add_argument("--config", default=None)
+    show.add_argument("--json", action="store_true")
+    r = sub.add_parser("resume", help="finish or revert experiments a crash left unfinished")
+    r.add_argument("--config", default=None)
+    srv = sub.add_parser("server", help="start, stop or inspect a server kvpilot launches")
+    srv.add_argument("action", choices=["start", "stop", "status"])
+    srv.add_argument("--server", required=True)
+    srv.add_argument("--config", default=None)
     return parser
 
 
@@ -174,6 +208,10 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = 
     ns = parser.parse_args(argv)
     if ns.command == "diagnose":
         return cmd_diagnose(ns, out, err)
+    if ns.command in ("experiment", "experiments", "resume", "server"):
+        from bot import experiments_cli  # noqa: PLC0415 - keeps `diagnose` free of storage
+
+        return experiments_cli.dispatch(ns, out, err, sys.stdin)
     parser.print_help(err)
     return 2
 

@@ -20,7 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from playbooks.gate import GateSettings
+
 DEFAULT_PATH = "kvpilot.toml"
+GATE_KEYS = (
+    "min_effect",
+    "baseline_s",
+    "warmup_s",
+    "max_trial_s",
+    "batch_s",
+    "scrape_s",
+    "warmup_floor_s",
+)
 
 
 class ConfigError(Exception):
@@ -43,6 +54,7 @@ class GateConfig:
     max_trial_s: float = 1800.0
     batch_s: float = 30.0
     scrape_s: float = 5.0
+    warmup_floor_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -116,12 +128,18 @@ def _gate(table: Any, where: str, base: GateConfig) -> GateConfig:
         return base
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: expected a table")
-    _check_keys(
-        table, {"min_effect", "baseline_s", "warmup_s", "max_trial_s", "batch_s", "scrape_s"}, where
-    )
+    _check_keys(table, set(GATE_KEYS), where)
     values = {
-        k: _num(table, k, where, getattr(base, k), positive=k != "warmup_s")
-        for k in ("min_effect", "baseline_s", "warmup_s", "max_trial_s", "batch_s", "scrape_s")
+        k: _num(table, k, where, getattr(base, k), positive=k not in ("warmup_s", "warmup_floor_s"))
+        for k in (
+            "min_effect",
+            "baseline_s",
+            "warmup_s",
+            "max_trial_s",
+            "batch_s",
+            "scrape_s",
+            "warmup_floor_s",
+        )
     }
     gate = GateConfig(**{k: float(v) for k, v in values.items() if v is not None})
     if gate.min_effect >= 1:
@@ -132,6 +150,15 @@ def _gate(table: Any, where: str, base: GateConfig) -> GateConfig:
         raise ConfigError(
             f"{where}.batch_s: must hold at least two scrapes ({2 * gate.scrape_s:g} s)"
         )
+    try:
+        GateSettings(
+            min_effect=gate.min_effect,
+            batch_s=gate.batch_s,
+            max_trial_s=gate.max_trial_s,
+            warmup_floor_s=gate.warmup_floor_s,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     return gate
 
 

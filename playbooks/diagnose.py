@@ -469,11 +469,14 @@ def evaluate(
                 )
             else:
                 verdicts.append("recommended" if cap.gpu.exact else "possible")
+                fit = ""
+                if ctx.m.avg_prompt_tokens is not None:
+                    fit = (
+                        f"; ~{requests_that_fit(ctx, tokens) or 0:.0f} requests of the "
+                        "observed size fit"
+                    )
                 reasons.append(
-                    f"capacity {current:,} -> {tokens:,} tokens "
-                    f"(+{tokens / current - 1:.0%}); ~"
-                    f"{requests_that_fit(ctx, tokens) or 0:.0f} requests of the "
-                    "observed size fit"
+                    f"capacity {current:,} -> {tokens:,} tokens (+{tokens / current - 1:.0%}){fit}"
                 )
                 if not cap.gpu.exact:
                     reasons.append("GPU memory was estimated, so the prediction is approximate")

@@ -1,0 +1,509 @@
+"""One change, measured honestly: the experiment state machine, advanced one step at a time.
+
+    proposed -> approved -> baseline -> restarting -> warming_up -> trial -> deciding -> kept
+                 any measuring or restarting state, or deciding -> reverting -> reverted | failed
+
+Each `step()` reads the persisted row, does the work of its state and records the transition
+(storage keeps the row, the transition and an audit event together), so a bot that is killed
+anywhere resumes from the database. What the gate decides is a pure function (`playbooks.gate`);
+this module only gathers samples, restarts servers and records.
+
+Safety rules:
+- nothing changes a server before the experiment is `approved`, and approval is recorded;
+- the trial configuration differs from the baseline only by allow-listed server arguments;
+- a server that fails to start, dies under load, or stops answering is reverted to the
+  last-known-good configuration; if even that fails the experiment ends `failed` for a person;
+- a bot restart during restarting, warming-up or trial reverts (the measurement was cut);
+- abort at any time reverts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlite_utils import Database
+
+from playbooks import gate as gate_mod
+from playbooks.clock import Clock
+from playbooks.launchers.base import Launcher, LaunchError, with_change
+from playbooks.sources.sglang import SGLangClient, SGLangError
+from storage import audit, servers
+from storage import experiments as store
+from storage import samples as sample_store
+from storage.experiments import TERMINAL, State
+
+MEASURING = {State.baseline, State.warming_up, State.trial}
+INTERRUPTED_ON_RESUME = {State.restarting, State.warming_up, State.trial}
+
+
+def args_of(config: dict[str, Any]) -> list[str]:
+    args = config.get("args", [])
+    return [str(a) for a in args] if isinstance(args, list) else []
+
+
+@dataclass(frozen=True)
+class GatePlan:
+    min_effect: float = 0.03
+    baseline_s: float = 600.0
+    warmup_s: float = 0.0  # extra settling before the trial; the gate's MSER rule cuts warm-up
+    max_trial_s: float = 1800.0
+    batch_s: float = 30.0
+    scrape_s: float = 5.0
+    warmup_floor_s: float = 60.0
+
+    def gate_settings(self) -> gate_mod.GateSettings:
+        return gate_mod.GateSettings(
+            min_effect=self.min_effect,
+            batch_s=self.batch_s,
+            max_trial_s=self.max_trial_s,
+            warmup_floor_s=self.warmup_floor_s,
+        )
+
+
+@dataclass
+class Deps:
+    db: Database
+    server: str
+    client: SGLangClient
+    launcher: Launcher
+    clock: Clock
+    plan: GatePlan
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    on_progress: Callable[[str], None] | None = None
+
+    def say(self, message: str) -> None:
+        if self.on_progress is not None:
+            self.on_progress(message)
+
+
+class ServerDown(Exception):
+    pass
+
+
+def create(
+    deps: Deps, change: dict[str, Any], *, actor: str, approved_by: str | None, reason: str
+) -> int:
+    """Record the plan (proposed) and, when someone approved it, the approval."""
+    baseline = deps.launcher.current_args()
+    trial = with_change(baseline, change)
+    servers.register_server(
+        deps.db, deps.server, deps.client.base_url, deps.launcher.kind, actor=actor, now=deps.now()
+    )
+    if (
+        servers.last_known_good(deps.db, deps.server) is None
+        or servers.current_config(deps.db, deps.server) is None
+    ):
+        config_id = servers.record_applied_config(
+            deps.db,
+            deps.server,
+            {"args": baseline},
+            actor=actor,
+            now=deps.now(),
+            note="configuration found running",
+        )
+        servers.mark_last_known_good(deps.db, config_id, now=deps.now())
+    exp_id = store.create_experiment(
+        deps.db,
+        server=deps.server,
+        change=change,
+        baseline_config={"args": baseline},
+        trial_config={"args": trial},
+        settings=vars(deps.plan),
+        actor=actor,
+        now=deps.now(),
+    )
+    if approved_by is not None:
+        store.transition(
+            deps.db, exp_id, State.approved, actor=approved_by, reason=reason, now=deps.now()
+        )
+    return exp_id
+
+
+def abort(deps: Deps, exp_id: int, *, actor: str, reason: str) -> None:
+    row = store.get_experiment(deps.db, exp_id)
+    if row.state in TERMINAL:
+        return
+    if row.state in (State.proposed, State.approved, State.baseline):
+        store.transition(
+            deps.db, exp_id, State.cancelled, actor=actor, reason=reason, now=deps.now()
+        )
+    else:
+        store.transition(
+            deps.db, exp_id, State.reverting, actor=actor, reason=reason, now=deps.now()
+        )
+
+
+def resume_policy(deps: Deps, exp_id: int, *, actor: str) -> None:
+    """After a bot restart: continue where it is safe, revert where a measurement was cut."""
+    row = store.get_experiment(deps.db, exp_id)
+    audit.record(
+        deps.db, audit.BotResumed(actor=actor, created=deps.now(), active_experiment_ids=[exp_id])
+    )
+    if row.state in INTERRUPTED_ON_RESUME:
+        store.transition(
+            deps.db,
+            exp_id,
+            State.reverting,
+            actor=actor,
+            reason=f"kvpilot restarted while the experiment was in {row.state}: the measurement "
+            "was interrupted, so the change is reverted to the last-known-good "
+            "configuration",
+            now=deps.now(),
+        )
+    elif row.state == State.baseline:
+        store.transition(
+            deps.db,
+            exp_id,
+            State.cancelled,
+            actor=actor,
+            reason="kvpilot restarted during the baseline measurement; nothing had been changed, "
+            "so the experiment is cancelled (run it again)",
+            now=deps.now(),
+        )
+
+
+def run(deps: Deps, exp_id: int) -> store.ExperimentRow:
+    while True:
+        row = store.get_experiment(deps.db, exp_id)
+        if row.state in TERMINAL or row.state == State.proposed:
+            return row
+        step(deps, row)
+
+
+def _fault_pause(state: State) -> None:
+    """Fault injection for crash tests: stop dead before handling `state` until killed.
+
+    Set KVPILOT_FAULT_PAUSE_BEFORE=<state> (and optionally KVPILOT_FAULT_MARKER=<file>, touched
+    when the pause begins). Never set in production.
+    """
+    if os.environ.get("KVPILOT_FAULT_PAUSE_BEFORE") != str(state):
+        return
+    marker = os.environ.get("KVPILOT_FAULT_MARKER")
+    if marker:
+        Path(marker).touch()
+    while True:
+        time.sleep(3600)
+
+
+def step(deps: Deps, row: store.ExperimentRow) -> None:
+    _fault_pause(row.state)
+    handler = {
+        State.approved: _approved,
+        State.baseline: _baseline,
+        State.restarting: _restarting,
+        State.warming_up: _warming_up,
+        State.trial: _trial,
+        State.deciding: _deciding,
+        State.reverting: _reverting,
+    }[row.state]
+    handler(deps, row)
+
+
+def _move(
+    deps: Deps,
+    row: store.ExperimentRow,
+    to: State,
+    reason: str,
+    details: dict[str, Any] | None = None,
+) -> None:
+    deps.say(f"{row.state} -> {to}: {reason}")
+    store.transition(
+        deps.db, row.id, to, actor="kvpilot", reason=reason, details=details, now=deps.now()
+    )
+
+
+# ----------------------------------------------------------------------------- states
+def _approved(deps: Deps, row: store.ExperimentRow) -> None:
+    state = deps.launcher.state()
+    if not state.ready:
+        _move(
+            deps,
+            row,
+            State.cancelled,
+            f"the server is not healthy before the change ({state.reason}): nothing changed",
+        )
+        return
+    _move(
+        deps,
+        row,
+        State.baseline,
+        f"measuring the current configuration for {deps.plan.baseline_s:g} s",
+    )
+
+
+def _baseline(deps: Deps, row: store.ExperimentRow) -> None:
+    try:
+        _collect(deps, row.id, "baseline", deps.plan.baseline_s)
+    except ServerDown as exc:
+        _move(deps, row, State.reverting, f"the server went down during the baseline: {exc}")
+        return
+    _move(deps, row, State.restarting, "baseline measured; restarting with the change")
+
+
+def _restarting(deps: Deps, row: store.ExperimentRow) -> None:
+    audit.record(
+        deps.db,
+        audit.RestartStarted(
+            actor="kvpilot",
+            created=deps.now(),
+            server=deps.server,
+            experiment_id=row.id,
+            args=row.trial_config,
+        ),
+    )
+    started = deps.clock.now()
+    try:
+        deps.launcher.apply(args_of(row.trial_config))
+    except LaunchError as exc:
+        audit.record(
+            deps.db,
+            audit.RestartFinished(
+                actor="kvpilot",
+                created=deps.now(),
+                server=deps.server,
+                experiment_id=row.id,
+                ok=False,
+                duration_s=deps.clock.now() - started,
+                error=exc.reason,
+            ),
+        )
+        _move(
+            deps,
+            row,
+            State.reverting,
+            f"the changed server did not start: {exc.reason}",
+            {"log_tail": exc.log_tail[-2000:]},
+        )
+        return
+    took = deps.clock.now() - started
+    audit.record(
+        deps.db,
+        audit.RestartFinished(
+            actor="kvpilot",
+            created=deps.now(),
+            server=deps.server,
+            experiment_id=row.id,
+            ok=True,
+            duration_s=took,
+        ),
+    )
+    _move(
+        deps,
+        row,
+        State.warming_up,
+        f"ready after {took:.0f} s; warming up for {deps.plan.warmup_s:g} s",
+    )
+
+
+def _warming_up(deps: Deps, row: store.ExperimentRow) -> None:
+    try:
+        _collect(deps, row.id, "warmup", deps.plan.warmup_s)
+    except ServerDown as exc:
+        _move(deps, row, State.reverting, f"the changed server died while warming up: {exc}")
+        return
+    _move(deps, row, State.trial, "warm-up over; measuring the change")
+
+
+def _trial(deps: Deps, row: store.ExperimentRow) -> None:
+    plan = deps.plan
+    baseline = _gate_samples(deps, row.id, "baseline")
+    settings = plan.gate_settings()
+    elapsed = 0.0
+    decision: gate_mod.GateDecision | None = None
+    while True:
+        try:
+            _collect(deps, row.id, "trial", plan.batch_s)
+        except ServerDown as exc:
+            _move(deps, row, State.reverting, f"the changed server died under load: {exc}")
+            return
+        elapsed += plan.batch_s
+        trial = _gate_samples(deps, row.id, "trial")
+        decision = gate_mod.decide(baseline, trial, settings)
+        deps.say(f"trial {elapsed:.0f} s: {decision.rule}")
+        if decision.action != "continue":
+            break
+    result = gate_result(decision)
+    store.set_result(deps.db, row.id, result, now=deps.now())
+    audit.record(
+        deps.db,
+        audit.VerdictReached(
+            actor="kvpilot",
+            created=deps.now(),
+            server=deps.server,
+            experiment_id=row.id,
+            verdict=decision.verdict,
+            summary=decision.rule,
+            evidence=result,
+        ),
+    )
+    _move(deps, row, State.deciding, decision.rule, {"verdict": decision.verdict})
+
+
+def _deciding(deps: Deps, row: store.ExperimentRow) -> None:
+    result = row.result or {}
+    if result.get("action") == "keep":
+        config_id = servers.record_applied_config(
+            deps.db,
+            deps.server,
+            row.trial_config,
+            actor="kvpilot",
+            now=deps.now(),
+            note=f"kept by experiment {row.id}",
+            experiment_id=row.id,
+        )
+        servers.mark_last_known_good(
+            deps.db, config_id, now=deps.now(), note=f"kept by experiment {row.id}"
+        )
+        _move(deps, row, State.kept, str(result.get("rule", "the gate kept the change")))
+        return
+    _move(deps, row, State.reverting, str(result.get("rule", "the gate reverted the change")))
+
+
+def _reverting(deps: Deps, row: store.ExperimentRow) -> None:
+    target = args_of(row.baseline_config)
+    state = deps.launcher.state()
+    if state.ready and deps.launcher.current_args() == target:
+        _move(
+            deps, row, State.reverted, "the server already runs the last-known-good configuration"
+        )
+        return
+    try:
+        deps.launcher.apply(target)
+    except LaunchError as exc:
+        audit.record(
+            deps.db,
+            audit.RevertExecuted(
+                actor="kvpilot",
+                created=deps.now(),
+                server=deps.server,
+                experiment_id=row.id,
+                ok=False,
+                error=exc.reason,
+            ),
+        )
+        _move(
+            deps,
+            row,
+            State.failed,
+            f"the revert failed: {exc.reason}; a person must restore the server",
+            {"log_tail": exc.log_tail[-2000:]},
+        )
+        return
+    audit.record(
+        deps.db,
+        audit.RevertExecuted(
+            actor="kvpilot", created=deps.now(), server=deps.server, experiment_id=row.id, ok=True
+        ),
+    )
+    servers.record_applied_config(
+        deps.db,
+        deps.server,
+        row.baseline_config,
+        actor="kvpilot",
+        now=deps.now(),
+        note=f"reverted by experiment {row.id}",
+        experiment_id=row.id,
+    )
+    _move(deps, row, State.reverted, "back on the last-known-good configuration")
+
+
+# ----------------------------------------------------------------------------- sampling
+def _collect(deps: Deps, exp_id: int, phase: sample_store.Phase, seconds: float) -> None:
+    """Scrape every `scrape_s` for `seconds`, storing samples; raise ServerDown if it dies."""
+    end = deps.clock.now() + seconds
+    rows: list[sample_store.Sample] = []
+    while deps.clock.now() < end:
+        state = deps.launcher.state()
+        if not state.running:
+            sample_store.add_samples(deps.db, rows)
+            raise ServerDown(state.reason)
+        try:
+            metrics = deps.client.metrics()
+        except SGLangError as exc:
+            if not deps.launcher.state().running:
+                sample_store.add_samples(deps.db, rows)
+                raise ServerDown(deps.launcher.state().reason) from exc
+            deps.clock.sleep(deps.plan.scrape_s)
+            continue
+        rows.append(
+            sample_store.Sample(
+                server=deps.server,
+                phase=phase,
+                t=deps.clock.now(),
+                wall_time=deps.now(),
+                metrics={k: v for k, v in metrics.samples.items() if _keep_metric(k)},
+                experiment_id=exp_id,
+            )
+        )
+        deps.clock.sleep(deps.plan.scrape_s)
+    sample_store.add_samples(deps.db, rows)
+
+
+KEPT_METRICS = (
+    "sglang:gen_throughput",
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:token_usage",
+    "sglang:generation_tokens_total",
+    "sglang:prompt_tokens_total",
+    "sglang:num_requests_total",
+    "sglang:num_aborted_requests_total",
+    "sglang:num_retracted_requests_total",
+    "sglang:cache_hit_rate",
+)
+
+
+def _keep_metric(name: str) -> bool:
+    return name in KEPT_METRICS
+
+
+def _gate_samples(deps: Deps, exp_id: int, phase: sample_store.Phase) -> list[gate_mod.GateSample]:
+    out = []
+    for s in sample_store.samples_for(deps.db, exp_id, phase):
+        m = s.metrics
+        out.append(
+            gate_mod.GateSample(
+                t=float(s.t),
+                gen_throughput=m.get("sglang:gen_throughput"),
+                generation_tokens_total=m.get("sglang:generation_tokens_total"),
+                prompt_tokens_total=m.get("sglang:prompt_tokens_total"),
+                num_requests_total=m.get("sglang:num_requests_total"),
+                running=float(m.get("sglang:num_running_reqs") or 0.0),
+                queued=float(m.get("sglang:num_queue_reqs") or 0.0),
+                errors_total=m.get("sglang:num_aborted_requests_total"),
+                retractions_total=m.get("sglang:num_retracted_requests_total"),
+            )
+        )
+    return out
+
+
+def gate_result(decision: gate_mod.GateDecision) -> dict[str, Any]:
+    def est(x: Any) -> dict[str, Any] | None:
+        if x is None:
+            return None
+        low, high = getattr(x, "low", None), getattr(x, "high", None)
+        return {
+            "mean": round(float(x.mean), 4),
+            "ci95": None
+            if low is None or high is None or not math.isfinite(low) or not math.isfinite(high)
+            else [round(float(low), 4), round(float(high), 4)],
+        }
+
+    return {
+        "action": decision.action,
+        "verdict": decision.verdict,
+        "rule": decision.rule,
+        "baseline": est(decision.baseline),
+        "trial": est(decision.trial),
+        "effect": est(decision.effect),
+        "batches": decision.batches,
+        "warmup_cut_s": decision.warmup_cut_s,
+        "reasons": list(decision.reasons),
+    }

@@ -1,0 +1,200 @@
+"""Experiments end to end on the twin: keep, revert, die-and-revert, and bot crashes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bot.cli import main
+from storage import audit
+from storage import experiments as store
+from storage.db import open_db
+from tests.twin_process import REPO, free_port
+
+SCALE = 200
+
+
+@dataclass
+class Workspace:
+    config: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def info(self) -> dict[str, Any]:
+        return dict(httpx.get(self.url + "/server_info", timeout=10).json())
+
+    def cli(self, *args: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        code = main(
+            [*args[:1], *args[1:], "--config", str(self.config)]
+            if args[0] != "experiments"
+            else [*args, "--config", str(self.config)],
+            out=out,
+            err=err,
+        )
+        return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Iterator[Workspace]:
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "sim.launch_server",
+        "--preset",
+        "kimi-k2.5-rtxpro6000-tp8",
+        "--port",
+        str(port),
+        "--mem-fraction-static",
+        "0.85",
+        "--enable-metrics",
+        "--time-scale",
+        str(SCALE),
+        "--workload",
+        "incident",
+        "--concurrency",
+        "150",
+    ]
+    config = tmp_path / "kvpilot.toml"
+    config.write_text(
+        f"[kvpilot]\ntime_scale = {SCALE}\n\n[gate]\nscrape_s = 10\nbatch_s = 60\n\n"
+        f'[servers.incident]\nurl = "http://127.0.0.1:{port}"\n'
+        "gpu_memory_gib = 95.59\nhost_ram_gib = 256\n"
+        '[servers.incident.launcher]\nkind = "process"\n'
+        f"command = {json.dumps(command)}\n"
+    )
+    w = Workspace(config, port)
+    code, _, err = w.cli("server", "start", "--server", "incident")
+    assert code == 0, err
+    try:
+        yield w
+    finally:
+        w.cli("server", "stop", "--server", "incident")
+
+
+def experiment(
+    ws: Workspace, *sets: str, extra: tuple[str, ...] = ()
+) -> tuple[int, dict[str, Any], str]:
+    code, out, err = ws.cli(
+        "experiment", "--server", "incident", "--set", *sets, "--yes", "--json", *extra
+    )
+    return code, (json.loads(out) if out.strip() else {}), err
+
+
+def test_raising_the_fraction_is_kept(ws: Workspace) -> None:
+    code, result, err = experiment(ws, "mem_fraction_static=0.88")
+    assert code == 0, err
+    assert result["state"] == "kept", (result["rule"], result["reason"])
+    assert result["effect"]["mean"] > 0.05
+    assert result["baseline"]["ci95"] and result["trial"]["ci95"] and result["effect"]["ci95"]
+    assert ws.info()["mem_fraction_static"] == 0.88
+    code, out, _ = ws.cli("experiments", "list")
+    assert code == 0 and "kept" in out
+    code, out, _ = ws.cli("experiments", "show", str(result["id"]), "--json")
+    shown = json.loads(out)
+    assert [e["name"] for e in shown["audit"]].count("restart_started") == 1
+
+
+def test_harmful_host_cache_is_reverted(ws: Workspace) -> None:
+    code, result, err = experiment(ws, "enable_hierarchical_cache=true")
+    assert code == 0, err
+    assert result["state"] == "reverted", result
+    info = ws.info()
+    assert info["enable_hierarchical_cache"] is False and info["mem_fraction_static"] == 0.85
+
+
+def test_unsafe_fraction_is_refused_then_dies_and_is_reverted_with_force(ws: Workspace) -> None:
+    code, result, err = experiment(ws, "mem_fraction_static=0.93")
+    assert code == 2 and "unsafe" in err and "--force" in err and result == {}
+    code, result, err = experiment(ws, "mem_fraction_static=0.93", extra=("--force",))
+    assert code == 0, err
+    assert result["state"] == "reverted"
+    assert "GPU out of memory" in " ".join(t["reason"] for t in result["transitions"])
+    assert ws.info()["mem_fraction_static"] == 0.85
+
+
+def test_bad_input_is_refused(ws: Workspace) -> None:
+    code, _, err = ws.cli("experiment", "--server", "nope", "--set", "mem_fraction_static=0.9")
+    assert code == 2 and "unknown server 'nope'" in err
+    code, _, err = ws.cli("experiment", "--server", "incident", "--set", "tp_size=4", "--yes")
+    assert code == 2 and "not a server argument kvpilot can change" in err
+    code, _, err = ws.cli("experiment", "--server", "incident", "--set", "mem_fraction_static=0.9")
+    assert code == 2 and "--yes" in err  # no terminal to confirm on
+
+
+# --------------------------------------------------------------------------- crash tests
+EXPECTED = {
+    # paused before handling: (change, terminal state after `kvpilot resume`, fraction after)
+    "approved": ("mem_fraction_static=0.88", "kept", 0.88),
+    "baseline": ("mem_fraction_static=0.88", "cancelled", 0.85),
+    "restarting": ("mem_fraction_static=0.88", "reverted", 0.85),
+    "warming_up": ("mem_fraction_static=0.88", "reverted", 0.85),
+    "trial": ("mem_fraction_static=0.88", "reverted", 0.85),
+    "deciding": ("mem_fraction_static=0.88", "kept", 0.88),
+    "reverting": ("enable_hierarchical_cache=true", "reverted", 0.85),
+}
+
+
+@pytest.mark.parametrize("state", sorted(EXPECTED))
+def test_bot_killed_in_each_state_recovers(ws: Workspace, tmp_path: Path, state: str) -> None:
+    change, final, fraction = EXPECTED[state]
+    marker = tmp_path / "paused"
+    env = {**os.environ, "KVPILOT_FAULT_PAUSE_BEFORE": state, "KVPILOT_FAULT_MARKER": str(marker)}
+    bot = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bot.cli",
+            "experiment",
+            "--server",
+            "incident",
+            "--set",
+            change,
+            "--yes",
+            "--config",
+            str(ws.config),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 90
+    while not marker.exists():
+        assert bot.poll() is None, bot.stderr.read().decode() if bot.stderr else ""
+        assert time.monotonic() < deadline, "the bot never reached the state"
+        time.sleep(0.05)
+    bot.send_signal(signal.SIGKILL)
+    bot.wait(timeout=10)
+    db = open_db(ws.config.parent / "var" / "kvpilot.db")
+    (row,) = store.list_experiments(db)
+    assert str(row.state) == state  # the crash left it there
+    code, _out, err = ws.cli("resume")
+    assert code == 0, err
+    row = store.get_experiment(db, row.id)
+    assert str(row.state) == final, (state, row.state, err)
+    assert ws.info()["mem_fraction_static"] == fraction
+    names = [e["name"] for e in audit.events(db, experiment_id=row.id)]
+    moves = [(str(t.from_state), str(t.to_state)) for t in store.transitions(db, row.id)]
+    assert moves[-1][1] == final
+    if state not in ("approved", "deciding", "baseline", "reverting"):
+        assert ("reverting", "reverted") in moves
+    resumed = audit.events(db, name="bot_resumed")
+    assert resumed and row.id in resumed[-1]["properties"]["active_experiment_ids"]
+    assert names[0] == "experiment_created"
