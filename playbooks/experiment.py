@@ -438,7 +438,10 @@ def _collect(deps: Deps, exp_id: int, phase: sample_store.Phase, seconds: float)
                 phase=phase,
                 t=deps.clock.now(),
                 wall_time=deps.now(),
-                metrics={k: v for k, v in metrics.samples.items() if _keep_metric(k)},
+                metrics={
+                    **{k: v for k, v in metrics.samples.items() if _keep_metric(k)},
+                    "ttft_buckets": [[le, n] for le, n in sorted(metrics.ttft_buckets.items())],
+                },
                 experiment_id=exp_id,
             )
         )
@@ -464,10 +467,29 @@ def _keep_metric(name: str) -> bool:
     return name in KEPT_METRICS
 
 
+def bucket_quantile(before: Any, after: Any, q: float) -> float | None:
+    """Quantile of the observations between two cumulative histogram scrapes (bucket bound)."""
+    if not isinstance(after, list):
+        return None
+    prev = {float(le): float(n) for le, n in before} if isinstance(before, list) else {}
+    deltas = [(float(le), float(n) - prev.get(float(le), 0.0)) for le, n in after]
+    deltas.sort()
+    total = deltas[-1][1] if deltas else 0.0
+    if total <= 0:
+        return None
+    for le, cum in deltas:
+        if cum >= q * total:
+            return None if math.isinf(le) else le
+    return None
+
+
 def _gate_samples(deps: Deps, exp_id: int, phase: sample_store.Phase) -> list[gate_mod.GateSample]:
     out = []
-    for s in sample_store.samples_for(deps.db, exp_id, phase):
+    stored = sample_store.samples_for(deps.db, exp_id, phase)
+    per_batch = max(1, int(deps.plan.batch_s / deps.plan.scrape_s))
+    for i, s in enumerate(stored):
         m = s.metrics
+        earlier = stored[i - per_batch].metrics.get("ttft_buckets") if i >= per_batch else None
         out.append(
             gate_mod.GateSample(
                 t=float(s.t),
@@ -479,6 +501,9 @@ def _gate_samples(deps: Deps, exp_id: int, phase: sample_store.Phase) -> list[ga
                 queued=float(m.get("sglang:num_queue_reqs") or 0.0),
                 errors_total=m.get("sglang:num_aborted_requests_total"),
                 retractions_total=m.get("sglang:num_retracted_requests_total"),
+                ttft_p95_s=None
+                if earlier is None
+                else bucket_quantile(earlier, m.get("ttft_buckets"), 0.95),
             )
         )
     return out

@@ -122,6 +122,7 @@ class Metrics:
     samples: dict[str, float]
     counts: dict[str, int]
     families: frozenset[str]
+    ttft_buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
 
     def get(self, name: str) -> float | None:
         """The sum over label sets: right for counters and for per-rank amounts."""
@@ -337,6 +338,7 @@ def parse_metrics(text: str) -> Metrics:
     samples: dict[str, float] = {}
     counts: dict[str, int] = {}
     families: set[str] = set()
+    ttft: dict[float, float] = {}
     try:
         parsed = list(text_string_to_metric_families(text))
     except ValueError as exc:
@@ -346,13 +348,16 @@ def parse_metrics(text: str) -> Metrics:
             continue
         families.add(family.name)
         for sample in family.samples:
+            if sample.name == "sglang:time_to_first_token_seconds_bucket":
+                le = float(sample.labels["le"])
+                ttft[le] = ttft.get(le, 0.0) + sample.value
             if sample.name.endswith("_created") or "le" in sample.labels:
                 continue
             if math.isnan(sample.value):
                 continue
             samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
             counts[sample.name] = counts.get(sample.name, 0) + 1
-    return Metrics(samples, counts, frozenset(families))
+    return Metrics(samples, counts, frozenset(families), ttft)
 
 
 def _int(value: Any) -> int | None:

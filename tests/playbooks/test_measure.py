@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from playbooks.clock import ManualClock
+from playbooks.experiment import bucket_quantile
 from playbooks.measure import MeasurementError, MeasurePlan, measure
 from playbooks.sources.sglang import SGLangClient
 from playbooks.stats import lag1_autocorrelation, mean_interval, t_quantile
@@ -128,3 +129,12 @@ def test_statistics_helpers() -> None:
     assert lag1_autocorrelation(ar) > 0.9
     rng = random.Random(3)
     assert abs(lag1_autocorrelation([rng.random() for _ in range(400)])) < 0.15
+
+
+def test_ttft_quantile_from_histogram_deltas() -> None:
+    before = [[0.1, 10], [1.0, 20], [10.0, 20], [float("inf"), 20]]
+    after = [[0.1, 10], [1.0, 30], [10.0, 110], [float("inf"), 110]]
+    # 90 new observations: 10 at <= 1 s, 80 at <= 10 s
+    assert bucket_quantile(before, after, 0.95) == 10.0
+    assert bucket_quantile(before, after, 0.05) == 1.0
+    assert bucket_quantile(after, after, 0.95) is None
