@@ -50,11 +50,13 @@ def test_environment_variable_and_default_path(
         ("[servers.a]\nurl = 'localhost:1'\n", "servers.a.url: expected http://HOST:PORT"),
         ("[servers.a]\nurl = 'http://x'\nport = 3\n", "servers.a: unknown key(s) port"),
         (
-            "[servers.a]\nurl = 'http://x'\n[servers.a.launcher]\nkind = 'docker'\ncommand = ['x']\n",
+            "[servers.a]\nurl = 'http://x'\n[servers.a.launcher]\nkind = 'docker'\n"
+            "command = ['x']\n",
             "is not a known launcher",
         ),
         (
-            "[servers.a]\nurl = 'http://x'\n[servers.a.launcher]\nkind = 'process'\ncommand = 'x'\n",
+            "[servers.a]\nurl = 'http://x'\n[servers.a.launcher]\nkind = 'process'\n"
+            "command = 'x'\n",
             "expected a list of strings",
         ),
         ("[gate]\nmin_effect = 'big'\n", "gate.min_effect: expected a number"),
