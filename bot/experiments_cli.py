@@ -178,6 +178,10 @@ def summarise(db: Database, row: store.ExperimentRow) -> dict[str, Any]:
             }
             for m in moves
         ],
+        "took_s": round((moves[-1].created_at - moves[0].created_at).total_seconds(), 1)
+        if moves
+        else None,
+        "trial_s": result.get("trial_s"),
         "baseline_config": row.baseline_config,
         "trial_config": row.trial_config,
     }
@@ -206,6 +210,7 @@ def render_summary(s: dict[str, Any]) -> str:
         f"  trial     {_interval(s['trial'])}",
         f"  effect    {_interval(s['effect'], pct=True)}",
         f"  why       {s['reason']}",
+        f"  took      {s['took_s']} s wall (trial {s['trial_s']} s on the bot's clock)",
     ]
     return "\n".join(lines) + "\n"
 

@@ -330,6 +330,8 @@ def _trial(deps: Deps, row: store.ExperimentRow) -> None:
         if decision.action != "continue":
             break
     result = gate_result(decision)
+    result["trial_s"] = elapsed
+    result["baseline_s"] = plan.baseline_s
     store.set_result(deps.db, row.id, result, now=deps.now())
     audit.record(
         deps.db,
