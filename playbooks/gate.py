@@ -90,8 +90,9 @@ class GateSettings:
     mser_group: int = 5
     # guardrails
     error_rate_limit: float = 0.01  # errors per completed request, trial minus baseline
-    retractions_per_min_limit: float = 5.0  # trips only above this and ...
-    retractions_factor: float = 2.0  # ... above this multiple of the baseline's rate
+    retractions_per_min_limit: float = 15.0  # trips only above this and ...
+    retractions_factor: float = 3.0  # ... above this multiple of the baseline's rate (a cold
+    # start retracts more than a warm server: many requests grow in step)
     ttft_p95_factor: float = 1.5
     effective_drop_limit: float = 0.25  # completed-token rate fall that blocks a keep
     min_requests_for_rates: int = 30
