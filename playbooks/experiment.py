@@ -503,8 +503,11 @@ def _gate_samples(deps: Deps, exp_id: int, phase: sample_store.Phase) -> list[ga
                 queued=float(m.get("sglang:num_queue_reqs") or 0.0),
                 errors_total=m.get("sglang:num_aborted_requests_total"),
                 retractions_total=m.get("sglang:num_retracted_requests_total"),
+                # With requests queued, TTFT measures the client backlog (inflated right after a
+                # restart by the requests that piled up during it), not the configuration, so the
+                # TTFT guardrail only reads samples taken with an empty queue.
                 ttft_p95_s=None
-                if earlier is None
+                if earlier is None or (m.get("sglang:num_queue_reqs") or 0) > 0
                 else bucket_quantile(earlier, m.get("ttft_buckets"), 0.95),
             )
         )
