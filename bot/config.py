@@ -131,15 +131,7 @@ def _gate(table: Any, where: str, base: GateConfig) -> GateConfig:
     _check_keys(table, set(GATE_KEYS), where)
     values = {
         k: _num(table, k, where, getattr(base, k), positive=k not in ("warmup_s", "warmup_floor_s"))
-        for k in (
-            "min_effect",
-            "baseline_s",
-            "warmup_s",
-            "max_trial_s",
-            "batch_s",
-            "scrape_s",
-            "warmup_floor_s",
-        )
+        for k in GATE_KEYS
     }
     gate = GateConfig(**{k: float(v) for k, v in values.items() if v is not None})
     if gate.min_effect >= 1:

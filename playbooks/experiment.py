@@ -238,13 +238,34 @@ def _approved(deps: Deps, row: store.ExperimentRow) -> None:
     )
 
 
-def _baseline(deps: Deps, row: store.ExperimentRow) -> None:
+def _measure_then(
+    deps: Deps,
+    row: store.ExperimentRow,
+    phase: sample_store.Phase,
+    seconds: float,
+    next_state: State,
+    done: str,
+    died: str,
+) -> None:
+    """Measure one phase; move on, or revert if the server goes down meanwhile."""
     try:
-        _collect(deps, row.id, "baseline", deps.plan.baseline_s)
+        _collect(deps, row.id, phase, seconds)
     except ServerDown as exc:
-        _move(deps, row, State.reverting, f"the server went down during the baseline: {exc}")
+        _move(deps, row, State.reverting, f"{died}: {exc}")
         return
-    _move(deps, row, State.restarting, "baseline measured; restarting with the change")
+    _move(deps, row, next_state, done)
+
+
+def _baseline(deps: Deps, row: store.ExperimentRow) -> None:
+    _measure_then(
+        deps,
+        row,
+        "baseline",
+        deps.plan.baseline_s,
+        State.restarting,
+        "baseline measured; restarting with the change",
+        "the server went down during the baseline",
+    )
 
 
 def _restarting(deps: Deps, row: store.ExperimentRow) -> None:
@@ -303,12 +324,15 @@ def _restarting(deps: Deps, row: store.ExperimentRow) -> None:
 
 
 def _warming_up(deps: Deps, row: store.ExperimentRow) -> None:
-    try:
-        _collect(deps, row.id, "warmup", deps.plan.warmup_s)
-    except ServerDown as exc:
-        _move(deps, row, State.reverting, f"the changed server died while warming up: {exc}")
-        return
-    _move(deps, row, State.trial, "warm-up over; measuring the change")
+    _measure_then(
+        deps,
+        row,
+        "warmup",
+        deps.plan.warmup_s,
+        State.trial,
+        "warm-up over; measuring the change",
+        "the changed server died while warming up",
+    )
 
 
 def _trial(deps: Deps, row: store.ExperimentRow) -> None:
