@@ -142,6 +142,11 @@ def _gate(table: Any, where: str, base: GateConfig) -> GateConfig:
         raise ConfigError(
             f"{where}.batch_s: must hold at least two scrapes ({2 * gate.scrape_s:g} s)"
         )
+    if gate.baseline_s < 6 * gate.batch_s:
+        raise ConfigError(
+            f"{where}.baseline_s: needs at least six batches ({6 * gate.batch_s:g} s) so that "
+            "the baseline's noise can be estimated"
+        )
     try:
         GateSettings(
             min_effect=gate.min_effect,

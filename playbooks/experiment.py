@@ -349,7 +349,16 @@ def _trial(deps: Deps, row: store.ExperimentRow) -> None:
             return
         elapsed += plan.batch_s
         trial = _gate_samples(deps, row.id, "trial")
-        decision = gate_mod.decide(baseline, trial, settings)
+        try:
+            decision = gate_mod.decide(baseline, trial, settings)
+        except ValueError as exc:
+            _move(
+                deps,
+                row,
+                State.reverting,
+                f"the gate cannot judge this experiment ({exc}); reverting to be safe",
+            )
+            return
         deps.say(f"trial {elapsed:.0f} s: {decision.rule}")
         if decision.action != "continue":
             break

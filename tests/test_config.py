@@ -81,3 +81,8 @@ def test_missing_file_and_unknown_server(tmp_path: Path) -> None:
         load(str(tmp_path / "nope.toml"))
     with pytest.raises(ConfigError, match="unknown server 'other'"):
         load(write(tmp_path, MINIMAL)).server("other")
+
+
+def test_baseline_must_hold_six_batches(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="baseline_s: needs at least six batches"):
+        load(write(tmp_path, "[gate]\nbaseline_s = 60\nbatch_s = 30\n"))

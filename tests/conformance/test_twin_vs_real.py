@@ -190,8 +190,8 @@ def capped() -> Iterator[Pair]:
     ):
         real_samples: list[dict[str, Any]] = []
         twin_samples: list[dict[str, Any]] = []
-        asyncio.run(_load(real.url, 25, real_samples))
-        asyncio.run(_load(twin.url, 25, twin_samples))
+        asyncio.run(_load(real.url, 15, real_samples))
+        asyncio.run(_load(twin.url, 15, twin_samples))
         yield Pair(real, twin, real_samples, twin_samples)
 
 
