@@ -48,7 +48,7 @@ def test_real_server_change_is_measured_and_reverted(tmp_path: Path) -> None:
     config = tmp_path / "kvpilot.toml"
     config.write_text(
         "[gate]\nbaseline_s = 30\nbatch_s = 5\nscrape_s = 1\nwarmup_floor_s = 10\n"
-        "max_trial_s = 60\n\n"
+        "max_trial_s = 40\n\n"
         f'[servers.real]\nurl = "{url}"\n'
         '[servers.real.launcher]\nkind = "process"\nready_timeout_s = 180\n'
         f"command = {json.dumps(command)}\n"
