@@ -64,7 +64,7 @@ def test_incident() -> None:
     assert data["bottleneck"] == "kv_cache"
     assert cap["max_total_num_tokens"] == 116_171
     assert 40 <= cap["running"] <= 60 and 90 <= cap["queued"] <= 110
-    assert cap["token_usage"] >= 0.85
+    assert cap["token_usage"] >= 0.8  # the window mean; single readings swing 0.7-0.99
     assert 3_000 <= cap["avg_tokens_per_request"] <= 4_800
     assert 700 <= data["throughput"]["generation_tokens_per_s"] <= 950
     assert data["throughput"]["window_s"] >= 590

@@ -35,7 +35,8 @@ def test_incident_load_over_http() -> None:
     assert g["sglang:max_total_num_tokens"] == 116_171
     assert 38 <= g["sglang:num_running_reqs"] <= 60
     assert 88 <= g["sglang:num_queue_reqs"] <= 112
-    assert g["sglang:token_usage"] >= 0.75
+    # One gauge reading: usage swings between ~0.7 (after a retraction) and 0.99.
+    assert g["sglang:token_usage"] >= 0.6
     # The completed-token rate lags the decode rate while the first long requests finish.
     assert summary["completed_tokens_per_s"] < 950
 
