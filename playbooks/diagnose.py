@@ -117,6 +117,22 @@ def resolve_gpu_memory(
     return None, notes
 
 
+def capacity_model(info: ServerInfo, fraction: float, gpu: GpuMemory | None) -> CapacityModel:
+    """The capacity arithmetic fed from the server's own report."""
+    return build_model(
+        mem_fraction_static=fraction,
+        max_total_num_tokens=info.max_total_num_tokens,
+        kvcache_gb=info.memory.kvcache_gb,
+        token_capacity=info.memory.token_capacity,
+        weights_gb=info.memory.weight_gb,
+        graph_gb=info.memory.graph_gb,
+        gpu=gpu,
+        page_size=int(info.arg("page_size") or 1),
+        max_total_tokens_cap=info.arg("max_total_tokens"),
+        kv_dtype=str(info.arg("kv_cache_dtype") or "auto"),
+    )
+
+
 def ranks_on_host(info: ServerInfo) -> int:
     tp = int(info.arg("tp_size") or 1)
     pp = int(info.arg("pp_size") or 1)
@@ -143,18 +159,7 @@ def diagnose(
     fraction = info.mem_fraction_static
     if fraction is None:
         raise ValueError("server info has no mem_fraction_static; is this SGLang?")
-    cap = build_model(
-        mem_fraction_static=fraction,
-        max_total_num_tokens=info.max_total_num_tokens,
-        kvcache_gb=info.memory.kvcache_gb,
-        token_capacity=info.memory.token_capacity,
-        weights_gb=info.memory.weight_gb,
-        graph_gb=info.memory.graph_gb,
-        gpu=gpu,
-        page_size=int(info.arg("page_size") or 1),
-        max_total_tokens_cap=info.arg("max_total_tokens"),
-        kv_dtype=str(info.arg("kv_cache_dtype") or "auto"),
-    )
+    cap = capacity_model(info, fraction, gpu)
     host: HostMemory | None = None
     if settings.host is not None:
         try:
@@ -701,19 +706,7 @@ def judge_change(
     """
     gpu, _ = resolve_gpu_memory(info, settings)
     fraction = info.mem_fraction_static or 0.85
-    cap = build_model(
-        mem_fraction_static=fraction,
-        max_total_num_tokens=info.max_total_num_tokens,
-        kvcache_gb=info.memory.kvcache_gb,
-        token_capacity=info.memory.token_capacity,
-        weights_gb=info.memory.weight_gb,
-        graph_gb=info.memory.graph_gb,
-        gpu=gpu,
-        page_size=int(info.arg("page_size") or 1),
-        max_total_tokens_cap=info.arg("max_total_tokens"),
-        kv_dtype=str(info.arg("kv_cache_dtype") or "auto"),
-        fallback_bytes_per_token=None,
-    )
+    cap = capacity_model(info, fraction, gpu)
     host = settings.host.memory() if settings.host is not None else None
     neutral = Measurement(
         window_s=0.0,
