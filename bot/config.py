@@ -71,12 +71,24 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class SlackConfig:
+    """Who may do what, and where (see bot.auth). Entries starting with "S" are user groups."""
+
+    approvers: tuple[str, ...] = ()
+    operators: tuple[str, ...] = ()
+    channels: tuple[str, ...] = ()
+    four_eyes: bool = False
+    approval_ttl_s: float = 1800.0
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     database: Path
     state_dir: Path
     time_scale: float
     servers: dict[str, ServerConfig]
+    slack: SlackConfig | None = None
 
     def server(self, name: str) -> ServerConfig:
         try:
@@ -229,6 +241,67 @@ def _server(name: str, table: Any, gate_defaults: GateConfig) -> ServerConfig:
     )
 
 
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, where: str = "duration") -> float:
+    """Seconds in "90s", "30m", "24h", "7d" or a plain number of seconds."""
+    raw = text.strip().lower()
+    unit = _UNITS.get(raw[-1:]) if raw else None
+    number = raw[:-1] if unit is not None else raw
+    try:
+        value = float(number) * (unit or 1.0)
+    except ValueError:
+        raise ConfigError(
+            f"{where}: {text!r} is not a duration; use e.g. 90s, 30m, 24h or 7d"
+        ) from None
+    if value <= 0:
+        raise ConfigError(f"{where}: must be positive, got {text!r}")
+    return value
+
+
+def _ids(table: dict[str, Any], key: str, where: str, prefixes: str) -> tuple[str, ...]:
+    value = table.get(key, [])
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f'{where}.{key}: expected a list of Slack IDs, e.g. ["U0123ABCD"]')
+    for item in value:
+        if not item or item[0] not in prefixes or not item[1:].isalnum() or item != item.upper():
+            kinds = {"U": "user", "W": "user", "S": "user group", "C": "channel", "G": "channel"}
+            expected = " or ".join(f"{kinds[p]} IDs ({p}...)" for p in prefixes)
+            raise ConfigError(
+                f"{where}.{key}: {item!r} is not a Slack ID; expected {expected}, as Slack "
+                "shows them (names and emails are not accepted: they are not unique)"
+            )
+    return tuple(value)
+
+
+def _slack(table: Any) -> SlackConfig | None:
+    if table is None:
+        return None
+    where = "slack"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table")
+    _check_keys(table, {"approvers", "operators", "channels", "four_eyes", "approval_ttl"}, where)
+    ttl = table.get("approval_ttl", "30m")
+    if isinstance(ttl, bool) or not isinstance(ttl, (str, int, float)):
+        raise ConfigError(f'{where}.approval_ttl: expected a duration such as "30m"')
+    approvers = _ids(table, "approvers", where, "UWS")
+    if not approvers:
+        raise ConfigError(
+            f'{where}.approvers: name at least one approver (Slack user IDs like "U0123ABCD" '
+            'or a user group like "S0123ABCD"); without one nothing can ever be approved'
+        )
+    return SlackConfig(
+        approvers=approvers,
+        operators=_ids(table, "operators", where, "UWS"),
+        channels=_ids(table, "channels", where, "CG"),
+        four_eyes=_bool(table, "four_eyes", where),
+        approval_ttl_s=parse_duration(str(ttl), f"{where}.approval_ttl"),
+    )
+
+
 def find_path(explicit: str | None) -> Path:
     return Path(explicit or os.environ.get("KVPILOT_CONFIG") or DEFAULT_PATH)
 
@@ -248,7 +321,7 @@ def load(explicit: str | None = None) -> Config:
 
 
 def parse(data: dict[str, Any], path: Path) -> Config:
-    _check_keys(data, {"kvpilot", "servers", "gate"}, str(path))
+    _check_keys(data, {"kvpilot", "servers", "gate", "slack"}, str(path))
     top = data.get("kvpilot", {})
     if not isinstance(top, dict):
         raise ConfigError("kvpilot: expected a table")
@@ -263,4 +336,4 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     if not isinstance(servers_table, dict):
         raise ConfigError("servers: expected tables like [servers.NAME]")
     servers = {name: _server(name, t, gate_defaults) for name, t in servers_table.items()}
-    return Config(path, database, state_dir, scale, servers)
+    return Config(path, database, state_dir, scale, servers, slack=_slack(data.get("slack")))

@@ -37,6 +37,7 @@ from playbooks.sources.sglang import SGLangClient, SGLangError
 from storage import audit, servers
 from storage import experiments as store
 from storage import samples as sample_store
+from storage.errors import IllegalTransition, StaleState
 from storage.experiments import TERMINAL, State
 
 MEASURING = {State.baseline, State.warming_up, State.trial}
@@ -87,8 +88,18 @@ class ServerDown(Exception):
     pass
 
 
+class Interrupted(Exception):
+    """The experiment left the state being measured (an operator aborted it)."""
+
+
 def create(
-    deps: Deps, change: dict[str, Any], *, actor: str, approved_by: str | None, reason: str
+    deps: Deps,
+    change: dict[str, Any],
+    *,
+    actor: str,
+    approved_by: str | None,
+    reason: str,
+    proposal_id: int | None = None,
 ) -> int:
     """Record the plan (proposed) and, when someone approved it, the approval."""
     baseline = deps.launcher.current_args()
@@ -118,6 +129,7 @@ def create(
         settings=vars(deps.plan),
         actor=actor,
         now=deps.now(),
+        proposal_id=proposal_id,
     )
     if approved_by is not None:
         store.transition(
@@ -174,7 +186,11 @@ def run(deps: Deps, exp_id: int) -> store.ExperimentRow:
         row = store.get_experiment(deps.db, exp_id)
         if row.state in TERMINAL or row.state == State.proposed:
             return row
-        step(deps, row)
+        try:
+            step(deps, row)
+        except (Interrupted, IllegalTransition, StaleState):
+            # Someone else moved the experiment meanwhile (an abort): re-read and follow it.
+            continue
 
 
 def _fault_pause(state: State) -> None:
@@ -454,7 +470,11 @@ def _collect(deps: Deps, exp_id: int, phase: sample_store.Phase, seconds: float)
     """Scrape every `scrape_s` for `seconds`, storing samples; raise ServerDown if it dies."""
     end = deps.clock.now() + seconds
     rows: list[sample_store.Sample] = []
+    expected = store.get_experiment(deps.db, exp_id).state
     while deps.clock.now() < end:
+        if store.get_experiment(deps.db, exp_id).state != expected:
+            sample_store.add_samples(deps.db, rows)
+            raise Interrupted(f"experiment {exp_id} left {expected}")
         state = deps.launcher.state()
         if not state.running:
             sample_store.add_samples(deps.db, rows)

@@ -195,6 +195,33 @@ class Note(AuditEvent):
     experiment_id: int | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class AccessDenied(AuditEvent):
+    """A person asked for something they may not do, or that may not be done now.
+
+    ``actor`` is who asked; ``action`` what they asked for (``approve``, ``propose``, ...);
+    ``reason`` what the bot told them.
+    """
+
+    name: ClassVar[str] = "access_denied"
+    action: str
+    reason: str
+    channel: str | None = None
+    server: str | None = None
+    proposal_id: int | None = None
+    experiment_id: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestRejected(AuditEvent):
+    """A request that did not prove it came from Slack (bad or missing signature, too old)."""
+
+    name: ClassVar[str] = "request_rejected"
+    status: int
+    reason: str
+    path: str = ""
+
+
 EVENT_TYPES: dict[str, type[AuditEvent]] = {
     cls.name: cls
     for cls in (
@@ -212,6 +239,8 @@ EVENT_TYPES: dict[str, type[AuditEvent]] = {
         VerdictReached,
         BotResumed,
         Note,
+        AccessDenied,
+        RequestRejected,
     )
 }
 

@@ -189,3 +189,37 @@ def m003_experiments_samples(db: Database) -> None:
         "CREATE INDEX samples_experiment ON samples (experiment_id, phase, t)",
         "CREATE INDEX samples_server ON samples (server, t)",
     )
+
+
+@_migration
+def m004_diagnoses_messages(db: Database) -> None:
+    """Diagnoses the chat front ends posted, and where their messages are.
+
+    A diagnosis is stored so that a button under it can name one of its proposals by an
+    opaque id; a message reference lets a restarted bot edit the message it posted before.
+    """
+    _run(
+        db,
+        """
+        CREATE TABLE diagnoses (
+            id INTEGER PRIMARY KEY,
+            server TEXT NOT NULL,
+            finding_json TEXT NOT NULL,
+            created_by TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        ) STRICT
+        """,
+        """
+        CREATE TABLE message_refs (
+            id INTEGER PRIMARY KEY,
+            subject TEXT NOT NULL CHECK (subject IN ('proposal', 'experiment', 'diagnosis')),
+            subject_id INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            channel TEXT NOT NULL,
+            ts TEXT NOT NULL,
+            thread_ts TEXT,
+            created_at TEXT NOT NULL,
+            UNIQUE (subject, subject_id, role)
+        ) STRICT
+        """,
+    )

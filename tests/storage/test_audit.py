@@ -112,6 +112,8 @@ def test_every_kind_has_a_distinct_name() -> None:
         "restart_finished",
         "revert_executed",
         "guardrail_tripped",
+        "access_denied",
+        "request_rejected",
         "verdict_reached",
         "bot_resumed",
         "note",

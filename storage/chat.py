@@ -1,0 +1,100 @@
+"""What the chat front ends remember between requests: diagnoses and message references.
+
+Buttons carry opaque ids into these tables, never the content they stand for, and a bot that
+restarts mid-experiment finds the progress message it was editing here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlite_utils import Database
+
+from storage._codec import dumps, loads, parse_iso, utc_iso
+from storage.db import write_transaction
+from storage.errors import NotFound
+
+Subject = Literal["proposal", "experiment", "diagnosis"]
+
+
+@dataclass(frozen=True)
+class DiagnosisRow:
+    id: int
+    server: str
+    finding: dict[str, Any]
+    created_by: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class MessageRef:
+    """Where a message lives: a channel and its timestamp (Slack's message id)."""
+
+    channel: str
+    ts: str
+    thread_ts: str | None = None
+
+
+def save_diagnosis(
+    db: Database, server: str, finding: dict[str, Any], *, created_by: str, now: datetime
+) -> int:
+    with write_transaction(db):
+        cursor = db.execute(
+            "INSERT INTO diagnoses (server, finding_json, created_by, created_at)"
+            " VALUES (?, ?, ?, ?)",
+            [server, dumps(finding), created_by, utc_iso(now)],
+        )
+    assert cursor.lastrowid is not None
+    return cursor.lastrowid
+
+
+def get_diagnosis(db: Database, diagnosis_id: int) -> DiagnosisRow:
+    rows = list(db.query("SELECT * FROM diagnoses WHERE id = ?", [diagnosis_id]))
+    if not rows:
+        raise NotFound(f"no diagnosis {diagnosis_id}")
+    row = rows[0]
+    return DiagnosisRow(
+        id=row["id"],
+        server=row["server"],
+        finding=loads(row["finding_json"]),
+        created_by=row["created_by"],
+        created_at=parse_iso(row["created_at"]),
+    )
+
+
+def remember_message(
+    db: Database, subject: Subject, subject_id: int, role: str, ref: MessageRef, *, now: datetime
+) -> None:
+    """Store (or replace) where the `role` message about a subject was posted."""
+    with write_transaction(db):
+        db.execute(
+            "INSERT INTO message_refs (subject, subject_id, role, channel, ts, thread_ts,"
+            " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (subject, subject_id, role) DO UPDATE SET channel = excluded.channel,"
+            " ts = excluded.ts, thread_ts = excluded.thread_ts",
+            [subject, subject_id, role, ref.channel, ref.ts, ref.thread_ts, utc_iso(now)],
+        )
+
+
+def find_message(db: Database, subject: Subject, subject_id: int, role: str) -> MessageRef | None:
+    rows = list(
+        db.query(
+            "SELECT channel, ts, thread_ts FROM message_refs"
+            " WHERE subject = ? AND subject_id = ? AND role = ?",
+            [subject, subject_id, role],
+        )
+    )
+    if not rows:
+        return None
+    return MessageRef(rows[0]["channel"], rows[0]["ts"], rows[0]["thread_ts"])
+
+
+def pending_proposals(db: Database) -> list[int]:
+    """Ids of proposals nobody has decided on yet, oldest first."""
+    rows = db.query(
+        "SELECT p.id FROM proposals p LEFT JOIN approvals a ON a.proposal_id = p.id"
+        " WHERE a.id IS NULL ORDER BY p.id"
+    )
+    return [int(r["id"]) for r in rows]
