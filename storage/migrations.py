@@ -223,3 +223,124 @@ def m004_diagnoses_messages(db: Database) -> None:
         ) STRICT
         """,
     )
+
+
+@_migration
+def m005_metric_samples(db: Database) -> None:
+    """Metric samples of every server, their gaps and roll-ups, and observed server settings.
+
+    Time here is REAL seconds since the Unix epoch (UTC), not ISO text: these tables are read
+    as ranges of tens of thousands of rows and a number compares and subtracts cheaply.
+    ``metric_samples`` holds raw scrapes (counters, their increases since the previous scrape,
+    and gauges); ``metric_rollups`` holds them summed into 5-minute and 1-hour buckets so that
+    raw rows can be deleted after a few days; ``metric_gaps`` records time without data
+    (server down, restarted, sampler not running), so that a gap is never read as zeros.
+    """
+    _run(
+        db,
+        """
+        CREATE TABLE metric_samples (
+            server TEXT NOT NULL,
+            ts REAL NOT NULL,
+            span_s REAL NOT NULL,
+            dt REAL,
+            gen_total REAL,
+            prompt_total REAL,
+            requests_total REAL,
+            retractions_total REAL,
+            gen_tokens REAL,
+            prompt_tokens REAL,
+            requests REAL,
+            retractions REAL,
+            gen_throughput REAL,
+            running REAL,
+            queued REAL,
+            token_usage REAL,
+            retracted REAL,
+            max_total_tokens INTEGER,
+            PRIMARY KEY (server, ts)
+        ) STRICT, WITHOUT ROWID
+        """,
+        """
+        CREATE TABLE metric_rollups (
+            server TEXT NOT NULL,
+            bucket_s INTEGER NOT NULL,
+            start_ts REAL NOT NULL,
+            samples INTEGER NOT NULL,
+            span_s REAL NOT NULL,
+            timed_s REAL NOT NULL,
+            gen_tokens REAL,
+            gen_tokens_timed REAL,
+            prompt_tokens REAL,
+            requests REAL,
+            retractions REAL,
+            gen_tp_sum REAL NOT NULL,
+            gen_tp_span REAL NOT NULL,
+            gen_tp_max REAL,
+            running_sum REAL NOT NULL,
+            running_max REAL,
+            queue_sum REAL NOT NULL,
+            queue_max REAL,
+            saturated_s REAL NOT NULL,
+            usage_sum REAL NOT NULL,
+            usage_span REAL NOT NULL,
+            usage_max REAL,
+            usage_hist_json TEXT NOT NULL,
+            retract_seen INTEGER NOT NULL,
+            eff_peak REAL,
+            max_total_tokens INTEGER,
+            PRIMARY KEY (server, bucket_s, start_ts)
+        ) STRICT, WITHOUT ROWID
+        """,
+        """
+        CREATE TABLE metric_gaps (
+            id INTEGER PRIMARY KEY,
+            server TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('down', 'restart', 'no_data')),
+            start_ts REAL NOT NULL,
+            end_ts REAL NOT NULL,
+            open INTEGER NOT NULL CHECK (open IN (0, 1)),
+            restarted INTEGER NOT NULL CHECK (restarted IN (0, 1)),
+            detail TEXT NOT NULL
+        ) STRICT
+        """,
+        "CREATE INDEX metric_gaps_server ON metric_gaps (server, end_ts)",
+        """
+        CREATE TABLE server_snapshots (
+            id INTEGER PRIMARY KEY,
+            server TEXT NOT NULL,
+            ts REAL NOT NULL,
+            info_json TEXT NOT NULL,
+            info_hash TEXT NOT NULL
+        ) STRICT
+        """,
+        "CREATE INDEX server_snapshots_server ON server_snapshots (server, ts)",
+    )
+
+
+@_migration
+def m005b_report_runs(db: Database) -> None:
+    """Scheduled report runs, one row per (report, scheduled time): a report is never sent twice.
+
+    A run is claimed by inserting its row before anything is posted; the unique key makes a
+    second claim (a second bot process, or a catch-up after a restart) fail instead of posting
+    again.
+    """
+    _run(
+        db,
+        """
+        CREATE TABLE report_runs (
+            id INTEGER PRIMARY KEY,
+            report TEXT NOT NULL,
+            channel TEXT NOT NULL,
+            scheduled_for TEXT NOT NULL,
+            started_at TEXT NOT NULL,
+            finished_at TEXT,
+            status TEXT NOT NULL CHECK (status IN ('running', 'sent', 'failed')),
+            late INTEGER NOT NULL CHECK (late IN (0, 1)),
+            detail TEXT NOT NULL,
+            UNIQUE (report, scheduled_for)
+        ) STRICT
+        """,
+        "CREATE INDEX report_runs_report ON report_runs (report, scheduled_for)",
+    )
