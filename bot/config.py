@@ -14,11 +14,15 @@ Every error names the key, what was wrong, and what is expected.
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
+import zoneinfo
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from apscheduler.triggers.cron import CronTrigger
 
 from playbooks.gate import GateSettings
 
@@ -82,6 +86,30 @@ class SlackConfig:
 
 
 @dataclass(frozen=True)
+class SamplerConfig:
+    """How often every server's metrics are sampled for reports, and how long they are kept."""
+
+    interval_s: float = 15.0
+    raw_retention_s: float = 3 * 86400.0
+    five_minute_retention_s: float = 35 * 86400.0
+    hourly_retention_s: float = 400 * 86400.0
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class ReportSchedule:
+    """One scheduled report: which servers, to which channel, when (cron in a time zone)."""
+
+    name: str
+    channel: str
+    cron: str
+    timezone: str
+    servers: tuple[str, ...]
+    window_s: float = 86400.0
+    grace_s: float = 6 * 3600.0
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     database: Path
@@ -89,6 +117,8 @@ class Config:
     time_scale: float
     servers: dict[str, ServerConfig]
     slack: SlackConfig | None = None
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    reports: tuple[ReportSchedule, ...] = ()
 
     def server(self, name: str) -> ServerConfig:
         try:
@@ -302,6 +332,139 @@ def _slack(table: Any) -> SlackConfig | None:
     )
 
 
+def _duration(table: dict[str, Any], key: str, where: str, default: float) -> float:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError(f'{where}.{key}: expected a duration such as "24h", got {value!r}')
+    return parse_duration(str(value), f"{where}.{key}")
+
+
+def _sampler(table: Any) -> SamplerConfig:
+    where = "sampler"
+    if table is None:
+        return SamplerConfig()
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table")
+    keys = {"interval_s", "raw_retention", "five_minute_retention", "hourly_retention", "enabled"}
+    _check_keys(table, keys, where)
+    interval = _num(table, "interval_s", where, 15.0)
+    assert interval is not None
+    if not 1 <= interval <= 300:
+        raise ConfigError(
+            f"{where}.interval_s: between 1 and 300 seconds (a 5-minute roll-up needs "
+            f"samples), got {interval:g}"
+        )
+    d = SamplerConfig()
+    raw = _duration(table, "raw_retention", where, d.raw_retention_s)
+    five = _duration(table, "five_minute_retention", where, d.five_minute_retention_s)
+    hourly = _duration(table, "hourly_retention", where, d.hourly_retention_s)
+    if raw < 3600:
+        raise ConfigError(f'{where}.raw_retention: at least "1h", so that roll-ups can be built')
+    if five < raw:
+        raise ConfigError(f"{where}.five_minute_retention: must be at least raw_retention")
+    if hourly < five:
+        raise ConfigError(f"{where}.hourly_retention: must be at least five_minute_retention")
+    enabled = table.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{where}.enabled: expected true or false, got {enabled!r}")
+    return SamplerConfig(interval, raw, five, hourly, enabled)
+
+
+def _timezone(name: str, where: str) -> None:
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        close = difflib.get_close_matches(name, sorted(zoneinfo.available_timezones()), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(
+            f"{where}.timezone: unknown time zone {name!r}{hint}; use an IANA name such as "
+            '"Europe/Berlin", "America/New_York" or "UTC"'
+        ) from None
+
+
+def _cron(expr: str, timezone: str, where: str) -> None:
+    try:
+        CronTrigger.from_crontab(expr, timezone=zoneinfo.ZoneInfo(timezone))
+    except ValueError as exc:
+        raise ConfigError(
+            f"{where}.cron: {expr!r} is not a cron expression ({exc}); use five fields, "
+            'minute hour day-of-month month day-of-week, e.g. "0 9 * * *" for 09:00 daily or '
+            '"30 7 * * mon-fri" for 07:30 on weekdays'
+        ) from None
+
+
+def _report_servers(
+    table: dict[str, Any], servers: dict[str, ServerConfig], where: str
+) -> tuple[str, ...]:
+    known = ", ".join(sorted(servers)) or "none configured"
+    if "servers" in table and "group" in table:
+        raise ConfigError(f"{where}: give servers or group, not both")
+    if "group" in table:
+        name = _str(table, "group", where)
+        members = tuple(s for s, c in servers.items() if getattr(c, "group", None) == name)
+        if not members:
+            raise ConfigError(f"{where}.group: no configured server is in group {name!r}")
+        return members
+    value = table.get("servers", sorted(servers))
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f'{where}.servers: expected a list of server names, e.g. ["incident"]')
+    unknown = [v for v in value if v not in servers]
+    if unknown:
+        raise ConfigError(
+            f"{where}.servers: unknown server(s) {', '.join(unknown)} (configured: {known})"
+        )
+    if not value:
+        raise ConfigError(f"{where}: no servers to report on (configured: {known})")
+    return tuple(value)
+
+
+def _reports(value: Any, servers: dict[str, ServerConfig]) -> tuple[ReportSchedule, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError("reports: expected [[reports]] entries")
+    out: list[ReportSchedule] = []
+    for i, table in enumerate(value):
+        where = f"reports[{i}]"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: expected a table")
+        keys = {"name", "channel", "cron", "timezone", "servers", "group", "window", "grace"}
+        _check_keys(table, keys, where)
+        for key in ("channel", "cron"):
+            if key not in table:
+                raise ConfigError(f"{where}.{key}: required")
+        channel = _str(table, "channel", where)
+        assert channel is not None
+        _ids({"channel": [channel]}, "channel", where, "CG")
+        cron = _str(table, "cron", where)
+        timezone = _str(table, "timezone", where, "UTC")
+        assert cron is not None and timezone is not None
+        _timezone(timezone, where)
+        _cron(cron, timezone, where)
+        name = _str(table, "name", where, f"{channel} {cron}")
+        assert name is not None
+        if any(r.name == name for r in out):
+            raise ConfigError(
+                f'{where}.name: {name!r} is used twice; give each report a distinct name = "..."'
+            )
+        window = _duration(table, "window", where, 86400.0)
+        grace = _duration(table, "grace", where, 6 * 3600.0)
+        out.append(
+            ReportSchedule(
+                name=name,
+                channel=channel,
+                cron=cron,
+                timezone=timezone,
+                servers=_report_servers(table, servers, where),
+                window_s=window,
+                grace_s=grace,
+            )
+        )
+    return tuple(out)
+
+
 def find_path(explicit: str | None) -> Path:
     return Path(explicit or os.environ.get("KVPILOT_CONFIG") or DEFAULT_PATH)
 
@@ -321,7 +484,7 @@ def load(explicit: str | None = None) -> Config:
 
 
 def parse(data: dict[str, Any], path: Path) -> Config:
-    _check_keys(data, {"kvpilot", "servers", "gate", "slack"}, str(path))
+    _check_keys(data, {"kvpilot", "servers", "gate", "slack", "sampler", "reports"}, str(path))
     top = data.get("kvpilot", {})
     if not isinstance(top, dict):
         raise ConfigError("kvpilot: expected a table")
@@ -336,4 +499,13 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     if not isinstance(servers_table, dict):
         raise ConfigError("servers: expected tables like [servers.NAME]")
     servers = {name: _server(name, t, gate_defaults) for name, t in servers_table.items()}
-    return Config(path, database, state_dir, scale, servers, slack=_slack(data.get("slack")))
+    return Config(
+        path,
+        database,
+        state_dir,
+        scale,
+        servers,
+        slack=_slack(data.get("slack")),
+        sampler=_sampler(data.get("sampler")),
+        reports=_reports(data.get("reports"), servers),
+    )
