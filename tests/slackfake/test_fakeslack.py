@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import struct
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -387,6 +388,29 @@ def test_response_url_accepts_five_posts(slack: FakeSlack) -> None:
     assert "more than 5 posts" in slack.violations[0]
 
 
+def test_malformed_requests_get_clear_errors(slack: FakeSlack) -> None:
+    def post(path: str, data: bytes, content_type: str) -> tuple[int, bytes]:
+        request = urllib.request.Request(
+            slack.api_url.replace("/api/", path),
+            data=data,
+            headers={"Content-Type": content_type, "Authorization": "Bearer xoxb-test"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    assert post("/hooks/h", b"{not json", "application/json") == (400, b"invalid_payload")
+    status, body = post("/api/chat.postMessage", b"[1]", "application/json")
+    assert (status, json.loads(body)) == (200, {"ok": False, "error": "invalid_json"})
+    assert post("/elsewhere", b"x", "text/plain")[0] == 404
+    assert len(slack.violations) == 3
+    assert "could not be parsed" in slack.violations[0]
+    assert "no such endpoint" in slack.violations[2]
+    assert [call.method for call in slack.calls()] == ["hooks/h", "chat.postMessage", "/elsewhere"]
+
+
 # -- Bolt over HTTP -----------------------------------------------------------------------------
 
 
@@ -418,7 +442,6 @@ def test_signed_slash_command_through_bolt(slack: FakeSlack) -> None:
     assert [m["text"] for m in slack.messages("C9").values()] == ["status of twin"]
     assert slack.hooks("cmd-1")[0]["text"] == "done"
     assert len(slack.calls("auth.test")) == 1
-    assert app.dispatch(signed_request(body.replace("twin", "other") + "x")).status == 200
     bad = signed_request(body)
     bad.headers["x-slack-signature"] = ["v0=" + hashlib.sha256(b"forged").hexdigest()]
     assert app.dispatch(bad).status == 401
@@ -490,6 +513,20 @@ def test_socket_mode_end_to_end_with_reconnect(slack: FakeSlack) -> None:
         handler.close()  # type: ignore[no-untyped-call]
     assert [m["text"] for m in slack.messages("C1").values()] == ["socket reply", "socket reply"]
     assert slack.violations == []
+
+
+def test_socket_mode_threads_end_with_the_server() -> None:
+    before = set(threading.enumerate())
+    with FakeSlack() as slack:
+        app = App(client=client(slack))
+        handler = SocketModeHandler(app, "xapp-1-test")
+        handler.connect()  # type: ignore[no-untyped-call]
+        slack.socket_wait_connections(1)
+        handler.close()  # type: ignore[no-untyped-call]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and set(threading.enumerate()) - before:
+        time.sleep(0.02)
+    assert set(threading.enumerate()) - before == set()
 
 
 def test_socket_send_without_client_explains(slack: FakeSlack) -> None:
