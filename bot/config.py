@@ -25,6 +25,7 @@ from typing import Any
 from apscheduler.triggers.cron import CronTrigger
 
 from playbooks.gate import GateSettings
+from playbooks.sources.prometheus import DEFAULT_MAX_AGE_S, default_selector, parse_selector
 
 DEFAULT_PATH = "kvpilot.toml"
 GATE_KEYS = (
@@ -62,6 +63,25 @@ class GateConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """Where a server's metrics are read: its own /metrics, or Prometheus' HTTP API."""
+
+    source: str = "direct"  # or "prometheus"
+    url: str | None = None  # Prometheus
+    selector: str | None = None  # PromQL label matchers for this server's series
+    dcgm_selector: str | None = None  # label matchers for its GPUs' DCGM series
+    max_age_s: float = DEFAULT_MAX_AGE_S  # refuse Prometheus data older than this
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """Servers grouped (e.g. by model): diagnosed together, restarted a few at a time."""
+
+    name: str
+    max_concurrent_restarts: int = 1
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     name: str
     url: str
@@ -72,6 +92,8 @@ class ServerConfig:
     local_host: bool = False
     local_gpus: bool = False
     gate: GateConfig = field(default_factory=GateConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +141,22 @@ class Config:
     slack: SlackConfig | None = None
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     reports: tuple[ReportSchedule, ...] = ()
+    groups: dict[str, GroupConfig] = field(default_factory=dict)
+
+    def group_servers(self, name: str) -> tuple[GroupConfig, list[ServerConfig]]:
+        """A group and its servers (in configuration order)."""
+        if name not in self.groups:
+            known = ", ".join(sorted(self.groups)) or "none configured"
+            raise ConfigError(
+                f"unknown group {name!r} (configured: {known}); groups are [groups.NAME] "
+                'tables, and servers join one with group = "NAME"'
+            )
+        members = [s for s in self.servers.values() if s.group == name]
+        if not members:
+            raise ConfigError(
+                f'group {name!r} has no servers: add group = "{name}" to its [servers.NAME]'
+            )
+        return self.groups[name], members
 
     def server(self, name: str) -> ServerConfig:
         try:
@@ -244,6 +282,8 @@ def _server(name: str, table: Any, gate_defaults: GateConfig) -> ServerConfig:
             "local_gpus",
             "launcher",
             "gate",
+            "metrics",
+            "group",
         },
         where,
     )
@@ -268,7 +308,80 @@ def _server(name: str, table: Any, gate_defaults: GateConfig) -> ServerConfig:
         local_host=_bool(table, "local_host", where),
         local_gpus=_bool(table, "local_gpus", where),
         gate=_gate(table.get("gate"), f"{where}.gate", gate_defaults),
+        metrics=_metrics(table.get("metrics"), f"{where}.metrics", url.rstrip("/")),
+        group=_str(table, "group", where),
     )
+
+
+def _metrics(table: Any, where: str, server_url: str) -> MetricsConfig:
+    if table is None:
+        return MetricsConfig()
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f'{where}: expected a table, e.g. {{ source = "prometheus", url = '
+            '"http://prometheus:9090" }'
+        )
+    _check_keys(table, {"source", "url", "selector", "dcgm_selector", "max_age_s"}, where)
+    source = _str(table, "source", where, "direct")
+    if source == "direct":
+        extra = sorted(set(table) - {"source"})
+        if extra:
+            raise ConfigError(f'{where}: {", ".join(extra)} only apply with source = "prometheus"')
+        return MetricsConfig()
+    if source != "prometheus":
+        raise ConfigError(f'{where}.source: {source!r} is not known; use "direct" or "prometheus"')
+    url = _str(table, "url", where)
+    if url is None or not url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"{where}.url: expected Prometheus' address, e.g. http://prometheus:9090, got {url!r}"
+        )
+    selectors: dict[str, str | None] = {}
+    for key in ("selector", "dcgm_selector"):
+        text = _str(table, key, where)
+        if text is not None:
+            try:
+                parse_selector(text)
+            except ValueError as exc:
+                raise ConfigError(f"{where}.{key}: {exc}") from None
+        selectors[key] = text
+    max_age = _num(table, "max_age_s", where, DEFAULT_MAX_AGE_S)
+    assert max_age is not None
+    return MetricsConfig(
+        source="prometheus",
+        url=url.rstrip("/"),
+        selector=selectors["selector"] or default_selector(server_url),
+        dcgm_selector=selectors["dcgm_selector"],
+        max_age_s=max_age,
+    )
+
+
+def _groups(table: Any, servers: dict[str, ServerConfig]) -> dict[str, GroupConfig]:
+    """[groups.NAME] tables; every server's group must be one of them."""
+    if table is None:
+        table = {}
+    if not isinstance(table, dict):
+        raise ConfigError("groups: expected tables like [groups.NAME]")
+    groups = {}
+    for name, body in table.items():
+        where = f"groups.{name}"
+        if not isinstance(body, dict):
+            raise ConfigError(f"{where}: expected a table, e.g. max_concurrent_restarts = 1")
+        _check_keys(body, {"max_concurrent_restarts"}, where)
+        limit = body.get("max_concurrent_restarts", 1)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError(
+                f"{where}.max_concurrent_restarts: expected a whole number of at least 1 "
+                f"(how many of the group's servers may restart at once), got {limit!r}"
+            )
+        groups[name] = GroupConfig(name, limit)
+    for server in servers.values():
+        if server.group is not None and server.group not in groups:
+            known = ", ".join(sorted(groups)) or "none"
+            raise ConfigError(
+                f"servers.{server.name}.group: no group {server.group!r} is defined (defined: "
+                f"{known}); add a [groups.{server.group}] table with max_concurrent_restarts"
+            )
+    return groups
 
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -484,7 +597,9 @@ def load(explicit: str | None = None) -> Config:
 
 
 def parse(data: dict[str, Any], path: Path) -> Config:
-    _check_keys(data, {"kvpilot", "servers", "gate", "slack", "sampler", "reports"}, str(path))
+    _check_keys(
+        data, {"kvpilot", "servers", "gate", "slack", "sampler", "reports", "groups"}, str(path)
+    )
     top = data.get("kvpilot", {})
     if not isinstance(top, dict):
         raise ConfigError("kvpilot: expected a table")
@@ -506,6 +621,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         scale,
         servers,
         slack=_slack(data.get("slack")),
+        groups=_groups(data.get("groups"), servers),
         sampler=_sampler(data.get("sampler")),
         reports=_reports(data.get("reports"), servers),
     )

@@ -11,9 +11,12 @@ from bot.config import Config, ConfigError, ServerConfig
 from playbooks.clock import Clock, make_clock
 from playbooks.diagnose import DiagnoseSettings
 from playbooks.experiment import Deps, GatePlan
+from playbooks.fleet import RestartLimiter
 from playbooks.launchers.process import ProcessLauncher, ProcessSpec
-from playbooks.sources.gpu import NvmlGpuReader
+from playbooks.sources.gpu import GpuReader, NvmlGpuReader
 from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
+from playbooks.sources.metrics_source import with_metrics_source
+from playbooks.sources.prometheus import DcgmGpuReader, PrometheusAPI, PrometheusMetrics
 from playbooks.sources.sglang import SGLangClient
 from storage.db import open_db
 
@@ -39,6 +42,34 @@ def launcher(config: Config, server: ServerConfig, clock: Clock) -> ProcessLaunc
     return ProcessLauncher(spec, clock)
 
 
+def sglang_client(server: ServerConfig) -> SGLangClient:
+    """The server's SGLang client, reading metrics from the configured source."""
+    client = SGLangClient.connect(server.url, server.api_key)
+    m = server.metrics
+    if m.source != "prometheus" or m.url is None or m.selector is None:
+        return client
+    source = PrometheusMetrics(PrometheusAPI.connect(m.url), m.selector, max_age_s=m.max_age_s)
+    return with_metrics_source(client, source)
+
+
+def gpu_reader(server: ServerConfig) -> GpuReader | None:
+    """NVML on the GPU host, else DCGM series in Prometheus when configured, else none."""
+    if server.local_gpus:
+        return NvmlGpuReader()
+    m = server.metrics
+    if m.source == "prometheus" and m.url is not None and m.dcgm_selector is not None:
+        return DcgmGpuReader(PrometheusAPI.connect(m.url), m.dcgm_selector)
+    return None
+
+
+def restart_limiter(config: Config, server: ServerConfig, db: Database) -> RestartLimiter | None:
+    """The restart slots of the server's group; a server in no group needs none."""
+    if server.group is None:
+        return None
+    group = config.groups[server.group]
+    return RestartLimiter(db, group.name, group.max_concurrent_restarts)
+
+
 def diagnose_settings(server: ServerConfig) -> DiagnoseSettings:
     host: HostReader | None = None
     if server.host_ram_gib is not None:
@@ -47,7 +78,7 @@ def diagnose_settings(server: ServerConfig) -> DiagnoseSettings:
         host = MeminfoReader()
     return DiagnoseSettings(
         gpu_memory_gib=server.gpu_memory_gib,
-        gpus=NvmlGpuReader() if server.local_gpus else None,
+        gpus=gpu_reader(server),
         host=host,
     )
 
@@ -61,7 +92,7 @@ def experiment_deps(
     return Deps(
         db=db,
         server=name,
-        client=SGLangClient.connect(server.url, server.api_key),
+        client=sglang_client(server),
         launcher=launcher(config, server, clock),
         clock=clock,
         plan=GatePlan(
@@ -74,4 +105,5 @@ def experiment_deps(
             warmup_floor_s=g.warmup_floor_s,
         ),
         on_progress=on_progress,
+        restarts=restart_limiter(config, server, db),
     )

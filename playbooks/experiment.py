@@ -32,6 +32,7 @@ from sqlite_utils import Database
 
 from playbooks import gate as gate_mod
 from playbooks.clock import Clock
+from playbooks.fleet import RestartLimiter
 from playbooks.launchers.base import Launcher, LaunchError, with_change
 from playbooks.sources.sglang import SGLangClient, SGLangError
 from storage import audit, servers
@@ -39,6 +40,7 @@ from storage import experiments as store
 from storage import samples as sample_store
 from storage.errors import IllegalTransition, StaleState
 from storage.experiments import TERMINAL, State
+from storage.restart_slots import Purpose
 
 MEASURING = {State.baseline, State.warming_up, State.trial}
 INTERRUPTED_ON_RESUME = {State.restarting, State.warming_up, State.trial}
@@ -78,6 +80,7 @@ class Deps:
     plan: GatePlan
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
     on_progress: Callable[[str], None] | None = None
+    restarts: RestartLimiter | None = None  # the restart slots of the server's group, if any
 
     def say(self, message: str) -> None:
         if self.on_progress is not None:
@@ -284,7 +287,29 @@ def _baseline(deps: Deps, row: store.ExperimentRow) -> None:
     )
 
 
+def _take_restart_slot(deps: Deps, row: store.ExperimentRow, purpose: Purpose) -> None:
+    """Wait for a restart slot of the server's group (a server in no group needs none)."""
+    if deps.restarts is None:
+        return
+    if not deps.restarts.wait(
+        row.id,
+        deps.server,
+        purpose,
+        clock=deps.clock,
+        poll_s=deps.plan.scrape_s,
+        say=deps.say,
+        still_wanted=lambda: store.get_experiment(deps.db, row.id).state == row.state,
+    ):
+        raise Interrupted(f"experiment {row.id} left {row.state} while waiting for a restart slot")
+
+
+def _give_back_restart_slot(deps: Deps, row: store.ExperimentRow) -> None:
+    if deps.restarts is not None:
+        deps.restarts.release(row.id)
+
+
 def _restarting(deps: Deps, row: store.ExperimentRow) -> None:
+    _take_restart_slot(deps, row, "restart")
     audit.record(
         deps.db,
         audit.RestartStarted(
@@ -318,7 +343,8 @@ def _restarting(deps: Deps, row: store.ExperimentRow) -> None:
             f"the changed server did not start: {exc.reason}",
             {"log_tail": exc.log_tail[-2000:]},
         )
-        return
+        return  # the slot stays taken: the server is down until the revert restores it
+    _give_back_restart_slot(deps, row)
     took = deps.clock.now() - started
     audit.record(
         deps.db,
@@ -421,13 +447,16 @@ def _reverting(deps: Deps, row: store.ExperimentRow) -> None:
     target = args_of(row.baseline_config)
     state = deps.launcher.state()
     if state.ready and deps.launcher.current_args() == target:
+        _give_back_restart_slot(deps, row)
         _move(
             deps, row, State.reverted, "the server already runs the last-known-good configuration"
         )
         return
+    _take_restart_slot(deps, row, "revert")
     try:
         deps.launcher.apply(target)
     except LaunchError as exc:
+        _give_back_restart_slot(deps, row)
         audit.record(
             deps.db,
             audit.RevertExecuted(
@@ -447,6 +476,7 @@ def _reverting(deps: Deps, row: store.ExperimentRow) -> None:
             {"log_tail": exc.log_tail[-2000:]},
         )
         return
+    _give_back_restart_slot(deps, row)
     audit.record(
         deps.db,
         audit.RevertExecuted(

@@ -226,6 +226,29 @@ def m004_diagnoses_messages(db: Database) -> None:
 
 
 @_migration
+def m006_restart_slots(db: Database) -> None:
+    """Restart slots: how many servers of a group are being restarted right now.
+
+    A row is one experiment holding one of its group's slots while it restarts or reverts a
+    server; the group's limit comes from the configuration, so it is not stored. One slot per
+    experiment at most (an experiment restarts one server at a time).
+    """
+    _run(
+        db,
+        """
+        CREATE TABLE restart_slots (
+            experiment_id INTEGER PRIMARY KEY REFERENCES experiments (id),
+            group_name TEXT NOT NULL,
+            server TEXT NOT NULL,
+            purpose TEXT NOT NULL CHECK (purpose IN ('restart', 'revert')),
+            acquired_at TEXT NOT NULL
+        ) STRICT
+        """,
+        "CREATE INDEX restart_slots_group ON restart_slots (group_name, acquired_at)",
+    )
+
+
+@_migration
 def m005_metric_samples(db: Database) -> None:
     """Metric samples of every server, their gaps and roll-ups, and observed server settings.
 

@@ -1,0 +1,259 @@
+"""Fleets: servers grouped (by model, say), diagnosed together, restarted a few at a time.
+
+Two things change when kvpilot looks after many servers instead of one:
+
+* **Diagnose over a group.** Every server of the group is measured at the same time (one thread
+  each: measuring is mostly waiting), so a group of twenty takes as long as one server. A server
+  that cannot be measured is reported as such; it does not stop the others. The group summary
+  puts the servers side by side and adds up their throughput.
+* **Restart limits.** Experiments stay one per server, but they take a restart slot of their
+  group before they restart or revert a server, and give it back once the server is ready again,
+  so that at most `max_concurrent_restarts` servers of a group are ever down for kvpilot at
+  once. The slots are rows in SQLite (`storage.restart_slots`), shared by every bot process using
+  the database. An experiment that finds no free slot waits, and says so (in its progress
+  messages and once in the audit log).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlite_utils import Database
+
+from playbooks.clock import Clock
+from playbooks.diagnose import DiagnoseSettings, diagnose
+from playbooks.measure import MeasurementError
+from playbooks.sources.metrics_source import describe_source
+from playbooks.sources.sglang import SGLangClient, SGLangError
+from playbooks.types import VERDICT_ORDER, DiagnoseFinding
+from storage import audit
+from storage import restart_slots as slots
+from storage.restart_slots import Purpose, SlotHolder
+
+
+# ----------------------------------------------------------------------------- diagnose
+@dataclass(frozen=True)
+class Member:
+    """One server of a group, ready to be measured."""
+
+    name: str
+    client: SGLangClient
+    settings: DiagnoseSettings
+
+
+@dataclass
+class MemberResult:
+    name: str
+    url: str
+    metrics_from: str
+    finding: DiagnoseFinding | None
+    error: str | None
+
+    def summary(self) -> dict[str, Any]:
+        """One row of the group summary."""
+        row: dict[str, Any] = {"server": self.name, "url": self.url, "error": self.error}
+        f = self.finding
+        if f is None:
+            return row
+        best = sorted(
+            (o for o in f.options if o.change and not o.considered),
+            key=lambda o: -VERDICT_ORDER[o.verdict],
+        )
+        top = best[0] if best and best[0].verdict in ("recommended", "possible") else None
+        row.update(
+            bottleneck=f.bottleneck,
+            generation_tokens_per_s=None if f.generation is None else round(f.generation.mean, 1),
+            token_usage=None if f.token_usage is None else round(f.token_usage, 3),
+            running=round(f.running, 1),
+            queued=round(f.queued, 1),
+            max_total_num_tokens=f.max_total_num_tokens,
+            top_change=None if top is None else top.title,
+            top_verdict=None if top is None else top.verdict,
+        )
+        return row
+
+
+@dataclass
+class GroupReport:
+    group: str
+    started_at: str
+    finished_at: str
+    members: list[MemberResult]
+
+    @property
+    def failed(self) -> list[MemberResult]:
+        return [m for m in self.members if m.finding is None]
+
+    def summary(self) -> dict[str, Any]:
+        """The group at a glance: bottlenecks counted, throughput added up, what to try."""
+        rows = [m.summary() for m in self.members]
+        measured = [r for r in rows if r["error"] is None]
+        rates = [r["generation_tokens_per_s"] for r in measured if r["generation_tokens_per_s"]]
+        usages = [r["token_usage"] for r in measured if r["token_usage"] is not None]
+        bottlenecks: dict[str, list[str]] = {}
+        for r in measured:
+            bottlenecks.setdefault(r["bottleneck"], []).append(r["server"])
+        return {
+            "group": self.group,
+            "servers": len(rows),
+            "measured": len(measured),
+            "failed": [r["server"] for r in rows if r["error"] is not None],
+            "generation_tokens_per_s_total": round(sum(rates), 1) if rates else None,
+            "token_usage_mean": round(statistics.fmean(usages), 3) if usages else None,
+            "bottlenecks": bottlenecks,
+            "changes_to_try": [
+                {"server": r["server"], "change": r["top_change"], "verdict": r["top_verdict"]}
+                for r in measured
+                if r["top_change"] is not None
+            ],
+            "rows": rows,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "summary": self.summary(),
+            "servers": {
+                m.name: {
+                    "url": m.url,
+                    "metrics_from": m.metrics_from,
+                    "error": m.error,
+                    "finding": None if m.finding is None else m.finding.to_json(),
+                }
+                for m in self.members
+            },
+        }
+
+
+def diagnose_group(
+    group: str,
+    members: list[Member],
+    clock: Clock,
+    *,
+    on_progress: Callable[[str, float, float, str], None] | None = None,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> GroupReport:
+    """Diagnose every member at once; a member that fails is reported, not raised."""
+    if not members:
+        raise ValueError(f"group {group!r} has no servers to diagnose")
+    started = now()
+
+    def one(member: Member) -> MemberResult:
+        def progress(elapsed: float, target: float, message: str) -> None:
+            if on_progress is not None:
+                on_progress(member.name, elapsed, target, message)
+
+        source = describe_source(member.client)
+        try:
+            finding = diagnose(member.client, clock, member.settings, progress, now)
+        except (SGLangError, MeasurementError, ValueError) as exc:
+            return MemberResult(member.name, member.client.base_url, source, None, str(exc))
+        finding.notes.append(f"metrics read from {source}")
+        return MemberResult(member.name, member.client.base_url, source, finding, None)
+
+    with ThreadPoolExecutor(max_workers=len(members), thread_name_prefix="diagnose") as pool:
+        results = list(pool.map(one, members))
+    return GroupReport(
+        group=group,
+        started_at=started.isoformat(timespec="seconds"),
+        finished_at=now().isoformat(timespec="seconds"),
+        members=results,
+    )
+
+
+# ----------------------------------------------------------------------------- restarts
+def describe_holders(holders: tuple[SlotHolder, ...] | list[SlotHolder]) -> str:
+    return ", ".join(
+        f"experiment {h.experiment_id} on {h.server} ({h.purpose} since "
+        f"{h.acquired_at.isoformat(timespec='seconds')})"
+        for h in holders
+    )
+
+
+class RestartLimiter:
+    """At most `limit` servers of `group` restarting at once, across every bot process.
+
+    `db` is the calling thread's own connection (SQLite connections are not shared between
+    threads); the slots themselves are rows every connection sees.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        group: str,
+        limit: int,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        if limit < 1:
+            raise ValueError(f"group {group!r}: max_concurrent_restarts must be at least 1")
+        self.db = db
+        self.group = group
+        self.limit = limit
+        self.now = now
+
+    def try_acquire(self, experiment_id: int, server: str, purpose: Purpose) -> slots.SlotRequest:
+        return slots.try_acquire(
+            self.db,
+            group=self.group,
+            limit=self.limit,
+            experiment_id=experiment_id,
+            server=server,
+            purpose=purpose,
+            now=self.now(),
+        )
+
+    def wait(
+        self,
+        experiment_id: int,
+        server: str,
+        purpose: Purpose,
+        *,
+        clock: Clock,
+        poll_s: float,
+        say: Callable[[str], None],
+        still_wanted: Callable[[], bool],
+    ) -> bool:
+        """Block until the experiment holds a slot (True) or no longer wants one (False)."""
+        waited_since: float | None = None
+        while True:
+            if not still_wanted():
+                return False
+            answer = self.try_acquire(experiment_id, server, purpose)
+            if answer.acquired:
+                if waited_since is not None:
+                    say(
+                        f"restart slot in group {self.group} taken after waiting "
+                        f"{clock.now() - waited_since:.0f} s"
+                    )
+                return True
+            if waited_since is None:
+                waited_since = clock.now()
+                message = (
+                    f"waiting for a restart slot in group {self.group} (at most {self.limit} "
+                    f"restarting at once): held by {describe_holders(answer.holders)}"
+                )
+                say(message)
+                audit.record(
+                    self.db,
+                    audit.Note(
+                        actor="kvpilot",
+                        created=self.now(),
+                        server=server,
+                        experiment_id=experiment_id,
+                        text=message,
+                    ),
+                )
+            clock.sleep(poll_s)
+
+    def release(self, experiment_id: int) -> bool:
+        return slots.release(self.db, experiment_id)
+
+    def holders(self) -> list[SlotHolder]:
+        return slots.holders(self.db, self.group)
