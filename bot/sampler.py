@@ -1,0 +1,495 @@
+"""The metrics sampler: every configured server, every ``interval_s``, into storage.
+
+While the bot runs it scrapes each server's ``/metrics`` (or ``/v1/loads`` when metrics are
+off), turns counters into increases, and stores one raw sample per server per tick. What it
+cannot observe is stored as a gap, never as zeros: a failed scrape opens a ``down`` gap that
+the next good scrape closes (noting whether the server restarted: its counters went back), a
+counter reset between two good scrapes is a ``restart`` gap, and time the sampler itself was
+not running is ``no_data``. Every few minutes it rolls samples up and drops what is past
+retention (``storage.metric_samples.compact``), so a year of samples stays a few megabytes.
+
+The server's own settings (server info) are read when it is first seen and after every gap,
+and stored when they changed, for the report's "configuration now versus a day ago".
+
+Time comes from an injected ``TimeSource``: the system clock in production, a scaled one
+against a twin started with ``--time-scale K`` (so samples are in the twin's time), a manual
+one in tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+from sqlite_utils import Database
+
+from bot.config import Config, ServerConfig
+from playbooks.sources.sglang import (
+    Metrics,
+    MetricsDisabled,
+    RankLoad,
+    SGLangClient,
+    SGLangError,
+)
+from storage.db import open_db
+from storage.metric_buckets import RawSample
+from storage.metric_samples import (
+    Gap,
+    Retention,
+    add_gap,
+    add_sample,
+    close_gap,
+    compact,
+    extend_gap,
+    last_sample,
+    open_gap,
+)
+from storage.server_snapshots import record_snapshot
+
+log = logging.getLogger(__name__)
+
+CONTIGUOUS_FACTOR = 2.5  # a sample stands for at most this many intervals of time
+COMPACT_EVERY_S = 300.0
+_SECRET_SUFFIXES = ("_key", "_token", "_secret", "_password")
+_VOLATILE_KEYS = frozenset({"kvpilot_twin", "startup_time", "launch_command"})
+_KEPT_STATE_KEYS = ("memory_usage", "effective_max_running_requests_per_dp")
+
+
+class TimeSource(Protocol):
+    def now(self) -> datetime:
+        """The current time (aware, UTC)."""
+        ...
+
+    def wall_seconds(self, seconds: float) -> float:
+        """How many wall-clock seconds it takes for ``seconds`` of this time to pass."""
+        ...
+
+
+class SystemTime:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def wall_seconds(self, seconds: float) -> float:
+        return seconds
+
+
+class ScaledTime:
+    """A clock running ``scale`` times faster than the wall clock from ``start``: against a
+    twin started with ``--time-scale K`` it keeps samples in the twin's own time."""
+
+    def __init__(self, scale: float, start: datetime | None = None) -> None:
+        if scale <= 0:
+            raise ValueError(f"time scale must be positive, got {scale}")
+        self.scale = scale
+        self.start = start or datetime.now(UTC)
+        self._origin = time.monotonic()
+
+    def now(self) -> datetime:
+        return self.start + timedelta(seconds=(time.monotonic() - self._origin) * self.scale)
+
+    def wall_seconds(self, seconds: float) -> float:
+        return seconds / self.scale
+
+
+def time_source(config: Config, db: Database) -> TimeSource:
+    """The system clock, or against an accelerated twin a scaled one that continues from the
+    newest stored sample (so that a restarted bot never writes time backwards)."""
+    if config.time_scale == 1.0:
+        return SystemTime()
+    newest = db.execute("SELECT MAX(ts) FROM metric_samples").fetchone()[0]
+    start = datetime.now(UTC)
+    if newest is not None:
+        start = max(start, datetime.fromtimestamp(float(newest) + 1.0, UTC))
+    return ScaledTime(config.time_scale, start)
+
+
+def observed_settings(info: Mapping[str, Any]) -> dict[str, Any]:
+    """What to keep of a server's info: its settings, without secrets or moving values."""
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if key in _VOLATILE_KEYS or key == "api_key" or key.endswith(_SECRET_SUFFIXES):
+            continue
+        if key == "internal_states":
+            states = value if isinstance(value, list) else []
+            first = states[0] if states and isinstance(states[0], dict) else {}
+            kept = {k: first[k] for k in _KEPT_STATE_KEYS if k in first}
+            out[key] = [kept] * max(1, len(states))
+            continue
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One scrape's values before they are compared with the previous sample."""
+
+    gen_total: float | None = None
+    prompt_total: float | None = None
+    requests_total: float | None = None
+    retractions_total: float | None = None
+    gen_throughput: float | None = None
+    running: float | None = None
+    queued: float | None = None
+    token_usage: float | None = None
+    retracted: float | None = None
+    max_total_tokens: int | None = None
+
+
+def _counter(m: Metrics, family: str) -> float | None:
+    """A counter's value; 0 when the family is declared but has not counted yet."""
+    if not m.has(family):
+        return None
+    return m.get(family + "_total") or 0.0
+
+
+def reading_from_metrics(m: Metrics) -> Reading:
+    capacity = m.get("sglang:max_total_num_tokens")
+    return Reading(
+        gen_total=_counter(m, "sglang:generation_tokens"),
+        prompt_total=_counter(m, "sglang:prompt_tokens"),
+        requests_total=_counter(m, "sglang:num_requests"),
+        retractions_total=_counter(m, "sglang:num_retracted_requests"),
+        gen_throughput=m.get("sglang:gen_throughput"),
+        running=m.get("sglang:num_running_reqs"),
+        queued=m.get("sglang:num_queue_reqs"),
+        token_usage=m.mean("sglang:token_usage"),
+        retracted=m.get("sglang:num_retracted_reqs"),
+        max_total_tokens=None if capacity is None else int(capacity),
+    )
+
+
+def reading_from_loads(loads: list[RankLoad]) -> Reading:
+    usages = [x.token_usage for x in loads if x.token_usage is not None]
+    gens = [x.gen_throughput for x in loads if x.gen_throughput is not None]
+    caps = [x.max_total_num_tokens for x in loads if x.max_total_num_tokens is not None]
+    return Reading(
+        gen_throughput=sum(gens) if gens else None,
+        running=float(sum(x.running for x in loads)),
+        queued=float(sum(x.waiting for x in loads)),
+        token_usage=sum(usages) / len(usages) if usages else None,
+        max_total_tokens=sum(caps) if caps else None,
+    )
+
+
+_COUNTERS = ("gen_total", "prompt_total", "requests_total", "retractions_total")
+_INCREASES = ("gen_tokens", "prompt_tokens", "requests", "retractions")
+
+
+def counters_reset(prev: RawSample, now: Reading) -> bool:
+    """Whether any counter went back: the server process was restarted."""
+    for name in _COUNTERS:
+        before, after = getattr(prev, name), getattr(now, name)
+        if before is not None and after is not None and after < before:
+            return True
+    return False
+
+
+def increases(prev: RawSample | None, now: Reading, reset: bool) -> dict[str, float | None]:
+    """Counter increases since ``prev``; after a reset the new value is the increase."""
+    out: dict[str, float | None] = {}
+    for total, inc in zip(_COUNTERS, _INCREASES, strict=True):
+        after = getattr(now, total)
+        before = None if prev is None else getattr(prev, total)
+        if after is None or before is None:
+            out[inc] = None
+        else:
+            out[inc] = after if reset else after - before
+    return out
+
+
+@dataclass
+class ServerState:
+    """What the sampler remembers about one server between ticks."""
+
+    name: str
+    loaded: bool = False
+    last: RawSample | None = None
+    gap: Gap | None = None
+    away_since: float | None = None  # an earlier run stopped here; unknown since
+    need_snapshot: bool = True
+    capacity: int | None = None
+    last_error: str = ""
+    last_attempt: datetime | None = None
+    samples: int = 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    server: str
+    ok: bool
+    error: str = ""
+
+
+ClientFactory = Callable[[ServerConfig], SGLangClient]
+
+
+def default_client(server: ServerConfig, timeout_s: float = 5.0) -> SGLangClient:
+    """One quick attempt per scrape: a failure is simply a failed scrape, retried next tick."""
+    headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
+    http = httpx.Client(base_url=server.url, headers=headers, timeout=timeout_s)
+    return SGLangClient(http, attempts=2, wait=lambda *_: 0.1)
+
+
+def database_path(db: Database) -> Path | None:
+    """The file behind ``db``; ``None`` for an in-memory database."""
+    for row in db.execute("PRAGMA database_list").fetchall():
+        if row[1] == "main" and row[2]:
+            return Path(row[2])
+    return None
+
+
+@dataclass
+class _Loop:
+    thread: threading.Thread
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+class Sampler:
+    """Samples every configured server into the database; ``start()`` runs it in a thread."""
+
+    def __init__(
+        self,
+        config: Config,
+        db: Database,
+        clock: TimeSource | None = None,
+        *,
+        client_factory: ClientFactory = default_client,
+    ) -> None:
+        self.config = config
+        self.db = db
+        self.clock = clock or time_source(config, db)
+        self.interval_s = config.sampler.interval_s
+        s = config.sampler
+        self.retention = Retention(
+            s.raw_retention_s, s.five_minute_retention_s, s.hourly_retention_s
+        )
+        self._client_factory = client_factory
+        self._clients: dict[str, SGLangClient] = {}
+        self.states = {name: ServerState(name) for name in config.servers}
+        self._loop: _Loop | None = None
+        self._lock = threading.Lock()
+        self._last_compact: datetime | None = None
+
+    # ------------------------------------------------------------------ one tick
+    def sample_once(self, db: Database | None = None) -> list[Outcome]:
+        """Scrape every server once and store what was seen; returns one outcome per server."""
+        db = db or self.db
+        with self._lock:
+            return [self._sample_server(db, name) for name in self.config.servers]
+
+    def compact(self, db: Database | None = None) -> None:
+        """Roll up and expire samples now."""
+        db = db or self.db
+        now = self.clock.now()
+        compact(db, now.timestamp(), self.retention, settle_s=2 * self.interval_s)
+        self._last_compact = now
+
+    def _client(self, name: str) -> SGLangClient:
+        if name not in self._clients:
+            self._clients[name] = self._client_factory(self.config.servers[name])
+        return self._clients[name]
+
+    def _read(self, client: SGLangClient) -> Reading:
+        try:
+            return reading_from_metrics(client.metrics())
+        except MetricsDisabled:
+            return reading_from_loads(client.loads())
+
+    def _sample_server(self, db: Database, name: str) -> Outcome:
+        state = self.states[name]
+        now = self.clock.now()
+        t = now.timestamp()
+        if not state.loaded:
+            self._first_contact(db, state, t)
+        state.last_attempt = now
+        try:
+            reading = self._read(self._client(name))
+        except SGLangError as exc:
+            self._failed(db, state, t, str(exc))
+            return Outcome(name, False, str(exc))
+        except Exception as exc:  # a bug or a malformed answer must not stop the sampler
+            log.exception("sampling %s failed", name)
+            self._failed(db, state, t, f"{type(exc).__name__}: {exc}")
+            return Outcome(name, False, str(exc))
+        self._succeeded(db, state, t, reading)
+        if state.need_snapshot:
+            self._snapshot(db, state, t)
+        return Outcome(name, True)
+
+    def _max_gap(self) -> float:
+        return CONTIGUOUS_FACTOR * self.interval_s
+
+    def _first_contact(self, db: Database, state: ServerState, t: float) -> None:
+        """Pick up where an earlier run left off; note if it stopped long enough ago that the
+        time in between is unknown (the sampler was not running)."""
+        state.loaded = True
+        state.last = last_sample(db, state.name)
+        state.gap = open_gap(db, state.name)
+        seen = [x for x in (state.last and state.last.ts, state.gap and state.gap.end_ts) if x]
+        if seen and t - max(seen) > self._max_gap():
+            state.away_since = max(seen)
+
+    def _end_absence(self, db: Database, state: ServerState, t: float, restarted: bool) -> None:
+        assert state.away_since is not None
+        if state.gap is not None:  # down when the earlier run stopped; for how long is unknown
+            close_gap(db, state.gap.id, state.gap.end_ts, restarted=False)
+            state.gap = None
+        add_gap(
+            db,
+            state.name,
+            "no_data",
+            state.away_since,
+            t,
+            restarted=restarted,
+            detail="sampler not running",
+        )
+        state.away_since = None
+
+    def _failed(self, db: Database, state: ServerState, t: float, error: str) -> None:
+        state.last_error = error
+        if state.away_since is not None:
+            self._end_absence(db, state, t, restarted=False)
+        gap = state.gap
+        if gap is None:
+            gap_id = add_gap(db, state.name, "down", t, t, open=True, detail=error)
+            state.gap = Gap(gap_id, state.name, "down", t, t, True, False, error)
+            return
+        extend_gap(db, gap.id, t, detail=error)
+        state.gap = Gap(gap.id, gap.server, gap.kind, gap.start_ts, t, True, False, error)
+
+    def _succeeded(self, db: Database, state: ServerState, t: float, r: Reading) -> None:
+        last = state.last
+        if last is not None and t <= last.ts:
+            log.warning("sampler clock went back for %s (%.3f <= %.3f)", state.name, t, last.ts)
+            return
+        reset = last is not None and counters_reset(last, r)
+        continuous = last is not None and not reset
+        counted = last is not None
+        if state.away_since is not None:
+            self._end_absence(db, state, t, restarted=reset)
+            continuous = counted = False
+            state.need_snapshot = True
+        elif state.gap is not None:
+            close_gap(db, state.gap.id, t, restarted=reset)
+            state.gap = None
+            continuous = False
+            state.need_snapshot = True
+        elif reset and last is not None:
+            add_gap(db, state.name, "restart", last.ts, t, restarted=True)
+            state.need_snapshot = True
+        dt = t - last.ts if continuous and last is not None else None
+        inc: dict[str, float | None] = (
+            increases(last, r, reset) if counted else dict.fromkeys(_INCREASES)
+        )
+        sample = RawSample(
+            server=state.name,
+            ts=t,
+            span_s=self.interval_s if dt is None else min(dt, self._max_gap()),
+            dt=dt,
+            gen_total=r.gen_total,
+            prompt_total=r.prompt_total,
+            requests_total=r.requests_total,
+            retractions_total=r.retractions_total,
+            gen_throughput=r.gen_throughput,
+            running=r.running,
+            queued=r.queued,
+            token_usage=r.token_usage,
+            retracted=r.retracted,
+            max_total_tokens=r.max_total_tokens or state.capacity,
+            **inc,
+        )
+        add_sample(db, sample)
+        state.last = sample
+        state.last_error = ""
+        state.samples += 1
+
+    def _snapshot(self, db: Database, state: ServerState, t: float) -> None:
+        try:
+            info = self._client(state.name).server_info()
+        except SGLangError as exc:
+            log.info("server info of %s not read (%s); trying next tick", state.name, exc)
+            return
+        state.capacity = info.max_total_num_tokens
+        record_snapshot(db, state.name, t, observed_settings(info.raw))
+        state.need_snapshot = False
+
+    # ------------------------------------------------------------------ the thread
+    def start(self) -> None:
+        """Sample in a daemon thread until ``stop()``; it uses its own database connection."""
+        if self._loop is not None:
+            return
+        path = database_path(self.db)
+        if path is None:
+            raise RuntimeError(
+                "the sampler's thread needs a database file (kvpilot.database), not an "
+                "in-memory database; call sample_once() instead"
+            )
+        loop = _Loop(threading.Thread(target=self._run, args=(path,), name="kvpilot-sampler"))
+        loop.thread.daemon = True
+        self._loop = loop
+        loop.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread (within one scrape) and close the clients."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.stop.set()
+            loop.thread.join(timeout)
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    @property
+    def running(self) -> bool:
+        return self._loop is not None and self._loop.thread.is_alive()
+
+    def _run(self, path: Path) -> None:
+        loop = self._loop
+        assert loop is not None
+        db = open_db(path)
+        try:
+            due = self.clock.now()
+            while not loop.stop.is_set():
+                try:
+                    self.sample_once(db)
+                    last = self._last_compact
+                    now = self.clock.now()
+                    if last is None or (now - last).total_seconds() >= COMPACT_EVERY_S:
+                        self.compact(db)
+                except Exception:  # the database may be locked for a moment; keep sampling
+                    log.exception("sampling round failed")
+                due += timedelta(seconds=self.interval_s)
+                now = self.clock.now()
+                due = max(due, now)  # fell behind (slow scrapes): skip, do not burst
+                loop.stop.wait(self.clock.wall_seconds((due - now).total_seconds()))
+        finally:
+            db.close()
+
+    # ------------------------------------------------------------------ status
+    def describe(self) -> list[str]:
+        """One line for the sampler and one per server, for ``/kvpilot status``."""
+        state = "running" if self.running else "stopped"
+        keep = self.retention
+        lines = [
+            f"sampler {state}: every {self.interval_s:g} s, {len(self.states)} server(s); "
+            f"raw samples kept {keep.raw_s / 86400:g} d, 5-minute {keep.five_minute_s / 86400:g} d"
+            f", hourly {keep.hourly_s / 86400:g} d"
+        ]
+        now = self.clock.now().timestamp()
+        for name, s in self.states.items():
+            if s.gap is not None:
+                since = datetime.fromtimestamp(s.gap.start_ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
+                lines.append(f"  {name}: down since {since} ({s.last_error})")
+            elif s.last is not None:
+                lines.append(f"  {name}: up, last sample {now - s.last.ts:.0f} s ago")
+            else:
+                lines.append(f"  {name}: not sampled yet")
+        return lines
