@@ -12,6 +12,7 @@ import sys
 from typing import TextIO
 
 from bot.render import render
+from bot.report_cli import add_report_parser, cmd_report
 from playbooks.clock import make_clock
 from playbooks.diagnose import DiagnoseSettings, diagnose
 from playbooks.measure import MeasurementError, MeasurePlan
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("action", choices=["start", "stop", "status"])
     srv.add_argument("--server", required=True)
     srv.add_argument("--config", default=None)
+    add_report_parser(sub)
     return parser
 
 
@@ -206,6 +208,8 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
+    if ns.command == "report":
+        return cmd_report(ns, out, err)
     if ns.command == "diagnose":
         return cmd_diagnose(ns, out, err)
     if ns.command in ("experiment", "experiments", "resume", "server"):
