@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 from typing import TextIO
 
 from bot.render import render
@@ -58,11 +59,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvpilot", description="Tune SGLang servers safely.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     d = sub.add_parser("diagnose", help="measure a server, name its bottleneck, propose changes")
-    d.add_argument(
+    target = d.add_mutually_exclusive_group(required=True)
+    target.add_argument(
         "--server",
-        required=True,
         metavar="URL",
         help="SGLang base URL, e.g. http://127.0.0.1:30000",
+    )
+    target.add_argument(
+        "--group",
+        metavar="NAME",
+        help="every server of a group in the configuration, measured at the same time",
+    )
+    d.add_argument(
+        "--config",
+        default=None,
+        help="with --group: kvpilot.toml (default: $KVPILOT_CONFIG or ./kvpilot.toml)",
     )
     d.add_argument("--api-key", default=None, help="the server's --api-key, if it has one")
     d.add_argument(
@@ -116,9 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--time-scale",
         type=_positive,
-        default=1.0,
+        default=None,
         help="measure on a clock K times faster than the wall clock (only for an "
-        "SGLang twin started with --time-scale K)",
+        "SGLang twin started with --time-scale K; with --group, the configuration's)",
     )
     e = sub.add_parser("experiment", help="apply one change, measure it, keep it or revert it")
     e.add_argument(
@@ -159,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if ns.group is not None:
+        return cmd_diagnose_group(ns, out, err)
+    if ns.config is not None:
+        err.write("error: --config is read with --group; with --server URL give flags only\n")
+        return 2
     try:
         consider = tuple(parse_change(items) for items in ns.consider)
         plan = MeasurePlan(
@@ -189,7 +205,7 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"error: {exc}\n")
         return 2
     try:
-        finding = diagnose(client, make_clock(ns.time_scale), settings, on_progress=progress)
+        finding = diagnose(client, make_clock(ns.time_scale or 1.0), settings, progress)
     except (SGLangError, MeasurementError) as exc:
         progress.finish()
         err.write(f"error: {exc}\n")
@@ -203,6 +219,116 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         out.write(render("diagnose.txt.j2", f=data))
     return 0
+
+
+def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """`diagnose --group NAME`: every server of the group at once, then the group side by side."""
+    from dataclasses import replace  # noqa: PLC0415 - keeps `diagnose --server` light
+
+    from bot.config import ConfigError, load  # noqa: PLC0415
+    from bot.wiring import diagnose_settings, sglang_client  # noqa: PLC0415
+    from playbooks.fleet import Member, diagnose_group  # noqa: PLC0415
+
+    per_server = [
+        flag
+        for flag, given in [
+            ("--api-key", ns.api_key is not None),
+            ("--gpu-memory-gib", ns.gpu_memory_gib is not None),
+            ("--host-ram-gib", ns.host_ram_gib is not None),
+            ("--local-host", ns.local_host),
+            ("--local-gpus", ns.local_gpus),
+        ]
+        if given
+    ]
+    if per_server:
+        err.write(
+            f"error: {', '.join(per_server)} cannot be used with --group: each server's "
+            "settings come from its [servers.NAME] table in the configuration\n"
+        )
+        return 2
+    try:
+        consider = tuple(parse_change(items) for items in ns.consider)
+        plan = MeasurePlan(
+            precision=ns.precision,
+            max_window_s=max(ns.max_window, ns.window or 0),
+            min_window_s=min(180.0, ns.max_window),
+            fixed_window_s=ns.window,
+        )
+        config = load(ns.config)
+        group, servers = config.group_servers(ns.group)
+        members = [
+            Member(
+                s.name,
+                sglang_client(s),
+                replace(diagnose_settings(s), plan=plan, consider=consider),
+            )
+            for s in servers
+        ]
+    except (ArgError, ValueError, ConfigError, SGLangError) as exc:
+        err.write(f"error: {exc}\n")
+        return 2
+    progress = Progress(err)
+    latest: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def report(name: str, elapsed: float, target: float, message: str) -> None:
+        with lock:
+            latest[name] = elapsed
+            progress(min(latest.values()), target, f"{len(latest)}/{len(members)} servers")
+
+    clock = make_clock(ns.time_scale or config.time_scale)
+    try:
+        result = diagnose_group(group.name, members, clock, on_progress=report)
+    finally:
+        for m in members:
+            m.client.close()
+    progress.finish()
+    if ns.json:
+        out.write(json.dumps(result.to_json()) + "\n")
+    else:
+        for r in result.members:
+            out.write(f"== {r.name} ({r.url}), metrics from {r.metrics_from}\n")
+            if r.finding is None:
+                out.write(f"error: {r.error}\n\n")
+            else:
+                out.write(render("diagnose.txt.j2", f=r.finding.to_json()) + "\n")
+        out.write(render_group_summary(result.summary()))
+    for r in result.failed:
+        err.write(f"error: {r.name} could not be diagnosed: {r.error}\n")
+    return 1 if result.failed else 0
+
+
+def render_group_summary(s: dict[str, object]) -> str:
+    rows = s["rows"]
+    assert isinstance(rows, list)
+    lines = [
+        f"== group {s['group']}: {s['measured']} of {s['servers']} servers measured",
+        f"{'server':16} {'bottleneck':10} {'decode tok/s':>12} {'usage':>6} {'running':>8} "
+        f"{'queued':>7}  change to try",
+    ]
+    for r in rows:
+        if r["error"] is not None:
+            lines.append(f"{r['server']:16} not measured: {r['error']}")
+            continue
+        change = f"{r['top_change']} ({r['top_verdict']})" if r["top_change"] else "-"
+        rate = r["generation_tokens_per_s"]
+        usage = r["token_usage"]
+        lines.append(
+            f"{r['server']:16} {r['bottleneck']:10} "
+            f"{'-' if rate is None else f'{rate:,.1f}':>12} "
+            f"{'-' if usage is None else f'{usage:.2f}':>6} {r['running']:>8.1f} "
+            f"{r['queued']:>7.1f}  {change}"
+        )
+    total = s["generation_tokens_per_s_total"]
+    by = s["bottlenecks"]
+    assert isinstance(by, dict)
+    counts = ", ".join(f"{k} {len(v)}" for k, v in sorted(by.items())) or "none"
+    lines.append(
+        "total decode rate "
+        + ("-" if total is None else f"{total:,.1f} tok/s")
+        + f"; bottlenecks: {counts}"
+    )
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

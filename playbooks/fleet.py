@@ -93,8 +93,9 @@ class GroupReport:
         """The group at a glance: bottlenecks counted, throughput added up, what to try."""
         rows = [m.summary() for m in self.members]
         measured = [r for r in rows if r["error"] is None]
-        rates = [r["generation_tokens_per_s"] for r in measured if r["generation_tokens_per_s"]]
-        usages = [r["token_usage"] for r in measured if r["token_usage"] is not None]
+        findings = [m.finding for m in self.members if m.finding is not None]
+        rates = [f.generation.mean for f in findings if f.generation is not None]
+        usages = [f.token_usage for f in findings if f.token_usage is not None]
         bottlenecks: dict[str, list[str]] = {}
         for r in measured:
             bottlenecks.setdefault(r["bottleneck"], []).append(r["server"])
