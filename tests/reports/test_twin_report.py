@@ -1,0 +1,173 @@
+"""The sampler and the report against the SGLang twin: the incident at 0.85, then a restart
+at 0.88, sampled by the sampler's own thread in the twin's (accelerated) time.
+
+The twin's known behaviour (README, "The incident on the twin"): at 0.85 about 50 requests run
+and 100 wait, token usage around 0.9, decode 830-880 tok/s, capacity 116,171 tokens; at 0.88
+capacity 159,856 and about 1,000 tok/s. The test also reads the twin's counters and simulated
+clock itself, to check the report's effective rate against the twin's own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+from sqlite_utils import Database
+
+from bot.config import parse
+from bot.reports import render_chart, render_text
+from bot.sampler import Sampler, ScaledTime
+from playbooks.report import Report, build_report
+from storage.db import open_db
+from storage.metric_samples import gaps_between, samples_between
+from tests.twin_process import TwinProcess, free_port, spawn, wait_healthy
+
+pytestmark = pytest.mark.slow
+
+K = 200.0  # the twin's time scale: 15 s samples every 75 ms
+PHASE_1_S = 1200.0  # simulated seconds at 0.85
+PHASE_2_S = 600.0  # simulated seconds at 0.88
+
+
+def twin_args(fraction: str) -> list[str]:
+    return [
+        "--time-scale",
+        str(K),
+        "--mem-fraction-static",
+        fraction,
+        "--enable-metrics",
+        "--workload",
+        "incident",
+        "--concurrency",
+        "150",
+        "--seed",
+        "7",
+    ]
+
+
+def twin_counters(url: str) -> tuple[float, float]:
+    """(generation_tokens_total, simulated seconds) as the twin reports them."""
+    sim = httpx.get(url + "/server_info", timeout=5).json()["kvpilot_twin"]["sim_time_s"]
+    text = httpx.get(url + "/metrics", timeout=5).text
+    line = next(x for x in text.splitlines() if x.startswith("sglang:generation_tokens_total"))
+    return float(line.rsplit(" ", 1)[1]), float(sim)
+
+
+@dataclass
+class Run:
+    db: Database
+    clock: ScaledTime
+    start: datetime
+    stop: datetime  # the 0.85 twin was stopped
+    ready: datetime  # the 0.88 twin answered again
+    end: datetime
+    phase_1_twin_rate: float  # tokens per simulated second, from the twin itself
+    wall_down_s: float
+
+    def report(self, since: datetime, until: datetime) -> Report:
+        return build_report(self.db, "incident", since=since, until=until)
+
+
+def sample_for(clock: ScaledTime, seconds: float) -> None:
+    deadline = clock.now().timestamp() + seconds
+    while clock.now().timestamp() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    tmp = tmp_path_factory.mktemp("twin-report")
+    port = free_port()
+    config = parse(
+        {
+            "kvpilot": {"database": "kvpilot.db", "time_scale": K},
+            "servers": {"incident": {"url": f"http://127.0.0.1:{port}"}},
+        },
+        tmp / "kvpilot.toml",
+    )
+    db = open_db(config.database)
+    twin: TwinProcess = spawn(twin_args("0.85"), port=port)
+    sampler: Sampler | None = None
+    try:
+        wait_healthy(twin)
+        clock = ScaledTime(K)
+        sampler = Sampler(config, db, clock)
+        start = clock.now()
+        g0, s0 = twin_counters(twin.url)
+        sampler.start()
+        sample_for(clock, PHASE_1_S)
+        g1, s1 = twin_counters(twin.url)
+        stop = clock.now()
+        wall_stop = time.monotonic()
+        twin.stop()
+        twin = spawn(twin_args("0.88"), port=port)
+        wait_healthy(twin)
+        wall_down = time.monotonic() - wall_stop
+        ready = clock.now()
+        sample_for(clock, PHASE_2_S)
+        sampler.stop()
+        end = clock.now()
+        yield Run(db, clock, start, stop, ready, end, (g1 - g0) / (s1 - s0), wall_down)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        twin.stop()
+        twin.log_path.unlink(missing_ok=True)
+        db.close()
+
+
+def test_the_restart_is_one_gap_and_no_samples_fall_inside_it(run: Run) -> None:
+    (gap,) = gaps_between(run.db, "incident", 0, 1e12)
+    assert gap.kind == "down" and gap.restarted and not gap.open
+    expected = run.wall_down_s * K
+    assert abs((gap.end_ts - gap.start_ts) - expected) <= 0.15 * expected + 45
+    rows = samples_between(run.db, "incident", 0, 1e12)
+    assert not [r for r in rows if gap.start_ts < r.ts < gap.end_ts]
+    first_after = next(r for r in rows if r.ts >= gap.end_ts)
+    assert first_after.dt is None and first_after.max_total_tokens == 159_856
+    spacing = [r.dt for r in rows if r.dt is not None]
+    assert sum(spacing) / len(spacing) < 25  # the sampler kept up with the twin's clock
+
+
+def test_the_incident_day_matches_the_twin(run: Run) -> None:
+    r = run.report(run.start, run.stop)
+    assert r.capacity_tokens == 116_171
+    assert r.generation.mean is not None and 780 <= r.generation.mean <= 930
+    assert r.generation.peak is not None and r.generation.peak >= r.generation.mean
+    assert r.running_mean is not None and 40 <= r.running_mean <= 60
+    assert r.queue_mean is not None and 85 <= r.queue_mean <= 115
+    assert r.saturated_share is not None and r.saturated_share >= 0.95
+    assert r.usage is not None and 0.8 <= r.usage.p50 <= 1.0 and r.usage.p90 >= 0.9
+    # the effective rate is the twin's own completed-token rate over the same time
+    assert r.effective.mean is not None
+    assert r.effective.mean == pytest.approx(run.phase_1_twin_rate, rel=0.12)
+    assert r.tokens_generated is not None and r.requests_completed is not None
+    assert 3_000 <= r.tokens_generated / r.requests_completed <= 4_800  # ~3.5K per answer
+    assert r.restarts == 0 and r.downtime_s == 0
+    assert r.diagnosis is not None and r.diagnosis.bottleneck == "kv_cache"
+
+
+def test_after_the_restart_the_report_shows_the_change_and_what_it_did(run: Run) -> None:
+    before = run.report(run.start, run.stop)
+    after = run.report(run.ready, run.end)
+    whole = run.report(run.start, run.end)
+    assert after.capacity_tokens == 159_856
+    assert after.generation.mean is not None and before.generation.mean is not None
+    assert 900 <= after.generation.mean <= 1_150  # ~1,000 tok/s at 0.88
+    assert after.generation.mean > 1.05 * before.generation.mean
+    assert whole.restarts == 1
+    assert whole.downtime_s == pytest.approx(run.wall_down_s * K, rel=0.15, abs=45)
+    rest = run.report(run.stop, run.end)  # [start, stop) and [stop, end) make the whole
+    assert whole.tokens_generated == (before.tokens_generated or 0) + (rest.tokens_generated or 0)
+    changes = {c.key: (c.before, c.after) for c in whole.config.changes}
+    assert changes["mem_fraction_static"] == (0.85, 0.88)
+    assert changes["max_total_num_tokens"] == (116_171, 159_856)
+    text = render_text(whole)
+    assert "mem_fraction_static: 0.85 -> 0.88" in text and "1 restart," in text
+    png = render_chart(whole)
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20_000
+    assert whole.until > whole.since and whole.until.tzinfo is UTC
