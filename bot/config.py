@@ -25,6 +25,7 @@ from typing import Any
 from apscheduler.triggers.cron import CronTrigger
 
 from playbooks.gate import GateSettings
+from playbooks.launchers import factory as launcher_factory
 from playbooks.sources.prometheus import DEFAULT_MAX_AGE_S, default_selector, parse_selector
 
 DEFAULT_PATH = "kvpilot.toml"
@@ -49,6 +50,8 @@ class LauncherConfig:
     command: list[str]
     ready_timeout_s: float = 1800.0
     env: dict[str, str] = field(default_factory=dict)
+    # the kind's own keys, checked (systemd, docker, kubernetes: playbooks.launchers.factory)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -244,10 +247,19 @@ def _launcher(table: Any, where: str) -> LauncherConfig | None:
         return None
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: expected a table")
-    _check_keys(table, {"kind", "command", "ready_timeout_s", "env"}, where)
     kind = _str(table, "kind", where)
+    if kind not in launcher_factory.KINDS:
+        known = ", ".join(f'"{k}"' for k in launcher_factory.KINDS)
+        raise ConfigError(f"{where}.kind: {kind!r} is not a known launcher; use one of {known}")
+    _check_keys(table, launcher_factory.allowed_keys(kind), where)
     if kind != "process":
-        raise ConfigError(f'{where}.kind: {kind!r} is not a known launcher; use "process"')
+        timeout = _num(table, "ready_timeout_s", where, 1800.0)
+        assert timeout is not None
+        try:
+            options = launcher_factory.options(kind, table)
+        except launcher_factory.OptionError as exc:
+            raise ConfigError(f"{where}.{exc.key}: {exc}") from None
+        return LauncherConfig(kind, [], timeout, {}, options)
     command = table.get("command")
     if (
         not isinstance(command, list)

@@ -12,6 +12,8 @@ from playbooks.clock import Clock, make_clock
 from playbooks.diagnose import DiagnoseSettings
 from playbooks.experiment import Deps, GatePlan
 from playbooks.fleet import RestartLimiter
+from playbooks.launchers import factory as launcher_factory
+from playbooks.launchers.common import ManagedLauncher
 from playbooks.launchers.process import ProcessLauncher, ProcessSpec
 from playbooks.sources.gpu import GpuReader, NvmlGpuReader
 from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
@@ -25,11 +27,20 @@ def database(config: Config) -> Database:
     return open_db(config.database)
 
 
-def launcher(config: Config, server: ServerConfig, clock: Clock) -> ProcessLauncher:
+def launcher(config: Config, server: ServerConfig, clock: Clock) -> ManagedLauncher:
     if server.launcher is None:
         raise ConfigError(
             f"servers.{server.name}.launcher: not configured, so kvpilot cannot "
             "restart this server (add a [servers.NAME.launcher] table)"
+        )
+    if server.launcher.kind != "process":
+        return launcher_factory.build(
+            server.launcher.kind,
+            server.launcher.options,
+            url=server.url,
+            ready_timeout_s=server.launcher.ready_timeout_s,
+            clock=clock,
+            base_dir=Path(config.path).parent,
         )
     spec = ProcessSpec(
         name=server.name,

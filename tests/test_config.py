@@ -50,7 +50,7 @@ def test_environment_variable_and_default_path(
         ("[servers.a]\nurl = 'localhost:1'\n", "servers.a.url: expected http://HOST:PORT"),
         ("[servers.a]\nurl = 'http://x'\nport = 3\n", "servers.a: unknown key(s) port"),
         (
-            "[servers.a]\nurl = 'http://x'\n[servers.a.launcher]\nkind = 'docker'\n"
+            "[servers.a]\nurl = 'http://x'\n[servers.a.launcher]\nkind = 'nomad'\n"
             "command = ['x']\n",
             "is not a known launcher",
         ),

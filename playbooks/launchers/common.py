@@ -1,0 +1,74 @@
+"""What the launchers share: reading SGLang's flags out of a command, readiness, waiting.
+
+Every launcher drives a system that holds a whole command line (a unit's `ExecStart`, a
+container's entrypoint and command, a pod template's command and args). kvpilot owns only the
+SGLang server arguments, which start at the first `--flag`; the executable part in front of them
+(`python3 -m sglang.launch_server`, `sglang serve MODEL`) is the operator's and is kept as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import httpx
+
+from playbooks.clock import Clock
+from playbooks.launchers.base import Launcher
+
+
+class ManagedLauncher(Launcher, Protocol):
+    """A launcher that can also start without waiting (`kvpilot server start`) and wait later."""
+
+    def start(self, args: list[str]) -> None: ...
+
+    def wait_ready(self) -> None: ...
+
+
+def flag_index(command: list[str]) -> int | None:
+    """Where SGLang's server arguments begin: the first token that is a `--flag`."""
+    for i, tok in enumerate(command):
+        if tok.startswith("--"):
+            return i
+    return None
+
+
+def split_command(command: list[str]) -> tuple[list[str], list[str]]:
+    """(executable part, server arguments)."""
+    i = flag_index(command)
+    if i is None:
+        return list(command), []
+    return list(command[:i]), list(command[i:])
+
+
+def health_ok(url: str, timeout_s: float = 5.0) -> bool:
+    """SGLang's readiness: `/health` answers 200 (503 while it is still starting)."""
+    try:
+        return httpx.get(url.rstrip("/") + "/health", timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def poll_interval(ready_timeout_s: float) -> float:
+    """How often to look while waiting: often for short deadlines, every 5 s at most."""
+    return min(5.0, ready_timeout_s / 100)
+
+
+def poll_until(clock: Clock, timeout_s: float, ready: Callable[[], bool]) -> bool:
+    """Call `ready` until it says True (returns True) or the deadline passes (returns False).
+
+    `ready` raises LaunchError itself when it sees a failure, so a crash is reported at once
+    instead of after the deadline.
+    """
+    deadline = clock.now() + timeout_s
+    step = poll_interval(timeout_s)
+    while True:
+        if ready():
+            return True
+        if clock.now() > deadline:
+            return False
+        clock.sleep(step)
+
+
+def tail(text: str, chars: int = 6000) -> str:
+    return text[-chars:]

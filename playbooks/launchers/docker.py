@@ -1,0 +1,339 @@
+"""The `docker` launcher: SGLang runs in a container (typically the `lmsysorg/sglang` image).
+
+A container's command cannot be changed in place, so kvpilot recreates it through the Docker
+Engine API on its Unix socket, the way `docker compose` does: it inspects the running container,
+creates a new one from the same configuration (the same image by ID, mounts, devices and GPU
+requests, environment, network, ports, labels, restart policy) with the new SGLang arguments, and
+only then swaps them:
+
+    create NAME-kvpilot-next -> stop NAME -> rename NAME to NAME-kvpilot-previous
+    -> rename NAME-kvpilot-next to NAME -> start NAME -> ready -> remove NAME-kvpilot-previous
+
+If kvpilot dies anywhere in between, the system still says what is true: the container called
+NAME, or, between the two renames, NAME-kvpilot-previous, which `current_args`, `state` and the
+next `apply` use. Readiness is `/health`; failure is the container's state (exited, restarting,
+OOM-killed) explained from its exit code and log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import httpx
+
+from playbooks.clock import Clock, WallClock
+from playbooks.launchers.base import LaunchError, ServerState
+from playbooks.launchers.common import flag_index, health_ok, poll_until, split_command
+from playbooks.launchers.process import classify_exit
+
+API_VERSION = "v1.41"  # Docker Engine 20.10 and later
+NEXT_SUFFIX = "-kvpilot-next"
+PREVIOUS_SUFFIX = "-kvpilot-previous"
+# Fields of an inspected container's Config that `POST /containers/create` takes back.
+CONFIG_FIELDS = (
+    "Hostname",
+    "Domainname",
+    "User",
+    "AttachStdin",
+    "AttachStdout",
+    "AttachStderr",
+    "ExposedPorts",
+    "Tty",
+    "OpenStdin",
+    "StdinOnce",
+    "Env",
+    "Cmd",
+    "Healthcheck",
+    "ArgsEscaped",
+    "Volumes",
+    "WorkingDir",
+    "Entrypoint",
+    "NetworkDisabled",
+    "MacAddress",
+    "OnBuild",
+    "Labels",
+    "StopSignal",
+    "StopTimeout",
+    "Shell",
+)
+DEFAULT_NETWORK_MODES = ("default", "bridge", "host", "none")
+
+
+@dataclass(frozen=True)
+class DockerSpec:
+    container: str  # the container's name
+    url: str  # the server's HTTP address, for readiness
+    socket: str = "/var/run/docker.sock"
+    ready_timeout_s: float = 1800.0  # on the clock
+    stop_timeout_s: float = 60.0  # wall seconds SGLang gets to exit before SIGKILL
+    request_timeout_s: float = 30.0
+
+
+class DockerError(LaunchError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class DockerEngine:
+    """The few Docker Engine API calls the launcher needs, over the Unix socket."""
+
+    def __init__(self, socket: str, timeout_s: float = 30.0) -> None:
+        self.socket = socket
+        self.timeout_s = timeout_s
+        self._http = httpx.Client(
+            transport=httpx.HTTPTransport(uds=socket),
+            base_url=f"http://docker/{API_VERSION}",
+            timeout=timeout_s,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        ok: tuple[int, ...] = (200,),
+        params: dict[str, str] | None = None,
+        body: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> httpx.Response:
+        try:
+            response = self._http.request(
+                method, path, params=params, json=body, timeout=timeout_s or self.timeout_s
+            )
+        except httpx.TransportError as exc:
+            raise LaunchError(
+                f"cannot reach the Docker Engine at unix://{self.socket}: {exc} (is Docker "
+                "running, and may kvpilot's user open the socket, e.g. as a member of the "
+                "docker group?)"
+            ) from None
+        if response.status_code not in ok:
+            try:
+                message = str(response.json().get("message", response.text))
+            except ValueError:
+                message = response.text
+            raise DockerError(
+                response.status_code, f"Docker Engine: {method} {path}: {message.strip()}"
+            )
+        return response
+
+    def inspect(self, name: str) -> dict[str, Any] | None:
+        response = self.call("GET", f"/containers/{name}/json", ok=(200, 404))
+        if response.status_code == 404:
+            return None
+        return cast(dict[str, Any], response.json())
+
+    def create(self, name: str, body: dict[str, Any]) -> str:
+        response = self.call(
+            "POST", "/containers/create", ok=(201,), params={"name": name}, body=body
+        )
+        return str(response.json()["Id"])
+
+    def start(self, ident: str) -> None:
+        self.call("POST", f"/containers/{ident}/start", ok=(204, 304))
+
+    def stop(self, ident: str, timeout_s: float) -> None:
+        self.call(
+            "POST",
+            f"/containers/{ident}/stop",
+            ok=(204, 304),
+            params={"t": str(int(timeout_s))},
+            timeout_s=timeout_s + self.timeout_s,
+        )
+
+    def rename(self, ident: str, name: str) -> None:
+        self.call("POST", f"/containers/{ident}/rename", ok=(204,), params={"name": name})
+
+    def remove(self, ident: str) -> None:
+        self.call("DELETE", f"/containers/{ident}", ok=(204, 404), params={"force": "true"})
+
+    def logs(self, ident: str, tty: bool, lines: int = 300) -> str:
+        response = self.call(
+            "GET",
+            f"/containers/{ident}/logs",
+            ok=(200, 404),
+            params={"stdout": "true", "stderr": "true", "tail": str(lines)},
+        )
+        if response.status_code == 404:
+            return ""
+        data = response.content
+        return (data if tty else demultiplex(data)).decode(errors="replace")
+
+
+def demultiplex(data: bytes) -> bytes:
+    """Undo the Engine's stream framing: per frame, [stream, 0, 0, 0, size (u32, big-endian)]."""
+    out = bytearray()
+    i = 0
+    while i + 8 <= len(data):
+        size = int.from_bytes(data[i + 4 : i + 8], "big")
+        out += data[i + 8 : i + 8 + size]
+        i += 8 + size
+    return bytes(out)
+
+
+def full_command(info: dict[str, Any]) -> tuple[list[str], list[str]]:
+    config = info.get("Config") or {}
+    return list(config.get("Entrypoint") or []), list(config.get("Cmd") or [])
+
+
+def recreate_body(info: dict[str, Any], args: list[str]) -> dict[str, Any]:
+    """The create request for a copy of an inspected container running SGLang with `args`."""
+    config = info.get("Config") or {}
+    body: dict[str, Any] = {k: config[k] for k in CONFIG_FIELDS if k in config}
+    if body.get("Hostname") == str(info.get("Id", ""))[:12]:
+        del body["Hostname"]  # Docker's default hostname is the container's own short ID
+    body["Image"] = info["Image"]  # the image ID: the same bits even if the tag has moved
+    entrypoint, cmd = full_command(info)
+    at = flag_index(entrypoint + cmd)
+    if at is None:
+        raise LaunchError(
+            f"container {str(info.get('Name', '')).lstrip('/')} runs "
+            f"{' '.join(entrypoint + cmd)!r}, which has no SGLang --flags for kvpilot to change"
+        )
+    if at >= len(entrypoint):
+        body["Cmd"] = cmd[: at - len(entrypoint)] + args
+    else:
+        body["Entrypoint"] = entrypoint[:at] + args
+        body["Cmd"] = []
+    body["HostConfig"] = info.get("HostConfig") or {}
+    mode = str(body["HostConfig"].get("NetworkMode") or "default")
+    networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
+    if mode not in DEFAULT_NETWORK_MODES and not mode.startswith("container:") and mode in networks:
+        endpoint = networks[mode] or {}
+        short_id = str(info.get("Id", ""))[:12]
+        aliases = [a for a in endpoint.get("Aliases") or [] if a != short_id]
+        settings = {"IPAMConfig": endpoint.get("IPAMConfig"), "Links": endpoint.get("Links")}
+        if aliases:
+            settings["Aliases"] = aliases
+        body["NetworkingConfig"] = {
+            "EndpointsConfig": {mode: {k: v for k, v in settings.items() if v}}
+        }
+    return body
+
+
+def exit_reason(st: dict[str, Any], log: str) -> str:
+    if st.get("OOMKilled"):
+        return "killed by the kernel's OOM killer (the container's memory limit or host RAM)"
+    code = st.get("ExitCode")
+    reason = classify_exit(code if isinstance(code, int) else None, log)
+    error = st.get("Error")
+    return f"{reason} ({error})" if error else reason
+
+
+class DockerLauncher:
+    kind = "docker"
+
+    def __init__(
+        self, spec: DockerSpec, clock: Clock | None = None, engine: DockerEngine | None = None
+    ) -> None:
+        self.spec = spec
+        self.clock = clock or WallClock()
+        self.engine = engine or DockerEngine(spec.socket, spec.request_timeout_s)
+        self._started: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.container
+
+    def lookup(self) -> dict[str, Any] | None:
+        """The container that holds the truth: NAME, or the previous one mid-swap."""
+        for name in (self.name, self.name + PREVIOUS_SUFFIX):
+            info = self.engine.inspect(name)
+            if info is not None:
+                return info
+        return None
+
+    def find(self) -> dict[str, Any]:
+        info = self.lookup()
+        if info is None:
+            raise LaunchError(self._missing())
+        return info
+
+    def _missing(self) -> str:
+        return (
+            f"no container named {self.name!r} on the Docker Engine at unix://{self.spec.socket} "
+            "(kvpilot recreates an existing container: start it once with `docker run --name "
+            f"{self.name} ...`)"
+        )
+
+    # ----------------------------------------------------------------- interface
+    def current_args(self) -> list[str]:
+        entrypoint, cmd = full_command(self.find())
+        return split_command(entrypoint + cmd)[1]
+
+    def state(self) -> ServerState:
+        info = self.lookup()
+        if info is None:
+            return ServerState(False, False, None, None, self._missing())
+        st = info.get("State") or {}
+        pid = st.get("Pid") or None
+        if st.get("Running") and not st.get("Restarting") and not st.get("Paused"):
+            ready = health_ok(self.spec.url)
+            return ServerState(True, ready, pid, None, "" if ready else "starting or not ready")
+        if st.get("Status") == "created":
+            return ServerState(False, False, None, None, "created but not started")
+        code = st.get("ExitCode")
+        log = self._log(info)
+        reason = exit_reason(st, log)
+        if st.get("Restarting"):
+            reason += " (Docker restarts it, by its restart policy)"
+        return ServerState(False, False, pid, code if isinstance(code, int) else None, reason)
+
+    def start(self, args: list[str]) -> None:
+        current = self.find()
+        body = recreate_body(current, args)
+        self.engine.remove(self.name + NEXT_SUFFIX)  # a leftover of an interrupted apply
+        new_id = self.engine.create(self.name + NEXT_SUFFIX, body)
+        if (current.get("State") or {}).get("Running"):
+            self.engine.stop(current["Id"], self.spec.stop_timeout_s)
+        if current.get("Name") == "/" + self.name:
+            self.engine.remove(self.name + PREVIOUS_SUFFIX)
+            self.engine.rename(current["Id"], self.name + PREVIOUS_SUFFIX)
+        self.engine.rename(new_id, self.name)
+        self.engine.start(new_id)
+        self._started = new_id
+
+    def wait_ready(self) -> None:
+        ident = self._started or self.find()["Id"]
+
+        def ready() -> bool:
+            info = self.engine.inspect(ident)
+            if info is None:
+                raise LaunchError(f"container {self.name} was removed while it started")
+            st = info.get("State") or {}
+            if st.get("Status") in ("exited", "dead") or st.get("Restarting"):
+                log = self._log(info)
+                if st.get("Restarting"):
+                    self.engine.stop(ident, self.spec.stop_timeout_s)
+                raise LaunchError(
+                    f"container {self.name} exited before it was ready: {exit_reason(st, log)}",
+                    log,
+                )
+            return bool(st.get("Running")) and health_ok(self.spec.url)
+
+        if not poll_until(self.clock, self.spec.ready_timeout_s, ready):
+            info = self.engine.inspect(ident)
+            log = self._log(info) if info else ""
+            self.engine.stop(ident, self.spec.stop_timeout_s)
+            raise LaunchError(
+                f"container {self.name} was not ready after {self.spec.ready_timeout_s:g} s; "
+                "it was stopped",
+                log,
+            )
+        self.engine.remove(self.name + PREVIOUS_SUFFIX)
+
+    def apply(self, args: list[str]) -> None:
+        self.start(args)
+        self.wait_ready()
+
+    def stop(self) -> None:
+        info = self.find()
+        self.engine.stop(info["Id"], self.spec.stop_timeout_s)
+
+    def _log(self, info: dict[str, Any]) -> str:
+        tty = bool((info.get("Config") or {}).get("Tty"))
+        return self.engine.logs(info["Id"], tty)

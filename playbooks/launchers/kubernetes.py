@@ -1,0 +1,393 @@
+"""The `kubernetes` launcher: SGLang runs as a Deployment, StatefulSet or LeaderWorkerSet.
+
+It talks to the API server with the official Kubernetes client. `apply` patches the SGLang
+arguments of the pod template's container (both templates of a LeaderWorkerSet) with a JSON Patch
+that tests the old value first, and stamps the template (`kvpilot.io/restarted-at`) so that every
+apply rolls the pods out, as `kubectl rollout restart` does. It then waits for the rollout: the
+controller has seen the new generation, every replica is updated and ready, the pods of this
+apply run, and the server answers `/health`. A container of the new pods that terminates or
+crash-loops is a failure, explained from its exit code and its log. Rolling back is the same
+patch with the previous arguments. StatefulSets (and the StatefulSets a LeaderWorkerSet runs on)
+do not replace a broken pod by themselves (Kubernetes' "forced rollback"), so kvpilot deletes
+pods of an older template that are not ready. The permissions this needs are exactly those in
+`deploy/kubernetes/rbac.yaml`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar, cast
+
+from kubernetes import client, config
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from playbooks.clock import Clock, WallClock
+from playbooks.launchers.base import LaunchError, ServerState
+from playbooks.launchers.common import health_ok, poll_until
+from playbooks.launchers.kube_objects import (
+    LWS_GROUP,
+    LWS_PLURAL,
+    LWS_VERSION,
+    REPLICAS_BEFORE_STOP,
+    STAMP,
+    Obj,
+    Op,
+    Template,
+    annotation,
+    annotation_ops,
+    carry_changes,
+    command_ops,
+    container_running,
+    deleting,
+    escape,
+    expected_pods,
+    failure,
+    label_selector,
+    pod_name,
+    pod_ready,
+    pod_summary,
+    replicas,
+    rollout_complete,
+    server_args,
+    stalled,
+    template_of,
+    templates,
+)
+
+T = TypeVar("T")
+JSON_PATCH = "application/json-patch+json"
+
+
+@dataclass(frozen=True)
+class KubernetesSpec:
+    workload: str  # Deployment | StatefulSet | LeaderWorkerSet
+    name: str
+    url: str  # the server's HTTP address (a Service, or the leader's), for readiness
+    namespace: str = "default"
+    container: str | None = None  # the SGLang container; needed when a pod has several
+    worker_container: str | None = None  # a LeaderWorkerSet's worker container, if named apart
+    kubeconfig: str | None = None  # default: in-cluster credentials, else ~/.kube/config
+    context: str | None = None
+    ready_timeout_s: float = 1800.0  # on the clock
+    request_timeout_s: float = 30.0
+
+
+class KubernetesLauncher:
+    kind = "kubernetes"
+
+    def __init__(
+        self, spec: KubernetesSpec, clock: Clock | None = None, api: ApiClient | None = None
+    ) -> None:
+        self.spec = spec
+        self.clock = clock or WallClock()
+        self._api = api
+        self._stamp: str | None = None
+        self._forced: set[str] = set()
+
+    @property
+    def what(self) -> str:
+        return f"{self.spec.workload} {self.spec.namespace}/{self.spec.name}"
+
+    # ----------------------------------------------------------------- the API
+    def api(self) -> ApiClient:
+        if self._api is None:
+            self._api = _load_client(self.spec)
+        return self._api
+
+    def _call(self, action: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except ApiException as exc:
+            raise LaunchError(self._explain(action, exc.status, exc.body or exc.reason)) from None
+        except (HTTPError, OSError) as exc:
+            host = self.api().configuration.host
+            raise LaunchError(f"cannot reach the Kubernetes API at {host}: {exc}") from None
+
+    def _explain(self, action: str, status: int | None, body: object) -> str:
+        message = str(body)
+        with contextlib.suppress(ValueError, AttributeError):
+            message = str(json.loads(str(body)).get("message", message))
+        if status == 403:
+            return (
+                f"Kubernetes refused to {action}: {message} (give kvpilot's ServiceAccount the "
+                "Role in deploy/kubernetes/rbac.yaml, in this namespace)"
+            )
+        if status == 404:
+            return f"cannot {action}: {message} (check workload, name and namespace)"
+        if status in (409, 422) and action.startswith("patch"):
+            return (
+                f"cannot {action}: {message} (the object changed while kvpilot updated it; "
+                "run the change again)"
+            )
+        return f"cannot {action}: Kubernetes answered {status}: {message}"
+
+    def read(self) -> Obj:
+        api = self.api()
+        ns, name, timeout = self.spec.namespace, self.spec.name, self.spec.request_timeout_s
+        action = f"read {self.what}"
+        if self.spec.workload == "Deployment":
+            model: object = self._call(
+                action,
+                lambda: client.AppsV1Api(api).read_namespaced_deployment(
+                    name, ns, _request_timeout=timeout
+                ),
+            )
+        elif self.spec.workload == "StatefulSet":
+            model = self._call(
+                action,
+                lambda: client.AppsV1Api(api).read_namespaced_stateful_set(
+                    name, ns, _request_timeout=timeout
+                ),
+            )
+        else:
+            model = self._call(
+                action,
+                lambda: client.CustomObjectsApi(api).get_namespaced_custom_object(
+                    LWS_GROUP, LWS_VERSION, ns, LWS_PLURAL, name, _request_timeout=timeout
+                ),
+            )
+        return plain(api, model)
+
+    def patch(self, ops: list[Op]) -> None:
+        api = self.api()
+        ns, name, timeout = self.spec.namespace, self.spec.name, self.spec.request_timeout_s
+        action = f"patch {self.what}"
+        if self.spec.workload == "Deployment":
+            self._call(
+                action,
+                lambda: client.AppsV1Api(api).patch_namespaced_deployment(
+                    name, ns, ops, _content_type=JSON_PATCH, _request_timeout=timeout
+                ),
+            )
+        elif self.spec.workload == "StatefulSet":
+            self._call(
+                action,
+                lambda: client.AppsV1Api(api).patch_namespaced_stateful_set(
+                    name, ns, ops, _content_type=JSON_PATCH, _request_timeout=timeout
+                ),
+            )
+        else:
+            self._call(
+                action,
+                lambda: client.CustomObjectsApi(api).patch_namespaced_custom_object(
+                    LWS_GROUP,
+                    LWS_VERSION,
+                    ns,
+                    LWS_PLURAL,
+                    name,
+                    ops,
+                    _content_type=JSON_PATCH,
+                    _request_timeout=timeout,
+                ),
+            )
+
+    def pods(self, obj: Obj) -> list[Obj]:
+        api = self.api()
+        selector = label_selector(self.spec.workload, obj)
+        result = self._call(
+            f"list the pods of {self.what}",
+            lambda: client.CoreV1Api(api).list_namespaced_pod(
+                self.spec.namespace,
+                label_selector=selector,
+                _request_timeout=self.spec.request_timeout_s,
+            ),
+        )
+        data = plain(api, result)
+        return [dict(p) for p in data.get("items") or []]
+
+    def delete_pod(self, name: str) -> None:
+        api = self.api()
+        self._call(
+            f"delete pod {self.spec.namespace}/{name}",
+            lambda: client.CoreV1Api(api).delete_namespaced_pod(
+                name, self.spec.namespace, _request_timeout=self.spec.request_timeout_s
+            ),
+        )
+
+    def pod_log(self, pod: str, container: str, previous: bool) -> str:
+        api = self.api()
+        try:
+            text = self._call(
+                f"read the log of pod {self.spec.namespace}/{pod}",
+                lambda: client.CoreV1Api(api).read_namespaced_pod_log(
+                    pod,
+                    self.spec.namespace,
+                    container=container,
+                    previous=previous,
+                    tail_lines=300,
+                    _request_timeout=self.spec.request_timeout_s,
+                ),
+            )
+        except LaunchError as exc:
+            return f"(no log: {exc.reason})"
+        return str(text)
+
+    def _templates(self, obj: Obj) -> list[Template]:
+        return templates(self.spec.workload, obj, self.spec.container, self.spec.worker_container)
+
+    # ----------------------------------------------------------------- interface
+    def current_args(self) -> list[str]:
+        return server_args(self._templates(self.read())[0])
+
+    def state(self) -> ServerState:
+        obj = self.read()
+        if replicas(obj) == 0:
+            note = " by `kvpilot server stop`" if annotation(obj, REPLICAS_BEFORE_STOP) else ""
+            return ServerState(False, False, None, None, f"scaled to zero replicas{note}")
+        ts = self._templates(obj)
+        current = self._current_pods(obj, ts)
+        for pod, t in current:
+            why = failure(pod, t.container, strict=False)
+            if why is not None:
+                log = self.pod_log(pod_name(pod), t.container, why.previous)
+                return ServerState(False, False, None, why.exit_code, why.describe(log))
+        want = expected_pods(self.spec.workload, obj)
+        running = [p for p, t in current if container_running(p, t.container)]
+        if len(running) < want:
+            return ServerState(
+                False,
+                False,
+                None,
+                None,
+                f"{len(running)} of {want} pods run the current template (a rollout is under "
+                "way, or pods are pending)",
+            )
+        ready = all(pod_ready(p) for p, _ in current) and health_ok(self.spec.url)
+        return ServerState(True, ready, None, None, "" if ready else "starting or not ready")
+
+    def start(self, args: list[str]) -> None:
+        obj = self.read()
+        ts = self._templates(obj)
+        old = server_args(ts[0])
+        ops: list[Op] = []
+        stamp = datetime.now(UTC).isoformat(timespec="microseconds")
+        for t in ts:
+            new = args if t.primary else carry_changes(old, args, server_args(t))
+            ops += command_ops(t, new)
+            ops += annotation_ops(t.pointer, t.body, STAMP, stamp)
+        before = annotation(obj, REPLICAS_BEFORE_STOP)
+        if replicas(obj) == 0 and before is not None:
+            ops += [
+                {"op": "test", "path": "/spec/replicas", "value": 0},
+                {"op": "replace", "path": "/spec/replicas", "value": int(before)},
+                {"op": "remove", "path": f"/metadata/annotations/{escape(REPLICAS_BEFORE_STOP)}"},
+            ]
+        self.patch(ops)
+        self._stamp = stamp
+        self._forced = set()
+
+    def wait_ready(self) -> None:
+        kind = self.spec.workload
+
+        def ready() -> bool:
+            obj = self.read()
+            ts = self._templates(obj)
+            pods = self.pods(obj)
+            current = self._current_pods(obj, ts, pods)
+            for pod, t in current:
+                why = failure(pod, t.container, strict=True)
+                if why is not None:
+                    log = self.pod_log(pod_name(pod), t.container, why.previous)
+                    raise LaunchError(
+                        f"pod {pod_name(pod)} of {self.what} failed before it was ready: "
+                        f"{why.describe(log)}",
+                        log,
+                    )
+            problem = stalled(kind, obj)
+            if problem:
+                raise LaunchError(f"the rollout of {self.what} stalled: {problem}")
+            if kind in ("StatefulSet", "LeaderWorkerSet"):
+                self._force_rollback(pods, {pod_name(p) for p, _ in current})
+            live = [p for p in pods if not deleting(p)]
+            return (
+                rollout_complete(kind, obj)
+                and len(current) == expected_pods(kind, obj) == len(live)
+                and all(pod_ready(p) for p, _ in current)
+                and health_ok(self.spec.url)
+            )
+
+        if not poll_until(self.clock, self.spec.ready_timeout_s, ready):
+            obj = self.read()
+            ts = self._templates(obj)
+            summary = "; ".join(pod_summary(p, ts[0].container) for p in self.pods(obj))
+            raise LaunchError(
+                f"{self.what} was not ready after {self.spec.ready_timeout_s:g} s "
+                f"(pods: {summary or 'none'})"
+            )
+
+    def apply(self, args: list[str]) -> None:
+        self.start(args)
+        self.wait_ready()
+
+    def stop(self) -> None:
+        """Scale to zero, remembering the replica count for the next start."""
+        obj = self.read()
+        count = replicas(obj)
+        if count > 0:
+            self.patch(
+                [
+                    {"op": "test", "path": "/spec/replicas", "value": count},
+                    {"op": "replace", "path": "/spec/replicas", "value": 0},
+                    *annotation_ops("", obj, REPLICAS_BEFORE_STOP, str(count)),
+                ]
+            )
+
+        def gone() -> bool:
+            return not [p for p in self.pods(obj) if not deleting(p)]
+
+        if not poll_until(self.clock, self.spec.ready_timeout_s, gone):
+            raise LaunchError(f"the pods of {self.what} were still there after scaling to zero")
+
+    # ----------------------------------------------------------------- helpers
+    def _current_pods(
+        self, obj: Obj, ts: list[Template], pods: list[Obj] | None = None
+    ) -> list[tuple[Obj, Template]]:
+        out = []
+        for pod in self.pods(obj) if pods is None else pods:
+            t = template_of(pod, ts)
+            if t is not None and not deleting(pod):
+                out.append((pod, t))
+        return out
+
+    def _force_rollback(self, pods: list[Obj], current: set[str]) -> None:
+        """Delete pods of an older template that are not ready: their controller waits forever."""
+        for pod in pods:
+            name = pod_name(pod)
+            if name in current or deleting(pod) or pod_ready(pod) or name in self._forced:
+                continue
+            self._forced.add(name)
+            self.delete_pod(name)
+
+
+def plain(api: ApiClient, model: object) -> Obj:
+    """An API object as the API's JSON (camelCase keys), whatever the client returned."""
+    return cast(Obj, cast(Any, api).sanitize_for_serialization(model))
+
+
+def _load_client(spec: KubernetesSpec) -> ApiClient:
+    loader = cast(Any, config)  # the config loaders carry no type annotations
+    try:
+        if spec.kubeconfig or spec.context:
+            return cast(
+                ApiClient,
+                loader.new_client_from_config(
+                    config_file=spec.kubeconfig, context=spec.context, persist_config=False
+                ),
+            )
+        try:
+            configuration = client.Configuration()
+            loader.load_incluster_config(client_configuration=configuration)
+            return client.ApiClient(configuration)
+        except config.ConfigException:
+            return cast(ApiClient, loader.new_client_from_config(persist_config=False))
+    except (config.ConfigException, OSError, ValueError, TypeError) as exc:
+        raise LaunchError(
+            f"cannot load Kubernetes credentials: {exc} (set kubeconfig, and context if needed, "
+            "in [servers.NAME.launcher], or run kvpilot in the cluster with a ServiceAccount)"
+        ) from None

@@ -1,0 +1,385 @@
+"""The `systemd` launcher: SGLang runs as a service unit on a GPU host, here or over SSH.
+
+kvpilot writes the SGLang command line into a drop-in of the operator's unit
+(`/etc/systemd/system/UNIT.d/90-kvpilot.conf`, or the user manager's directory), never into the
+unit file, then runs `systemctl daemon-reload` and `systemctl restart UNIT`. The live arguments are
+read back from the system (`systemctl cat`: the unit plus its drop-ins, as systemd applies them).
+Readiness is the server's `/health`; failure is the unit's own state (`failed`, an automatic
+restart pending, a new invocation, a higher `NRestarts`), explained from that invocation's
+journal with SGLang's log lines. A failed start is stopped so that `Restart=` does not keep a
+broken configuration flapping on the GPUs. Returning to the unit's own command removes the
+drop-in, so a revert leaves the host as the operator configured it.
+
+Every command is an argument vector. Over SSH the vector is quoted with `shlex.join` for the
+remote shell; files are written by a fixed `sh -c` script that receives paths as arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from playbooks.clock import Clock, WallClock
+from playbooks.launchers.base import LaunchError, ServerState
+from playbooks.launchers.common import health_ok, poll_until, split_command, tail
+from playbooks.launchers.process import classify_exit
+from playbooks.launchers.systemd_unit import (
+    ExecCommand,
+    UnitFile,
+    UnitSyntaxError,
+    effective_exec_start,
+    render_dropin,
+    split_cat_output,
+)
+
+DROPIN_NAME = "90-kvpilot.conf"
+SYSTEM_DROPIN_ROOT = "/etc/systemd/system"
+USER_DROPIN_ROOT = ".config/systemd/user"  # under the service user's home directory
+STATE_PROPERTIES = (
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "Result",
+    "MainPID",
+    "ExecMainCode",
+    "ExecMainStatus",
+    "NRestarts",
+    "InvocationID",
+)
+# ExecMainCode is the kernel's si_code for the main process: exited, killed, dumped core.
+CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
+_WRITE_SCRIPT = 'mkdir -p -- "$1" && cat > "$2" && mv -f -- "$2" "$3"'
+
+
+@dataclass(frozen=True)
+class SystemdSpec:
+    unit: str  # e.g. "sglang.service"
+    url: str  # the server's HTTP address, for readiness
+    scope: str = "system"  # "system" or "user" (systemctl --user)
+    ssh_host: str | None = None  # run everything on this host over SSH ("user@gpu-host")
+    ssh_options: list[str] = field(default_factory=list)
+    sudo: bool = False  # prefix commands with `sudo -n` (non-interactive)
+    dropin_dir: str | None = None  # where UNIT.d/ lives; default by scope
+    ready_timeout_s: float = 1800.0  # on the clock: a large model takes many minutes to load
+    command_timeout_s: float = 180.0  # wall seconds for one systemctl/journalctl/ssh call
+
+
+@dataclass(frozen=True)
+class Completed:
+    code: int
+    out: str
+    err: str
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """What identifies one start of the unit, to notice that it ended or was restarted."""
+
+    invocation_id: str
+    restarts: int
+
+
+class Shell:
+    """Runs argument vectors on the unit's host: locally, or over SSH (BatchMode, no prompts)."""
+
+    def __init__(self, spec: SystemdSpec) -> None:
+        self.spec = spec
+
+    @property
+    def where(self) -> str:
+        return f" on {self.spec.ssh_host}" if self.spec.ssh_host else ""
+
+    def argv(self, argv: list[str]) -> list[str]:
+        if self.spec.sudo:
+            argv = ["sudo", "-n", *argv]
+        if self.spec.ssh_host:
+            return [
+                "ssh",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=15",
+                *self.spec.ssh_options,
+                self.spec.ssh_host,
+                "--",
+                shlex.join(argv),
+            ]
+        return argv
+
+    def run(self, argv: list[str], stdin: str | None = None) -> Completed:
+        full = self.argv(argv)
+        try:
+            done = subprocess.run(
+                full,
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=self.spec.command_timeout_s,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise LaunchError(
+                f"`{full[0]}` is not installed here; the systemd launcher needs it"
+                + (" (ssh, to reach the GPU host)" if self.spec.ssh_host else "")
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise LaunchError(
+                f"`{shlex.join(argv)}`{self.where} did not finish within "
+                f"{self.spec.command_timeout_s:g} s"
+            ) from None
+        if self.spec.ssh_host and done.returncode == 255:
+            raise LaunchError(
+                f"cannot reach {self.spec.ssh_host} over SSH: {done.stderr.strip()} "
+                "(kvpilot uses key authentication without prompts: check ssh_host, the key and "
+                "known_hosts)"
+            )
+        return Completed(done.returncode, done.stdout, done.stderr)
+
+    def write_file(self, path: str, text: str) -> None:
+        target = PurePosixPath(path)
+        tmp = target.with_name(f".{target.name}.tmp")
+        done = self.run(
+            ["sh", "-c", _WRITE_SCRIPT, "kvpilot-write", str(target.parent), str(tmp), path],
+            stdin=text,
+        )
+        if done.code != 0:
+            raise LaunchError(f"cannot write {path}{self.where}: {done.err.strip()}")
+
+    def remove_file(self, path: str) -> None:
+        done = self.run(["rm", "-f", "--", path])
+        if done.code != 0:
+            raise LaunchError(f"cannot remove {path}{self.where}: {done.err.strip()}")
+
+    def home(self) -> str:
+        done = self.run(["sh", "-c", 'printf %s "$HOME"'])
+        if done.code != 0 or not done.out.startswith("/"):
+            raise LaunchError(f"cannot find the home directory{self.where}: {done.err.strip()}")
+        return done.out
+
+
+class SystemdLauncher:
+    kind = "systemd"
+
+    def __init__(
+        self, spec: SystemdSpec, clock: Clock | None = None, shell: Shell | None = None
+    ) -> None:
+        self.spec = spec
+        self.clock = clock or WallClock()
+        self.shell = shell or Shell(spec)
+        self._started: Invocation | None = None
+        self._dropin_dir: str | None = spec.dropin_dir
+
+    # ----------------------------------------------------------------- the system
+    def _systemctl(self, *args: str) -> Completed:
+        scope = ["--user"] if self.spec.scope == "user" else []
+        return self.shell.run(["systemctl", *scope, "--no-pager", *args])
+
+    def _checked(self, *args: str) -> str:
+        done = self._systemctl(*args)
+        if done.code != 0:
+            raise LaunchError(
+                f"`systemctl {' '.join(args)}`{self.shell.where} failed: "
+                f"{(done.err or done.out).strip()}"
+            )
+        return done.out
+
+    def dropin_path(self) -> str:
+        if self._dropin_dir is None:
+            if self.spec.scope == "user":
+                self._dropin_dir = f"{self.shell.home()}/{USER_DROPIN_ROOT}"
+            else:
+                self._dropin_dir = SYSTEM_DROPIN_ROOT
+        return f"{self._dropin_dir}/{self.spec.unit}.d/{DROPIN_NAME}"
+
+    def unit_files(self) -> list[UnitFile]:
+        done = self._systemctl("cat", "--", self.spec.unit)
+        if done.code != 0:
+            raise LaunchError(
+                f"cannot read the unit {self.spec.unit}{self.shell.where}: "
+                f"{(done.err or done.out).strip()} (is the unit installed, and is the scope "
+                f"{self.spec.scope!r} right?)"
+            )
+        return split_cat_output(done.out, self.spec.unit)
+
+    def _exec(self, files: list[UnitFile], skip: str | None = None) -> ExecCommand:
+        try:
+            command = effective_exec_start(files, skip)
+        except UnitSyntaxError as exc:
+            raise LaunchError(f"{self.spec.unit}: {exc}") from None
+        if command is None:
+            raise LaunchError(f"{self.spec.unit} has no ExecStart= to run SGLang with")
+        return command
+
+    def properties(self) -> dict[str, str]:
+        out = self._checked(
+            "show", f"--property={','.join(STATE_PROPERTIES)}", "--", self.spec.unit
+        )
+        props: dict[str, str] = {}
+        for line in out.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                props[key] = value
+        return props
+
+    def journal(self, invocation_id: str | None, lines: int = 400) -> str:
+        """The log of one invocation of the unit (SGLang's output and systemd's own lines)."""
+        scope = ["--user"] if self.spec.scope == "user" else []
+        done = self.shell.run(
+            [
+                "journalctl",
+                *scope,
+                "--no-pager",
+                "-u",
+                self.spec.unit,
+                "-o",
+                "json",
+                "-n",
+                str(lines),
+            ]
+        )
+        if done.code != 0:
+            return f"(journalctl failed: {done.err.strip()})"
+        messages: list[str] = []
+        for line in done.out.splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(entry, dict):
+                continue
+            ids = {
+                entry.get(k)
+                for k in ("_SYSTEMD_INVOCATION_ID", "INVOCATION_ID", "USER_INVOCATION_ID")
+            }
+            if invocation_id and ids != {None} and invocation_id not in ids:
+                continue
+            messages.append(_message_text(entry.get("MESSAGE")))
+        return tail("\n".join(messages))
+
+    # ----------------------------------------------------------------- interface
+    def current_args(self) -> list[str]:
+        return split_command(self._exec(self.unit_files()).argv)[1]
+
+    def state(self) -> ServerState:
+        props = self.properties()
+        if props.get("LoadState") != "loaded":
+            return ServerState(
+                False, False, None, None, f"unit {self.spec.unit} is {props.get('LoadState')}"
+            )
+        pid = _int(props.get("MainPID")) or None
+        active = props.get("ActiveState")
+        if active in ("active", "reloading") and pid is not None:
+            ready = health_ok(self.spec.url)
+            return ServerState(True, ready, pid, None, "" if ready else "starting or not ready")
+        code = exit_code(props)
+        if active == "inactive" and props.get("Result") == "success":
+            return ServerState(False, False, pid, code, "stopped")
+        if active == "activating" and props.get("SubState") != "auto-restart":
+            return ServerState(False, False, pid, code, "starting")
+        reason = classify_exit(code, self.journal(props.get("InvocationID")))
+        if props.get("SubState") == "auto-restart":
+            reason += f" (systemd restarts it: restart {props.get('NRestarts', '?')})"
+        return ServerState(False, False, pid, code, reason)
+
+    def start(self, args: list[str]) -> None:
+        self.install(args)
+        self._checked("restart", "--", self.spec.unit)
+        self._started = self._invocation(self.properties())
+
+    def install(self, args: list[str]) -> None:
+        """Make `args` the unit's SGLang arguments: a drop-in, or none when the unit's own match."""
+        files = self.unit_files()
+        ours = self.dropin_path()
+        base = self._exec(files, skip=ours)
+        exe, _ = split_command(base.argv)
+        target = ExecCommand(base.prefix, [*exe, *args])
+        if target == base:
+            if any(f.path == ours for f in files):
+                self.shell.remove_file(ours)
+        else:
+            self.shell.write_file(ours, render_dropin(target))
+        self._checked("daemon-reload")
+        files = self.unit_files()
+        now = self._exec(files)
+        if now.argv != target.argv:
+            others = [f.path for f in files[1:] if f.path != ours]
+            raise LaunchError(
+                f"{self.spec.unit}: kvpilot's drop-in {ours} was written, but systemd runs "
+                f"another command ({' '.join(now.argv)}): a drop-in applied after it sets "
+                f"ExecStart= again ({', '.join(others) or 'see `systemctl cat`'})"
+            )
+
+    def wait_ready(self) -> None:
+        started = self._started or self._invocation(self.properties())
+
+        def ready() -> bool:
+            props = self.properties()
+            if _ended(props, started):
+                log = self.journal(started.invocation_id)
+                reason = classify_exit(exit_code(props), log)
+                self._stop_quietly()
+                raise LaunchError(f"{self.spec.unit} exited before it was ready: {reason}", log)
+            return health_ok(self.spec.url)
+
+        if not poll_until(self.clock, self.spec.ready_timeout_s, ready):
+            log = self.journal(started.invocation_id)
+            self._stop_quietly()
+            raise LaunchError(
+                f"{self.spec.unit} was not ready after {self.spec.ready_timeout_s:g} s; "
+                "it was stopped",
+                log,
+            )
+
+    def apply(self, args: list[str]) -> None:
+        self.start(args)
+        self.wait_ready()
+
+    def stop(self) -> None:
+        self._checked("stop", "--", self.spec.unit)
+
+    # ----------------------------------------------------------------- helpers
+    def _invocation(self, props: dict[str, str]) -> Invocation:
+        return Invocation(props.get("InvocationID", ""), _int(props.get("NRestarts")))
+
+    def _stop_quietly(self) -> None:
+        self._systemctl("stop", "--", self.spec.unit)
+
+
+def exit_code(props: dict[str, str]) -> int | None:
+    """The main process's end as `subprocess` reports it: status, or minus the signal."""
+    how = _int(props.get("ExecMainCode"))
+    status = _int(props.get("ExecMainStatus"))
+    if how == CLD_EXITED:
+        return status
+    if how in (CLD_KILLED, CLD_DUMPED):
+        return -status
+    return None
+
+
+def _ended(props: dict[str, str], started: Invocation) -> bool:
+    """The invocation kvpilot started is over: failed, restarting, replaced or stopped."""
+    return (
+        props.get("ActiveState") in ("failed", "inactive", "deactivating")
+        or props.get("SubState") == "auto-restart"
+        or props.get("InvocationID", "") != started.invocation_id
+        or _int(props.get("NRestarts")) > started.restarts
+    )
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def _message_text(message: object) -> str:
+    """journalctl's MESSAGE: a string, or a list of byte values when it is not valid UTF-8."""
+    if isinstance(message, str):
+        return message
+    if isinstance(message, list) and all(isinstance(b, int) for b in message):
+        return bytes(message).decode(errors="replace")
+    return ""

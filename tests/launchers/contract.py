@@ -1,0 +1,130 @@
+"""The launcher contract: what the experiment engine relies on, whatever runs the server.
+
+1. `apply(args)` restarts the server with `args` and returns once it is ready; a new launcher
+   (a restarted bot) reads the same arguments back from the system; `stop` and `start` work.
+2. Arguments the server cannot start with raise LaunchError with SGLang's reason and log; the
+   system still shows them (nothing is hidden), and applying the previous arguments rolls back.
+3. A server that dies later is seen by `state()`, with a reason.
+4. If the bot is killed in the middle of `apply`, a new launcher sees the truth (the new
+   arguments, not ready) and rolling back works, leaving nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from playbooks.launchers.base import LaunchError, with_change
+from tests.launchers.harness import Harness
+from tests.twin_process import REPO
+
+
+def set_flag(args: list[str], flag: str, value: str) -> list[str]:
+    out = list(args)
+    out[out.index(flag) + 1] = value
+    return out
+
+
+def wait_for(what: str, check: object, timeout: float = 30.0) -> None:
+    assert callable(check)
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def apply_is_read_back_from_the_system(h: Harness) -> None:
+    launcher = h.launcher()
+    assert launcher.current_args() == h.baseline
+    state = launcher.state()
+    assert state.running and state.ready, state
+    trial = with_change(h.baseline, {"mem_fraction_static": 0.88})
+    launcher.apply(trial)
+    fresh = h.launcher()
+    assert fresh.current_args() == trial
+    assert fresh.state().ready
+    assert h.info()["mem_fraction_static"] == 0.88
+    assert h.leftovers() == []
+    fresh.stop()
+    state = fresh.state()
+    assert not state.running and not state.ready, state
+    again = h.launcher()  # `kvpilot server start`
+    again.start(again.current_args())
+    again.wait_ready()
+    assert again.state().ready and h.info()["mem_fraction_static"] == 0.88
+
+
+def failed_start_is_reported_and_rolled_back(h: Harness) -> None:
+    launcher = h.launcher()
+    bad = with_change(h.baseline, {"mem_fraction_static": 0.99})
+    with pytest.raises(LaunchError) as failure:
+        launcher.apply(bad)
+    assert "GPU out of memory" in failure.value.reason, failure.value.reason
+    assert "CUDA out of memory" in failure.value.log_tail
+    fresh = h.launcher()
+    assert fresh.current_args() == bad  # the system says what it was told to run
+    assert not fresh.state().ready
+    fresh.apply(h.baseline)
+    after = h.launcher()
+    assert after.current_args() == h.baseline
+    assert after.state().ready
+    assert h.info()["mem_fraction_static"] == 0.85
+    assert h.leftovers() == []
+
+
+def death_is_seen_by_state(h: Harness) -> None:
+    launcher = h.launcher()
+    pid = h.server_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for("the launcher to see the server down", lambda: not launcher.state().running)
+    state = launcher.state()
+    assert not state.ready and state.reason
+    if h.exit_status_seen:
+        assert "SIGKILL" in state.reason, state.reason
+    launcher.apply(h.baseline)
+    assert h.launcher().state().ready
+
+
+def bot_killed_mid_apply_then_rollback(h: Harness) -> None:
+    # A slow start (the twin at 1/100 of its usual speed takes ~20 s to load) leaves time to
+    # kill the bot while it waits for readiness.
+    slow = set_flag(with_change(h.baseline, {"mem_fraction_static": 0.88}), "--time-scale", "2")
+    bot = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.launchers.apply_child",
+            str(h.config),
+            "twin",
+            json.dumps(slow),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    watcher = h.launcher()
+
+    def mid_apply() -> bool:
+        assert bot.poll() is None, bot.stderr.read().decode() if bot.stderr else ""
+        return watcher.current_args() == slow and not watcher.state().ready
+
+    try:
+        wait_for("the change to reach the system", mid_apply)
+    finally:
+        bot.kill()
+        bot.wait(timeout=10)
+    fresh = h.launcher()
+    assert fresh.current_args() == slow
+    assert not fresh.state().ready
+    fresh.apply(h.baseline)
+    after = h.launcher()
+    assert after.current_args() == h.baseline and after.state().ready
+    assert h.info()["mem_fraction_static"] == 0.85
+    assert h.leftovers() == []
