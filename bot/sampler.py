@@ -274,6 +274,7 @@ class Sampler:
         self._client_factory = client_factory
         self._clients: dict[str, SGLangClient] = {}
         self.states = {name: ServerState(name) for name in config.servers}
+        self.db_path = database_path(db)  # the thread opens its own connection to it
         self._loop: _Loop | None = None
         self._lock = threading.Lock()
         self._last_compact: datetime | None = None
@@ -426,7 +427,7 @@ class Sampler:
         """Sample in a daemon thread until ``stop()``; it uses its own database connection."""
         if self._loop is not None:
             return
-        path = database_path(self.db)
+        path = self.db_path
         if path is None:
             raise RuntimeError(
                 "the sampler's thread needs a database file (kvpilot.database), not an "

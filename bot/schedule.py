@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -163,6 +164,8 @@ class ReportScheduler:
                 raise ValueError("give a Slack client or a deliver function")
             deliver = slack_delivery(client)
         self.db = db
+        self.db_path = database_path(db)  # other threads open their own connection to it
+        self._owner = threading.get_ident()
         self.deliver = deliver
         self.clock = clock
         self.build = build
@@ -222,7 +225,7 @@ class ReportScheduler:
         """Send missed reports (within grace), then fire each report on its schedule."""
         if self._aps is not None:
             return []
-        if self.schedules and database_path(self.db) is None:
+        if self.schedules and self.db_path is None:
             raise RuntimeError(
                 "scheduled reports need a database file (kvpilot.database), not an in-memory "
                 "database"
@@ -244,16 +247,24 @@ class ReportScheduler:
         self._aps = aps
         return caught_up
 
-    def _fire(self, name: str) -> None:
-        path = database_path(self.db)
-        assert path is not None
-        db = open_db(path)
+    @contextmanager
+    def _connection(self) -> Iterator[Database]:
+        """``self.db`` in the thread that made it; a connection of its own in any other."""
+        if threading.get_ident() == self._owner or self.db_path is None:
+            yield self.db
+            return
+        db = open_db(self.db_path)
         try:
-            self.run_due(only=name, db=db)
-        except Exception:
-            log.exception("scheduled report %s failed", name)
+            yield db
         finally:
             db.close()
+
+    def _fire(self, name: str) -> None:
+        try:
+            with self._connection() as db:
+                self.run_due(only=name, db=db)
+        except Exception:
+            log.exception("scheduled report %s failed", name)
 
     def shutdown(self, wait: bool = True) -> None:
         aps, self._aps = self._aps, None
@@ -272,21 +283,25 @@ class ReportScheduler:
         """One line for the scheduler and one per report, for ``/kvpilot status``."""
         state = "running" if self.running else "not running"
         lines = [f"report scheduler {state}: {len(self.schedules)} report(s)"]
-        for name, s in self.schedules.items():
-            zone = s.timezone
-            nxt = self.next_run(name)
-            line = (
-                f"  {name} -> {s.channel}: '{s.cron}' {zone} for {', '.join(s.servers)}, "
-                f"window {duration(s.window_s)}, grace {duration(s.grace_s)}; next "
-                f"{when(nxt, zone) if nxt else 'never'}"
-            )
-            last = runs(self.db, name, limit=1)
-            if last:
-                r = last[0]
-                line += f"; last {when(r.scheduled_for, zone)} {r.status}"
-                if r.late:
-                    line += " (sent late, after a restart)"
-                if r.detail:
-                    line += f": {r.detail[:200]}"
-            lines.append(line)
+        with self._connection() as db:
+            for name, s in self.schedules.items():
+                lines.append(self._describe_one(db, name, s))
         return lines
+
+    def _describe_one(self, db: Database, name: str, s: ReportSchedule) -> str:
+        zone = s.timezone
+        nxt = self.next_run(name)
+        line = (
+            f"  {name} -> {s.channel}: '{s.cron}' {zone} for {', '.join(s.servers)}, "
+            f"window {duration(s.window_s)}, grace {duration(s.grace_s)}; next "
+            f"{when(nxt, zone) if nxt else 'never'}"
+        )
+        last = runs(db, name, limit=1)
+        if last:
+            r = last[0]
+            line += f"; last {when(r.scheduled_for, zone)} {r.status}"
+            if r.late:
+                line += " (sent late, after a restart)"
+            if r.detail:
+                line += f": {r.detail[:200]}"
+        return line
