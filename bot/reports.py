@@ -48,7 +48,7 @@ def _zone(tz: Zone | None) -> tzinfo:
 
 # ----------------------------------------------------------------------------- formatting
 def duration(seconds: float | None) -> str:
-    """``45 s``, ``13 min``, ``2 h 05 min``, ``3 d 4 h``."""
+    """``45 s``, ``13 min``, ``2 h 05 min``, ``24 h``, ``3 d 4 h``."""
     if seconds is None or not math.isfinite(seconds):
         return "n/a"
     s = round(seconds)
@@ -56,9 +56,11 @@ def duration(seconds: float | None) -> str:
         return f"{s} s"
     if s < 3600:
         return f"{s // 60} min" + (f" {s % 60:02d} s" if s < 600 and s % 60 else "")
-    if s < 86400:
-        return f"{s // 3600} h {(s % 3600) // 60:02d} min"
-    return f"{s // 86400} d {(s % 86400) // 3600} h"
+    if s < 2 * 86400:
+        minutes = (s % 3600) // 60
+        return f"{s // 3600} h" + (f" {minutes:02d} min" if minutes else "")
+    hours = (s % 86400) // 3600
+    return f"{s // 86400} d" + (f" {hours} h" if hours else "")
 
 
 def when(moment: datetime, tz: Zone | None = None) -> str:
