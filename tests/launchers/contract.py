@@ -39,7 +39,8 @@ def wait_for(what: str, check: object, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def apply_is_read_back_from_the_system(h: Harness) -> None:
+def apply_death_stop_and_start(h: Harness) -> None:
+    """Clauses 1 and 3."""
     launcher = h.launcher()
     assert launcher.current_args() == h.baseline
     state = launcher.state()
@@ -51,6 +52,16 @@ def apply_is_read_back_from_the_system(h: Harness) -> None:
     assert fresh.state().ready
     assert h.info()["mem_fraction_static"] == 0.88
     assert h.leftovers() == []
+
+    pid = h.server_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for("the launcher to see the server down", lambda: not fresh.state().running)
+    state = fresh.state()
+    assert not state.ready and state.reason
+    if h.exit_status_seen:
+        assert "SIGKILL" in state.reason, state.reason
+
     fresh.stop()
     state = fresh.state()
     assert not state.running and not state.ready, state
@@ -58,9 +69,11 @@ def apply_is_read_back_from_the_system(h: Harness) -> None:
     again.start(again.current_args())
     again.wait_ready()
     assert again.state().ready and h.info()["mem_fraction_static"] == 0.88
+    assert h.leftovers() == []
 
 
-def failed_start_is_reported_and_rolled_back(h: Harness) -> None:
+def failure_rollback_and_bot_crash(h: Harness) -> None:
+    """Clauses 2 and 4."""
     launcher = h.launcher()
     bad = with_change(h.baseline, {"mem_fraction_static": 0.99})
     with pytest.raises(LaunchError) as failure:
@@ -77,22 +90,6 @@ def failed_start_is_reported_and_rolled_back(h: Harness) -> None:
     assert h.info()["mem_fraction_static"] == 0.85
     assert h.leftovers() == []
 
-
-def death_is_seen_by_state(h: Harness) -> None:
-    launcher = h.launcher()
-    pid = h.server_pid()
-    assert pid is not None
-    os.kill(pid, signal.SIGKILL)
-    wait_for("the launcher to see the server down", lambda: not launcher.state().running)
-    state = launcher.state()
-    assert not state.ready and state.reason
-    if h.exit_status_seen:
-        assert "SIGKILL" in state.reason, state.reason
-    launcher.apply(h.baseline)
-    assert h.launcher().state().ready
-
-
-def bot_killed_mid_apply_then_rollback(h: Harness) -> None:
     # A slow start (the twin at 1/100 of its usual speed takes ~20 s to load) leaves time to
     # kill the bot while it waits for readiness.
     slow = set_flag(with_change(h.baseline, {"mem_fraction_static": 0.88}), "--time-scale", "2")

@@ -20,10 +20,8 @@ def system(
 
 
 CLAUSES: list[Callable[[Harness], None]] = [
-    contract.apply_is_read_back_from_the_system,
-    contract.failed_start_is_reported_and_rolled_back,
-    contract.death_is_seen_by_state,
-    contract.bot_killed_mid_apply_then_rollback,
+    contract.apply_death_stop_and_start,
+    contract.failure_rollback_and_bot_crash,
 ]
 
 

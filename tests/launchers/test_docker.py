@@ -1,0 +1,130 @@
+"""The docker launcher: the Engine's log framing, what a recreated container keeps, the
+interrupted swap, and the errors an operator can act on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from playbooks.launchers.base import LaunchError, with_change
+from playbooks.launchers.docker import (
+    DockerLauncher,
+    DockerSpec,
+    demultiplex,
+    recreate_body,
+)
+from tests.launchers.fake_docker import FakeDockerEngine
+from tests.launchers.harness import Harness, docker_harness
+from tests.launchers.serving import serving
+
+
+def frame(stream: int, data: bytes) -> bytes:
+    return bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
+
+
+def test_log_frames_are_joined_in_order() -> None:
+    raw = frame(1, b"Load weight end.\n") + frame(
+        2, b"torch.OutOfMemoryError: CUDA out of memory\n"
+    )
+    assert demultiplex(raw) == b"Load weight end.\ntorch.OutOfMemoryError: CUDA out of memory\n"
+    assert demultiplex(raw + b"\x01\x00\x00") == demultiplex(raw)  # a cut-off header is dropped
+
+
+INSPECTED: dict[str, Any] = {
+    "Id": "0123456789ab" + "c" * 52,
+    "Name": "/sglang",
+    "Image": "sha256:" + "ab" * 32,
+    "Config": {
+        "Hostname": "0123456789ab",
+        "Image": "lmsysorg/sglang:latest",
+        "Entrypoint": ["python3", "-m", "sglang.launch_server"],
+        "Cmd": ["--model-path", "/models/m", "--mem-fraction-static", "0.85"],
+        "Env": ["HF_TOKEN=x"],
+        "Labels": {"com.docker.compose.service": "sglang"},
+    },
+    "HostConfig": {"NetworkMode": "llm", "Binds": ["/models:/models:ro"], "ShmSize": 1 << 35},
+    "NetworkSettings": {
+        "Networks": {"llm": {"Aliases": ["sglang", "0123456789ab"], "IPAMConfig": None}}
+    },
+}
+
+
+def test_a_recreated_container_keeps_everything_but_the_flags() -> None:
+    body = recreate_body(INSPECTED, ["--model-path", "/models/m", "--mem-fraction-static", "0.88"])
+    assert body["Image"] == INSPECTED["Image"]  # the same bits, even if the tag moved since
+    assert body["Entrypoint"] == ["python3", "-m", "sglang.launch_server"]
+    assert body["Cmd"][-1] == "0.88"
+    assert "Hostname" not in body  # Docker's default (the old ID) is not carried over
+    assert body["HostConfig"] == INSPECTED["HostConfig"]
+    assert body["Env"] == ["HF_TOKEN=x"] and body["Labels"] == INSPECTED["Config"]["Labels"]
+    assert body["NetworkingConfig"] == {"EndpointsConfig": {"llm": {"Aliases": ["sglang"]}}}
+    held = {
+        **INSPECTED,
+        "Config": {**INSPECTED["Config"], "Entrypoint": ["sh"], "Cmd": ["-c", "x"]},
+    }
+    with pytest.raises(LaunchError, match="no SGLang --flags"):
+        recreate_body(held, ["--port", "1"])
+
+
+@pytest.fixture
+def docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    with docker_harness(tmp_path, monkeypatch) as h:
+        yield h
+
+
+def test_apply_recreates_with_the_same_image_mounts_devices_and_environment(
+    docker: Harness,
+) -> None:
+    engine: FakeDockerEngine = docker.extra["engine"]
+    before = engine.inspect(engine.find("sglang"))
+    launcher = docker.launcher()
+    trial = with_change(docker.baseline, {"mem_fraction_static": 0.88})
+    launcher.apply(trial)
+    after = engine.inspect(engine.find("sglang"))
+    assert after["Id"] != before["Id"] and after["Image"] == before["Image"]
+    for key in ("Binds", "DeviceRequests", "IpcMode", "ShmSize", "NetworkMode", "Ulimits"):
+        assert after["HostConfig"][key] == before["HostConfig"][key], key
+    for key in ("Env", "WorkingDir", "Labels"):
+        assert after["Config"][key] == before["Config"][key], key
+    assert after["Config"]["Cmd"][3:] == trial
+    assert after["Mounts"] == before["Mounts"]
+    assert engine.names() == ["sglang"]
+    assert docker.info()["mem_fraction_static"] == 0.88
+
+    # Killed between the two renames: only NAME-kvpilot-previous (stopped) and a created
+    # NAME-kvpilot-next are left. A new launcher reads the previous one and recovers.
+    assert isinstance(launcher, DockerLauncher)
+    socket = launcher.spec.socket
+    with httpx.Client(transport=httpx.HTTPTransport(uds=socket), base_url="http://d") as api:
+        assert api.post("/containers/sglang/stop").status_code == 204
+        assert api.post("/containers/sglang/rename?name=sglang-kvpilot-previous").status_code == 204
+        created = api.post(
+            "/containers/create?name=sglang-kvpilot-next",
+            json={"Image": after["Image"], "Cmd": ["python3", "-m", "never.started"]},
+        )
+        assert created.status_code == 201
+    fresh = docker.launcher()
+    assert fresh.current_args() == trial
+    assert not fresh.state().running
+    fresh.apply(docker.baseline)
+    assert engine.names() == ["sglang"]
+    assert docker.info()["mem_fraction_static"] == 0.85
+
+
+def test_errors_an_operator_can_act_on(tmp_path: Path) -> None:
+    gone = DockerLauncher(
+        DockerSpec("sglang", "http://127.0.0.1:9", socket=str(tmp_path / "x.sock"))
+    )
+    with pytest.raises(LaunchError, match=r"cannot reach the Docker Engine.*docker group"):
+        gone.current_args()
+    engine = FakeDockerEngine([])
+    socket = str(tmp_path / "d.sock")
+    with serving(engine.app(), uds=socket):
+        missing = DockerLauncher(DockerSpec("sglang", "http://127.0.0.1:9", socket=socket))
+        with pytest.raises(LaunchError, match=r"no container named 'sglang'.*docker run --name"):
+            missing.current_args()
+        assert "no container named" in missing.state().reason
