@@ -381,23 +381,46 @@ class PrometheusMetrics:
     def snapshot(self) -> Snapshot:
         series = self.api.query(self.expression)
         if not series:
-            raise self._no_series(self.expression)
+            # A failed scrape (a timeout, the server busy) marks every series stale until the
+            # next one succeeds, so an instant query finds nothing; the last good scrape still
+            # counts if it is recent enough.
+            return self._last_good_scrape()
         self._check_one_target(series, self.expression)
         fresh = self.api.query(self.freshness_expression)
         if not fresh or math.isnan(fresh[0].value):
-            raise self._no_series(self.freshness_expression)
+            return self._last_good_scrape()  # a scrape failed between the two queries
         sampled_at, evaluated_at = fresh[0].value, fresh[0].t
         age = max(0.0, evaluated_at - sampled_at)
         if age > self.max_age_s:
-            raise StaleSeries(
-                f"the newest SGLang sample Prometheus at {self.api.base_url} has for "
-                f"{self.selector} is {age:.0f} s old (limit {self.max_age_s:g} s; query: "
-                f"`{self.freshness_expression}`)",
-                "Prometheus no longer scrapes this server: is the server up, and is it still a "
-                "target (Status > Targets in Prometheus' UI)?",
-                query=self.freshness_expression,
-            )
+            raise self._stale(age, self.freshness_expression)
         return Snapshot(metrics_from_series(series), sampled_at, age)
+
+    def _last_good_scrape(self) -> Snapshot:
+        now = self.api.now()
+        try:
+            recent = self.scrapes(now - self.max_age_s, now)
+        except NoSeries:
+            recent = []
+        if recent:
+            sampled_at, metrics = recent[-1]
+            return Snapshot(metrics, sampled_at, max(0.0, now - sampled_at))
+        # Nothing recent: say how old the newest sample is, if there is one at all.
+        window = f"[{math.ceil(10 * self.max_age_s)}s]"
+        expr = f"sglang:num_running_reqs{self.selector}{window}"
+        older = self.api.query(expr, at=now)
+        if older:
+            raise self._stale(now - max(s.t for s in older), expr)
+        raise self._no_series(self.expression)
+
+    def _stale(self, age: float, expr: str) -> StaleSeries:
+        return StaleSeries(
+            f"the newest SGLang sample Prometheus at {self.api.base_url} has for "
+            f"{self.selector} is {age:.0f} s old (limit {self.max_age_s:g} s; query: `{expr}`)",
+            "Prometheus no longer scrapes this server: is the server up, and is it still a "
+            "target (Status > Targets in Prometheus' UI)? If Prometheus scrapes it less often "
+            "than every max_age_s seconds, raise servers.NAME.metrics.max_age_s.",
+            query=expr,
+        )
 
     def metrics(self) -> Metrics:
         return self.snapshot().metrics

@@ -65,6 +65,7 @@ class FakePrometheus:
     scrapes: dict[float, list[tuple[Labels, float]]] = field(default_factory=dict)
     now: float = 1_000_000.0
     queries: list[str] = field(default_factory=list)
+    failed_scrapes: list[float] = field(default_factory=list)  # each marks every series stale
     fail: Callable[[httpx.Request], httpx.Response | None] | None = None
 
     def add_scrape(self, t: float, text: str, target: Labels | None = None) -> None:
@@ -76,6 +77,9 @@ class FakePrometheus:
 
     # ----------------------------------------------------------------- evaluation
     def _latest(self, at: float, lookback: float = 300.0) -> dict[str, tuple[Labels, float, float]]:
+        newest = max((t for t in self.scrapes if t <= at), default=None)
+        if newest is not None and any(newest < f <= at for f in self.failed_scrapes):
+            return {}  # the last scrape failed: Prometheus' staleness markers hide every series
         out: dict[str, tuple[Labels, float, float]] = {}
         for t in sorted(self.scrapes):
             if at - lookback < t <= at:
@@ -97,10 +101,12 @@ class FakePrometheus:
                 return {"resultType": "vector", "result": []}
             newest = max(t for _, t, _ in found)
             return {"resultType": "vector", "result": [{"metric": {}, "value": [at, _fmt(newest)]}]}
-        ranged = re.fullmatch(r"(\{.*\})\[(\d+)ms\]", expr)
+        ranged = re.fullmatch(r"([a-z_:]*)(\{.*\})\[(\d+)(ms|s)\]", expr)
         if ranged:
-            window = int(ranged[2]) / 1000
-            matchers = [(m[1], m[2], m[3]) for m in _MATCHER.finditer(ranged[1])]
+            window = int(ranged[3]) / (1000 if ranged[4] == "ms" else 1)
+            matchers = [(m[1], m[2], m[3]) for m in _MATCHER.finditer(ranged[2])]
+            if ranged[1]:
+                matchers.append(("__name__", "=", ranged[1]))
             by_series: dict[str, dict[str, Any]] = {}
             for t in sorted(self.scrapes):
                 if at - window < t <= at:

@@ -24,10 +24,11 @@ from tests.twin_process import free_port
 INSTALL_HINT = "apt-get install -y --no-install-recommends prometheus"
 
 
+DEBIAN_PATH = Path("/usr/bin/prometheus")
+
+
 def prometheus_binary() -> str:
-    found = shutil.which("prometheus") or (
-        "/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None
-    )
+    found = shutil.which("prometheus") or (str(DEBIAN_PATH) if DEBIAN_PATH.exists() else None)
     if found is not None:
         return found
     if os.environ.get("KVPILOT_REQUIRE_PROMETHEUS") == "1":

@@ -113,6 +113,22 @@ def test_stale_data_is_refused() -> None:
     assert snap.age_s == pytest.approx(95) and snap.sampled_at == fake.now - 95
 
 
+def test_after_a_failed_scrape_the_last_good_one_counts_while_recent() -> None:
+    fake = FakePrometheus()
+    texts = [(FIXTURES / "twin-0.5.10" / f"metrics_{i}.txt").read_text() for i in (1, 2)]
+    fake.add_scrape(fake.now - 3, texts[0])
+    fake.add_scrape(fake.now - 2, texts[1])
+    fake.failed_scrapes.append(fake.now - 1)
+    snap = source(fake, max_age_s=5).snapshot()
+    assert snap.sampled_at == fake.now - 2 and snap.age_s == pytest.approx(2)
+    assert snap.metrics.samples == pytest.approx(parse_metrics(texts[1]).samples)
+    assert snap.metrics.ttft_buckets == parse_metrics(texts[1]).ttft_buckets
+    with pytest.raises(StaleSeries, match=r"is 2 s old \(limit 1.5 s; query: `sglang:num_running"):
+        source(fake, max_age_s=1.5).snapshot()
+    with pytest.raises(NoSeries, match="has no SGLang series"):
+        source(fake, max_age_s=0.1).snapshot()  # nothing within 10 x max_age_s either
+
+
 def test_a_selector_matching_two_servers_is_refused() -> None:
     fake = FakePrometheus()
     text = (FIXTURES / "twin-0.5.10" / "metrics_1.txt").read_text()

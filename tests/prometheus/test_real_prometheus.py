@@ -1,0 +1,250 @@
+"""A real Prometheus scrapes the twin: diagnose and the gate decide the same from it as from
+scraping the server directly.
+
+Prometheus stamps samples with wall-clock time while the twin runs SCALE times faster, so the
+windows read back from Prometheus are mapped onto the bot's own (scaled) clock with `Timeline`
+before the gate sees them, exactly as the engine's direct samples are timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.cli import main
+from bot.config import load
+from bot.wiring import database, experiment_deps
+from bot.wiring import launcher as wiring_launcher
+from playbooks import experiment as engine
+from playbooks import gate
+from playbooks.clock import Clock, make_clock
+from playbooks.sources.metrics_source import SourcedClient
+from playbooks.sources.prometheus import PrometheusAPI, PrometheusMetrics, Timeline
+from playbooks.sources.sglang import Metrics, SGLangClient, SGLangError
+from storage import samples as sample_store
+from storage.experiments import State
+from tests.prometheus.prom_process import PrometheusProcess, running_prometheus
+from tests.twin_process import free_port, spawn, wait_healthy
+
+SCALE = 200
+INTERVAL = "100ms"  # 20 simulated seconds at SCALE; a shorter one times out on a busy twin
+KIMI = ["--mem-fraction-static", "0.85", "--enable-metrics", "--time-scale", str(SCALE)]
+LOAD = ["--workload", "incident", "--concurrency", "150"]
+
+
+@dataclass
+class Stack:
+    prometheus: PrometheusProcess
+    diagnose_port: int
+    experiment_port: int
+
+    def wait_scraped(self, port: int) -> None:
+        self.prometheus.wait_for_series(f'sglang:num_running_reqs{{instance="127.0.0.1:{port}"}}')
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    ports = (free_port(), free_port())
+    targets = [f"127.0.0.1:{p}" for p in ports]
+    with running_prometheus(tmp_path_factory.mktemp("prometheus"), targets, INTERVAL) as prom:
+        yield Stack(prom, *ports)
+
+
+def metrics(stack: Stack) -> str:
+    """The metrics table of a server read through the test's Prometheus."""
+    return f'metrics = {{ source = "prometheus", url = "{stack.prometheus.url}", max_age_s = 2 }}\n'
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(args), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def verdicts(finding: dict[str, Any]) -> dict[str, str]:
+    return {o["title"]: o["verdict"] for o in finding["options"]}
+
+
+def test_diagnose_gives_the_same_verdicts(stack: Stack, tmp_path: Path) -> None:
+    twin = spawn([*KIMI, *LOAD], port=stack.diagnose_port)
+    try:
+        wait_healthy(twin)
+        stack.wait_scraped(twin.port)
+        server = f'url = "{twin.url}"\ngroup = "same"\ngpu_memory_gib = 95.59\nhost_ram_gib = 256\n'
+        config = tmp_path / "kvpilot.toml"
+        # Two entries for the one twin, so that both sources measure the same window at once.
+        config.write_text(
+            f"[kvpilot]\ntime_scale = {SCALE}\n\n[groups.same]\n\n"
+            f"[servers.direct]\n{server}\n"
+            f"[servers.prometheus]\n{server}{metrics(stack)}"
+        )
+        code, out, err = cli(
+            "diagnose",
+            *("--group", "same", "--config", str(config), "--window", "600", "--json"),
+            *("--consider", "mem_fraction_static=0.93"),
+        )
+    finally:
+        twin.stop()
+        twin.log_path.unlink(missing_ok=True)
+    assert code == 0, err
+    report = json.loads(out)["servers"]
+    assert report["prometheus"]["metrics_from"].startswith(
+        f"Prometheus at {stack.prometheus.url}, series {{instance="
+    )
+    direct, prom = report["direct"]["finding"], report["prometheus"]["finding"]
+    assert direct["bottleneck"] == prom["bottleneck"] == "kv_cache"
+    assert verdicts(direct) == verdicts(prom)
+    assert verdicts(prom)["mem_fraction_static=0.92"] == "recommended"
+    assert verdicts(prom)["mem_fraction_static=0.93"] == "unsafe"
+    for key in ("running", "queued", "token_usage"):
+        assert prom["capacity"][key] == pytest.approx(direct["capacity"][key], rel=0.1), key
+    rate = "generation_tokens_per_s"
+    assert prom["throughput"][rate] == pytest.approx(direct["throughput"][rate], rel=0.05)
+    assert prom["capacity"]["avg_tokens_per_request"] == pytest.approx(
+        direct["capacity"]["avg_tokens_per_request"], rel=0.15
+    )
+
+
+# ----------------------------------------------------------------------------- the gate
+Timed = list[tuple[float, Metrics]]
+
+
+def gate_samples(window: Timed, per_batch: int) -> list[gate.GateSample]:
+    """GateSamples the way the engine builds them from its stored scrapes."""
+    out = []
+    for i, (t, m) in enumerate(window):
+        earlier = window[i - per_batch][1] if i >= per_batch else None
+        queued = m.get("sglang:num_queue_reqs") or 0.0
+        ttft = None
+        if earlier is not None and queued == 0:
+            ttft = engine.bucket_quantile(
+                sorted(earlier.ttft_buckets.items()), sorted(m.ttft_buckets.items()), 0.95
+            )
+        out.append(
+            gate.GateSample(
+                t=t,
+                gen_throughput=m.get("sglang:gen_throughput"),
+                generation_tokens_total=m.get("sglang:generation_tokens_total"),
+                prompt_tokens_total=m.get("sglang:prompt_tokens_total"),
+                num_requests_total=m.get("sglang:num_requests_total"),
+                running=m.get("sglang:num_running_reqs") or 0.0,
+                queued=queued,
+                errors_total=m.get("sglang:num_aborted_requests_total"),
+                retractions_total=m.get("sglang:num_retracted_requests_total"),
+                ttft_p95_s=ttft,
+            )
+        )
+    return out
+
+
+class DirectSampler:
+    """Scrapes the server's own /metrics on the bot's clock, as the engine does by default."""
+
+    def __init__(self, url: str, clock: Clock, every_s: float) -> None:
+        self.client = SGLangClient.connect(url)
+        self.clock = clock
+        self.every_s = every_s
+        self.samples: Timed = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(SGLangError):  # down while restarting
+                self.samples.append((self.clock.now(), self.client.metrics()))
+            self.clock.sleep(self.every_s)
+
+    def window(self, start: float, end: float) -> Timed:
+        return [(t, m) for t, m in self.samples if start <= t <= end]
+
+
+def sequential(
+    baseline: list[gate.GateSample], trial: list[gate.GateSample], settings: gate.GateSettings
+) -> gate.GateDecision:
+    """The gate as the engine runs it: a look after every trial batch until it decides."""
+    look = settings.batch_s
+    while True:
+        seen = [s for s in trial if s.t <= trial[0].t + look]
+        decision = gate.decide(baseline, seen, settings)
+        if decision.action != "continue" or len(seen) == len(trial):
+            return decision
+        look += settings.batch_s
+
+
+def test_the_gate_gives_the_same_verdict(stack: Stack, tmp_path: Path) -> None:
+    port = stack.experiment_port
+    command = [
+        *(sys.executable, "-m", "sim.launch_server", "--port", str(port)),
+        *("--max-running-requests", "24", "--enable-metrics", "--time-scale", str(SCALE)),
+        *("--workload", "incident", "--concurrency", "48"),
+    ]
+    path = tmp_path / "kvpilot.toml"
+    path.write_text(
+        f"[kvpilot]\ntime_scale = {SCALE}\n\n"
+        "[gate]\nscrape_s = 10\nbatch_s = 60\nbaseline_s = 360\n\n"
+        f'[servers.incident]\nurl = "http://127.0.0.1:{port}"\n{metrics(stack)}'
+        f'[servers.incident.launcher]\nkind = "process"\ncommand = {json.dumps(command)}\n'
+    )
+    config = load(str(path))
+    server = config.server("incident")
+    launcher = wiring_launcher(config, server, make_clock(SCALE))
+    db = database(config)
+    launcher.start(launcher.current_args())
+    try:
+        launcher.wait_ready()
+        stack.wait_scraped(port)
+        deps = experiment_deps(config, "incident", db)
+        assert isinstance(deps.client, SourcedClient)  # the engine measures through Prometheus
+        api = PrometheusAPI.connect(stack.prometheus.url)
+        timeline = Timeline.capture(api, deps.clock, SCALE)
+        direct = DirectSampler(server.url, deps.clock, deps.plan.scrape_s)
+        direct.thread.start()
+        exp = engine.create(
+            deps, {"max_running_requests": 36}, actor="test", approved_by="test", reason="test"
+        )
+        row = engine.run(deps, exp)
+        # A kept change keeps running: watch it a few batches longer, so that the other two
+        # sources' own sequential looks have data if they need a look more than the engine.
+        extra = 4 * deps.plan.batch_s if row.state == State.kept else deps.plan.scrape_s
+        deps.clock.sleep(extra + deps.plan.scrape_s)
+        direct.stop.set()
+        direct.thread.join(timeout=10)
+        phases = {p: sample_store.samples_for(db, exp, p) for p in ("baseline", "trial")}
+        bounds = {
+            "baseline": (phases["baseline"][0].t - 5, phases["baseline"][-1].t + 5),
+            "trial": (phases["trial"][0].t - 5, phases["trial"][-1].t + extra),
+        }
+        prometheus = PrometheusMetrics(api, server.metrics.selector or "")
+        scraped = {
+            p: [(timeline.at(ts), m) for ts, m in prometheus.scrapes(*map(timeline.unix, ab))]
+            for p, ab in bounds.items()
+        }
+    finally:
+        launcher.stop()
+        db.close()
+    result = row.result or {}
+    assert row.state == State.kept, result.get("rule")
+    settings = deps.plan.gate_settings()
+    per_batch = int(deps.plan.batch_s / deps.plan.scrape_s)
+    windows = {
+        "direct": [gate_samples(direct.window(*bounds[p]), per_batch) for p in bounds],
+        "prometheus": [gate_samples(scraped[p], per_batch) for p in bounds],
+    }
+    # the engine measured through Prometheus' instant queries; the same windows scraped
+    # directly, and read back from Prometheus' stored scrapes, reach the same verdict
+    kept = {name: sequential(base, trial, settings) for name, (base, trial) in windows.items()}
+    assert {d.verdict for d in kept.values()} == {result["verdict"]} == {"improved"}, (
+        result["rule"],
+        {name: d.rule for name, d in kept.items()},
+    )
+    effects = [result["effect"]["mean"]] + [d.effect.mean for d in kept.values() if d.effect]
+    assert len(effects) == 3 and max(effects) - min(effects) < 0.05, effects
