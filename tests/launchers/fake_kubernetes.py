@@ -577,7 +577,7 @@ class FakeCluster:
             pod.ready = False
             pod.proc = None
             if pod.deleted:
-                self.pods.pop((pod.namespace, pod.name), None)
+                self._forget(pod)
                 return
             pod.last_state = {
                 "terminated": {
@@ -602,9 +602,14 @@ class FakeCluster:
             time.sleep(0.05)
         with self.lock:
             if pod.deleted or self._stop.is_set():
-                self.pods.pop((pod.namespace, pod.name), None)
+                self._forget(pod)
                 return
             self._start_container(pod)
+
+    def _forget(self, pod: Pod) -> None:
+        """Remove a pod that is gone; a new pod may already have its name (a StatefulSet's)."""
+        if self.pods.get((pod.namespace, pod.name)) is pod:
+            del self.pods[(pod.namespace, pod.name)]
 
     def _terminate(self, pod: Pod) -> None:
         if pod.deleted:
@@ -612,7 +617,7 @@ class FakeCluster:
         pod.deleted = now_iso()
         pod.ready = False
         if pod.proc is None:
-            self.pods.pop((pod.namespace, pod.name), None)
+            self._forget(pod)
             return
         self._kill(pod, signal.SIGTERM)
         proc = pod.proc

@@ -34,6 +34,7 @@ from bot.config import load
 from bot.wiring import launcher as build_launcher
 from playbooks.clock import ScaledClock
 from playbooks.launchers.common import ManagedLauncher
+from playbooks.launchers.kube_objects import expected_pods, replicas, server_args, templates
 from tests.launchers import fake_systemd
 from tests.launchers.fake_docker import FakeDockerEngine, Image
 from tests.launchers.fake_kubernetes import FakeCluster
@@ -268,6 +269,57 @@ def deployment(args: list[str], port: int, kind: str = "Deployment") -> dict[str
     }
 
 
+def leaderworkerset(args: list[str], port: int) -> dict[str, Any]:
+    """A group of two: the leader serves HTTP on `port`, the worker on a port of its own; the
+    arguments use the environment variables the LeaderWorkerSet controller injects."""
+    shared = [
+        *(a if a != str(port) else "$(SGLANG_PORT)" for a in args),
+        "--nnodes",
+        "$(LWS_GROUP_SIZE)",
+        "--node-rank",
+        "$(LWS_WORKER_INDEX)",
+        "--dist-init-addr",
+        "$(LWS_LEADER_ADDRESS):20000",
+    ]
+
+    def container(serve_port: int, extra: list[str]) -> dict[str, Any]:
+        return {
+            "name": "sglang",
+            "image": IMAGE.ref,
+            "command": list(TWIN),
+            "args": [*shared, *extra],
+            "workingDir": str(REPO),
+            "env": [
+                {"name": "SGLANG_PORT", "value": str(serve_port)},
+                {"name": "PYTHONPATH", "value": str(REPO)},
+            ],
+        }
+
+    leader = container(port, [])
+    leader["readinessProbe"] = {"httpGet": {"path": "/health", "port": port}}
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "sglang", "namespace": "sglang"},
+        "spec": {
+            "replicas": 1,
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": 2,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": {
+                    "metadata": {"labels": {"role": "leader"}},
+                    "spec": {"containers": [leader]},
+                },
+                "workerTemplate": {
+                    "metadata": {"labels": {"role": "worker"}},
+                    "spec": {"containers": [container(free_port(), ["--skip-server-warmup"])]},
+                },
+            },
+        },
+    }
+
+
 def kubeconfig(path: Path, server: str) -> Path:
     path.write_text(
         yaml.safe_dump(
@@ -300,10 +352,11 @@ def kubernetes_harness(
     obj: Callable[[list[str], int], dict[str, Any]] = deployment,
     backoff_s: float = 10.0,
 ) -> Iterator[Harness]:
+    tmp.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    args = twin_args(port)
     cluster = FakeCluster(rules=role_rules(), restart_backoff_s=backoff_s)
-    workload = obj(args, port)
+    workload = obj(twin_args(port), port)
+    args = server_args(templates(workload["kind"], workload, "sglang", None)[0])
     cluster.add(workload)
     try:
         with serving(cluster.app()) as url:
@@ -314,7 +367,7 @@ def kubernetes_harness(
                 f'namespace = "sglang"\ncontainer = "sglang"\n'
                 f'kubeconfig = "{kubeconfig(tmp / "kubeconfig.yaml", url)}"\n',
             )
-            want = 1 if workload["kind"] != "LeaderWorkerSet" else 2
+            want = expected_pods(workload["kind"], workload)
 
             def leftovers() -> list[str]:
                 names = cluster.pod_names()
@@ -323,7 +376,8 @@ def kubernetes_harness(
             h = Harness(workload["kind"].lower(), config, port, args, lambda: None, leftovers)
             h.server_pid = lambda: cluster.pids()[0]
             h.extra["cluster"] = cluster
-            h.launcher().wait_ready()
+            if replicas(workload):
+                h.launcher().wait_ready()
             yield h
     finally:
         cluster.shutdown()
