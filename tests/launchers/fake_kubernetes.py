@@ -246,6 +246,7 @@ class FakeCluster:
         self.lock = threading.RLock()
         self.logs = Path(tempfile.mkdtemp(prefix="fake-kubelet-"))
         self._stop = threading.Event()
+        self._started: list[subprocess.Popen[bytes]] = []
         self._controller = threading.Thread(target=self._control_loop, daemon=True)
         self._controller.start()
 
@@ -285,6 +286,11 @@ class FakeCluster:
         for pod in pods:
             pod.deleted = pod.deleted or now_iso()
             self._kill(pod, signal.SIGKILL)
+        for proc in self._started:  # whatever a bug may have lost track of: leave nothing behind
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
 
     # ----------------------------------------------------------------- authorisation
     def _authorise(self, access: Access) -> None:
@@ -552,6 +558,7 @@ class FakeCluster:
                     }
                 }
                 return
+        self._started.append(proc)
         pod.proc = proc
         pod.started_at = pod.started_at or now_iso()
         pod.state = {"running": {"startedAt": now_iso()}}

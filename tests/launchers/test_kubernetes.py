@@ -11,6 +11,7 @@ import httpx
 import pytest
 import yaml
 from kubernetes.client import (
+    ApiClient,
     V1Deployment,
     V1Role,
     V1RoleBinding,
@@ -48,24 +49,22 @@ def statefulset(args: list[str], port: int) -> dict[str, Any]:
 
 
 def test_patched_objects_stay_valid_for_the_api_models() -> None:
-    for obj, model in (
-        (deployment(ARGS, 30000), V1Deployment),
-        (statefulset(ARGS, 30000), V1StatefulSet),
-    ):
-        model.from_dict(obj)
+    for obj in (deployment(ARGS, 30000), statefulset(ARGS, 30000)):
         (t,) = templates(obj["kind"], obj, "sglang", None)
         trial = with_change(server_args(t), {"mem_fraction_static": 0.88})
-        ops = command_ops(t, trial) + annotation_ops(
-            t.pointer, t.body, STAMP, "2026-01-01T00:00:00Z"
+        stamp = "2026-01-01T00:00:00Z"
+        patched = json_patch(
+            obj, command_ops(t, trial) + annotation_ops(t.pointer, t.body, STAMP, stamp)
         )
-        patched = json_patch(obj, ops)
-        checked = model.from_dict(patched)
-        container = checked.spec.template.spec.containers[0]
-        assert (
-            container.args == trial
-            and container.command == obj["spec"]["template"]["spec"]["containers"][0]["command"]
-        )
-        assert checked.spec.template.metadata.annotations == {STAMP: "2026-01-01T00:00:00Z"}
+        model = V1Deployment if obj["kind"] == "Deployment" else V1StatefulSet
+        model.from_dict(obj)
+        checked = plain(model.from_dict(patched))
+        template = checked["spec"]["template"]
+        container = template["spec"]["containers"][0]
+        assert container["args"] == trial
+        assert container["command"] == obj["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert template["metadata"]["annotations"] == {STAMP: stamp}
+        assert container["readinessProbe"]["httpGet"]["port"] == 30000
     # The test operation guards against someone else's edit in between.
     obj = deployment(ARGS, 30000)
     (t,) = templates("Deployment", obj, "sglang", None)
@@ -73,6 +72,11 @@ def test_patched_objects_stay_valid_for_the_api_models() -> None:
     obj["spec"]["template"]["spec"]["containers"][0]["args"] = ["--port", "1"]
     with pytest.raises(Exception, match="testing value"):
         json_patch(obj, ops)
+
+
+def plain(model: object) -> dict[str, Any]:
+    """A client model back to the API's JSON."""
+    return dict(ApiClient().sanitize_for_serialization(model))  # type: ignore[no-untyped-call]
 
 
 def test_flags_inside_the_command_are_replaced_there() -> None:
@@ -121,12 +125,19 @@ def test_statefulset_and_leaderworkerset_roll_out_and_back_under_exactly_the_rba
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     docs = list(yaml.safe_load_all(RBAC.read_text()))
-    models = {"ServiceAccount": V1ServiceAccount, "Role": V1Role, "RoleBinding": V1RoleBinding}
-    assert sorted(d["kind"] for d in docs) == sorted(models)
-    by_kind = {d["kind"]: models[d["kind"]].from_dict(d) for d in docs}
-    binding = by_kind["RoleBinding"]
-    assert binding.role_ref.name == by_kind["Role"].metadata.name
-    assert binding.subjects[0].name == by_kind["ServiceAccount"].metadata.name
+    assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding"]
+    account, role, binding = (
+        plain(V1ServiceAccount.from_dict(docs[0])),
+        plain(V1Role.from_dict(docs[1])),
+        plain(V1RoleBinding.from_dict(docs[2])),
+    )
+    assert role["rules"] == docs[1]["rules"]  # nothing the model does not know was dropped
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"][0]["name"] == account["metadata"]["name"]
     rules = next(d for d in docs if d["kind"] == "Role")["rules"]
     used: set[tuple[str, str, str]] = set()
 
