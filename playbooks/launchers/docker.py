@@ -285,6 +285,11 @@ class DockerLauncher:
 
     def start(self, args: list[str]) -> None:
         current = self.find()
+        if (current.get("HostConfig") or {}).get("AutoRemove"):
+            raise LaunchError(
+                f"container {self.name} was started with --rm, so stopping it deletes it and "
+                "nothing would be left to roll back to: start it without --rm"
+            )
         body = recreate_body(current, args)
         self.engine.remove(self.name + NEXT_SUFFIX)  # a leftover of an interrupted apply
         new_id = self.engine.create(self.name + NEXT_SUFFIX, body)

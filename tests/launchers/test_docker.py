@@ -17,7 +17,7 @@ from playbooks.launchers.docker import (
     demultiplex,
     recreate_body,
 )
-from tests.launchers.fake_docker import FakeDockerEngine
+from tests.launchers.fake_docker import FakeDockerEngine, Image
 from tests.launchers.harness import Harness, docker_harness
 from tests.launchers.serving import serving
 
@@ -128,3 +128,10 @@ def test_errors_an_operator_can_act_on(tmp_path: Path) -> None:
         with pytest.raises(LaunchError, match=r"no container named 'sglang'.*docker run --name"):
             missing.current_args()
         assert "no container named" in missing.state().reason
+        engine.images["img"] = Image("img", "sha256:" + "1" * 64)
+        engine.create(
+            "sglang",
+            {"Image": "img", "Cmd": ["x", "--port", "1"], "HostConfig": {"AutoRemove": True}},
+        )
+        with pytest.raises(LaunchError, match="started with --rm"):
+            missing.apply(["--port", "2"])
