@@ -286,8 +286,16 @@ class SystemdLauncher:
 
     def start(self, args: list[str]) -> None:
         self.install(args)
-        self._checked("restart", "--", self.spec.unit)
-        self._started = self._invocation(self.properties())
+        done = self._systemctl("restart", "--", self.spec.unit)
+        props = self.properties()
+        if done.code != 0:
+            log = self.journal(props.get("InvocationID"))
+            raise LaunchError(
+                f"`systemctl restart {self.spec.unit}`{self.shell.where} failed: "
+                f"{(done.err or done.out).strip()} ({classify_exit(exit_code(props), log)})",
+                log,
+            )
+        self._started = self._invocation(props)
 
     def install(self, args: list[str]) -> None:
         """Make `args` the unit's SGLang arguments: a drop-in, or none when the unit's own match."""

@@ -197,6 +197,22 @@ def test_errors_an_operator_can_act_on(tmp_path: Path, monkeypatch: pytest.Monke
     ssh.chmod(0o755)
     with pytest.raises(LaunchError, match="cannot reach gpu-7 over SSH: ssh: connect to host"):
         unreachable.current_args()
+    # An executable that is not there: systemd's 203/EXEC, with the manager's own words.
+    broken = fake_systemd.unit_dir(tmp_path / "host") / "broken.service"
+    broken.parent.mkdir(parents=True)
+    broken.write_text(
+        "[Service]\nExecStart=/opt/nowhere/python3 -m sglang.launch_server --port 1\n"
+    )
+    subprocess.run(["systemctl", "daemon-reload"], check=True)
+    spec = SystemdSpec(
+        unit="broken.service",
+        url=url,
+        dropin_dir=str(fake_systemd.etc_dir(tmp_path / "host")),
+        ready_timeout_s=30,
+    )
+    with pytest.raises(LaunchError, match="exited with status 203") as failure:
+        SystemdLauncher(spec).apply(["--port", "2"])
+    assert "Failed to execute" in failure.value.log_tail
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(LaunchError, match="`systemctl` is not installed here"):
         missing.current_args()
