@@ -165,8 +165,60 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("action", choices=["start", "stop", "status"])
     srv.add_argument("--server", required=True)
     srv.add_argument("--config", default=None)
+    sv = sub.add_parser(
+        "serve",
+        help="run the Slack bot (Socket Mode with SLACK_APP_TOKEN, else HTTP on --port)",
+    )
+    sv.add_argument("--config", default=None)
+    sv.add_argument("--host", default="0.0.0.0", help="HTTP mode: address to listen on")
+    sv.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="HTTP mode: port for /slack/events and /healthz (default 3000); "
+        "Socket Mode: serve /healthz on this port",
+    )
+    co = sub.add_parser("console", help="the same bot in this terminal (no Slack needed)")
+    co.add_argument("--config", default=None)
+    co.add_argument(
+        "-c",
+        "--command",
+        dest="commands",
+        action="append",
+        default=[],
+        metavar="COMMAND",
+        help='run this command first, e.g. -c "diagnose incident" (repeatable)',
+    )
+    co.add_argument(
+        "--yes",
+        action="store_true",
+        help="approve what kvpilot recommends without asking (the default without a terminal)",
+    )
     add_report_parser(sub)
     return parser
+
+
+def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """`serve` and `console`: configuration and settings errors are one clear line each."""
+    import logging  # noqa: PLC0415 - only the long-running front ends configure logging
+
+    from bot import console, serve  # noqa: PLC0415 - keeps `diagnose` light
+    from bot.config import ConfigError, load  # noqa: PLC0415
+    from storage.errors import StorageError  # noqa: PLC0415
+
+    try:
+        config = load(ns.config)
+        if ns.command == "console":
+            return console.main(config, ns.commands, auto=ns.yes, out=out)
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+        if ns.port is not None and not 0 < ns.port < 65536:
+            raise serve.SettingsError(f"--port must be 1..65535, got {ns.port}")
+        return serve.run(config, serve.env_settings(), host=ns.host, port=ns.port)
+    except (ConfigError, serve.SettingsError, StorageError) as exc:
+        err.write(f"error: {exc}\n")
+        return 2
 
 
 def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -338,6 +390,8 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = 
         return cmd_report(ns, out, err)
     if ns.command == "diagnose":
         return cmd_diagnose(ns, out, err)
+    if ns.command in ("serve", "console"):
+        return cmd_bot(ns, out, err)
     if ns.command in ("experiment", "experiments", "resume", "server"):
         from bot import experiments_cli  # noqa: PLC0415 - keeps `diagnose` free of storage
 

@@ -30,6 +30,11 @@ def _gain(gain: dict[str, float] | None) -> str:
     return f"+{low:.0%}..+{high:.0%}"
 
 
+def mention(user: str) -> str:
+    """A Slack mention for Slack users; the terminal's `console:NAME` as it is."""
+    return user if user.startswith("console:") else f"<@{user}>"
+
+
 def environment() -> Environment:
     env = Environment(
         loader=FileSystemLoader(str(TEMPLATES)),
@@ -42,6 +47,7 @@ def environment() -> Environment:
     env.filters["num"] = _num
     env.filters["pct"] = _pct
     env.filters["gain"] = _gain
+    env.filters["mention"] = mention
     return env
 
 

@@ -53,6 +53,20 @@ def launcher(config: Config, server: ServerConfig, clock: Clock) -> ManagedLaunc
     return ProcessLauncher(spec, clock)
 
 
+def gate_plan(server: ServerConfig) -> GatePlan:
+    """The gate settings an experiment on this server runs with."""
+    g = server.gate
+    return GatePlan(
+        min_effect=g.min_effect,
+        baseline_s=g.baseline_s,
+        warmup_s=g.warmup_s,
+        max_trial_s=g.max_trial_s,
+        batch_s=g.batch_s,
+        scrape_s=g.scrape_s,
+        warmup_floor_s=g.warmup_floor_s,
+    )
+
+
 def sglang_client(server: ServerConfig) -> SGLangClient:
     """The server's SGLang client, reading metrics from the configured source."""
     client = SGLangClient.connect(server.url, server.api_key)
@@ -99,22 +113,13 @@ def experiment_deps(
 ) -> Deps:
     server = config.server(name)
     clock = make_clock(config.time_scale)
-    g = server.gate
     return Deps(
         db=db,
         server=name,
         client=sglang_client(server),
         launcher=launcher(config, server, clock),
         clock=clock,
-        plan=GatePlan(
-            min_effect=g.min_effect,
-            baseline_s=g.baseline_s,
-            warmup_s=g.warmup_s,
-            max_trial_s=g.max_trial_s,
-            batch_s=g.batch_s,
-            scrape_s=g.scrape_s,
-            warmup_floor_s=g.warmup_floor_s,
-        ),
+        plan=gate_plan(server),
         on_progress=on_progress,
         restarts=restart_limiter(config, server, db),
     )

@@ -1,0 +1,213 @@
+"""`kvpilot console`: the same bot in a terminal, for operators without Slack and for the demo.
+
+Commands are typed as in Slack, without the slash (`diagnose incident`, `propose incident
+mem_fraction_static=0.88`, ...); messages are the same templates printed as text; buttons
+become numbered choices. With `--yes`, or when there is no terminal, the console approves what
+kvpilot recommends (the diagnosis's recommended proposal, then its approval) and says so.
+"""
+
+from __future__ import annotations
+
+import getpass
+import sys
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TextIO
+
+from bot.auth import CONSOLE_PREFIX, Principal
+from bot.config import Config
+from bot.flow import APPROVE, PROPOSE_OPTION, Kvpilot
+from bot.messages import Button, Message, plain
+from storage import chat
+from storage.chat import MessageRef
+from storage.db import open_db
+from storage.errors import NotFound
+
+CHANNEL = "console"
+
+
+class ConsoleSurface:
+    """Prints messages; remembers the buttons of the latest messages for the prompt."""
+
+    def __init__(self, out: TextIO, charts_dir: Path) -> None:
+        self.channel = CHANNEL
+        self.out = out
+        self.charts_dir = charts_dir
+        self.buttons: dict[str, tuple[Button, ...]] = {}
+        self.saved: list[Path] = []
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def _print(self, text: str) -> None:
+        with self._lock:
+            self.out.write(text.rstrip("\n") + "\n")
+            self.out.flush()
+
+    def _show(self, ref: MessageRef, message: Message, edited: bool) -> None:
+        body = plain(message.text)
+        if edited and len(body.splitlines()) <= 3:
+            self._print("  " + body.replace("\n", "\n  "))
+        else:
+            self._print("\n" + body + "\n")
+        with self._lock:
+            if message.buttons:
+                self.buttons[ref.ts] = message.buttons
+            else:
+                self.buttons.pop(ref.ts, None)
+
+    def post(self, message: Message, *, thread: MessageRef | None = None) -> MessageRef:
+        with self._lock:
+            self._n += 1
+            ref = MessageRef(CHANNEL, str(self._n), thread.ts if thread else None)
+        self._show(ref, message, edited=False)
+        return ref
+
+    def update(self, ref: MessageRef, message: Message) -> None:
+        self._show(ref, message, edited=True)
+
+    def upload(
+        self, data: bytes, *, filename: str, title: str, thread: MessageRef | None = None
+    ) -> None:
+        self.charts_dir.mkdir(parents=True, exist_ok=True)
+        path = self.charts_dir / filename
+        path.write_bytes(data)
+        self.saved.append(path)
+        self._print(f"  [{title}: chart saved to {path}]")
+
+    def whisper(self, who: Principal, message: Message) -> None:
+        self._print("  (only you) " + plain(message.text))
+
+    def take_buttons(self) -> list[tuple[str, Button]]:
+        with self._lock:
+            items = [(ts, b) for ts, bs in self.buttons.items() for b in bs]
+            self.buttons.clear()
+        return items
+
+
+class Console:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        out: TextIO,
+        stdin: TextIO,
+        auto: bool,
+        user: str | None = None,
+    ) -> None:
+        self.out = out
+        self.stdin = stdin
+        self.auto = auto
+        name = user or _local_user()
+        self.who = Principal(CONSOLE_PREFIX + name, CHANNEL)
+        self.surface = ConsoleSurface(out, Path(config.state_dir) / "charts")
+        self.kv = Kvpilot(
+            config,
+            lambda: open_db(config.database),
+            group_members=lambda _group: frozenset(),
+            surface_for=lambda _channel: self.surface,
+            progress_every_s=2.0,
+        )
+
+    def say(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def run_command(self, line: str) -> None:
+        reply = self.kv.command(self.who, line.removeprefix("/kvpilot").strip())
+        if reply.now is not None:
+            self.say(plain(reply.now.text))
+        if reply.work is not None:
+            reply.work(self.surface)
+        self.handle_buttons()
+        self.kv.runner.join()
+
+    def handle_buttons(self) -> None:
+        while True:
+            items = self.surface.take_buttons()
+            if not items:
+                return
+            chosen = self._auto_choice(items) if self.auto else self._ask(items)
+            if chosen is None:
+                return
+            ts, button = chosen
+            reply = self.kv.action(
+                self.who, button.action_id, button.value, MessageRef(CHANNEL, ts)
+            )
+            if reply.now is not None:
+                self.say(plain(reply.now.text))
+            if reply.work is not None:
+                reply.work(self.surface)
+
+    def _auto_choice(self, items: list[tuple[str, Button]]) -> tuple[str, Button] | None:
+        for ts, b in items:
+            if b.action_id.startswith(PROPOSE_OPTION) and self._recommended(b.value):
+                self.say(f"> auto: {b.label} (the recommended change)")
+                return ts, b
+            if b.action_id == APPROVE:
+                self.say("> auto: Approve (non-interactive run approves what kvpilot recommends)")
+                return ts, b
+        self.say("> auto: nothing recommended to act on")
+        return None
+
+    def _recommended(self, value: str) -> bool:
+        diag_id, _, index = value.partition(":")
+        try:
+            finding = chat.get_diagnosis(self.kv.db(), int(diag_id)).finding
+            return bool(finding["options"][int(index)]["verdict"] == "recommended")
+        except (NotFound, ValueError, IndexError, KeyError):
+            return False
+
+    def _ask(self, items: list[tuple[str, Button]]) -> tuple[str, Button] | None:
+        for i, (_, b) in enumerate(items, 1):
+            self.say(f"  [{i}] {b.label}")
+        self.out.write("Choose a number (Enter to skip): ")
+        self.out.flush()
+        answer = self.stdin.readline().strip()
+        if not answer.isdigit() or not 1 <= int(answer) <= len(items):
+            return None
+        ts, b = items[int(answer) - 1]
+        if b.confirm is not None:
+            self.out.write(f"{b.confirm.title} {plain(b.confirm.text)} [y/N] ")
+            self.out.flush()
+            if self.stdin.readline().strip().lower() not in ("y", "yes"):
+                self.say("  not done")
+                return None
+        return ts, b
+
+    def loop(self, commands: Iterable[str]) -> None:
+        resumed = self.kv.runner.resume_all()
+        if resumed:
+            self.say(f"resumed experiment(s) {resumed} left running by a previous kvpilot")
+            self.kv.runner.join()
+        for line in commands:
+            if line.strip():
+                self.say(f"kvpilot> {line.strip()}")
+                self.run_command(line)
+        if self.auto or not self.stdin.isatty():
+            return
+        self.say("Type a command (help lists them), or quit.")
+        while True:
+            self.out.write("kvpilot> ")
+            self.out.flush()
+            line = self.stdin.readline()
+            if not line or line.strip() in ("quit", "exit"):
+                return
+            if line.strip():
+                self.run_command(line)
+
+
+def _local_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "operator"
+
+
+def main(config: Config, commands: list[str], *, auto: bool, out: TextIO = sys.stdout) -> int:
+    console = Console(config, out=out, stdin=sys.stdin, auto=auto or not sys.stdin.isatty())
+    try:
+        console.loop(commands)
+    finally:
+        console.kv.close()
+    return 0

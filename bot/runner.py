@@ -1,0 +1,237 @@
+"""Runs approved experiments in the background and reports on them in their thread.
+
+One thread per experiment (at most one per server, which storage enforces). Progress goes
+into one message that is edited in place, at most every `progress_every_s` and on every state
+change, so the channel is not flooded; the verdict follows as a reply with a before/after
+chart. Where that message is, is stored, so a restarted bot carries on editing it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlite_utils import Database
+
+from bot.charts import verdict_chart
+from bot.config import Config
+from bot.messages import Message
+from bot.wiring import experiment_deps
+from playbooks import experiment as engine
+from storage import chat
+from storage import experiments as store
+from storage import samples as sample_store
+from storage.chat import MessageRef
+from storage.experiments import TERMINAL, State
+
+if TYPE_CHECKING:
+    from bot.surface import Surface
+    from storage.proposals import ProposalRow
+
+log = logging.getLogger(__name__)
+
+
+class ExperimentRunner:
+    def __init__(
+        self,
+        config: Config,
+        db: Callable[[], Database],
+        *,
+        surface_for: Callable[[str], Surface],
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        progress_every_s: float = 10.0,
+    ) -> None:
+        self.config = config
+        self.db = db
+        self.surface_for = surface_for
+        self.now = now
+        self.progress_every_s = progress_every_s
+        self._threads: dict[int, threading.Thread] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+    def create(self, proposal: ProposalRow, *, approved_by: str) -> int:
+        deps = experiment_deps(self.config, proposal.server, self.db())
+        try:
+            return engine.create(
+                deps,
+                proposal.change,
+                actor=proposal.created_by,
+                approved_by=approved_by,
+                reason=f"approved in chat (proposal {proposal.id})",
+                proposal_id=proposal.id,
+            )
+        finally:
+            deps.client.close()
+
+    def start(self, exp_id: int, *, thread: MessageRef | None) -> None:
+        with self._lock:
+            running = self._threads.get(exp_id)
+            if running is not None and running.is_alive():
+                return
+            worker = threading.Thread(
+                target=self._run, args=(exp_id, thread), name=f"experiment-{exp_id}", daemon=True
+            )
+            self._threads[exp_id] = worker
+            worker.start()
+
+    def resume_all(self) -> list[int]:
+        """After a bot restart: pick up every experiment that was running."""
+        resumed: list[int] = []
+        for row in store.active_experiments(self.db()):
+            if row.state == State.proposed:
+                continue
+            deps = experiment_deps(self.config, row.server, self.db())
+            try:
+                engine.resume_policy(deps, row.id, actor="kvpilot")
+            finally:
+                deps.client.close()
+            thread = None
+            if row.proposal_id is not None:
+                thread = chat.find_message(self.db(), "proposal", row.proposal_id, "approval")
+            self.start(row.id, thread=thread)
+            resumed.append(row.id)
+        return resumed
+
+    def abort(self, exp_id: int, *, actor: str) -> None:
+        row = store.get_experiment(self.db(), exp_id)
+        deps = experiment_deps(self.config, row.server, self.db())
+        try:
+            engine.abort(deps, exp_id, actor=actor, reason=f"aborted by {actor}")
+        finally:
+            deps.client.close()
+        with self._lock:
+            alive = exp_id in self._threads and self._threads[exp_id].is_alive()
+        if not alive and not store.get_experiment(self.db(), exp_id).terminal:
+            self.start(exp_id, thread=None)  # nobody is carrying it: carry out the revert
+
+    def join(self, timeout: float | None = None) -> None:
+        with self._lock:
+            threads = list(self._threads.values())
+        for t in threads:
+            t.join(timeout)
+
+    def busy(self) -> bool:
+        with self._lock:
+            return any(t.is_alive() for t in self._threads.values())
+
+    # ------------------------------------------------------------------ the work
+    def _run(self, exp_id: int, thread: MessageRef | None) -> None:
+        try:
+            self._carry(exp_id, thread)
+        except Exception:  # keep the bot alive; the state machine is persisted
+            log.exception("experiment %s stopped with an error", exp_id)
+
+    def _carry(self, exp_id: int, thread: MessageRef | None) -> None:
+        db = self.db()
+        row = store.get_experiment(db, exp_id)
+        channel = thread.channel if thread else self._default_channel()
+        surface = self.surface_for(channel) if channel else None
+        progress_ref = chat.find_message(db, "experiment", exp_id, "progress")
+        if surface is not None and progress_ref is None:
+            progress_ref = surface.post(self.progress_message(row, "starting"), thread=thread)
+            chat.remember_message(
+                db, "experiment", exp_id, "progress", progress_ref, now=self.now()
+            )
+        last: list[Any] = [0.0, str(row.state)]
+
+        def on_progress(note: str) -> None:
+            if surface is None or progress_ref is None:
+                return
+            current = store.get_experiment(db, exp_id)
+            changed = str(current.state) != last[1]
+            if not changed and time.monotonic() - last[0] < self.progress_every_s:
+                return
+            last[0], last[1] = time.monotonic(), str(current.state)
+            try:
+                surface.update(progress_ref, self.progress_message(current, note))
+            except Exception:  # a chat hiccup must not stop the experiment
+                log.exception("progress update failed")
+
+        deps = experiment_deps(self.config, row.server, db, on_progress)
+        try:
+            final = engine.run(deps, exp_id)
+        finally:
+            deps.client.close()
+        if surface is None or progress_ref is None:
+            return
+        surface.update(progress_ref, self.progress_message(final, "finished"))
+        if (
+            final.state in TERMINAL
+            and chat.find_message(db, "experiment", exp_id, "verdict") is None
+        ):
+            ref = surface.post(self.verdict_message(final), thread=thread or progress_ref)
+            chat.remember_message(db, "experiment", exp_id, "verdict", ref, now=self.now())
+            png = self.chart(final)
+            if png is not None:
+                surface.upload(
+                    png,
+                    filename=f"experiment-{exp_id}.png",
+                    title=f"Experiment {exp_id}: throughput before and after",
+                    thread=thread or progress_ref,
+                )
+
+    def _default_channel(self) -> str | None:
+        slack = self.config.slack
+        return slack.channels[0] if slack and slack.channels else None
+
+    # ------------------------------------------------------------------ rendering
+    def describe(self, row: store.ExperimentRow) -> dict[str, Any]:
+        """State, elapsed and remaining time (upper bound), on the experiment's clock."""
+        moves = store.transitions(self.db(), row.id)
+        scale = self.config.time_scale
+        start = moves[0].created_at if moves else row.created_at
+        entered = moves[-1].created_at if moves else row.created_at
+        now = self.now()
+        elapsed = (now - start).total_seconds() * scale
+        in_state = (now - entered).total_seconds() * scale
+        s = row.settings
+        baseline_s = float(s.get("baseline_s", 0))
+        trial_s = float(s.get("max_trial_s", 0)) + float(s.get("warmup_s", 0))
+        remaining: float | None
+        if row.state in (State.proposed, State.approved):
+            remaining = baseline_s + trial_s
+        elif row.state == State.baseline:
+            remaining = max(0.0, baseline_s - in_state) + trial_s
+        elif row.state in (State.restarting, State.warming_up):
+            remaining = trial_s
+        elif row.state == State.trial:
+            remaining = max(0.0, trial_s - in_state)
+        else:
+            remaining = 0.0 if row.terminal else None
+        return {
+            "id": row.id,
+            "server": row.server,
+            "state": str(row.state),
+            "change": ", ".join(f"{k}={v}" for k, v in row.change.items()),
+            "elapsed_s": elapsed,
+            "remaining_s": remaining,
+            "terminal": row.terminal,
+        }
+
+    def progress_message(self, row: store.ExperimentRow, note: str) -> Message:
+        return Message.from_template("chat/progress.md.j2", e=self.describe(row), note=note)
+
+    def verdict_message(self, row: store.ExperimentRow) -> Message:
+        moves = store.transitions(self.db(), row.id)
+        result = row.result or {}
+        took = (moves[-1].created_at - moves[0].created_at).total_seconds() if moves else 0.0
+        return Message.from_template(
+            "chat/verdict.md.j2",
+            e=self.describe(row),
+            r=result,
+            reason=moves[-1].reason if moves else "",
+            took_s=took * self.config.time_scale,
+        )
+
+    def chart(self, row: store.ExperimentRow) -> bytes | None:
+        samples = sample_store.samples_for(self.db(), row.id)
+        if not samples:
+            return None
+        return verdict_chart(
+            samples, row.result or {}, title=f"Experiment {row.id} on {row.server}"
+        )

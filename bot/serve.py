@@ -1,0 +1,243 @@
+"""`kvpilot serve`: the Slack bot, in Socket Mode or HTTP mode.
+
+Settings come from the environment (tokens never go in kvpilot.toml, which is often in a
+repository): SLACK_BOT_TOKEN always; SLACK_APP_TOKEN selects Socket Mode; otherwise HTTP mode
+needs SLACK_SIGNING_SECRET; SLACK_API_URL points the Web API elsewhere (a proxy, or a local
+Slack-compatible server in tests). Everything is checked before anything starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import uvicorn
+from slack_bolt import App
+from slack_bolt.adapter.socket_mode import SocketModeHandler
+from slack_bolt.adapter.starlette.handler import to_bolt_request, to_starlette_response
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from bot.config import Config
+from bot.flow import Kvpilot
+from bot.slack_app import GroupDirectory, SlackSurface, build_app, web_client
+from storage import audit
+from storage.db import open_db
+
+log = logging.getLogger(__name__)
+EXPIRY_TICK_S = 30.0
+
+
+class SettingsError(Exception):
+    """A missing or malformed environment setting; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class SlackSettings:
+    bot_token: str
+    app_token: str | None
+    signing_secret: str | None
+    api_url: str | None
+
+    @property
+    def socket_mode(self) -> bool:
+        return self.app_token is not None
+
+
+def slack_settings(env: Mapping[str, str]) -> SlackSettings:
+    bot = env.get("SLACK_BOT_TOKEN", "").strip()
+    if not bot:
+        raise SettingsError(
+            "SLACK_BOT_TOKEN is not set: copy the Bot User OAuth Token (xoxb-...) from your "
+            "Slack app's OAuth & Permissions page"
+        )
+    if not bot.startswith("xoxb-"):
+        raise SettingsError("SLACK_BOT_TOKEN must be a bot token starting with xoxb-")
+    app = env.get("SLACK_APP_TOKEN", "").strip() or None
+    if app is not None and not app.startswith("xapp-"):
+        raise SettingsError(
+            "SLACK_APP_TOKEN must be an app-level token starting with xapp- (Basic Information "
+            "> App-Level Tokens, scope connections:write); unset it to use HTTP mode"
+        )
+    secret = env.get("SLACK_SIGNING_SECRET", "").strip() or None
+    if app is None and secret is None:
+        raise SettingsError(
+            "HTTP mode needs SLACK_SIGNING_SECRET (Basic Information > Signing Secret); "
+            "or set SLACK_APP_TOKEN for Socket Mode"
+        )
+    api = env.get("SLACK_API_URL", "").strip() or None
+    if api is not None:
+        if not api.startswith(("http://", "https://")):
+            raise SettingsError(f"SLACK_API_URL must be an http(s) URL, got {api!r}")
+        api = api if api.endswith("/") else api + "/"
+    return SlackSettings(bot, app, secret, api)
+
+
+class Bot:
+    """The running bot: the Bolt app, kvpilot's flow, and its background duties."""
+
+    def __init__(
+        self,
+        config: Config,
+        settings: SlackSettings,
+        *,
+        progress_every_s: float = 10.0,
+        extras: list[Any] | None = None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        if config.slack is None:
+            raise SettingsError(
+                f"{config.path} has no [slack] section: add one with at least "
+                'approvers = ["U0123ABCD"] (see README, "Slack")'
+            )
+        self.config = config
+        self.settings = settings
+        self.client = web_client(settings.bot_token, settings.api_url)
+        self.groups = GroupDirectory(self.client)
+        self.kv = Kvpilot(
+            config,
+            lambda: open_db(config.database),
+            group_members=self.groups,
+            surface_for=self.surface_for,
+            progress_every_s=progress_every_s,
+            now=now,
+        )
+        self.app: App = build_app(
+            self.kv,
+            self.client,
+            signing_secret=settings.signing_secret,
+            socket_mode=settings.socket_mode,
+        )
+        self.extras = extras or []
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self.socket: SocketModeHandler | None = None
+        self.started_at = datetime.now(UTC)
+
+    def surface_for(self, channel: str) -> SlackSurface:
+        return SlackSurface(self.client, channel)
+
+    # ------------------------------------------------------------------ background
+    def start_background(self) -> None:
+        resumed = self.kv.runner.resume_all()
+        if resumed:
+            log.info("resumed experiments %s", resumed)
+        for extra in self.extras:
+            extra.start()
+        self._ticker = threading.Thread(target=self._tick_loop, name="kvpilot-tick", daemon=True)
+        self._ticker.start()
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(EXPIRY_TICK_S):
+            try:
+                self.kv.expire_proposals(self.surface_for)
+            except Exception:
+                log.exception("expiring proposals failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        for extra in self.extras:
+            extra.shutdown()
+        if self.socket is not None:
+            self.socket.close()  # type: ignore[no-untyped-call]
+        self.kv.work.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ transports
+    def health(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "mode": "socket" if self.settings.socket_mode else "http",
+            "started_at": self.started_at.isoformat(timespec="seconds"),
+            "experiments_running": self.kv.runner.busy(),
+        }
+
+    def http_app(self) -> Starlette:
+        """/slack/events for Slack (signature-checked), /healthz for the operator."""
+
+        async def events(request: Request) -> Response:
+            body = await request.body()
+            bolt_req = to_bolt_request(request, body)
+            bolt_resp = await run_in_threadpool(self.app.dispatch, bolt_req)
+            if bolt_resp.status == 401:
+                await run_in_threadpool(self._audit_rejected, request.url.path)
+            return to_starlette_response(bolt_resp)
+
+        async def healthz(_: Request) -> Response:
+            return JSONResponse(self.health())
+
+        return Starlette(
+            routes=[
+                Route("/slack/events", events, methods=["POST"]),
+                Route("/healthz", healthz, methods=["GET"]),
+            ]
+        )
+
+    def _audit_rejected(self, path: str) -> None:
+        audit.record(
+            self.kv.db(),
+            audit.RequestRejected(
+                actor="unknown",
+                created=datetime.now(UTC),
+                status=401,
+                reason="signature missing, invalid or older than 5 minutes",
+                path=path,
+            ),
+        )
+
+    def start_socket_mode(self) -> None:
+        assert self.settings.app_token is not None
+        self.socket = SocketModeHandler(self.app, self.settings.app_token)
+        self.socket.connect()  # type: ignore[no-untyped-call]
+
+
+def run(
+    config: Config,
+    env: Mapping[str, str],
+    *,
+    host: str,
+    port: int | None,
+    extras_factory: Callable[[Bot], list[Any]] | None = None,
+) -> int:
+    """Run until SIGINT/SIGTERM. Socket Mode serves /healthz on `port` when one is given."""
+    settings = slack_settings(env)
+    bot = Bot(config, settings)
+    if extras_factory is not None:
+        bot.extras = extras_factory(bot)
+    bot.start_background()
+    done = threading.Event()
+
+    def stop(*_: Any) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server: uvicorn.Server | None = None
+    if settings.socket_mode:
+        bot.start_socket_mode()
+        log.info("connected to Slack in Socket Mode")
+    if port is not None or not settings.socket_mode:
+        server = uvicorn.Server(
+            uvicorn.Config(
+                bot.http_app(), host=host, port=port or 3000, log_level="warning", lifespan="off"
+            )
+        )
+        threading.Thread(target=server.run, name="kvpilot-http", daemon=True).start()
+        log.info("listening on http://%s:%s (/slack/events, /healthz)", host, port or 3000)
+    done.wait()
+    if server is not None:
+        server.should_exit = True
+    bot.stop()
+    return 0
+
+
+def env_settings() -> Mapping[str, str]:
+    return dict(os.environ)

@@ -1,0 +1,152 @@
+"""Socket Mode, settings validation, the terminal front end, and the pure parts."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bot.auth import Principal, authorise
+from bot.cli import main as cli
+from bot.commands import CommandError, parse_command
+from bot.config import ConfigError, SlackConfig, load, parse
+from bot.console import Console
+from bot.messages import Button, Message
+from bot.serve import SettingsError, slack_settings
+from storage import proposals
+from storage.db import open_db
+from tests.bot.harness import CHANNEL, running_bot, twin_config, wait_until
+from tests.slackfake import FakeSlack
+from tests.slackfake.blocks import block_problems
+from tests.twin_process import free_port
+
+SLACK = '[slack]\napprovers = ["U2"]\noperators = ["U1"]\n'
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Iterator[Path]:
+    path = twin_config(tmp_path, free_port(), slack=SLACK)
+    out, err = io.StringIO(), io.StringIO()
+    assert cli(["server", "start", "--server", "incident", "--config", str(path)], out, err) == 0
+    try:
+        yield path
+    finally:
+        cli(["server", "stop", "--server", "incident", "--config", str(path)], out, err)
+
+
+def test_socket_mode_end_to_end(config: Path) -> None:
+    with FakeSlack() as slack, running_bot(config, slack, app_token="xapp-1-test") as _:
+        slack.socket_wait_connections(1)
+        env = slack.socket_send(
+            "slash_commands",
+            {"command": "/kvpilot", "text": "help", "user_id": "U1", "channel_id": CHANNEL,
+             "team_id": "T1", "response_url": slack.response_url("h"), "trigger_id": "1"},
+        )  # fmt: skip
+        ack = slack.socket_wait_ack(env)
+        assert "/kvpilot diagnose" in ack["payload"]["text"]
+        env = slack.socket_send(
+            "slash_commands",
+            {"command": "/kvpilot", "text": "status", "user_id": "U1", "channel_id": CHANNEL,
+             "team_id": "T1", "response_url": slack.response_url("s"), "trigger_id": "2"},
+        )  # fmt: skip
+        slack.socket_wait_ack(env)
+        status = slack.wait_for("chat.postMessage")[0]
+        assert "incident" in status.params["text"] and "healthy" in status.params["text"]
+        assert not slack.violations
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({}, "SLACK_BOT_TOKEN is not set"),
+        ({"SLACK_BOT_TOKEN": "abc"}, "starting with xoxb-"),
+        ({"SLACK_BOT_TOKEN": "xoxb-1"}, "needs SLACK_SIGNING_SECRET"),
+        ({"SLACK_BOT_TOKEN": "xoxb-1", "SLACK_APP_TOKEN": "xoxb-2"}, "starting with xapp-"),
+        ({"SLACK_BOT_TOKEN": "xoxb-1", "SLACK_APP_TOKEN": "xapp-1", "SLACK_API_URL": "ftp://x"},
+         "http(s) URL"),
+    ],
+)  # fmt: skip
+def test_bad_settings_fail_at_start(env: dict[str, str], needle: str) -> None:
+    with pytest.raises(SettingsError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        slack_settings(env)
+
+
+def test_serve_without_slack_section_says_what_to_add(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = twin_config(tmp_path, free_port())
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-1")
+    monkeypatch.setenv("SLACK_SIGNING_SECRET", "s")
+    out, err = io.StringIO(), io.StringIO()
+    assert cli(["serve", "--config", str(path)], out, err) == 2
+    assert "no [slack] section" in err.getvalue() and "Traceback" not in err.getvalue()
+
+
+def test_console_proposes_and_rejects_interactively(config: Path) -> None:
+    out = io.StringIO()
+    stdin = io.StringIO("2\ny\n")  # choose "Reject", confirm
+    console = Console(load(str(config)), out=out, stdin=stdin, auto=False, user="ops")
+    try:
+        console.loop(["propose incident mem_fraction_static=0.88", "history"])
+    finally:
+        console.kv.close()
+    text = out.getvalue()
+    assert "Change proposed for incident" in text and "[2] Reject" in text
+    assert "Rejected by console:ops" in text and "No experiments yet" in text
+    db = open_db(config.parent / "var" / "kvpilot.db")
+    assert proposals.approvals(db, 1)[0].decision == "rejected"
+
+
+def test_authorise_roles_channels_groups_and_four_eyes() -> None:
+    policy = SlackConfig(
+        approvers=("U2", "S1"), operators=("U1",), channels=("C1",), four_eyes=True
+    )
+    groups = {"S1": frozenset({"U5"})}
+
+    def ok(user: str, action: str, channel: str = "C1", proposer: str | None = None) -> bool:
+        return authorise(
+            policy, Principal(user, channel), action,  # type: ignore[arg-type]
+            group_members=lambda g: groups.get(g, frozenset()), proposer=proposer,
+        ).allowed  # fmt: skip
+
+    assert ok("U9", "help") and ok("U9", "status") and not ok("U9", "diagnose")
+    assert ok("U1", "propose") and not ok("U1", "approve") and ok("U5", "approve")
+    assert not ok("U1", "propose", channel="C2")
+    assert not ok("U2", "approve", proposer="U2") and ok("U2", "reject", proposer="U2")
+    assert ok("console:me", "approve") and not ok("console:me", "approve", proposer="console:me")
+    assert not authorise(
+        None, Principal("U1", "C1"), "status", group_members=lambda g: frozenset()
+    ).allowed
+
+
+def test_commands_are_validated_with_hints(tmp_path: Path) -> None:
+    config = parse(
+        {"servers": {"a": {"url": "http://h:1"}, "b": {"url": "http://h:2"}}}, tmp_path / "k.toml"
+    )
+    assert parse_command("", config).name == "help"
+    assert parse_command("propose a mem_fraction_static=0.9 --force", config).force
+    for text, needle in [
+        ("frobnicate", "unknown command"),
+        ("diagnose", "which server?"),
+        ("diagnose c", "unknown server"),
+        ("propose a", "nothing to change"),
+        ("propose a chunked_prefill_size=abc", "whole number"),
+        ("abort x", "usage"),
+        ('diagnose "a', "quotes"),
+    ]:
+        with pytest.raises(CommandError, match=needle):
+            parse_command(text, config)
+    with pytest.raises(ConfigError, match="not a Slack ID"):
+        parse({"slack": {"approvers": ["alice@example.com"]}}, tmp_path / "k.toml")
+
+
+def test_long_messages_stay_within_block_kit_limits() -> None:
+    body = "\n".join(f"line {i} " + "x" * 80 for i in range(200))
+    parts = tuple(["# " + "H" * 300] + [body] * 30)
+    buttons = tuple(Button(f"kvpilot.propose#{i}", f"1:{i}", "B" * 100) for i in range(12))
+    msg = Message(text="t", buttons=buttons, parts=parts)
+    blocks = msg.blocks()
+    assert len(blocks) <= 50 and block_problems(blocks, msg.text) == []
+    wait_until(lambda: True)
