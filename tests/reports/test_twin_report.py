@@ -66,6 +66,7 @@ class Run:
     ready: datetime  # the 0.88 twin answered again
     end: datetime
     phase_1_twin_rate: float  # tokens per simulated second, from the twin itself
+    twin_pace: float  # the twin's simulated seconds per K wall seconds (1 unless it lagged)
     wall_down_s: float
 
     def report(self, since: datetime, until: datetime) -> Report:
@@ -98,12 +99,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         sampler = Sampler(config, db, clock)
         start = clock.now()
         g0, s0 = twin_counters(twin.url)
+        w0 = time.monotonic()
         sampler.start()
         sample_for(clock, PHASE_1_S)
         g1, s1 = twin_counters(twin.url)
+        pace = (s1 - s0) / (K * (time.monotonic() - w0))
         stop = clock.now()
-        wall_stop = time.monotonic()
         twin.stop()
+        wall_stop = time.monotonic()  # stopped: from here on it refuses connections
         twin = spawn(twin_args("0.88"), port=port)
         wait_healthy(twin)
         wall_down = time.monotonic() - wall_stop
@@ -111,7 +114,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         sample_for(clock, PHASE_2_S)
         sampler.stop()
         end = clock.now()
-        yield Run(db, clock, start, stop, ready, end, (g1 - g0) / (s1 - s0), wall_down)
+        yield Run(db, clock, start, stop, ready, end, (g1 - g0) / (s1 - s0), pace, wall_down)
     finally:
         if sampler is not None:
             sampler.stop()
@@ -124,13 +127,13 @@ def test_the_restart_is_one_gap_and_no_samples_fall_inside_it(run: Run) -> None:
     (gap,) = gaps_between(run.db, "incident", 0, 1e12)
     assert gap.kind == "down" and gap.restarted and not gap.open
     expected = run.wall_down_s * K
-    assert abs((gap.end_ts - gap.start_ts) - expected) <= 0.15 * expected + 45
+    assert abs((gap.end_ts - gap.start_ts) - expected) <= 0.15 * expected + 60
     rows = samples_between(run.db, "incident", 0, 1e12)
     assert not [r for r in rows if gap.start_ts < r.ts < gap.end_ts]
     first_after = next(r for r in rows if r.ts >= gap.end_ts)
     assert first_after.dt is None and first_after.max_total_tokens == 159_856
-    spacing = [r.dt for r in rows if r.dt is not None]
-    assert sum(spacing) / len(spacing) < 25  # the sampler kept up with the twin's clock
+    spacing = sorted(r.dt for r in rows if r.dt is not None)
+    assert spacing[len(spacing) // 2] < 20  # mostly one interval apart
 
 
 def test_the_incident_day_matches_the_twin(run: Run) -> None:
@@ -142,9 +145,10 @@ def test_the_incident_day_matches_the_twin(run: Run) -> None:
     assert r.queue_mean is not None and 85 <= r.queue_mean <= 115
     assert r.saturated_share is not None and r.saturated_share >= 0.95
     assert r.usage is not None and 0.8 <= r.usage.p50 <= 1.0 and r.usage.p90 >= 0.9
-    # the effective rate is the twin's own completed-token rate over the same time
-    assert r.effective.mean is not None
-    assert r.effective.mean == pytest.approx(run.phase_1_twin_rate, rel=0.12)
+    # the effective rate is the twin's own completed-token rate over the same time (in the
+    # sampler's clock, which runs ahead of the twin's if a busy machine slowed the twin)
+    assert r.effective.mean is not None and 550 <= r.effective.mean <= 950
+    assert r.effective.mean == pytest.approx(run.phase_1_twin_rate * run.twin_pace, rel=0.2)
     assert r.tokens_generated is not None and r.requests_completed is not None
     assert 3_000 <= r.tokens_generated / r.requests_completed <= 4_800  # ~3.5K per answer
     assert r.restarts == 0 and r.downtime_s == 0
@@ -160,7 +164,7 @@ def test_after_the_restart_the_report_shows_the_change_and_what_it_did(run: Run)
     assert 900 <= after.generation.mean <= 1_150  # ~1,000 tok/s at 0.88
     assert after.generation.mean > 1.05 * before.generation.mean
     assert whole.restarts == 1
-    assert whole.downtime_s == pytest.approx(run.wall_down_s * K, rel=0.15, abs=45)
+    assert whole.downtime_s == pytest.approx(run.wall_down_s * K, rel=0.15, abs=60)
     rest = run.report(run.stop, run.end)  # [start, stop) and [stop, end) make the whole
     assert whole.tokens_generated == (before.tokens_generated or 0) + (rest.tokens_generated or 0)
     changes = {c.key: (c.before, c.after) for c in whole.config.changes}
