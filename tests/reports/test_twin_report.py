@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
 import pytest
@@ -79,9 +81,8 @@ def sample_for(clock: ScaledTime, seconds: float) -> None:
         time.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    tmp = tmp_path_factory.mktemp("twin-report")
+@contextmanager
+def twin_run(tmp: Path) -> Iterator[Run]:
     port = free_port()
     config = parse(
         {
@@ -123,7 +124,16 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         db.close()
 
 
-def test_the_restart_is_one_gap_and_no_samples_fall_inside_it(run: Run) -> None:
+def test_sampled_twin_with_a_restart(tmp_path: Path) -> None:
+    """One twin run (about 15 s), checked three ways; one test so that parallel workers never
+    run the twin twice."""
+    with twin_run(tmp_path) as run:
+        check_the_restart_gap(run)
+        check_the_incident(run)
+        check_the_change(run)
+
+
+def check_the_restart_gap(run: Run) -> None:
     (gap,) = gaps_between(run.db, "incident", 0, 1e12)
     assert gap.kind == "down" and gap.restarted and not gap.open
     expected = run.wall_down_s * K
@@ -136,7 +146,7 @@ def test_the_restart_is_one_gap_and_no_samples_fall_inside_it(run: Run) -> None:
     assert spacing[len(spacing) // 2] < 20  # mostly one interval apart
 
 
-def test_the_incident_day_matches_the_twin(run: Run) -> None:
+def check_the_incident(run: Run) -> None:
     r = run.report(run.start, run.stop)
     assert r.capacity_tokens == 116_171
     assert r.generation.mean is not None and 780 <= r.generation.mean <= 930
@@ -155,7 +165,7 @@ def test_the_incident_day_matches_the_twin(run: Run) -> None:
     assert r.diagnosis is not None and r.diagnosis.bottleneck == "kv_cache"
 
 
-def test_after_the_restart_the_report_shows_the_change_and_what_it_did(run: Run) -> None:
+def check_the_change(run: Run) -> None:
     before = run.report(run.start, run.stop)
     after = run.report(run.ready, run.end)
     whole = run.report(run.start, run.end)
