@@ -11,12 +11,15 @@ Times are shown in the time zone given (a report channel's own zone), UTC otherw
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from jinja2 import Environment, pass_context
+from jinja2.runtime import Context
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.dates import AutoDateLocator, DateFormatter
 from matplotlib.figure import Figure
@@ -102,16 +105,26 @@ def _pct(value: float | None) -> str:
 
 
 # ----------------------------------------------------------------------------- text
-def render_text(report: Report, tz: Zone | None = None) -> str:
-    """The report as plain text (``bot/templates/report.txt.j2``)."""
-    zone = _zone(tz)
+@pass_context
+def _when_filter(context: Context, moment: datetime) -> str:
+    return when(moment, context["tz"])
+
+
+@functools.cache
+def _environment() -> Environment:
+    """One environment (templates compiled once); the time zone comes with each render."""
     env = environment()
-    env.filters["when"] = lambda moment: when(moment, zone)
+    env.filters["when"] = _when_filter
     env.filters["duration"] = duration
     env.filters["setting"] = setting
     env.filters["change"] = change
     env.filters["effect"] = effect
-    return env.get_template("report.txt.j2").render(r=report)
+    return env
+
+
+def render_text(report: Report, tz: Zone | None = None) -> str:
+    """The report as plain text (``bot/templates/report.txt.j2``)."""
+    return _environment().get_template("report.txt.j2").render(r=report, tz=_zone(tz))
 
 
 def summary_line(report: Report, tz: Zone | None = None) -> str:
