@@ -526,9 +526,12 @@ def _report_servers(
         raise ConfigError(f"{where}: give servers or group, not both")
     if "group" in table:
         name = _str(table, "group", where)
-        members = tuple(s for s, c in servers.items() if getattr(c, "group", None) == name)
+        members = tuple(s for s, c in servers.items() if c.group == name)
         if not members:
-            raise ConfigError(f"{where}.group: no configured server is in group {name!r}")
+            raise ConfigError(
+                f"{where}.group: no server is in group {name!r}; servers join a group with "
+                f'group = "{name}" in their [servers.NAME] table'
+            )
         return members
     value = table.get("servers", sorted(servers))
     if isinstance(value, str):

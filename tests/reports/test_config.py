@@ -45,6 +45,20 @@ def test_a_full_entry() -> None:
     assert weekly.window_s == 7 * 86400
 
 
+def test_a_group_of_servers() -> None:
+    config = parse(
+        {
+            "servers": {**SERVERS, "c": {"url": "http://127.0.0.1:3", "group": "kimi"}},
+            "groups": {"kimi": {"max_concurrent_restarts": 1}},
+            "reports": [report(group="kimi")],
+        },
+        Path("/etc/kvpilot/kvpilot.toml"),
+    )
+    assert config.reports[0].servers == ("c",)
+    with pytest.raises(ConfigError, match="no server is in group 'gpu'"):
+        load(reports=[report(group="gpu")])
+
+
 @pytest.mark.parametrize(
     ("tables", "message"),
     [
