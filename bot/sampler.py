@@ -31,6 +31,8 @@ import httpx
 from sqlite_utils import Database
 
 from bot.config import Config, ServerConfig
+from playbooks.sources.metrics_source import with_metrics_source
+from playbooks.sources.prometheus import PrometheusAPI, PrometheusMetrics
 from playbooks.sources.sglang import (
     Metrics,
     MetricsDisabled,
@@ -232,10 +234,16 @@ ClientFactory = Callable[[ServerConfig], SGLangClient]
 
 
 def default_client(server: ServerConfig, timeout_s: float = 5.0) -> SGLangClient:
-    """One quick attempt per scrape: a failure is simply a failed scrape, retried next tick."""
+    """The server's client for sampling, with its configured metrics source (the server's own
+    ``/metrics`` or Prometheus). One quick retry: a failed scrape is simply tried next tick."""
     headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
     http = httpx.Client(base_url=server.url, headers=headers, timeout=timeout_s)
-    return SGLangClient(http, attempts=2, wait=lambda *_: 0.1)
+    client = SGLangClient(http, attempts=2, wait=lambda *_: 0.1)
+    m = server.metrics
+    if m.source != "prometheus" or m.url is None or m.selector is None:
+        return client
+    source = PrometheusMetrics(PrometheusAPI.connect(m.url), m.selector, max_age_s=m.max_age_s)
+    return with_metrics_source(client, source)
 
 
 def database_path(db: Database) -> Path | None:
@@ -424,8 +432,9 @@ class Sampler:
 
     # ------------------------------------------------------------------ the thread
     def start(self) -> None:
-        """Sample in a daemon thread until ``stop()``; it uses its own database connection."""
-        if self._loop is not None:
+        """Sample in a daemon thread until ``stop()``; it uses its own database connection.
+        Does nothing when ``[sampler] enabled = false``."""
+        if self._loop is not None or not self.config.sampler.enabled:
             return
         path = self.db_path
         if path is None:
@@ -478,6 +487,8 @@ class Sampler:
     def describe(self) -> list[str]:
         """One line for the sampler and one per server, for ``/kvpilot status``."""
         state = "running" if self.running else "stopped"
+        if not self.config.sampler.enabled:
+            state = "disabled ([sampler] enabled = false)"
         keep = self.retention
         lines = [
             f"sampler {state}: every {self.interval_s:g} s, {len(self.states)} server(s); "

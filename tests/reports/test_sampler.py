@@ -12,7 +12,8 @@ import pytest
 from sqlite_utils import Database
 
 from bot.config import Config, parse
-from bot.sampler import Sampler, ScaledTime, observed_settings
+from bot.sampler import Sampler, ScaledTime, default_client, observed_settings
+from playbooks.sources.metrics_source import SourcedClient
 from storage.db import memory_db, open_db
 from storage.metric_samples import gaps_between, samples_between
 from storage.server_snapshots import snapshots_between
@@ -233,3 +234,26 @@ def test_the_thread_needs_a_database_file(tmp_path: Path) -> None:
     sampler = Sampler(make_config(tmp_path, "http://127.0.0.1:9"), memory_db(), ManualTime())
     with pytest.raises(RuntimeError, match="database file"):
         sampler.start()
+
+
+def test_servers_read_through_prometheus_are_sampled_through_it(tmp_path: Path) -> None:
+    config = parse(
+        {
+            "servers": {
+                "s": {
+                    "url": "http://10.0.0.5:30000",
+                    "metrics": {"source": "prometheus", "url": "http://prom:9090"},
+                },
+                "direct": {"url": "http://10.0.0.6:30000"},
+            }
+        },
+        tmp_path / "kvpilot.toml",
+    )
+    assert isinstance(default_client(config.servers["s"]), SourcedClient)
+    assert not isinstance(default_client(config.servers["direct"]), SourcedClient)
+
+
+def test_a_disabled_sampler_does_not_start(tmp_path: Path, db: Database) -> None:
+    sampler = Sampler(make_config(tmp_path, "http://127.0.0.1:9", enabled=False), db, ManualTime())
+    sampler.start()
+    assert not sampler.running and "disabled" in sampler.describe()[0]
