@@ -36,7 +36,7 @@ def wait_for(what: str, check: object, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+        time.sleep(0.1)
 
 
 def apply_death_stop_and_start(h: Harness) -> None:

@@ -577,7 +577,7 @@ class FakeCluster:
                     ready = False
             with self.lock:
                 pod.ready = ready and not pod.deleted
-            time.sleep(0.05)
+            time.sleep(0.1)
         rc = proc.returncode
         code = 128 - rc if rc < 0 else rc
         with self.lock:

@@ -41,8 +41,11 @@ from tests.launchers.fake_kubernetes import FakeCluster
 from tests.launchers.serving import serving
 from tests.twin_process import REPO, free_port
 
-SCALE = 200  # the twin's --time-scale and the launchers' clock
-READY_TIMEOUT = 30 * SCALE  # 30 wall seconds
+SCALE = 200  # the twin's --time-scale: a 45 s model load takes a quarter of a second
+# The launchers' clock runs slower than the twin's, so that waiting polls every 0.125 s of wall
+# time (every 5 s on the clock) rather than 40 times a second.
+CLOCK_SCALE = 40
+READY_TIMEOUT = 30 * CLOCK_SCALE  # 30 wall seconds
 PRESET = "llama-3.1-8b-h100"
 TWIN = [sys.executable, "-m", "sim.launch_server"]
 IMAGE = Image("lmsysorg/sglang:v0.5.23", "sha256:" + "5e" * 32, env=["PATH=/usr/bin"])
@@ -87,7 +90,7 @@ class Harness:
     def launcher(self) -> ManagedLauncher:
         """A new launcher, as a restarted bot builds it."""
         config = load(str(self.config))
-        return build_launcher(config, config.server("twin"), ScaledClock(SCALE))
+        return build_launcher(config, config.server("twin"), ScaledClock(CLOCK_SCALE))
 
     def info(self) -> dict[str, Any]:
         return dict(httpx.get(self.url + "/server_info", timeout=10).json())
@@ -95,7 +98,7 @@ class Harness:
 
 def write_config(path: Path, port: int, launcher: str) -> Path:
     path.write_text(
-        f'[kvpilot]\nstate_dir = "state"\ntime_scale = {SCALE}\n\n'
+        f'[kvpilot]\nstate_dir = "state"\ntime_scale = {CLOCK_SCALE}\n\n'
         f'[servers.twin]\nurl = "http://127.0.0.1:{port}"\n\n'
         f"[servers.twin.launcher]\nready_timeout_s = {READY_TIMEOUT}\n{launcher}"
     )

@@ -25,6 +25,7 @@ from playbooks.launchers.kube_objects import (
     annotation_ops,
     carry_changes,
     command_ops,
+    flag_groups,
     server_args,
     templates,
 )
@@ -148,6 +149,9 @@ def test_statefulset_and_leaderworkerset_roll_out_and_back_under_exactly_the_rba
     with kubernetes_harness(tmp_path / "lws", monkeypatch, leaderworkerset) as h:
         cluster: FakeCluster = h.extra["cluster"]
         launcher = h.launcher()
+        lws = cluster.objects[("LeaderWorkerSet", "sglang", "sglang")]
+        template = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+        original = list(template["spec"]["containers"][0]["args"])
         trial = with_change(h.baseline, {"mem_fraction_static": 0.88})
         launcher.apply(trial)
         lws = cluster.objects[("LeaderWorkerSet", "sglang", "sglang")]
@@ -158,7 +162,11 @@ def test_statefulset_and_leaderworkerset_roll_out_and_back_under_exactly_the_rba
         info = httpx.get(f"http://127.0.0.1:{worker_port}/server_info", timeout=10).json()
         assert info["mem_fraction_static"] == 0.88 and info["skip_server_warmup"] is True
         assert h.info()["mem_fraction_static"] == 0.88
-        roll_back_a_failed_start(h)
+        launcher.apply(h.baseline)
+        lws = cluster.objects[("LeaderWorkerSet", "sglang", "sglang")]
+        back = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+        assert dict(flag_groups(back["args"])) == dict(flag_groups(original))
+        assert h.info()["mem_fraction_static"] == 0.85 and h.leftovers() == []
         used |= accesses(h)
 
     # A Deployment scaled to zero: read and patched, no pods.
