@@ -103,8 +103,8 @@ class Shell:
                 "-o",
                 "ConnectTimeout=15",
                 *self.spec.ssh_options,
+                "--",  # whatever follows is the host, never an option
                 self.spec.ssh_host,
-                "--",
                 shlex.join(argv),
             ]
         return argv

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from playbooks.launchers.base import LaunchError, with_change
-from playbooks.launchers.systemd import SystemdLauncher, SystemdSpec
+from playbooks.launchers.systemd import Shell, SystemdLauncher, SystemdSpec
 from playbooks.launchers.systemd_unit import (
     ExecCommand,
     UnitFile,
@@ -157,7 +157,7 @@ def test_over_ssh_arguments_survive_both_shells(
     fake_ssh.write_text(
         "#!/bin/sh\n"
         f'printf "%s\\n" "$*" >> {shlex.quote(str(calls))}\n'
-        'while [ "$1" != "--" ]; do shift; done\nshift\nexec sh -c "$1"\n'
+        'while [ "$1" != "--" ]; do shift; done\nshift 2\nexec sh -c "$1"\n'
     )
     fake_ssh.chmod(0o755)
     dropins = str(fake_systemd.etc_dir(host.extra["root"]))
@@ -179,7 +179,7 @@ def test_over_ssh_arguments_survive_both_shells(
     assert not Path("/tmp/kvpilot-injected").exists()
     first = calls.read_text().splitlines()[0]
     assert first.startswith(
-        "-o BatchMode=yes -o ConnectTimeout=15 -i /etc/kvpilot/id_ed25519 root@gpu-7 --"
+        "-o BatchMode=yes -o ConnectTimeout=15 -i /etc/kvpilot/id_ed25519 -- root@gpu-7 "
     )
 
 
@@ -216,3 +216,19 @@ def test_errors_an_operator_can_act_on(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(LaunchError, match="`systemctl` is not installed here"):
         missing.current_args()
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client installed")
+def test_the_real_ssh_client_parses_the_command_line_as_meant() -> None:
+    """`ssh -G` prints the configuration it would connect with, without connecting."""
+    spec = SystemdSpec(
+        unit=UNIT, url="http://x", ssh_host="kvpilot@gpu-7", ssh_options=["-p", "2222"]
+    )
+    argv = Shell(spec).argv(["systemctl", "--no-pager", "cat", "--", UNIT])
+    done = subprocess.run(
+        ["ssh", "-G", *argv[1:]], capture_output=True, text=True, check=False, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    seen = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert (seen["user"], seen["hostname"], seen["port"]) == ("kvpilot", "gpu-7", "2222")
+    assert (seen["batchmode"], seen["connecttimeout"]) == ("yes", "15")
