@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
+import yaml
 from kubernetes import client, config
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
@@ -386,7 +387,7 @@ def _load_client(spec: KubernetesSpec) -> ApiClient:
             return client.ApiClient(configuration)
         except config.ConfigException:
             return cast(ApiClient, loader.new_client_from_config(persist_config=False))
-    except (config.ConfigException, OSError, ValueError, TypeError) as exc:
+    except (config.ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
         raise LaunchError(
             f"cannot load Kubernetes credentials: {exc} (set kubeconfig, and context if needed, "
             "in [servers.NAME.launcher], or run kvpilot in the cluster with a ServiceAccount)"

@@ -230,3 +230,7 @@ def test_errors_an_operator_can_act_on(tmp_path: Path) -> None:
     absent = KubernetesSpec("Deployment", "sglang", "http://x", kubeconfig=str(tmp_path / "none"))
     with pytest.raises(LaunchError, match="cannot load Kubernetes credentials"):
         KubernetesLauncher(absent).current_args()
+    (tmp_path / "broken").write_text("clusters: [\n")
+    broken = KubernetesSpec("Deployment", "sglang", "http://x", kubeconfig=str(tmp_path / "broken"))
+    with pytest.raises(LaunchError, match="cannot load Kubernetes credentials"):
+        KubernetesLauncher(broken).current_args()
