@@ -14,6 +14,7 @@ import json
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,38 +31,76 @@ from playbooks.clock import Clock, make_clock
 from playbooks.sources.metrics_source import SourcedClient
 from playbooks.sources.prometheus import PrometheusAPI, PrometheusMetrics, Timeline
 from playbooks.sources.sglang import Metrics, SGLangClient, SGLangError
+from storage import experiments as store
 from storage import samples as sample_store
 from storage.experiments import State
 from tests.prometheus.prom_process import PrometheusProcess, running_prometheus
-from tests.twin_process import free_port, spawn, wait_healthy
+from tests.twin_process import TwinProcess, free_port, spawn, wait_healthy
 
-SCALE = 200
-INTERVAL = "100ms"  # 20 simulated seconds at SCALE; a shorter one times out on a busy twin
+SCALE = 100
+INTERVAL = "100ms"  # 10 simulated seconds at SCALE: the gate's scrape interval below
 KIMI = ["--mem-fraction-static", "0.85", "--enable-metrics", "--time-scale", str(SCALE)]
 LOAD = ["--workload", "incident", "--concurrency", "150"]
 
 
 @dataclass
 class Stack:
+    """Prometheus scraping two twins: one under the incident's load for diagnose, one that the
+    gate test restarts through its launcher. All start together, because Prometheus needs
+    about 5 s before its first scrape and a twin about as long to load."""
+
     prometheus: PrometheusProcess
-    diagnose_port: int
-    experiment_port: int
+    diagnosed: TwinProcess
+    experiment_config: Path
 
     def wait_scraped(self, port: int) -> None:
         self.prometheus.wait_for_series(f'sglang:num_running_reqs{{instance="127.0.0.1:{port}"}}')
 
 
+def metrics_table(prometheus_url: str) -> str:
+    """The metrics table of a server read through the test's Prometheus."""
+    return f'metrics = {{ source = "prometheus", url = "{prometheus_url}", max_age_s = 10 }}\n'
+
+
+def write_experiment_config(path: Path, port: int, prometheus_url: str) -> None:
+    command = [
+        *(sys.executable, "-m", "sim.launch_server", "--port", str(port)),
+        *("--max-running-requests", "24", "--enable-metrics", "--time-scale", str(SCALE)),
+        *("--workload", "incident", "--concurrency", "48"),
+    ]
+    path.write_text(
+        f"[kvpilot]\ntime_scale = {SCALE}\n\n"
+        "[gate]\nscrape_s = 10\nbatch_s = 60\nbaseline_s = 360\n\n"
+        f'[servers.incident]\nurl = "http://127.0.0.1:{port}"\n{metrics_table(prometheus_url)}'
+        f'[servers.incident.launcher]\nkind = "process"\ncommand = {json.dumps(command)}\n'
+    )
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    base = tmp_path_factory.mktemp("prometheus")
     ports = (free_port(), free_port())
     targets = [f"127.0.0.1:{p}" for p in ports]
-    with running_prometheus(tmp_path_factory.mktemp("prometheus"), targets, INTERVAL) as prom:
-        yield Stack(prom, *ports)
+    with ExitStack() as cleanup:
+        prom = cleanup.enter_context(running_prometheus(base / "prometheus", targets, INTERVAL))
+        twin = spawn([*KIMI, *LOAD], port=ports[0])
+        cleanup.callback(twin.log_path.unlink, missing_ok=True)
+        cleanup.callback(twin.stop)
+        config_path = base / "kvpilot.toml"
+        write_experiment_config(config_path, ports[1], prom.url)
+        config = load(str(config_path))
+        launcher = wiring_launcher(config, config.server("incident"), make_clock(SCALE))
+        launcher.start(launcher.current_args())
+        cleanup.callback(launcher.stop)
+        wait_healthy(twin)
+        launcher.wait_ready()
+        yield Stack(prom, twin, config_path)
 
 
 def metrics(stack: Stack) -> str:
     """The metrics table of a server read through the test's Prometheus."""
-    return f'metrics = {{ source = "prometheus", url = "{stack.prometheus.url}", max_age_s = 2 }}\n'
+    url = stack.prometheus.url
+    return f'metrics = {{ source = "prometheus", url = "{url}", max_age_s = 10 }}\n'
 
 
 def cli(*args: str) -> tuple[int, str, str]:
@@ -75,26 +114,21 @@ def verdicts(finding: dict[str, Any]) -> dict[str, str]:
 
 
 def test_diagnose_gives_the_same_verdicts(stack: Stack, tmp_path: Path) -> None:
-    twin = spawn([*KIMI, *LOAD], port=stack.diagnose_port)
-    try:
-        wait_healthy(twin)
-        stack.wait_scraped(twin.port)
-        server = f'url = "{twin.url}"\ngroup = "same"\ngpu_memory_gib = 95.59\nhost_ram_gib = 256\n'
-        config = tmp_path / "kvpilot.toml"
-        # Two entries for the one twin, so that both sources measure the same window at once.
-        config.write_text(
-            f"[kvpilot]\ntime_scale = {SCALE}\n\n[groups.same]\n\n"
-            f"[servers.direct]\n{server}\n"
-            f"[servers.prometheus]\n{server}{metrics(stack)}"
-        )
-        code, out, err = cli(
-            "diagnose",
-            *("--group", "same", "--config", str(config), "--window", "600", "--json"),
-            *("--consider", "mem_fraction_static=0.93"),
-        )
-    finally:
-        twin.stop()
-        twin.log_path.unlink(missing_ok=True)
+    twin = stack.diagnosed
+    stack.wait_scraped(twin.port)
+    server = f'url = "{twin.url}"\ngroup = "same"\ngpu_memory_gib = 95.59\nhost_ram_gib = 256\n'
+    config = tmp_path / "kvpilot.toml"
+    # Two entries for the one twin, so that both sources measure the same window at once.
+    config.write_text(
+        f"[kvpilot]\ntime_scale = {SCALE}\n\n[groups.same]\n\n"
+        f"[servers.direct]\n{server}\n"
+        f"[servers.prometheus]\n{server}{metrics_table(stack.prometheus.url)}"
+    )
+    code, out, err = cli(
+        "diagnose",
+        *("--group", "same", "--config", str(config), "--window", "480", "--json"),
+        *("--consider", "mem_fraction_static=0.93"),
+    )
     assert code == 0, err
     report = json.loads(out)["servers"]
     assert report["prometheus"]["metrics_from"].startswith(
@@ -180,27 +214,12 @@ def sequential(
         look += settings.batch_s
 
 
-def test_the_gate_gives_the_same_verdict(stack: Stack, tmp_path: Path) -> None:
-    port = stack.experiment_port
-    command = [
-        *(sys.executable, "-m", "sim.launch_server", "--port", str(port)),
-        *("--max-running-requests", "24", "--enable-metrics", "--time-scale", str(SCALE)),
-        *("--workload", "incident", "--concurrency", "48"),
-    ]
-    path = tmp_path / "kvpilot.toml"
-    path.write_text(
-        f"[kvpilot]\ntime_scale = {SCALE}\n\n"
-        "[gate]\nscrape_s = 10\nbatch_s = 60\nbaseline_s = 360\n\n"
-        f'[servers.incident]\nurl = "http://127.0.0.1:{port}"\n{metrics(stack)}'
-        f'[servers.incident.launcher]\nkind = "process"\ncommand = {json.dumps(command)}\n'
-    )
-    config = load(str(path))
+def test_the_gate_gives_the_same_verdict(stack: Stack) -> None:
+    config = load(str(stack.experiment_config))
     server = config.server("incident")
-    launcher = wiring_launcher(config, server, make_clock(SCALE))
+    port = int(server.url.rsplit(":", 1)[1])
     db = database(config)
-    launcher.start(launcher.current_args())
     try:
-        launcher.wait_ready()
         stack.wait_scraped(port)
         deps = experiment_deps(config, "incident", db)
         assert isinstance(deps.client, SourcedClient)  # the engine measures through Prometheus
@@ -214,10 +233,11 @@ def test_the_gate_gives_the_same_verdict(stack: Stack, tmp_path: Path) -> None:
         row = engine.run(deps, exp)
         # A kept change keeps running: watch it a few batches longer, so that the other two
         # sources' own sequential looks have data if they need a look more than the engine.
-        extra = 4 * deps.plan.batch_s if row.state == State.kept else deps.plan.scrape_s
+        extra = 2 * deps.plan.batch_s if row.state == State.kept else deps.plan.scrape_s
         deps.clock.sleep(extra + deps.plan.scrape_s)
         direct.stop.set()
         direct.thread.join(timeout=10)
+        moves = [f"{m.to_state}: {m.reason}" for m in store.transitions(db, exp)]
         phases = {p: sample_store.samples_for(db, exp, p) for p in ("baseline", "trial")}
         bounds = {
             "baseline": (phases["baseline"][0].t - 5, phases["baseline"][-1].t + 5),
@@ -229,10 +249,9 @@ def test_the_gate_gives_the_same_verdict(stack: Stack, tmp_path: Path) -> None:
             for p, ab in bounds.items()
         }
     finally:
-        launcher.stop()
         db.close()
     result = row.result or {}
-    assert row.state == State.kept, result.get("rule")
+    assert row.state == State.kept, moves
     settings = deps.plan.gate_settings()
     per_batch = int(deps.plan.batch_s / deps.plan.scrape_s)
     windows = {
