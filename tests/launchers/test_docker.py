@@ -3,6 +3,8 @@ interrupted swap, and the errors an operator can act on."""
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bot.cli import main
 from playbooks.launchers.base import LaunchError, with_change
 from playbooks.launchers.docker import (
     DockerLauncher,
@@ -135,3 +138,25 @@ def test_errors_an_operator_can_act_on(tmp_path: Path) -> None:
         )
         with pytest.raises(LaunchError, match="started with --rm"):
             missing.apply(["--port", "2"])
+
+
+def test_kvpilot_server_commands_drive_the_container(docker: Harness) -> None:
+    def cli(*args: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        code = main(["server", *args, "--server", "twin", "--config", str(docker.config)], out, err)
+        return code, out.getvalue(), err.getvalue()
+
+    code, out, _ = cli("status")
+    status = json.loads(out)
+    assert code == 0 and status["running"] and status["ready"] and status["args"] == docker.baseline
+    assert cli("stop") == (0, "twin stopped\n", "")
+    code, out, _ = cli("status")
+    assert code == 0 and not json.loads(out)["running"]
+    code, out, _ = cli("start")
+    assert code == 0 and out == f"twin is ready at {docker.url}\n"
+    assert docker.info()["mem_fraction_static"] == 0.85
+    engine: FakeDockerEngine = docker.extra["engine"]
+    engine.remove(engine.find("sglang"), force=True)
+    for command in ("status", "start"):
+        code, _, err = cli(command)
+        assert code == 1 and err.startswith("error: no container named 'sglang'"), err
