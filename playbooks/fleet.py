@@ -61,7 +61,7 @@ class MemberResult:
         if f is None:
             return row
         best = sorted(
-            (o for o in f.options if o.change and not o.considered),
+            (o for o in f.options if not o.considered),  # actions off the server count too
             key=lambda o: -VERDICT_ORDER[o.verdict],
         )
         top = best[0] if best and best[0].verdict in ("recommended", "possible") else None

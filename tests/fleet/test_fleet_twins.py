@@ -97,6 +97,7 @@ def test_diagnose_a_group(tmp_path: Path) -> None:
     changes = {c["server"]: c for c in summary["changes_to_try"]}
     assert changes["kimi-a"]["change"] == "mem_fraction_static=0.92"
     assert changes["kimi-a"]["verdict"] == "recommended"
+    assert changes["kimi-c"]["change"] == "raise client concurrency"
     assert all("scraped directly" in s["metrics_from"] for s in report["servers"].values())
     # the text form: one section per server, then the group side by side
     assert "== gone (http://127.0.0.1:9), metrics from" in text
