@@ -11,15 +11,22 @@ diagnosis and the gate see the same structure:
 
 (every SGLang series except histogram buckets, plus the TTFT buckets the gate's guardrail reads).
 A second query, `max(timestamp(sglang:num_running_reqs SELECTOR))`, says how old the newest
-scrape is; data older than `max_age_s` is refused rather than measured. `series()` returns the
-same structure for every step of a range query (`/api/v1/query_range`), for windows measured in
-the past. `DcgmGpuReader` reads GPU memory from DCGM exporter series
-(`DCGM_FI_DEV_FB_USED` + `DCGM_FI_DEV_FB_FREE` [+ `DCGM_FI_DEV_FB_RESERVED`], MiB) when they exist.
+scrape is; data older than `max_age_s` is refused rather than measured. A failed scrape makes
+Prometheus mark every series stale until the next one succeeds; then the newest complete scrape
+of the last `max_age_s` seconds is read from the raw samples instead, so one slow scrape does not
+interrupt a measurement.
+
+For windows in the past, `series()` returns the same structure for every step of a range query
+(`/api/v1/query_range`), and `scrapes()` every scrape Prometheus stored, each at its own
+timestamp (a range selector `{...}[Nms]`), which is what rates need.
+
+`DcgmGpuReader` reads GPU memory from DCGM exporter series (`DCGM_FI_DEV_FB_USED` +
+`DCGM_FI_DEV_FB_FREE` [+ `DCGM_FI_DEV_FB_RESERVED`], MiB) when they exist.
 
 Clocks: Prometheus stamps samples with wall-clock Unix time; the playbooks measure on their own
 `Clock` (which runs `time_scale` times faster against an accelerated twin). `Timeline` maps a
-Prometheus timestamp onto a playbook clock, so rates from range queries are computed on the same
-time base as rates from direct scrapes.
+Prometheus timestamp onto a playbook clock, so rates from windows read back from Prometheus are
+computed on the same time base as rates from direct scrapes.
 
 Errors name the Prometheus URL and the query, and say what to check.
 """
