@@ -150,3 +150,30 @@ def test_long_messages_stay_within_block_kit_limits() -> None:
     blocks = msg.blocks()
     assert len(blocks) <= 50 and block_problems(blocks, msg.text) == []
     wait_until(lambda: True)
+
+
+def test_manifest_declares_what_the_bot_uses() -> None:
+    import yaml  # noqa: PLC0415
+
+    from bot.slack_app import COMMAND  # noqa: PLC0415
+    from tests.twin_process import REPO  # noqa: PLC0415
+
+    manifest = yaml.safe_load((REPO / "deploy" / "slack" / "manifest.yaml").read_text())
+    assert [c["command"] for c in manifest["features"]["slash_commands"]] == [COMMAND]
+    assert manifest["settings"]["interactivity"]["is_enabled"] is True
+    scopes = set(manifest["oauth_config"]["scopes"]["bot"])
+    # Every Web API method the bot calls, and the scope Slack requires for it.
+    needs = {
+        "chat.postMessage": "chat:write",
+        "chat.update": "chat:write",
+        "chat.postEphemeral": "chat:write",
+        "files.getUploadURLExternal": "files:write",
+        "files.completeUploadExternal": "files:write",
+        "usergroups.users.list": "usergroups:read",
+    }
+    assert set(needs.values()) | {"commands"} == scopes
+    source = "\n".join(
+        (REPO / "bot" / name).read_text() for name in ("slack_app.py", "serve.py", "flow.py")
+    )
+    for method in ("chat_postMessage", "chat_update", "chat_postEphemeral", "files_upload_v2"):
+        assert method in source
