@@ -1,0 +1,145 @@
+"""The experiment engine holds a restart slot exactly while it restarts or reverts a server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import httpx
+from sqlite_utils import Database
+
+from playbooks import experiment as engine
+from playbooks.clock import ManualClock
+from playbooks.experiment import Deps, GatePlan
+from playbooks.fleet import RestartLimiter
+from playbooks.launchers.base import LaunchError, ServerState
+from playbooks.sources.sglang import SGLangClient
+from storage import audit, memory_db
+from storage import experiments as store
+from storage.experiments import State
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+BASELINE = ["--mem-fraction-static", "0.85"]
+
+
+@dataclass
+class FakeLauncher:
+    """Records which slots were held whenever it restarted the server."""
+
+    limiter: RestartLimiter
+    fail_on: list[str] | None = None
+    kind: str = "fake"
+    args: list[str] = field(default_factory=lambda: list(BASELINE))
+    applied: list[tuple[list[str], list[int]]] = field(default_factory=list)
+
+    def current_args(self) -> list[str]:
+        return list(self.args)
+
+    def apply(self, args: list[str]) -> None:
+        self.applied.append((args, [h.experiment_id for h in self.limiter.holders()]))
+        if args == self.fail_on:
+            self.args = []
+            raise LaunchError("torch.OutOfMemoryError", "log tail")
+        self.args = list(args)
+
+    def state(self) -> ServerState:
+        up = bool(self.args)
+        return ServerState(up, up, 1 if up else None, None, "" if up else "exited")
+
+    def stop(self) -> None:
+        self.args = []
+
+
+def deps_for(db: Database, limiter: RestartLimiter, launcher: FakeLauncher, server: str) -> Deps:
+    client = SGLangClient(
+        httpx.Client(
+            base_url="http://sglang.test",
+            transport=httpx.MockTransport(lambda _r: httpx.Response(404)),
+        )
+    )
+    return Deps(
+        db=db,
+        server=server,
+        client=client,
+        launcher=launcher,
+        clock=ManualClock(),
+        plan=GatePlan(),
+        now=lambda: T0,
+        restarts=limiter,
+    )
+
+
+def restarting_experiment(deps: Deps) -> int:
+    exp = engine.create(
+        deps, {"mem_fraction_static": 0.88}, actor="t", approved_by="t", reason="test"
+    )
+    for state in (State.baseline, State.restarting):
+        store.transition(deps.db, exp, state, actor="t", reason="test", now=T0)
+    return exp
+
+
+def step(deps: Deps, exp: int) -> State:
+    engine.step(deps, store.get_experiment(deps.db, exp))
+    return store.get_experiment(deps.db, exp).state
+
+
+def test_a_successful_restart_holds_the_slot_until_ready() -> None:
+    db = memory_db()
+    limiter = RestartLimiter(db, "kimi", 1, now=lambda: T0)
+    launcher = FakeLauncher(limiter)
+    deps = deps_for(db, limiter, launcher, "a")
+    exp = restarting_experiment(deps)
+    assert step(deps, exp) == State.warming_up
+    assert launcher.applied == [(["--mem-fraction-static", "0.88"], [exp])]
+    assert limiter.holders() == []
+
+
+def test_a_failed_restart_keeps_the_slot_until_the_revert_is_done() -> None:
+    db = memory_db()
+    limiter = RestartLimiter(db, "kimi", 1, now=lambda: T0)
+    launcher = FakeLauncher(limiter, fail_on=["--mem-fraction-static", "0.88"])
+    deps = deps_for(db, limiter, launcher, "a")
+    exp = restarting_experiment(deps)
+    assert step(deps, exp) == State.reverting
+    held = limiter.holders()
+    assert [(h.experiment_id, h.purpose) for h in held] == [(exp, "restart")]  # still down
+    assert step(deps, exp) == State.reverted
+    assert launcher.applied[-1] == (BASELINE, [exp])  # the revert ran inside the same slot
+    assert limiter.holders() == []
+
+
+class AbortingClock(ManualClock):
+    """Runs `abort` after a few sleeps: an operator aborts while the experiment waits."""
+
+    def __init__(self, abort: Callable[[], None]) -> None:
+        super().__init__()
+        self.abort = abort
+        self.sleeps = 0
+
+    def sleep(self, seconds: float) -> None:
+        super().sleep(seconds)
+        self.sleeps += 1
+        if self.sleeps == 3:
+            self.abort()
+
+
+def test_an_experiment_waiting_for_a_slot_can_be_aborted() -> None:
+    db = memory_db()
+    limiter = RestartLimiter(db, "kimi", 1, now=lambda: T0)
+    other = deps_for(db, limiter, FakeLauncher(limiter), "b")
+    holder = restarting_experiment(other)
+    assert limiter.try_acquire(holder, "b", "restart").acquired
+    launcher = FakeLauncher(limiter)
+    deps = deps_for(db, limiter, launcher, "a")
+    said: list[str] = []
+    deps.on_progress = said.append
+    exp = restarting_experiment(deps)
+    deps.clock = AbortingClock(lambda: engine.abort(deps, exp, actor="operator", reason="stop"))
+    row = engine.run(deps, exp)
+    assert row.state == State.reverted
+    assert launcher.applied == []  # the server was never touched
+    assert any(m.startswith("waiting for a restart slot in group kimi") for m in said)
+    notes = [e for e in audit.events(db, experiment_id=exp) if e["name"] == "note"]
+    assert len(notes) == 1
+    assert [h.experiment_id for h in limiter.holders()] == [holder]
