@@ -29,7 +29,7 @@ KEYS: dict[str, frozenset[str]] = {
     ),
 }
 _UNIT = re.compile(r"^[A-Za-z0-9:_.\\@-]+\.service$")
-_CONTAINER = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+_CONTAINER = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")  # the Engine API's rule
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -96,6 +97,10 @@ class FakeDockerEngine:
 
     # ----------------------------------------------------------------- operations
     def create(self, name: str, body: dict[str, Any]) -> Container:
+        if not re.fullmatch(r"/?[a-zA-Z0-9][a-zA-Z0-9_.-]+", name):
+            raise EngineError(
+                400, f"Invalid container name ({name}), only [a-zA-Z0-9][a-zA-Z0-9_.-] are allowed"
+            )
         ref = body.get("Image")
         if not isinstance(ref, str) or ref not in self.images:
             raise EngineError(404, f"No such image: {ref}")
@@ -378,10 +383,7 @@ class FakeDockerEngine:
         if method == "GET" and action == "json":
             return JSONResponse(self.inspect(c))
         if method == "GET" and action == "logs":
-            return Response(
-                self.logs(c, query.get("tail")),
-                media_type="application/vnd.docker.multiplexed-stream",
-            )
+            return Response(self.logs(c, query.get("tail")))  # v1.41 sets no Content-Type
         if method == "POST" and action == "start":
             return Response(status_code=204 if self.start(c) else 304)
         if method == "POST" and action == "stop":

@@ -160,3 +160,64 @@ def test_kvpilot_server_commands_drive_the_container(docker: Harness) -> None:
     for command in ("status", "start"):
         code, _, err = cli(command)
         assert code == 1 and err.startswith("error: no container named 'sglang'"), err
+
+
+# The Engine API v1.41 (moby docs/api/v1.41.yaml): ContainerInspectResponse and ContainerState
+# fields the launcher reads or passes back, with their JSON types.
+INSPECT_FIELDS = {
+    "Id": str,
+    "Created": str,
+    "Path": str,
+    "Args": list,
+    "State": dict,
+    "Image": str,
+    "Name": str,
+    "RestartCount": int,
+    "HostConfig": dict,
+    "Mounts": list,
+    "Config": dict,
+    "NetworkSettings": dict,
+}
+STATE_FIELDS = {
+    "Status": str,
+    "Running": bool,
+    "Paused": bool,
+    "Restarting": bool,
+    "OOMKilled": bool,
+    "Dead": bool,
+    "Pid": int,
+    "ExitCode": int,
+    "Error": str,
+    "StartedAt": str,
+    "FinishedAt": str,
+}
+
+
+def test_the_fake_engine_answers_with_the_apis_shapes(tmp_path: Path) -> None:
+    engine = FakeDockerEngine([Image("img:1", "sha256:" + "2" * 64)])
+    socket = str(tmp_path / "d.sock")
+    with (
+        serving(engine.app(), uds=socket),
+        httpx.Client(transport=httpx.HTTPTransport(uds=socket), base_url="http://d/v1.41") as api,
+    ):
+        created = api.post("/containers/create", params={"name": "sglang"}, json={"Image": "img:1"})
+        assert created.status_code == 201 and set(created.json()) == {"Id", "Warnings"}
+        info = api.get("/containers/sglang/json").json()
+        for key, kind in INSPECT_FIELDS.items():
+            assert isinstance(info[key], kind), key
+        for key, kind in STATE_FIELDS.items():
+            assert isinstance(info["State"][key], kind), key
+        assert info["Name"] == "/sglang" and info["State"]["Status"] == "created"
+        bad = api.post("/containers/create", params={"name": "sglang"}, json={"Image": "img:1"})
+        assert bad.status_code == 409 and "is already in use" in bad.json()["message"]
+        missing = api.get("/containers/nope/json")
+        assert missing.status_code == 404 and missing.json() == {
+            "message": "No such container: nope"
+        }
+        assert api.post("/containers/sglang/stop").status_code == 304  # not running
+        assert (
+            api.post(
+                "/containers/create", params={"name": "a b"}, json={"Image": "img:1"}
+            ).status_code
+            == 400
+        )

@@ -88,7 +88,7 @@ def test_each_kind_builds_its_launcher(tmp_path: Path) -> None:
             "launcher.container: 'a b' is not a Docker container",
         ),
         (
-            'kind = "docker"\ncontainer = "c"\nstop_timeout_s = 0\n',
+            'kind = "docker"\ncontainer = "cc"\nstop_timeout_s = 0\n',
             "launcher.stop_timeout_s: expected a positive",
         ),
         ('kind = "kubernetes"\nname = "x"\n', "launcher.workload: required"),
