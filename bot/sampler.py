@@ -318,6 +318,11 @@ class Sampler:
         t = now.timestamp()
         if not state.loaded:
             self._first_contact(db, state, t)
+        else:
+            # another bot process may share the database: build on what is stored, so two
+            # samplers interleave instead of counting the same tokens twice
+            state.last = last_sample(db, name)
+            state.gap = open_gap(db, name)
         state.last_attempt = now
         try:
             reading = self._read(self._client(name))

@@ -257,3 +257,21 @@ def test_a_disabled_sampler_does_not_start(tmp_path: Path, db: Database) -> None
     sampler = Sampler(make_config(tmp_path, "http://127.0.0.1:9", enabled=False), db, ManualTime())
     sampler.start()
     assert not sampler.running and "disabled" in sampler.describe()[0]
+
+
+def test_two_samplers_on_one_database_do_not_count_twice(
+    tmp_path: Path, db: Database, fake: FakeSGLang
+) -> None:
+    clock = ManualTime()
+    config = make_config(tmp_path, fake.url)
+    other_db = open_db(tmp_path / "kvpilot.db")
+    first, second = Sampler(config, db, clock), Sampler(config, other_db, clock)
+    first.sample_once()
+    for i in range(6):
+        clock.advance(7.5)
+        fake.advance(7.5)
+        (first if i % 2 else second).sample_once()
+    rows = all_samples(db)
+    assert len(rows) == 7 and all(r.dt == 7.5 for r in rows[1:])
+    assert sum(r.gen_tokens or 0 for r in rows) == 6 * 7.5 * 800  # each token once
+    other_db.close()
