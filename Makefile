@@ -31,6 +31,10 @@ typecheck: venv
 pytest: venv
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
+# The incident end to end on the SGLang twin, in the terminal front end (files in demo/).
+demo: venv
+	$(BIN)/python -m bot.demo
+
 bench: venv
 	$(BIN)/python -m bench.twin
 	$(BIN)/python -m bench.diagnose

@@ -15,10 +15,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TextIO
 
+from sqlite_utils import Database
+
 from bot.auth import CONSOLE_PREFIX, Principal
 from bot.config import Config
 from bot.flow import APPROVE, PROPOSE_OPTION, Kvpilot
 from bot.messages import Button, Message, plain
+from bot.report_hook import make_report_hook
+from bot.sampler import Sampler
 from storage import chat
 from storage.chat import MessageRef
 from storage.db import open_db
@@ -45,7 +49,7 @@ class ConsoleSurface:
             self.out.flush()
 
     def _show(self, ref: MessageRef, message: Message, edited: bool) -> None:
-        body = plain(message.text)
+        body = message.terminal_text()
         if edited and len(body.splitlines()) <= 3:
             self._print("  " + body.replace("\n", "\n  "))
         else:
@@ -101,13 +105,26 @@ class Console:
         name = user or _local_user()
         self.who = Principal(CONSOLE_PREFIX + name, CHANNEL)
         self.surface = ConsoleSurface(out, Path(config.state_dir) / "charts")
+        self.sampler = Sampler(config, open_db(config.database))
         self.kv = Kvpilot(
             config,
             lambda: open_db(config.database),
             group_members=lambda _group: frozenset(),
             surface_for=lambda _channel: self.surface,
             progress_every_s=2.0,
+            report_hook=make_report_hook(self._db, self.sampler.clock.now),
+            status_hook=self.sampler.describe,
         )
+
+    def _db(self) -> Database:
+        return self.kv.db()
+
+    def start_background(self) -> None:
+        """Sample the servers while the console runs (the reports are built from this)."""
+        self.sampler.start()
+
+    def stop_background(self) -> None:
+        self.sampler.stop()
 
     def say(self, text: str) -> None:
         self.out.write(text + "\n")
@@ -206,8 +223,10 @@ def _local_user() -> str:
 
 def main(config: Config, commands: list[str], *, auto: bool, out: TextIO = sys.stdout) -> int:
     console = Console(config, out=out, stdin=sys.stdin, auto=auto or not sys.stdin.isatty())
+    console.start_background()
     try:
         console.loop(commands)
     finally:
+        console.stop_background()
         console.kv.close()
     return 0

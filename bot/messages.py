@@ -56,6 +56,7 @@ class Message:
     text: str
     buttons: tuple[Button, ...] = ()
     parts: tuple[str, ...] = field(default=())
+    prebuilt: tuple[dict[str, Any], ...] = ()  # Block Kit built elsewhere (reports)
 
     @classmethod
     def from_template(
@@ -69,6 +70,10 @@ class Message:
     def note(cls, text: str) -> Message:
         return cls(text=text, parts=(text,))
 
+    def terminal_text(self) -> str:
+        """What the terminal prints: the full text, also for messages with prebuilt blocks."""
+        return plain("\n".join(self.parts) if self.prebuilt else self.text)
+
     def without_buttons(self, footer: str) -> Message:
         """The same message with its buttons replaced by a line saying what happened."""
         return Message(
@@ -76,6 +81,8 @@ class Message:
         )
 
     def blocks(self) -> list[dict[str, Any]]:
+        if self.prebuilt:
+            return [dict(b) for b in self.prebuilt]
         return [b.to_dict() for b in self._blocks()]
 
     def _blocks(self) -> list[Block]:
