@@ -181,7 +181,9 @@ class ReportScheduler:
         """(report, scheduled time) pairs to send now: the latest time of each report within
         its grace period, if not claimed yet."""
         now = now or self.clock()
-        db = db or self.db
+        if db is None:
+            with self._connection() as own:
+                return self.due(now, own)
         out: list[tuple[str, datetime]] = []
         for name, schedule in self.schedules.items():
             at = self.crons[name].latest_within(now, timedelta(seconds=schedule.grace_s))
@@ -191,7 +193,9 @@ class ReportScheduler:
 
     def run_due(self, only: str | None = None, db: Database | None = None) -> list[RunResult]:
         """Send what is due now (all reports, or one); what ``start()`` and every firing do."""
-        db = db or self.db
+        if db is None:
+            with self._connection() as own:
+                return self.run_due(only, own)
         with self._lock:
             now = self.clock()
             return [
@@ -261,8 +265,7 @@ class ReportScheduler:
 
     def _fire(self, name: str) -> None:
         try:
-            with self._connection() as db:
-                self.run_due(only=name, db=db)
+            self.run_due(only=name)
         except Exception:
             log.exception("scheduled report %s failed", name)
 

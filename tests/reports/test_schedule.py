@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -253,3 +254,19 @@ def test_the_scheduler_needs_a_file_database(tmp_path: Path) -> None:
     sched = ReportScheduler(config(tmp_path), memory_db(), deliver=Recorder())
     with pytest.raises(RuntimeError, match="database file"):
         sched.start()
+
+
+def test_status_and_runs_work_from_any_thread(tmp_path: Path, db: Database) -> None:
+    clock = FakeClock(local(BERLIN, 2026, 6, 10, 9, 0, 1))
+    sched = ReportScheduler(config(tmp_path), db, deliver=Recorder(), clock=clock)
+    out: dict[str, Any] = {}
+
+    def handler() -> None:  # e.g. a Slack command handler's thread
+        out["results"] = sched.run_due()
+        out["status"] = "\n".join(sched.describe())
+
+    thread = threading.Thread(target=handler)
+    thread.start()
+    thread.join(10)
+    assert [r.status for r in out["results"]] == ["sent"]
+    assert "last 2026-06-10 09:00 CEST sent" in out["status"]
