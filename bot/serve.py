@@ -21,6 +21,7 @@ import uvicorn
 from slack_bolt import App
 from slack_bolt.adapter.socket_mode import SocketModeHandler
 from slack_bolt.adapter.starlette.handler import to_bolt_request, to_starlette_response
+from sqlite_utils import Database
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -29,6 +30,9 @@ from starlette.routing import Route
 
 from bot.config import Config
 from bot.flow import Kvpilot
+from bot.report_hook import make_report_hook
+from bot.sampler import Sampler
+from bot.schedule import ReportScheduler
 from bot.slack_app import GroupDirectory, SlackSurface, build_app, web_client
 from storage import audit
 from storage.db import open_db
@@ -91,7 +95,6 @@ class Bot:
         settings: SlackSettings,
         *,
         progress_every_s: float = 10.0,
-        extras: list[Any] | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         if config.slack is None:
@@ -103,6 +106,8 @@ class Bot:
         self.settings = settings
         self.client = web_client(settings.bot_token, settings.api_url)
         self.groups = GroupDirectory(self.client)
+        self.sampler = Sampler(config, open_db(config.database))
+        self.scheduler = ReportScheduler(config, open_db(config.database), self.client)
         self.kv = Kvpilot(
             config,
             lambda: open_db(config.database),
@@ -110,6 +115,8 @@ class Bot:
             surface_for=self.surface_for,
             progress_every_s=progress_every_s,
             now=now,
+            report_hook=make_report_hook(self._db, self.sampler.clock.now),
+            status_hook=lambda: self.sampler.describe() + self.scheduler.describe(),
         )
         self.app: App = build_app(
             self.kv,
@@ -117,11 +124,13 @@ class Bot:
             signing_secret=settings.signing_secret,
             socket_mode=settings.socket_mode,
         )
-        self.extras = extras or []
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         self.socket: SocketModeHandler | None = None
         self.started_at = datetime.now(UTC)
+
+    def _db(self) -> Database:
+        return self.kv.db()
 
     def surface_for(self, channel: str) -> SlackSurface:
         return SlackSurface(self.client, channel)
@@ -131,8 +140,9 @@ class Bot:
         resumed = self.kv.runner.resume_all()
         if resumed:
             log.info("resumed experiments %s", resumed)
-        for extra in self.extras:
-            extra.start()
+        self.sampler.start()
+        for result in self.scheduler.start():  # reports missed while the bot was down
+            log.info("report %s for %s: %s", result.report, result.scheduled_for, result.status)
         self._ticker = threading.Thread(target=self._tick_loop, name="kvpilot-tick", daemon=True)
         self._ticker.start()
 
@@ -145,8 +155,8 @@ class Bot:
 
     def stop(self) -> None:
         self._stop.set()
-        for extra in self.extras:
-            extra.shutdown()
+        self.sampler.stop()
+        self.scheduler.shutdown(wait=False)
         if self.socket is not None:
             self.socket.close()  # type: ignore[no-untyped-call]
         self.kv.work.shutdown(wait=False, cancel_futures=True)
@@ -205,13 +215,10 @@ def run(
     *,
     host: str,
     port: int | None,
-    extras_factory: Callable[[Bot], list[Any]] | None = None,
 ) -> int:
     """Run until SIGINT/SIGTERM. Socket Mode serves /healthz on `port` when one is given."""
     settings = slack_settings(env)
     bot = Bot(config, settings)
-    if extras_factory is not None:
-        bot.extras = extras_factory(bot)
     bot.start_background()
     done = threading.Event()
 

@@ -54,6 +54,18 @@ def test_socket_mode_end_to_end(config: Path) -> None:
         slack.socket_wait_ack(env)
         status = slack.wait_for("chat.postMessage")[0]
         assert "incident" in status.params["text"] and "healthy" in status.params["text"]
+        assert "sampler running" in status.params["text"]
+        env = slack.socket_send(
+            "slash_commands",
+            {"command": "/kvpilot", "text": "report --since 1h", "user_id": "U1",
+             "channel_id": CHANNEL, "team_id": "T1", "response_url": slack.response_url("r"),
+             "trigger_id": "3"},
+        )  # fmt: skip
+        assert "Building the report" in slack.socket_wait_ack(env)["payload"]["text"]
+        slack.wait_for("files.completeUploadExternal", timeout=30)
+        report = slack.wait_for("chat.postMessage", 2)[1]
+        assert "incident" in report.params["text"]
+        assert slack.files[0].content.startswith(b"\x89PNG") and slack.files[0].thread_ts
         assert not slack.violations
 
 
