@@ -109,6 +109,8 @@ class KubernetesLauncher:
         except (HTTPError, OSError) as exc:
             host = self.api().configuration.host
             raise LaunchError(f"cannot reach the Kubernetes API at {host}: {exc}") from None
+        except ValueError as exc:  # the client's models refused the answer (pydantic)
+            raise LaunchError(f"cannot {action}: the API's answer does not parse: {exc}") from None
 
     def _explain(self, action: str, status: int | None, body: object) -> str:
         message = str(body)

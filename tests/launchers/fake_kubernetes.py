@@ -247,6 +247,7 @@ class FakeCluster:
         self.logs = Path(tempfile.mkdtemp(prefix="fake-kubelet-"))
         self._stop = threading.Event()
         self._started: list[subprocess.Popen[bytes]] = []
+        self.controllers_running = True
         self._controller = threading.Thread(target=self._control_loop, daemon=True)
         self._controller.start()
 
@@ -261,7 +262,11 @@ class FakeCluster:
             uid=secrets.token_hex(16),
             creationTimestamp=now_iso(),
         )
-        obj.setdefault("status", {})
+        # What the API server stores before a controller has looked: a StatefulSet's status
+        # always carries replicas (it is not omitted when zero).
+        obj.setdefault(
+            "status", {"replicas": 0, "availableReplicas": 0} if kind == "StatefulSet" else {}
+        )
         validate(kind, obj)
         with self.lock:
             self.objects[(kind, meta["namespace"], meta["name"])] = obj
@@ -648,6 +653,9 @@ class FakeCluster:
     # ----------------------------------------------------------------- controllers
     def _control_loop(self) -> None:
         while not self._stop.is_set():
+            if not self.controllers_running:  # as when kube-controller-manager is down
+                time.sleep(0.05)
+                continue
             with self.lock:
                 for (kind, ns, name), obj in list(self.objects.items()):
                     self._reconcile(kind, ns, name, obj)

@@ -208,6 +208,7 @@ def roll_back_a_failed_start(h: Harness) -> None:
 
 def test_errors_an_operator_can_act_on(tmp_path: Path) -> None:
     cluster = FakeCluster(rules=[])
+    cluster.controllers_running = False  # no pods, and the status stays as set below
     cluster.add(deployment(ARGS, 30000))
     try:
         with serving(cluster.app()) as url:
@@ -225,6 +226,9 @@ def test_errors_an_operator_can_act_on(tmp_path: Path) -> None:
             cluster.rules = None
             with pytest.raises(LaunchError, match=r'"other" not found \(check workload, name and'):
                 KubernetesLauncher(wrong).current_args()
+            cluster.objects[("Deployment", "sglang", "sglang")]["status"] = {"replicas": "many"}
+            with pytest.raises(LaunchError, match="the API's answer does not parse"):
+                KubernetesLauncher(spec).current_args()
     finally:
         cluster.shutdown()
     absent = KubernetesSpec("Deployment", "sglang", "http://x", kubeconfig=str(tmp_path / "none"))
