@@ -353,7 +353,8 @@ class FakeDockerEngine:
             if parts and parts[0].startswith("v1."):
                 parts = parts[1:]
             body = await request.body()
-            self.calls.append((request.method, "/" + "/".join(parts)))
+            query = f"?{request.url.query}" if request.url.query else ""
+            self.calls.append((request.method, "/" + "/".join(parts) + query))
             try:
                 return await run_in_threadpool(
                     self._route, request.method, parts, dict(request.query_params), body

@@ -86,9 +86,26 @@ def test_apply_recreates_with_the_same_image_mounts_devices_and_environment(
     before = engine.inspect(engine.find("sglang"))
     launcher = docker.launcher()
     trial = with_change(docker.baseline, {"mem_fraction_static": 0.88})
+    engine.calls.clear()
     launcher.apply(trial)
     after = engine.inspect(engine.find("sglang"))
     assert after["Id"] != before["Id"] and after["Image"] == before["Image"]
+    # The swap, in the order that keeps a crash anywhere recoverable (module docstring).
+    changes = [
+        f"{method} {path}".replace(before["Id"], "OLD").replace(after["Id"], "NEW")
+        for method, path in engine.calls
+        if method != "GET"
+    ]
+    assert changes == [
+        "DELETE /containers/sglang-kvpilot-next?force=true",
+        "POST /containers/create?name=sglang-kvpilot-next",
+        "POST /containers/OLD/stop?t=10",
+        "DELETE /containers/sglang-kvpilot-previous?force=true",
+        "POST /containers/OLD/rename?name=sglang-kvpilot-previous",
+        "POST /containers/NEW/rename?name=sglang",
+        "POST /containers/NEW/start",
+        "DELETE /containers/sglang-kvpilot-previous?force=true",
+    ]
     for key in ("Binds", "DeviceRequests", "IpcMode", "ShmSize", "NetworkMode", "Ulimits"):
         assert after["HostConfig"][key] == before["HostConfig"][key], key
     for key in ("Env", "WorkingDir", "Labels"):
