@@ -29,6 +29,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -296,6 +297,7 @@ class FakeCluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+        shutil.rmtree(self.logs, ignore_errors=True)
 
     # ----------------------------------------------------------------- authorisation
     def _authorise(self, access: Access) -> None:
