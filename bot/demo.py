@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import shutil
 import socket
 import sys
@@ -89,10 +90,12 @@ def run(workdir: Path, out: TextIO, stdin: TextIO, auto: bool) -> int:
         if auto:
             out.write("(no terminal: the demo approves what kvpilot recommends, and says so)\n")
         console.start_background()
+        began = console.sampler.clock.now()
         banner(out, "1. Diagnose: measure the server and name its bottleneck")
         console.loop(["diagnose incident"])
-        banner(out, "2. The daily report, from the samples taken meanwhile")
-        console.loop(["report incident --since 2h", "history"])
+        banner(out, "2. The daily report, over the (simulated) time the demo ran")
+        minutes = math.ceil((console.sampler.clock.now() - began).total_seconds() / 60)
+        console.loop([f"report incident --since {minutes}m", "history"])
     finally:
         console.stop_background()
         console.kv.close()

@@ -210,7 +210,7 @@ def render_summary(s: dict[str, Any]) -> str:
         f"  trial     {_interval(s['trial'])}",
         f"  effect    {_interval(s['effect'], pct=True)}",
         f"  why       {s['reason']}",
-        f"  took      {s['took_s']} s wall (trial {s['trial_s']} s on the bot's clock)",
+        f"  took      {s['took_s']} s (trial {s['trial_s']} s)",
     ]
     return "\n".join(lines) + "\n"
 

@@ -20,7 +20,7 @@ from sqlite_utils import Database
 from bot.charts import verdict_chart
 from bot.config import Config
 from bot.messages import Message
-from bot.wiring import experiment_deps
+from bot.wiring import experiment_clock, experiment_deps
 from playbooks import experiment as engine
 from storage import chat
 from storage import experiments as store
@@ -183,12 +183,11 @@ class ExperimentRunner:
     def describe(self, row: store.ExperimentRow) -> dict[str, Any]:
         """State, elapsed and remaining time (upper bound), on the experiment's clock."""
         moves = store.transitions(self.db(), row.id)
-        scale = self.config.time_scale
         start = moves[0].created_at if moves else row.created_at
         entered = moves[-1].created_at if moves else row.created_at
-        now = self.now()
-        elapsed = (now - start).total_seconds() * scale
-        in_state = (now - entered).total_seconds() * scale
+        now = experiment_clock(self.config, self.db())()
+        elapsed = (now - start).total_seconds()
+        in_state = (now - entered).total_seconds()
         s = row.settings
         baseline_s = float(s.get("baseline_s", 0))
         trial_s = float(s.get("max_trial_s", 0)) + float(s.get("warmup_s", 0))
@@ -225,7 +224,7 @@ class ExperimentRunner:
             e=self.describe(row),
             r=result,
             reason=moves[-1].reason if moves else "",
-            took_s=took * self.config.time_scale,
+            took_s=took,
         )
 
     def chart(self, row: store.ExperimentRow) -> bytes | None:

@@ -100,16 +100,31 @@ class ScaledTime:
         return seconds / self.scale
 
 
+_SHARED_TIME: dict[tuple[str, float], ScaledTime] = {}
+_SHARED_LOCK = threading.Lock()
+
+
 def time_source(config: Config, db: Database) -> TimeSource:
     """The system clock, or against an accelerated twin a scaled one that continues from the
-    newest stored sample (so that a restarted bot never writes time backwards)."""
+    newest stored sample or experiment step (so that a restarted bot never writes time
+    backwards). Within one process every user of one database shares the scaled clock, so that
+    samples, experiments and reports agree on when things happened."""
     if config.time_scale == 1.0:
         return SystemTime()
-    newest = db.execute("SELECT MAX(ts) FROM metric_samples").fetchone()[0]
-    start = datetime.now(UTC)
-    if newest is not None:
-        start = max(start, datetime.fromtimestamp(float(newest) + 1.0, UTC))
-    return ScaledTime(config.time_scale, start)
+    key = (str(config.database), config.time_scale)
+    with _SHARED_LOCK:
+        shared = _SHARED_TIME.get(key)
+        if shared is None:
+            start = datetime.now(UTC)
+            newest = db.execute("SELECT MAX(ts) FROM metric_samples").fetchone()[0]
+            if newest is not None:
+                start = max(start, datetime.fromtimestamp(float(newest) + 1.0, UTC))
+            latest_step = db.execute("SELECT MAX(created_at) FROM experiment_transitions")
+            stamp = latest_step.fetchone()[0]
+            if stamp is not None:
+                start = max(start, datetime.fromisoformat(stamp) + timedelta(seconds=1))
+            shared = _SHARED_TIME[key] = ScaledTime(config.time_scale, start)
+        return shared
 
 
 def observed_settings(info: Mapping[str, Any]) -> dict[str, Any]:

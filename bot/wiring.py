@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlite_utils import Database
@@ -51,6 +52,16 @@ def launcher(config: Config, server: ServerConfig, clock: Clock) -> ManagedLaunc
         env=dict(server.launcher.env),
     )
     return ProcessLauncher(spec, clock)
+
+
+def experiment_clock(config: Config, db: Database) -> Callable[[], datetime]:
+    """The time experiments are stamped with: the wall clock, or against an accelerated twin
+    the same scaled time the sampler stores samples in, so reports place them right."""
+    if config.time_scale == 1.0:
+        return lambda: datetime.now(UTC)
+    from bot.sampler import time_source  # noqa: PLC0415 - only an accelerated twin needs it
+
+    return time_source(config, db).now
 
 
 def gate_plan(server: ServerConfig) -> GatePlan:
@@ -114,6 +125,7 @@ def experiment_deps(
     server = config.server(name)
     clock = make_clock(config.time_scale)
     return Deps(
+        now=experiment_clock(config, db),
         db=db,
         server=name,
         client=sglang_client(server),
