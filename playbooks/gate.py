@@ -2,42 +2,52 @@
 
 After the bot applies a change and restarts the server, it compares a *baseline* window (the old
 configuration, measured just before) with the *trial* window (the new one, from the restart on).
-`decide()` is called each time new trial samples arrive; it answers "continue" until the
-evidence is clear, then "keep" or "revert". Nothing here reads a clock or does I/O.
+`decide()` is called each time a trial batch arrives; it answers "continue" until the evidence is
+clear, then "keep" or "revert". Nothing here reads a clock or does I/O.
 
-Statistical design (see the reference notes on gate statistics, §3):
+Statistical design (the reference notes on gate statistics, §3; measured in `bench/gate.py`):
 
 * **Primary metric: the decode rate, `sglang:gen_throughput`.** It is what a configuration changes
-  (tokens per second across all running requests), it is a gauge refreshed every few decode steps
-  and so smooth, and it responds within seconds of the restart. The completed-token rate (deltas of
-  `sglang:generation_tokens_total`, which SGLang increments when a request *finishes*) is what a job
-  receives, but with long requests it arrives in lumps — for multi-thousand-token outputs a 30 s
-  batch of it has a coefficient of variation several times the gauge's — and after a restart it is
-  biased: for the first request lifetime only the shortest requests can finish. It therefore acts
-  as a consistency guardrail (a keep is refused when the completed-token rate fell clearly), not as
-  the gated statistic.
-* **Warm-up exclusion:** MSER-5 (White 1997) on the trial's decode-rate series, with a floor (the
-  larger of `warmup_floor_s` and one request lifetime estimated from the baseline by Little's law)
-  and a ceiling (at most half the series).
-* **Batch means:** the baseline's series is cut into `batch_s` batches, doubled while their lag-1
-  autocorrelation exceeds `max_lag1`; the trial uses the same batch length.
-* **Sequential test:** d = log(trial mean / baseline mean) of the batch means, with variance
-  cv^2 (1/k + 1/n_b) from the pooled per-batch CV of both windows, scaled for the batch means'
-  residual lag-1 autocorrelation and t-corrected for few batches. In information time
-  (I = 1/var) d*I is a Brownian motion even though the baseline is shared by every look, so a
-  Wald SPRT of "no gain" (theta = 0) against the planning effect (+10%) is valid when the gate
-  looks after every trial batch: keep when the log-likelihood ratio crosses ln((1-beta)/alpha)
-  *and* the estimate is at least `min_effect`; revert when it crosses ln(beta/(1-alpha)), or when
-  the anytime interval — a normal-mixture confidence sequence (Howard et al. 2021), also the
-  interval reported — lies wholly below `min_effect`. The SPRT is truncated at `max_trial_s`:
-  an unresolved test is "inconclusive", which reverts. The SPRT rather than the confidence
-  sequence decides because at the planning effect it needs about a third of the confidence
-  sequence's information (a CS pays ~4 standard errors for validity against every effect size).
-* **Guardrails** (revert regardless of throughput): error rate, retractions per minute, TTFT p95,
+  (tokens per second across all running requests), it is refreshed every few decode steps, and it
+  responds within seconds of the restart. The completed-token rate (deltas of
+  `sglang:generation_tokens_total`, counted when a request *finishes*) arrives in lumps with long
+  requests and is biased after a restart (at first only short requests finish), so it is a
+  consistency check on a keep, not the gated statistic.
+* **Warm-up exclusion:** MSER-5 (White 1997) on the trial's decode rate, never less than
+  `warmup_floor_s` and never more than half the trial.
+* **The effect** is d = log(trial mean / baseline mean) over the trial's complete batches after
+  the warm-up.
+* **Its noise is read off the baseline.** A KV-limited server's decode rate oscillates with its
+  retraction cycle (minutes long), so batch means are strongly (and negatively) correlated and
+  "CV / sqrt(k)" is far from the noise of a k-batch mean. Instead the gate measures, on the
+  baseline, how much means over windows as long as the trial's actually vary: overlapping batch
+  means at exactly that length (Meketon & Schmeiser 1984), for windows up to a quarter of the
+  baseline, scaled as 1/length beyond (which can only overstate the noise of an oscillation),
+  never decreasing as the window shrinks. The baseline mean's own noise is the same function at
+  the baseline's full length.
+* **Restart allowance:** after a restart every client reconnects at once, so the oscillation's
+  phase is set by the restart instead of being random. A window mean of a phase-locked oscillation
+  can then sit up to sqrt(2) times its random-phase standard error away from the long-run mean, in
+  the same direction for every trial; the trial's variance is therefore counted
+  `restart_variance_factor` (2) times.
+* **Sequential decision, at every trial batch:** keep when the effect's lower one-sided 1 - alpha/2
+  bound is above 0 *and* the estimate is at least `min_effect`; revert ("no significant
+  improvement") when the upper 1 - beta bound is below the planning effect (+10%). The keep rule
+  is the fixed-window test's own rule applied at every look (a Pocock-shaped boundary at the
+  fixed test's critical value); the futility rule ends a trial as soon as the gain the experiment
+  is sized for is ruled out, which is what stops no-gain trials early. Repeated looks would raise
+  the false-keep rate of a pure noise model above alpha/2; the restart allowance and the futility
+  bound pay for them, and the benchmark measures the rates on the twin (wrong keeps <= 2% at 0% and
+  -10%, wrong reverts <= 10% at +10%). A trial still open at `max_trial_s` is "inconclusive",
+  which reverts.
+* **Guardrails** (revert regardless of throughput): error rate, TTFT p95, retractions per minute,
   completed-token rate. **Validity checks:** offered concurrency (running + queued) or the request
   mix (prompt and output tokens per completed request) differing between the windows ("drifted"),
   or either window not saturated (queue mostly empty: throughput then equals offered load and no
-  configuration can show an effect; "inconclusive").
+  configuration can show an effect; "inconclusive"). Checks on completed requests and on
+  retractions wait until the trial has run one request lifetime (Little's law on the baseline):
+  before that only the first wave's shortest requests have finished, and a cold start's
+  synchronized retractions come in one burst.
 """
 
 from __future__ import annotations
@@ -46,11 +56,12 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise
+from functools import lru_cache
+from itertools import accumulate, pairwise
 from statistics import NormalDist
 from typing import Literal
 
-from playbooks.stats import Interval, lag1_autocorrelation, merge_pairs, t_quantile
+from playbooks.stats import Interval
 
 Action = Literal["continue", "keep", "revert"]
 Verdict = Literal["pending", "improved", "not_improved", "inconclusive", "drifted", "guardrail"]
@@ -75,17 +86,16 @@ class GateSample:
 @dataclass(frozen=True)
 class GateSettings:
     min_effect: float = 0.03  # smallest relative gain worth keeping a change for
-    alpha: float = 0.05  # two-sided level of the confidence sequence (alpha/2 per side)
-    beta: float = 0.05  # planning only: miss rate at `planning_effect`
-    planning_effect: float = 0.10  # planning only: the gain the trial is sized to detect
+    alpha: float = 0.05  # two-sided level of the reported intervals; a keep needs alpha/2 one-sided
+    beta: float = 0.10  # futility: revert once the planning effect is above the upper 1-beta bound
+    planning_effect: float = 0.10  # the gain the trial is sized to detect
+    restart_variance_factor: float = 2.0  # the trial's variance, relative to the baseline's
     batch_s: float = 30.0
-    max_lag1: float = 0.3
-    min_lag1_adjust: float = -1 / 3  # most negative lag-1 credited (halves the variance)
-    min_batches: int = 3  # trial batches before any decision (the baseline adds the df)
+    min_batches: int = 2  # trial batches after the warm-up before any decision
     min_baseline_batches: int = 4
+    max_window_fraction: float = 0.25  # longest baseline window the noise is read at directly
     max_trial_s: float = 1800.0  # cap on the trial, warm-up included
     warmup_floor_s: float = 60.0
-    warmup_lifetimes: float = 1.0  # the floor is also this many request lifetimes
     warmup_max_fraction: float = 0.5
     mser_group: int = 5
     # guardrails
@@ -96,6 +106,7 @@ class GateSettings:
     ttft_p95_factor: float = 1.5
     effective_drop_limit: float = 0.25  # completed-token rate fall that blocks a keep
     min_requests_for_rates: int = 30
+    rate_checks_lifetimes: float = 1.0  # request lifetimes of trial before completion-based checks
     # validity
     drift_load_limit: float = 0.20  # relative change of mean running + queued
     drift_mix_limit: float = 0.20  # relative change of prompt or output tokens per request
@@ -106,26 +117,26 @@ class GateSettings:
         checks: list[tuple[bool, str]] = [
             (0 <= self.min_effect < 1, "min_effect must be in [0, 1)"),
             (0 < self.alpha < 1, "alpha must be in (0, 1)"),
-            (0 < self.beta < 1, "beta must be in (0, 1)"),
+            (0 < self.beta < 0.5, "beta must be in (0, 0.5)"),
             (self.planning_effect > self.min_effect, "planning_effect must exceed min_effect"),
+            (self.restart_variance_factor >= 1, "restart_variance_factor must be >= 1"),
             (self.batch_s > 0, "batch_s must be positive"),
-            (0 < self.max_lag1 < 1, "max_lag1 must be in (0, 1)"),
-            (-1 < self.min_lag1_adjust <= 0, "min_lag1_adjust must be in (-1, 0]"),
-            (self.min_batches >= 2, "min_batches must be at least 2"),
-            (self.retractions_factor >= 1, "retractions_factor must be >= 1"),
+            (self.min_batches >= 1, "min_batches must be at least 1"),
             (self.min_baseline_batches >= 2, "min_baseline_batches must be at least 2"),
+            (0 < self.max_window_fraction <= 0.5, "max_window_fraction must be in (0, 0.5]"),
             (
                 self.max_trial_s >= self.warmup_floor_s + self.min_batches * self.batch_s,
                 "max_trial_s must leave room for the warm-up floor and min_batches batches",
             ),
             (self.warmup_floor_s >= 0, "warmup_floor_s must be >= 0"),
-            (self.warmup_lifetimes >= 0, "warmup_lifetimes must be >= 0"),
             (0 < self.warmup_max_fraction <= 0.5, "warmup_max_fraction must be in (0, 0.5]"),
             (self.mser_group >= 1, "mser_group must be >= 1"),
             (self.error_rate_limit >= 0, "error_rate_limit must be >= 0"),
             (self.retractions_per_min_limit >= 0, "retractions_per_min_limit must be >= 0"),
+            (self.retractions_factor >= 1, "retractions_factor must be >= 1"),
             (self.ttft_p95_factor >= 1, "ttft_p95_factor must be >= 1"),
             (0 < self.effective_drop_limit < 1, "effective_drop_limit must be in (0, 1)"),
+            (self.rate_checks_lifetimes >= 0, "rate_checks_lifetimes must be >= 0"),
             (self.drift_load_limit > 0, "drift_load_limit must be positive"),
             (self.drift_mix_limit > 0, "drift_mix_limit must be positive"),
             (0 <= self.min_queue_fraction <= 1, "min_queue_fraction must be in [0, 1]"),
@@ -134,14 +145,24 @@ class GateSettings:
             if not ok:
                 raise ValueError(message)
 
+    @property
+    def keep_z(self) -> float:
+        """Standard errors the effect must clear above 0 for a keep (one-sided alpha/2)."""
+        return NormalDist().inv_cdf(1 - self.alpha / 2)
+
+    @property
+    def futility_z(self) -> float:
+        """Standard errors below the planning effect at which the trial stops (one-sided beta)."""
+        return NormalDist().inv_cdf(1 - self.beta)
+
 
 @dataclass(frozen=True)
 class GateDecision:
     action: Action
     verdict: Verdict
-    baseline: Interval | None  # decode rate, tokens/s, batch means with a t interval
+    baseline: Interval | None  # decode rate, tokens/s, with its 1 - alpha interval
     trial: Interval | None
-    effect: Interval | None  # relative gain (trial/baseline - 1) with its anytime interval
+    effect: Interval | None  # relative gain (trial/baseline - 1) with its 1 - alpha interval
     rule: str
     batches: int  # trial batches used
     batch_s: float
@@ -151,13 +172,14 @@ class GateDecision:
 
 @dataclass(frozen=True)
 class TrialPlan:
+    """What a baseline lets the trial resolve (for reporting and for the benchmark)."""
+
     batch_s: float
     cap_s: float
-    cap_batches: int
-    expected_s: float  # warm-up plus the expected batches to a decision at `planning_effect`
-    expected_batches: int
-    fixed_batches: int  # a fixed-window test with the same alpha/beta
-    detectable_at_cap: float  # the gain the confidence sequence resolves at the cap
+    earliest_s: float  # warm-up floor plus min_batches: the first look that can decide
+    fixed_horizon_s: float | None  # a fixed-window test with the same alpha and beta, by design
+    standard_error_at_cap: float  # of d = log(trial / baseline), restart allowance included
+    detectable_at_cap: float  # the gain a fixed test at the cap has 1 - beta power for
     notes: list[str] = field(default_factory=list)
 
 
@@ -170,14 +192,20 @@ def mser_truncation(values: Sequence[float], group: int = 5, max_fraction: float
     The series is averaged in groups of `group`; the cut d minimises
     sum_{i>d}(Y_i - mean_d)^2 / (n - d)^2 over d <= max_fraction * n.
     """
+    return _mser(values, group, max_fraction)[0]
+
+
+def _mser(values: Sequence[float], group: int, max_fraction: float) -> tuple[int, bool]:
+    """(MSER cut in values, whether it sits at the ceiling: the transient may still be going)."""
     groups = [
         statistics.fmean(values[i : i + group]) for i in range(0, len(values) - group + 1, group)
     ]
     n = len(groups)
     if n < 2:
-        return 0
+        return 0, False
+    ceiling = int(n * max_fraction)
     best_d, best = 0, math.inf
-    for d in range(int(n * max_fraction) + 1):
+    for d in range(ceiling + 1):
         tail = groups[d:]
         if len(tail) < 2:
             break
@@ -185,7 +213,7 @@ def mser_truncation(values: Sequence[float], group: int = 5, max_fraction: float
         score = sum((y - m) ** 2 for y in tail) / len(tail) ** 2
         if score < best - 1e-12 * abs(best if math.isfinite(best) else 1.0):
             best_d, best = d, score
-    return best_d * group
+    return best_d * group, 0 < best_d == ceiling
 
 
 def batch_means(
@@ -194,15 +222,19 @@ def batch_means(
     batch_s: float,
     value: Callable[[GateSample], float | None],
 ) -> list[float]:
-    """Mean of a gauge in each complete batch [t0 + i*batch_s, t0 + (i+1)*batch_s)."""
+    """Mean of a gauge in each complete batch (t0 + i*batch_s, t0 + (i+1)*batch_s].
+
+    A scrape stands for the interval that ends with it, so a batch is complete once a scrape at
+    or after its end exists.
+    """
     out: list[float] = []
     buckets: dict[int, list[float]] = {}
     last_t = max((s.t for s in samples), default=t0)
-    complete = int((last_t - t0) // batch_s + 1e-9)
+    complete = int((last_t - t0) / batch_s + 1e-9)
     for s in samples:
-        if s.t < t0:
+        if s.t <= t0 + 1e-9:
             continue
-        i = int((s.t - t0) // batch_s)
+        i = math.ceil((s.t - t0) / batch_s - 1e-9) - 1
         v = value(s)
         if i < complete and v is not None:
             buckets.setdefault(i, []).append(v)
@@ -212,88 +244,183 @@ def batch_means(
     return out
 
 
-def decorrelate(
-    means: list[float], batch_s: float, max_lag1: float = 0.3, min_batches: int = 4
-) -> tuple[list[float], float]:
-    """Double the batches while their lag-1 autocorrelation exceeds `max_lag1`."""
-    while lag1_autocorrelation(means) > max_lag1 and len(means) >= 2 * min_batches:
-        means = merge_pairs(means)
-        batch_s *= 2
-    return means, batch_s
-
-
-def cs_margin(information: float, alpha: float, r: float) -> float:
-    """Half-width of the normal-mixture confidence sequence for a drift, per side alpha.
-
-    For a Gaussian process with information I (1/variance of the estimate) the boundary
-    |d - theta| <= sqrt((I + r) / I^2 * ln((I + r) / (r * alpha^2))) holds for all I at once
-    with probability >= 1 - 2 alpha; r is the mixture's precision, tuned to an information level.
-    """
-    if information <= 0:
-        return math.inf
-    return math.sqrt(
-        (information + r) / information**2 * math.log((information + r) / (r * alpha**2))
-    )
-
-
-def sprt_bounds(alpha: float, beta: float) -> tuple[float, float]:
-    """Wald's boundaries (accept the gain, accept no gain) for the log-likelihood ratio."""
-    return math.log((1 - beta) / alpha), math.log(beta / (1 - alpha))
-
-
-def mixture_precision(planned_information: float, alpha: float) -> float:
-    """The mixture precision r that makes the boundary tightest near `planned_information`."""
-    c = 2 * math.log(1 / alpha) + math.log(1 + 2 * math.log(1 / alpha))
-    return planned_information / c
-
-
-def _interval(values: list[float], confidence: float) -> Interval:
+def _relative_window_sums(values: Sequence[float], max_m: int) -> list[tuple[float, int]]:
+    """For m = 1..max_m: (sum over all m-value windows of (window mean / mean - 1)^2, divided by
+    1 - m/n; number of windows). Their ratio is the overlapping-batch-means variance."""
+    n = len(values)
     mean = statistics.fmean(values)
+    prefix = list(accumulate(values, initial=0.0))
+    out = []
+    for m in range(1, max_m + 1):
+        scale = m * mean
+        ss = sum(((prefix[i + m] - prefix[i]) / scale - 1) ** 2 for i in range(n - m + 1))
+        out.append((ss / (1 - m / n), n - m + 1))
+    return out
+
+
+def overlapping_window_variance(values: Sequence[float], m: int) -> float:
+    """Relative variance of the mean of m consecutive values, by overlapping batch means.
+
+    Every window of m consecutive values is averaged; the squared deviations of those averages
+    from the overall mean, divided by (1 - m/n) for the part the overall mean shares with each
+    window, estimate Var(mean of m) / mean^2 whatever the autocorrelation (Meketon & Schmeiser
+    1984). Needs 1 <= m < n and a positive mean.
+    """
+    if not 1 <= m < len(values):
+        raise ValueError(f"a window of {m} values needs 1 <= m < {len(values)}")
+    if statistics.fmean(values) <= 0:
+        raise ValueError("the values' mean must be positive")
+    ss, count = _relative_window_sums(values, m)[-1]
+    return ss / count
+
+
+def _envelope(sums: Sequence[tuple[float, int]]) -> tuple[float, ...]:
+    """Variances per window length, raised so that a shorter window never reads calmer."""
+    out = [ss / count for ss, count in sums]
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = max(out[i], out[i + 1])
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class BaselineNoise:
+    """How much the decode rate's mean over a window of a given length varies.
+
+    `values` are the baseline's decode rate in bins of `bin_s` (one scrape interval). Windows of
+    up to `direct_bins` bins are read directly (`sums`, per length, from the baseline and, once
+    long enough, the trial); longer ones are scaled as 1/length from the longest.
+    """
+
+    values: tuple[float, ...]
+    bin_s: float
+    direct_bins: int
+    sums: tuple[tuple[float, int], ...]
+    direct: tuple[float, ...]  # envelope of the relative variances for 1..direct_bins bins
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def seconds(self) -> float:
+        return len(self.values) * self.bin_s
+
+    def relative_variance(self, window_s: float) -> float:
+        """Var(mean over `window_s`) / mean^2, never less for a shorter window."""
+        m = max(1, round(window_s / self.bin_s))
+        if m <= self.direct_bins:
+            return self.direct[m - 1]
+        return self.direct[-1] * self.direct_bins / m
+
+    @property
+    def mean_variance(self) -> float:
+        """Relative variance of the baseline's own mean."""
+        return self.relative_variance(self.seconds)
+
+    def with_trial(
+        self, trial_values: Sequence[float], max_window_fraction: float
+    ) -> BaselineNoise:
+        """Pool the trial's own windows (each series about its own mean) where it is long enough.
+
+        A long trial then sharpens what a short, or unusually calm or rough, baseline said.
+        """
+        usable = min(self.direct_bins, int(len(trial_values) * max_window_fraction))
+        if usable < 1 or min(trial_values) <= 0:
+            return self
+        extra = _relative_window_sums(trial_values, usable)
+        sums = (
+            tuple(
+                (ss + e_ss, count + e_count)
+                for (ss, count), (e_ss, e_count) in zip(self.sums[:usable], extra, strict=True)
+            )
+            + self.sums[usable:]
+        )
+        return BaselineNoise(self.values, self.bin_s, self.direct_bins, sums, _envelope(sums))
+
+
+def baseline_noise(
+    samples: Sequence[GateSample], batch_s: float, max_window_fraction: float = 0.25
+) -> BaselineNoise:
+    """Bin the baseline's decode rate at its scrape interval and tabulate window variances."""
+    return _baseline_noise(tuple(samples), batch_s, max_window_fraction)
+
+
+@lru_cache(maxsize=16)
+def _baseline_noise(
+    samples: tuple[GateSample, ...], batch_s: float, max_window_fraction: float
+) -> BaselineNoise:
+    spacing = _spacing(samples)
+    if spacing <= 0:
+        raise ValueError("the baseline's samples need increasing timestamps")
+    per_batch = max(1, round(batch_s / spacing))
+    bin_s = batch_s / per_batch
+    # Each scrape stands for the interval that ends with it, as in the trial.
+    values = batch_means(samples, samples[0].t - spacing, bin_s, lambda s: s.gen_throughput)
     if len(values) < 2:
-        return Interval(mean, -math.inf, math.inf, len(values), math.inf)
-    sd = statistics.stdev(values)
-    half = t_quantile(0.5 + confidence / 2, len(values) - 1) * sd / math.sqrt(len(values))
-    return Interval(mean, mean - half, mean + half, len(values), sd)
+        raise ValueError("the baseline has fewer than two decode-rate readings")
+    if statistics.fmean(values) <= 0:
+        raise ValueError("the baseline's decode rate is zero: nothing was generated")
+    direct_bins = max(1, min(len(values) - 1, int(len(values) * max_window_fraction)))
+    sums = tuple(_relative_window_sums(values, direct_bins))
+    return BaselineNoise(tuple(values), bin_s, direct_bins, sums, _envelope(sums))
 
 
-def _delta(
-    samples: Sequence[GateSample], t0: float, attr: Callable[[GateSample], float | None]
-) -> tuple[float, float] | None:
-    """(increase, seconds) of a counter between the first sample at/after t0 and the last."""
-    body = [s for s in samples if s.t >= t0 and attr(s) is not None]
-    if len(body) < 2:
-        return None
-    a, b = attr(body[0]), attr(body[-1])
-    assert a is not None and b is not None
-    return b - a, body[-1].t - body[0].t
+@dataclass(frozen=True)
+class Estimate:
+    """d = log(trial / baseline) with its standard error, and its two parts."""
+
+    d: float
+    se: float
+    trial_variance: float  # relative, restart allowance included
+    baseline_variance: float
 
 
-def _lifetime_s(samples: Sequence[GateSample]) -> float | None:
-    """Mean request lifetime by Little's law: mean running / completion rate."""
-    d = _delta(samples, samples[0].t, lambda s: s.num_requests_total) if samples else None
-    if d is None or d[0] <= 0 or d[1] <= 0:
-        return None
-    return statistics.fmean(s.running for s in samples) / (d[0] / d[1])
+def estimate_effect(
+    noise: BaselineNoise, trial_mean: float, window_s: float, restart_variance_factor: float
+) -> Estimate:
+    """The effect of a trial window of `window_s` whose decode rate averaged `trial_mean`."""
+    if trial_mean <= 0 or noise.mean <= 0:
+        raise ValueError("the decode rate must be positive in both windows")
+    trial_var = restart_variance_factor * noise.relative_variance(window_s)
+    base_var = noise.mean_variance
+    se = math.sqrt(max(trial_var + base_var, 1e-18))
+    return Estimate(math.log(trial_mean / noise.mean), se, trial_var, base_var)
 
 
 def warmup_cut(
     trial: Sequence[GateSample], settings: GateSettings, floor_s: float | None = None
 ) -> float:
-    """Seconds to drop from the start of the trial: MSER on the decode rate, floor and ceiling."""
+    """Seconds after the restart to drop: MSER on the decode rate, floor and ceiling."""
+    return warmup(trial, settings, floor_s)[0]
+
+
+def warmup(
+    trial: Sequence[GateSample], settings: GateSettings, floor_s: float | None = None
+) -> tuple[float, bool]:
+    """(seconds after the restart to drop, whether the warm-up is over).
+
+    MSER-5 picks the cut; it is never less than the floor and never more than half the trial.
+    When MSER's best cut is that ceiling, the decode rate may still be settling (a long ramp, a
+    cache filling): the warm-up is not over, and the gate waits instead of judging a transient.
+    """
     if not trial:
-        return 0.0
-    t0 = trial[0].t
+        return 0.0, False
+    t0 = trial[0].t - _spacing(trial)  # the restart: one scrape interval before the first sample
     series = [(s.t, s.gen_throughput) for s in trial if s.gen_throughput is not None]
     floor = settings.warmup_floor_s if floor_s is None else floor_s
     span = trial[-1].t - t0
     ceiling = settings.warmup_max_fraction * span
-    cut = 0.0
+    cut, at_ceiling = 0.0, False
     if len(series) >= 2 * settings.mser_group:
-        k = mser_truncation(
+        k, at_ceiling = _mser(
             [v for _, v in series], settings.mser_group, settings.warmup_max_fraction
         )
-        cut = series[k][0] - t0 if k > 0 else 0.0
-    return min(max(cut, floor), max(ceiling, floor))
+        cut = series[k - 1][0] - t0 if k > 0 else 0.0
+    over = not at_ceiling
+    return min(max(cut, floor), max(ceiling, floor)), over
+
+
+# ------------------------------------------------------------------------- window facts
 
 
 def _ratio_change(a: float | None, b: float | None) -> float | None:
@@ -313,6 +440,18 @@ class _WindowFacts:
     errors_per_request: float | None
     retractions_per_min: float | None
     ttft_p95_s: float | None
+
+
+def _delta(
+    samples: Sequence[GateSample], t0: float, attr: Callable[[GateSample], float | None]
+) -> tuple[float, float] | None:
+    """(increase, seconds) of a counter between the first sample at/after t0 and the last."""
+    body = [s for s in samples if s.t >= t0 and attr(s) is not None]
+    if len(body) < 2:
+        return None
+    a, b = attr(body[0]), attr(body[-1])
+    assert a is not None and b is not None
+    return b - a, body[-1].t - body[0].t
 
 
 def _facts(samples: Sequence[GateSample], t0: float) -> _WindowFacts:
@@ -338,67 +477,63 @@ def _facts(samples: Sequence[GateSample], t0: float) -> _WindowFacts:
     )
 
 
+def _lifetime_s(samples: Sequence[GateSample]) -> float | None:
+    """Mean request lifetime by Little's law: mean running / completion rate."""
+    d = _delta(samples, samples[0].t, lambda s: s.num_requests_total) if samples else None
+    if d is None or d[0] <= 0 or d[1] <= 0:
+        return None
+    return statistics.fmean(s.running for s in samples) / (d[0] / d[1])
+
+
 # ------------------------------------------------------------------------- the decision
 
 
 @dataclass(frozen=True)
 class _Baseline:
-    means: list[float]
-    batch_s: float
+    noise: BaselineNoise
+    batches: int
     facts: _WindowFacts
     lifetime_s: float | None
 
 
 def _baseline(samples: Sequence[GateSample], settings: GateSettings) -> _Baseline:
-    t0 = samples[0].t
-    raw = batch_means(samples, t0, settings.batch_s, lambda s: s.gen_throughput)
-    means, batch_s = decorrelate(
-        raw, settings.batch_s, settings.max_lag1, settings.min_baseline_batches
-    )
-    return _Baseline(means, batch_s, _facts(samples, t0), _lifetime_s(samples))
+    return _baseline_cached(tuple(samples), settings)
 
 
-def log_ratio(
-    baseline_means: list[float], trial_means: list[float], settings: GateSettings
-) -> tuple[float, float, int, float]:
-    """d = log(trial / baseline) of batch means: (d, its variance, df, per-batch CV^2).
-
-    The variance uses the pooled CV of both windows' batch means, scaled by (1 + rho)/(1 - rho)
-    for their residual lag-1 autocorrelation rho (pooled, clipped to [min_lag1_adjust, max_lag1]):
-    oscillating series (retraction cycles) have rho < 0 and a mean far steadier than i.i.d.
-    batches suggest; clipping means a noisy rho can at most halve the variance.
-    """
-    cv2, df = _pooled_cv2(baseline_means, trial_means)
-    rho = _pooled_lag1(baseline_means, trial_means)
-    rho = min(max(rho, settings.min_lag1_adjust), settings.max_lag1)
-    cv2 *= (1 + rho) / (1 - rho)
-    var = cv2 * (1 / len(trial_means) + 1 / len(baseline_means))
-    d = math.log(statistics.fmean(trial_means) / statistics.fmean(baseline_means))
-    return d, var, df, cv2
+@lru_cache(maxsize=16)
+def _baseline_cached(samples: tuple[GateSample, ...], settings: GateSettings) -> _Baseline:
+    """Everything the gate reads off the baseline (cached: every look reuses it)."""
+    if len(samples) < 2:
+        raise ValueError("the baseline window needs at least two samples")
+    t0 = samples[0].t - _spacing(samples)
+    batches = len(batch_means(samples, t0, settings.batch_s, lambda s: s.gen_throughput))
+    if batches < settings.min_baseline_batches:
+        raise ValueError(
+            f"the baseline has {batches} complete batches of {settings.batch_s:g} s; "
+            f"at least {settings.min_baseline_batches} are needed"
+        )
+    noise = baseline_noise(samples, settings.batch_s, settings.max_window_fraction)
+    return _Baseline(noise, batches, _facts(samples, samples[0].t), _lifetime_s(samples))
 
 
-def _pooled_lag1(a: list[float], b: list[float]) -> float:
-    """Lag-1 autocorrelation of two sets of batch means, each about its own mean."""
-    num = den = 0.0
-    for xs in (a, b):
-        if len(xs) >= 3:
-            m = statistics.fmean(xs)
-            dev = [x / m - 1 for x in xs]
-            den += sum(x * x for x in dev)
-            num += sum(dev[i] * dev[i + 1] for i in range(len(dev) - 1))
-    return num / den if den > 0 else 0.0
+@dataclass(frozen=True)
+class _TrialWindow:
+    """The part of the trial the gate judges: whole batches after the warm-up cut."""
+
+    cut_s: float
+    warmed_up: bool
+    start: float
+    batches: int
+    mean: float | None  # decode rate over those batches
 
 
-def _pooled_cv2(a: list[float], b: list[float]) -> tuple[float, int]:
-    """Pooled squared coefficient of variation of two sets of batch means, and its df."""
-    num = 0.0
-    df = 0
-    for xs in (a, b):
-        if len(xs) >= 2:
-            m = statistics.fmean(xs)
-            num += sum((x / m - 1) ** 2 for x in xs)
-            df += len(xs) - 1
-    return (num / df if df else math.inf), df
+def _trial_window(trial: Sequence[GateSample], settings: GateSettings) -> _TrialWindow:
+    cut, over = warmup(trial, settings)
+    start = trial[0].t - _spacing(trial) + cut
+    batches = max(0, int((trial[-1].t - start) / settings.batch_s + 1e-9))
+    end = start + batches * settings.batch_s
+    body = [s.gen_throughput for s in trial if start < s.t <= end and s.gen_throughput is not None]
+    return _TrialWindow(cut, over, start, batches, statistics.fmean(body) if body else None)
 
 
 def decide(
@@ -408,196 +543,179 @@ def decide(
 ) -> GateDecision:
     """The gate's answer given the whole baseline window and the trial so far.
 
-    Call it again whenever new trial samples arrive; the confidence sequence stays valid under
-    such repeated looks. `trial` starts at the restart (its warm-up is cut here).
+    Call it again whenever a trial batch arrives. `trial` starts at the restart (its warm-up is
+    cut here). Raises ValueError when the baseline cannot serve as a reference.
     """
-    if len(baseline) < 2:
-        raise ValueError("the baseline window needs at least two samples")
-    base = _baseline(baseline, settings)
+    s = settings
+    base = _baseline(baseline, s)
+    noise = base.noise
+    z_keep = s.keep_z
+    base_half = z_keep * math.sqrt(noise.mean_variance)
+    base_iv = Interval(
+        noise.mean,
+        noise.mean * math.exp(-base_half),
+        noise.mean * math.exp(base_half),
+        base.batches,
+        noise.mean * math.sqrt(noise.relative_variance(s.batch_s)),
+    )
     reasons: list[str] = []
-    if len(base.means) < settings.min_baseline_batches:
-        raise ValueError(
-            f"the baseline has {len(base.means)} complete batches of {base.batch_s:g} s; "
-            f"at least {settings.min_baseline_batches} are needed"
-        )
-    if base.batch_s != settings.batch_s:
-        reasons.append(
-            f"baseline batch means were autocorrelated: batches doubled to {base.batch_s:g} s"
-        )
-    base_iv = _interval(base.means, 1 - settings.alpha)
     elapsed = trial[-1].t - trial[0].t if len(trial) >= 2 else 0.0
     # The trial starts at the restart, one scrape interval before the first sample.
-    spacing = statistics.median(b.t - a.t for a, b in pairwise(trial)) if elapsed else 0.0
-    at_cap = elapsed + spacing >= settings.max_trial_s - 1e-9
+    since_restart = elapsed + _spacing(trial)
+    at_cap = since_restart >= s.max_trial_s - 1e-9
 
-    def pending(rule: str, batches: int = 0, cut: float = 0.0) -> GateDecision:
+    def pending(waiting_for: str, batches: int = 0, cut: float = 0.0) -> GateDecision:
         if at_cap:
             return _inconclusive(
-                f"the cap of {settings.max_trial_s:g} s was reached before {rule}",
-                base_iv,
-                None,
-                None,
-                batches,
-                base.batch_s,
-                cut,
-                reasons,
-                settings,
-            )
+                f"the cap of {s.max_trial_s:g} s was reached while waiting for {waiting_for}",
+                base_iv, None, None, batches, s.batch_s, cut, reasons, s,
+            )  # fmt: skip
         return GateDecision(
-            "continue", "pending", base_iv, None, None, rule, batches, base.batch_s, cut, reasons
-        )
+            "continue", "pending", base_iv, None, None, f"waiting for {waiting_for}", batches,
+            s.batch_s, cut, reasons,
+        )  # fmt: skip
 
     if len(trial) < 2:
-        return pending("waiting for trial samples")
-    floor = settings.warmup_floor_s
-    if base.lifetime_s is not None:
-        floor = max(floor, settings.warmup_lifetimes * base.lifetime_s)
-    cut = warmup_cut(trial, settings, floor)
-    start = trial[0].t + cut
-    means = batch_means(trial, start, base.batch_s, lambda s: s.gen_throughput)
-    k = len(means)
-    if k < settings.min_batches:
+        return pending("trial samples")
+    tw = _trial_window(trial, s)
+    cut, start, k, trial_mean = tw.cut_s, tw.start, tw.batches, tw.mean
+    if not tw.warmed_up:
         return pending(
-            f"{settings.min_batches} trial batches of {base.batch_s:g} s after the warm-up "
-            f"({cut:.0f} s) are available",
+            f"the warm-up to end: {since_restart:.0f} s after the restart the decode rate is "
+            "still settling (MSER would cut half the trial)",
+            0,
+            cut,
+        )
+    if k < s.min_batches or trial_mean is None:
+        return pending(
+            f"{s.min_batches} trial batches of {s.batch_s:g} s after the {cut:.0f} s warm-up",
             k,
             cut,
         )
-    trial_iv = _interval(means, 1 - settings.alpha)
+    window_s = k * s.batch_s
+    if trial_mean <= 0:
+        # Nothing was generated after the warm-up: the change broke throughput outright.
+        return GateDecision(
+            "revert", "not_improved", base_iv, Interval(0.0, 0.0, 0.0, k, 0.0),
+            Interval(-1.0, -1.0, -1.0, k, 0.0),
+            f"the decode rate fell to zero after the warm-up ({k} batches of {s.batch_s:g} s)",
+            k, s.batch_s, cut, reasons,
+        )  # fmt: skip
+    bins = batch_means(trial, start, noise.bin_s, lambda x: x.gen_throughput)
+    bins = bins[: round(window_s / noise.bin_s)]
+    noise = noise.with_trial(bins, s.max_window_fraction)
+    base_half = z_keep * math.sqrt(noise.mean_variance)
+    base_iv = Interval(
+        noise.mean,
+        noise.mean * math.exp(-base_half),
+        noise.mean * math.exp(base_half),
+        base.batches,
+        noise.mean * math.sqrt(noise.relative_variance(s.batch_s)),
+    )
+    est = estimate_effect(noise, trial_mean, window_s, s.restart_variance_factor)
+    trial_half = z_keep * math.sqrt(est.trial_variance)
+    trial_iv = Interval(
+        trial_mean,
+        trial_mean * math.exp(-trial_half),
+        trial_mean * math.exp(trial_half),
+        k,
+        trial_mean * math.sqrt(s.restart_variance_factor * noise.relative_variance(s.batch_s)),
+    )
+    low, high = est.d - z_keep * est.se, est.d + z_keep * est.se
+    effect = Interval(math.expm1(est.d), math.expm1(low), math.expm1(high), k, est.se)
     tf = _facts(trial, start)
     bf = base.facts
-    common = (base_iv, trial_iv, k, base.batch_s, cut)
+    rates_from, rf, rates_ready = _rate_window(trial, base, cut, s)
+    common = (base_iv, trial_iv, effect, k, s.batch_s, cut)
+    e_txt = (
+        f"{effect.mean:+.1%} ({1 - s.alpha:.0%} interval {effect.low:+.1%} … {effect.high:+.1%}) "
+        f"over {window_s / 60:.1f} min after a {cut:.0f} s warm-up, {since_restart / 60:.1f} min "
+        "after the restart"
+    )
 
     # Guardrails: revert whatever throughput says.
-    guard = _guardrails(bf, tf, settings)
-    # Validity: the two windows must see the same saturating load.
-    drift = _drift(bf, tf, settings)
-    saturation = _saturation(bf, tf, settings)
-
-    # d = log(trial / baseline): its variance from the pooled CV of the batch means.
-    d, var, df, cv2 = log_ratio(base.means, means, settings)
-    n_b = len(base.means)
-    info = 1 / var
-    # Small-sample correction: shrink the information by (z / t)^2 for the estimated variance.
-    a = settings.alpha
-    z = NormalDist().inv_cdf(1 - a / 2)
-    info_t = info * (z / t_quantile(1 - a / 2, max(df, 1))) ** 2
-    # The anytime interval (reported, and the futility rule).
-    n_cap = max(settings.min_batches, int((settings.max_trial_s - floor) / base.batch_s))
-    planned = 1 / (cv2 * (1 / max(settings.min_batches, n_cap // 2) + 1 / n_b))
-    r = mixture_precision(planned, a / 2)
-    half = cs_margin(info_t, a / 2, r)
-    low, high = d - half, d + half
-    effect = Interval(math.expm1(d), math.expm1(low), math.expm1(high), k, math.sqrt(var))
-    # The SPRT of "no gain" (theta = 0) against the planning effect, in information time.
-    delta = math.log1p(settings.planning_effect)
-    llr = delta * (d - delta / 2) * info_t
-    upper_b, lower_b = sprt_bounds(settings.alpha, settings.beta)
-    e_txt = (
-        f"{effect.mean:+.1%} ({1 - settings.alpha:.0%} anytime interval "
-        f"{effect.low:+.1%} … {effect.high:+.1%}) after {k} batches of {base.batch_s:g} s"
-    )
-    s_txt = (
-        f"log-likelihood ratio {llr:+.2f} for +{settings.planning_effect:.0%} against no gain "
-        f"(bounds {lower_b:+.2f} / {upper_b:+.2f})"
-    )
+    guard = _guardrails(bf, tf, rf, s)
     if guard:
-        return GateDecision(
-            "revert",
-            "guardrail",
-            *common[:2],
-            effect,
-            guard[0],
-            k,
-            base.batch_s,
-            cut,
-            [*reasons, *guard, f"decode-rate change {e_txt}"],
-        )
+        return _final("revert", "guardrail", guard[0], common, [*reasons, *guard, e_txt])
+    # Validity: the two windows must see the same saturating load.
+    drift = _drift(bf, tf, rf, s)
     if drift:
-        return GateDecision(
-            "revert" if settings.revert_inconclusive else "keep",
+        return _final(
+            "revert" if s.revert_inconclusive else "keep",
             "drifted",
-            *common[:2],
-            effect,
             "the load changed between the windows, so the comparison is not valid: " + drift[0],
-            k,
-            base.batch_s,
-            cut,
-            [*reasons, *drift, f"decode-rate change {e_txt}"],
+            common,
+            [*reasons, *drift, e_txt],
         )
+    saturation = _saturation(bf, tf, s)
     if saturation:
-        return GateDecision(
-            "revert" if settings.revert_inconclusive else "keep",
+        return _final(
+            "revert" if s.revert_inconclusive else "keep",
             "inconclusive",
-            *common[:2],
-            effect,
             "throughput cannot show an effect: " + saturation[0],
-            k,
-            base.batch_s,
-            cut,
-            [*reasons, *saturation, f"decode-rate change {e_txt}"],
+            common,
+            [*reasons, *saturation, e_txt],
         )
-    reasons = [*reasons, f"decode-rate change {e_txt}", s_txt]
-    if llr >= upper_b and effect.mean >= settings.min_effect:
-        blocked = _effective_check(bf, tf, settings)
-        if blocked:
+    reasons = [
+        *reasons,
+        f"decode-rate change {e_txt}",
+        f"standard error {est.se:.1%} (trial {math.sqrt(est.trial_variance):.1%} with the "
+        f"restart allowance x{s.restart_variance_factor:g}, baseline "
+        f"{math.sqrt(est.baseline_variance):.1%})",
+    ]
+    significant = low > 0
+    if significant and est.d >= math.log1p(s.min_effect):
+        if not rates_ready:
             return GateDecision(
-                "revert",
-                "guardrail",
-                *common[:2],
-                effect,
-                blocked,
-                k,
-                base.batch_s,
-                cut,
-                [*reasons, blocked],
-            )
-        return GateDecision(
+                "continue", "pending", base_iv, trial_iv, effect,
+                f"the gain looks significant ({e_txt}); waiting for {s.min_requests_for_rates} "
+                f"requests to complete after {rates_from:.0f} s (one request lifetime) to "
+                "compare completed requests",
+                k, s.batch_s, cut, reasons,
+            )  # fmt: skip
+        blocked = _effective_check(bf, rf, s) if rf else None
+        if blocked:
+            return _final("revert", "guardrail", blocked, common, [*reasons, blocked])
+        return _final(
             "keep",
             "improved",
-            *common[:2],
-            effect,
-            f"the decode rate rose significantly (sequential test) and by at least "
-            f"{settings.min_effect:.0%}: {e_txt}",
-            k,
-            base.batch_s,
-            cut,
+            f"the decode rate rose significantly and by at least {s.min_effect:.0%}: {e_txt}",
+            common,
             reasons,
         )
-    if llr <= lower_b or high < math.log1p(settings.min_effect):
+    futile_at = math.log1p(s.planning_effect) - s.futility_z * est.se
+    if est.d < futile_at:
         why = (
-            "the sequential test accepted no gain"
-            if llr <= lower_b
-            else f"the gain is below {settings.min_effect:.0%} with {1 - settings.alpha:.0%} "
-            "confidence"
+            f"no significant improvement: a gain of {s.planning_effect:.0%} is ruled out "
+            f"(one-sided {1 - s.beta:.0%})"
         )
-        return GateDecision(
-            "revert",
-            "not_improved",
-            *common[:2],
-            effect,
-            f"{why}: {e_txt}",
-            k,
-            base.batch_s,
-            cut,
-            reasons,
-        )
+        if high < math.log1p(s.min_effect):
+            why += (
+                f", and the gain is below {s.min_effect:.0%} with {1 - s.alpha / 2:.1%} confidence"
+            )
+        elif significant:
+            why += f", and the estimate is below the {s.min_effect:.0%} minimum"
+        return _final("revert", "not_improved", f"{why}: {e_txt}", common, reasons)
     if at_cap:
         return _inconclusive(
-            f"the cap of {settings.max_trial_s:g} s was reached without a clear answer: {e_txt}",
-            base_iv,
-            trial_iv,
-            effect,
-            k,
-            base.batch_s,
-            cut,
-            reasons,
-            settings,
-        )
+            f"the cap of {s.max_trial_s:g} s was reached without a clear answer: {e_txt}",
+            base_iv, trial_iv, effect, k, s.batch_s, cut, reasons, s,
+        )  # fmt: skip
     return GateDecision(
         "continue", "pending", base_iv, trial_iv, effect,
-        f"not yet clear: {e_txt}", k, base.batch_s, cut, reasons,
+        f"not yet clear: {e_txt}", k, s.batch_s, cut, reasons,
     )  # fmt: skip
+
+
+def _final(
+    action: Action,
+    verdict: Verdict,
+    rule: str,
+    common: tuple[Interval, Interval, Interval, int, float, float],
+    reasons: list[str],
+) -> GateDecision:
+    base_iv, trial_iv, effect, k, batch_s, cut = common
+    return GateDecision(action, verdict, base_iv, trial_iv, effect, rule, k, batch_s, cut, reasons)
 
 
 def _inconclusive(
@@ -618,7 +736,32 @@ def _inconclusive(
     )  # fmt: skip
 
 
-def _guardrails(bf: _WindowFacts, tf: _WindowFacts, s: GateSettings) -> list[str]:
+def _rate_window(
+    trial: Sequence[GateSample], base: _Baseline, cut: float, s: GateSettings
+) -> tuple[float, _WindowFacts | None, bool]:
+    """Facts of completed requests and retractions, once the trial can speak for them.
+
+    Right after a restart every client starts a request at once: the first completions are that
+    wave's shortest requests and its retractions come in one burst. So these facts are read from
+    `rate_checks_lifetimes` request lifetimes after the restart (Little's law on the baseline;
+    at most half the cap), and only once `min_requests_for_rates` requests have completed there
+    over at least `min_batches` batches. Returns (seconds after the restart the window starts,
+    its facts or None while not ready, ready).
+    """
+    origin = trial[0].t - _spacing(trial)
+    offset = max(cut, s.rate_checks_lifetimes * (base.lifetime_s or 0.0))
+    offset = min(offset, max(cut, s.max_trial_s / 2))
+    if trial[-1].t - (origin + offset) < s.min_batches * s.batch_s - 1e-9:
+        return offset, None, False
+    facts = _facts(trial, origin + offset)
+    if facts.completed is not None and facts.completed < s.min_requests_for_rates:
+        return offset, None, False
+    return offset, facts, True
+
+
+def _guardrails(
+    bf: _WindowFacts, tf: _WindowFacts, rf: _WindowFacts | None, s: GateSettings
+) -> list[str]:
     out: list[str] = []
     if bf.errors_per_request is not None and tf.errors_per_request is not None:
         rise = tf.errors_per_request - bf.errors_per_request
@@ -627,13 +770,14 @@ def _guardrails(bf: _WindowFacts, tf: _WindowFacts, s: GateSettings) -> list[str
                 f"the error rate rose from {bf.errors_per_request:.2%} to "
                 f"{tf.errors_per_request:.2%} of requests (limit +{s.error_rate_limit:.2%})"
             )
-    if tf.retractions_per_min is not None:
+    if rf is not None and rf.retractions_per_min is not None:
         limit = s.retractions_per_min_limit
         if bf.retractions_per_min is not None:
             limit = max(limit, s.retractions_factor * bf.retractions_per_min)
-        if tf.retractions_per_min > limit:
+        if rf.retractions_per_min > limit:
             out.append(
-                f"{tf.retractions_per_min:.1f} retractions per minute after the warm-up "
+                f"{rf.retractions_per_min:.1f} retractions per minute after the first request "
+                "lifetime "
                 f"(limit {limit:.1f}: {s.retractions_per_min_limit:g} or "
                 f"{s.retractions_factor:g}x the baseline's, whichever is higher)"
             )
@@ -668,7 +812,9 @@ def _effective_check(bf: _WindowFacts, tf: _WindowFacts, s: GateSettings) -> str
     return None
 
 
-def _drift(bf: _WindowFacts, tf: _WindowFacts, s: GateSettings) -> list[str]:
+def _drift(
+    bf: _WindowFacts, tf: _WindowFacts, rf: _WindowFacts | None, s: GateSettings
+) -> list[str]:
     out: list[str] = []
     change = _ratio_change(bf.in_flight, tf.in_flight)
     if change is not None and abs(change) > s.drift_load_limit:
@@ -676,13 +822,10 @@ def _drift(bf: _WindowFacts, tf: _WindowFacts, s: GateSettings) -> list[str]:
             f"requests in flight (running + queued) averaged {bf.in_flight:.0f} in the baseline "
             f"and {tf.in_flight:.0f} in the trial ({change:+.0%}; limit ±{s.drift_load_limit:.0%})"
         )
-    enough = (tf.completed or 0) >= s.min_requests_for_rates and (
-        bf.completed or 0
-    ) >= s.min_requests_for_rates
-    if enough:
+    if rf is not None and (bf.completed or 0) >= s.min_requests_for_rates:
         for what, a, b in (
-            ("prompt", bf.prompt_per_request, tf.prompt_per_request),
-            ("output", bf.output_per_request, tf.output_per_request),
+            ("prompt", bf.prompt_per_request, rf.prompt_per_request),
+            ("output", bf.output_per_request, rf.output_per_request),
         ):
             change = _ratio_change(a, b)
             if (
@@ -709,65 +852,86 @@ def _saturation(bf: _WindowFacts, tf: _WindowFacts, s: GateSettings) -> list[str
     return out
 
 
-# ------------------------------------------------------------------------- planning
+# ------------------------------------------------------------------------- fixed window, plan
+
+
+def fixed_window_test(
+    baseline: Sequence[GateSample],
+    trial: Sequence[GateSample],
+    settings: GateSettings,
+    window_s: float,
+) -> GateDecision:
+    """One test at the end of a fixed window: the comparison the sequential gate must beat.
+
+    The same warm-up cut, window, noise estimate, guardrails and validity checks as `decide`,
+    but a single look at `window_s` after the restart: keep when the effect's lower 1 - alpha/2
+    bound is above 0 and the estimate is at least `min_effect`, revert otherwise.
+    """
+    end = trial[0].t - _spacing(trial) + window_s if trial else 0.0
+    body = [x for x in trial if x.t <= end + 1e-9]
+    gate = decide(baseline, body, settings)
+    if gate.action != "continue" and gate.verdict != "not_improved":
+        return gate  # kept, or reverted by a guardrail, drift, saturation or the cap
+    effect = gate.effect
+    if effect is not None and effect.low > 0 and effect.mean >= settings.min_effect:
+        rule = (
+            "fixed window: the decode rate rose significantly and by at least "
+            f"{settings.min_effect:.0%}"
+        )
+        action: Action = "keep"
+        verdict: Verdict = "improved"
+    else:
+        rule, action, verdict = "fixed window: no significant improvement", "revert", "not_improved"
+    return GateDecision(
+        action, verdict, gate.baseline, gate.trial, effect, rule, gate.batches, gate.batch_s,
+        gate.warmup_cut_s, gate.reasons,
+    )  # fmt: skip
+
+
+def _spacing(samples: Sequence[GateSample]) -> float:
+    return statistics.median(b.t - a.t for a, b in pairwise(samples)) if len(samples) > 1 else 0.0
 
 
 def plan_trial(
-    baseline_cv: float,
-    settings: GateSettings = GateSettings(),
-    baseline_batches: int = 20,
-    warmup_s: float | None = None,
+    baseline: Sequence[GateSample], settings: GateSettings = GateSettings()
 ) -> TrialPlan:
-    """Size the trial from the baseline's batch CV (stdev / mean of its batch means).
+    """What this baseline lets a trial resolve, before the change is made.
 
-    Information about d = log(trial / baseline) after k trial batches is
-    I(k) = 1 / (cv^2 (1/k + 1/n_b)); the baseline's own uncertainty caps it at n_b / cv^2.
-    The SPRT's expected information at the planning effect delta is Wald's
-    2[(1-b)A + b B] / delta^2 (+15% for overshoot); a fixed-window test with the same error rates
-    needs (z_{1-a} + z_{1-b})^2 / delta^2. Both are reported in batches, and the expected time in
-    seconds with the warm-up.
+    The fixed-window test with the same error rates needs the standard error of d to fall to
+    log(1 + planning_effect) / (z_{1-alpha/2} + z_{1-beta}); `fixed_horizon_s` is the warm-up
+    floor plus the shortest whole number of batches that gets there (None: not before the cap).
     """
-    if baseline_cv <= 0 or not math.isfinite(baseline_cv):
-        raise ValueError("baseline_cv must be positive and finite")
-    if baseline_batches < 2:
-        raise ValueError("baseline_batches must be at least 2")
     s = settings
-    warm = s.warmup_floor_s if warmup_s is None else warmup_s
-    notes: list[str] = []
-    cap_batches = max(s.min_batches, int((s.max_trial_s - warm) // s.batch_s))
-    cv2 = baseline_cv**2
-    nb = baseline_batches
+    noise = _baseline(baseline, s).noise
     delta = math.log1p(s.planning_effect)
-    upper_b, lower_b = sprt_bounds(s.alpha, s.beta)
-    sprt_info = 1.15 * 2 * ((1 - s.beta) * upper_b + s.beta * lower_b) / delta**2
-    z_a = NormalDist().inv_cdf(1 - s.alpha)
-    z_b = NormalDist().inv_cdf(1 - s.beta)
-    fixed_info = (z_a + z_b) ** 2 / delta**2
+    target = delta / (s.keep_z + s.futility_z)
+    room = s.max_trial_s - s.warmup_floor_s
+    cap_batches = max(s.min_batches, int(room // s.batch_s + 1e-9))
 
-    def batches_for(info: float) -> int | None:
-        room = 1 / (info * cv2) - 1 / nb  # what 1/k may be
-        if room <= 0:
-            return None
-        return max(s.min_batches, math.ceil(1 / room))
+    def se(batches: int) -> float:
+        var = s.restart_variance_factor * noise.relative_variance(batches * s.batch_s)
+        return math.sqrt(var + noise.mean_variance)
 
-    expected = batches_for(sprt_info)
-    fixed = batches_for(fixed_info)
-    if expected is None or expected > cap_batches:
+    fixed = next((k for k in range(s.min_batches, cap_batches + 1) if se(k) <= target), None)
+    notes: list[str] = []
+    if math.sqrt(noise.mean_variance) > target:
         notes.append(
-            f"at a {s.planning_effect:.0%} gain the trial is unlikely to finish before the cap; "
-            "measure a longer baseline or raise the cap"
+            f"the baseline's own mean is too uncertain ({math.sqrt(noise.mean_variance):.1%}) "
+            f"to resolve a {s.planning_effect:.0%} gain at these error rates: measure a longer "
+            "baseline"
         )
-    if fixed is None:
-        notes.append("the baseline alone is too noisy for a fixed-window test at these rates")
-    detectable = math.expm1((z_a + z_b) * math.sqrt(cv2 * (1 / cap_batches + 1 / nb)))
-    exp_b = min(expected or cap_batches, cap_batches)
+    elif fixed is None:
+        notes.append(
+            f"a {s.planning_effect:.0%} gain is unlikely to be resolved before the cap of "
+            f"{s.max_trial_s:g} s; measure a longer baseline or raise the cap"
+        )
+    at_cap = se(cap_batches)
     return TrialPlan(
         batch_s=s.batch_s,
         cap_s=s.max_trial_s,
-        cap_batches=cap_batches,
-        expected_s=warm + exp_b * s.batch_s,
-        expected_batches=exp_b,
-        fixed_batches=fixed if fixed is not None else 10**9,
-        detectable_at_cap=detectable,
+        earliest_s=s.warmup_floor_s + s.min_batches * s.batch_s,
+        fixed_horizon_s=None if fixed is None else s.warmup_floor_s + fixed * s.batch_s,
+        standard_error_at_cap=at_cap,
+        detectable_at_cap=math.expm1((s.keep_z + s.futility_z) * at_cap),
         notes=notes,
     )
