@@ -7,6 +7,8 @@ opens as it is (no migration left to run) with every row committed before the ba
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -14,12 +16,13 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from storage import applied_migrations, migration_names, open_db
-from tests.deploy.units import REPO
+from tests.deploy.units import DEPLOY, REPO, one, unit_settings
 
 WRITER = """
 import sys, time
@@ -164,3 +167,54 @@ def test_a_restore_must_remove_the_old_wal_file(tmp_path: Path, remove_wal: bool
         check_copy(live, at_backup)
     else:
         assert rows > at_backup  # the stale -wal was replayed onto the restored file
+
+
+def unit_commands(path: Path, state: Path) -> list[list[str]]:
+    """The unit's ExecStart= and ExecStartPost= lines as argument vectors, as systemd passes
+    them: quotes removed, `$$` and `%%` turned into `$` and `%`; /var/lib/kvpilot moved."""
+    commands = []
+    for key in ("ExecStart", "ExecStartPost"):
+        for line in unit_settings(path).get(key, []):
+            argv = [
+                word.replace("$$", "$").replace("%%", "%").replace("/var/lib/kvpilot", str(state))
+                for word in shlex.split(line)
+            ]
+            assert "%" not in "".join(argv).replace("%Y", "").replace("%m", "").replace("%d", "")
+            commands.append(argv)
+    return commands
+
+
+@pytest.mark.skipif(shutil.which("sqlite3") is None, reason="the sqlite3 shell is not installed")
+def test_the_backup_unit_copies_checks_and_prunes_while_the_bot_writes(tmp_path: Path) -> None:
+    unit = DEPLOY / "systemd" / "kvpilot-backup.service"
+    settings = unit_settings(unit)
+    assert one(settings, "User") == "kvpilot"
+    assert settings["StateDirectory"] == ["kvpilot kvpilot/backups"]
+    state = tmp_path / "var-lib-kvpilot"
+    backups = state / "backups"
+    backups.mkdir(parents=True)  # systemd creates it from StateDirectory=
+    live = state / "kvpilot.db"
+    open_db(live).close()
+    old, recent = backups / "kvpilot-2020-01-01.db", backups / "kvpilot-2020-01-08.db"
+    for path, days in ((old, 9), (recent, 1)):
+        path.write_bytes(b"")
+        stamp = time.time() - days * 86400
+        os.utime(path, (stamp, stamp))
+    with busy_database(live):
+        before = committed(live)
+        for argv in unit_commands(unit, state):
+            subprocess.run(argv, check=True, timeout=60)
+    today = datetime.now(UTC).strftime("%Y-%m-%d")
+    check_copy(backups / f"kvpilot-{today}.db", before)
+    assert not old.exists() and recent.exists()
+
+
+def test_the_backup_unit_fails_when_the_copy_is_not_sound(tmp_path: Path) -> None:
+    if shutil.which("sqlite3") is None:
+        pytest.skip("the sqlite3 shell is not installed")
+    unit = DEPLOY / "systemd" / "kvpilot-backup.service"
+    state = tmp_path / "state"
+    (state / "backups").mkdir(parents=True)
+    (state / "kvpilot.db").write_text("not a database\n" * 100)
+    first = unit_commands(unit, state)[0]
+    assert subprocess.run(first, capture_output=True, timeout=60).returncode != 0

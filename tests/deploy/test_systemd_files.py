@@ -58,6 +58,22 @@ def test_the_units_pass_systemd_analyze_verify(name: str, tmp_path: Path) -> Non
 
 
 @needs_analyze
+def test_the_backup_timer_and_service_pass_systemd_analyze_verify(tmp_path: Path) -> None:
+    """Their binaries (/bin/sh, /usr/bin/find) exist everywhere: verified as shipped."""
+    names = ["kvpilot-backup.service", "kvpilot-backup.timer"]
+    for name in names:
+        shutil.copy(SYSTEMD / name, tmp_path / name)
+    done = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *(str(tmp_path / n) for n in names)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "kvpilot-backup" not in done.stderr, done.stderr
+
+
+@needs_analyze
 def test_verify_does_refuse_a_broken_unit(tmp_path: Path) -> None:
     """The check above can fail: the same copy with a bad setting is refused."""
     unit = tmp_path / "src" / "kvpilot.service"
