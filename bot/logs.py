@@ -18,10 +18,10 @@ with its headers, or an argument that happens to be a configuration object. So o
 handler rewrites every record before any formatter sees it: the message with its arguments, the
 traceback text, the stack, and the extra fields. It removes Slack tokens by their shape
 (`xoxb-`, `xoxp-`, `xapp-`, ...), `Authorization` header values and `Bearer` credentials,
-`token=`/`api_key=`-style parameters, and, literally, the values of `SLACK_BOT_TOKEN`,
-`SLACK_APP_TOKEN`, `SLACK_SIGNING_SECRET`, of any environment variable whose name says it holds
-a secret (`*_API_KEY`, `*_TOKEN`, `*_SECRET`, `*_PASSWORD`), and of the secrets passed in (the
-servers' configured API keys).
+`token=`/`api_key=`-style parameters, Slack response URLs and webhooks, and, literally, the
+values of `SLACK_BOT_TOKEN`, `SLACK_APP_TOKEN`, `SLACK_SIGNING_SECRET`, of any environment
+variable whose name says it holds a secret (`*_API_KEY`, `*_TOKEN`, `*_SECRET`, `*_PASSWORD`),
+and of the secrets passed in (the servers' configured API keys).
 
 Libraries that install their own handlers bypass the root handler and so this filter; uvicorn
 does unless it is given `log_config=None`, which makes its records propagate to the root logger.
@@ -78,6 +78,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         re.compile(rf"""(?i)(['"]{_SECRET_KEY}['"]\s*:\s*)(['"])[^'"]*\2"""),
         r"\1\2" + REDACTED + r"\2",
     ),
+    # Slack's response URLs and incoming webhooks: whoever holds one can post to the channel.
+    (re.compile(r"(?i)(hooks\.slack\.com(?:/|%2F))[^\s&'\",;)\]]+"), r"\1" + REDACTED),
     # Slack tokens wherever else they appear, keeping their kind: bot, user, app-level, legacy
     # and refresh tokens (xoxe.xoxp-..., xoxe-...).
     (re.compile(r"\b(?:xoxe\.)?(xox[a-z]|xapp)-[A-Za-z0-9-]+"), r"\1-" + REDACTED),

@@ -84,8 +84,14 @@ def test_authorization_headers_are_removed_in_every_spelling(out: io.StringIO) -
     log.debug("raw %r", [(b"authorization", b"Basic dXNlcjpwYXNzd29yZA==")])
     log.debug("body token=verification-token-xyz&user_id=U1")
     log.debug("json %s", json.dumps({"token": "json-token-value", "text": "hi"}))
+    log.debug(
+        "slack body %s",
+        "command=%2Fkvpilot&response_url=https%3A%2F%2Fhooks.slack.com%2F"
+        "commands%2FT1%2F42%2Fresponse-url-secret&text=help",
+    )
     text = out.getvalue()
     for leaked in (
+        "response-url-secret",
         "opaque-token-value-123",
         "another-opaque-value",
         "dXNlcjpwYXNzd29yZA",
@@ -96,6 +102,7 @@ def test_authorization_headers_are_removed_in_every_spelling(out: io.StringIO) -
     messages = [r["message"] for r in lines(out)]
     assert messages[0] == "GET /metrics Authorization: Bearer [REDACTED]"
     assert "user_id=U1" in messages[3] and '"text": "hi"' in messages[4]
+    assert messages[5].endswith("hooks.slack.com%2F[REDACTED]&text=help")
 
 
 def test_exceptions_are_redacted_including_their_cause(out: io.StringIO) -> None:
