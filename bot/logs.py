@@ -171,6 +171,23 @@ class RedactingFilter(logging.Filter):
         self.redactor = redactor
 
     def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            self._rewrite(record)
+        except Exception as exc:  # e.g. an argument whose repr() raises
+            record.msg = (
+                f"a log record could not be checked for secrets and was dropped "
+                f"({type(exc).__name__}); it was logged at {record.pathname}:{record.lineno}"
+            )
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+            record.stack_info = None
+            for key in list(record.__dict__):
+                if key not in _STANDARD_ATTRIBUTES:
+                    delattr(record, key)
+        return True
+
+    def _rewrite(self, record: logging.LogRecord) -> None:
         redact = self.redactor
         try:
             message = record.getMessage()
@@ -192,7 +209,6 @@ class RedactingFilter(logging.Filter):
         for key in list(record.__dict__):
             if key not in _STANDARD_ATTRIBUTES:
                 setattr(record, key, redact.value(record.__dict__[key]))
-        return True
 
 
 class JsonFormatter(logging.Formatter):

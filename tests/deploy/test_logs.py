@@ -221,3 +221,17 @@ def test_a_real_process_logs_json_to_stderr_without_its_environment_secrets() ->
     records = [json.loads(line) for line in done.stderr.splitlines()]
     assert [r["message"] for r in records] == ["token is [REDACTED]", "signing secret [REDACTED]"]
     assert BOT_TOKEN not in done.stderr and SIGNING_SECRET not in done.stderr
+
+
+def test_a_record_that_cannot_be_checked_is_replaced_not_leaked(out: io.StringIO) -> None:
+    class Hostile:
+        def __str__(self) -> str:
+            raise RuntimeError(BOT_TOKEN)
+
+        def __repr__(self) -> str:
+            raise RuntimeError(BOT_TOKEN)
+
+    logging.getLogger("t").info("value %s", Hostile(), extra={"token_holder": BOT_TOKEN})
+    (record,) = lines(out)
+    assert record["message"].startswith("a log record could not be checked for secrets")
+    assert "test_logs.py" in record["message"] and "token_holder" not in record
