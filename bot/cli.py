@@ -200,9 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """`serve` and `console`: configuration and settings errors are one clear line each."""
-    import logging  # noqa: PLC0415 - only the long-running front ends configure logging
-
-    from bot import console, serve  # noqa: PLC0415 - keeps `diagnose` light
+    from bot import console, logs, serve  # noqa: PLC0415 - keeps `diagnose` light
     from bot.config import ConfigError, load  # noqa: PLC0415
     from storage.errors import StorageError  # noqa: PLC0415
 
@@ -210,9 +208,7 @@ def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         config = load(ns.config)
         if ns.command == "console":
             return console.main(config, ns.commands, auto=ns.yes, out=out)
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-        )
+        logs.configure("INFO", json=True, secrets=logs.config_secrets(config))
         if ns.port is not None and not 0 < ns.port < 65536:
             raise serve.SettingsError(f"--port must be 1..65535, got {ns.port}")
         return serve.run(config, serve.env_settings(), host=ns.host, port=ns.port)

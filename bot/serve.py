@@ -100,7 +100,7 @@ class Bot:
         if config.slack is None:
             raise SettingsError(
                 f"{config.path} has no [slack] section: add one with at least "
-                'approvers = ["U0123ABCD"] (see README, "Slack")'
+                'approvers = ["U0123ABCD"] (see docs/slack.md)'
             )
         self.config = config
         self.settings = settings
@@ -234,7 +234,12 @@ def run(
     if port is not None or not settings.socket_mode:
         server = uvicorn.Server(
             uvicorn.Config(
-                bot.http_app(), host=host, port=port or 3000, log_level="warning", lifespan="off"
+                bot.http_app(),
+                host=host,
+                port=port or 3000,
+                log_level="warning",
+                lifespan="off",
+                log_config=None,  # uvicorn logs through ours: JSON lines, secrets redacted
             )
         )
         threading.Thread(target=server.run, name="kvpilot-http", daemon=True).start()

@@ -182,7 +182,9 @@ class ProcessLauncher:
     def start(self, args: list[str]) -> None:
         exe, _ = self.spec.split()
         log = self.spec.state_dir / f"{self.spec.name}-{int(time.time() * 1000)}.log"
-        env = {**os.environ, **(self.spec.env or {})}
+        # The server gets the bot's environment minus the bot's own secrets (Slack tokens).
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("SLACK_")}
+        env = {**inherited, **(self.spec.env or {})}
         with log.open("wb") as out:
             self._proc = subprocess.Popen(
                 [*exe, *args],

@@ -180,7 +180,10 @@ def test_dependencies_come_from_the_lock_with_hashes_and_the_project_without() -
                 words = part.split("pip install", 1)[1].split()
                 named = [w for w in words if not w.startswith("-") and w not in (".",)]
                 assert named in ([], ["/src/requirements.lock"]), part
-    assert any("MANIFEST.in" in r and "bot/templates" in r for r in runs)
+    # The message templates travel as package data, and the build checks they arrived.
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "templates/**/*.j2" in data["package-data"]["bot"]
+    assert any("templates missing" in r for r in runs)
 
 
 def test_entrypoint_and_command_are_a_serve_the_cli_accepts() -> None:
