@@ -27,12 +27,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
 from sqlite_utils import Database
 
 from bot.config import Config, ServerConfig
-from playbooks.sources.metrics_source import with_metrics_source
-from playbooks.sources.prometheus import PrometheusAPI, PrometheusMetrics
+from bot.wiring import sglang_client
 from playbooks.sources.sglang import (
     Metrics,
     MetricsDisabled,
@@ -251,14 +249,7 @@ ClientFactory = Callable[[ServerConfig], SGLangClient]
 def default_client(server: ServerConfig, timeout_s: float = 5.0) -> SGLangClient:
     """The server's client for sampling, with its configured metrics source (the server's own
     ``/metrics`` or Prometheus). One quick retry: a failed scrape is simply tried next tick."""
-    headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
-    http = httpx.Client(base_url=server.url, headers=headers, timeout=timeout_s)
-    client = SGLangClient(http, attempts=2, wait=lambda *_: 0.1)
-    m = server.metrics
-    if m.source != "prometheus" or m.url is None or m.selector is None:
-        return client
-    source = PrometheusMetrics(PrometheusAPI.connect(m.url), m.selector, max_age_s=m.max_age_s)
-    return with_metrics_source(client, source)
+    return sglang_client(server, timeout_s=timeout_s, attempts=2, wait=lambda *_: 0.1)
 
 
 def database_path(db: Database) -> Path | None:

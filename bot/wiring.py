@@ -6,6 +6,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 from sqlite_utils import Database
 
 from bot.config import Config, ConfigError, ServerConfig
@@ -78,9 +79,17 @@ def gate_plan(server: ServerConfig) -> GatePlan:
     )
 
 
-def sglang_client(server: ServerConfig) -> SGLangClient:
+def sglang_client(
+    server: ServerConfig,
+    *,
+    timeout_s: float = 10.0,
+    attempts: int = 3,
+    wait: Callable[..., float] | None = None,
+) -> SGLangClient:
     """The server's SGLang client, reading metrics from the configured source."""
-    client = SGLangClient.connect(server.url, server.api_key)
+    headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
+    http = httpx.Client(base_url=server.url, headers=headers, timeout=timeout_s)
+    client = SGLangClient(http, attempts=attempts, wait=wait)
     m = server.metrics
     if m.source != "prometheus" or m.url is None or m.selector is None:
         return client
