@@ -37,7 +37,7 @@ def command_lines() -> list[tuple[str, str]]:
                 continue
             if not in_bash:
                 continue
-            text = pending + line.split("  #", 1)[0].strip()
+            text = pending + line.split("  #", 1)[0].split(" | ", 1)[0].strip()
             if text.endswith("\\"):
                 pending = text[:-1] + " "
                 continue
