@@ -30,7 +30,14 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from playbooks.gate import GateDecision, GateSample, GateSettings, decide, fixed_window_test
+from playbooks.gate import (
+    GateDecision,
+    GateSample,
+    GateSettings,
+    decide,
+    fixed_window_test,
+    plan_trial,
+)
 from sim.args import resolve
 from sim.engine import Engine, Request, natural_answer_length
 from sim.simulate import engine_config
@@ -137,6 +144,9 @@ class Outcome:
     time_s: float
     fixed: dict[float, str]  # window -> action of the fixed-window test
     rule: str
+    planned_fixed_s: float | None = (
+        None  # the fixed horizon the normal model plans from the baseline
+    )
 
 
 def gate_over_time(
@@ -162,7 +172,8 @@ def judge(
         for w in FIXED_WINDOWS_S
         if w >= settings.warmup_floor_s + settings.min_batches * settings.batch_s
     }
-    return Outcome(name, decision.action, decision.verdict, when, fixed, decision.rule)
+    planned = plan_trial(baseline, settings).fixed_horizon_s
+    return Outcome(name, decision.action, decision.verdict, when, fixed, decision.rule, planned)
 
 
 def one_seed(seed: int, baseline_s: float = 1200.0) -> list[Outcome]:
@@ -285,6 +296,15 @@ def report(by: dict[str, list[Outcome]], runs: int, baseline_s: float, wall: flo
                 f"- mean decision time <= {TIME_TARGET:.0%} of the fixed window in {label}: "
                 f"{'met' if worst <= TIME_TARGET else 'MISSED'} (worst {worst:.0%})"
             )
+    planned = [o.planned_fixed_s for o in by[SCENARIOS[0][0]]]
+    known = sorted(p for p in planned if p is not None)
+    if known:
+        lines.append(
+            f"- the fixed horizon the normal model plans from each baseline (alpha/2 = "
+            f"{settings.alpha / 2:.1%}, power {1 - settings.beta:.0%} at "
+            f"+{settings.planning_effect:.0%}): median {statistics.median(known) / 60:.1f} min, "
+            f"beyond the cap for {len(planned) - len(known)} of {len(planned)} baselines"
+        )
     lines.append(f"- wall time {wall:.0f} s")
     return "\n".join(lines)
 

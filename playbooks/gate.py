@@ -14,7 +14,10 @@ Statistical design (the reference notes on gate statistics, §3; measured in `be
   requests and is biased after a restart (at first only short requests finish), so it is a
   consistency check on a keep, not the gated statistic.
 * **Warm-up exclusion:** MSER-5 (White 1997) on the trial's decode rate, never less than
-  `warmup_floor_s` and never more than half the trial.
+  `warmup_floor_s` and never more than half the trial. When MSER's best cut is that ceiling the
+  rate is still settling (a long ramp, a cache filling) and the gate waits. A floor of one
+  request lifetime was tried and dropped: on a KV-limited server it starts the window on the
+  restart's first synchronized throughput peak, which biases the trial upwards (bench/gate.py).
 * **The effect** is d = log(trial mean / baseline mean) over the trial's complete batches after
   the warm-up.
 * **Its noise is read off the baseline.** A KV-limited server's decode rate oscillates with its
@@ -24,7 +27,8 @@ Statistical design (the reference notes on gate statistics, §3; measured in `be
   means at exactly that length (Meketon & Schmeiser 1984), for windows up to a quarter of the
   baseline, scaled as 1/length beyond (which can only overstate the noise of an oscillation),
   never decreasing as the window shrinks. The baseline mean's own noise is the same function at
-  the baseline's full length.
+  the baseline's full length. Once the trial is long enough its own windows are pooled in, so a
+  long trial corrects a baseline that happened to look unusually calm or rough.
 * **Restart allowance:** after a restart every client reconnects at once, so the oscillation's
   phase is set by the restart instead of being random. A window mean of a phase-locked oscillation
   can then sit up to sqrt(2) times its random-phase standard error away from the long-run mean, in
@@ -44,10 +48,12 @@ Statistical design (the reference notes on gate statistics, §3; measured in `be
   completed-token rate. **Validity checks:** offered concurrency (running + queued) or the request
   mix (prompt and output tokens per completed request) differing between the windows ("drifted"),
   or either window not saturated (queue mostly empty: throughput then equals offered load and no
-  configuration can show an effect; "inconclusive"). Checks on completed requests and on
-  retractions wait until the trial has run one request lifetime (Little's law on the baseline):
-  before that only the first wave's shortest requests have finished, and a cold start's
-  synchronized retractions come in one burst.
+  configuration can show an effect; "inconclusive"). Completed requests (their mix, their token
+  rate) are read from one request lifetime after the restart (Little's law on the baseline), once
+  `min_requests_for_rates` have completed there: before that only the first wave's shortest
+  requests have finished. A keep waits for them. Retractions come in bursts, one per cycle, and
+  the cold start's first burst is the largest: they are judged over the whole window after the
+  warm-up, once a request lifetime has passed.
 """
 
 from __future__ import annotations
@@ -85,6 +91,8 @@ class GateSample:
 
 @dataclass(frozen=True)
 class GateSettings:
+    """The gate's error rates, windows and limits (validated: a bad value says what is wrong)."""
+
     min_effect: float = 0.03  # smallest relative gain worth keeping a change for
     alpha: float = 0.05  # two-sided level of the reported intervals; a keep needs alpha/2 one-sided
     beta: float = 0.10  # futility: revert once the planning effect is above the upper 1-beta bound
@@ -322,20 +330,21 @@ class BaselineNoise:
     ) -> BaselineNoise:
         """Pool the trial's own windows (each series about its own mean) where it is long enough.
 
-        A long trial then sharpens what a short, or unusually calm or rough, baseline said.
+        A long trial then sharpens what a short, or unusually calm or rough, baseline said, and
+        a trial longer than the baseline reads longer windows directly instead of scaling.
         """
-        usable = min(self.direct_bins, int(len(trial_values) * max_window_fraction))
+        usable = int(len(trial_values) * max_window_fraction)
         if usable < 1 or min(trial_values) <= 0:
             return self
         extra = _relative_window_sums(trial_values, usable)
-        sums = (
-            tuple(
-                (ss + e_ss, count + e_count)
-                for (ss, count), (e_ss, e_count) in zip(self.sums[:usable], extra, strict=True)
-            )
-            + self.sums[usable:]
-        )
-        return BaselineNoise(self.values, self.bin_s, self.direct_bins, sums, _envelope(sums))
+        direct = max(self.direct_bins, usable)
+        sums = []
+        for m in range(1, direct + 1):
+            ss, count = self.sums[m - 1] if m <= self.direct_bins else (0.0, 0)
+            if m <= usable:
+                ss, count = ss + extra[m - 1][0], count + extra[m - 1][1]
+            sums.append((ss, count))
+        return BaselineNoise(self.values, self.bin_s, direct, tuple(sums), _envelope(sums))
 
 
 def baseline_noise(
@@ -352,7 +361,7 @@ def _baseline_noise(
     spacing = _spacing(samples)
     if spacing <= 0:
         raise ValueError("the baseline's samples need increasing timestamps")
-    per_batch = max(1, round(batch_s / spacing))
+    per_batch = max(1, math.floor(batch_s / spacing + 1e-9))  # bins no shorter than a scrape
     bin_s = batch_s / per_batch
     # Each scrape stands for the interval that ends with it, as in the trial.
     values = batch_means(samples, samples[0].t - spacing, bin_s, lambda s: s.gen_throughput)
@@ -550,14 +559,7 @@ def decide(
     base = _baseline(baseline, s)
     noise = base.noise
     z_keep = s.keep_z
-    base_half = z_keep * math.sqrt(noise.mean_variance)
-    base_iv = Interval(
-        noise.mean,
-        noise.mean * math.exp(-base_half),
-        noise.mean * math.exp(base_half),
-        base.batches,
-        noise.mean * math.sqrt(noise.relative_variance(s.batch_s)),
-    )
+    base_iv = _rate_interval(noise.mean, noise.mean_variance, z_keep, base.batches, noise, s)
     reasons: list[str] = []
     elapsed = trial[-1].t - trial[0].t if len(trial) >= 2 else 0.0
     # The trial starts at the restart, one scrape interval before the first sample.
@@ -604,23 +606,9 @@ def decide(
     bins = batch_means(trial, start, noise.bin_s, lambda x: x.gen_throughput)
     bins = bins[: round(window_s / noise.bin_s)]
     noise = noise.with_trial(bins, s.max_window_fraction)
-    base_half = z_keep * math.sqrt(noise.mean_variance)
-    base_iv = Interval(
-        noise.mean,
-        noise.mean * math.exp(-base_half),
-        noise.mean * math.exp(base_half),
-        base.batches,
-        noise.mean * math.sqrt(noise.relative_variance(s.batch_s)),
-    )
     est = estimate_effect(noise, trial_mean, window_s, s.restart_variance_factor)
-    trial_half = z_keep * math.sqrt(est.trial_variance)
-    trial_iv = Interval(
-        trial_mean,
-        trial_mean * math.exp(-trial_half),
-        trial_mean * math.exp(trial_half),
-        k,
-        trial_mean * math.sqrt(s.restart_variance_factor * noise.relative_variance(s.batch_s)),
-    )
+    base_iv = _rate_interval(noise.mean, est.baseline_variance, z_keep, base.batches, noise, s)
+    trial_iv = _rate_interval(trial_mean, est.trial_variance, z_keep, k, noise, s)
     low, high = est.d - z_keep * est.se, est.d + z_keep * est.se
     effect = Interval(math.expm1(est.d), math.expm1(low), math.expm1(high), k, est.se)
     tf = _facts(trial, start)
@@ -658,6 +646,9 @@ def decide(
         )
     reasons = [
         *reasons,
+        f"decode rate: baseline {base_iv.mean:.0f} tokens/s ({base_iv.low:.0f} … "
+        f"{base_iv.high:.0f}), trial {trial_iv.mean:.0f} tokens/s ({trial_iv.low:.0f} … "
+        f"{trial_iv.high:.0f}), {1 - s.alpha:.0%} intervals",
         f"decode-rate change {e_txt}",
         f"standard error {est.se:.1%} (trial {math.sqrt(est.trial_variance):.1%} with the "
         f"restart allowance x{s.restart_variance_factor:g}, baseline "
@@ -665,6 +656,12 @@ def decide(
     ]
     significant = low > 0
     if significant and est.d >= math.log1p(s.min_effect):
+        if not rates_ready and at_cap:
+            return _inconclusive(
+                f"the cap of {s.max_trial_s:g} s was reached while waiting for "
+                f"{s.min_requests_for_rates} requests to complete: {e_txt}",
+                base_iv, trial_iv, effect, k, s.batch_s, cut, reasons, s,
+            )  # fmt: skip
         if not rates_ready:
             return GateDecision(
                 "continue", "pending", base_iv, trial_iv, effect,
@@ -705,6 +702,15 @@ def decide(
         "continue", "pending", base_iv, trial_iv, effect,
         f"not yet clear: {e_txt}", k, s.batch_s, cut, reasons,
     )  # fmt: skip
+
+
+def _rate_interval(
+    mean: float, rel_var: float, z: float, n: int, noise: BaselineNoise, s: GateSettings
+) -> Interval:
+    """A decode rate with its interval (relative variance on the log scale); stdev per batch."""
+    half = z * math.sqrt(rel_var)
+    per_batch = mean * math.sqrt(noise.relative_variance(s.batch_s))
+    return Interval(mean, mean * math.exp(-half), mean * math.exp(half), n, per_batch)
 
 
 def _final(
@@ -770,14 +776,15 @@ def _guardrails(
                 f"the error rate rose from {bf.errors_per_request:.2%} to "
                 f"{tf.errors_per_request:.2%} of requests (limit +{s.error_rate_limit:.2%})"
             )
-    if rf is not None and rf.retractions_per_min is not None:
+    # Retractions come in bursts, one per retraction cycle: judged over the whole window after
+    # the warm-up, once the trial has run a request lifetime (the cold start's burst diluted).
+    if rf is not None and tf.retractions_per_min is not None:
         limit = s.retractions_per_min_limit
         if bf.retractions_per_min is not None:
             limit = max(limit, s.retractions_factor * bf.retractions_per_min)
-        if rf.retractions_per_min > limit:
+        if tf.retractions_per_min > limit:
             out.append(
-                f"{rf.retractions_per_min:.1f} retractions per minute after the first request "
-                "lifetime "
+                f"{tf.retractions_per_min:.1f} retractions per minute after the warm-up "
                 f"(limit {limit:.1f}: {s.retractions_per_min_limit:g} or "
                 f"{s.retractions_factor:g}x the baseline's, whichever is higher)"
             )

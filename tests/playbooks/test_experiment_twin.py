@@ -24,6 +24,16 @@ from storage.db import open_db
 from tests.twin_process import REPO, free_port
 
 SCALE = 200
+# A test whose outcome needs the gate to *keep* a change measures at half that speed: at 200x
+# two twins on two cores fall behind their clocks and the bot's scrapes come ~50 simulated
+# seconds apart, too sparse and too skewed to show a +20% effect reliably; at 100x they come
+# every 10-15 s. A revert needs no such evidence (it is the default), so the others stay fast.
+MEASURING_SCALE = 100
+KEEPS = ("test_raising_the_fraction_is_kept", "[approved]", "[deciding]")
+
+
+def scale_for(test_name: str) -> int:
+    return MEASURING_SCALE if any(k in test_name for k in KEEPS) else SCALE
 
 
 @dataclass
@@ -51,8 +61,9 @@ class Workspace:
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Iterator[Workspace]:
+def ws(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Workspace]:
     port = free_port()
+    scale = scale_for(request.node.name)
     command = [
         sys.executable,
         "-m",
@@ -65,7 +76,7 @@ def ws(tmp_path: Path) -> Iterator[Workspace]:
         "0.85",
         "--enable-metrics",
         "--time-scale",
-        str(SCALE),
+        str(scale),
         "--workload",
         "incident",
         "--concurrency",
@@ -73,7 +84,7 @@ def ws(tmp_path: Path) -> Iterator[Workspace]:
     ]
     config = tmp_path / "kvpilot.toml"
     config.write_text(
-        f"[kvpilot]\ntime_scale = {SCALE}\n\n[gate]\nscrape_s = 10\nbatch_s = 60\n\n"
+        f"[kvpilot]\ntime_scale = {scale}\n\n[gate]\nscrape_s = 10\nbatch_s = 60\n\n"
         f'[servers.incident]\nurl = "http://127.0.0.1:{port}"\n'
         "gpu_memory_gib = 95.59\nhost_ram_gib = 256\n"
         '[servers.incident.launcher]\nkind = "process"\n'
@@ -100,11 +111,6 @@ def experiment(
 def test_raising_the_fraction_is_kept(ws: Workspace) -> None:
     code, result, err = experiment(ws, "mem_fraction_static=0.88")
     assert code == 0, err
-    if result["state"] == "reverted" and result["verdict"] == "inconclusive":
-        # Rarely (about one run in ten) the gate reaches its 30-minute cap undecided on this
-        # noisy cold start and reverts, as it must; one more experiment then settles it.
-        code, result, err = experiment(ws, "mem_fraction_static=0.88")
-        assert code == 0, err
     assert result["state"] == "kept", (result["rule"], result["reason"])
     assert result["effect"]["mean"] > 0.05
     assert result["baseline"]["ci95"] and result["trial"]["ci95"] and result["effect"]["ci95"]
@@ -193,9 +199,6 @@ def test_bot_killed_in_each_state_recovers(ws: Workspace, tmp_path: Path, state:
     code, _out, err = ws.cli("resume")
     assert code == 0, err
     row = store.get_experiment(db, row.id)
-    if state in ("approved", "deciding") and (row.result or {}).get("action") != "keep":
-        # The crash is what is under test; the gate may still (rarely) end undecided at its cap.
-        final, fraction = "reverted", 0.85
     assert str(row.state) == final, (state, row.state, err)
     assert ws.info()["mem_fraction_static"] == fraction
     names = [e["name"] for e in audit.events(db, experiment_id=row.id)]
