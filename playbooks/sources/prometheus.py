@@ -40,11 +40,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from playbooks.clock import Clock
 from playbooks.sources.gpu import MIB, GpuState, GpuUnavailable
-from playbooks.sources.sglang import Metrics, SGLangError
+from playbooks.sources.sglang import Metrics, RetryableStatus, SGLangError, http_retrying
 
 TTFT_BUCKET = "sglang:time_to_first_token_seconds_bucket"
 RETRYABLE_STATUS = {502, 503, 504}
@@ -82,12 +81,6 @@ class StaleSeries(PrometheusError):
 
 class AmbiguousSelector(PrometheusError):
     pass
-
-
-class _Retryable(Exception):
-    def __init__(self, response: httpx.Response) -> None:
-        super().__init__(f"HTTP {response.status_code}")
-        self.response = response
 
 
 def parse_selector(text: str) -> str:
@@ -165,10 +158,6 @@ def _flatten(matrix: list[Any]) -> list[Series]:
     return out
 
 
-def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, (httpx.TransportError, _Retryable))
-
-
 class PrometheusAPI:
     """Instant and range queries on Prometheus' HTTP API (`/api/v1/query`, `/query_range`)."""
 
@@ -180,12 +169,7 @@ class PrometheusAPI:
         wait: Callable[..., float] | None = None,
     ) -> None:
         self.http = http
-        self._retry = Retrying(
-            retry=retry_if_exception(_retryable),
-            stop=stop_after_attempt(attempts),
-            wait=wait or wait_exponential(multiplier=0.2, max=2.0),
-            reraise=True,
-        )
+        self._retry = http_retrying(attempts, wait)
 
     @classmethod
     def connect(
@@ -262,12 +246,12 @@ class PrometheusAPI:
         def once() -> httpx.Response:
             response = self.http.get(path, params=params)
             if response.status_code in RETRYABLE_STATUS:
-                raise _Retryable(response)
+                raise RetryableStatus(response)
             return response
 
         try:
             response: httpx.Response = self._retry(once)
-        except _Retryable as exc:
+        except RetryableStatus as exc:
             response = exc.response
         except httpx.TransportError as exc:
             raise PrometheusUnreachable(

@@ -62,7 +62,9 @@ class MetricsDisabled(SGLangError):
     pass
 
 
-class _Retryable(Exception):
+class RetryableStatus(Exception):
+    """A response worth retrying (a 5xx or 429); shared by every HTTP source kvpilot reads."""
+
     def __init__(self, response: httpx.Response) -> None:
         super().__init__(f"HTTP {response.status_code}")
         self.response = response
@@ -139,7 +141,17 @@ class Metrics:
 
 
 def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, (httpx.TransportError, _Retryable))
+    return isinstance(exc, (httpx.TransportError, RetryableStatus))
+
+
+def http_retrying(attempts: int, wait: Callable[..., float] | None) -> Retrying:
+    """Retries on transport errors and retryable statuses, with a short exponential wait."""
+    return Retrying(
+        retry=retry_if_exception(_retryable),
+        stop=stop_after_attempt(attempts),
+        wait=wait or wait_exponential(multiplier=0.2, max=2.0),
+        reraise=True,
+    )
 
 
 class SGLangClient:
@@ -153,12 +165,7 @@ class SGLangClient:
         wait: Callable[..., float] | None = None,
     ) -> None:
         self.http = http
-        self._retry = Retrying(
-            retry=retry_if_exception(_retryable),
-            stop=stop_after_attempt(attempts),
-            wait=wait or wait_exponential(multiplier=0.2, max=2.0),
-            reraise=True,
-        )
+        self._retry = http_retrying(attempts, wait)
         self._dialect: dict[str, str] = {}
 
     @classmethod
@@ -183,12 +190,12 @@ class SGLangClient:
         def once() -> httpx.Response:
             response = self.http.get(path, params=params)
             if response.status_code in RETRYABLE_STATUS:
-                raise _Retryable(response)
+                raise RetryableStatus(response)
             return response
 
         try:
             response: httpx.Response = self._retry(once)
-        except _Retryable as exc:
+        except RetryableStatus as exc:
             return exc.response
         except httpx.TransportError as exc:
             raise Unreachable(
