@@ -31,12 +31,12 @@ typecheck: venv
 # Tests spend most of their time waiting on the servers they start, so four workers on two
 # cores finish in about half the time; a file's tests stay on one worker (shared servers). The
 # real-SGLang tier compares timing-dependent behaviour with the twin, so it runs afterwards on
-# two workers, not next to everything else.
+# its own, one test at a time, not next to everything else.
 PYTEST_ARGS ?= -n 4 --dist loadfile
 
 pytest: venv
 	$(BIN)/pytest -q $(PYTEST_ARGS) -m "not real_sglang"
-	$(BIN)/pytest -q -n 2 --dist loadfile -m real_sglang
+	$(BIN)/pytest -q -m real_sglang
 
 # The incident end to end on the SGLang twin, in the terminal front end (files in demo/).
 demo: venv
