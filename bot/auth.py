@@ -3,8 +3,10 @@
 Every command and button goes through `authorise` before anything runs, in Slack and in the
 terminal front end alike. Identities are Slack user IDs taken from the signed request (never
 names, never text from a message or a button); the terminal's identity is the local account
-(`console:NAME`), which already owns the database and could run any kvpilot command, so it
-gets every role, but four-eyes still holds for it.
+(`console:NAME` in the console, `cli:NAME` on the command line, NAME from the process's uid,
+never from the environment), which already owns the database and could run any kvpilot
+command, so it gets every role, but four-eyes still holds for it: one account is one person,
+whichever terminal front end it uses.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ READ_ONLY: frozenset[str] = frozenset({"help", "status", "history"})
 OPERATOR: frozenset[str] = frozenset({"diagnose", "report", "propose", "abort"})
 ACTIONS: frozenset[str] = READ_ONLY | OPERATOR | {"approve", "reject"}
 CONSOLE_PREFIX = "console:"
+CLI_PREFIX = "cli:"
+LOCAL_PREFIXES = (CONSOLE_PREFIX, CLI_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,15 @@ class Principal:
 
     @property
     def local(self) -> bool:
-        return self.user.startswith(CONSOLE_PREFIX)
+        return self.user.startswith(LOCAL_PREFIXES)
+
+
+def person(user: str) -> str:
+    """The person behind an actor: `console:alice` and `cli:alice` are the same account."""
+    for prefix in LOCAL_PREFIXES:
+        if user.startswith(prefix):
+            return "local:" + user.removeprefix(prefix)
+    return user
 
 
 @dataclass(frozen=True)
@@ -72,7 +84,12 @@ def authorise(
     if action not in ACTIONS:
         return Decision(False, f"unknown action {action!r}")
     four_eyes = policy is not None and policy.four_eyes
-    if action == "approve" and four_eyes and proposer is not None and proposer == who.user:
+    if (
+        action == "approve"
+        and four_eyes
+        and proposer is not None
+        and person(proposer) == person(who.user)
+    ):
         return Decision(
             False,
             "four-eyes is on: the person who proposed a change cannot approve it; "
@@ -93,7 +110,7 @@ def authorise(
     if action in READ_ONLY:
         return ALLOW
     approvers = _members(policy.approvers, group_members)
-    if action == "reject" and proposer is not None and proposer == who.user:
+    if action == "reject" and proposer is not None and person(proposer) == person(who.user):
         return ALLOW  # withdrawing one's own proposal
     if action in ("approve", "reject"):
         if who.user in approvers:

@@ -18,6 +18,8 @@ USAGE = {
     "propose": "propose <server> KEY=VALUE ... [--force]",
     "status": "status [server]",
     "abort": "abort <experiment id>",
+    "approve": "approve <proposal id>",
+    "reject": "reject <proposal id>",
     "history": "history [server]",
     "report": "report [server] [--since 24h]",
 }
@@ -35,6 +37,7 @@ class Command:
     force: bool = False
     experiment_id: int | None = None
     since: str = "24h"
+    proposal_id: int | None = None
 
 
 def _server(config: Config, name: str | None, *, required: bool, verb: str) -> str | None:
@@ -81,6 +84,12 @@ def parse_command(text: str, config: Config) -> Command:
         if len(args) != 1 or not args[0].lstrip("#").isdigit():
             raise CommandError(f"usage: `/kvpilot {USAGE[verb]}` (the id from `/kvpilot status`)")
         return Command(verb, experiment_id=int(args[0].lstrip("#")))
+    if verb in ("approve", "reject"):
+        if len(args) != 1 or not args[0].lstrip("#").isdigit():
+            raise CommandError(
+                f"usage: `/kvpilot {USAGE[verb]}` (the number in the proposal's message)"
+            )
+        return Command(verb, proposal_id=int(args[0].lstrip("#")))
     since = "24h"
     if verb == "report" and "--since" in args:
         i = args.index("--since")

@@ -23,12 +23,13 @@ from bot.flow import APPROVE, PROPOSE_OPTION, Kvpilot
 from bot.messages import Button, Message, plain
 from bot.report_hook import make_report_hook
 from bot.sampler import Sampler
+from bot.surface import LOCAL_CHANNEL
 from storage import chat
 from storage.chat import MessageRef
 from storage.db import open_db
 from storage.errors import NotFound
 
-CHANNEL = "console"
+CHANNEL = LOCAL_CHANNEL
 
 
 class ConsoleSurface:

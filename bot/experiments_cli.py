@@ -1,37 +1,44 @@
-"""`kvpilot experiment`, `kvpilot experiments list|show` and `kvpilot resume`."""
+"""`kvpilot experiment`, `kvpilot experiments list|show|abort|approve|reject`, `kvpilot resume`.
+
+An experiment started here runs in the foreground: this process holds its lease (one process
+at a time carries an experiment), Ctrl-C or SIGTERM aborts and reverts it, and the exit status
+says how it ended (`bot.exit_codes`). With four-eyes on, the change is recorded as a proposal
+that another person must approve, in Slack or with `kvpilot experiments approve ID`.
+"""
 
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 from sqlite_utils import Database
 
+from bot import exit_codes
+from bot.auth import Principal
 from bot.config import Config, ConfigError, load
+from bot.identity import terminal_actor
+from bot.interrupts import StopOnSignal
+from bot.surface import LOCAL_CHANNEL
 from bot.wiring import database, diagnose_settings, experiment_deps
 from bot.wiring import launcher as wiring_launcher
 from playbooks import experiment as engine
 from playbooks.clock import make_clock
 from playbooks.diagnose import judge_change
 from playbooks.launchers.base import LaunchError, with_change
+from playbooks.outcome import DESCRIPTIONS, ending
+from playbooks.ownership import Lease, OwnershipLost
 from playbooks.server_args import ArgError, parse_change
 from playbooks.sources.sglang import SGLangError
 from storage import audit
 from storage import experiments as store
+from storage import proposals as proposal_store
 from storage.errors import NotFound, StorageError
 from storage.experiments import State
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-def actor() -> str:
-    try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):
-        return "cli:operator"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = exit_codes.OK, exit_codes.FAILED, exit_codes.USAGE
 
 
 def _printer(err: TextIO) -> Callable[[str], None]:
@@ -55,14 +62,18 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
         if ns.command == "server":
             return cmd_server(ns, config, out, err)
         if ns.command == "resume":
-            count = resume_unfinished(config, db, err)
-            out.write(f"{count} unfinished experiment(s) handled\n")
-            return EXIT_OK
+            codes = resume_unfinished(config, db, err)
+            out.write(f"{len(codes)} unfinished experiment(s) handled\n")
+            return exit_codes.most_urgent(codes)
         if ns.action == "list":
             return cmd_list(ns, db, out)
         if ns.action == "show":
             return cmd_show(ns, db, out, err)
-        err.write("error: use `kvpilot experiments list` or `kvpilot experiments show ID`\n")
+        if ns.action == "abort":
+            return cmd_abort(ns, config, db, out, err)
+        if ns.action in ("approve", "reject"):
+            return cmd_decide(ns, config, db, out, err, stdin)
+        err.write("error: use `kvpilot experiments list|show ID|abort ID|approve ID|reject ID`\n")
         return EXIT_USAGE
     except (ConfigError, ArgError) as exc:
         err.write(f"error: {exc}\n")
@@ -72,20 +83,73 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
         return EXIT_FAILED
 
 
-def resume_unfinished(config: Config, db: Database, err: TextIO, server: str | None = None) -> int:
-    """Every experiment a crash left active is resumed where safe, reverted otherwise."""
-    count = 0
+def resume_unfinished(
+    config: Config, db: Database, err: TextIO, server: str | None = None
+) -> list[int]:
+    """Every experiment a crash left active is resumed where safe, reverted otherwise.
+
+    An experiment another living kvpilot process carries is left to it. Returns the exit code
+    of each experiment this process finished.
+    """
+    codes: list[int] = []
     for row in store.active_experiments(db):
         if server is not None and row.server != server:
             continue
         if row.state == State.proposed:
             continue  # waiting for a person's approval; nothing runs
         deps = experiment_deps(config, row.server, db, _printer(err))
+        lease = Lease(lambda: database(config), row.id)
+        if not lease.acquire():
+            _say_carried_elsewhere(lease, err)
+            continue
         err.write(f"resuming experiment {row.id} on {row.server} (was {row.state})\n")
-        engine.resume_policy(deps, row.id, actor="kvpilot")
-        engine.run(deps, row.id)
-        count += 1
-    return count
+        if carry(deps, lease, err, resume=True):
+            final = store.get_experiment(db, row.id)
+            codes.append(exit_code(db, final))
+            err.write(f"experiment {row.id}: {final.state}\n")
+    return codes
+
+
+def _say_carried_elsewhere(lease: Lease, err: TextIO) -> None:
+    held_by, until = lease.holder()
+    until_text = "" if until is None else f" (lease renewed until {until:%H:%M:%S} UTC)"
+    err.write(
+        f"experiment {lease.experiment_id} is being carried by another kvpilot process, "
+        f"{held_by}{until_text}; left to it\n"
+    )
+
+
+def carry(deps: engine.Deps, lease: Lease, err: TextIO, *, resume: bool = False) -> bool:
+    """Run the experiment to its end in the foreground, holding `lease` (already acquired).
+
+    Ctrl-C or SIGTERM aborts and reverts it. False when this process lost the experiment to
+    another (it then touched nothing more).
+    """
+    lease.start()
+    deps.lease = lease
+    exp_id = lease.experiment_id
+    with StopOnSignal(terminal_actor(), err) as stop:
+        stop.experiment_id = exp_id
+        deps.interrupt = stop.take
+        try:
+            if resume:
+                engine.resume_policy(deps, exp_id, actor="kvpilot")
+            engine.run(deps, exp_id)
+        except OwnershipLost as exc:
+            err.write(f"experiment {exp_id}: this process stopped carrying it: {exc}\n")
+            return False
+        finally:
+            lease.release()
+            deps.client.close()
+    return True
+
+
+def exit_code(db: Database, row: store.ExperimentRow) -> int:
+    return exit_codes.BY_OUTCOME[ending(row, store.transitions(db, row.id)).outcome]
+
+
+def four_eyes(config: Config) -> bool:
+    return config.slack is not None and config.slack.four_eyes
 
 
 def cmd_experiment(
@@ -97,6 +161,13 @@ def cmd_experiment(
         raise ArgError("nothing to change: give --set KEY=VALUE (e.g. mem_fraction_static=0.88)")
     change = parse_change(items)
     resume_unfinished(config, db, err, server=ns.server)
+    if any(e.server == ns.server for e in store.active_experiments(db)):
+        active = next(e for e in store.active_experiments(db) if e.server == ns.server)
+        err.write(
+            f"error: experiment {active.id} on {ns.server} is still {active.state}; wait for "
+            f"it to finish or abort it (`kvpilot experiments abort {active.id}`)\n"
+        )
+        return EXIT_USAGE
     deps = experiment_deps(config, ns.server, db, _printer(err))
     info = deps.client.server_info()
     option = judge_change(info, change, diagnose_settings(server))
@@ -117,6 +188,10 @@ def cmd_experiment(
             "Run with --force to try it anyway; it is reverted if the server fails.\n"
         )
         return EXIT_USAGE
+    who = terminal_actor()
+    if four_eyes(config):
+        deps.client.close()
+        return propose_for_approval(ns, config, change, who, err)
     if not ns.yes:
         if not stdin.isatty():
             err.write("error: confirmation needed and there is no terminal: re-run with --yes\n")
@@ -126,13 +201,14 @@ def cmd_experiment(
         if stdin.readline().strip().lower() not in ("y", "yes"):
             err.write("not applied\n")
             return EXIT_OK
-    who = actor()
+    lease = Lease(lambda: database(config))
     exp_id = engine.create(
         deps,
         change,
         actor=who,
         approved_by=who,
         reason="approved with --yes" if ns.yes else "confirmed in the terminal",
+        owner=lease,
     )
     if option.verdict == "unsafe":
         audit.record(
@@ -145,29 +221,38 @@ def cmd_experiment(
                 text="run with --force despite: " + "; ".join(option.reasons),
             ),
         )
-    row = engine.run(deps, exp_id)
-    summary = summarise(db, row)
-    if ns.json:
-        out.write(json.dumps(summary) + "\n")
-    else:
-        out.write(render_summary(summary))
-    return EXIT_FAILED if row.state == State.failed else EXIT_OK
+    if not carry(deps, lease, err):
+        return EXIT_FAILED
+    return report(db, exp_id, ns.json, out)
+
+
+def report(db: Database, exp_id: int, as_json: bool, out: TextIO) -> int:
+    """Print the finished experiment; its exit code says how it ended."""
+    summary = summarise(db, store.get_experiment(db, exp_id))
+    out.write(json.dumps(summary) + "\n" if as_json else render_summary(summary))
+    return int(summary["exit_code"])
 
 
 def summarise(db: Database, row: store.ExperimentRow) -> dict[str, Any]:
     result = row.result or {}
     moves = store.transitions(db, row.id)
+    end = ending(row, moves)
     return {
         "id": row.id,
         "server": row.server,
         "state": str(row.state),
+        "outcome": str(end.outcome),
+        "cause": end.cause,
+        "exit_code": exit_codes.BY_OUTCOME[end.outcome],
         "change": row.change,
         "verdict": result.get("verdict"),
         "baseline": result.get("baseline"),
         "trial": result.get("trial"),
         "effect": result.get("effect"),
         "rule": result.get("rule"),
-        "reason": moves[-1].reason if moves else "",
+        # why it ended first (the cause); what followed (the revert) is in `then`
+        "reason": end.cause,
+        "then": end.then,
         "transitions": [
             {
                 "from": None if m.from_state is None else str(m.from_state),
@@ -204,12 +289,17 @@ def _interval(x: dict[str, Any] | None, pct: bool = False) -> str:
 
 def render_summary(s: dict[str, Any]) -> str:
     lines = [
-        f"experiment {s['id']} on {s['server']}: {s['state'].upper()}",
+        f"experiment {s['id']} on {s['server']}: {s['state'].upper()} "
+        f"({DESCRIPTIONS[s['outcome']]}; exit {s['exit_code']})",
+        f"  why       {s['reason']}",
+    ]
+    if s.get("then"):
+        lines.append(f"  then      {s['then']}")
+    lines += [
         f"  change    {s['change']}",
         f"  baseline  {_interval(s['baseline'])}",
         f"  trial     {_interval(s['trial'])}",
         f"  effect    {_interval(s['effect'], pct=True)}",
-        f"  why       {s['reason']}",
         f"  took      {s['took_s']} s (trial {s['trial_s']} s)",
     ]
     return "\n".join(lines) + "\n"
@@ -278,3 +368,138 @@ def cmd_server(ns: argparse.Namespace, config: Config, out: TextIO, err: TextIO)
     launcher.wait_ready()
     out.write(f"{ns.server} is ready at {server.url}\n")
     return EXIT_OK
+
+
+# --------------------------------------------------------------------------- four-eyes
+def _terminal_bot(config: Config, err: TextIO) -> tuple[Any, Any]:
+    """The chat core with the terminal as its surface, for proposals and approvals here."""
+    from bot.console import ConsoleSurface  # noqa: PLC0415 - only the four-eyes path needs it
+    from bot.flow import Kvpilot  # noqa: PLC0415
+
+    surface = ConsoleSurface(err, Path(config.state_dir) / "charts")
+    kv = Kvpilot(
+        config,
+        lambda: database(config),
+        group_members=lambda _group: frozenset(),
+        surface_for=lambda _channel: surface,
+    )
+    return kv, surface
+
+
+def _who_may_approve(config: Config, proposal_id: int, proposer: str) -> str:
+    slack = config.slack
+    approvers = ", ".join(slack.approvers) if slack and slack.approvers else "none named"
+    return (
+        f"another person must approve it: an approver in Slack ([slack] approvers: "
+        f"{approvers}) with `/kvpilot approve {proposal_id}`, or another authorised OS user "
+        f"(not {proposer.removeprefix('cli:')}) with `kvpilot experiments approve "
+        f"{proposal_id}`"
+    )
+
+
+def propose_for_approval(
+    ns: argparse.Namespace, config: Config, change: dict[str, Any], who: str, err: TextIO
+) -> int:
+    """Four-eyes: record the change as a proposal; its proposer may not approve it."""
+    kv, surface = _terminal_bot(config, err)
+    try:
+        principal = Principal(who, LOCAL_CHANNEL)
+        proposal_id = kv.propose(principal, surface, ns.server, change, force=ns.force)
+        if proposal_id is None:
+            return EXIT_USAGE  # refused; the surface said why
+        reason = "four-eyes is on: the person who proposed a change cannot approve it"
+        kv.deny(principal, "approve", reason, server=ns.server, proposal_id=proposal_id)
+    finally:
+        kv.close()
+    err.write(
+        f"{reason}. Proposal {proposal_id} is recorded; nothing was changed. "
+        f"{_who_may_approve(config, proposal_id, who).capitalize()}.\n"
+    )
+    return exit_codes.AWAITING_APPROVAL
+
+
+def cmd_decide(
+    ns: argparse.Namespace, config: Config, db: Database, out: TextIO, err: TextIO, stdin: TextIO
+) -> int:
+    """`kvpilot experiments approve|reject ID`: a person's decision on a recorded proposal."""
+    try:
+        proposal = proposal_store.get_proposal(db, ns.id)
+    except NotFound:
+        err.write(f"error: no proposal {ns.id}; proposals are listed by `/kvpilot status`\n")
+        return EXIT_USAGE
+    change = ", ".join(f"{k}={v}" for k, v in proposal.change.items())
+    err.write(
+        f"proposal {proposal.id} for {proposal.server}: {change} "
+        f"(proposed by {proposal.created_by}, expires {proposal.expires_at:%Y-%m-%d %H:%M} UTC)\n"
+    )
+    if ns.action == "approve" and not ns.yes:
+        if not stdin.isatty():
+            err.write("error: confirmation needed and there is no terminal: re-run with --yes\n")
+            return EXIT_USAGE
+        err.write("Approve: restart the server with it, measure, keep only if better? [y/N] ")
+        err.flush()
+        if stdin.readline().strip().lower() not in ("y", "yes"):
+            err.write("not approved\n")
+            return EXIT_OK
+    who = terminal_actor()
+    kv, surface = _terminal_bot(config, err)
+    try:
+        exp_id = kv.decide(
+            Principal(who, LOCAL_CHANNEL),
+            surface,
+            proposal.id,
+            proposal.plan_hash[:16],
+            ns.action,
+            None,
+            start=False,
+        )
+    finally:
+        kv.close()
+    decided = proposal_store.approvals(db, proposal.id)
+    if not decided or decided[0].actor != who:
+        return EXIT_USAGE  # refused: the reason was printed and audited
+    if ns.action == "reject":
+        err.write(f"proposal {proposal.id} rejected; nothing was changed\n")
+        return EXIT_OK
+    if exp_id is None:
+        return EXIT_FAILED  # approved, but the experiment could not be created (printed)
+    lease = Lease(lambda: database(config), exp_id)
+    if not lease.acquire():
+        _say_carried_elsewhere(lease, err)
+        return EXIT_FAILED
+    deps = experiment_deps(config, proposal.server, db, _printer(err))
+    if not carry(deps, lease, err):
+        return EXIT_FAILED
+    return report(db, exp_id, ns.json, out)
+
+
+# --------------------------------------------------------------------------- abort
+def cmd_abort(
+    ns: argparse.Namespace, config: Config, db: Database, out: TextIO, err: TextIO
+) -> int:
+    """`kvpilot experiments abort ID`: stop it; revert the server if anything changed."""
+    try:
+        row = store.get_experiment(db, ns.id)
+    except NotFound:
+        err.write(f"error: no experiment {ns.id}; `kvpilot experiments list` shows them\n")
+        return EXIT_USAGE
+    if row.terminal:
+        err.write(f"experiment {row.id} already ended ({row.state}); nothing to abort\n")
+        return EXIT_OK
+    who = terminal_actor()
+    deps = experiment_deps(config, row.server, db, _printer(err))
+    moved = engine.abort(deps, row.id, actor=who, reason=f"aborted by {who} in the terminal")
+    err.write(f"experiment {row.id} on {row.server}: {row.state} -> {moved.state}\n")
+    lease = Lease(lambda: database(config), row.id)
+    if not moved.terminal and not lease.acquire():
+        deps.client.close()
+        _say_carried_elsewhere(lease, err)
+        err.write(
+            "that process reverts the server at its next step; "
+            f"`kvpilot experiments show {row.id}` follows it\n"
+        )
+        return exit_codes.CANCELLED
+    if not moved.terminal and not carry(deps, lease, err):
+        return EXIT_FAILED
+    deps.client.close()
+    return report(db, row.id, ns.json, out)

@@ -26,7 +26,7 @@ from bot.config import Config, ConfigError
 from bot.messages import Button, Confirm, Message
 from bot.render import mention
 from bot.runner import ExperimentRunner
-from bot.surface import Surface
+from bot.surface import LOCAL_CHANNEL, Surface
 from bot.wiring import diagnose_settings, gate_plan, launcher, sglang_client
 from playbooks.clock import make_clock
 from playbooks.diagnose import diagnose, judge_change
@@ -154,6 +154,9 @@ class Kvpilot:
         except CommandError as exc:
             return Reply(Message.note(f":warning: {exc}"))
         action: Action = cmd.name  # type: ignore[assignment]
+        if cmd.name in ("approve", "reject"):  # decided against the proposer in decide()
+            pid = cmd.proposal_id or 0
+            return Reply(None, lambda s: self.decide_by_id(who, s, pid, cmd.name))
         refused = self._check(who, action, server=cmd.server, experiment_id=cmd.experiment_id)
         if refused is not None:
             return Reply(Message.note(f":no_entry: Not allowed: {refused}."))
@@ -396,8 +399,13 @@ class Kvpilot:
         hash_prefix: str,
         decision: str,
         where: MessageRef | None,
+        *,
+        start: bool = True,
     ) -> int | None:
-        """Approve or reject; an approval starts the experiment. Returns its id when started."""
+        """Approve or reject; an approval starts the experiment. Returns its id when started.
+
+        `start=False` leaves the new experiment to the caller (the command line carries it in
+        the foreground)."""
         db = self.db()
         action: Action = "approve" if decision == "approve" else "reject"
         try:
@@ -428,6 +436,9 @@ class Kvpilot:
             )
             return None
         if decision == "approve":
+            if self.runner.stopping.is_set():
+                refuse("kvpilot is restarting; approve again once it is back", audit_it=False)
+                return None
             if self.now() >= row.expires_at:
                 refuse(f"the proposal expired at {_hhmm(row.expires_at)}; propose it again")
                 self._mark_expired(row)
@@ -488,15 +499,28 @@ class Kvpilot:
                 row, ref, surface, f":warning: Approved by {mention(who.user)}, not started: {exc}"
             )
             return None
+        where_progress = "in the thread" if start else "in the approver's terminal"
         self._stamp(
             row,
             ref,
             surface,
             f":white_check_mark: Approved by {mention(who.user)} at {_hhmm(self.now())}; "
-            f"experiment {exp_id} is running (progress in the thread).",
+            f"experiment {exp_id} is running (progress {where_progress}).",
         )
-        self.runner.start(exp_id, thread=ref)
+        if start:
+            self.runner.start(exp_id, thread=ref)
         return exp_id
+
+    def decide_by_id(self, who: Principal, surface: Surface, proposal_id: int, verb: str) -> None:
+        """`approve ID` / `reject ID` typed as a command: the proposal as it is stored now."""
+        try:
+            row = proposal_store.get_proposal(self.db(), proposal_id)
+        except NotFound:
+            self.deny(who, verb, f"no proposal {proposal_id}", proposal_id=proposal_id)
+            surface.whisper(who, Message.note(f":warning: There is no proposal {proposal_id}."))
+            return
+        ref = chat.find_message(self.db(), "proposal", proposal_id, "approval")
+        self.decide(who, surface, proposal_id, row.plan_hash[:16], verb, ref)
 
     def _stamp(
         self, row: proposal_store.ProposalRow, ref: MessageRef | None, surface: Surface, text: str
@@ -537,7 +561,7 @@ class Kvpilot:
                 continue
             self._mark_expired(row)
             ref = chat.find_message(self.db(), "proposal", pid, "approval")
-            if ref is not None:
+            if ref is not None and ref.channel != LOCAL_CHANNEL:  # a terminal's is gone
                 self._stamp(
                     row,
                     ref,

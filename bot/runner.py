@@ -1,6 +1,8 @@
 """Runs approved experiments in the background and reports on them in their thread.
 
-One thread per experiment (at most one per server, which storage enforces). Progress goes
+One thread per experiment (at most one per server, which storage enforces), holding the
+experiment's lease while it works, so another kvpilot process never carries it at the same
+time; one that another living process holds is left to that process. Progress goes
 into one message that is edited in place, at most every `progress_every_s` and on every state
 change, so the channel is not flooded; the verdict follows as a reply with a before/after
 chart. Where that message is, is stored, so a restarted bot carries on editing it.
@@ -22,10 +24,12 @@ from bot.config import Config
 from bot.messages import Message
 from bot.wiring import experiment_clock, experiment_deps
 from playbooks import experiment as engine
-from storage import chat
+from playbooks.ownership import Lease, OwnershipLost
+from storage import audit, chat
 from storage import experiments as store
 from storage import samples as sample_store
 from storage.chat import MessageRef
+from storage.db import open_db
 from storage.experiments import TERMINAL, State
 
 if TYPE_CHECKING:
@@ -52,6 +56,15 @@ class ExperimentRunner:
         self.progress_every_s = progress_every_s
         self._threads: dict[int, threading.Thread] = {}
         self._lock = threading.Lock()
+        # Set on shutdown: no new experiments start, and running ones stop at their next check.
+        self.stopping = threading.Event()
+
+    def connect(self) -> Database:
+        """A connection of its own, for a lease (which may outlive a thread's connection)."""
+        return open_db(self.config.database)
+
+    def lease(self, exp_id: int = 0) -> Lease:
+        return Lease(self.connect, exp_id, stopping=self.stopping)
 
     # ------------------------------------------------------------------ lifecycle
     def create(self, proposal: ProposalRow, *, approved_by: str) -> int:
@@ -64,38 +77,71 @@ class ExperimentRunner:
                 approved_by=approved_by,
                 reason=f"approved in chat (proposal {proposal.id})",
                 proposal_id=proposal.id,
+                owner=self.lease(),
             )
         finally:
             deps.client.close()
 
-    def start(self, exp_id: int, *, thread: MessageRef | None) -> None:
+    def start(self, exp_id: int, *, thread: MessageRef | None, resume: bool = False) -> None:
+        if self.stopping.is_set():
+            return
         with self._lock:
             running = self._threads.get(exp_id)
             if running is not None and running.is_alive():
                 return
             worker = threading.Thread(
-                target=self._run, args=(exp_id, thread), name=f"experiment-{exp_id}", daemon=True
+                target=self._run,
+                args=(exp_id, thread, resume),
+                name=f"experiment-{exp_id}",
+                daemon=True,
             )
             self._threads[exp_id] = worker
             worker.start()
 
     def resume_all(self) -> list[int]:
-        """After a bot restart: pick up every experiment that was running."""
+        """After a bot restart: pick up every experiment that was running and that no other
+        living kvpilot process carries."""
         resumed: list[int] = []
         for row in store.active_experiments(self.db()):
             if row.state == State.proposed:
                 continue
-            deps = experiment_deps(self.config, row.server, self.db())
-            try:
-                engine.resume_policy(deps, row.id, actor="kvpilot")
-            finally:
-                deps.client.close()
+            lease = self.lease(row.id)
+            if not lease.acquire():
+                held_by, until = lease.holder()
+                log.info("experiment %s is carried by %s (until %s)", row.id, held_by, until)
+                continue
             thread = None
             if row.proposal_id is not None:
                 thread = chat.find_message(self.db(), "proposal", row.proposal_id, "approval")
-            self.start(row.id, thread=thread)
+            self.start(row.id, thread=thread, resume=True)
             resumed.append(row.id)
         return resumed
+
+    def shutdown(self, *, grace_s: float = 10.0, why: str = "") -> list[dict[str, Any]]:
+        """Stop carrying experiments (SIGTERM): each stops at its next check, within `grace_s`
+        unless it is inside a restart; where each was left is audited. The next start
+        resumes them."""
+        self.stopping.set()
+        with self._lock:
+            threads = dict(self._threads)
+        deadline = time.monotonic() + grace_s
+        for t in threads.values():
+            t.join(max(0.0, deadline - time.monotonic()))
+        left = [
+            {
+                "id": row.id,
+                "server": row.server,
+                "state": str(row.state),
+                "stopped": not (row.id in threads and threads[row.id].is_alive()),
+            }
+            for row in store.active_experiments(self.db())
+            if row.id in threads
+        ]
+        audit.record(
+            self.db(),
+            audit.BotStopped(actor="kvpilot", created=self.now(), experiments=left, signal=why),
+        )
+        return left
 
     def abort(self, exp_id: int, *, actor: str) -> None:
         row = store.get_experiment(self.db(), exp_id)
@@ -120,13 +166,22 @@ class ExperimentRunner:
             return any(t.is_alive() for t in self._threads.values())
 
     # ------------------------------------------------------------------ the work
-    def _run(self, exp_id: int, thread: MessageRef | None) -> None:
+    def _run(self, exp_id: int, thread: MessageRef | None, resume: bool) -> None:
+        lease = self.lease(exp_id)
+        if not lease.acquire():
+            held_by, _ = lease.holder()
+            log.info("experiment %s is carried by %s; left to it", exp_id, held_by)
+            return
         try:
-            self._carry(exp_id, thread)
+            self._carry(exp_id, thread, lease, resume)
+        except OwnershipLost as exc:
+            log.info("experiment %s: stopped carrying it: %s", exp_id, exc)
         except Exception:  # keep the bot alive; the state machine is persisted
             log.exception("experiment %s stopped with an error", exp_id)
+        finally:
+            lease.release()
 
-    def _carry(self, exp_id: int, thread: MessageRef | None) -> None:
+    def _carry(self, exp_id: int, thread: MessageRef | None, lease: Lease, resume: bool) -> None:
         db = self.db()
         row = store.get_experiment(db, exp_id)
         channel = thread.channel if thread else self._default_channel()
@@ -153,7 +208,11 @@ class ExperimentRunner:
                 log.exception("progress update failed")
 
         deps = experiment_deps(self.config, row.server, db, on_progress)
+        lease.start()
+        deps.lease = lease
         try:
+            if resume:
+                engine.resume_policy(deps, exp_id, actor="kvpilot")
             final = engine.run(deps, exp_id)
         finally:
             deps.client.close()

@@ -12,6 +12,10 @@ from bot.auth import Principal
 from bot.messages import Message
 from storage.chat import MessageRef
 
+# The channel the terminal front ends (console, command line) remember their messages under:
+# nobody else can edit those messages later.
+LOCAL_CHANNEL = "console"
+
 
 class Surface(Protocol):
     channel: str

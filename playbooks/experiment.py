@@ -34,11 +34,12 @@ from playbooks import gate as gate_mod
 from playbooks.clock import Clock
 from playbooks.fleet import RestartLimiter
 from playbooks.launchers.base import Launcher, LaunchError, with_change
+from playbooks.ownership import Lease, OwnershipLost
 from playbooks.sources.sglang import SGLangClient, SGLangError
 from storage import audit, servers
 from storage import experiments as store
 from storage import samples as sample_store
-from storage.errors import IllegalTransition, StaleState
+from storage.errors import IllegalTransition, LeaseNotHeld, StaleState
 from storage.experiments import TERMINAL, State
 from storage.restart_slots import Purpose
 
@@ -81,10 +82,21 @@ class Deps:
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
     on_progress: Callable[[str], None] | None = None
     restarts: RestartLimiter | None = None  # the restart slots of the server's group, if any
+    lease: Lease | None = None  # this process's claim on the experiment (see ownership.py)
+    # Asked between steps and at every scrape: a person at the terminal wants it stopped.
+    interrupt: Callable[[], StopRequest | None] | None = None
 
     def say(self, message: str) -> None:
         if self.on_progress is not None:
             self.on_progress(message)
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """Someone asked for the experiment to stop (Ctrl-C in the terminal): who, and why."""
+
+    actor: str
+    reason: str
 
 
 class ServerDown(Exception):
@@ -103,8 +115,12 @@ def create(
     approved_by: str | None,
     reason: str,
     proposal_id: int | None = None,
+    owner: Lease | None = None,
 ) -> int:
-    """Record the plan (proposed) and, when someone approved it, the approval."""
+    """Record the plan (proposed) and, when someone approved it, the approval.
+
+    With `owner`, the new experiment is leased to that process from its first moment.
+    """
     baseline = deps.launcher.current_args()
     trial = with_change(baseline, change)
     servers.register_server(
@@ -133,26 +149,51 @@ def create(
         actor=actor,
         now=deps.now(),
         proposal_id=proposal_id,
+        lease=None if owner is None else (owner.owner, owner.expiry()),
     )
+    if owner is not None:
+        owner.experiment_id = exp_id
     if approved_by is not None:
         store.transition(
-            deps.db, exp_id, State.approved, actor=approved_by, reason=reason, now=deps.now()
+            deps.db,
+            exp_id,
+            State.approved,
+            actor=approved_by,
+            reason=reason,
+            now=deps.now(),
+            expected_state=State.proposed,
         )
     return exp_id
 
 
-def abort(deps: Deps, exp_id: int, *, actor: str, reason: str) -> None:
-    row = store.get_experiment(deps.db, exp_id)
-    if row.state in TERMINAL:
-        return
-    if row.state in (State.proposed, State.approved, State.baseline):
-        store.transition(
-            deps.db, exp_id, State.cancelled, actor=actor, reason=reason, now=deps.now()
+def abort(deps: Deps, exp_id: int, *, actor: str, reason: str) -> store.ExperimentRow:
+    """Stop the experiment: cancel it before anything changed, else revert it.
+
+    Any process may abort (a person's decision); the process that carries the experiment sees
+    the move at its next scrape and follows it. Returns the row after the move.
+    """
+    while True:
+        row = store.get_experiment(deps.db, exp_id)
+        if row.state in TERMINAL or row.state in (State.reverting,):
+            return row
+        to = (
+            State.cancelled
+            if row.state in (State.proposed, State.approved, State.baseline)
+            else State.reverting
         )
-    else:
-        store.transition(
-            deps.db, exp_id, State.reverting, actor=actor, reason=reason, now=deps.now()
-        )
+        try:
+            return store.transition(
+                deps.db,
+                exp_id,
+                to,
+                actor=actor,
+                reason=reason,
+                now=deps.now(),
+                details={"cause": "aborted"},
+                expected_state=row.state,
+            )
+        except StaleState:
+            continue  # it moved meanwhile: decide again on the new state
 
 
 def resume_policy(deps: Deps, exp_id: int, *, actor: str) -> None:
@@ -161,39 +202,76 @@ def resume_policy(deps: Deps, exp_id: int, *, actor: str) -> None:
     audit.record(
         deps.db, audit.BotResumed(actor=actor, created=deps.now(), active_experiment_ids=[exp_id])
     )
-    if row.state in INTERRUPTED_ON_RESUME:
-        store.transition(
-            deps.db,
-            exp_id,
-            State.reverting,
-            actor=actor,
-            reason=f"kvpilot restarted while the experiment was in {row.state}: the measurement "
-            "was interrupted, so the change is reverted to the last-known-good "
-            "configuration",
-            now=deps.now(),
-        )
-    elif row.state == State.baseline:
-        store.transition(
-            deps.db,
-            exp_id,
-            State.cancelled,
-            actor=actor,
-            reason="kvpilot restarted during the baseline measurement; nothing had been changed, "
-            "so the experiment is cancelled (run it again)",
-            now=deps.now(),
-        )
+    owner = None if deps.lease is None else deps.lease.owner
+    lease_now = None if deps.lease is None else deps.lease.now()
+    try:
+        if row.state in INTERRUPTED_ON_RESUME:
+            store.transition(
+                deps.db,
+                exp_id,
+                State.reverting,
+                actor=actor,
+                reason=f"kvpilot restarted while the experiment was in {row.state}: the "
+                "measurement was interrupted, so the change is reverted to the last-known-good "
+                "configuration",
+                now=deps.now(),
+                details={"cause": "interrupted"},
+                expected_state=row.state,
+                lease_owner=owner,
+                lease_now=lease_now,
+            )
+        elif row.state == State.baseline:
+            store.transition(
+                deps.db,
+                exp_id,
+                State.cancelled,
+                actor=actor,
+                reason="kvpilot restarted during the baseline measurement; nothing had been "
+                "changed, so the experiment is cancelled (run it again)",
+                now=deps.now(),
+                details={"cause": "interrupted"},
+                expected_state=row.state,
+                lease_owner=owner,
+                lease_now=lease_now,
+            )
+    except LeaseNotHeld as exc:
+        raise OwnershipLost(str(exc)) from exc
 
 
 def run(deps: Deps, exp_id: int) -> store.ExperimentRow:
+    """Advance the experiment until it ends (or waits for a person, in `proposed`).
+
+    Raises `OwnershipLost` when another process has taken it over or this one is stopping:
+    the caller then leaves the server alone.
+    """
     while True:
         row = store.get_experiment(deps.db, exp_id)
         if row.state in TERMINAL or row.state == State.proposed:
             return row
         try:
+            _checkpoint(deps, row.id, row.state)
             step(deps, row)
         except (Interrupted, IllegalTransition, StaleState):
-            # Someone else moved the experiment meanwhile (an abort): re-read and follow it.
+            # Someone moved the experiment meanwhile (an abort): re-read and follow it.
             continue
+
+
+def _checkpoint(deps: Deps, exp_id: int, state: State) -> None:
+    """Between steps and at every scrape: still ours? Has a person asked us to stop?"""
+    if deps.lease is not None:
+        deps.lease.check()
+    if deps.interrupt is None or state in TERMINAL or state == State.reverting:
+        return
+    request = deps.interrupt()
+    if request is not None:
+        abort(deps, exp_id, actor=request.actor, reason=request.reason)
+        raise Interrupted(request.reason)
+
+
+def _before_restart(deps: Deps) -> None:
+    """The last check before the server is touched: renew the lease in the database itself."""
+    if deps.lease is not None:
+        deps.lease.check(sync=True)
 
 
 def _fault_pause(state: State) -> None:
@@ -233,9 +311,21 @@ def _move(
     details: dict[str, Any] | None = None,
 ) -> None:
     deps.say(f"{row.state} -> {to}: {reason}")
-    store.transition(
-        deps.db, row.id, to, actor="kvpilot", reason=reason, details=details, now=deps.now()
-    )
+    try:
+        store.transition(
+            deps.db,
+            row.id,
+            to,
+            actor="kvpilot",
+            reason=reason,
+            details=details,
+            now=deps.now(),
+            expected_state=row.state,
+            lease_owner=None if deps.lease is None else deps.lease.owner,
+            lease_now=None if deps.lease is None else deps.lease.now(),
+        )
+    except LeaseNotHeld as exc:
+        raise OwnershipLost(str(exc)) from exc
 
 
 # ----------------------------------------------------------------------------- states
@@ -247,6 +337,7 @@ def _approved(deps: Deps, row: store.ExperimentRow) -> None:
             row,
             State.cancelled,
             f"the server is not healthy before the change ({state.reason}): nothing changed",
+            {"cause": "not_ready"},
         )
         return
     _move(
@@ -270,7 +361,7 @@ def _measure_then(
     try:
         _collect(deps, row.id, phase, seconds)
     except ServerDown as exc:
-        _move(deps, row, State.reverting, f"{died}: {exc}")
+        _move(deps, row, State.reverting, f"{died}: {exc}", {"cause": "died"})
         return
     _move(deps, row, next_state, done)
 
@@ -310,6 +401,8 @@ def _give_back_restart_slot(deps: Deps, row: store.ExperimentRow) -> None:
 
 def _restarting(deps: Deps, row: store.ExperimentRow) -> None:
     _take_restart_slot(deps, row, "restart")
+    _checkpoint(deps, row.id, row.state)
+    _before_restart(deps)
     audit.record(
         deps.db,
         audit.RestartStarted(
@@ -341,7 +434,7 @@ def _restarting(deps: Deps, row: store.ExperimentRow) -> None:
             row,
             State.reverting,
             f"the changed server did not start: {exc.reason}",
-            {"log_tail": exc.log_tail[-2000:]},
+            {"cause": "failed_start", "log_tail": exc.log_tail[-2000:]},
         )
         return  # the slot stays taken: the server is down until the revert restores it
     _give_back_restart_slot(deps, row)
@@ -387,7 +480,13 @@ def _trial(deps: Deps, row: store.ExperimentRow) -> None:
         try:
             _collect(deps, row.id, "trial", plan.batch_s)
         except ServerDown as exc:
-            _move(deps, row, State.reverting, f"the changed server died under load: {exc}")
+            _move(
+                deps,
+                row,
+                State.reverting,
+                f"the changed server died under load: {exc}",
+                {"cause": "died"},
+            )
             return
         elapsed += plan.batch_s
         trial = _gate_samples(deps, row.id, "trial")
@@ -399,6 +498,7 @@ def _trial(deps: Deps, row: store.ExperimentRow) -> None:
                 row,
                 State.reverting,
                 f"the gate cannot judge this experiment ({exc}); reverting to be safe",
+                {"cause": "unjudgeable"},
             )
             return
         deps.say(f"trial {elapsed:.0f} s: {decision.rule}")
@@ -440,7 +540,13 @@ def _deciding(deps: Deps, row: store.ExperimentRow) -> None:
         )
         _move(deps, row, State.kept, str(result.get("rule", "the gate kept the change")))
         return
-    _move(deps, row, State.reverting, str(result.get("rule", "the gate reverted the change")))
+    _move(
+        deps,
+        row,
+        State.reverting,
+        str(result.get("rule", "the gate reverted the change")),
+        {"cause": str(result.get("verdict") or "not_improved")},
+    )
 
 
 def _reverting(deps: Deps, row: store.ExperimentRow) -> None:
@@ -453,6 +559,7 @@ def _reverting(deps: Deps, row: store.ExperimentRow) -> None:
         )
         return
     _take_restart_slot(deps, row, "revert")
+    _before_restart(deps)
     try:
         deps.launcher.apply(target)
     except LaunchError as exc:
@@ -502,6 +609,11 @@ def _collect(deps: Deps, exp_id: int, phase: sample_store.Phase, seconds: float)
     rows: list[sample_store.Sample] = []
     expected = store.get_experiment(deps.db, exp_id).state
     while deps.clock.now() < end:
+        try:
+            _checkpoint(deps, exp_id, expected)
+        except (Interrupted, OwnershipLost):
+            sample_store.add_samples(deps.db, rows)
+            raise
         if store.get_experiment(deps.db, exp_id).state != expected:
             sample_store.add_samples(deps.db, rows)
             raise Interrupted(f"experiment {exp_id} left {expected}")

@@ -186,6 +186,18 @@ class BotResumed(AuditEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class BotStopped(AuditEvent):
+    """The bot was asked to stop (SIGTERM): where each experiment it carried was left.
+
+    Each entry has ``id``, ``server``, ``state`` and ``stopped`` (False when its work was still
+    inside a restart when the bot exited); the next start resumes them."""
+
+    name: ClassVar[str] = "bot_stopped"
+    experiments: list[JSON] = field(default_factory=list)
+    signal: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Note(AuditEvent):
     """Free text for anything without its own kind."""
 
@@ -238,6 +250,7 @@ EVENT_TYPES: dict[str, type[AuditEvent]] = {
         GuardrailTripped,
         VerdictReached,
         BotResumed,
+        BotStopped,
         Note,
         AccessDenied,
         RequestRejected,

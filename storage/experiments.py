@@ -135,12 +135,15 @@ def create_experiment(
     proposal_id: int | None = None,
     state: State = State.proposed,
     deadline_at: datetime | None = None,
+    lease: tuple[str, datetime] | None = None,
 ) -> int:
     """Create an experiment in ``state`` and return its id.
 
     Raises ``ActiveExperimentExists`` if the server already has an active experiment. The
     check and the insert share one write transaction, and a partial unique index backs it up,
-    so two processes racing to start an experiment cannot both succeed.
+    so two processes racing to start an experiment cannot both succeed. ``lease`` (owner,
+    expiry) makes the creator its owner from the first moment, so no other process can adopt
+    it before the creator starts work on it.
     """
     state = State(state)
     if state not in ACTIVE:
@@ -154,8 +157,9 @@ def create_experiment(
             cursor = db.execute(
                 "INSERT INTO experiments (server, proposal_id, state, change_json,"
                 " baseline_config_json, trial_config_json, settings_json, result_json,"
-                " created_at, updated_at, step_started_at, deadline_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
+                " created_at, updated_at, step_started_at, deadline_at, lease_owner,"
+                " lease_expires_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?)",
                 [
                     server,
                     proposal_id,
@@ -168,6 +172,8 @@ def create_experiment(
                     stamp,
                     stamp,
                     None if deadline_at is None else utc_iso(deadline_at),
+                    None if lease is None else lease[0],
+                    None if lease is None else utc_iso(lease[1]),
                 ],
             )
         except sqlite3.IntegrityError as exc:
@@ -234,13 +240,16 @@ def transition(
     details: JSON | None = None,
     expected_state: State | None = None,
     lease_owner: str | None = None,
+    lease_now: datetime | None = None,
     deadline_at: datetime | None = None,
 ) -> ExperimentRow:
     """Move the experiment to ``to_state`` and return the updated row.
 
     Refuses with ``IllegalTransition`` if the table has no such move, with ``StaleState`` if
     ``expected_state`` is given and the experiment has moved on since the caller read it, and
-    with ``LeaseNotHeld`` if ``lease_owner`` is given and does not hold a live lease.
+    with ``LeaseNotHeld`` if ``lease_owner`` is given and does not hold a live lease at
+    ``lease_now`` (leases are on the wall clock; ``now``, the time the move is stamped with, may
+    be an accelerated twin's).
     ``deadline_at`` is the new step's deadline (``None`` clears the old one). Reaching a
     terminal state releases the lease.
     """
@@ -251,7 +260,7 @@ def transition(
         current = get_experiment(db, experiment_id)
         if expected_state is not None and current.state != expected_state:
             raise StaleState(f"experiment {experiment_id} is {current.state}, not {expected_state}")
-        if lease_owner is not None and not _holds_lease(current, lease_owner, now):
+        if lease_owner is not None and not _holds_lease(current, lease_owner, lease_now or now):
             raise LeaseNotHeld(
                 f"experiment {experiment_id} is leased to {current.lease_owner}, not {lease_owner}"
             )
@@ -325,12 +334,21 @@ def transitions(db: Database, experiment_id: int) -> list[TransitionRow]:
 
 
 def acquire_lease(
-    db: Database, experiment_id: int, owner: str, now: datetime, ttl_s: float
+    db: Database,
+    experiment_id: int,
+    owner: str,
+    now: datetime,
+    ttl_s: float,
+    *,
+    take_from: str | None = None,
 ) -> bool:
     """Take or renew the experiment's lease for ``ttl_s`` seconds; ``False`` if another
     owner holds a lease that has not expired, or the experiment is finished.
 
-    One conditional UPDATE does the check and the write, so two processes cannot both win.
+    ``take_from`` names a holder the caller knows to be dead (its process is gone): its lease
+    is taken over before it expires, but only if that holder still has it, so two processes
+    that both saw the dead holder cannot both win. One conditional UPDATE does the check and
+    the write, so two processes cannot both win in any case.
     """
     if ttl_s <= 0:
         raise ValueError("ttl_s must be positive")
@@ -340,7 +358,8 @@ def acquire_lease(
         "UPDATE experiments SET lease_owner = ?, lease_expires_at = ?"
         " WHERE id = ?"
         f" AND state NOT IN ({marks})"
-        " AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
+        " AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?"
+        " OR lease_owner = ?)",
         [
             owner,
             utc_iso(now + timedelta(seconds=ttl_s)),
@@ -348,6 +367,7 @@ def acquire_lease(
             *sorted(s.value for s in TERMINAL),
             owner,
             stamp,
+            take_from,
         ],
     )
     if cursor.rowcount == 1:

@@ -112,7 +112,7 @@ def test_a_failed_restart_keeps_the_slot_until_the_revert_is_done() -> None:
 class AbortingClock(ManualClock):
     """Runs `abort` after a few sleeps: an operator aborts while the experiment waits."""
 
-    def __init__(self, abort: Callable[[], None]) -> None:
+    def __init__(self, abort: Callable[[], object]) -> None:
         super().__init__()
         self.abort = abort
         self.sleeps = 0

@@ -1,0 +1,211 @@
+"""One process at a time carries an experiment: its lease, kept alive while the process works.
+
+Two kvpilot processes (a `kvpilot serve` and a `kvpilot resume`, two consoles, a bot restarted
+by systemd next to the old one still stopping) must never both restart the same server. Before
+touching an experiment a process takes its lease in the database; a thread renews it every few
+seconds while the process lives; every state change names the owner and the state it expects,
+and the lease is checked again (synchronously) right before any restart. A lease is taken over
+only once it has expired, or at once when its holder is a process on this host that no longer
+exists (a crashed or killed kvpilot), so recovery after a crash does not wait out the lease.
+
+Lease times are always wall-clock UTC, never the scaled clock of an accelerated twin: two
+processes compare them, and each has its own scaled clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import psutil
+from sqlite_utils import Database
+
+from storage import experiments as store
+
+log = logging.getLogger(__name__)
+
+LEASE_TTL_S = 30.0  # how long a silent holder keeps the experiment (wall seconds)
+RENEW_EVERY_S = 5.0  # how often a living holder renews
+
+
+class OwnershipLost(Exception):
+    """This process no longer carries the experiment: another took it over, or this process
+    is shutting down. Whoever catches it must not touch the server for that experiment again."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A process, named so that another process on the same host can tell if it still lives."""
+
+    host: str
+    pid: int
+    started: int  # the process's start time in ms: a reused pid is a different process
+    nonce: str
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.pid}/{self.started}/{self.nonce}"
+
+    @classmethod
+    def parse(cls, text: str) -> Owner | None:
+        parts = text.rsplit("/", 3)
+        if len(parts) != 4 or not parts[1].isdigit() or not parts[2].isdigit():
+            return None
+        return cls(parts[0], int(parts[1]), int(parts[2]), parts[3])
+
+    def gone(self) -> bool:
+        """True only when this owner is certainly dead: same host, and no process with its pid
+        and start time. A holder on another host is never presumed dead; its lease expires."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            return _start_ms(self.pid) != self.started
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return True
+        except psutil.Error:  # cannot tell (permissions): let the lease expire
+            return False
+
+
+def _start_ms(pid: int) -> int:
+    return int(psutil.Process(pid).create_time() * 1000)
+
+
+_THIS: Owner | None = None
+
+
+def this_process() -> Owner:
+    """This process's owner name (one per process: its threads share it)."""
+    global _THIS  # noqa: PLW0603 - one identity per process, made on first use
+    pid = os.getpid()
+    if _THIS is None or _THIS.pid != pid:  # a forked child is another owner
+        _THIS = Owner(socket.gethostname(), pid, _start_ms(pid), secrets.token_hex(4))
+    return _THIS
+
+
+def wall_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Lease:
+    """This process's claim on one experiment.
+
+    `acquire()` takes it (or says who has it); `start()` begins renewing it in a thread with
+    its own database connection; `check()` raises `OwnershipLost` once it is gone, and, with
+    `sync=True`, first renews it in the database, which is what a restart is preceded by;
+    `release()` gives it up. Each database call opens its own short-lived connection, so a
+    lease can be taken in one thread and used in another.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Database],
+        experiment_id: int = 0,  # 0: not yet created (`experiment.create` sets it)
+        *,
+        owner: Owner | None = None,
+        ttl_s: float = LEASE_TTL_S,
+        renew_every_s: float = RENEW_EVERY_S,
+        now: Callable[[], datetime] = wall_now,
+        stopping: threading.Event | None = None,
+    ) -> None:
+        self.connect = connect
+        self.experiment_id = experiment_id
+        self.owner = str(owner or this_process())
+        self.ttl_s = ttl_s
+        self.renew_every_s = min(renew_every_s, ttl_s / 3)
+        self.now = now
+        self.stopping = stopping or threading.Event()
+        self._lost = threading.Event()
+        self._lost_why = ""
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def _db(self) -> Iterator[Database]:
+        db = self.connect()
+        try:
+            yield db
+        finally:
+            db.close()
+
+    def _take(self, take_from: str | None = None) -> bool:
+        with self._db() as db:
+            return store.acquire_lease(
+                db, self.experiment_id, self.owner, self.now(), self.ttl_s, take_from=take_from
+            )
+
+    def expiry(self) -> datetime:
+        return self.now() + timedelta(seconds=self.ttl_s)
+
+    def holder(self) -> tuple[str | None, datetime | None]:
+        """Who holds the lease now, and until when (None when nobody does)."""
+        with self._db() as db:
+            row = store.get_experiment(db, self.experiment_id)
+        return row.lease_owner, row.lease_expires_at
+
+    def acquire(self) -> bool:
+        """Take the lease; False when a living process holds it (`holder()` says who)."""
+        if self._take():
+            return True
+        held_by, _ = self.holder()
+        parsed = None if held_by is None else Owner.parse(held_by)
+        if held_by is not None and parsed is not None and parsed.gone():
+            taken = self._take(take_from=held_by)
+            if taken:
+                log.info("experiment %s: taken over from %s (gone)", self.experiment_id, held_by)
+            return taken
+        return False
+
+    def start(self) -> None:
+        """Renew the lease in the background until `release()`; a failed renewal marks it lost."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(
+            target=self._renew_loop, name=f"lease-{self.experiment_id}", daemon=True
+        )
+        self._thread.start()
+
+    def _renew_loop(self) -> None:
+        db = self.connect()
+        try:
+            while not self._done.wait(self.renew_every_s):
+                if self.stopping.is_set():
+                    continue  # stop work, but keep the lease until the work has stopped
+                try:
+                    if not store.acquire_lease(
+                        db, self.experiment_id, self.owner, self.now(), self.ttl_s
+                    ):
+                        self._lose("another kvpilot process took the experiment over")
+                        return
+                except Exception as exc:  # the database is unreachable: stop acting
+                    log.warning("renewing the lease of %s failed: %s", self.experiment_id, exc)
+        finally:
+            db.close()
+
+    def _lose(self, why: str) -> None:
+        self._lost_why = why
+        self._lost.set()
+
+    def check(self, *, sync: bool = False) -> None:
+        """Raise `OwnershipLost` if this process must stop touching the experiment."""
+        if self.stopping.is_set():
+            raise OwnershipLost("kvpilot is stopping; its next start carries the experiment on")
+        if self._lost.is_set():
+            raise OwnershipLost(self._lost_why)
+        if sync and not self._take():
+            held_by, _ = self.holder()
+            self._lose(f"the lease is held by {held_by or 'nobody'}")
+            raise OwnershipLost(self._lost_why)
+
+    def release(self) -> None:
+        """Stop renewing and give the lease up (a finished experiment has none to give)."""
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with self._db() as db:
+            store.release_lease(db, self.experiment_id, self.owner)
