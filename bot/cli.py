@@ -216,6 +216,9 @@ def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except (ConfigError, serve.SettingsError, StorageError) as exc:
         err.write(f"error: {exc}\n")
         return 2
+    except serve.ListenError as exc:  # the environment, not the command line
+        err.write(f"error: {exc}\n")
+        return 1
 
 
 def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
