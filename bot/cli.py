@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument(
         "--yes",
         action="store_true",
-        help="approve what kvpilot recommends without asking (the default without a terminal)",
+        help="approve what kvpilot recommends without asking; without a terminal and "
+        "without --yes the console refuses every choice and exits with status 2",
     )
     add_report_parser(sub)
     return parser
@@ -207,7 +208,7 @@ def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         config = load(ns.config)
         if ns.command == "console":
-            return console.main(config, ns.commands, auto=ns.yes, out=out)
+            return console.main(config, ns.commands, auto=ns.yes, out=out, err=err)
         logs.configure("INFO", json=True, secrets=logs.config_secrets(config))
         if ns.port is not None and not 0 < ns.port < 65536:
             raise serve.SettingsError(f"--port must be 1..65535, got {ns.port}")
@@ -215,6 +216,9 @@ def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except (ConfigError, serve.SettingsError, StorageError) as exc:
         err.write(f"error: {exc}\n")
         return 2
+    except serve.ListenError as exc:  # the environment, not the command line
+        err.write(f"error: {exc}\n")
+        return 1
 
 
 def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -2,13 +2,15 @@
 
 Commands are typed as in Slack, without the slash (`diagnose incident`, `propose incident
 mem_fraction_static=0.88`, ...); messages are the same templates printed as text; buttons
-become numbered choices. With `--yes`, or when there is no terminal, the console approves what
-kvpilot recommends (the diagnosis's recommended proposal, then its approval) and says so.
+become numbered choices. Only `--yes` approves without asking: it picks what kvpilot recommends
+(the diagnosis's recommended proposal, then its approval) and says so. Without a terminal and
+without `--yes` (cron, CI, `ssh host kvpilot console -c ...`) nobody can confirm, so the console
+still runs what needs no choice but refuses at the first button, changes nothing, and exits
+with status 2: a missing terminal must never stand for a yes.
 """
 
 from __future__ import annotations
 
-import getpass
 import sys
 import threading
 from collections.abc import Iterable
@@ -17,9 +19,11 @@ from typing import TextIO
 
 from sqlite_utils import Database
 
+from bot import exit_codes
 from bot.auth import CONSOLE_PREFIX, Principal
 from bot.config import Config
 from bot.flow import APPROVE, PROPOSE_OPTION, Kvpilot
+from bot.identity import os_user
 from bot.messages import Button, Message, plain
 from bot.report_hook import make_report_hook
 from bot.sampler import Sampler
@@ -30,6 +34,11 @@ from storage.db import open_db
 from storage.errors import NotFound
 
 CHANNEL = LOCAL_CHANNEL
+NO_TERMINAL = (
+    "confirmation needed and there is no terminal: re-run in a terminal or with --yes to "
+    "approve what kvpilot recommends"
+)
+EXIT_REFUSED = exit_codes.USAGE  # as `kvpilot experiment` without --yes or a terminal
 
 
 class ConsoleSurface:
@@ -98,12 +107,19 @@ class Console:
         out: TextIO,
         stdin: TextIO,
         auto: bool,
+        can_ask: bool = True,
+        err: TextIO = sys.stderr,
         user: str | None = None,
     ) -> None:
+        """`auto`: choose what kvpilot recommends (`--yes`). Otherwise ask on `stdin`, or, when
+        `can_ask` is false (no terminal), refuse every choice and set `refused`."""
         self.out = out
+        self.err = err
         self.stdin = stdin
         self.auto = auto
-        name = user or _local_user()
+        self.can_ask = can_ask
+        self.refused = False
+        name = user or os_user()
         self.who = Principal(CONSOLE_PREFIX + name, CHANNEL)
         self.surface = ConsoleSurface(out, Path(config.state_dir) / "charts")
         self.sampler = Sampler(config, open_db(config.database))
@@ -145,7 +161,13 @@ class Console:
             items = self.surface.take_buttons()
             if not items:
                 return
-            chosen = self._auto_choice(items) if self.auto else self._ask(items)
+            if self.auto:
+                chosen = self._auto_choice(items)
+            elif self.can_ask:
+                chosen = self._ask(items)
+            else:
+                self._refuse(items)
+                return
             if chosen is None:
                 return
             ts, button = chosen
@@ -157,13 +179,20 @@ class Console:
             if reply.work is not None:
                 reply.work(self.surface)
 
+    def _refuse(self, items: list[tuple[str, Button]]) -> None:
+        """Nobody is there to confirm: leave every choice untaken and say how to make one."""
+        self.refused = True
+        self.say("> not chosen (no terminal): " + ", ".join(b.label for _, b in items))
+        self.err.write(f"error: {NO_TERMINAL}\n")
+        self.err.flush()
+
     def _auto_choice(self, items: list[tuple[str, Button]]) -> tuple[str, Button] | None:
         for ts, b in items:
             if b.action_id.startswith(PROPOSE_OPTION) and self._recommended(b.value):
                 self.say(f"> auto: {b.label} (the recommended change)")
                 return ts, b
             if b.action_id == APPROVE:
-                self.say("> auto: Approve (non-interactive run approves what kvpilot recommends)")
+                self.say("> auto: Approve (--yes approves what kvpilot recommends)")
                 return ts, b
         self.say("> auto: nothing recommended to act on")
         return None
@@ -199,10 +228,12 @@ class Console:
             self.say(f"resumed experiment(s) {resumed} left running by a previous kvpilot")
             self.kv.runner.join()
         for line in commands:
+            if self.refused:  # later commands may build on the choice that was not made
+                return
             if line.strip():
                 self.say(f"kvpilot> {line.strip()}")
                 self.run_command(line)
-        if self.auto or not self.stdin.isatty():
+        if self.refused or self.auto or not self.stdin.isatty():
             return
         self.say("Type a command (help lists them), or quit.")
         while True:
@@ -215,19 +246,22 @@ class Console:
                 self.run_command(line)
 
 
-def _local_user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "operator"
-
-
-def main(config: Config, commands: list[str], *, auto: bool, out: TextIO = sys.stdout) -> int:
-    console = Console(config, out=out, stdin=sys.stdin, auto=auto or not sys.stdin.isatty())
+def main(
+    config: Config,
+    commands: list[str],
+    *,
+    auto: bool,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+) -> int:
+    """Exit status 2 when a choice was needed and nobody could make it (no terminal, no --yes)."""
+    console = Console(
+        config, out=out, err=err, stdin=sys.stdin, auto=auto, can_ask=sys.stdin.isatty()
+    )
     console.start_background()
     try:
         console.loop(commands)
     finally:
         console.stop_background()
         console.kv.close()
-    return 0
+    return EXIT_REFUSED if console.refused else 0

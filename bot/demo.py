@@ -4,8 +4,10 @@ It writes `demo/kvpilot.toml` for the SGLang twin running the incident (Kimi-K2.
 150 clients, mem-fraction-static 0.85) at 200x speed, starts the twin through the process
 launcher, and runs the terminal front end: the diagnosis, the proposals with their verdicts,
 an approval, the experiment with its progress and verdict, and the daily report with its chart.
-In a terminal it asks before acting; without one it approves what kvpilot recommends and says
-so. It always stops what it started, and leaves `demo/` (database, logs, charts) to explore.
+In a terminal it asks before acting. Without one (or with --yes) it gives the console the
+explicit `--yes` and says so: the demo acts only on the twin it started itself, whereas
+`kvpilot console` without a terminal and without `--yes` refuses to choose. It always stops
+what it started, and leaves `demo/` (database, logs, charts) to explore.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ def banner(out: TextIO, text: str) -> None:
     out.flush()
 
 
-def run(workdir: Path, out: TextIO, stdin: TextIO, auto: bool) -> int:
+def run(workdir: Path, out: TextIO, stdin: TextIO, auto: str | None) -> int:
+    """`auto`: why the console approves what kvpilot recommends (None: it asks in the terminal)."""
     from bot.cli import main as kvpilot  # noqa: PLC0415 - the CLI imports the whole bot
 
     if workdir.exists():
@@ -85,10 +88,13 @@ def run(workdir: Path, out: TextIO, stdin: TextIO, auto: bool) -> int:
         out.write(err.getvalue())
         return 1
     config = load(str(path))
-    console = Console(config, out=out, stdin=stdin, auto=auto)
+    console = Console(config, out=out, stdin=stdin, auto=auto is not None)
     try:
-        if auto:
-            out.write("(no terminal: the demo approves what kvpilot recommends, and says so)\n")
+        if auto is not None:
+            out.write(
+                f"({auto}: the demo runs the console with --yes, which approves what kvpilot "
+                "recommends on the demo's own twin, and says so)\n"
+            )
         console.start_background()
         began = console.sampler.clock.now()
         banner(out, "1. Diagnose: measure the server and name its bottleneck")
@@ -118,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         "--yes", action="store_true", help="approve what kvpilot recommends without asking"
     )
     ns = p.parse_args(argv)
-    auto = ns.yes or not sys.stdin.isatty()
+    auto = "--yes" if ns.yes else None if sys.stdin.isatty() else "no terminal"
     return run(Path(ns.dir), sys.stdout, sys.stdin, auto)
 
 

@@ -3,14 +3,18 @@
 Settings come from the environment (tokens never go in kvpilot.toml, which is often in a
 repository): SLACK_BOT_TOKEN always; SLACK_APP_TOKEN selects Socket Mode; otherwise HTTP mode
 needs SLACK_SIGNING_SECRET; SLACK_API_URL points the Web API elsewhere (a proxy, or a local
-Slack-compatible server in tests). Everything is checked before anything starts.
+Slack-compatible server in tests). Everything is checked before anything starts, and the HTTP
+port is bound before the bot starts working: a taken port ends the process at once, with one
+line naming it, instead of leaving a bot that systemd thinks is healthy but that never answers.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
+import socket
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -39,10 +43,91 @@ from storage.db import open_db
 
 log = logging.getLogger(__name__)
 EXPIRY_TICK_S = 30.0
+DEFAULT_PORT = 3000
+HTTP_START_TIMEOUT_S = 30.0
+LISTEN_HINTS = {
+    errno.EADDRINUSE: "is another kvpilot serve running? choose another --port",
+    errno.EACCES: "ports below 1024 need privileges: choose another --port",
+    errno.EADDRNOTAVAIL: "--host must be an address of this machine, or 0.0.0.0",
+}
 
 
 class SettingsError(Exception):
     """A missing or malformed environment setting; the message says which and how to fix it."""
+
+
+class ListenError(Exception):
+    """The HTTP port could not be opened; the message names the address and what to try."""
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Bind and listen here, in the calling thread, so that a failure is ours to report.
+
+    Left to uvicorn, the bind happens in its thread, and a failure there only ends that thread
+    while the process lives on. A listening socket accepts connections from this moment on.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restarts rebind
+        sock.bind((host, port))
+        sock.listen(2048)
+    except socket.gaierror as exc:
+        sock.close()
+        reason, hint = f"unknown host ({exc.strerror})", "--host must name this machine"
+    except OSError as exc:
+        sock.close()
+        reason = (exc.strerror or str(exc)).lower()
+        hint = LISTEN_HINTS.get(exc.errno or 0, "choose another --host or --port")
+    else:
+        return sock
+    raise ListenError(f"cannot listen on {_address(host, port)}: {reason} ({hint})")
+
+
+class _HttpServer(uvicorn.Server):
+    """uvicorn's server that tells the main thread when its start-up is over, however it ended."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.settled = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        finally:
+            self.settled.set()
+
+
+def serve_http(app: Starlette, sock: socket.socket) -> uvicorn.Server:
+    """Serve `app` on the listening `sock` in a thread; return once it serves, else raise."""
+    server = _HttpServer(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="off",
+            log_config=None,  # uvicorn logs through ours: JSON lines, secrets redacted
+        )
+    )
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            server.settled.set()  # also when it failed before its start-up
+
+    threading.Thread(target=run, name="kvpilot-http", daemon=True).start()
+    server.settled.wait(HTTP_START_TIMEOUT_S)
+    if not server.started:
+        server.should_exit = True
+        host, port = sock.getsockname()[:2]
+        raise ListenError(
+            f"cannot serve HTTP on {_address(host, port)}: the server did not start "
+            "(its log lines above say why)"
+        )
+    return server
 
 
 @dataclass(frozen=True)
@@ -216,9 +301,17 @@ def run(
     host: str,
     port: int | None,
 ) -> int:
-    """Run until SIGINT/SIGTERM. Socket Mode serves /healthz on `port` when one is given."""
+    """Run until SIGINT/SIGTERM. Socket Mode serves /healthz on `port` when one is given.
+
+    The port is bound before anything starts (sampler, schedules, resumed experiments, Slack),
+    so a second `kvpilot serve` on a taken port does nothing but fail with ListenError.
+    """
     settings = slack_settings(env)
     bot = Bot(config, settings)
+    if port is None and not settings.socket_mode:
+        port = DEFAULT_PORT
+    sock = listen(host, port) if port is not None else None
+    address = _address(host, port) if port is not None else ""
     bot.start_background()
     done = threading.Event()
 
@@ -231,19 +324,13 @@ def run(
     if settings.socket_mode:
         bot.start_socket_mode()
         log.info("connected to Slack in Socket Mode")
-    if port is not None or not settings.socket_mode:
-        server = uvicorn.Server(
-            uvicorn.Config(
-                bot.http_app(),
-                host=host,
-                port=port or 3000,
-                log_level="warning",
-                lifespan="off",
-                log_config=None,  # uvicorn logs through ours: JSON lines, secrets redacted
-            )
-        )
-        threading.Thread(target=server.run, name="kvpilot-http", daemon=True).start()
-        log.info("listening on http://%s:%s (/slack/events, /healthz)", host, port or 3000)
+    if sock is not None:
+        try:
+            server = serve_http(bot.http_app(), sock)
+        except ListenError:
+            bot.stop()
+            raise
+        log.info("listening on http://%s (/slack/events, /healthz)", address)
     done.wait()
     if server is not None:
         server.should_exit = True

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
+import psutil
 import pytest
 
 from bot.auth import Principal, authorise
@@ -15,12 +21,13 @@ from bot.config import ConfigError, SlackConfig, load, parse
 from bot.console import Console
 from bot.messages import Button, Message
 from bot.serve import SettingsError, slack_settings
+from storage import experiments as store
 from storage import proposals
 from storage.db import open_db
 from tests.bot.harness import CHANNEL, running_bot, twin_config, wait_until
 from tests.slackfake import FakeSlack
 from tests.slackfake.blocks import block_problems
-from tests.twin_process import free_port
+from tests.twin_process import REPO, free_port
 
 SLACK = '[slack]\napprovers = ["U2"]\noperators = ["U1"]\n'
 
@@ -109,6 +116,72 @@ def test_console_proposes_and_rejects_interactively(config: Path) -> None:
     assert "Rejected by console:ops" in text and "No experiments yet" in text
     db = open_db(config.parent / "var" / "kvpilot.db")
     assert proposals.approvals(db, 1)[0].decision == "rejected"
+
+
+def console_process(
+    config: Path, *commands: str, yes: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`kvpilot console` as cron, CI or `ssh host kvpilot console` run it: stdin is no terminal."""
+    argv = [sys.executable, "-m", "bot.cli", "console", "--config", str(config)]
+    for command in commands:
+        argv += ["-c", command]
+    return subprocess.run(
+        argv + (["--yes"] if yes else []),
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def server_identity(config: Path) -> dict[str, Any]:
+    """What a restart would change: the process (pid and start time) and its arguments."""
+    out, err = io.StringIO(), io.StringIO()
+    assert cli(["server", "status", "--server", "incident", "--config", str(config)], out, err) == 0
+    state = json.loads(out.getvalue())
+    url = load(str(config)).server("incident").url
+    info = httpx.get(url + "/server_info", timeout=5).json()
+    return {
+        "pid": state["pid"],
+        "created": psutil.Process(state["pid"]).create_time(),
+        "args": state["args"],
+        "mem_fraction_static": info["mem_fraction_static"],
+        "startup_time": info.get("startup_time"),
+    }
+
+
+@pytest.mark.parametrize(
+    "command", ["propose incident mem_fraction_static=0.88", "diagnose incident"]
+)
+def test_console_without_a_terminal_refuses_to_choose(config: Path, command: str) -> None:
+    before = server_identity(config)
+    done = console_process(config, command)
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: confirmation needed and there is no terminal: re-run in a terminal or with "
+        "--yes to approve what kvpilot recommends"
+    ], done.stderr[-3000:]
+    assert "auto:" not in done.stdout and "Traceback" not in done.stderr
+    assert store.list_experiments(open_db(config.parent / "var" / "kvpilot.db")) == []
+    assert server_identity(config) == before
+
+
+def test_console_without_a_terminal_runs_read_only_commands(config: Path) -> None:
+    done = console_process(config, "status", "history", "help")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "healthy" in done.stdout and "No experiments yet" in done.stdout
+    assert "error" not in done.stderr
+
+
+@pytest.mark.slow
+def test_console_with_yes_approves_the_change_without_a_terminal(config: Path) -> None:
+    done = console_process(config, "propose incident mem_fraction_static=0.88", yes=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "auto: Approve (--yes approves what kvpilot recommends)" in done.stdout
+    rows = store.list_experiments(open_db(config.parent / "var" / "kvpilot.db"))
+    assert len(rows) == 1 and rows[0].terminal
 
 
 def test_authorise_roles_channels_groups_and_four_eyes() -> None:
