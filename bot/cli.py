@@ -159,6 +159,21 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("id", type=int)
     show.add_argument("--config", default=None)
     show.add_argument("--json", action="store_true")
+    ab = ex_sub.add_parser(
+        "abort", help="stop an experiment and put its server back on the last-known-good config"
+    )
+    ab.add_argument("id", type=int, help="the experiment id (`kvpilot experiments list`)")
+    ab.add_argument("--config", default=None)
+    ab.add_argument("--json", action="store_true", help="print the finished experiment as JSON")
+    for verb, what in (
+        ("approve", "approve a recorded proposal and run it as an experiment here"),
+        ("reject", "reject a recorded proposal; nothing is changed"),
+    ):
+        d_ = ex_sub.add_parser(verb, help=what)
+        d_.add_argument("id", type=int, help="the proposal id (from its message)")
+        d_.add_argument("--config", default=None)
+        d_.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        d_.add_argument("--json", action="store_true", help="print the experiment as JSON")
     r = sub.add_parser("resume", help="finish or revert experiments a crash left unfinished")
     r.add_argument("--config", default=None)
     srv = sub.add_parser("server", help="start, stop or inspect a server kvpilot launches")

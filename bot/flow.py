@@ -149,6 +149,8 @@ class Kvpilot:
 
     # ------------------------------------------------------------------ commands
     def command(self, who: Principal, text: str) -> Reply:
+        if self.runner.stopping.is_set():
+            return Reply(Message.note(":hourglass: kvpilot is restarting; try again in a minute."))
         try:
             cmd = parse_command(text, self.config)
         except CommandError as exc:

@@ -238,8 +238,18 @@ class Bot:
             except Exception:
                 log.exception("expiring proposals failed")
 
-    def stop(self) -> None:
+    def stop(self, why: str = "") -> None:
+        """Stop starting work, let running experiments stop at their next check (where each
+        was left is audited; the next start resumes them), then stop the rest."""
         self._stop.set()
+        for left in self.kv.runner.shutdown(grace_s=STOP_GRACE_S, why=why):
+            log.info(
+                "experiment %s on %s left in %s%s; the next start resumes it",
+                left["id"],
+                left["server"],
+                left["state"],
+                "" if left["stopped"] else " (inside a restart)",
+            )
         self.sampler.stop()
         self.scheduler.shutdown(wait=False)
         if self.socket is not None:
@@ -294,6 +304,12 @@ class Bot:
         self.socket.connect()  # type: ignore[no-untyped-call]
 
 
+# How long a stopping bot waits for its experiments to reach a check (a scrape, at most
+# `scrape_s` away); one inside a restart is left to the next start. Inside the 30 s
+# TimeoutStopSec of deploy/systemd/kvpilot.service.
+STOP_GRACE_S = 20.0
+
+
 def run(
     config: Config,
     env: Mapping[str, str],
@@ -315,7 +331,10 @@ def run(
     bot.start_background()
     done = threading.Event()
 
-    def stop(*_: Any) -> None:
+    received: list[str] = []
+
+    def stop(signum: int, _frame: Any) -> None:
+        received.append(signal.Signals(signum).name)
         done.set()
 
     signal.signal(signal.SIGTERM, stop)
@@ -332,9 +351,11 @@ def run(
             raise
         log.info("listening on http://%s (/slack/events, /healthz)", address)
     done.wait()
+    why = received[0] if received else ""
+    log.info("%s: stopping; no new work is started", why or "stop")
     if server is not None:
         server.should_exit = True
-    bot.stop()
+    bot.stop(why)
     return 0
 
 

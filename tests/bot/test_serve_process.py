@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,3 +125,88 @@ def test_serve_logs_listening_only_once_the_port_accepts(tmp_path: Path, slack: 
         assert proc.wait(timeout=30) == 0
     finally:
         stop(proc)
+
+
+def test_sigterm_leaves_experiments_recorded_and_the_next_start_resumes_them(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    """`systemctl restart kvpilot` during an experiment: the bot stops at once, records where
+    the experiment was, and the next start carries it on (reverting the interrupted trial)."""
+    from storage import audit  # noqa: PLC0415
+    from storage import experiments as store  # noqa: PLC0415
+    from storage.db import open_db  # noqa: PLC0415
+
+    twin_port = free_port()
+    config = twin_config(tmp_path, twin_port, slack=SLACK, gate="scrape_s = 10\nbatch_s = 60\n")
+    env = serve_env(slack, socket_mode=False)
+    cli = [sys.executable, "-m", "bot.cli"]
+    subprocess.run(
+        [*cli, "server", "start", "--server", "incident", "--config", str(config)],
+        cwd=REPO, env=env, check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    # An approved experiment that nobody carries (its kvpilot was killed right after approval).
+    marker = tmp_path / "paused"
+    first = subprocess.Popen(
+        [*cli, "experiment", "--server", "incident", "--set", "mem_fraction_static=0.88",
+         "--yes", "--config", str(config)],
+        cwd=REPO, env={**env, "KVPILOT_FAULT_PAUSE_BEFORE": "approved",
+                       "KVPILOT_FAULT_MARKER": str(marker)},
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        first.kill()
+        first.wait(timeout=10)
+    db = open_db(tmp_path / "var" / "kvpilot.db")
+    (row,) = store.list_experiments(db)
+
+    def wait_state(state: str, proc: subprocess.Popen[str]) -> None:
+        deadline = time.monotonic() + 90
+        while str(store.get_experiment(db, row.id).state) != state:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, f"never reached {state}"
+            time.sleep(0.05)
+
+    serve = spawn_serve(config, free_port(), env)
+    try:
+        wait_state("trial", serve)  # the bot adopted it and restarted the server with 0.88
+        assert (
+            httpx.get(f"http://127.0.0.1:{twin_port}/server_info").json()["mem_fraction_static"]
+            == 0.88
+        )
+        began = time.monotonic()
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=30) == 0
+        took = time.monotonic() - began
+    finally:
+        stop(serve)
+    err = serve.communicate()[1]
+    assert took < 20, took  # it stopped at the next scrape, not at the end of the trial
+    assert "Traceback" not in err, err[-3000:]
+    left = store.get_experiment(db, row.id)
+    assert str(left.state) == "trial" and left.lease_owner is None
+    (stopped,) = audit.events(db, name="bot_stopped")
+    assert stopped["properties"]["signal"] == "SIGTERM"
+    assert stopped["properties"]["experiments"] == [
+        {"id": row.id, "server": "incident", "state": "trial", "stopped": True}
+    ]
+    # the next start resumes it: the interrupted trial is reverted
+    again = spawn_serve(config, free_port(), env)
+    try:
+        wait_state("reverted", again)
+        info = httpx.get(f"http://127.0.0.1:{twin_port}/server_info", timeout=10).json()
+        assert info["mem_fraction_static"] == 0.85
+        again.send_signal(signal.SIGTERM)
+        assert again.wait(timeout=30) == 0
+    finally:
+        stop(again)
+        subprocess.run(
+            [*cli, "server", "stop", "--server", "incident", "--config", str(config)],
+            cwd=REPO, env=env, capture_output=True, timeout=60,
+        )  # fmt: skip
+    moves = [(str(t.from_state), str(t.to_state)) for t in store.transitions(db, row.id)]
+    assert ("trial", "reverting") in moves and moves[-1] == ("reverting", "reverted")

@@ -125,3 +125,69 @@ def failure_rollback_and_bot_crash(h: Harness) -> None:
     assert after.current_args() == h.baseline and after.state().ready
     assert h.info()["mem_fraction_static"] == 0.85
     assert h.leftovers() == []
+
+
+GATE = "\n[gate]\nbaseline_s = 60\nscrape_s = 2\nbatch_s = 10\n"
+
+
+def _kvpilot(h: Harness, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", *args, "--config", str(h.config)],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def one_process_carries_an_experiment(h: Harness) -> None:
+    """Clause 5: however many kvpilot processes resume an interrupted experiment, the server
+    restarts once; one next to the living process that carries it touches nothing."""
+    from storage import experiments as store  # noqa: PLC0415
+    from storage.db import open_db  # noqa: PLC0415
+
+    h.config.write_text(h.config.read_text().replace("[servers.twin]", GATE + "\n[servers.twin]"))
+    marker = h.config.parent / "paused"
+    owner = _kvpilot(
+        h,
+        "experiment",
+        "--server",
+        "twin",
+        "--set",
+        "mem_fraction_static=0.88",
+        "--yes",
+        env={"KVPILOT_FAULT_PAUSE_BEFORE": "trial", "KVPILOT_FAULT_MARKER": str(marker)},
+    )
+    try:
+
+        def paused() -> bool:
+            if owner.poll() is not None:
+                raise AssertionError(f"the experiment ended early: {owner.communicate()[1]}")
+            return marker.exists()
+
+        wait_for("the experiment to reach its trial", paused, 60)
+        db = open_db(h.config.parent / "var" / "kvpilot.db")
+        (row,) = store.list_experiments(db)
+        assert row.state == "trial" and h.info()["mem_fraction_static"] == 0.88
+        before = h.starts()
+        # a resume next to the living owner leaves the experiment to it
+        beside = _kvpilot(h, "resume")
+        _, err = beside.communicate(timeout=60)
+        assert beside.returncode == 0, err
+        assert "carried by another kvpilot process" in err, err
+        assert h.starts() == before and store.get_experiment(db, row.id).state == "trial"
+    finally:
+        owner.kill()
+        owner.wait(timeout=10)
+    # the owner is gone: two resumes at once, and the server restarts exactly once
+    racers = [_kvpilot(h, "resume") for _ in range(2)]
+    results = [(r.wait(timeout=120), r.communicate()[1]) for r in racers]
+    final = store.get_experiment(db, row.id)
+    assert final.state == "reverted", results
+    assert h.starts() - before == 1, (h.starts() - before, results)
+    assert h.info()["mem_fraction_static"] == 0.85
+    assert h.launcher().current_args() == h.baseline
+    assert sorted(code for code, _ in results) == [0, 6], results  # one did nothing, one reverted
+    assert h.leftovers() == []

@@ -252,6 +252,11 @@ class FakeCluster:
         self._controller = threading.Thread(target=self._control_loop, daemon=True)
         self._controller.start()
 
+    def container_runs(self) -> int:
+        """Server containers the kubelet has started so far, in every pod."""
+        with self.lock:
+            return len(self._started)
+
     # ----------------------------------------------------------------- setup
     def add(self, obj: dict[str, Any]) -> None:
         kind = obj["kind"]

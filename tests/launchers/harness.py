@@ -80,6 +80,9 @@ class Harness:
     baseline: list[str]
     server_pid: Callable[[], int | None]
     leftovers: Callable[[], list[str]]  # what is there besides the one server (should be none)
+    # How many times the system has started the server so far, as the system records it
+    # (process logs, unit invocations, container creations, container runs in pods).
+    starts: Callable[[], int]
     exit_status_seen: bool = True  # the system records how the server ended
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -116,7 +119,17 @@ def process_harness(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harn
         f'kind = "process"\ncommand = {json.dumps([*TWIN, *args])}\n'
         f"env = {{ PYTHONPATH = {json.dumps(str(REPO))} }}\n",
     )
-    h = Harness("process", config, port, args, lambda: None, list, exit_status_seen=False)
+    # the process launcher writes a new log file for every server process it starts
+    h = Harness(
+        "process",
+        config,
+        port,
+        args,
+        lambda: None,
+        list,
+        starts=lambda: len(list((tmp / "state").glob("twin-*.log"))),
+        exit_status_seen=False,
+    )
     owner = h.launcher()
     h.server_pid = lambda: owner.state().pid
     owner.start(args)
@@ -163,7 +176,13 @@ def systemd_harness(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harn
         dropins = sorted(p.name for p in fake_systemd.etc_dir(root).glob(f"{UNIT}.d/*"))
         return [f"drop-in {d}" for d in dropins if d != "90-kvpilot.conf"]
 
-    h = Harness("systemd", config, port, args, lambda: None, leftovers)
+    def invocations() -> int:
+        lines = (root / "journal.jsonl").read_text().splitlines()
+        entries = [json.loads(line) for line in lines]
+        started = f"Started {UNIT}."
+        return len({e["INVOCATION_ID"] for e in entries if e.get("MESSAGE") == started})
+
+    h = Harness("systemd", config, port, args, lambda: None, leftovers, invocations)
     h.server_pid = lambda: h.launcher().state().pid
     h.extra["root"] = root
     try:
@@ -222,7 +241,14 @@ def docker_harness(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harne
             def leftovers() -> list[str]:
                 return [n for n in engine.names() if n != "sglang"]
 
-            h = Harness("docker", config, port, args, lambda: None, leftovers)
+            def creations() -> int:
+                return sum(
+                    1
+                    for method, path in engine.calls
+                    if method == "POST" and path.startswith("/containers/create")
+                )
+
+            h = Harness("docker", config, port, args, lambda: None, leftovers, creations)
             h.server_pid = lambda: h.launcher().state().pid
             h.extra["engine"] = engine
             try:
@@ -376,7 +402,15 @@ def kubernetes_harness(
                 names = cluster.pod_names()
                 return [] if len(names) == want else names
 
-            h = Harness(workload["kind"].lower(), config, port, args, lambda: None, leftovers)
+            h = Harness(
+                workload["kind"].lower(),
+                config,
+                port,
+                args,
+                lambda: None,
+                leftovers,
+                cluster.container_runs,
+            )
             h.server_pid = lambda: cluster.pids()[0]
             h.extra["cluster"] = cluster
             if replicas(workload):

@@ -22,6 +22,7 @@ def system(
 CLAUSES: list[Callable[[Harness], None]] = [
     contract.apply_death_stop_and_start,
     contract.failure_rollback_and_bot_crash,
+    contract.one_process_carries_an_experiment,
 ]
 
 

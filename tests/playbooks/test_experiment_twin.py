@@ -216,3 +216,102 @@ def test_bot_killed_in_each_state_recovers(ws: Workspace, tmp_path: Path, state:
     resumed = audit.events(db, name="bot_resumed")
     assert resumed and row.id in resumed[-1]["properties"]["active_experiment_ids"]
     assert names[0] == "experiment_created"
+
+
+# --------------------------------------------------------------------------- interrupts
+def spawn_experiment(
+    ws: Workspace, change: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "bot.cli", "experiment", "--server", "incident"),
+            *("--set", change, "--yes", "--json", "--config", str(ws.config)),
+        ],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_state(ws: Workspace, bot: subprocess.Popen[str], state: str) -> int:
+    path = ws.config.parent / "var" / "kvpilot.db"
+    deadline = time.monotonic() + 90
+    while True:
+        assert bot.poll() is None, bot.communicate()[1]
+        assert time.monotonic() < deadline, f"the experiment never reached {state}"
+        if path.exists():
+            rows = store.list_experiments(open_db(path))
+            if rows and str(rows[0].state) == state:
+                return rows[0].id
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_aborts_the_foreground_experiment_and_reverts(
+    ws: Workspace, signum: signal.Signals
+) -> None:
+    bot = spawn_experiment(ws, "mem_fraction_static=0.88")
+    try:
+        exp_id = wait_for_state(ws, bot, "trial")
+        assert ws.info()["mem_fraction_static"] == 0.88
+        bot.send_signal(signum)
+        wait_for_state(ws, bot, "reverting")
+        bot.send_signal(signum)  # a second one does not stop the revert
+        out, err = bot.communicate(timeout=60)
+    finally:
+        if bot.poll() is None:
+            bot.kill()
+            bot.wait()
+    assert bot.returncode == 6, err  # cancelled or aborted
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    name = signal.Signals(signum).name
+    assert f"{name}: aborting experiment {exp_id}" in err, err
+    assert "still being reverted" in err and "kvpilot resume" in err, err
+    result = json.loads(out)
+    assert result["state"] == "reverted" and result["outcome"] == "cancelled"
+    assert result["reason"].startswith(f"interrupted by {name} in the terminal of cli:"), result
+    assert ws.info()["mem_fraction_static"] == 0.85
+    db = open_db(ws.config.parent / "var" / "kvpilot.db")
+    moves = store.transitions(db, exp_id)
+    aborted = next(m for m in moves if m.to_state == "reverting")
+    assert aborted.actor.startswith("cli:") and aborted.details["cause"] == "aborted"
+    assert store.get_experiment(db, exp_id).lease_owner is None
+
+
+def test_experiments_abort_reverts_an_experiment_nobody_carries(
+    ws: Workspace, tmp_path: Path
+) -> None:
+    marker = tmp_path / "paused"
+    bot = spawn_experiment(
+        ws,
+        "mem_fraction_static=0.88",
+        {"KVPILOT_FAULT_PAUSE_BEFORE": "trial", "KVPILOT_FAULT_MARKER": str(marker)},
+    )
+    try:
+        exp_id = wait_for_state(ws, bot, "trial")
+        while not marker.exists():
+            time.sleep(0.05)
+    finally:
+        bot.kill()
+        bot.wait(timeout=10)
+    assert ws.info()["mem_fraction_static"] == 0.88  # the killed bot left the trial running
+    code, out, err = ws.cli("experiments", "abort", str(exp_id), "--json")
+    assert code == 6, err
+    result = json.loads(out)
+    assert result["state"] == "reverted" and result["outcome"] == "cancelled", result
+    assert result["reason"].startswith("aborted by cli:"), result
+    assert ws.info()["mem_fraction_static"] == 0.85
+    db = open_db(ws.config.parent / "var" / "kvpilot.db")
+    abort_events = [
+        e
+        for e in audit.events(db, experiment_id=exp_id, name="experiment_transitioned")
+        if e["properties"]["to_state"] == "reverting"
+    ]
+    assert [e["actor"] for e in abort_events] == [result["reason"].split()[2]]
+    code, _, err = ws.cli("experiments", "abort", str(exp_id))
+    assert code == 0 and "already ended (reverted)" in err
+    code, _, err = ws.cli("experiments", "abort", "99")
+    assert code == 2 and "no experiment 99" in err
