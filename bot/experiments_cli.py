@@ -442,6 +442,7 @@ def cmd_decide(
             err.write("not approved\n")
             return EXIT_OK
     who = terminal_actor()
+    earlier = proposal_store.approvals(db, proposal.id)
     kv, surface = _terminal_bot(config, err)
     try:
         exp_id = kv.decide(
@@ -455,9 +456,8 @@ def cmd_decide(
         )
     finally:
         kv.close()
-    decided = proposal_store.approvals(db, proposal.id)
-    if not decided or decided[0].actor != who:
-        return EXIT_USAGE  # refused: the reason was printed and audited
+    if earlier or not proposal_store.approvals(db, proposal.id):
+        return EXIT_USAGE  # refused: the reason was printed (and audited)
     if ns.action == "reject":
         err.write(f"proposal {proposal.id} rejected; nothing was changed\n")
         return EXIT_OK

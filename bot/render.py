@@ -31,8 +31,8 @@ def _gain(gain: dict[str, float] | None) -> str:
 
 
 def mention(user: str) -> str:
-    """A Slack mention for Slack users; the terminal's `console:NAME` as it is."""
-    return user if user.startswith("console:") else f"<@{user}>"
+    """A Slack mention for Slack users; the terminal's `console:NAME` or `cli:NAME` as it is."""
+    return user if user.startswith(("console:", "cli:")) else f"<@{user}>"
 
 
 def environment() -> Environment:

@@ -71,3 +71,26 @@ def test_lease_on_a_missing_experiment_and_bad_ttl(db: Database) -> None:
     experiment_id = new(db)
     with pytest.raises(ValueError, match="ttl_s"):
         acquire_lease(db, experiment_id, "bot-a", T0, ttl_s=0)
+
+
+def test_a_dead_holder_is_taken_over_once_before_its_lease_expires(db: Database) -> None:
+    experiment_id = new(db)
+    assert acquire_lease(db, experiment_id, "dead", T0, ttl_s=30)
+    later = T0 + timedelta(seconds=5)  # long before the lease expires
+    assert not acquire_lease(db, experiment_id, "bot-b", later, ttl_s=30)
+    assert acquire_lease(db, experiment_id, "bot-b", later, ttl_s=30, take_from="dead")
+    # a second process that also saw the dead holder loses: the holder is no longer "dead"
+    assert not acquire_lease(db, experiment_id, "bot-c", later, ttl_s=30, take_from="dead")
+    assert get_experiment(db, experiment_id).lease_owner == "bot-b"
+
+
+def test_a_move_checks_the_lease_on_its_own_clock(db: Database) -> None:
+    """The move is stamped with an accelerated twin's time; the lease is judged on wall time."""
+    experiment_id = new(db)
+    assert acquire_lease(db, experiment_id, "bot-a", T0, ttl_s=30)
+    scaled = T0 + timedelta(hours=5)
+    row = transition(
+        db, experiment_id, State.approved, actor="bot", reason="x", now=scaled,
+        lease_owner="bot-a", lease_now=T0 + timedelta(seconds=1),
+    )  # fmt: skip
+    assert row.state == State.approved
