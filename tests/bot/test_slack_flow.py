@@ -206,3 +206,31 @@ def test_refusals_are_refused_and_audited(config: Path, slack: FakeSlack) -> Non
         assert driver.slash("help", age_s=400).status_code == 401
         assert len(audit.events(db, name="request_rejected")) == 2
     assert not slack.violations
+
+
+def test_a_proposal_from_the_terminal_is_approved_in_slack_by_its_id(
+    config: Path, slack: FakeSlack
+) -> None:
+    """Four-eyes on the command line records a proposal; an approver types `approve ID`."""
+    code, _, err = run_cli(
+        *("experiment", "--server", "incident", "--set", "mem_fraction_static=0.88", "--yes"),
+        *("--config", str(config)),
+    )
+    assert code == 7 and "/kvpilot approve 1" in err, err
+    db = open_db(config.parent / "var" / "kvpilot.db")
+    assert store.list_experiments(db) == []
+    with running_bot(config, slack) as (_bot, driver):
+        assert "usage" in driver.slash("approve one").text
+        driver.slash("approve 99", user="U2")
+        wait_until(lambda: any("no proposal 99" in e["text"] for e in slack.ephemerals()), 10, "99")
+        driver.slash("approve 1", user="U9")  # not an approver
+        wait_until(lambda: refused(config, "only the approvers") == 1, 10, "the denial")
+        assert store.list_experiments(db) == []
+        driver.slash("approve 1", user="U2")
+        exp = wait_until(lambda: store.list_experiments(db), 15, "the experiment")[0]
+        approvals = audit.events(db, name="proposal_approved")
+        assert [e["actor"] for e in approvals] == ["U2"]
+        assert exp.proposal_id == 1
+        assert driver.slash(f"abort {exp.id}", user="U3").status_code == 200
+        wait_until(lambda: store.get_experiment(db, exp.id).terminal, 60, "the abort")
+    assert not slack.violations
