@@ -137,7 +137,9 @@ def test_sigterm_leaves_experiments_recorded_and_the_next_start_resumes_them(
     from storage.db import open_db  # noqa: PLC0415
 
     twin_port = free_port()
-    config = twin_config(tmp_path, twin_port, slack=SLACK, gate="scrape_s = 10\nbatch_s = 60\n")
+    # a long warm-up (30 s of wall time at 200x) keeps the experiment in a measuring state
+    gate = "scrape_s = 10\nbatch_s = 60\nwarmup_s = 6000\n"
+    config = twin_config(tmp_path, twin_port, slack=SLACK, gate=gate)
     env = serve_env(slack, socket_mode=False)
     cli = [sys.executable, "-m", "bot.cli"]
     subprocess.run(
@@ -156,7 +158,8 @@ def test_sigterm_leaves_experiments_recorded_and_the_next_start_resumes_them(
     try:
         deadline = time.monotonic() + 60
         while not marker.exists():
-            assert first.poll() is None and time.monotonic() < deadline
+            assert first.poll() is None, "the first kvpilot exited before pausing"
+            assert time.monotonic() < deadline, "the first kvpilot never paused"
             time.sleep(0.05)
     finally:
         first.kill()
@@ -173,7 +176,7 @@ def test_sigterm_leaves_experiments_recorded_and_the_next_start_resumes_them(
 
     serve = spawn_serve(config, free_port(), env)
     try:
-        wait_state("trial", serve)  # the bot adopted it and restarted the server with 0.88
+        wait_state("warming_up", serve)  # the bot took it over and restarted with 0.88
         assert (
             httpx.get(f"http://127.0.0.1:{twin_port}/server_info").json()["mem_fraction_static"]
             == 0.88
@@ -188,13 +191,13 @@ def test_sigterm_leaves_experiments_recorded_and_the_next_start_resumes_them(
     assert took < 20, took  # it stopped at the next scrape, not at the end of the trial
     assert "Traceback" not in err, err[-3000:]
     left = store.get_experiment(db, row.id)
-    assert str(left.state) == "trial" and left.lease_owner is None
+    assert str(left.state) == "warming_up" and left.lease_owner is None
     (stopped,) = audit.events(db, name="bot_stopped")
     assert stopped["properties"]["signal"] == "SIGTERM"
     assert stopped["properties"]["experiments"] == [
-        {"id": row.id, "server": "incident", "state": "trial", "stopped": True}
+        {"id": row.id, "server": "incident", "state": "warming_up", "stopped": True}
     ]
-    # the next start resumes it: the interrupted trial is reverted
+    # the next start resumes it: the interrupted measurement is reverted
     again = spawn_serve(config, free_port(), env)
     try:
         wait_state("reverted", again)
@@ -209,4 +212,4 @@ def test_sigterm_leaves_experiments_recorded_and_the_next_start_resumes_them(
             cwd=REPO, env=env, capture_output=True, timeout=60,
         )  # fmt: skip
     moves = [(str(t.from_state), str(t.to_state)) for t in store.transitions(db, row.id)]
-    assert ("trial", "reverting") in moves and moves[-1] == ("reverting", "reverted")
+    assert ("warming_up", "reverting") in moves and moves[-1] == ("reverting", "reverted")

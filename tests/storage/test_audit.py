@@ -116,6 +116,7 @@ def test_every_kind_has_a_distinct_name() -> None:
         "request_rejected",
         "verdict_reached",
         "bot_resumed",
+        "bot_stopped",
         "note",
     }
     for name, cls in EVENT_TYPES.items():
