@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest venv demo lock bench clean real-sglang
+.PHONY: test check lint typecheck pytest venv demo lock bench clean real-sglang
 
 venv: $(STAMP)
 
@@ -19,7 +19,19 @@ $(STAMP): requirements.lock pyproject.toml
 real-sglang:
 	bash tests/real_sglang/setup.sh
 
-test: venv lint typecheck real-sglang pytest
+# make check: lint, types and the fast tests (pure decisions, storage, configuration; no server
+# processes), in well under a minute on two cores. make test is make check plus every tier.
+CHECK_TESTS := tests/storage tests/test_config.py tests/test_architecture.py \
+	tests/playbooks/test_gate.py tests/playbooks/test_outcome.py tests/playbooks/test_ownership.py \
+	tests/playbooks/test_diagnose_rules.py tests/playbooks/test_measure.py tests/sim/test_memory.py \
+	tests/sim/test_args.py tests/fleet/test_restart_slots.py tests/fleet/test_engine_slots.py \
+	tests/fleet/test_config_groups.py tests/reports/test_rollups.py tests/reports/test_config.py \
+	tests/launchers/test_launcher_config.py
+
+check: venv lint typecheck
+	$(BIN)/pytest -q -n 2 -p no:cacheprovider $(CHECK_TESTS)
+
+test: check real-sglang pytest
 
 lint: venv
 	$(BIN)/ruff check .
