@@ -11,6 +11,7 @@ with status 2: a missing terminal must never stand for a yes.
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 from collections.abc import Iterable
@@ -156,6 +157,31 @@ class Console:
         self.handle_buttons()
         self.kv.runner.join()
 
+    def interrupt(self, name: str) -> None:
+        """Ctrl-C or SIGTERM: abort the experiments running here (each reverts its server) and
+        wait for the reverts; a further signal only says what is left."""
+
+        def still(_signum: int, _frame: object) -> None:
+            self.err.write(
+                "\nthe revert is still under way and finishes by itself; if kvpilot is "
+                "killed now, run `kvpilot resume` to finish it.\n"
+            )
+            self.err.flush()
+
+        previous = {sig: signal.signal(sig, still) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for exp_id in self.kv.runner.running():
+                self.err.write(
+                    f"\n{name}: aborting experiment {exp_id}: the server is put back on its "
+                    "last-known-good configuration (a second Ctrl-C does not stop that).\n"
+                )
+                self.err.flush()
+                self.kv.runner.abort(exp_id, actor=self.who.user)
+            self.kv.runner.join()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
     def handle_buttons(self) -> None:
         while True:
             items = self.surface.take_buttons()
@@ -258,10 +284,23 @@ def main(
     console = Console(
         config, out=out, err=err, stdin=sys.stdin, auto=auto, can_ask=sys.stdin.isatty()
     )
+    received: list[str] = []
+
+    def on_term(signum: int, _frame: object) -> None:
+        received.append(signal.Signals(signum).name)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
     console.start_background()
+    code = EXIT_REFUSED if console.refused else 0
     try:
         console.loop(commands)
+        code = EXIT_REFUSED if console.refused else 0
+    except KeyboardInterrupt:
+        console.interrupt(received[0] if received else "SIGINT")
+        code = exit_codes.CANCELLED
     finally:
+        signal.signal(signal.SIGTERM, previous)
         console.stop_background()
         console.kv.close()
-    return EXIT_REFUSED if console.refused else 0
+    return code

@@ -24,6 +24,7 @@ from bot.config import Config
 from bot.messages import Message
 from bot.wiring import experiment_clock, experiment_deps
 from playbooks import experiment as engine
+from playbooks.outcome import ending
 from playbooks.ownership import Lease, OwnershipLost
 from storage import audit, chat
 from storage import experiments as store
@@ -54,7 +55,9 @@ class ExperimentRunner:
         self.surface_for = surface_for
         self.now = now
         self.progress_every_s = progress_every_s
-        self._threads: dict[int, threading.Thread] = {}
+        # Set when an experiment's thread is done. Waiting on these, not on Thread.join: a
+        # join interrupted by Ctrl-C leaves CPython believing the thread has stopped.
+        self._done: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         # Set on shutdown: no new experiments start, and running ones stop at their next check.
         self.stopping = threading.Event()
@@ -86,16 +89,17 @@ class ExperimentRunner:
         if self.stopping.is_set():
             return
         with self._lock:
-            running = self._threads.get(exp_id)
-            if running is not None and running.is_alive():
+            done = self._done.get(exp_id)
+            if done is not None and not done.is_set():
                 return
+            self._done[exp_id] = threading.Event()
             worker = threading.Thread(
                 target=self._run,
                 args=(exp_id, thread, resume),
                 name=f"experiment-{exp_id}",
                 daemon=True,
             )
-            self._threads[exp_id] = worker
+
             worker.start()
 
     def resume_all(self) -> list[int]:
@@ -123,19 +127,19 @@ class ExperimentRunner:
         resumes them."""
         self.stopping.set()
         with self._lock:
-            threads = dict(self._threads)
+            done = dict(self._done)
         deadline = time.monotonic() + grace_s
-        for t in threads.values():
-            t.join(max(0.0, deadline - time.monotonic()))
+        for event in done.values():
+            event.wait(max(0.0, deadline - time.monotonic()))
         left = [
             {
                 "id": row.id,
                 "server": row.server,
                 "state": str(row.state),
-                "stopped": not (row.id in threads and threads[row.id].is_alive()),
+                "stopped": done[row.id].is_set(),
             }
             for row in store.active_experiments(self.db())
-            if row.id in threads
+            if row.id in done
         ]
         audit.record(
             self.db(),
@@ -150,23 +154,32 @@ class ExperimentRunner:
             engine.abort(deps, exp_id, actor=actor, reason=f"aborted by {actor}")
         finally:
             deps.client.close()
-        with self._lock:
-            alive = exp_id in self._threads and self._threads[exp_id].is_alive()
-        if not alive and not store.get_experiment(self.db(), exp_id).terminal:
+        if exp_id not in self.running() and not store.get_experiment(self.db(), exp_id).terminal:
             self.start(exp_id, thread=None)  # nobody is carrying it: carry out the revert
 
     def join(self, timeout: float | None = None) -> None:
         with self._lock:
-            threads = list(self._threads.values())
-        for t in threads:
-            t.join(timeout)
+            events = list(self._done.values())
+        for event in events:
+            event.wait(timeout)
+
+    def running(self) -> list[int]:
+        """Experiments this process is carrying now."""
+        with self._lock:
+            return [i for i, done in self._done.items() if not done.is_set()]
 
     def busy(self) -> bool:
-        with self._lock:
-            return any(t.is_alive() for t in self._threads.values())
+        return bool(self.running())
 
     # ------------------------------------------------------------------ the work
     def _run(self, exp_id: int, thread: MessageRef | None, resume: bool) -> None:
+        try:
+            self._run_leased(exp_id, thread, resume)
+        finally:
+            with self._lock:
+                self._done[exp_id].set()
+
+    def _run_leased(self, exp_id: int, thread: MessageRef | None, resume: bool) -> None:
         lease = self.lease(exp_id)
         if not lease.acquire():
             held_by, _ = lease.holder()
@@ -278,11 +291,13 @@ class ExperimentRunner:
         moves = store.transitions(self.db(), row.id)
         result = row.result or {}
         took = (moves[-1].created_at - moves[0].created_at).total_seconds() if moves else 0.0
+        end = ending(row, moves)
         return Message.from_template(
             "chat/verdict.md.j2",
             e=self.describe(row),
             r=result,
-            reason=moves[-1].reason if moves else "",
+            reason=end.cause,
+            then=end.then,
             took_s=took,
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -184,6 +185,45 @@ def test_console_with_yes_approves_the_change_without_a_terminal(config: Path) -
     assert len(rows) == 1 and rows[0].terminal
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_in_the_console_aborts_its_experiment_and_reverts(
+    config: Path, signum: signal.Signals
+) -> None:
+    argv = [sys.executable, "-m", "bot.cli", "console", "--config", str(config), "--yes"]
+    argv += ["-c", "propose incident mem_fraction_static=0.88"]
+    proc = subprocess.Popen(
+        argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    path = config.parent / "var" / "kvpilot.db"
+
+    def in_state(state: str) -> bool:
+        assert proc.poll() is None, proc.communicate()
+        rows = store.list_experiments(open_db(path)) if path.exists() else []
+        return bool(rows) and str(rows[0].state) == state
+
+    try:
+        wait_until(lambda: in_state("trial"), 90, "the trial")
+        proc.send_signal(signum)
+        wait_until(lambda: in_state("reverting"), 30, "the revert")
+        proc.send_signal(signal.SIGINT)  # a second one does not stop the revert
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 6, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert f"{signal.Signals(signum).name}: aborting experiment 1" in err
+    assert "still under way" in err and "kvpilot resume" in err
+    (row,) = store.list_experiments(open_db(path))
+    assert str(row.state) == "reverted"
+    moves = store.transitions(open_db(path), row.id)
+    assert any(m.to_state == "reverting" and m.actor.startswith("console:") for m in moves)
+    assert server_identity(config)["mem_fraction_static"] == 0.85
+
+
 def test_authorise_roles_channels_groups_and_four_eyes() -> None:
     policy = SlackConfig(
         approvers=("U2", "S1"), operators=("U1",), channels=("C1",), four_eyes=True
@@ -201,6 +241,8 @@ def test_authorise_roles_channels_groups_and_four_eyes() -> None:
     assert not ok("U1", "propose", channel="C2")
     assert not ok("U2", "approve", proposer="U2") and ok("U2", "reject", proposer="U2")
     assert ok("console:me", "approve") and not ok("console:me", "approve", proposer="console:me")
+    # one account is one person, whichever terminal front end it proposed from
+    assert not ok("cli:me", "approve", proposer="console:me") and ok("cli:you", "approve")
     assert not authorise(
         None, Principal("U1", "C1"), "status", group_members=lambda g: frozenset()
     ).allowed
