@@ -3,14 +3,19 @@
 SGLang flags keep SGLang's names, types, choices and defaults, so a launcher builds the same
 command line for the twin and for a real server. Unknown `--flags` are accepted (SGLang has
 hundreds) and echoed in server info. Malformed values are refused the way argparse refuses them in
-SGLang: `error: argument --X: invalid ... value` on stderr and exit status 2.
+SGLang: `error: argument --X: invalid ... value` on stderr and exit status 2 (`--hicache-size 40.0`
+included: SGLang declares it `type=int`). On top of that the twin refuses, with the same exit
+status, values SGLang parses but that make no sense (a memory fraction outside (0, 1), a count
+of zero), and what SGLang asserts before start-up (a chunk that the page size does not divide).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Any
 
 from sim.memory import (
@@ -48,18 +53,39 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {text!r}")
-    return value
-
-
 def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return value
+
+
+def human_readable_int(value: str) -> int:
+    """SGLang 0.5.23's parser of token counts (`sglang/srt/utils/common.py`, same name, so argparse
+    words its errors the same): a plain integer, or SI (`25.6k`) / IEC (`1Ki`) suffixes."""
+    value = value.strip()
+    si_multiplier = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    iec_multiplier = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value)
+    if match:
+        number, suffix = match.groups()
+        if suffix in iec_multiplier:
+            if "." in number:
+                raise argparse.ArgumentTypeError(
+                    f"Decimals are not allowed with IEC suffixes like '{suffix}'. "
+                    f"Use an integer IEC value such as '{int(Decimal(number))}{suffix}', "
+                    f"or an SI value such as '{number}{suffix[0]}'."
+                )
+            return int(number) * iec_multiplier[suffix]
+        return int(Decimal(number) * si_multiplier[suffix])
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"Invalid integer value: '{value}'. "
+            "Use a plain integer, SI suffixes (1k, 1M), or IEC suffixes (1Ki, 1Mi). "
+            "Suffixes are case-sensitive."
+        ) from None
 
 
 def build_parser(prog: str = "launch_server.py") -> argparse.ArgumentParser:
@@ -84,13 +110,16 @@ def build_parser(prog: str = "launch_server.py") -> argparse.ArgumentParser:
     )
     p.add_argument("--nnodes", type=_positive_int, default=1)
     p.add_argument("--enable-dp-attention", action="store_true")
-    p.add_argument("--mem-fraction-static", type=_fraction, default=None)
-    p.add_argument("--max-total-tokens", type=_positive_int, default=None)
-    p.add_argument("--max-running-requests", type=_positive_int, default=None)
+    # The flags kvpilot may change carry SGLang 0.5.23's argparse types exactly
+    # (sglang/srt/arg_groups/fields/schedule.py and memory.py, same field names); the twin's
+    # range checks on them run after parsing, in `_check_ranges`.
+    p.add_argument("--mem-fraction-static", type=float, default=None)
+    p.add_argument("--max-total-tokens", type=human_readable_int, default=None)
+    p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--max-queued-requests", type=_positive_int, default=None)
     p.add_argument("--chunked-prefill-size", type=int, default=None)
-    p.add_argument("--max-prefill-tokens", type=_positive_int, default=16384)
-    p.add_argument("--page-size", type=_positive_int, default=None)
+    p.add_argument("--max-prefill-tokens", type=human_readable_int, default=16384)
+    p.add_argument("--page-size", type=int, default=None)
     p.add_argument("--kv-cache-dtype", type=str, default="auto")
     p.add_argument("--context-length", type=_positive_int, default=None)
     p.add_argument(
@@ -99,7 +128,7 @@ def build_parser(prog: str = "launch_server.py") -> argparse.ArgumentParser:
         default="fcfs",
         choices=["fcfs", "lpm", "random", "dfs-weight", "lof", "priority"],
     )
-    p.add_argument("--schedule-conservativeness", type=_positive_float, default=1.0)
+    p.add_argument("--schedule-conservativeness", type=float, default=1.0)
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument(
         "--enable-hierarchical-cache",
@@ -107,8 +136,8 @@ def build_parser(prog: str = "launch_server.py") -> argparse.ArgumentParser:
         dest="enable_hierarchical_cache",
         action="store_true",
     )
-    p.add_argument("--hicache-ratio", type=_positive_float, default=None)
-    p.add_argument("--hicache-size", type=float, default=0)
+    p.add_argument("--hicache-ratio", type=float, default=None)
+    p.add_argument("--hicache-size", type=int, default=0)  # GB
     p.add_argument(
         "--hicache-write-policy", type=str, default="write_through", choices=WRITE_POLICIES
     )
@@ -237,6 +266,31 @@ class TwinConfig:
         return int(sa["tp_size"] * sa["pp_size"] * dp // max(1, sa["nnodes"]))
 
 
+def _check_ranges(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Values SGLang parses but that make no sense, refused before start-up (exit 2).
+
+    SGLang itself asserts only `schedule_conservativeness >= 0` at this stage and fails later,
+    or not at all, on the rest; kvpilot never emits any of them (playbooks/server_args.py).
+    """
+    mfs = ns.mem_fraction_static
+    if mfs is not None and not 0 < mfs < 1:
+        parser.error(
+            f"argument --mem-fraction-static: must be between 0 and 1 (exclusive), got '{mfs}'"
+        )
+    for flag in ("max_total_tokens", "max_running_requests", "max_prefill_tokens", "page_size"):
+        value = getattr(ns, flag)
+        if value is not None and value <= 0:
+            name = "--" + flag.replace("_", "-")
+            parser.error(f"argument {name}: must be a positive integer, got '{value}'")
+    for flag in ("schedule_conservativeness", "hicache_ratio"):
+        value = getattr(ns, flag)
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            name = "--" + flag.replace("_", "-")
+            parser.error(f"argument {name}: must be a positive number, got '{value}'")
+    if ns.hicache_size < 0:
+        parser.error(f"argument --hicache-size: must be >= 0 GB, got {ns.hicache_size}")
+
+
 def parse_unknown(tokens: list[str]) -> dict[str, Any]:
     """Turn leftover `--some-flag [value]` tokens into {"some_flag": value-or-True}."""
     out: dict[str, Any] = {}
@@ -298,8 +352,7 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
         )
     if ns.workload and not ns.concurrency:
         parser.error("argument --workload: needs --concurrency N (requests kept in flight)")
-    if ns.hicache_size < 0:
-        parser.error(f"argument --hicache-size: must be >= 0 GB, got {ns.hicache_size}")
+    _check_ranges(parser, ns)
     preset = _replace_preset_memory(get_preset(ns.preset), ns)
     if ns.sim_step_time_factor != 1.0:
         f = ns.sim_step_time_factor
@@ -341,6 +394,9 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
     )
     if chunked == 0 or chunked < -1:
         parser.error(f"argument --chunked-prefill-size: must be -1 (off) or > 0, got {chunked}")
+    if chunked > 0 and chunked % (ns.page_size or 1):
+        # SGLang asserts this before starting (arg_groups/validation_hook.py check_server_args).
+        parser.error("chunked_prefill_size must be divisible by page_size")
     graph_bs = ns.cuda_graph_max_bs or defaults.cuda_graph_max_bs
     if ns.mem_fraction_static is not None:
         mfs = ns.mem_fraction_static

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from playbooks.server_args import ALLOWED, ArgError, normalise_key
+from playbooks.server_args import ALLOWED, ArgError, check_page_divides_chunk, normalise_key
 
 
 class LaunchError(Exception):
@@ -46,21 +46,31 @@ def with_change(args: list[str], change: dict[str, Any]) -> list[str]:
     """Apply allowed changes to an SGLang argument list (never a shell string).
 
     Existing `--flag value` / `--flag=value` / bare `--flag` entries for a changed key are removed,
-    then the new value is appended; `False` removes a boolean flag.
+    then the new value is appended, checked and spelt as SGLang's argparse type reads it (an int
+    flag never gets `40.0`, which SGLang refuses); `False` removes a boolean flag, `None` any flag.
     """
     out = list(args)
     for key, value in change.items():
         name = normalise_key(key)
-        if name not in ALLOWED:
+        spec = ALLOWED.get(name)
+        if spec is None:
             raise ArgError(f"{name!r} is not a server argument kvpilot may change")
-        flag = "--" + name.replace("_", "-")
-        out = _without(out, flag)
-        if isinstance(value, bool):
-            if value:
-                out.append(flag)
-        elif value is not None:
-            out += [flag, str(value)]
+        out = _without(out, spec.flag)
+        if value is not None:
+            out += spec.cli(value)
+    if {"page_size", "chunked_prefill_size"} & {normalise_key(k) for k in change}:
+        check_page_divides_chunk(
+            _int_or_none(arg_value(out, "page_size")),
+            _int_or_none(arg_value(out, "chunked_prefill_size")),
+        )
     return out
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 def _without(args: list[str], flag: str) -> list[str]:

@@ -34,6 +34,11 @@ def test_unknown_flags_are_accepted_and_kept() -> None:
         (["--kv-cache-dtype", "fp9"], "invalid choice: 'fp9'"),
         (["--kv-cache-dtype", "nvfp4", "--sglang-version", "0.5.5"], "invalid choice: 'nvfp4'"),
         (["--hicache-write-policy", "sometimes"], "invalid choice"),
+        # SGLang declares --hicache-size with type=int (GB), so a float spelling exits.
+        (["--hicache-size", "40.0"], "argument --hicache-size: invalid int value: '40.0'"),
+        (["--max-running-requests", "8.0"], "invalid int value: '8.0'"),
+        (["--max-total-tokens", "2e4"], "argument --max-total-tokens: Invalid integer value"),
+        (["--page-size", "16", "--chunked-prefill-size", "1000"], "divisible by page_size"),
         (["--sglang-version", "banana"], "invalid SGLang version"),
         (["--sglang-version", "0.4.10"], "older than the oldest dialect"),
         (["--tp-size", "16"], "does not fit"),
@@ -61,3 +66,9 @@ def test_version_specific_choices() -> None:
     assert resolve(["--kv-cache-dtype", "nvfp4", "--sglang-version", "0.5.23"]).kv_dtype == "nvfp4"
     assert resolve(["--sglang-version", "0.5.23"]).server_args["hicache_ratio"] is None
     assert resolve(["--sglang-version", "0.5.5"]).server_args["hicache_ratio"] == 2.0
+
+
+def test_token_counts_take_sglang_suffixes() -> None:
+    """--max-total-tokens and --max-prefill-tokens use SGLang's human_readable_int."""
+    sa = resolve(["--max-total-tokens", "20k", "--max-prefill-tokens", "8Ki"]).server_args
+    assert sa["max_total_tokens"] == 20_000 and sa["max_prefill_tokens"] == 8192
