@@ -132,9 +132,6 @@ def test_sigterm_leaves_experiments_recorded_and_the_next_start_resumes_them(
 ) -> None:
     """`systemctl restart kvpilot` during an experiment: the bot stops at once, records where
     the experiment was, and the next start carries it on (reverting the interrupted trial)."""
-    from storage import audit  # noqa: PLC0415
-    from storage import experiments as store  # noqa: PLC0415
-    from storage.db import open_db  # noqa: PLC0415
 
     twin_port = free_port()
     # a long warm-up (30 s of wall time at 200x) keeps the experiment in a measuring state
@@ -146,6 +143,22 @@ def test_sigterm_leaves_experiments_recorded_and_the_next_start_resumes_them(
         [*cli, "server", "start", "--server", "incident", "--config", str(config)],
         cwd=REPO, env=env, check=True, capture_output=True, timeout=60,
     )  # fmt: skip
+    try:
+        _sigterm_then_resume(tmp_path, config, env, cli, twin_port)
+    finally:  # whatever failed, the twin the test started is stopped
+        subprocess.run(
+            [*cli, "server", "stop", "--server", "incident", "--config", str(config)],
+            cwd=REPO, env=env, capture_output=True, timeout=60,
+        )  # fmt: skip
+
+
+def _sigterm_then_resume(
+    tmp_path: Path, config: Path, env: dict[str, str], cli: list[str], twin_port: int
+) -> None:
+    from storage import audit  # noqa: PLC0415
+    from storage import experiments as store  # noqa: PLC0415
+    from storage.db import open_db  # noqa: PLC0415
+
     # An approved experiment that nobody carries (its kvpilot was killed right after approval).
     marker = tmp_path / "paused"
     first = subprocess.Popen(
@@ -207,9 +220,5 @@ def test_sigterm_leaves_experiments_recorded_and_the_next_start_resumes_them(
         assert again.wait(timeout=30) == 0
     finally:
         stop(again)
-        subprocess.run(
-            [*cli, "server", "stop", "--server", "incident", "--config", str(config)],
-            cwd=REPO, env=env, capture_output=True, timeout=60,
-        )  # fmt: skip
     moves = [(str(t.from_state), str(t.to_state)) for t in store.transitions(db, row.id)]
     assert ("warming_up", "reverting") in moves and moves[-1] == ("reverting", "reverted")
