@@ -148,6 +148,21 @@ def exit_code(db: Database, row: store.ExperimentRow) -> int:
     return exit_codes.BY_OUTCOME[ending(row, store.transitions(db, row.id)).outcome]
 
 
+def confirm(yes: bool, stdin: TextIO, err: TextIO, question: str, declined: str) -> int | None:
+    """None to go ahead; else the exit code. Without a terminal only `--yes` is a yes."""
+    if yes:
+        return None
+    if not stdin.isatty():
+        err.write("error: confirmation needed and there is no terminal: re-run with --yes\n")
+        return EXIT_USAGE
+    err.write(f"{question} [y/N] ")
+    err.flush()
+    if stdin.readline().strip().lower() in ("y", "yes"):
+        return None
+    err.write(declined + "\n")
+    return EXIT_OK
+
+
 def four_eyes(config: Config) -> bool:
     return config.slack is not None and config.slack.four_eyes
 
@@ -192,15 +207,15 @@ def cmd_experiment(
     if four_eyes(config):
         deps.client.close()
         return propose_for_approval(ns, config, change, who, err)
-    if not ns.yes:
-        if not stdin.isatty():
-            err.write("error: confirmation needed and there is no terminal: re-run with --yes\n")
-            return EXIT_USAGE
-        err.write("Apply this change, measure it, and keep it only if throughput improves? [y/N] ")
-        err.flush()
-        if stdin.readline().strip().lower() not in ("y", "yes"):
-            err.write("not applied\n")
-            return EXIT_OK
+    refused = confirm(
+        ns.yes,
+        stdin,
+        err,
+        "Apply this change, measure it, and keep it only if throughput improves?",
+        "not applied",
+    )
+    if refused is not None:
+        return refused
     lease = Lease(lambda: database(config))
     exp_id = engine.create(
         deps,
@@ -432,15 +447,16 @@ def cmd_decide(
         f"proposal {proposal.id} for {proposal.server}: {change} "
         f"(proposed by {proposal.created_by}, expires {proposal.expires_at:%Y-%m-%d %H:%M} UTC)\n"
     )
-    if ns.action == "approve" and not ns.yes:
-        if not stdin.isatty():
-            err.write("error: confirmation needed and there is no terminal: re-run with --yes\n")
-            return EXIT_USAGE
-        err.write("Approve: restart the server with it, measure, keep only if better? [y/N] ")
-        err.flush()
-        if stdin.readline().strip().lower() not in ("y", "yes"):
-            err.write("not approved\n")
-            return EXIT_OK
+    if ns.action == "approve":
+        refused = confirm(
+            ns.yes,
+            stdin,
+            err,
+            "Approve: restart the server with it, measure, keep only if better?",
+            "not approved",
+        )
+        if refused is not None:
+            return refused
     who = terminal_actor()
     earlier = proposal_store.approvals(db, proposal.id)
     kv, surface = _terminal_bot(config, err)

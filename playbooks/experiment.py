@@ -202,38 +202,33 @@ def resume_policy(deps: Deps, exp_id: int, *, actor: str) -> None:
     audit.record(
         deps.db, audit.BotResumed(actor=actor, created=deps.now(), active_experiment_ids=[exp_id])
     )
-    owner = None if deps.lease is None else deps.lease.owner
-    lease_now = None if deps.lease is None else deps.lease.now()
+    if row.state in INTERRUPTED_ON_RESUME:
+        to = State.reverting
+        reason = (
+            f"kvpilot restarted while the experiment was in {row.state}: the measurement was "
+            "interrupted, so the change is reverted to the last-known-good configuration"
+        )
+    elif row.state == State.baseline:
+        to = State.cancelled
+        reason = (
+            "kvpilot restarted during the baseline measurement; nothing had been changed, so "
+            "the experiment is cancelled (run it again)"
+        )
+    else:
+        return  # approved, deciding, reverting: carried on from where it is
     try:
-        if row.state in INTERRUPTED_ON_RESUME:
-            store.transition(
-                deps.db,
-                exp_id,
-                State.reverting,
-                actor=actor,
-                reason=f"kvpilot restarted while the experiment was in {row.state}: the "
-                "measurement was interrupted, so the change is reverted to the last-known-good "
-                "configuration",
-                now=deps.now(),
-                details={"cause": "interrupted"},
-                expected_state=row.state,
-                lease_owner=owner,
-                lease_now=lease_now,
-            )
-        elif row.state == State.baseline:
-            store.transition(
-                deps.db,
-                exp_id,
-                State.cancelled,
-                actor=actor,
-                reason="kvpilot restarted during the baseline measurement; nothing had been "
-                "changed, so the experiment is cancelled (run it again)",
-                now=deps.now(),
-                details={"cause": "interrupted"},
-                expected_state=row.state,
-                lease_owner=owner,
-                lease_now=lease_now,
-            )
+        store.transition(
+            deps.db,
+            exp_id,
+            to,
+            actor=actor,
+            reason=reason,
+            now=deps.now(),
+            details={"cause": "interrupted"},
+            expected_state=row.state,
+            lease_owner=None if deps.lease is None else deps.lease.owner,
+            lease_now=None if deps.lease is None else deps.lease.now(),
+        )
     except LeaseNotHeld as exc:
         raise OwnershipLost(str(exc)) from exc
 

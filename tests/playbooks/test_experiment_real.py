@@ -78,9 +78,10 @@ def test_real_server_change_is_measured_and_reverted(tmp_path: Path) -> None:
             "--yes",
             "--json",
         )
-        assert code == 0, err
         result = json.loads(out)
         assert result["state"] == "reverted", (result["rule"], result["reason"])
+        # not improved (3), or a guardrail tripped on the errors a smaller pool causes (4)
+        assert code == result["exit_code"] and code in (3, 4), err
         assert result["effect"] is None or result["effect"]["mean"] < 0
         info = httpx.get(url + "/server_info", timeout=10).json()
         assert info["max_total_num_tokens"] == 20000 and info["version"] == "0.5.23"
