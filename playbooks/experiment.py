@@ -484,6 +484,7 @@ def _trial(deps: Deps, row: store.ExperimentRow) -> None:
             )
             return
         elapsed += plan.batch_s
+        _checkpoint(deps, row.id, row.state)  # a stop asked for during the batch comes first
         trial = _gate_samples(deps, row.id, "trial")
         try:
             decision = gate_mod.decide(baseline, trial, settings)

@@ -190,6 +190,8 @@ def test_console_with_yes_approves_the_change_without_a_terminal(config: Path) -
 def test_a_signal_in_the_console_aborts_its_experiment_and_reverts(
     config: Path, signum: signal.Signals
 ) -> None:
+    # a long warm-up holds the changed server in a measuring state no verdict can end first
+    config.write_text(config.read_text().replace("[gate]\n", "[gate]\nwarmup_s = 6000\n", 1))
     argv = [sys.executable, "-m", "bot.cli", "console", "--config", str(config), "--yes"]
     argv += ["-c", "propose incident mem_fraction_static=0.88"]
     proc = subprocess.Popen(
@@ -204,7 +206,7 @@ def test_a_signal_in_the_console_aborts_its_experiment_and_reverts(
         return bool(rows) and str(rows[0].state) == state
 
     try:
-        wait_until(lambda: in_state("trial"), 90, "the trial")
+        wait_until(lambda: in_state("warming_up"), 90, "the warm-up")
         proc.send_signal(signum)
         wait_until(lambda: in_state("reverting"), 30, "the revert")
         proc.send_signal(signal.SIGINT)  # a second one does not stop the revert

@@ -253,9 +253,13 @@ def wait_for_state(ws: Workspace, bot: subprocess.Popen[str], state: str) -> int
 def test_a_signal_aborts_the_foreground_experiment_and_reverts(
     ws: Workspace, signum: signal.Signals
 ) -> None:
+    # A long warm-up (30 wall seconds at 200x) holds the changed server in a measuring state
+    # that no verdict of the gate can end before the signal arrives.
+    text = ws.config.read_text()
+    ws.config.write_text(text.replace("[gate]\n", "[gate]\nwarmup_s = 6000\n", 1))
     bot = spawn_experiment(ws, "mem_fraction_static=0.88")
     try:
-        exp_id = wait_for_state(ws, bot, "trial")
+        exp_id = wait_for_state(ws, bot, "warming_up")
         assert ws.info()["mem_fraction_static"] == 0.88
         bot.send_signal(signum)
         wait_for_state(ws, bot, "reverting")

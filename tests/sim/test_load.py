@@ -49,7 +49,10 @@ def test_incident_load_over_http() -> None:
     summary = report.summary()
     assert report.time_scale == 50
     assert report.completed > 20 and report.failed == 0
-    assert 400 <= summary["sim_seconds"] <= 600
+    # 10 wall seconds at 50x is 500 simulated seconds; on a machine busy with other tests the
+    # event loop of 150 clients wakes late from the deadline and cancels late (up to ~2.5 s
+    # seen), and the load is measured until it has really stopped
+    assert 400 <= summary["sim_seconds"] <= 750
     assert g["sglang:max_total_num_tokens"] == 116_171
     assert 38 <= g["sglang:num_running_reqs"] <= 60
     assert 88 <= g["sglang:num_queue_reqs"] <= 112
