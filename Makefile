@@ -47,8 +47,8 @@ typecheck: venv
 PYTEST_ARGS ?= -n 4 --dist loadfile
 
 pytest: venv
-	$(BIN)/pytest -q $(PYTEST_ARGS) -m "not real_sglang"
-	$(BIN)/pytest -q -m real_sglang
+	$(BIN)/pytest -q $(PYTEST_ARGS) -m "not real_sglang and not serial"
+	$(BIN)/pytest -q -m "real_sglang or serial"
 
 # The incident end to end on the SGLang twin, in the terminal front end (files in demo/).
 demo: venv

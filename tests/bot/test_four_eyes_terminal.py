@@ -31,10 +31,13 @@ from tests.twin_process import REPO, free_port
 SYSTEM_PYTHON = Path("/usr/bin/python3.11")
 SITE = REPO / ".venv" / "lib" / "python3.11" / "site-packages"
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("useradd") is None or not SYSTEM_PYTHON.exists(),
-    reason="needs root (to add two accounts with useradd) and Debian's /usr/bin/python3.11",
-)
+pytestmark = [
+    pytest.mark.serial,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("useradd") is None or not SYSTEM_PYTHON.exists(),
+        reason="needs root (to add two accounts with useradd) and Debian's /usr/bin/python3.11",
+    ),
+]
 
 
 @dataclass

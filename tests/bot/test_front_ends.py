@@ -186,6 +186,7 @@ def test_console_with_yes_approves_the_change_without_a_terminal(config: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_in_the_console_aborts_its_experiment_and_reverts(
     config: Path, signum: signal.Signals

@@ -127,6 +127,7 @@ def test_serve_logs_listening_only_once_the_port_accepts(tmp_path: Path, slack: 
         stop(proc)
 
 
+@pytest.mark.serial
 def test_sigterm_leaves_experiments_recorded_and_the_next_start_resumes_them(
     tmp_path: Path, slack: FakeSlack
 ) -> None:

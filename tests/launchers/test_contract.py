@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,13 +20,15 @@ def system(
         yield h
 
 
-CLAUSES: list[Callable[[Harness], None]] = [
+CLAUSES: list[Any] = [  # clauses, or clauses wrapped in pytest.param with marks
     contract.apply_death_stop_and_start,
     contract.failure_rollback_and_bot_crash,
-    contract.one_process_carries_an_experiment,
+    pytest.param(contract.one_process_carries_an_experiment, marks=pytest.mark.serial),
 ]
 
 
-@pytest.mark.parametrize("clause", CLAUSES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "clause", CLAUSES, ids=lambda c: getattr(c, "__name__", "one_process_carries_an_experiment")
+)
 def test_contract(system: Harness, clause: Callable[[Harness], None]) -> None:
     clause(system)

@@ -249,6 +249,7 @@ def wait_for_state(ws: Workspace, bot: subprocess.Popen[str], state: str) -> int
         time.sleep(0.05)
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_aborts_the_foreground_experiment_and_reverts(
     ws: Workspace, signum: signal.Signals
@@ -285,6 +286,7 @@ def test_a_signal_aborts_the_foreground_experiment_and_reverts(
     assert store.get_experiment(db, exp_id).lease_owner is None
 
 
+@pytest.mark.serial
 def test_experiments_abort_reverts_an_experiment_nobody_carries(
     ws: Workspace, tmp_path: Path
 ) -> None:
