@@ -30,9 +30,9 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from playbooks.engines.base import Snapshot
 from playbooks.gate import (
     GateDecision,
-    GateSample,
     GateSettings,
     decide,
     fixed_window_test,
@@ -66,7 +66,7 @@ SCENARIOS: list[tuple[str, float | None, float, int]] = [
 
 def run_window(
     factor: float, concurrency: int, seed: int, duration: float, skip: float = 0.0
-) -> list[GateSample]:
+) -> list[Snapshot]:
     """Drive a fresh engine for `skip + duration` s; return the scrapes after `skip`."""
     argv = [*PRESET_ARGS]
     if factor != 1.0:
@@ -105,7 +105,7 @@ def run_window(
     for user in range(concurrency):
         submit(user)
     end = skip + duration
-    out: list[GateSample] = []
+    out: list[Snapshot] = []
     next_sample = SAMPLE_S
     while engine.now < end:
         if engine.step() == 0.0:
@@ -119,17 +119,17 @@ def run_window(
                 p95 = values[min(len(values) - 1, int(0.95 * len(values)))]
             if next_sample > skip:
                 out.append(
-                    GateSample(
+                    Snapshot(
                         t=next_sample - skip,
-                        gen_throughput=engine.last_gen_throughput,
-                        generation_tokens_total=counters["generation"],
-                        prompt_tokens_total=counters["prompt"],
-                        num_requests_total=counters["requests"],
+                        decode_rate=engine.last_gen_throughput,
+                        generated_tokens=counters["generation"],
+                        prompt_tokens=counters["prompt"],
+                        completed_requests=counters["requests"],
                         running=float(len(engine.running)),
                         queued=float(len(engine.waiting)),
                         ttft_p95_s=p95,
-                        errors_total=0.0,
-                        retractions_total=float(engine.retracted_total),
+                        aborted_requests=0.0,
+                        preemptions=float(engine.retracted_total),
                     )
                 )
             next_sample += SAMPLE_S
@@ -150,7 +150,7 @@ class Outcome:
 
 
 def gate_over_time(
-    baseline: list[GateSample], trial: list[GateSample], settings: GateSettings
+    baseline: list[Snapshot], trial: list[Snapshot], settings: GateSettings
 ) -> tuple[GateDecision, float]:
     """Feed the trial to the gate as it would arrive, looking after every batch."""
     look = settings.batch_s
@@ -163,7 +163,7 @@ def gate_over_time(
 
 
 def judge(
-    name: str, baseline: list[GateSample], trial: list[GateSample], settings: GateSettings
+    name: str, baseline: list[Snapshot], trial: list[Snapshot], settings: GateSettings
 ) -> Outcome:
     """The gate's decision and time, and the fixed-window test's action at every window."""
     decision, when = gate_over_time(baseline, trial, settings)

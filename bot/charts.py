@@ -1,6 +1,6 @@
 """The verdict chart: generation throughput over the experiment, before and after the change.
 
-Rates come from the same counter the gate uses (`sglang:generation_tokens_total`), averaged
+Rates come from the same counter the gate uses (completed requests' output tokens), averaged
 over the gate's batch length so the picture matches what was tested; the gate's estimates
 are drawn as lines with their 95% bands.
 """
@@ -16,28 +16,29 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from playbooks.engines import restore_snapshot
 from storage.samples import Sample
 
-COUNTER = "sglang:generation_tokens_total"
 COLOURS = {"baseline": "#4C72B0", "warmup": "#BBBBBB", "trial": "#DD8452", "monitor": "#999999"}
 
 
 def batch_rates(samples: Sequence[Sample], batch_s: float) -> list[tuple[str, float, float]]:
     """(phase, middle time, tokens/s) per batch of `batch_s` within each phase."""
     out: list[tuple[str, float, float]] = []
-    by_phase: dict[str, list[Sample]] = {}
+    by_phase: dict[str, list[tuple[float, float]]] = {}
     for s in samples:
-        if COUNTER in s.metrics:
-            by_phase.setdefault(s.phase, []).append(s)
+        tokens = restore_snapshot(s.metrics).generated_tokens
+        if tokens is not None:
+            by_phase.setdefault(s.phase, []).append((s.t, tokens))
     for phase, rows in by_phase.items():
         start = rows[0]
-        for s in rows[1:]:
-            span = s.t - start.t
+        for row in rows[1:]:
+            span = row[0] - start[0]
             if span >= batch_s:
-                tokens = float(s.metrics[COUNTER]) - float(start.metrics[COUNTER])
+                tokens = row[1] - start[1]
                 if tokens >= 0:
-                    out.append((phase, (s.t + start.t) / 2, tokens / span))
-                start = s
+                    out.append((phase, (row[0] + start[0]) / 2, tokens / span))
+                start = row
     return sorted(out, key=lambda r: r[1])
 
 

@@ -16,11 +16,13 @@ from bot.render import render
 from bot.report_cli import add_report_parser, cmd_report
 from playbooks.clock import make_clock
 from playbooks.diagnose import DiagnoseSettings, diagnose
+from playbooks.engines import DEFAULT as DEFAULT_ENGINE
+from playbooks.engines import NAMES as ENGINE_NAMES
+from playbooks.engines import engine_named
+from playbooks.engines.base import ArgError, EngineError
 from playbooks.measure import MeasurementError, MeasurePlan
-from playbooks.server_args import ArgError, parse_change
 from playbooks.sources.gpu import NvmlGpuReader
 from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
-from playbooks.sources.sglang import SGLangClient, SGLangError
 
 
 class Progress:
@@ -56,7 +58,9 @@ def _positive(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvpilot", description="Tune SGLang servers safely.")
+    parser = argparse.ArgumentParser(
+        prog="kvpilot", description="Tune LLM inference servers safely."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     d = sub.add_parser("diagnose", help="measure a server, name its bottleneck, propose changes")
     target = d.add_mutually_exclusive_group(required=True)
@@ -74,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         default=None,
         help="with --group: kvpilot.toml (default: $KVPILOT_CONFIG or ./kvpilot.toml)",
+    )
+    d.add_argument(
+        "--engine",
+        default=None,
+        choices=ENGINE_NAMES,
+        help=f"with --server: the engine serving it (default: {DEFAULT_ENGINE}); with --group "
+        "each server's comes from the configuration",
     )
     d.add_argument("--api-key", default=None, help="the server's --api-key, if it has one")
     d.add_argument(
@@ -242,8 +253,9 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if ns.config is not None:
         err.write("error: --config is read with --group; with --server URL give flags only\n")
         return 2
+    engine = engine_named(ns.engine or DEFAULT_ENGINE)
     try:
-        consider = tuple(parse_change(items) for items in ns.consider)
+        consider = tuple(engine.parse_change(items) for items in ns.consider)
         plan = MeasurePlan(
             precision=ns.precision,
             max_window_s=max(ns.max_window, ns.window or 0),
@@ -267,13 +279,13 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     )
     progress = Progress(err)
     try:
-        client = SGLangClient.connect(ns.server, ns.api_key)
-    except SGLangError as exc:
+        client = engine.connect(ns.server, api_key=ns.api_key)
+    except EngineError as exc:
         err.write(f"error: {exc}\n")
         return 2
     try:
         finding = diagnose(client, make_clock(ns.time_scale or 1.0), settings, progress)
-    except (SGLangError, MeasurementError) as exc:
+    except (EngineError, MeasurementError) as exc:
         progress.finish()
         err.write(f"error: {exc}\n")
         return 1
@@ -293,13 +305,14 @@ def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from dataclasses import replace  # noqa: PLC0415 - keeps `diagnose --server` light
 
     from bot.config import ConfigError, load  # noqa: PLC0415
-    from bot.wiring import diagnose_settings, sglang_client  # noqa: PLC0415
+    from bot.wiring import diagnose_settings, engine, engine_client  # noqa: PLC0415
     from playbooks.fleet import Member, diagnose_group  # noqa: PLC0415
 
     per_server = [
         flag
         for flag, given in [
             ("--api-key", ns.api_key is not None),
+            ("--engine", ns.engine is not None),
             ("--gpu-memory-gib", ns.gpu_memory_gib is not None),
             ("--host-ram-gib", ns.host_ram_gib is not None),
             ("--local-host", ns.local_host),
@@ -314,7 +327,6 @@ def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
         return 2
     try:
-        consider = tuple(parse_change(items) for items in ns.consider)
         plan = MeasurePlan(
             precision=ns.precision,
             max_window_s=max(ns.max_window, ns.window or 0),
@@ -326,12 +338,16 @@ def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         members = [
             Member(
                 s.name,
-                sglang_client(s),
-                replace(diagnose_settings(s), plan=plan, consider=consider),
+                engine_client(s),
+                replace(
+                    diagnose_settings(s),
+                    plan=plan,
+                    consider=tuple(engine(s).parse_change(items) for items in ns.consider),
+                ),
             )
             for s in servers
         ]
-    except (ArgError, ValueError, ConfigError, SGLangError) as exc:
+    except (ArgError, ValueError, ConfigError, EngineError) as exc:
         err.write(f"error: {exc}\n")
         return 2
     progress = Progress(err)

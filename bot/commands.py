@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.config import Config
-from playbooks.server_args import ArgError, parse_change
+from playbooks.engines import engine_named
+from playbooks.engines.base import ArgError
 
 USAGE = {
     "help": "help",
@@ -70,13 +71,15 @@ def parse_command(text: str, config: Config) -> Command:
         if not args:
             raise CommandError(f"usage: `/kvpilot {USAGE[verb]}`")
         server = _server(config, args[0], required=True, verb=verb)
+        assert server is not None  # required
         if len(args) < 2:
             raise CommandError(
                 "nothing to change: add KEY=VALUE, e.g. "
                 f"`/kvpilot propose {server} mem_fraction_static=0.88`"
             )
         try:
-            change = parse_change(args[1:])
+            engine = engine_named(config.servers[server].engine)
+            change = engine.parse_change(args[1:])
         except ArgError as exc:
             raise CommandError(str(exc)) from None
         return Command(verb, server=server, change=change, force=force)

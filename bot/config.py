@@ -18,12 +18,14 @@ import difflib
 import os
 import tomllib
 import zoneinfo
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from apscheduler.triggers.cron import CronTrigger
 
+from playbooks.engines import DEFAULT as DEFAULT_ENGINE
+from playbooks.engines import NAMES as ENGINE_NAMES
 from playbooks.gate import GateSettings
 from playbooks.launchers import factory as launcher_factory
 from playbooks.sources.prometheus import DEFAULT_MAX_AGE_S, default_selector, parse_selector
@@ -55,17 +57,6 @@ class LauncherConfig:
 
 
 @dataclass(frozen=True)
-class GateConfig:
-    min_effect: float = 0.03
-    baseline_s: float = 600.0
-    warmup_s: float = 0.0
-    max_trial_s: float = 1800.0
-    batch_s: float = 30.0
-    scrape_s: float = 5.0
-    warmup_floor_s: float = 60.0
-
-
-@dataclass(frozen=True)
 class MetricsConfig:
     """Where a server's metrics are read: its own /metrics, or Prometheus' HTTP API."""
 
@@ -94,7 +85,8 @@ class ServerConfig:
     host_ram_gib: float | None = None
     local_host: bool = False
     local_gpus: bool = False
-    gate: GateConfig = field(default_factory=GateConfig)
+    gate: GateSettings = field(default_factory=GateSettings)
+    engine: str = DEFAULT_ENGINE  # which engine serves it (playbooks.engines)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     group: str | None = None
 
@@ -206,7 +198,7 @@ def _bool(table: dict[str, Any], key: str, where: str) -> bool:
     return value
 
 
-def _gate(table: Any, where: str, base: GateConfig) -> GateConfig:
+def _gate(table: Any, where: str, base: GateSettings) -> GateSettings:
     if table is None:
         return base
     if not isinstance(table, dict):
@@ -216,30 +208,24 @@ def _gate(table: Any, where: str, base: GateConfig) -> GateConfig:
         k: _num(table, k, where, getattr(base, k), positive=k not in ("warmup_s", "warmup_floor_s"))
         for k in GATE_KEYS
     }
-    gate = GateConfig(**{k: float(v) for k, v in values.items() if v is not None})
-    if gate.min_effect >= 1:
+    numbers = {k: float(v) for k, v in values.items() if v is not None}
+    if numbers["min_effect"] >= 1:
         raise ConfigError(
-            f"{where}.min_effect: a relative gain such as 0.03, got {gate.min_effect}"
+            f"{where}.min_effect: a relative gain such as 0.03, got {numbers['min_effect']}"
         )
-    if gate.batch_s < 2 * gate.scrape_s:
+    if numbers["batch_s"] < 2 * numbers["scrape_s"]:
         raise ConfigError(
-            f"{where}.batch_s: must hold at least two scrapes ({2 * gate.scrape_s:g} s)"
+            f"{where}.batch_s: must hold at least two scrapes ({2 * numbers['scrape_s']:g} s)"
         )
-    if gate.baseline_s < 6 * gate.batch_s:
+    if numbers["baseline_s"] < 6 * numbers["batch_s"]:
         raise ConfigError(
-            f"{where}.baseline_s: needs at least six batches ({6 * gate.batch_s:g} s) so that "
-            "the baseline's noise can be estimated"
+            f"{where}.baseline_s: needs at least six batches ({6 * numbers['batch_s']:g} s) so "
+            "that the baseline's noise can be estimated"
         )
     try:
-        GateSettings(
-            min_effect=gate.min_effect,
-            batch_s=gate.batch_s,
-            max_trial_s=gate.max_trial_s,
-            warmup_floor_s=gate.warmup_floor_s,
-        )
+        return replace(base, **numbers)  # type: ignore[arg-type]  # GATE_KEYS are all floats
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    return gate
 
 
 def _launcher(table: Any, where: str) -> LauncherConfig | None:
@@ -278,7 +264,7 @@ def _launcher(table: Any, where: str) -> LauncherConfig | None:
     return LauncherConfig(kind, list(command), timeout, dict(env))
 
 
-def _server(name: str, table: Any, gate_defaults: GateConfig) -> ServerConfig:
+def _server(name: str, table: Any, gate_defaults: GateSettings) -> ServerConfig:
     where = f"servers.{name}"
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: expected a table")
@@ -296,9 +282,15 @@ def _server(name: str, table: Any, gate_defaults: GateConfig) -> ServerConfig:
             "gate",
             "metrics",
             "group",
+            "engine",
         },
         where,
     )
+    engine = _str(table, "engine", where, DEFAULT_ENGINE)
+    if engine not in ENGINE_NAMES:
+        raise ConfigError(
+            f"{where}.engine: unknown engine {engine!r}; kvpilot drives: {', '.join(ENGINE_NAMES)}"
+        )
     url = _str(table, "url", where)
     if url is None or not url.startswith(("http://", "https://")):
         raise ConfigError(f"{where}.url: expected http://HOST:PORT, got {url!r}")
@@ -322,6 +314,7 @@ def _server(name: str, table: Any, gate_defaults: GateConfig) -> ServerConfig:
         gate=_gate(table.get("gate"), f"{where}.gate", gate_defaults),
         metrics=_metrics(table.get("metrics"), f"{where}.metrics", url.rstrip("/")),
         group=_str(table, "group", where),
+        engine=str(engine),
     )
 
 
@@ -624,7 +617,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     state_dir = base / (_str(top, "state_dir", "kvpilot") or "var/state")
     scale = _num(top, "time_scale", "kvpilot", 1.0)
     assert scale is not None
-    gate_defaults = _gate(data.get("gate"), "gate", GateConfig())
+    gate_defaults = _gate(data.get("gate"), "gate", GateSettings())
     servers_table = data.get("servers", {})
     if not isinstance(servers_table, dict):
         raise ConfigError("servers: expected tables like [servers.NAME]")

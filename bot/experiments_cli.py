@@ -23,15 +23,14 @@ from bot.identity import terminal_actor
 from bot.interrupts import StopOnSignal
 from bot.surface import LOCAL_CHANNEL
 from bot.wiring import database, diagnose_settings, experiment_deps
+from bot.wiring import engine as engine_of
 from bot.wiring import launcher as wiring_launcher
 from playbooks import experiment as engine
 from playbooks.clock import make_clock
-from playbooks.diagnose import judge_change
-from playbooks.launchers.base import LaunchError, with_change
+from playbooks.engines.base import ArgError, EngineError
+from playbooks.launchers.base import LaunchError
 from playbooks.outcome import DESCRIPTIONS, ending
 from playbooks.ownership import Lease, OwnershipLost
-from playbooks.server_args import ArgError, parse_change
-from playbooks.sources.sglang import SGLangError
 from storage import audit
 from storage import experiments as store
 from storage import proposals as proposal_store
@@ -78,7 +77,7 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
     except (ConfigError, ArgError) as exc:
         err.write(f"error: {exc}\n")
         return EXIT_USAGE
-    except (SGLangError, LaunchError) as exc:
+    except (EngineError, LaunchError) as exc:
         err.write(f"error: {exc}\n")
         return EXIT_FAILED
 
@@ -174,7 +173,7 @@ def cmd_experiment(
     items = [item for group in ns.set for item in group]
     if not items:
         raise ArgError("nothing to change: give --set KEY=VALUE (e.g. mem_fraction_static=0.88)")
-    change = parse_change(items)
+    change = engine_of(server).parse_change(items)
     resume_unfinished(config, db, err, server=ns.server)
     if any(e.server == ns.server for e in store.active_experiments(db)):
         active = next(e for e in store.active_experiments(db) if e.server == ns.server)
@@ -184,15 +183,16 @@ def cmd_experiment(
         )
         return EXIT_USAGE
     deps = experiment_deps(config, ns.server, db, _printer(err))
-    info = deps.client.server_info()
-    option = judge_change(info, change, diagnose_settings(server))
+    info = deps.client.settings()
+    rules = deps.client.engine.rules_for(info, diagnose_settings(server), measured=False)
+    option = rules.judge(change)
     baseline = deps.launcher.current_args()
-    trial = with_change(baseline, change)
+    trial = deps.client.engine.with_change(baseline, change)
     err.write(f"server {ns.server} ({server.url}): change {option.title}\n")
     err.write(f"  from: {' '.join(baseline)}\n  to:   {' '.join(trial)}\n")
     if option.predicted_max_total_num_tokens is not None:
         err.write(
-            f"  KV capacity {info.max_total_num_tokens:,} -> "
+            f"  KV capacity {info.capacity_tokens:,} -> "
             f"{option.predicted_max_total_num_tokens:,} tokens (predicted)\n"
         )
     for reason in option.reasons:

@@ -27,13 +27,12 @@ from bot.messages import Button, Confirm, Message
 from bot.render import mention
 from bot.runner import ExperimentRunner
 from bot.surface import LOCAL_CHANNEL, Surface
-from bot.wiring import diagnose_settings, gate_plan, launcher, sglang_client
+from bot.wiring import diagnose_settings, engine, engine_client, launcher
 from playbooks.clock import make_clock
-from playbooks.diagnose import diagnose, judge_change
-from playbooks.launchers.base import LaunchError, with_change
+from playbooks.diagnose import diagnose
+from playbooks.engines.base import ArgError, EngineClient, EngineError, MetricsDisabled, Snapshot
+from playbooks.launchers.base import LaunchError
 from playbooks.measure import MeasurementError
-from playbooks.server_args import ArgError, parse_change
-from playbooks.sources.sglang import SGLangClient, SGLangError
 from storage import audit, chat
 from storage import experiments as store
 from storage import proposals as proposal_store
@@ -233,12 +232,12 @@ class Kvpilot:
             )
 
         try:
-            client = sglang_client(cfg)
+            client = engine_client(cfg)
             try:
                 finding = diagnose(client, clock, diagnose_settings(cfg), on_progress=on_progress)
             finally:
                 client.close()
-        except (SGLangError, MeasurementError, ValueError) as exc:
+        except (EngineError, MeasurementError, ValueError) as exc:
             surface.update(progress, Message.note(f":x: Diagnosis of `{server}` failed: {exc}"))
             return
         data = finding.to_json()
@@ -268,7 +267,8 @@ class Kvpilot:
             surface.whisper(who, Message.note(":no_entry: Only operators may propose changes."))
             return
         try:
-            change = parse_change([f"{k}={v}" for k, v in option["change"].items()])
+            items = [f"{k}={v}" for k, v in option["change"].items()]
+            change = engine(self.config.server(diagnosis.server)).parse_change(items)
         except ArgError as exc:
             surface.whisper(who, Message.note(f":warning: {exc}"))
             return
@@ -287,17 +287,18 @@ class Kvpilot:
         """Post an approval message for `change`; returns the proposal id (None if refused)."""
         cfg = self.config.server(server)
         try:
-            client = sglang_client(cfg)
+            client = engine_client(cfg)
             try:
-                info = client.server_info()
-                metrics = client.metrics()
+                info = client.settings()
+                load = _load(client)
             finally:
                 client.close()
             srv_launcher = launcher(self.config, cfg, make_clock(self.config.time_scale))
             baseline = srv_launcher.current_args()
-            trial = with_change(baseline, change)
-            option = judge_change(info, change, diagnose_settings(cfg))
-        except (SGLangError, LaunchError, ConfigError, ArgError) as exc:
+            trial = client.engine.with_change(baseline, change)
+            rules = client.engine.rules_for(info, diagnose_settings(cfg), measured=False)
+            option = rules.judge(change)
+        except (EngineError, LaunchError, ConfigError, ArgError) as exc:
             surface.whisper(who, Message.note(f":x: Cannot propose a change to `{server}`: {exc}"))
             return None
         if option.verdict == "unsafe" and not force:
@@ -311,8 +312,6 @@ class Kvpilot:
                 ),
             )
             return None
-        running = metrics.samples.get("sglang:num_running_reqs")
-        queued = metrics.samples.get("sglang:num_queue_reqs")
         plan = {
             "server": server,
             "change": change,
@@ -320,14 +319,14 @@ class Kvpilot:
             "to_args": trial,
             "verdict": option.verdict,
             "option": option.to_json(),
-            "gate": vars(gate_plan(cfg)),
+            "gate": vars(cfg.gate),
         }
         snapshot = {
             "args": baseline,
-            "max_total_num_tokens": info.max_total_num_tokens,
+            "max_total_num_tokens": info.capacity_tokens,
             "version": info.version,
-            "running": running,
-            "queued": queued,
+            "running": load.running,
+            "queued": load.queued,
             "diagnosis_id": diagnosis_id,
         }
         created = self.now()
@@ -496,7 +495,7 @@ class Kvpilot:
             return None
         try:
             exp_id = self.runner.create(row, approved_by=who.user)
-        except (ActiveExperimentExists, StorageError, LaunchError, SGLangError) as exc:
+        except (ActiveExperimentExists, StorageError, LaunchError, EngineError) as exc:
             self._stamp(
                 row, ref, surface, f":warning: Approved by {mention(who.user)}, not started: {exc}"
             )
@@ -600,10 +599,10 @@ class Kvpilot:
         servers: list[dict[str, Any]] = []
         for name in names:
             cfg = self.config.server(name)
-            client = SGLangClient.connect(cfg.url, cfg.api_key, timeout=2.0)
+            client = engine_client(cfg, timeout_s=2.0)
             try:
                 health = "healthy" if client.health() else "not healthy"
-            except SGLangError as exc:
+            except EngineError as exc:
                 health = f"unreachable ({exc})"
             finally:
                 client.close()
@@ -650,3 +649,11 @@ def _arg_diff(before: list[str], after: list[str]) -> str:
     old, new = pairs(before), pairs(after)
     lines = [f"- {p}" for p in old if p not in new] + [f"+ {p}" for p in new if p not in old]
     return "\n".join(lines) or "(no change)"
+
+
+def _load(client: EngineClient) -> Snapshot:
+    """The server's load now, from its metrics or, without them, its load report."""
+    try:
+        return client.snapshot()
+    except MetricsDisabled:
+        return client.load_snapshot()

@@ -30,14 +30,8 @@ from typing import Any, Protocol
 from sqlite_utils import Database
 
 from bot.config import Config, ServerConfig
-from bot.wiring import sglang_client
-from playbooks.sources.sglang import (
-    Metrics,
-    MetricsDisabled,
-    RankLoad,
-    SGLangClient,
-    SGLangError,
-)
+from bot.wiring import engine_client
+from playbooks.engines.base import EngineClient, EngineError, MetricsDisabled, Snapshot
 from storage.db import open_db
 from storage.metric_buckets import RawSample
 from storage.metric_samples import (
@@ -142,77 +136,31 @@ def observed_settings(info: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True)
-class Reading:
-    """One scrape's values before they are compared with the previous sample."""
-
-    gen_total: float | None = None
-    prompt_total: float | None = None
-    requests_total: float | None = None
-    retractions_total: float | None = None
-    gen_throughput: float | None = None
-    running: float | None = None
-    queued: float | None = None
-    token_usage: float | None = None
-    retracted: float | None = None
-    max_total_tokens: int | None = None
+# stored counter column -> the snapshot's counter, and the increase column it feeds
+_COUNTERS = (
+    ("gen_total", "generated_tokens", "gen_tokens"),
+    ("prompt_total", "prompt_tokens", "prompt_tokens"),
+    ("requests_total", "completed_requests", "requests"),
+    ("retractions_total", "preemptions", "retractions"),
+)
+_INCREASES = tuple(inc for _, _, inc in _COUNTERS)
 
 
-def _counter(m: Metrics, family: str) -> float | None:
-    """A counter's value; 0 when the family is declared but has not counted yet."""
-    if not m.has(family):
-        return None
-    return m.get(family + "_total") or 0.0
-
-
-def reading_from_metrics(m: Metrics) -> Reading:
-    capacity = m.get("sglang:max_total_num_tokens")
-    return Reading(
-        gen_total=_counter(m, "sglang:generation_tokens"),
-        prompt_total=_counter(m, "sglang:prompt_tokens"),
-        requests_total=_counter(m, "sglang:num_requests"),
-        retractions_total=_counter(m, "sglang:num_retracted_requests"),
-        gen_throughput=m.get("sglang:gen_throughput"),
-        running=m.get("sglang:num_running_reqs"),
-        queued=m.get("sglang:num_queue_reqs"),
-        token_usage=m.mean("sglang:token_usage"),
-        retracted=m.get("sglang:num_retracted_reqs"),
-        max_total_tokens=None if capacity is None else int(capacity),
-    )
-
-
-def reading_from_loads(loads: list[RankLoad]) -> Reading:
-    usages = [x.token_usage for x in loads if x.token_usage is not None]
-    gens = [x.gen_throughput for x in loads if x.gen_throughput is not None]
-    caps = [x.max_total_num_tokens for x in loads if x.max_total_num_tokens is not None]
-    return Reading(
-        gen_throughput=sum(gens) if gens else None,
-        running=float(sum(x.running for x in loads)),
-        queued=float(sum(x.waiting for x in loads)),
-        token_usage=sum(usages) / len(usages) if usages else None,
-        max_total_tokens=sum(caps) if caps else None,
-    )
-
-
-_COUNTERS = ("gen_total", "prompt_total", "requests_total", "retractions_total")
-_INCREASES = ("gen_tokens", "prompt_tokens", "requests", "retractions")
-
-
-def counters_reset(prev: RawSample, now: Reading) -> bool:
+def counters_reset(prev: RawSample, now: Snapshot) -> bool:
     """Whether any counter went back: the server process was restarted."""
-    for name in _COUNTERS:
-        before, after = getattr(prev, name), getattr(now, name)
+    for column, counter, _ in _COUNTERS:
+        before, after = getattr(prev, column), getattr(now, counter)
         if before is not None and after is not None and after < before:
             return True
     return False
 
 
-def increases(prev: RawSample | None, now: Reading, reset: bool) -> dict[str, float | None]:
+def increases(prev: RawSample | None, now: Snapshot, reset: bool) -> dict[str, float | None]:
     """Counter increases since ``prev``; after a reset the new value is the increase."""
     out: dict[str, float | None] = {}
-    for total, inc in zip(_COUNTERS, _INCREASES, strict=True):
-        after = getattr(now, total)
-        before = None if prev is None else getattr(prev, total)
+    for column, counter, inc in _COUNTERS:
+        after = getattr(now, counter)
+        before = None if prev is None else getattr(prev, column)
         if after is None or before is None:
             out[inc] = None
         else:
@@ -243,13 +191,13 @@ class Outcome:
     error: str = ""
 
 
-ClientFactory = Callable[[ServerConfig], SGLangClient]
+ClientFactory = Callable[[ServerConfig], EngineClient]
 
 
-def default_client(server: ServerConfig, timeout_s: float = 5.0) -> SGLangClient:
+def default_client(server: ServerConfig, timeout_s: float = 5.0) -> EngineClient:
     """The server's client for sampling, with its configured metrics source (the server's own
     ``/metrics`` or Prometheus). One quick retry: a failed scrape is simply tried next tick."""
-    return sglang_client(server, timeout_s=timeout_s, attempts=2, wait=lambda *_: 0.1)
+    return engine_client(server, timeout_s=timeout_s, attempts=2, wait=lambda *_: 0.1)
 
 
 def database_path(db: Database) -> Path | None:
@@ -286,7 +234,7 @@ class Sampler:
             s.raw_retention_s, s.five_minute_retention_s, s.hourly_retention_s
         )
         self._client_factory = client_factory
-        self._clients: dict[str, SGLangClient] = {}
+        self._clients: dict[str, EngineClient] = {}
         self.states = {name: ServerState(name) for name in config.servers}
         self.db_path = database_path(db)  # the thread opens its own connection to it
         self._loop: _Loop | None = None
@@ -307,16 +255,16 @@ class Sampler:
         compact(db, now.timestamp(), self.retention, settle_s=2 * self.interval_s)
         self._last_compact = now
 
-    def _client(self, name: str) -> SGLangClient:
+    def _client(self, name: str) -> EngineClient:
         if name not in self._clients:
             self._clients[name] = self._client_factory(self.config.servers[name])
         return self._clients[name]
 
-    def _read(self, client: SGLangClient) -> Reading:
+    def _read(self, client: EngineClient) -> Snapshot:
         try:
-            return reading_from_metrics(client.metrics())
+            return client.snapshot()
         except MetricsDisabled:
-            return reading_from_loads(client.loads())
+            return client.load_snapshot()
 
     def _sample_server(self, db: Database, name: str) -> Outcome:
         state = self.states[name]
@@ -332,7 +280,7 @@ class Sampler:
         state.last_attempt = now
         try:
             reading = self._read(self._client(name))
-        except SGLangError as exc:
+        except EngineError as exc:
             self._failed(db, state, t, str(exc))
             return Outcome(name, False, str(exc))
         except Exception as exc:  # a bug or a malformed answer must not stop the sampler
@@ -385,7 +333,7 @@ class Sampler:
         extend_gap(db, gap.id, t, detail=error)
         state.gap = Gap(gap.id, gap.server, gap.kind, gap.start_ts, t, True, False, error)
 
-    def _succeeded(self, db: Database, state: ServerState, t: float, r: Reading) -> None:
+    def _succeeded(self, db: Database, state: ServerState, t: float, r: Snapshot) -> None:
         last = state.last
         if last is not None and t <= last.ts:
             log.warning("sampler clock went back for %s (%.3f <= %.3f)", state.name, t, last.ts)
@@ -414,16 +362,16 @@ class Sampler:
             ts=t,
             span_s=self.interval_s if dt is None else min(dt, self._max_gap()),
             dt=dt,
-            gen_total=r.gen_total,
-            prompt_total=r.prompt_total,
-            requests_total=r.requests_total,
-            retractions_total=r.retractions_total,
-            gen_throughput=r.gen_throughput,
+            gen_total=r.generated_tokens,
+            prompt_total=r.prompt_tokens,
+            requests_total=r.completed_requests,
+            retractions_total=r.preemptions,
+            gen_throughput=r.decode_rate,
             running=r.running,
             queued=r.queued,
-            token_usage=r.token_usage,
-            retracted=r.retracted,
-            max_total_tokens=r.max_total_tokens or state.capacity,
+            token_usage=r.kv_usage,
+            retracted=r.preempting,
+            max_total_tokens=r.capacity_tokens or state.capacity,
             **inc,
         )
         add_sample(db, sample)
@@ -433,11 +381,11 @@ class Sampler:
 
     def _snapshot(self, db: Database, state: ServerState, t: float) -> None:
         try:
-            info = self._client(state.name).server_info()
-        except SGLangError as exc:
+            info = self._client(state.name).settings()
+        except EngineError as exc:
             log.info("server info of %s not read (%s); trying next tick", state.name, exc)
             return
-        state.capacity = info.max_total_num_tokens
+        state.capacity = info.capacity_tokens
         record_snapshot(db, state.name, t, observed_settings(info.raw))
         state.need_snapshot = False
 

@@ -6,13 +6,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
 from sqlite_utils import Database
 
 from bot.config import Config, ConfigError, ServerConfig
 from playbooks.clock import Clock, make_clock
 from playbooks.diagnose import DiagnoseSettings
-from playbooks.experiment import Deps, GatePlan
+from playbooks.engines import engine_named
+from playbooks.engines.base import Engine, EngineClient
+from playbooks.experiment import Deps
 from playbooks.fleet import RestartLimiter
 from playbooks.launchers import factory as launcher_factory
 from playbooks.launchers.common import ManagedLauncher
@@ -21,7 +22,6 @@ from playbooks.sources.gpu import GpuReader, NvmlGpuReader
 from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
 from playbooks.sources.metrics_source import with_metrics_source
 from playbooks.sources.prometheus import DcgmGpuReader, PrometheusAPI, PrometheusMetrics
-from playbooks.sources.sglang import SGLangClient
 from storage.db import open_db
 
 
@@ -65,35 +65,28 @@ def experiment_clock(config: Config, db: Database) -> Callable[[], datetime]:
     return time_source(config, db).now
 
 
-def gate_plan(server: ServerConfig) -> GatePlan:
-    """The gate settings an experiment on this server runs with."""
-    g = server.gate
-    return GatePlan(
-        min_effect=g.min_effect,
-        baseline_s=g.baseline_s,
-        warmup_s=g.warmup_s,
-        max_trial_s=g.max_trial_s,
-        batch_s=g.batch_s,
-        scrape_s=g.scrape_s,
-        warmup_floor_s=g.warmup_floor_s,
-    )
+def engine(server: ServerConfig) -> Engine:
+    """The engine that serves this server."""
+    return engine_named(server.engine)
 
 
-def sglang_client(
+def engine_client(
     server: ServerConfig,
     *,
     timeout_s: float = 10.0,
     attempts: int = 3,
     wait: Callable[..., float] | None = None,
-) -> SGLangClient:
-    """The server's SGLang client, reading metrics from the configured source."""
-    headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
-    http = httpx.Client(base_url=server.url, headers=headers, timeout=timeout_s)
-    client = SGLangClient(http, attempts=attempts, wait=wait)
+) -> EngineClient:
+    """The server's client, reading metrics from the configured source."""
+    client = engine(server).connect(
+        server.url, api_key=server.api_key, timeout_s=timeout_s, attempts=attempts, wait=wait
+    )
     m = server.metrics
     if m.source != "prometheus" or m.url is None or m.selector is None:
         return client
-    source = PrometheusMetrics(PrometheusAPI.connect(m.url), m.selector, max_age_s=m.max_age_s)
+    source = PrometheusMetrics(
+        PrometheusAPI.connect(m.url), m.selector, client.engine.metrics, max_age_s=m.max_age_s
+    )
     return with_metrics_source(client, source)
 
 
@@ -137,10 +130,10 @@ def experiment_deps(
         now=experiment_clock(config, db),
         db=db,
         server=name,
-        client=sglang_client(server),
+        client=engine_client(server),
         launcher=launcher(config, server, clock),
         clock=clock,
-        plan=gate_plan(server),
+        plan=server.gate,
         on_progress=on_progress,
         restarts=restart_limiter(config, server, db),
     )

@@ -32,10 +32,11 @@ from sqlite_utils import Database
 
 from playbooks import gate as gate_mod
 from playbooks.clock import Clock
+from playbooks.engines import restore_snapshot
+from playbooks.engines.base import EngineClient, EngineError, Snapshot
 from playbooks.fleet import RestartLimiter
-from playbooks.launchers.base import Launcher, LaunchError, with_change
+from playbooks.launchers.base import Launcher, LaunchError
 from playbooks.ownership import Lease, OwnershipLost
-from playbooks.sources.sglang import SGLangClient, SGLangError
 from storage import audit, servers
 from storage import experiments as store
 from storage import samples as sample_store
@@ -52,33 +53,14 @@ def args_of(config: dict[str, Any]) -> list[str]:
     return [str(a) for a in args] if isinstance(args, list) else []
 
 
-@dataclass(frozen=True)
-class GatePlan:
-    min_effect: float = 0.03
-    baseline_s: float = 600.0
-    warmup_s: float = 0.0  # extra settling before the trial; the gate's MSER rule cuts warm-up
-    max_trial_s: float = 1800.0
-    batch_s: float = 30.0
-    scrape_s: float = 5.0
-    warmup_floor_s: float = 60.0
-
-    def gate_settings(self) -> gate_mod.GateSettings:
-        return gate_mod.GateSettings(
-            min_effect=self.min_effect,
-            batch_s=self.batch_s,
-            max_trial_s=self.max_trial_s,
-            warmup_floor_s=self.warmup_floor_s,
-        )
-
-
 @dataclass
 class Deps:
     db: Database
     server: str
-    client: SGLangClient
+    client: EngineClient
     launcher: Launcher
     clock: Clock
-    plan: GatePlan
+    plan: gate_mod.GateSettings
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
     on_progress: Callable[[str], None] | None = None
     restarts: RestartLimiter | None = None  # the restart slots of the server's group, if any
@@ -122,7 +104,7 @@ def create(
     With `owner`, the new experiment is leased to that process from its first moment.
     """
     baseline = deps.launcher.current_args()
-    trial = with_change(baseline, change)
+    trial = deps.client.engine.with_change(baseline, change)
     servers.register_server(
         deps.db, deps.server, deps.client.base_url, deps.launcher.kind, actor=actor, now=deps.now()
     )
@@ -468,7 +450,7 @@ def _warming_up(deps: Deps, row: store.ExperimentRow) -> None:
 def _trial(deps: Deps, row: store.ExperimentRow) -> None:
     plan = deps.plan
     baseline = _gate_samples(deps, row.id, "baseline")
-    settings = plan.gate_settings()
+    settings = plan
     elapsed = 0.0
     decision: gate_mod.GateDecision | None = None
     while True:
@@ -618,8 +600,8 @@ def _collect(deps: Deps, exp_id: int, phase: sample_store.Phase, seconds: float)
             sample_store.add_samples(deps.db, rows)
             raise ServerDown(state.reason)
         try:
-            metrics = deps.client.metrics()
-        except SGLangError as exc:
+            snapshot = deps.client.snapshot()
+        except EngineError as exc:
             if not deps.launcher.state().running:
                 sample_store.add_samples(deps.db, rows)
                 raise ServerDown(deps.launcher.state().reason) from exc
@@ -631,10 +613,7 @@ def _collect(deps: Deps, exp_id: int, phase: sample_store.Phase, seconds: float)
                 phase=phase,
                 t=deps.clock.now(),
                 wall_time=deps.now(),
-                metrics={
-                    **{k: v for k, v in metrics.samples.items() if _keep_metric(k)},
-                    "ttft_buckets": [[le, n] for le, n in sorted(metrics.ttft_buckets.items())],
-                },
+                metrics=snapshot.to_json(),
                 experiment_id=exp_id,
             )
         )
@@ -642,67 +621,12 @@ def _collect(deps: Deps, exp_id: int, phase: sample_store.Phase, seconds: float)
     sample_store.add_samples(deps.db, rows)
 
 
-KEPT_METRICS = (
-    "sglang:gen_throughput",
-    "sglang:num_running_reqs",
-    "sglang:num_queue_reqs",
-    "sglang:token_usage",
-    "sglang:generation_tokens_total",
-    "sglang:prompt_tokens_total",
-    "sglang:num_requests_total",
-    "sglang:num_aborted_requests_total",
-    "sglang:num_retracted_requests_total",
-    "sglang:cache_hit_rate",
-)
-
-
-def _keep_metric(name: str) -> bool:
-    return name in KEPT_METRICS
-
-
-def bucket_quantile(before: Any, after: Any, q: float) -> float | None:
-    """Quantile of the observations between two cumulative histogram scrapes (bucket bound)."""
-    if not isinstance(after, list):
-        return None
-    prev = {float(le): float(n) for le, n in before} if isinstance(before, list) else {}
-    deltas = [(float(le), float(n) - prev.get(float(le), 0.0)) for le, n in after]
-    deltas.sort()
-    total = deltas[-1][1] if deltas else 0.0
-    if total <= 0:
-        return None
-    for le, cum in deltas:
-        if cum >= q * total:
-            return None if math.isinf(le) else le
-    return None
-
-
-def _gate_samples(deps: Deps, exp_id: int, phase: sample_store.Phase) -> list[gate_mod.GateSample]:
-    out = []
+def _gate_samples(deps: Deps, exp_id: int, phase: sample_store.Phase) -> list[Snapshot]:
     stored = sample_store.samples_for(deps.db, exp_id, phase)
     per_batch = max(1, int(deps.plan.batch_s / deps.plan.scrape_s))
-    for i, s in enumerate(stored):
-        m = s.metrics
-        earlier = stored[i - per_batch].metrics.get("ttft_buckets") if i >= per_batch else None
-        out.append(
-            gate_mod.GateSample(
-                t=float(s.t),
-                gen_throughput=m.get("sglang:gen_throughput"),
-                generation_tokens_total=m.get("sglang:generation_tokens_total"),
-                prompt_tokens_total=m.get("sglang:prompt_tokens_total"),
-                num_requests_total=m.get("sglang:num_requests_total"),
-                running=float(m.get("sglang:num_running_reqs") or 0.0),
-                queued=float(m.get("sglang:num_queue_reqs") or 0.0),
-                errors_total=m.get("sglang:num_aborted_requests_total"),
-                retractions_total=m.get("sglang:num_retracted_requests_total"),
-                # With requests queued, TTFT measures the client backlog (inflated right after a
-                # restart by the requests that piled up during it), not the configuration, so the
-                # TTFT guardrail only reads samples taken with an empty queue.
-                ttft_p95_s=None
-                if earlier is None or (m.get("sglang:num_queue_reqs") or 0) > 0
-                else bucket_quantile(earlier, m.get("ttft_buckets"), 0.95),
-            )
-        )
-    return out
+    return gate_mod.with_ttft_p95(
+        [restore_snapshot(s.metrics, float(s.t)) for s in stored], per_batch
+    )
 
 
 def gate_result(decision: gate_mod.GateDecision) -> dict[str, Any]:

@@ -27,9 +27,9 @@ from sqlite_utils import Database
 
 from playbooks.clock import Clock
 from playbooks.diagnose import DiagnoseSettings, diagnose
+from playbooks.engines.base import EngineClient, EngineError
 from playbooks.measure import MeasurementError
 from playbooks.sources.metrics_source import describe_source
-from playbooks.sources.sglang import SGLangClient, SGLangError
 from playbooks.types import VERDICT_ORDER, DiagnoseFinding
 from storage import audit
 from storage import restart_slots as slots
@@ -42,7 +42,7 @@ class Member:
     """One server of a group, ready to be measured."""
 
     name: str
-    client: SGLangClient
+    client: EngineClient
     settings: DiagnoseSettings
 
 
@@ -154,7 +154,7 @@ def diagnose_group(
         source = describe_source(member.client)
         try:
             finding = diagnose(member.client, clock, member.settings, progress, now)
-        except (SGLangError, MeasurementError, ValueError) as exc:
+        except (EngineError, MeasurementError, ValueError) as exc:
             return MemberResult(member.name, member.client.base_url, source, None, str(exc))
         finding.notes.append(f"metrics read from {source}")
         return MemberResult(member.name, member.client.base_url, source, finding, None)

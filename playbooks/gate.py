@@ -7,10 +7,10 @@ clear, then "keep" or "revert". Nothing here reads a clock or does I/O.
 
 Statistical design (the reference notes on gate statistics, §3; measured in `bench/gate.py`):
 
-* **Primary metric: the decode rate, `sglang:gen_throughput`.** It is what a configuration changes
+* **Primary metric: the decode rate (`Snapshot.decode_rate`).** It is what a configuration changes
   (tokens per second across all running requests), it is refreshed every few decode steps, and it
-  responds within seconds of the restart. The completed-token rate (deltas of
-  `sglang:generation_tokens_total`, counted when a request *finishes*) arrives in lumps with long
+  responds within seconds of the restart. The completed-token rate (deltas of the
+  `generated_tokens` counter, counted when a request *finishes*) arrives in lumps with long
   requests and is biased after a restart (at first only short requests finish), so it is a
   consistency check on a keep, not the gated statistic.
 * **Warm-up exclusion:** MSER-5 (White 1997) on the trial's decode rate, never less than
@@ -61,12 +61,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import accumulate, pairwise
 from statistics import NormalDist
 from typing import Literal
 
+from playbooks.engines.base import Snapshot, ttft_quantile
 from playbooks.stats import Interval
 
 Action = Literal["continue", "keep", "revert"]
@@ -74,26 +75,17 @@ Verdict = Literal["pending", "improved", "not_improved", "inconclusive", "drifte
 
 
 @dataclass(frozen=True)
-class GateSample:
-    """One scrape of the server: gauges, cumulative counters (None when not exported)."""
-
-    t: float
-    gen_throughput: float | None
-    generation_tokens_total: float | None
-    prompt_tokens_total: float | None
-    num_requests_total: float | None
-    running: float
-    queued: float
-    ttft_p95_s: float | None = None
-    errors_total: float | None = None
-    retractions_total: float | None = None
-
-
-@dataclass(frozen=True)
 class GateSettings:
-    """The gate's error rates, windows and limits (validated: a bad value says what is wrong)."""
+    """The gate's error rates, windows and limits (validated: a bad value says what is wrong).
+
+    The one settings type of an experiment: configuration (`[gate]`, `[servers.NAME.gate]`)
+    builds it, the experiment engine runs by it and stores it with the experiment.
+    """
 
     min_effect: float = 0.03  # smallest relative gain worth keeping a change for
+    baseline_s: float = 600.0  # the baseline window measured before the change
+    warmup_s: float = 0.0  # extra settling before the trial; the MSER rule cuts warm-up anyway
+    scrape_s: float = 5.0  # how often the server is read during an experiment
     alpha: float = 0.05  # two-sided level of the reported intervals; a keep needs alpha/2 one-sided
     beta: float = 0.10  # futility: revert once the planning effect is above the upper 1-beta bound
     planning_effect: float = 0.10  # the gain the trial is sized to detect
@@ -129,6 +121,9 @@ class GateSettings:
             (self.planning_effect > self.min_effect, "planning_effect must exceed min_effect"),
             (self.restart_variance_factor >= 1, "restart_variance_factor must be >= 1"),
             (self.batch_s > 0, "batch_s must be positive"),
+            (self.scrape_s > 0, "scrape_s must be positive"),
+            (self.baseline_s > 0, "baseline_s must be positive"),
+            (self.warmup_s >= 0, "warmup_s must be >= 0"),
             (self.min_batches >= 1, "min_batches must be at least 1"),
             (self.min_baseline_batches >= 2, "min_baseline_batches must be at least 2"),
             (0 < self.max_window_fraction <= 0.5, "max_window_fraction must be in (0, 0.5]"),
@@ -225,10 +220,10 @@ def _mser(values: Sequence[float], group: int, max_fraction: float) -> tuple[int
 
 
 def batch_means(
-    samples: Sequence[GateSample],
+    samples: Sequence[Snapshot],
     t0: float,
     batch_s: float,
-    value: Callable[[GateSample], float | None],
+    value: Callable[[Snapshot], float | None],
 ) -> list[float]:
     """Mean of a gauge in each complete batch (t0 + i*batch_s, t0 + (i+1)*batch_s].
 
@@ -348,7 +343,7 @@ class BaselineNoise:
 
 
 def baseline_noise(
-    samples: Sequence[GateSample], batch_s: float, max_window_fraction: float = 0.25
+    samples: Sequence[Snapshot], batch_s: float, max_window_fraction: float = 0.25
 ) -> BaselineNoise:
     """Bin the baseline's decode rate at its scrape interval and tabulate window variances."""
     return _baseline_noise(tuple(samples), batch_s, max_window_fraction)
@@ -356,7 +351,7 @@ def baseline_noise(
 
 @lru_cache(maxsize=16)
 def _baseline_noise(
-    samples: tuple[GateSample, ...], batch_s: float, max_window_fraction: float
+    samples: tuple[Snapshot, ...], batch_s: float, max_window_fraction: float
 ) -> BaselineNoise:
     spacing = _spacing(samples)
     if spacing <= 0:
@@ -364,7 +359,7 @@ def _baseline_noise(
     per_batch = max(1, math.floor(batch_s / spacing + 1e-9))  # bins no shorter than a scrape
     bin_s = batch_s / per_batch
     # Each scrape stands for the interval that ends with it, as in the trial.
-    values = batch_means(samples, samples[0].t - spacing, bin_s, lambda s: s.gen_throughput)
+    values = batch_means(samples, samples[0].t - spacing, bin_s, lambda s: s.decode_rate)
     if len(values) < 2:
         raise ValueError("the baseline has fewer than two decode-rate readings")
     if statistics.fmean(values) <= 0:
@@ -397,14 +392,14 @@ def estimate_effect(
 
 
 def warmup_cut(
-    trial: Sequence[GateSample], settings: GateSettings, floor_s: float | None = None
+    trial: Sequence[Snapshot], settings: GateSettings, floor_s: float | None = None
 ) -> float:
     """Seconds after the restart to drop: MSER on the decode rate, floor and ceiling."""
     return warmup(trial, settings, floor_s)[0]
 
 
 def warmup(
-    trial: Sequence[GateSample], settings: GateSettings, floor_s: float | None = None
+    trial: Sequence[Snapshot], settings: GateSettings, floor_s: float | None = None
 ) -> tuple[float, bool]:
     """(seconds after the restart to drop, whether the warm-up is over).
 
@@ -415,7 +410,7 @@ def warmup(
     if not trial:
         return 0.0, False
     t0 = trial[0].t - _spacing(trial)  # the restart: one scrape interval before the first sample
-    series = [(s.t, s.gen_throughput) for s in trial if s.gen_throughput is not None]
+    series = [(s.t, s.decode_rate) for s in trial if s.decode_rate is not None]
     floor = settings.warmup_floor_s if floor_s is None else floor_s
     span = trial[-1].t - t0
     ceiling = settings.warmup_max_fraction * span
@@ -452,7 +447,7 @@ class _WindowFacts:
 
 
 def _delta(
-    samples: Sequence[GateSample], t0: float, attr: Callable[[GateSample], float | None]
+    samples: Sequence[Snapshot], t0: float, attr: Callable[[Snapshot], float | None]
 ) -> tuple[float, float] | None:
     """(increase, seconds) of a counter between the first sample at/after t0 and the last."""
     body = [s for s in samples if s.t >= t0 and attr(s) is not None]
@@ -463,13 +458,31 @@ def _delta(
     return b - a, body[-1].t - body[0].t
 
 
-def _facts(samples: Sequence[GateSample], t0: float) -> _WindowFacts:
+def with_ttft_p95(samples: Sequence[Snapshot], per_batch: int) -> list[Snapshot]:
+    """The samples, each with the TTFT p95 over the `per_batch` scrapes before it.
+
+    With requests queued, TTFT measures the client backlog (inflated right after a restart by the
+    requests that piled up during it), not the configuration, so the TTFT guardrail only reads
+    samples taken with an empty queue: the others get None.
+    """
+    return [
+        replace(
+            s,
+            ttft_p95_s=None
+            if i < per_batch or s.queued > 0
+            else ttft_quantile(samples[i - per_batch], s, 0.95),
+        )
+        for i, s in enumerate(samples)
+    ]
+
+
+def _facts(samples: Sequence[Snapshot], t0: float) -> _WindowFacts:
     body = [s for s in samples if s.t >= t0]
-    req = _delta(body, t0, lambda s: s.num_requests_total)
-    gen = _delta(body, t0, lambda s: s.generation_tokens_total)
-    prompt = _delta(body, t0, lambda s: s.prompt_tokens_total)
-    err = _delta(body, t0, lambda s: s.errors_total)
-    ret = _delta(body, t0, lambda s: s.retractions_total)
+    req = _delta(body, t0, lambda s: s.completed_requests)
+    gen = _delta(body, t0, lambda s: s.generated_tokens)
+    prompt = _delta(body, t0, lambda s: s.prompt_tokens)
+    err = _delta(body, t0, lambda s: s.aborted_requests)
+    ret = _delta(body, t0, lambda s: s.preemptions)
     completed = req[0] if req else None
     per_req = completed is not None and completed > 0
     ttfts = [s.ttft_p95_s for s in body if s.ttft_p95_s is not None]
@@ -486,9 +499,9 @@ def _facts(samples: Sequence[GateSample], t0: float) -> _WindowFacts:
     )
 
 
-def _lifetime_s(samples: Sequence[GateSample]) -> float | None:
+def _lifetime_s(samples: Sequence[Snapshot]) -> float | None:
     """Mean request lifetime by Little's law: mean running / completion rate."""
-    d = _delta(samples, samples[0].t, lambda s: s.num_requests_total) if samples else None
+    d = _delta(samples, samples[0].t, lambda s: s.completed_requests) if samples else None
     if d is None or d[0] <= 0 or d[1] <= 0:
         return None
     return statistics.fmean(s.running for s in samples) / (d[0] / d[1])
@@ -505,17 +518,17 @@ class _Baseline:
     lifetime_s: float | None
 
 
-def _baseline(samples: Sequence[GateSample], settings: GateSettings) -> _Baseline:
+def _baseline(samples: Sequence[Snapshot], settings: GateSettings) -> _Baseline:
     return _baseline_cached(tuple(samples), settings)
 
 
 @lru_cache(maxsize=16)
-def _baseline_cached(samples: tuple[GateSample, ...], settings: GateSettings) -> _Baseline:
+def _baseline_cached(samples: tuple[Snapshot, ...], settings: GateSettings) -> _Baseline:
     """Everything the gate reads off the baseline (cached: every look reuses it)."""
     if len(samples) < 2:
         raise ValueError("the baseline window needs at least two samples")
     t0 = samples[0].t - _spacing(samples)
-    batches = len(batch_means(samples, t0, settings.batch_s, lambda s: s.gen_throughput))
+    batches = len(batch_means(samples, t0, settings.batch_s, lambda s: s.decode_rate))
     if batches < settings.min_baseline_batches:
         raise ValueError(
             f"the baseline has {batches} complete batches of {settings.batch_s:g} s; "
@@ -536,18 +549,18 @@ class _TrialWindow:
     mean: float | None  # decode rate over those batches
 
 
-def _trial_window(trial: Sequence[GateSample], settings: GateSettings) -> _TrialWindow:
+def _trial_window(trial: Sequence[Snapshot], settings: GateSettings) -> _TrialWindow:
     cut, over = warmup(trial, settings)
     start = trial[0].t - _spacing(trial) + cut
     batches = max(0, int((trial[-1].t - start) / settings.batch_s + 1e-9))
     end = start + batches * settings.batch_s
-    body = [s.gen_throughput for s in trial if start < s.t <= end and s.gen_throughput is not None]
+    body = [s.decode_rate for s in trial if start < s.t <= end and s.decode_rate is not None]
     return _TrialWindow(cut, over, start, batches, statistics.fmean(body) if body else None)
 
 
 def decide(
-    baseline: Sequence[GateSample],
-    trial: Sequence[GateSample],
+    baseline: Sequence[Snapshot],
+    trial: Sequence[Snapshot],
     settings: GateSettings = GateSettings(),
 ) -> GateDecision:
     """The gate's answer given the whole baseline window and the trial so far.
@@ -603,7 +616,7 @@ def decide(
             f"the decode rate fell to zero after the warm-up ({k} batches of {s.batch_s:g} s)",
             k, s.batch_s, cut, reasons,
         )  # fmt: skip
-    bins = batch_means(trial, start, noise.bin_s, lambda x: x.gen_throughput)
+    bins = batch_means(trial, start, noise.bin_s, lambda x: x.decode_rate)
     bins = bins[: round(window_s / noise.bin_s)]
     noise = noise.with_trial(bins, s.max_window_fraction)
     est = estimate_effect(noise, trial_mean, window_s, s.restart_variance_factor)
@@ -743,7 +756,7 @@ def _inconclusive(
 
 
 def _rate_window(
-    trial: Sequence[GateSample], base: _Baseline, cut: float, s: GateSettings
+    trial: Sequence[Snapshot], base: _Baseline, cut: float, s: GateSettings
 ) -> tuple[float, _WindowFacts | None, bool]:
     """Facts of completed requests and retractions, once the trial can speak for them.
 
@@ -863,8 +876,8 @@ def _saturation(bf: _WindowFacts, tf: _WindowFacts, s: GateSettings) -> list[str
 
 
 def fixed_window_test(
-    baseline: Sequence[GateSample],
-    trial: Sequence[GateSample],
+    baseline: Sequence[Snapshot],
+    trial: Sequence[Snapshot],
     settings: GateSettings,
     window_s: float,
 ) -> GateDecision:
@@ -895,13 +908,11 @@ def fixed_window_test(
     )  # fmt: skip
 
 
-def _spacing(samples: Sequence[GateSample]) -> float:
+def _spacing(samples: Sequence[Snapshot]) -> float:
     return statistics.median(b.t - a.t for a, b in pairwise(samples)) if len(samples) > 1 else 0.0
 
 
-def plan_trial(
-    baseline: Sequence[GateSample], settings: GateSettings = GateSettings()
-) -> TrialPlan:
+def plan_trial(baseline: Sequence[Snapshot], settings: GateSettings = GateSettings()) -> TrialPlan:
     """What this baseline lets a trial resolve, before the change is made.
 
     The fixed-window test with the same error rates needs the standard error of d to fall to

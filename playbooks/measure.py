@@ -1,12 +1,12 @@
 """Measure a server's throughput honestly: batch means, an interval, and a window that fits.
 
-Two throughputs, because SGLang counts tokens at two places:
+Two throughputs, because engines count tokens at two places (`Snapshot`):
 
-* **generation** — the scheduler's decode rate, `sglang:gen_throughput` (tokens/s generated across
-  all running requests, refreshed every `--decode-log-interval` steps). Smooth; the primary metric.
-* **effective** — completed requests' output tokens per second, from deltas of
-  `sglang:generation_tokens_total`, which SGLang increments when a request *finishes*. Lumpy when
-  requests are long, so its interval is wider; it is what a batch job actually gets.
+* **generation** — the scheduler's decode rate (`decode_rate`: tokens/s generated across all
+  running requests, refreshed every few decode steps). Smooth; the primary metric.
+* **effective** — completed requests' output tokens per second, from deltas of the
+  `generated_tokens` counter, which grows when a request *finishes*. Lumpy when requests are
+  long, so its interval is wider; it is what a batch job actually gets.
 
 Samples are grouped into batches (30 s by default); the batch means are treated as independent
 once their lag-1 autocorrelation is small (batches are doubled while it exceeds 0.3), and a Student
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from playbooks.clock import Clock
-from playbooks.sources.sglang import Metrics, MetricsDisabled, RankLoad, SGLangClient
+from playbooks.engines.base import EngineClient, MetricsDisabled, Snapshot
 from playbooks.stats import Interval, lag1_autocorrelation, mean_interval, merge_pairs
 
 MIN_BATCHES = 8
@@ -54,22 +54,6 @@ class MeasurePlan:
             )
         if self.min_window_s > self.max_window_s:
             raise ValueError("min_window_s must not exceed max_window_s")
-
-
-@dataclass
-class _Sample:
-    t: float
-    gen_throughput: float | None
-    running: float
-    queued: float
-    token_usage: float | None
-    cache_hit_rate: float | None
-    generation_tokens: float | None
-    prompt_tokens: float | None
-    requests: float | None
-    cached_tokens: float | None
-    retractions: float | None
-    retract_gauge: float | None
 
 
 @dataclass
@@ -109,46 +93,8 @@ class Measurement:
 ProgressFn = Callable[[float, float, str], None]
 
 
-def _from_metrics(t: float, m: Metrics) -> _Sample:
-    retract_counter = m.get("sglang:num_retracted_requests_total")
-    return _Sample(
-        t=t,
-        gen_throughput=m.get("sglang:gen_throughput"),
-        running=m.get("sglang:num_running_reqs") or 0.0,
-        queued=m.get("sglang:num_queue_reqs") or 0.0,
-        token_usage=m.mean("sglang:token_usage"),
-        cache_hit_rate=m.mean("sglang:cache_hit_rate"),
-        generation_tokens=m.get("sglang:generation_tokens_total"),
-        prompt_tokens=m.get("sglang:prompt_tokens_total"),
-        requests=m.get("sglang:num_requests_total"),
-        cached_tokens=m.get("sglang:cached_tokens_total") or 0.0,
-        retractions=retract_counter,
-        retract_gauge=m.get("sglang:num_retracted_reqs"),
-    )
-
-
-def _from_loads(t: float, loads: list[RankLoad]) -> _Sample:
-    usages = [x.token_usage for x in loads if x.token_usage is not None]
-    gens = [x.gen_throughput for x in loads if x.gen_throughput is not None]
-    hits = [x.cache_hit_rate for x in loads if x.cache_hit_rate is not None]
-    return _Sample(
-        t=t,
-        gen_throughput=sum(gens) if gens else None,
-        running=float(sum(x.running for x in loads)),
-        queued=float(sum(x.waiting for x in loads)),
-        token_usage=statistics.fmean(usages) if usages else None,
-        cache_hit_rate=statistics.fmean(hits) if hits else None,
-        generation_tokens=None,
-        prompt_tokens=None,
-        requests=None,
-        cached_tokens=None,
-        retractions=None,
-        retract_gauge=None,
-    )
-
-
 def _batch_series(
-    samples: list[_Sample], t0: float, batch_s: float, value: Callable[[_Sample], float | None]
+    samples: list[Snapshot], t0: float, batch_s: float, value: Callable[[Snapshot], float | None]
 ) -> list[float]:
     """Mean of a gauge within each complete batch."""
     out: list[float] = []
@@ -167,7 +113,7 @@ def _batch_series(
 
 
 def _batch_rates(
-    samples: list[_Sample], t0: float, batch_s: float, counter: Callable[[_Sample], float | None]
+    samples: list[Snapshot], t0: float, batch_s: float, counter: Callable[[Snapshot], float | None]
 ) -> list[float]:
     """Counter increase per second within each complete batch (boundary = last sample in it)."""
     out: list[float] = []
@@ -187,7 +133,7 @@ def _batch_rates(
 
 
 def measure(
-    client: SGLangClient,
+    client: EngineClient,
     clock: Clock,
     plan: MeasurePlan = MeasurePlan(),
     on_progress: ProgressFn | None = None,
@@ -196,17 +142,14 @@ def measure(
     notes: list[str] = []
     source = "metrics"
     try:
-        first = client.metrics()
-        if not first.has("sglang:gen_throughput") and not first.has("sglang:num_running_reqs"):
-            raise MetricsDisabled("/metrics has no SGLang scheduler metrics yet")
-        sample = _from_metrics(clock.now(), first)
+        sample = client.snapshot().at(clock.now())
     except MetricsDisabled as exc:
         source = "loads"
         notes.append(
-            f"{exc}; falling back on {client.base_url}/v1/loads and server info: no "
+            f"{exc}; falling back on the server's load report and settings: no "
             "completed-request counters, so no effective throughput"
         )
-        sample = _from_loads(clock.now(), client.loads())
+        sample = client.load_snapshot().at(clock.now())
     samples = [sample]
     t0 = sample.t
     batch_s = plan.batch_s
@@ -219,18 +162,18 @@ def measure(
         clock.sleep(plan.scrape_s)
         now = clock.now()
         if source == "metrics":
-            s = _from_metrics(now, client.metrics())
+            s = client.snapshot().at(now)
             prev = samples[-1]
-            if s.requests is not None and prev.requests is not None and s.requests < prev.requests:
+            if s.counters_went_back(prev):
                 raise MeasurementError(
                     "the server's counters went backwards: it restarted during the measurement; "
                     "measure again once it has warmed up"
                 )
         else:
-            s = _from_loads(now, client.loads())
+            s = client.load_snapshot().at(now)
         samples.append(s)
         elapsed = now - t0
-        gens = _batch_series(samples, t0, batch_s, lambda x: x.gen_throughput)
+        gens = _batch_series(samples, t0, batch_s, lambda x: x.decode_rate)
         lag = lag1_autocorrelation(gens)
         while lag > MAX_LAG1 and len(gens) >= 2 * MIN_BATCHES:
             batch_s *= 2
@@ -277,7 +220,7 @@ def measure(
 
 
 def _summarise(
-    samples: list[_Sample],
+    samples: list[Snapshot],
     t0: float,
     batch_s: float,
     plan: MeasurePlan,
@@ -287,7 +230,7 @@ def _summarise(
 ) -> Measurement:
     first, last = samples[0], samples[-1]
     window = last.t - t0
-    gens = _batch_series(samples, t0, batch_s, lambda x: x.gen_throughput)
+    gens = _batch_series(samples, t0, batch_s, lambda x: x.decode_rate)
     while lag1_autocorrelation(gens) > MAX_LAG1 and len(gens) >= 2 * MIN_BATCHES:
         gens = merge_pairs(gens)
         batch_s *= 2
@@ -306,15 +249,15 @@ def _summarise(
     retractions = None
     if (
         source == "metrics"
-        and first.generation_tokens is not None
-        and last.generation_tokens is not None
+        and first.generated_tokens is not None
+        and last.generated_tokens is not None
     ):
-        rates = _batch_rates(samples, t0, batch_s, lambda x: x.generation_tokens)
+        rates = _batch_rates(samples, t0, batch_s, lambda x: x.generated_tokens)
         if len(rates) >= 2:
             effective = mean_interval(rates, plan.confidence)
-        d_gen = last.generation_tokens - first.generation_tokens
+        d_gen = last.generated_tokens - first.generated_tokens
         d_prompt = (last.prompt_tokens or 0.0) - (first.prompt_tokens or 0.0)
-        d_req = (last.requests or 0.0) - (first.requests or 0.0)
+        d_req = (last.completed_requests or 0.0) - (first.completed_requests or 0.0)
         d_cached = (last.cached_tokens or 0.0) - (first.cached_tokens or 0.0)
         if effective is None and window > 0:
             effective = Interval(d_gen / window, -math.inf, math.inf, 1, math.inf)
@@ -330,10 +273,10 @@ def _summarise(
                 f"only {completed} requests completed in the window: averages per "
                 "request and the effective rate are rough"
             )
-        if first.retractions is not None and last.retractions is not None:
-            retractions = int(last.retractions - first.retractions)
+        if first.preemptions is not None and last.preemptions is not None:
+            retractions = int(last.preemptions - first.preemptions)
     body = samples[1:] or samples
-    usages = [s.token_usage for s in body if s.token_usage is not None]
+    usages = [s.kv_usage for s in body if s.kv_usage is not None]
     hits = [s.cache_hit_rate for s in body if s.cache_hit_rate is not None]
     lag = lag1_autocorrelation(gens)
     trend = None
@@ -362,7 +305,7 @@ def _summarise(
         cache_hit_rate=statistics.fmean(hits) if hits else None,
         cached_fraction=cached_fraction,
         retractions=retractions,
-        retractions_seen_in_gauge=sum(1 for s in body if (s.retract_gauge or 0) > 0),
+        retractions_seen_in_gauge=sum(1 for s in body if (s.preempting or 0) > 0),
         usage_trend=trend,
         notes=notes,
     )

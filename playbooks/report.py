@@ -2,7 +2,7 @@
 
 ``build_report`` is pure over what is stored: samples and their roll-ups, gaps, experiments
 and the server's recorded settings. It never talks to the server; a fresh diagnosis can be
-passed in (``live``), otherwise the day's bottleneck is judged by ``diagnose.analyse`` over
+passed in (``live``), otherwise the day's bottleneck is judged by the engine's rules over
 the busy part of the window. How each number is computed is in ``docs/reports.md``.
 
 The finest stored level that covers the window is read (raw samples for a day, 5-minute
@@ -19,9 +19,9 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from playbooks.diagnose import Context, analyse, capacity_model, parse_version, ranks_on_host
+from playbooks.engines import default_engine
+from playbooks.engines.base import Engine
 from playbooks.measure import Measurement
-from playbooks.sources.sglang import parse_server_info
 from playbooks.stats import Interval
 from playbooks.types import DiagnoseFinding
 from storage.experiments import ExperimentRow, list_experiments
@@ -411,6 +411,7 @@ def day_diagnosis(
     settings: Snapshot | None,
     notes: list[str],
     changed_at: float | None = None,
+    engine: Engine | None = None,
 ) -> Diagnosis | None:
     """The bottleneck over the window's busy time (5-minute buckets in which requests ran).
 
@@ -438,20 +439,12 @@ def day_diagnosis(
     if settings is None:
         notes.append("the server's settings were never read, so the day is not diagnosed")
         return None
-    info = parse_server_info(settings.info)
-    fraction = info.mem_fraction_static
-    if fraction is None:
-        notes.append("the server reports no mem_fraction_static; the day is not diagnosed")
+    engine = engine or default_engine()
+    judged = engine.bottleneck_of(engine.parse_settings(settings.info), m)
+    if isinstance(judged, str):
+        notes.append(judged)
         return None
-    ctx = Context(
-        info=info,
-        m=m,
-        cap=capacity_model(info, fraction, None),
-        host=None,
-        ranks_on_host=ranks_on_host(info),
-        version=parse_version(info.version),
-    )
-    bottleneck, evidence = analyse(ctx)
+    bottleneck, evidence = judged
     return Diagnosis(bottleneck, evidence, "samples", m.window_s)
 
 
@@ -468,6 +461,7 @@ def build_report(
     until: datetime,
     live: DiagnoseFinding | None = None,
     generated_at: datetime | None = None,
+    engine: Engine | None = None,
 ) -> Report:
     """The report of ``server`` for [since, until), from stored data (and ``live``, if given)."""
     if since.tzinfo is None or until.tzinfo is None:
@@ -502,7 +496,7 @@ def build_report(
         )
     else:
         changed_at = config.now_at.timestamp() if config.changes and config.now_at else None
-        diagnosis = day_diagnosis(buckets, snapshot_at(db, server, t1), notes, changed_at)
+        diagnosis = day_diagnosis(buckets, snapshot_at(db, server, t1), notes, changed_at, engine)
     peaks = [b.eff_peak for b in buckets if b.eff_peak is not None]
     step = series_step(t1 - t0, level)
     return Report(

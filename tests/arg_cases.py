@@ -18,15 +18,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from playbooks.launchers.base import with_change
-from playbooks.server_args import (
+from playbooks.engines.base import ArgError
+from playbooks.engines.sglang.args import (
     ALLOWED,
-    ArgError,
     BoolValue,
     ChoiceValue,
     FloatValue,
     IntValue,
     parse_change,
+    with_change,
 )
 
 SEED = 20_523

@@ -1,8 +1,8 @@
-"""What the launchers share: reading SGLang's flags out of a command, readiness, waiting.
+"""What the launchers share: finding the server's flags in a command, readiness, waiting.
 
 Every launcher drives a system that holds a whole command line (a unit's `ExecStart`, a
 container's entrypoint and command, a pod template's command and args). kvpilot owns only the
-SGLang server arguments, which start at the first `--flag`; the executable part in front of them
+server arguments, which start at the first `--flag`; the executable part in front of them
 (`python3 -m sglang.launch_server`, `sglang serve MODEL`) is the operator's and is kept as it is.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-import httpx
-
 from playbooks.clock import Clock
+from playbooks.engines.base import Engine
+from playbooks.http import answers_ok
 from playbooks.launchers.base import Launcher
 
 
@@ -26,7 +26,7 @@ class ManagedLauncher(Launcher, Protocol):
 
 
 def flag_index(command: list[str]) -> int | None:
-    """Where SGLang's server arguments begin: the first token that is a `--flag`."""
+    """Where the server arguments begin: the first token that is a `--flag`."""
     for i, tok in enumerate(command):
         if tok.startswith("--"):
             return i
@@ -41,12 +41,9 @@ def split_command(command: list[str]) -> tuple[list[str], list[str]]:
     return list(command[:i]), list(command[i:])
 
 
-def health_ok(url: str, timeout_s: float = 5.0) -> bool:
-    """SGLang's readiness: `/health` answers 200 (503 while it is still starting)."""
-    try:
-        return httpx.get(url.rstrip("/") + "/health", timeout=timeout_s).status_code == 200
-    except httpx.HTTPError:
-        return False
+def health_ok(url: str, engine: Engine, timeout_s: float = 5.0) -> bool:
+    """The engine's readiness path answers 200 (SGLang: 503 while it is still starting)."""
+    return answers_ok(url, engine.readiness_path, timeout_s)
 
 
 def poll_interval(ready_timeout_s: float) -> float:

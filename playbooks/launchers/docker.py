@@ -17,15 +17,16 @@ OOM-killed) explained from its exit code and log.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import httpx
 
 from playbooks.clock import Clock, WallClock
+from playbooks.engines import default_engine
+from playbooks.engines.base import Engine
 from playbooks.launchers.base import LaunchError, ServerState
 from playbooks.launchers.common import flag_index, health_ok, poll_until, split_command
-from playbooks.launchers.process import classify_exit
 
 API_VERSION = "v1.41"  # Docker Engine 20.10 and later
 NEXT_SUFFIX = "-kvpilot-next"
@@ -68,6 +69,7 @@ class DockerSpec:
     ready_timeout_s: float = 1800.0  # on the clock
     stop_timeout_s: float = 60.0  # wall seconds SGLang gets to exit before SIGKILL
     request_timeout_s: float = 30.0
+    engine: Engine = field(default_factory=default_engine)  # whose signatures to read
 
 
 class DockerError(LaunchError):
@@ -215,11 +217,11 @@ def recreate_body(info: dict[str, Any], args: list[str]) -> dict[str, Any]:
     return body
 
 
-def exit_reason(st: dict[str, Any], log: str) -> str:
+def exit_reason(st: dict[str, Any], log: str, engine: Engine) -> str:
     if st.get("OOMKilled"):
         return "killed by the kernel's OOM killer (the container's memory limit or host RAM)"
     code = st.get("ExitCode")
-    reason = classify_exit(code if isinstance(code, int) else None, log)
+    reason = engine.classify_exit(code if isinstance(code, int) else None, log)
     error = st.get("Error")
     return f"{reason} ({error})" if error else reason
 
@@ -272,13 +274,13 @@ class DockerLauncher:
         st = info.get("State") or {}
         pid = st.get("Pid") or None
         if st.get("Running") and not st.get("Restarting") and not st.get("Paused"):
-            ready = health_ok(self.spec.url)
+            ready = health_ok(self.spec.url, self.spec.engine)
             return ServerState(True, ready, pid, None, "" if ready else "starting or not ready")
         if st.get("Status") == "created":
             return ServerState(False, False, None, None, "created but not started")
         code = st.get("ExitCode")
         log = self._log(info)
-        reason = exit_reason(st, log)
+        reason = exit_reason(st, log, self.spec.engine)
         if st.get("Restarting"):
             reason += " (Docker restarts it, by its restart policy)"
         return ServerState(False, False, pid, code if isinstance(code, int) else None, reason)
@@ -315,10 +317,11 @@ class DockerLauncher:
                 if st.get("Restarting"):
                     self.engine.stop(ident, self.spec.stop_timeout_s)
                 raise LaunchError(
-                    f"container {self.name} exited before it was ready: {exit_reason(st, log)}",
+                    f"container {self.name} exited before it was ready: "
+                    f"{exit_reason(st, log, self.spec.engine)}",
                     log,
                 )
-            return bool(st.get("Running")) and health_ok(self.spec.url)
+            return bool(st.get("Running")) and health_ok(self.spec.url, self.spec.engine)
 
         if not poll_until(self.clock, self.spec.ready_timeout_s, ready):
             info = self.engine.inspect(ident)

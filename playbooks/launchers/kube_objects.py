@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from playbooks.engines.base import Engine
 from playbooks.launchers.base import LaunchError
 from playbooks.launchers.common import flag_index, split_command
-from playbooks.launchers.process import classify_exit
 
 WORKLOADS = ("Deployment", "StatefulSet", "LeaderWorkerSet")
 LWS_GROUP = "leaderworkerset.x-k8s.io"
@@ -59,12 +59,12 @@ class Failure:
     message: str
     previous: bool  # the log to read is the previous (terminated) container's
 
-    def describe(self, log: str) -> str:
+    def describe(self, log: str, engine: Engine) -> str:
         if self.reason == "OOMKilled":
             return "killed by the kernel's OOM killer (the pod's memory limit or node RAM)"
         if self.exit_code is None:
             return f"{self.reason}: {self.message}".rstrip(": ")
-        return classify_exit(self.exit_code, log)
+        return engine.classify_exit(self.exit_code, log)
 
 
 def escape(key: str) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
@@ -29,6 +29,8 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from playbooks.clock import Clock, WallClock
+from playbooks.engines import default_engine
+from playbooks.engines.base import Engine
 from playbooks.launchers.base import LaunchError, ServerState
 from playbooks.launchers.common import health_ok, poll_until
 from playbooks.launchers.kube_objects import (
@@ -77,6 +79,7 @@ class KubernetesSpec:
     context: str | None = None
     ready_timeout_s: float = 1800.0  # on the clock
     request_timeout_s: float = 30.0
+    engine: Engine = field(default_factory=default_engine)  # whose signatures to read
 
 
 class KubernetesLauncher:
@@ -249,7 +252,9 @@ class KubernetesLauncher:
             why = failure(pod, t.container, strict=False)
             if why is not None:
                 log = self.pod_log(pod_name(pod), t.container, why.previous)
-                return ServerState(False, False, None, why.exit_code, why.describe(log))
+                return ServerState(
+                    False, False, None, why.exit_code, why.describe(log, self.spec.engine)
+                )
         want = expected_pods(self.spec.workload, obj)
         running = [p for p, t in current if container_running(p, t.container)]
         if len(running) < want:
@@ -261,7 +266,7 @@ class KubernetesLauncher:
                 f"{len(running)} of {want} pods run the current template (a rollout is under "
                 "way, or pods are pending)",
             )
-        ready = all(pod_ready(p) for p, _ in current) and health_ok(self.spec.url)
+        ready = all(pod_ready(p) for p, _ in current) and health_ok(self.spec.url, self.spec.engine)
         return ServerState(True, ready, None, None, "" if ready else "starting or not ready")
 
     def start(self, args: list[str]) -> None:
@@ -299,7 +304,7 @@ class KubernetesLauncher:
                     log = self.pod_log(pod_name(pod), t.container, why.previous)
                     raise LaunchError(
                         f"pod {pod_name(pod)} of {self.what} failed before it was ready: "
-                        f"{why.describe(log)}",
+                        f"{why.describe(log, self.spec.engine)}",
                         log,
                     )
             problem = stalled(kind, obj)
@@ -312,7 +317,7 @@ class KubernetesLauncher:
                 rollout_complete(kind, obj)
                 and len(current) == expected_pods(kind, obj) == len(live)
                 and all(pod_ready(p) for p, _ in current)
-                and health_ok(self.spec.url)
+                and health_ok(self.spec.url, self.spec.engine)
             )
 
         if not poll_until(self.clock, self.spec.ready_timeout_s, ready):

@@ -17,69 +17,26 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from playbooks.clock import Clock, WallClock
+from playbooks.engines import default_engine
+from playbooks.engines.base import Engine
+from playbooks.http import answers_ok
 from playbooks.launchers.base import LaunchError, ServerState
-
-# SGLang's own words, most specific first, and what they mean for an operator.
-FAILURE_PATTERNS: list[tuple[str, str]] = [
-    (
-        "Not enough host memory available",
-        "the hierarchical cache's host pool does not fit in host RAM",
-    ),
-    ("No host memory is left for HiCache", "no host RAM is left for the hierarchical cache"),
-    (
-        "Not enough memory. Please try to increase --mem-fraction-static",
-        "the weights leave no GPU memory for the KV cache: mem_fraction_static is too low",
-    ),
-    (
-        "Loaded weights leave no GPU memory for the KV cache",
-        "the weights leave no GPU memory for the KV cache: mem_fraction_static is too low",
-    ),
-    (
-        "CUDA out of memory",
-        "GPU out of memory (activations or CUDA graphs did not fit: "
-        "mem_fraction_static too high for this load)",
-    ),
-    ("OutOfMemoryError", "GPU out of memory"),
-    ("Address already in use", "the port is already in use"),
-    ("address already in use", "the port is already in use"),
-]
-READY_LINE = "The server is fired up and ready to roll!"
-
-
-def classify_exit(code: int | None, log_tail: str) -> str:
-    for needle, meaning in FAILURE_PATTERNS:
-        if needle in log_tail:
-            return meaning
-    if code == -signal.SIGKILL or code == 128 + signal.SIGKILL:
-        if (
-            "Received sigquit from a child process" in log_tail
-            or "Scheduler hit an exception" in log_tail
-        ):
-            return "a scheduler process failed (see the log)"
-        return (
-            "killed by SIGKILL with no error of its own: most likely the kernel's OOM killer "
-            "(host RAM overcommitted, e.g. by the hierarchical cache's pinned host pool)"
-        )
-    if code is None:
-        return "not running"
-    return f"exited with status {code}"
 
 
 @dataclass
 class ProcessSpec:
     name: str
-    command: list[str]  # the full argument vector: executable part + SGLang server arguments
+    command: list[str]  # the full argument vector: executable part + server arguments
     url: str
     state_dir: Path
     ready_timeout_s: float = 1800.0  # on the clock: a large model takes many minutes to load
     stop_timeout_s: float = 30.0  # wall seconds for SIGTERM before SIGKILL
     env: dict[str, str] | None = None
+    engine: Engine = field(default_factory=default_engine)  # whose signatures to read
 
     def split(self) -> tuple[list[str], list[str]]:
         """(executable part, server arguments): the arguments start at the first `--flag`."""
@@ -165,10 +122,7 @@ class ProcessLauncher:
         return code if isinstance(code, int) else None
 
     def healthy(self) -> bool:
-        try:
-            return httpx.get(self.spec.url.rstrip("/") + "/health", timeout=5.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return answers_ok(self.spec.url, self.spec.engine.readiness_path)
 
     def state(self) -> ServerState:
         pid = self._pid()
@@ -177,7 +131,9 @@ class ProcessLauncher:
             ready = self.healthy()
             return ServerState(True, ready, pid, None, "" if ready else "starting or not ready")
         code = self._exit_code()
-        return ServerState(False, False, pid, code, classify_exit(code, self.log_tail()))
+        return ServerState(
+            False, False, pid, code, self.spec.engine.classify_exit(code, self.log_tail())
+        )
 
     def start(self, args: list[str]) -> None:
         exe, _ = self.spec.split()
@@ -206,7 +162,9 @@ class ProcessLauncher:
                 code = self._exit_code()
                 tail = self.log_tail()
                 raise LaunchError(
-                    f"the server exited before it was ready: {classify_exit(code, tail)}", tail
+                    "the server exited before it was ready: "
+                    f"{self.spec.engine.classify_exit(code, tail)}",
+                    tail,
                 )
             if self.healthy():
                 return

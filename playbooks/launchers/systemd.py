@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from playbooks.clock import Clock, WallClock
+from playbooks.engines import default_engine
+from playbooks.engines.base import Engine
 from playbooks.launchers.base import LaunchError, ServerState
 from playbooks.launchers.common import health_ok, poll_until, split_command, tail
-from playbooks.launchers.process import classify_exit
 from playbooks.launchers.systemd_unit import (
     ExecCommand,
     UnitFile,
@@ -65,6 +66,7 @@ class SystemdSpec:
     dropin_dir: str | None = None  # where UNIT.d/ lives; default by scope
     ready_timeout_s: float = 1800.0  # on the clock: a large model takes many minutes to load
     command_timeout_s: float = 180.0  # wall seconds for one systemctl/journalctl/ssh call
+    engine: Engine = field(default_factory=default_engine)  # whose signatures to read
 
 
 @dataclass(frozen=True)
@@ -272,14 +274,14 @@ class SystemdLauncher:
         pid = _int(props.get("MainPID")) or None
         active = props.get("ActiveState")
         if active in ("active", "reloading") and pid is not None:
-            ready = health_ok(self.spec.url)
+            ready = health_ok(self.spec.url, self.spec.engine)
             return ServerState(True, ready, pid, None, "" if ready else "starting or not ready")
         code = exit_code(props)
         if active == "inactive" and props.get("Result") == "success":
             return ServerState(False, False, pid, code, "stopped")
         if active == "activating" and props.get("SubState") != "auto-restart":
             return ServerState(False, False, pid, code, "starting")
-        reason = classify_exit(code, self.journal(props.get("InvocationID")))
+        reason = self.spec.engine.classify_exit(code, self.journal(props.get("InvocationID")))
         if props.get("SubState") == "auto-restart":
             reason += f" (systemd restarts it: restart {props.get('NRestarts', '?')})"
         return ServerState(False, False, pid, code, reason)
@@ -292,7 +294,8 @@ class SystemdLauncher:
             log = self.journal(props.get("InvocationID"))
             raise LaunchError(
                 f"`systemctl restart {self.spec.unit}`{self.shell.where} failed: "
-                f"{(done.err or done.out).strip()} ({classify_exit(exit_code(props), log)})",
+                f"{(done.err or done.out).strip()} "
+                f"({self.spec.engine.classify_exit(exit_code(props), log)})",
                 log,
             )
         self._started = self._invocation(props)
@@ -327,10 +330,10 @@ class SystemdLauncher:
             props = self.properties()
             if _ended(props, started):
                 log = self.journal(started.invocation_id)
-                reason = classify_exit(exit_code(props), log)
+                reason = self.spec.engine.classify_exit(exit_code(props), log)
                 self._stop_quietly()
                 raise LaunchError(f"{self.spec.unit} exited before it was ready: {reason}", log)
-            return health_ok(self.spec.url)
+            return health_ok(self.spec.url, self.spec.engine)
 
         if not poll_until(self.clock, self.spec.ready_timeout_s, ready):
             log = self.journal(started.invocation_id)

@@ -1,25 +1,26 @@
 """Where a server's metrics come from: its own `/metrics` (the default) or a Prometheus server.
 
-The playbooks read metrics through `SGLangClient.metrics()`, which scrapes the server directly.
-Many sites already run Prometheus next to their SGLang servers, and some do not let anything
-else reach the servers' metrics port; for them the same `Metrics` can be assembled from
-Prometheus' HTTP API (`playbooks.sources.prometheus`). Everything else the playbooks read (server
-info, loads, health) still comes from SGLang itself, because Prometheus does not have it.
+The playbooks read a server's load through `EngineClient.snapshot()`, which by default scrapes
+the server directly. Many sites already run Prometheus next to their servers, and some do not let
+anything else reach the servers' metrics port; for them the same `Metrics` can be assembled from
+Prometheus' HTTP API (`playbooks.sources.prometheus`), asking for the engine's own families.
+Everything else the playbooks read (settings, loads, health) still comes from the server itself,
+because Prometheus does not have it.
 
-`with_metrics_source` gives the playbooks an SGLang client whose `metrics()` answers from another
-source, so measurement, diagnosis and the experiment engine work unchanged on either.
+`with_metrics_source` gives the playbooks a client whose metrics answer from another source, so
+measurement, diagnosis and the experiment engine work unchanged on either.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
-from playbooks.sources.sglang import Metrics, SGLangClient
+from playbooks.engines.base import Engine, EngineClient, Metrics, ServerSettings, Snapshot
 
 
 class MetricsSource(Protocol):
     def metrics(self) -> Metrics:
-        """The server's SGLang metrics now, summed over label sets like `parse_metrics`."""
+        """The server's engine metrics now, summed over label sets like a direct scrape."""
         ...
 
     def describe(self) -> str:
@@ -28,38 +29,69 @@ class MetricsSource(Protocol):
 
 
 class DirectScrape:
-    """Today's behaviour: GET the server's own `/metrics`."""
+    """Today's behaviour: GET the server's own metrics endpoint."""
 
-    def __init__(self, client: SGLangClient) -> None:
+    def __init__(self, client: EngineClient) -> None:
         self.client = client
 
     def metrics(self) -> Metrics:
-        return SGLangClient.metrics(self.client)
+        return self.client.metrics()
 
     def describe(self) -> str:
-        return f"{self.client.base_url}/metrics (scraped directly)"
+        return self.client.describe_metrics()
 
 
-class SourcedClient(SGLangClient):
-    """An SGLang client whose metrics come from `source`; every other read goes to SGLang."""
+class SourcedClient:
+    """An engine client whose metrics come from `source`; every other read goes to the server."""
 
-    def __init__(self, client: SGLangClient, source: MetricsSource) -> None:
-        super().__init__(client.http)
+    def __init__(self, client: EngineClient, source: MetricsSource) -> None:
+        self.inner = client
         self.source = source
+
+    @property
+    def engine(self) -> Engine:
+        return self.inner.engine
+
+    @property
+    def base_url(self) -> str:
+        return self.inner.base_url
+
+    @property
+    def dialect(self) -> str:
+        return self.inner.dialect
+
+    def health(self) -> bool:
+        return self.inner.health()
+
+    def settings(self) -> ServerSettings:
+        return self.inner.settings()
+
+    def model_info(self) -> dict[str, Any]:
+        return self.inner.model_info()
 
     def metrics(self) -> Metrics:
         return self.source.metrics()
 
+    def snapshot(self) -> Snapshot:
+        return self.engine.snapshot(self.metrics())
 
-def with_metrics_source(client: SGLangClient, source: MetricsSource) -> SGLangClient:
+    def load_snapshot(self) -> Snapshot:
+        return self.inner.load_snapshot()
+
+    def describe_metrics(self) -> str:
+        return self.source.describe()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def with_metrics_source(client: EngineClient, source: MetricsSource) -> EngineClient:
     """`client`, reading its metrics from `source` (the same HTTP connection for the rest)."""
     if isinstance(source, DirectScrape) and source.client is client:
         return client
     return SourcedClient(client, source)
 
 
-def describe_source(client: SGLangClient) -> str:
+def describe_source(client: EngineClient) -> str:
     """Where this client's metrics come from."""
-    if isinstance(client, SourcedClient):
-        return client.source.describe()
-    return DirectScrape(client).describe()
+    return client.describe_metrics()

@@ -1,16 +1,18 @@
-"""SGLang metrics (and DCGM GPU memory) from Prometheus' HTTP API instead of the server itself.
+"""An engine's metrics (and DCGM GPU memory) from Prometheus' HTTP API instead of the server.
 
-Prometheus scrapes the server's `/metrics` and keeps every sample with its labels, so the
-newest sample of each `sglang:` series is the scrape kvpilot would have made itself, at most one
-Prometheus scrape interval old. `PrometheusMetrics.metrics()` asks for exactly those series with
-one instant query and sums them the way `parse_metrics` sums a direct scrape, so measurement,
-diagnosis and the gate see the same structure:
+This module is where metrics come from, not what they mean: which series are the engine's is
+the engine's `MetricsSpec` (a name prefix, the one histogram kept, a heartbeat gauge), and what
+they mean is `Engine.snapshot`. Prometheus scrapes the server's metrics endpoint and keeps every
+sample with its labels, so the newest sample of each of the engine's series is the scrape
+kvpilot would have made itself, at most one Prometheus scrape interval old.
+`PrometheusMetrics.metrics()` asks for exactly those series with one instant query and sums them
+the way a direct scrape is summed, so measurement, diagnosis and the gate see the same structure:
 
-    {__name__=~"sglang:.+", __name__!~"sglang:.+_bucket", SELECTOR}
-      or {__name__="sglang:time_to_first_token_seconds_bucket", SELECTOR}
+    {__name__=~"PREFIX.+", __name__!~"PREFIX.+_bucket", SELECTOR}
+      or {__name__="TTFT_HISTOGRAM", SELECTOR}
 
-(every SGLang series except histogram buckets, plus the TTFT buckets the gate's guardrail reads).
-A second query, `max(timestamp(sglang:num_running_reqs SELECTOR))`, says how old the newest
+(every series of the engine except histogram buckets, plus the TTFT buckets the gate's guardrail
+reads). A second query, `max(timestamp(HEARTBEAT SELECTOR))`, says how old the newest
 scrape is; data older than `max_age_s` is refused rather than measured. A failed scrape makes
 Prometheus mark every series stale until the next one succeeds; then the newest complete scrape
 of the last `max_age_s` seconds is read from the raw samples instead, so one slow scrape does not
@@ -42,11 +44,10 @@ from typing import Any
 import httpx
 
 from playbooks.clock import Clock
+from playbooks.engines.base import EngineError, Metrics, MetricsSpec
+from playbooks.http import http_client, http_retrying, is_http_url, retried_get
 from playbooks.sources.gpu import MIB, GpuState, GpuUnavailable
-from playbooks.sources.sglang import Metrics, RetryableStatus, SGLangError, http_retrying
 
-TTFT_BUCKET = "sglang:time_to_first_token_seconds_bucket"
-RETRYABLE_STATUS = {502, 503, 504}
 MAX_RANGE_POINTS = 11_000  # Prometheus refuses range queries with more points per series
 DEFAULT_MAX_AGE_S = 30.0
 _MATCHER = re.compile(
@@ -55,7 +56,7 @@ _MATCHER = re.compile(
 _HISTOGRAM_PARTS = ("_bucket", "_count", "_sum")
 
 
-class PrometheusError(SGLangError):
+class PrometheusError(EngineError):
     """A problem reading metrics from Prometheus; the message names the query."""
 
     def __init__(self, message: str, hint: str = "", query: str = "") -> None:
@@ -175,13 +176,12 @@ class PrometheusAPI:
     def connect(
         cls, url: str, *, timeout: float = 10.0, bearer_token: str | None = None
     ) -> PrometheusAPI:
-        if not url.startswith(("http://", "https://")):
+        if not is_http_url(url):
             raise PrometheusError(
                 f"invalid Prometheus URL {url!r}",
                 "Use the form http://HOST:PORT (for example http://127.0.0.1:9090).",
             )
-        headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
-        return cls(httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout))
+        return cls(http_client(url, bearer_token=bearer_token, timeout_s=timeout))
 
     @property
     def base_url(self) -> str:
@@ -243,16 +243,8 @@ class PrometheusAPI:
 
     # ----------------------------------------------------------------- transport
     def _call(self, path: str, params: dict[str, str], expr: str) -> dict[str, Any]:
-        def once() -> httpx.Response:
-            response = self.http.get(path, params=params)
-            if response.status_code in RETRYABLE_STATUS:
-                raise RetryableStatus(response)
-            return response
-
         try:
-            response: httpx.Response = self._retry(once)
-        except RetryableStatus as exc:
-            response = exc.response
+            response = retried_get(self.http, self._retry, path, params)
         except httpx.TransportError as exc:
             raise PrometheusUnreachable(
                 f"cannot reach Prometheus at {self.base_url} for the query `{expr}`: "
@@ -295,7 +287,7 @@ class PrometheusAPI:
         return data
 
 
-# ----------------------------------------------------------------------------- SGLang metrics
+# ----------------------------------------------------------------------------- engine metrics
 def _family(name: str, names: set[str]) -> str:
     """The metric family a sample name belongs to, as `parse_metrics` names it."""
     if name.endswith("_total"):
@@ -308,9 +300,9 @@ def _family(name: str, names: set[str]) -> str:
     return name
 
 
-def metrics_from_series(series: Iterable[Series]) -> Metrics:
-    """Sum `sglang:` series over their label sets, exactly as `parse_metrics` does a scrape."""
-    items = [s for s in series if s.labels.get("__name__", "").startswith("sglang:")]
+def metrics_from_series(series: Iterable[Series], spec: MetricsSpec) -> Metrics:
+    """Sum the engine's series over their label sets, exactly as a direct scrape is summed."""
+    items = [s for s in series if s.labels.get("__name__", "").startswith(spec.prefix)]
     names = {s.labels["__name__"] for s in items}
     samples: dict[str, float] = {}
     counts: dict[str, int] = {}
@@ -319,7 +311,7 @@ def metrics_from_series(series: Iterable[Series]) -> Metrics:
     for s in items:
         name = s.labels["__name__"]
         families.add(_family(name, names))
-        if name == TTFT_BUCKET and "le" in s.labels:
+        if name == spec.ttft_histogram and "le" in s.labels:
             le = float(s.labels["le"])
             ttft[le] = ttft.get(le, 0.0) + s.value
         if name.endswith("_created") or "le" in s.labels or math.isnan(s.value):
@@ -330,17 +322,22 @@ def metrics_from_series(series: Iterable[Series]) -> Metrics:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class Reading:
     metrics: Metrics
     sampled_at: float  # Unix seconds of the newest sample (Prometheus' scrape)
     age_s: float  # how old that sample was when asked, on Prometheus' clock
 
 
 class PrometheusMetrics:
-    """A server's SGLang metrics as Prometheus last scraped them (a `MetricsSource`)."""
+    """A server's engine metrics as Prometheus last scraped them (a `MetricsSource`)."""
 
     def __init__(
-        self, api: PrometheusAPI, selector: str, *, max_age_s: float = DEFAULT_MAX_AGE_S
+        self,
+        api: PrometheusAPI,
+        selector: str,
+        spec: MetricsSpec,
+        *,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
     ) -> None:
         try:
             self.matchers = parse_selector(selector)
@@ -349,6 +346,7 @@ class PrometheusMetrics:
         if not max_age_s > 0:
             raise ValueError(f"max_age_s must be positive, got {max_age_s}")
         self.api = api
+        self.spec = spec
         self.selector = "{" + self.matchers + "}"
         self.max_age_s = max_age_s
 
@@ -357,19 +355,22 @@ class PrometheusMetrics:
 
     @property
     def expression(self) -> str:
-        m = self.matchers
-        return (
-            f'{{__name__=~"sglang:.+", __name__!~"sglang:.+_bucket", {m}}} '
-            f'or {{__name__="{TTFT_BUCKET}", {m}}}'
-        )
+        return f"{self._series(self.matchers)} or {self._histogram(self.matchers)}"
+
+    def _series(self, matchers: str, window: str = "") -> str:
+        prefix = re.escape(self.spec.prefix)
+        return f'{{__name__=~"{prefix}.+", __name__!~"{prefix}.+_bucket", {matchers}}}{window}'
+
+    def _histogram(self, matchers: str, window: str = "") -> str:
+        return f'{{__name__="{self.spec.ttft_histogram}", {matchers}}}{window}'
 
     @property
     def freshness_expression(self) -> str:
-        # timestamp() drops the metric name, so it must read one metric: the scheduler's
-        # running-request gauge, present in every SGLang version and refreshed every scrape.
-        return f"max(timestamp(sglang:num_running_reqs{{{self.matchers}}}))"
+        # timestamp() drops the metric name, so it must read one metric: the engine's
+        # heartbeat gauge, present in every version and refreshed every scrape.
+        return f"max(timestamp({self.spec.heartbeat}{{{self.matchers}}}))"
 
-    def snapshot(self) -> Snapshot:
+    def reading(self) -> Reading:
         series = self.api.query(self.expression)
         if not series:
             # A failed scrape (a timeout, the server busy) marks every series stale until the
@@ -384,9 +385,9 @@ class PrometheusMetrics:
         age = max(0.0, evaluated_at - sampled_at)
         if age > self.max_age_s:
             raise self._stale(age, self.freshness_expression)
-        return Snapshot(metrics_from_series(series), sampled_at, age)
+        return Reading(metrics_from_series(series, self.spec), sampled_at, age)
 
-    def _last_good_scrape(self) -> Snapshot:
+    def _last_good_scrape(self) -> Reading:
         now = self.api.now()
         try:
             recent = self.scrapes(now - self.max_age_s, now)
@@ -394,10 +395,10 @@ class PrometheusMetrics:
             recent = []
         if recent:
             sampled_at, metrics = recent[-1]
-            return Snapshot(metrics, sampled_at, max(0.0, now - sampled_at))
+            return Reading(metrics, sampled_at, max(0.0, now - sampled_at))
         # Nothing recent: say how old the newest sample is, if there is one at all.
         window = f"[{math.ceil(10 * self.max_age_s)}s]"
-        expr = f"sglang:num_running_reqs{self.selector}{window}"
+        expr = f"{self.spec.heartbeat}{self.selector}{window}"
         older = self.api.query(expr, at=now)
         if older:
             raise self._stale(now - max(s.t for s in older), expr)
@@ -405,7 +406,7 @@ class PrometheusMetrics:
 
     def _stale(self, age: float, expr: str) -> StaleSeries:
         return StaleSeries(
-            f"the newest SGLang sample Prometheus at {self.api.base_url} has for "
+            f"the newest {self.spec.label} sample Prometheus at {self.api.base_url} has for "
             f"{self.selector} is {age:.0f} s old (limit {self.max_age_s:g} s; query: `{expr}`)",
             "Prometheus no longer scrapes this server: is the server up, and is it still a "
             "target (Status > Targets in Prometheus' UI)? If Prometheus scrapes it less often "
@@ -414,7 +415,7 @@ class PrometheusMetrics:
         )
 
     def metrics(self) -> Metrics:
-        return self.snapshot().metrics
+        return self.reading().metrics
 
     def series(self, start: float, end: float, step: float) -> list[tuple[float, Metrics]]:
         """The metrics at every `step` seconds from `start` to `end` (Unix seconds): at each
@@ -428,10 +429,9 @@ class PrometheusMetrics:
         if end <= start:
             raise ValueError(f"the window ends ({end}) before it starts ({start})")
         window = f"[{math.ceil((end - start) * 1000)}ms]"
-        m = self.matchers
         exprs = (
-            f'{{__name__=~"sglang:.+", __name__!~"sglang:.+_bucket", {m}}}{window}',
-            f'{{__name__="{TTFT_BUCKET}", {m}}}{window}',
+            self._series(self.matchers, window),
+            self._histogram(self.matchers, window),
         )
         points = [p for expr in exprs for p in self.api.query(expr, at=end)]
         return self._by_time(points, exprs[0], start, end)
@@ -445,15 +445,15 @@ class PrometheusMetrics:
         by_time: dict[float, list[Series]] = {}
         for p in points:
             by_time.setdefault(p.t, []).append(p)
-        return [(t, metrics_from_series(by_time[t])) for t in sorted(by_time)]
+        return [(t, metrics_from_series(by_time[t], self.spec)) for t in sorted(by_time)]
 
     def _no_series(self, expr: str, when: str = "") -> NoSeries:
         return NoSeries(
-            f"Prometheus at {self.api.base_url} has no SGLang series for {self.selector}{when} "
-            f"(query: `{expr}`)",
-            "Check that Prometheus scrapes this server (SGLang needs --enable-metrics) and "
+            f"Prometheus at {self.api.base_url} has no {self.spec.label} series for "
+            f"{self.selector}{when} (query: `{expr}`)",
+            f"Check that Prometheus scrapes this server ({self.spec.how_to_enable}) and "
             "that the selector's labels match what Prometheus stores: query "
-            '{__name__="sglang:num_running_reqs"} in its UI to see them.',
+            f'{{__name__="{self.spec.heartbeat}"}} in its UI to see them.',
             query=expr,
         )
 

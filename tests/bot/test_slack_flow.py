@@ -13,7 +13,7 @@ import pytest
 from bot.cli import main as cli
 from bot.wiring import launcher
 from playbooks.clock import make_clock
-from playbooks.launchers.base import with_change
+from playbooks.engines.sglang.args import with_change
 from storage import audit
 from storage import experiments as store
 from storage.db import open_db

@@ -11,10 +11,11 @@ from sqlite_utils import Database
 
 from playbooks import experiment as engine
 from playbooks.clock import ManualClock
-from playbooks.experiment import Deps, GatePlan
+from playbooks.engines.sglang.client import SGLangClient
+from playbooks.experiment import Deps
 from playbooks.fleet import RestartLimiter
+from playbooks.gate import GateSettings
 from playbooks.launchers.base import LaunchError, ServerState
-from playbooks.sources.sglang import SGLangClient
 from storage import audit, memory_db
 from storage import experiments as store
 from storage.experiments import State
@@ -64,7 +65,7 @@ def deps_for(db: Database, limiter: RestartLimiter, launcher: FakeLauncher, serv
         client=client,
         launcher=launcher,
         clock=ManualClock(),
-        plan=GatePlan(),
+        plan=GateSettings(),
         now=lambda: T0,
         restarts=limiter,
     )

@@ -20,7 +20,8 @@ import time
 
 import pytest
 
-from playbooks.launchers.base import LaunchError, with_change
+from playbooks.engines.sglang.args import with_change
+from playbooks.launchers.base import LaunchError
 from tests.launchers.harness import Harness
 from tests.twin_process import REPO
 

@@ -19,7 +19,8 @@ from kubernetes.client import (
     V1StatefulSet,
 )
 
-from playbooks.launchers.base import LaunchError, with_change
+from playbooks.engines.sglang.args import with_change
+from playbooks.launchers.base import LaunchError
 from playbooks.launchers.kube_objects import (
     STAMP,
     annotation_ops,

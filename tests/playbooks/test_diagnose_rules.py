@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from playbooks.capacity import GpuMemory, build_model
-from playbooks.diagnose import Context, analyse, evaluate, propose
+from playbooks.engines.sglang.capacity import GpuMemory, build_model
+from playbooks.engines.sglang.client import MemoryReport, ServerInfo
+from playbooks.engines.sglang.rules import Context, analyse, evaluate, propose
 from playbooks.measure import Measurement
 from playbooks.sources.host import HostMemory
-from playbooks.sources.sglang import MemoryReport, ServerInfo
 from playbooks.stats import Interval
 
 GIB = 1 << 30

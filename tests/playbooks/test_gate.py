@@ -9,9 +9,9 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from playbooks.engines.base import Snapshot
 from playbooks.gate import (
     GateDecision,
-    GateSample,
     GateSettings,
     baseline_noise,
     batch_means,
@@ -50,12 +50,12 @@ class Window:
     with_optional: bool = True
 
 
-def window(w: Window, seed: int) -> list[GateSample]:
+def window(w: Window, seed: int) -> list[Snapshot]:
     rng = random.Random(seed)
     innov = w.cv * math.sqrt(1 - w.rho**2)
     noise = rng.gauss(0, w.cv)
     gen = prompt = reqs = errs = rets = 0.0
-    out: list[GateSample] = []
+    out: list[Snapshot] = []
     t = 0.0
     while t < w.seconds:
         t += SAMPLE_S
@@ -73,17 +73,17 @@ def window(w: Window, seed: int) -> list[GateSample]:
         rets += w.retractions_per_min * SAMPLE_S / 60
         queued = w.queued if rng.random() < w.queue_share else 0.0
         out.append(
-            GateSample(
+            Snapshot(
                 t=t,
-                gen_throughput=g,
-                generation_tokens_total=gen,
-                prompt_tokens_total=prompt,
-                num_requests_total=reqs,
+                decode_rate=g,
+                generated_tokens=gen,
+                prompt_tokens=prompt,
+                completed_requests=reqs,
                 running=w.running,
                 queued=queued,
                 ttft_p95_s=w.ttft_p95_s if w.with_optional else None,
-                errors_total=errs if w.with_optional else None,
-                retractions_total=rets if w.with_optional else None,
+                aborted_requests=errs if w.with_optional else None,
+                preemptions=rets if w.with_optional else None,
             )
         )
     return out
@@ -94,7 +94,7 @@ BASE = Window(seconds=900.0)
 
 
 def run_gate(
-    trial: list[GateSample], baseline: list[GateSample], settings: GateSettings = SETTINGS
+    trial: list[Snapshot], baseline: list[Snapshot], settings: GateSettings = SETTINGS
 ) -> tuple[GateDecision, float]:
     """Look after every new batch of trial, as the bot would; return the decision and its time."""
     look = settings.batch_s
@@ -122,7 +122,7 @@ def test_mser_cuts_a_ramp_and_nothing_from_a_flat_series() -> None:
 
 def test_batch_means() -> None:
     samples = window(Window(seconds=600, cv=0.0), 1)
-    means = batch_means(samples, 0.0, 30.0, lambda s: s.gen_throughput)
+    means = batch_means(samples, 0.0, 30.0, lambda s: s.decode_rate)
     assert len(means) == 20 and all(m == pytest.approx(1000.0) for m in means)
 
 
@@ -342,7 +342,7 @@ def test_waits_for_the_warmup_and_min_batches() -> None:
         decide(baseline[:1], trial, SETTINGS)
     with pytest.raises(ValueError, match="batches"):
         decide(baseline[:10], trial, SETTINGS)
-    flat = [replace(s, gen_throughput=0.0) for s in baseline]
+    flat = [replace(s, decode_rate=0.0) for s in baseline]
     with pytest.raises(ValueError, match="zero"):
         decide(flat, trial, SETTINGS)
 

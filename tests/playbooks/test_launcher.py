@@ -6,9 +6,9 @@ import signal
 
 import pytest
 
-from playbooks.launchers.base import arg_value, with_change
-from playbooks.launchers.process import classify_exit
-from playbooks.server_args import ArgError
+from playbooks.engines.base import ArgError
+from playbooks.engines.sglang.args import arg_value, with_change
+from playbooks.engines.sglang.signatures import classify_exit
 
 
 def test_with_change_replaces_adds_and_removes() -> None:

@@ -9,9 +9,9 @@ import httpx
 import pytest
 
 from playbooks.clock import ManualClock
-from playbooks.experiment import bucket_quantile
+from playbooks.engines.base import Snapshot, ttft_quantile
+from playbooks.engines.sglang.client import SGLangClient
 from playbooks.measure import MeasurementError, MeasurePlan, measure
-from playbooks.sources.sglang import SGLangClient
 from playbooks.stats import lag1_autocorrelation, mean_interval, t_quantile
 
 
@@ -135,6 +135,8 @@ def test_ttft_quantile_from_histogram_deltas() -> None:
     before = [[0.1, 10], [1.0, 20], [10.0, 20], [float("inf"), 20]]
     after = [[0.1, 10], [1.0, 30], [10.0, 110], [float("inf"), 110]]
     # 90 new observations: 10 at <= 1 s, 80 at <= 10 s
-    assert bucket_quantile(before, after, 0.95) == 10.0
-    assert bucket_quantile(before, after, 0.05) == 1.0
-    assert bucket_quantile(after, after, 0.95) is None
+    a = Snapshot(ttft_buckets=tuple((le, float(n)) for le, n in before))
+    b = Snapshot(ttft_buckets=tuple((le, float(n)) for le, n in after))
+    assert ttft_quantile(a, b, 0.95) == 10.0
+    assert ttft_quantile(a, b, 0.05) == 1.0
+    assert ttft_quantile(b, b, 0.95) is None

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose import DiagnoseSettings, resolve_gpu_memory
+from playbooks.diagnose import DiagnoseSettings
+from playbooks.engines.sglang.client import parse_server_info
+from playbooks.engines.sglang.rules import resolve_gpu_memory
 from playbooks.sources.gpu import FakeGpuReader, GpuUnavailable, NvmlGpuReader
 from playbooks.sources.host import ConfiguredHost, HostUnavailable, MeminfoReader, parse_meminfo
-from playbooks.sources.sglang import parse_server_info
 from tests.playbooks.recorded import FIXTURES
 
 GPU = Path(__file__).resolve().parent.parent / "fixtures" / "gpu"

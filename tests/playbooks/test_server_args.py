@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from playbooks.launchers.base import arg_value, with_change
-from playbooks.server_args import ArgError, parse_change, to_cli
+from playbooks.engines.base import ArgError
+from playbooks.engines.sglang.args import arg_value, parse_change, to_cli, with_change
 
 
 def test_hicache_size_is_a_whole_number_of_gb_on_the_command_line() -> None:

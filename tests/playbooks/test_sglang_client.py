@@ -5,16 +5,15 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from playbooks.diagnose import DiagnoseSettings, resolve_gpu_memory
-from playbooks.sources.sglang import (
-    MetricsDisabled,
+from playbooks.diagnose import DiagnoseSettings
+from playbooks.engines.base import MetricsDisabled, Unauthorized, Unreachable
+from playbooks.engines.sglang.client import (
     NotSGLang,
     SGLangClient,
     SGLangError,
-    Unauthorized,
-    Unreachable,
     parse_metrics,
 )
+from playbooks.engines.sglang.rules import resolve_gpu_memory
 from tests.playbooks.recorded import FIXTURES, Recorded
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bot.config import ConfigError, load
-from bot.wiring import diagnose_settings, gpu_reader, sglang_client
+from bot.wiring import diagnose_settings, engine_client, gpu_reader
 from playbooks.sources.metrics_source import SourcedClient, describe_source
 from playbooks.sources.prometheus import DcgmGpuReader
 
@@ -28,7 +28,7 @@ def test_direct_is_the_default(tmp_path: Path) -> None:
     path.write_text(BASE)
     server = load(str(path)).server("incident")
     assert server.metrics.source == "direct"
-    client = sglang_client(server)
+    client = engine_client(server)
     assert not isinstance(client, SourcedClient) and "scraped directly" in describe_source(client)
     assert gpu_reader(server) is None
 
@@ -40,7 +40,7 @@ def test_prometheus_with_default_and_explicit_selectors(tmp_path: Path) -> None:
     assert server.metrics.url == "http://prom:9090"
     assert server.metrics.selector == '{instance="10.0.0.5:30000"}'
     assert server.metrics.max_age_s == 30.0
-    client = sglang_client(server)
+    client = engine_client(server)
     assert isinstance(client, SourcedClient)
     assert describe_source(client) == (
         'Prometheus at http://prom:9090, series {instance="10.0.0.5:30000"}'

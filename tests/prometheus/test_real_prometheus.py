@@ -28,9 +28,11 @@ from bot.wiring import launcher as wiring_launcher
 from playbooks import experiment as engine
 from playbooks import gate
 from playbooks.clock import Clock, make_clock
+from playbooks.engines.base import Metrics, Snapshot
+from playbooks.engines.sglang import ENGINE
+from playbooks.engines.sglang.client import SGLangClient, SGLangError
 from playbooks.sources.metrics_source import SourcedClient
 from playbooks.sources.prometheus import PrometheusAPI, PrometheusMetrics, Timeline
-from playbooks.sources.sglang import Metrics, SGLangClient, SGLangError
 from storage import experiments as store
 from storage import samples as sample_store
 from storage.experiments import State
@@ -152,32 +154,10 @@ def test_diagnose_gives_the_same_verdicts(stack: Stack, tmp_path: Path) -> None:
 Timed = list[tuple[float, Metrics]]
 
 
-def gate_samples(window: Timed, per_batch: int) -> list[gate.GateSample]:
-    """GateSamples the way the engine builds them from its stored scrapes."""
-    out = []
-    for i, (t, m) in enumerate(window):
-        earlier = window[i - per_batch][1] if i >= per_batch else None
-        queued = m.get("sglang:num_queue_reqs") or 0.0
-        ttft = None
-        if earlier is not None and queued == 0:
-            ttft = engine.bucket_quantile(
-                sorted(earlier.ttft_buckets.items()), sorted(m.ttft_buckets.items()), 0.95
-            )
-        out.append(
-            gate.GateSample(
-                t=t,
-                gen_throughput=m.get("sglang:gen_throughput"),
-                generation_tokens_total=m.get("sglang:generation_tokens_total"),
-                prompt_tokens_total=m.get("sglang:prompt_tokens_total"),
-                num_requests_total=m.get("sglang:num_requests_total"),
-                running=m.get("sglang:num_running_reqs") or 0.0,
-                queued=queued,
-                errors_total=m.get("sglang:num_aborted_requests_total"),
-                retractions_total=m.get("sglang:num_retracted_requests_total"),
-                ttft_p95_s=ttft,
-            )
-        )
-    return out
+def gate_samples(window: Timed, per_batch: int) -> list[Snapshot]:
+    """Snapshots the way the engine builds them from its stored scrapes."""
+    snapshots = [ENGINE.snapshot(m).at(t) for t, m in window]
+    return gate.with_ttft_p95(snapshots, per_batch)
 
 
 class DirectSampler:
@@ -202,7 +182,7 @@ class DirectSampler:
 
 
 def sequential(
-    baseline: list[gate.GateSample], trial: list[gate.GateSample], settings: gate.GateSettings
+    baseline: list[Snapshot], trial: list[Snapshot], settings: gate.GateSettings
 ) -> gate.GateDecision:
     """The gate as the engine runs it: a look after every trial batch until it decides."""
     look = settings.batch_s
@@ -243,7 +223,7 @@ def test_the_gate_gives_the_same_verdict(stack: Stack) -> None:
             "baseline": (phases["baseline"][0].t - 5, phases["baseline"][-1].t + 5),
             "trial": (phases["trial"][0].t - 5, phases["trial"][-1].t + extra),
         }
-        prometheus = PrometheusMetrics(api, server.metrics.selector or "")
+        prometheus = PrometheusMetrics(api, server.metrics.selector or "", ENGINE.metrics)
         scraped = {
             p: [(timeline.at(ts), m) for ts, m in prometheus.scrapes(*map(timeline.unix, ab))]
             for p, ab in bounds.items()
@@ -252,7 +232,7 @@ def test_the_gate_gives_the_same_verdict(stack: Stack) -> None:
         db.close()
     result = row.result or {}
     assert row.state == State.kept, moves
-    settings = deps.plan.gate_settings()
+    settings = deps.plan
     per_batch = int(deps.plan.batch_s / deps.plan.scrape_s)
     windows = {
         "direct": [gate_samples(direct.window(*bounds[p]), per_batch) for p in bounds],

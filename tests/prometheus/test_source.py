@@ -9,7 +9,15 @@ import httpx
 import pytest
 
 from playbooks.clock import ManualClock
-from playbooks.diagnose import DiagnoseSettings, resolve_gpu_memory
+from playbooks.diagnose import DiagnoseSettings
+from playbooks.engines.sglang.client import (
+    SGLangClient,
+    SGLangError,
+    parse_metrics,
+    parse_server_info,
+)
+from playbooks.engines.sglang.metrics import SPEC as SGLANG_METRICS
+from playbooks.engines.sglang.rules import resolve_gpu_memory
 from playbooks.measure import MeasurePlan, measure
 from playbooks.sources.gpu import GpuUnavailable
 from playbooks.sources.metrics_source import (
@@ -33,7 +41,6 @@ from playbooks.sources.prometheus import (
     metrics_from_series,
     parse_selector,
 )
-from playbooks.sources.sglang import SGLangClient, SGLangError, parse_metrics, parse_server_info
 from tests.prometheus.fake_api import FIXTURES, FakePrometheus, series_of
 
 SELECTOR = '{instance="10.0.0.5:30000"}'
@@ -48,7 +55,7 @@ def api(fake: FakePrometheus) -> PrometheusAPI:
 
 
 def source(fake: FakePrometheus, selector: str = SELECTOR, **kw: Any) -> PrometheusMetrics:
-    return PrometheusMetrics(api(fake), selector, **kw)
+    return PrometheusMetrics(api(fake), selector, SGLANG_METRICS, **kw)
 
 
 @pytest.mark.parametrize("dialect", ["twin-0.5.5", "twin-0.5.10", "twin-0.5.23", "real-0.5.23"])
@@ -109,7 +116,7 @@ def test_stale_data_is_refused() -> None:
         source(fake, max_age_s=30).metrics()
     assert "95 s old (limit 30 s" in str(info.value)
     assert "timestamp(sglang:num_running_reqs" in str(info.value)
-    snap = source(fake, max_age_s=120).snapshot()
+    snap = source(fake, max_age_s=120).reading()
     assert snap.age_s == pytest.approx(95) and snap.sampled_at == fake.now - 95
 
 
@@ -119,14 +126,14 @@ def test_after_a_failed_scrape_the_last_good_one_counts_while_recent() -> None:
     fake.add_scrape(fake.now - 3, texts[0])
     fake.add_scrape(fake.now - 2, texts[1])
     fake.failed_scrapes.append(fake.now - 1)
-    snap = source(fake, max_age_s=5).snapshot()
+    snap = source(fake, max_age_s=5).reading()
     assert snap.sampled_at == fake.now - 2 and snap.age_s == pytest.approx(2)
     assert snap.metrics.samples == pytest.approx(parse_metrics(texts[1]).samples)
     assert snap.metrics.ttft_buckets == parse_metrics(texts[1]).ttft_buckets
     with pytest.raises(StaleSeries, match=r"is 2 s old \(limit 1.5 s; query: `sglang:num_running"):
-        source(fake, max_age_s=1.5).snapshot()
+        source(fake, max_age_s=1.5).reading()
     with pytest.raises(NoSeries, match="has no SGLang series"):
-        source(fake, max_age_s=0.1).snapshot()  # nothing within 10 x max_age_s either
+        source(fake, max_age_s=0.1).reading()  # nothing within 10 x max_age_s either
 
 
 def test_a_selector_matching_two_servers_is_refused() -> None:
@@ -145,7 +152,7 @@ def test_prometheus_down_is_named_with_the_query() -> None:
 
     client = httpx.Client(base_url="http://127.0.0.1:9", transport=httpx.MockTransport(refuse))
     with pytest.raises(PrometheusUnreachable) as info:
-        PrometheusMetrics(PrometheusAPI(client, wait=no_wait), SELECTOR).metrics()
+        PrometheusMetrics(PrometheusAPI(client, wait=no_wait), SELECTOR, SGLANG_METRICS).metrics()
     text = str(info.value)
     assert "cannot reach Prometheus at http://127.0.0.1:9" in text and "sglang:.+" in text
     assert "Is Prometheus running" in text
@@ -274,7 +281,7 @@ def test_sourced_client_reads_metrics_from_prometheus_and_the_rest_from_sglang()
     sglang = fake_sglang()
     client = with_metrics_source(sglang, source(fake))
     assert isinstance(client, SourcedClient)
-    assert client.server_info().max_total_num_tokens > 0
+    assert client.settings().capacity_tokens > 0
     assert client.metrics().get("sglang:num_running_reqs") is not None
     assert describe_source(client).startswith("Prometheus at http://prometheus.test:9090")
     assert "scraped directly" in describe_source(sglang)
@@ -314,5 +321,5 @@ def test_measure_runs_on_the_prometheus_source() -> None:
 def test_series_of_helper_keeps_labels() -> None:
     rows = series_of('sglang:x{a="1"} 2.0\n', {"job": "j"})
     assert rows == [({"a": "1", "job": "j", "__name__": "sglang:x"}, 2.0)]
-    m = metrics_from_series([Series(labels, 0.0, v) for labels, v in rows])
+    m = metrics_from_series([Series(labels, 0.0, v) for labels, v in rows], SGLANG_METRICS)
     assert m.get("sglang:x") == 2.0

@@ -25,8 +25,7 @@ from typing import Any
 
 import pytest
 
-from playbooks.launchers.base import with_change
-from playbooks.server_args import ALLOWED, parse_change
+from playbooks.engines.sglang.args import ALLOWED, parse_change, with_change
 from tests.arg_cases import (
     BASELINE,
     SGLANG_0523,

@@ -17,8 +17,11 @@ kvpilot is stricter than SGLang the reason is given next to the range;
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from playbooks.engines.base import ArgError
 
 # fields/model.py `kv_cache_dtype: A[str, Arg(choices=[...])] = "auto"`. 0.5.23 offers auto,
 # fp8_e5m2, fp8_e4m3, mxfp8, bf16, bfloat16, nvfp4, fp4_mx_block16; 0.5.5 offers fp4_e2m1 in
@@ -37,10 +40,6 @@ INT32_MAX = 2**31 - 1
 # SGLang picks by itself are powers of two from 2048 (memory_hook.py
 # `handle_gpu_memory_settings`), so a power-of-two page size up to this always divides them.
 PAGE_SIZE_MAX = 2048
-
-
-class ArgError(ValueError):
-    """A server argument or value that is not allowed; the message says how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -332,3 +331,63 @@ def to_cli(change: dict[str, Any]) -> list[str]:
     for key, value in change.items():
         out += spec_of(key).cli(value)
     return out
+
+
+# ----------------------------------------------------------------------------- command lines
+def with_change(args: Sequence[str], change: Mapping[str, Any]) -> list[str]:
+    """Apply allowed changes to an SGLang argument list (never a shell string).
+
+    Existing `--flag value` / `--flag=value` / bare `--flag` entries for a changed key are removed,
+    then the new value is appended, checked and spelt as SGLang's argparse type reads it (an int
+    flag never gets `40.0`, which SGLang refuses); `False` removes a boolean flag, `None` any flag.
+    """
+    out = list(args)
+    for key, value in change.items():
+        name = normalise_key(key)
+        spec = ALLOWED.get(name)
+        if spec is None:
+            raise ArgError(f"{name!r} is not a server argument kvpilot may change")
+        out = _without(out, spec.flag)
+        if value is not None:
+            out += spec.cli(value)
+    if {"page_size", "chunked_prefill_size"} & {normalise_key(k) for k in change}:
+        check_page_divides_chunk(
+            _int_or_none(arg_value(out, "page_size")),
+            _int_or_none(arg_value(out, "chunked_prefill_size")),
+        )
+    return out
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _without(args: list[str], flag: str) -> list[str]:
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if tok == flag:
+            # skip the flag and its value, if the next token is one
+            if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                i += 1
+        elif not tok.startswith(flag + "="):
+            out.append(tok)
+        i += 1
+    return out
+
+
+def arg_value(args: Sequence[str], name: str) -> str | None:
+    """The value of `--name` in an argument list (True for a bare flag as "true")."""
+    flag = "--" + normalise_key(name).replace("_", "-")
+    for i, tok in enumerate(args):
+        if tok == flag:
+            if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                return args[i + 1]
+            return "true"
+        if tok.startswith(flag + "="):
+            return tok.split("=", 1)[1]
+    return None

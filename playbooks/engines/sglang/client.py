@@ -13,61 +13,35 @@ without `--enable-metrics` (the caller falls back on loads and server info and s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from tenacity import (
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
+
+from playbooks.engines.base import (
+    Engine,
+    EngineError,
+    Metrics,
+    MetricsDisabled,
+    Snapshot,
+    Unauthorized,
+    Unreachable,
+    WrongEngine,
 )
+from playbooks.http import http_client, http_retrying, is_http_url, retried_get
 
 _PATHS = {
     "server_info": ("/server_info", "/get_server_info"),
     "model_info": ("/model_info", "/get_model_info"),
     "loads": ("/v1/loads", "/get_load"),
 }
-RETRYABLE_STATUS = {502, 503, 504}
+SGLangError = EngineError  # the errors below are the engine seam's own
 
 
-class SGLangError(Exception):
-    """A problem talking to SGLang; `hint` says what the operator can do about it."""
-
-    def __init__(self, message: str, hint: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
-
-    def __str__(self) -> str:
-        return f"{self.message}. {self.hint}" if self.hint else self.message
-
-
-class Unreachable(SGLangError):
-    pass
-
-
-class Unauthorized(SGLangError):
-    pass
-
-
-class NotSGLang(SGLangError):
-    pass
-
-
-class MetricsDisabled(SGLangError):
-    pass
-
-
-class RetryableStatus(Exception):
-    """A response worth retrying (a 5xx or 429); shared by every HTTP source kvpilot reads."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        super().__init__(f"HTTP {response.status_code}")
-        self.response = response
+class NotSGLang(WrongEngine):
+    """Something answered that is not SGLang (or an SGLang older than kvpilot knows)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +78,18 @@ class ServerInfo:
     def tp_size(self) -> int:
         return int(self.server_args.get("tp_size") or 1)
 
+    @property
+    def capacity_tokens(self) -> int:
+        return self.max_total_num_tokens
+
+    @property
+    def model(self) -> str:
+        return str(self.server_args.get("model_path") or "unknown")
+
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        return self.server_args
+
 
 @dataclass(frozen=True)
 class RankLoad:
@@ -115,43 +101,6 @@ class RankLoad:
     gen_throughput: float | None
     cache_hit_rate: float | None
     max_total_num_tokens: int | None
-
-
-@dataclass(frozen=True)
-class Metrics:
-    """One scrape of `/metrics`: each sample summed over its label sets (ranks, streaming...)."""
-
-    samples: dict[str, float]
-    counts: dict[str, int]
-    families: frozenset[str]
-    ttft_buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
-
-    def get(self, name: str) -> float | None:
-        """The sum over label sets: right for counters and for per-rank amounts."""
-        return self.samples.get(name)
-
-    def mean(self, name: str) -> float | None:
-        """The mean over label sets: right for ratios such as token usage."""
-        if name not in self.samples:
-            return None
-        return self.samples[name] / max(1, self.counts.get(name, 1))
-
-    def has(self, family: str) -> bool:
-        return family in self.families
-
-
-def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, (httpx.TransportError, RetryableStatus))
-
-
-def http_retrying(attempts: int, wait: Callable[..., float] | None) -> Retrying:
-    """Retries on transport errors and retryable statuses, with a short exponential wait."""
-    return Retrying(
-        retry=retry_if_exception(_retryable),
-        stop=stop_after_attempt(attempts),
-        wait=wait or wait_exponential(multiplier=0.2, max=2.0),
-        reraise=True,
-    )
 
 
 class SGLangClient:
@@ -169,14 +118,28 @@ class SGLangClient:
         self._dialect: dict[str, str] = {}
 
     @classmethod
-    def connect(cls, url: str, api_key: str | None = None, timeout: float = 10.0) -> SGLangClient:
-        if not url.startswith(("http://", "https://")):
-            raise SGLangError(
+    def connect(
+        cls,
+        url: str,
+        api_key: str | None = None,
+        timeout: float = 10.0,
+        *,
+        attempts: int = 3,
+        wait: Callable[..., float] | None = None,
+    ) -> SGLangClient:
+        if not is_http_url(url):
+            raise EngineError(
                 f"invalid server URL {url!r}",
                 "Use the form http://HOST:PORT (for example http://127.0.0.1:30000).",
             )
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        return cls(httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout))
+        http = http_client(url, bearer_token=api_key, timeout_s=timeout)
+        return cls(http, attempts=attempts, wait=wait)
+
+    @property
+    def engine(self) -> Engine:
+        from playbooks.engines.sglang import ENGINE  # noqa: PLC0415 - the package imports us
+
+        return ENGINE
 
     @property
     def base_url(self) -> str:
@@ -187,16 +150,8 @@ class SGLangClient:
 
     # ----------------------------------------------------------------- transport
     def _get(self, path: str, params: dict[str, str] | None = None) -> httpx.Response:
-        def once() -> httpx.Response:
-            response = self.http.get(path, params=params)
-            if response.status_code in RETRYABLE_STATUS:
-                raise RetryableStatus(response)
-            return response
-
         try:
-            response: httpx.Response = self._retry(once)
-        except RetryableStatus as exc:
-            return exc.response
+            response = retried_get(self.http, self._retry, path, params)
         except httpx.TransportError as exc:
             raise Unreachable(
                 f"cannot reach SGLang at {self.base_url}: {exc.__class__.__name__}: {exc}",
@@ -273,6 +228,22 @@ class SGLangClient:
         if response.status_code != 200:
             raise SGLangError(f"{self.base_url}/metrics answered HTTP {response.status_code}")
         return parse_metrics(response.text)
+
+    def settings(self) -> ServerInfo:
+        return self.server_info()
+
+    def snapshot(self) -> Snapshot:
+        from playbooks.engines.sglang.metrics import snapshot_from_metrics  # noqa: PLC0415
+
+        return snapshot_from_metrics(self.metrics())
+
+    def load_snapshot(self) -> Snapshot:
+        from playbooks.engines.sglang.metrics import snapshot_from_loads  # noqa: PLC0415
+
+        return snapshot_from_loads(self.loads())
+
+    def describe_metrics(self) -> str:
+        return f"{self.base_url}/metrics (scraped directly)"
 
     @property
     def dialect(self) -> str:

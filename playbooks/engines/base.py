@@ -1,0 +1,377 @@
+"""The engine seam: what kvpilot needs from an inference server, whatever engine runs it.
+
+Everything kvpilot knows about one engine (SGLang today) lives in that engine's package under
+`playbooks/engines/`; the rest of kvpilot reads servers only through the types here and the
+registry in `playbooks.engines`. `tests/test_architecture.py` holds both sides to it.
+
+The interface, in the order a playbook meets it:
+
+* **connect** - `Engine.connect(url)` gives an `EngineClient`: which dialect answered, the
+  server's settings and capacity (`ServerSettings`), and one normalised `Snapshot` of its load.
+* **metrics** - `Engine.metrics` says which exposition families are the engine's, so a
+  Prometheus server can be asked for exactly them; `Engine.snapshot()` turns them into a
+  `Snapshot`.
+* **launch arguments** - the allow-list, parsing (`parse_change`), and how an argument is spelt
+  on a command line (`with_change`, `arg_value`).
+* **signatures** - the readiness path and what the engine's exit status and log lines mean.
+* **rules** - what a bottleneck looks like on this engine and which changes address it
+  (`rules_for(...).assess`, `.judge`, `bottleneck_of`), as pure functions over typed facts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from playbooks.diagnose import DiagnoseSettings
+    from playbooks.measure import Measurement
+    from playbooks.types import Bottleneck, Option
+
+
+class EngineError(Exception):
+    """A problem talking to a server; `hint` says what the operator can do about it."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}. {self.hint}" if self.hint else self.message
+
+
+class Unreachable(EngineError):
+    """Nothing answered at the server's address."""
+
+
+class Unauthorized(EngineError):
+    """The server wants an API key kvpilot does not have (or has wrong)."""
+
+
+class WrongEngine(EngineError):
+    """Something answered, but not the engine kvpilot was told to expect."""
+
+
+class MetricsDisabled(EngineError):
+    """The server does not export metrics; a load snapshot is all there is."""
+
+
+class ArgError(ValueError):
+    """A launch argument or value that is not allowed; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """One reading of an engine's exposition families, each sample summed over its label sets.
+
+    Engine-neutral: which families exist and what they mean is the engine's business
+    (`Engine.snapshot`). A Prometheus server and a direct scrape both produce this.
+    """
+
+    samples: dict[str, float]
+    counts: dict[str, int]
+    families: frozenset[str]
+    ttft_buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
+
+    def get(self, name: str) -> float | None:
+        """The sum over label sets: right for counters and for per-rank amounts."""
+        return self.samples.get(name)
+
+    def mean(self, name: str) -> float | None:
+        """The mean over label sets: right for ratios such as token usage."""
+        if name not in self.samples:
+            return None
+        return self.samples[name] / max(1, self.counts.get(name, 1))
+
+    def has(self, family: str) -> bool:
+        return family in self.families
+
+
+@dataclass(frozen=True)
+class MetricsSpec:
+    """Which exposition series are the engine's, for a source that must ask for them by name.
+
+    `prefix` selects the engine's families; `ttft_histogram` is the one bucketed series kept
+    (time to first token); `heartbeat` is a gauge every scrape carries, whose timestamp says how
+    old the newest scrape is.
+    """
+
+    label: str  # the engine, as people write it
+    prefix: str
+    ttft_histogram: str
+    heartbeat: str
+    how_to_enable: str  # for an operator whose server exports none of them
+
+
+Source = Literal["metrics", "loads"]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One normalised reading of a server's load: the only sample type kvpilot has.
+
+    Gauges are summed over ranks (KV usage and cache hit rate are means); counters are
+    cumulative since the server started (None when the engine does not export them, 0 when it
+    declares one that has not counted yet). `t` is seconds on the bot's clock when it was taken.
+    """
+
+    t: float = 0.0
+    source: Source = "metrics"
+    running: float = 0.0
+    queued: float = 0.0
+    kv_usage: float | None = None  # share of the KV pool in use, 0..1
+    decode_rate: float | None = None  # tokens/s generated across running requests, now
+    cache_hit_rate: float | None = None  # the engine's own prefix-cache hit rate, 0..1
+    capacity_tokens: int | None = None  # KV pool size in tokens
+    preempting: float | None = None  # requests being preempted (retracted) right now
+    # counters
+    generated_tokens: float | None = None  # output tokens of finished requests
+    prompt_tokens: float | None = None
+    completed_requests: float | None = None
+    cached_tokens: float | None = None  # prompt tokens served from the prefix cache
+    aborted_requests: float | None = None
+    preemptions: float | None = None  # requests preempted (SGLang: retracted) so far
+    ttft_buckets: tuple[tuple[float, float], ...] = ()  # (le, cumulative count), le ascending
+    # Derived, not read: the TTFT p95 over the batch before this reading, where it measured the
+    # configuration (`gate.with_ttft_p95` fills it in when a window is judged).
+    ttft_p95_s: float | None = None
+
+    COUNTERS = (
+        "generated_tokens",
+        "prompt_tokens",
+        "completed_requests",
+        "cached_tokens",
+        "aborted_requests",
+        "preemptions",
+    )
+
+    def at(self, t: float) -> Snapshot:
+        return replace(self, t=t)
+
+    @property
+    def has_counters(self) -> bool:
+        return self.completed_requests is not None or self.generated_tokens is not None
+
+    def counters_went_back(self, earlier: Snapshot) -> bool:
+        """Whether any counter is lower than in `earlier`: the server restarted in between."""
+        for name in self.COUNTERS:
+            before, after = getattr(earlier, name), getattr(self, name)
+            if before is not None and after is not None and after < before:
+                return True
+        return False
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form (without `t`, which storage keeps in its own column)."""
+        out: dict[str, Any] = {"v": 1}
+        for f in fields(self):
+            if f.name in ("t", "ttft_p95_s"):
+                continue
+            value = getattr(self, f.name)
+            if f.name == "ttft_buckets":
+                value = [[le, n] for le, n in value]
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], t: float = 0.0) -> Snapshot:
+        known = {f.name for f in fields(cls)} - {"t", "ttft_buckets", "ttft_p95_s"}
+        values: dict[str, Any] = {k: data[k] for k in known if k in data}
+        buckets = data.get("ttft_buckets") or []
+        return cls(
+            t=t,
+            ttft_buckets=tuple((float(le), float(n)) for le, n in buckets),
+            **values,
+        )
+
+
+def ttft_quantile(before: Snapshot | None, after: Snapshot, q: float) -> float | None:
+    """The q-quantile (a bucket bound) of the first-token times observed between two readings."""
+    if not after.ttft_buckets:
+        return None
+    prev = dict(before.ttft_buckets) if before is not None else {}
+    deltas = sorted((le, n - prev.get(le, 0.0)) for le, n in after.ttft_buckets)
+    total = deltas[-1][1] if deltas else 0.0
+    if total <= 0:
+        return None
+    for le, cum in deltas:
+        if cum >= q * total:
+            return None if math.isinf(le) else le
+    return None
+
+
+class ServerSettings(Protocol):
+    """What a server reports about itself, as far as engine-neutral code reads it."""
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def capacity_tokens(self) -> int:
+        """The KV pool's size in tokens."""
+        ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        """The server's launch settings by the engine's own names (shown to people as data)."""
+        ...
+
+    @property
+    def raw(self) -> dict[str, Any]:
+        """What the server answered, stored so a report can judge it later."""
+        ...
+
+
+class EngineClient(Protocol):
+    """A connection to one server. Reads only: nothing here mutates a server."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def dialect(self) -> str:
+        """Which API dialect answered (engine-specific; once settings have been read)."""
+        ...
+
+    def health(self) -> bool: ...
+
+    def settings(self) -> ServerSettings: ...
+
+    def model_info(self) -> dict[str, Any]: ...
+
+    def metrics(self) -> Metrics:
+        """The engine's metrics now; raises MetricsDisabled when the server exports none."""
+        ...
+
+    def snapshot(self) -> Snapshot:
+        """One reading of the load from the metrics (`t` is 0: the caller stamps it)."""
+        ...
+
+    def load_snapshot(self) -> Snapshot:
+        """A reading without metrics (running, queued, usage): for servers that export none."""
+        ...
+
+    def describe_metrics(self) -> str:
+        """Where this client's metrics come from, for notes and error messages."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """What an engine's rules make of a server and a measurement of it."""
+
+    bottleneck: Bottleneck
+    evidence: list[str]
+    options: list[Option]
+    bytes_per_token: float
+    gpu_memory_gib: float
+    gpu_memory_source: str
+    requests_that_fit: float | None
+    notes: list[str]
+
+
+class Rules(Protocol):
+    """An engine's rules for one server, its capacity and host read before any measurement."""
+
+    def assess(self, m: Measurement) -> Assessment:
+        """The bottleneck, the changes that address it, and the capacity facts behind them."""
+        ...
+
+    def judge(self, change: dict[str, Any]) -> Option:
+        """The safety verdict for one change without a measurement (for experiments)."""
+        ...
+
+
+class Engine(Protocol):
+    """Everything kvpilot knows about one inference engine (see the module docstring)."""
+
+    @property
+    def name(self) -> str:
+        """The configuration name (`engine = "sglang"`)."""
+        ...
+
+    @property
+    def label(self) -> str:
+        """How people write it (SGLang)."""
+        ...
+
+    @property
+    def metrics(self) -> MetricsSpec: ...
+
+    @property
+    def readiness_path(self) -> str:
+        """The HTTP path that answers 200 once the server serves requests."""
+        ...
+
+    # connect
+    def connect(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 10.0,
+        attempts: int = 3,
+        wait: Callable[..., float] | None = None,
+    ) -> EngineClient: ...
+
+    def parse_settings(self, raw: Mapping[str, Any]) -> ServerSettings:
+        """Stored settings (`ServerSettings.raw`) read back."""
+        ...
+
+    # metrics
+    def snapshot(self, metrics: Metrics) -> Snapshot: ...
+
+    def parse_metrics(self, text: str) -> Metrics:
+        """The engine's families out of Prometheus exposition text."""
+        ...
+
+    # launch arguments
+    def allowed_args(self) -> Mapping[str, str]:
+        """Every argument kvpilot may change: name -> what it is, for help texts."""
+        ...
+
+    def parse_change(self, items: Sequence[str]) -> dict[str, Any]:
+        """`KEY=VALUE` items, typed and range-checked (raises ArgError)."""
+        ...
+
+    def with_change(self, args: Sequence[str], change: Mapping[str, Any]) -> list[str]:
+        """A server argument list with the change applied (raises ArgError)."""
+        ...
+
+    def arg_value(self, args: Sequence[str], name: str) -> str | None: ...
+
+    def vocabulary(self) -> frozenset[str]:
+        """The engine's metric names, flag spellings and endpoints: only its package spells them."""
+        ...
+
+    # signatures
+    def classify_exit(self, code: int | None, log_tail: str) -> str:
+        """Why a server went down, from its exit status and its own log lines."""
+        ...
+
+    # rules
+    def rules_for(
+        self, info: ServerSettings, probes: DiagnoseSettings, *, measured: bool = True
+    ) -> Rules:
+        """The rules for this server; raises ValueError when the engine cannot reason about it."""
+        ...
+
+    def bottleneck_of(
+        self, info: ServerSettings, m: Measurement
+    ) -> tuple[Bottleneck, list[str]] | str:
+        """The bottleneck over stored measurements (reports), or why it cannot be judged."""
+        ...
+
+    def restore_snapshot(self, stored: Mapping[str, Any], t: float = 0.0) -> Snapshot:
+        """A stored sample read back (older rows may be in the engine's own names)."""
+        ...

@@ -1,0 +1,113 @@
+"""SGLang behind the engine seam: everything kvpilot knows about SGLang, in this package.
+
+client.py      the HTTP API (both endpoint dialects): server info, loads, /metrics
+metrics.py     SGLang's metric names and the mapping to `Snapshot`
+args.py        the launch arguments kvpilot may change: types, ranges, command-line spelling
+capacity.py    the KV-pool and memory arithmetic, the safety margins
+rules.py       what a bottleneck looks like and which changes address it (pure)
+signatures.py  what SGLang's exit status and log lines mean
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from playbooks.engines.base import Metrics, MetricsSpec, ServerSettings, Snapshot
+from playbooks.engines.sglang import args as _args
+from playbooks.engines.sglang import metrics as _metrics
+from playbooks.engines.sglang import rules as _rules
+from playbooks.engines.sglang import signatures as _signatures
+from playbooks.engines.sglang.client import ServerInfo, SGLangClient, parse_server_info
+
+if TYPE_CHECKING:
+    from playbooks.diagnose import DiagnoseSettings
+    from playbooks.measure import Measurement
+    from playbooks.types import Bottleneck
+
+# Endpoints kvpilot calls (client.py `_PATHS`, plus readiness and metrics).
+ENDPOINTS = (
+    "/health",
+    "/metrics",
+    "/server_info",
+    "/get_server_info",
+    "/model_info",
+    "/get_model_info",
+    "/v1/loads",
+    "/get_load",
+)
+
+
+def _info(info: ServerSettings) -> ServerInfo:
+    if not isinstance(info, ServerInfo):
+        raise TypeError(f"SGLang's rules need SGLang's server info, got {type(info).__name__}")
+    return info
+
+
+class SGLang:
+    """The SGLang engine (0.5.5 to 0.5.23, both API dialects)."""
+
+    name = "sglang"
+    label = "SGLang"
+    metrics: MetricsSpec = _metrics.SPEC
+    readiness_path = "/health"
+
+    def connect(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 10.0,
+        attempts: int = 3,
+        wait: Callable[..., float] | None = None,
+    ) -> SGLangClient:
+        return SGLangClient.connect(url, api_key, timeout_s, attempts=attempts, wait=wait)
+
+    def parse_settings(self, raw: Mapping[str, Any]) -> ServerInfo:
+        return parse_server_info(dict(raw))
+
+    def snapshot(self, metrics: Metrics) -> Snapshot:
+        return _metrics.snapshot_from_metrics(metrics)
+
+    def parse_metrics(self, text: str) -> Metrics:
+        from playbooks.engines.sglang.client import parse_metrics  # noqa: PLC0415
+
+        return parse_metrics(text)
+
+    def restore_snapshot(self, stored: Mapping[str, Any], t: float = 0.0) -> Snapshot:
+        return _metrics.restore_snapshot(stored, t)
+
+    # launch arguments
+    def allowed_args(self) -> Mapping[str, str]:
+        return {name: spec.meaning for name, spec in _args.ALLOWED.items()}
+
+    def parse_change(self, items: Sequence[str]) -> dict[str, Any]:
+        return _args.parse_change(list(items))
+
+    def with_change(self, args: Sequence[str], change: Mapping[str, Any]) -> list[str]:
+        return _args.with_change(args, change)
+
+    def arg_value(self, args: Sequence[str], name: str) -> str | None:
+        return _args.arg_value(args, name)
+
+    def vocabulary(self) -> frozenset[str]:
+        flags = {spec.flag for spec in _args.ALLOWED.values()}
+        return frozenset({*_metrics.NAMES, *flags, *ENDPOINTS, "--enable-metrics"})
+
+    # signatures
+    def classify_exit(self, code: int | None, log_tail: str) -> str:
+        return _signatures.classify_exit(code, log_tail)
+
+    # rules
+    def rules_for(
+        self, info: ServerSettings, probes: DiagnoseSettings, *, measured: bool = True
+    ) -> _rules.ServerRules:
+        return _rules.rules_for(_info(info), probes, measured=measured)
+
+    def bottleneck_of(
+        self, info: ServerSettings, m: Measurement
+    ) -> tuple[Bottleneck, list[str]] | str:
+        return _rules.bottleneck_of(_info(info), m)
+
+
+ENGINE = SGLang()

@@ -1,0 +1,84 @@
+"""The one way kvpilot makes HTTP clients for the servers it reads, and the one retry policy.
+
+Every read-only HTTP source (an engine's API, Prometheus) is built here, so timeouts, the bearer
+header and retries agree: only idempotent GETs are retried, only on transport errors and on
+502/503/504 (a proxy or a server still starting), a few times with a short exponential wait.
+Anything that mutates (the Docker Engine API, Kubernetes) is never retried blindly and does not
+use `retried_get`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+RETRYABLE_STATUS = frozenset({502, 503, 504})
+
+
+class RetryableStatus(Exception):
+    """A response worth retrying (a 502/503/504)."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, (httpx.TransportError, RetryableStatus))
+
+
+def http_retrying(attempts: int = 3, wait: Callable[..., float] | None = None) -> Retrying:
+    """Retries on transport errors and retryable statuses, with a short exponential wait."""
+    return Retrying(
+        retry=retry_if_exception(_retryable),
+        stop=stop_after_attempt(attempts),
+        wait=wait or wait_exponential(multiplier=0.2, max=2.0),
+        reraise=True,
+    )
+
+
+def is_http_url(url: str) -> bool:
+    return url.startswith(("http://", "https://"))
+
+
+def http_client(
+    base_url: str, *, bearer_token: str | None = None, timeout_s: float = 10.0
+) -> httpx.Client:
+    """A client for one server: its base URL, its bearer token if any, one timeout."""
+    headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
+    return httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+
+
+def retried_get(
+    http: httpx.Client,
+    retrying: Retrying,
+    path: str,
+    params: dict[str, str] | None = None,
+) -> httpx.Response:
+    """GET `path` under the retry policy.
+
+    A retryable status that persists is returned (the caller says what it means); a transport
+    error that persists is raised as `httpx.TransportError` for the caller to explain.
+    """
+
+    def once() -> httpx.Response:
+        response = http.get(path, params=params)
+        if response.status_code in RETRYABLE_STATUS:
+            raise RetryableStatus(response)
+        return response
+
+    try:
+        response: httpx.Response = retrying(once)
+    except RetryableStatus as exc:
+        return exc.response
+    return response
+
+
+def answers_ok(url: str, path: str, timeout_s: float = 5.0) -> bool:
+    """One readiness probe: does `url` + `path` answer 200 now? (Never retried: callers poll.)"""
+    try:
+        return httpx.get(url.rstrip("/") + path, timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
