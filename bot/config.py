@@ -58,7 +58,7 @@ class LauncherConfig:
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """Where a server's metrics are read: its own /metrics, or Prometheus' HTTP API."""
+    """Where a server's metrics are read: its own metrics endpoint, or Prometheus' HTTP API."""
 
     source: str = "direct"  # or "prometheus"
     url: str | None = None  # Prometheus

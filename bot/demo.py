@@ -25,6 +25,7 @@ from typing import TextIO
 
 from bot.config import load
 from bot.console import Console
+from playbooks.engines import default_engine
 
 SCALE = 200
 PRESET = "kimi-k2.5-rtxpro6000-tp8"
@@ -37,11 +38,13 @@ def free_port() -> int:
 
 
 def write_config(workdir: Path, port: int) -> Path:
-    command = [
+    twin = [
         sys.executable, "-m", "sim.launch_server", "--preset", PRESET, "--port", str(port),
-        "--mem-fraction-static", "0.85", "--enable-metrics", "--time-scale", str(SCALE),
-        "--workload", "incident", "--concurrency", "150", "--seed", "7",
+        "--time-scale", str(SCALE), "--workload", "incident", "--concurrency", "150",
+        "--seed", "7",
     ]  # fmt: skip
+    # The incident's settings, spelt by the engine the twin stands in for.
+    command = twin + default_engine().spell({"mem_fraction_static": 0.85, "enable_metrics": True})
     path = workdir / "kvpilot.toml"
     path.write_text(
         "# Written by `make demo`: the SGLang twin running the incident at 200x speed.\n"
@@ -78,7 +81,7 @@ def run(workdir: Path, out: TextIO, stdin: TextIO, auto: str | None) -> int:
     started = time.monotonic()
     banner(out, "kvpilot demo: the SGLang twin runs the incident at 200x speed")
     out.write(
-        "Kimi-K2.5 on 8 GPUs with --mem-fraction-static 0.85 and 150 clients: the KV cache\n"
+        "Kimi-K2.5 on 8 GPUs with mem_fraction_static 0.85 and 150 clients: the KV cache\n"
         "holds ~116K tokens, so ~50 requests run and ~100 wait. kvpilot diagnoses it, proposes\n"
         "changes, and (once approved) tests the recommended one: keep it only if throughput\n"
         f"really improves, else revert. Configuration: {path}\n"

@@ -1,6 +1,6 @@
 """The metrics sampler: every configured server, every ``interval_s``, into storage.
 
-While the bot runs it scrapes each server's ``/metrics`` (or ``/v1/loads`` when metrics are
+While the bot runs it reads each server's metrics (or its load report when metrics are
 off), turns counters into increases, and stores one raw sample per server per tick. What it
 cannot observe is stored as a gap, never as zeros: a failed scrape opens a ``down`` gap that
 the next good scrape closes (noting whether the server restarted: its counters went back), a
@@ -196,7 +196,7 @@ ClientFactory = Callable[[ServerConfig], EngineClient]
 
 def default_client(server: ServerConfig, timeout_s: float = 5.0) -> EngineClient:
     """The server's client for sampling, with its configured metrics source (the server's own
-    ``/metrics`` or Prometheus). One quick retry: a failed scrape is simply tried next tick."""
+    metrics endpoint or Prometheus). One quick retry: a failed scrape is simply tried next tick."""
     return engine_client(server, timeout_s=timeout_s, attempts=2, wait=lambda *_: 0.1)
 
 

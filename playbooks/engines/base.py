@@ -350,6 +350,11 @@ class Engine(Protocol):
 
     def arg_value(self, args: Sequence[str], name: str) -> str | None: ...
 
+    def spell(self, settings: Mapping[str, Any]) -> list[str]:
+        """Settings as command-line arguments: the allowed ones, plus what kvpilot needs on
+        (the engine's metrics)."""
+        ...
+
     def vocabulary(self) -> frozenset[str]:
         """The engine's metric names, flag spellings and endpoints: only its package spells them."""
         ...

@@ -11,8 +11,8 @@ only then swaps them:
 
 If kvpilot dies anywhere in between, the system still says what is true: the container called
 NAME, or, between the two renames, NAME-kvpilot-previous, which `current_args`, `state` and the
-next `apply` use. Readiness is `/health`; failure is the container's state (exited, restarting,
-OOM-killed) explained from its exit code and log.
+next `apply` use. Readiness is the engine's readiness path; failure is the container's state
+(exited, restarting, OOM-killed) explained from its exit code and log.
 """
 
 from __future__ import annotations

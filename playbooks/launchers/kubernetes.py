@@ -5,7 +5,7 @@ arguments of the pod template's container (both templates of a LeaderWorkerSet) 
 that tests the old value first, and stamps the template (`kvpilot.io/restarted-at`) so that every
 apply rolls the pods out, as `kubectl rollout restart` does. It then waits for the rollout: the
 controller has seen the new generation, every replica is updated and ready, the pods of this
-apply run, and the server answers `/health`. A container of the new pods that terminates or
+apply run, and the server answers its readiness path. A container of the new pods that terminates or
 crash-loops is a failure, explained from its exit code and its log. Rolling back is the same
 patch with the previous arguments. StatefulSets (and the StatefulSets a LeaderWorkerSet runs on)
 do not replace a broken pod by themselves (Kubernetes' "forced rollback"), so kvpilot deletes

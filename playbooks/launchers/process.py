@@ -4,9 +4,9 @@ The command comes from configuration as an argument list, for example
 `["python", "-m", "sglang.launch_server", "--model-path", ..., "--port", "30000"]`, and is
 executed without a shell. The server runs in its own session, so it outlives a crash of the bot;
 its PID, arguments and log path are kept in a small state file, which a restarted bot uses to find
-(adopt) the server again. Readiness is `/health` answering 200; a start fails when the process
-exits first or the deadline passes. Why a server went down is read from its exit status and
-SGLang's own log lines.
+(adopt) the server again. Readiness is the engine's readiness path answering 200; a start fails
+when the process exits first or the deadline passes. Why a server went down is read from its exit
+status and the engine's own log lines.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ kvpilot writes the SGLang command line into a drop-in of the operator's unit
 (`/etc/systemd/system/UNIT.d/90-kvpilot.conf`, or the user manager's directory), never into the
 unit file, then runs `systemctl daemon-reload` and `systemctl restart UNIT`. The live arguments are
 read back from the system (`systemctl cat`: the unit plus its drop-ins, as systemd applies them).
-Readiness is the server's `/health`; failure is the unit's own state (`failed`, an automatic
+Readiness is the engine's readiness path; failure is the unit's own state (`failed`, an automatic
 restart pending, a new invocation, a higher `NRestarts`), explained from that invocation's
-journal with SGLang's log lines. A failed start is stopped so that `Restart=` does not keep a
+journal with the engine's log lines. A failed start is stopped so that `Restart=` does not keep a
 broken configuration flapping on the GPUs. Returning to the unit's own command removes the
 drop-in, so a revert leaves the host as the operator configured it.
 

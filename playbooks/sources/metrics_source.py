@@ -1,4 +1,4 @@
-"""Where a server's metrics come from: its own `/metrics` (the default) or a Prometheus server.
+"""Where a server's metrics come from: its own metrics endpoint (the default) or Prometheus.
 
 The playbooks read a server's load through `EngineClient.snapshot()`, which by default scrapes
 the server directly. Many sites already run Prometheus next to their servers, and some do not let

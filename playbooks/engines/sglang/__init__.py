@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from playbooks.measure import Measurement
     from playbooks.types import Bottleneck
 
+METRICS_FLAG = "--enable-metrics"  # kvpilot reads nothing without it
 # Endpoints kvpilot calls (client.py `_PATHS`, plus readiness and metrics).
 ENDPOINTS = (
     "/health",
@@ -90,9 +91,14 @@ class SGLang:
     def arg_value(self, args: Sequence[str], name: str) -> str | None:
         return _args.arg_value(args, name)
 
+    def spell(self, settings: Mapping[str, Any]) -> list[str]:
+        rest = dict(settings)
+        metrics = bool(rest.pop("enable_metrics", False))
+        return _args.to_cli(rest) + ([METRICS_FLAG] if metrics else [])
+
     def vocabulary(self) -> frozenset[str]:
         flags = {spec.flag for spec in _args.ALLOWED.values()}
-        return frozenset({*_metrics.NAMES, *flags, *ENDPOINTS, "--enable-metrics"})
+        return frozenset({*_metrics.NAMES, *flags, *ENDPOINTS, METRICS_FLAG})
 
     # signatures
     def classify_exit(self, code: int | None, log_tail: str) -> str:
