@@ -23,7 +23,7 @@ real-sglang:
 # processes), in well under a minute on two cores. make test is make check plus every tier.
 CHECK_TESTS := tests/storage tests/test_config.py tests/test_architecture.py \
 	tests/playbooks/test_gate.py tests/playbooks/test_outcome.py tests/playbooks/test_ownership.py \
-	tests/playbooks/test_diagnose_rules.py tests/playbooks/test_measure.py tests/sim/test_memory.py \
+	tests/engines tests/playbooks/test_http.py tests/playbooks/test_measure.py tests/sim/test_memory.py \
 	tests/sim/test_args.py tests/fleet/test_restart_slots.py tests/fleet/test_engine_slots.py \
 	tests/fleet/test_config_groups.py tests/reports/test_rollups.py tests/reports/test_config.py \
 	tests/launchers/test_launcher_config.py

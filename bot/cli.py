@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import threading
+from dataclasses import replace
 from typing import TextIO
 
 from bot.render import render
@@ -18,7 +19,7 @@ from playbooks.clock import make_clock
 from playbooks.diagnose import DiagnoseSettings, diagnose
 from playbooks.engines import DEFAULT as DEFAULT_ENGINE
 from playbooks.engines import NAMES as ENGINE_NAMES
-from playbooks.engines import engine_named
+from playbooks.engines import detect, engine_named
 from playbooks.engines.base import ArgError, EngineError
 from playbooks.measure import MeasurementError, MeasurePlan
 from playbooks.sources.gpu import NvmlGpuReader
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine",
         default=None,
         choices=ENGINE_NAMES,
-        help=f"with --server: the engine serving it (default: {DEFAULT_ENGINE}); with --group "
+        help="with --server: the engine serving it (default: whichever answers); with --group "
         "each server's comes from the configuration",
     )
     d.add_argument("--api-key", default=None, help="the server's --api-key, if it has one")
@@ -253,7 +254,7 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if ns.config is not None:
         err.write("error: --config is read with --group; with --server URL give flags only\n")
         return 2
-    engine = engine_named(ns.engine or DEFAULT_ENGINE)
+    engine = engine_named(ns.engine or DEFAULT_ENGINE)  # for --consider; detected below
     try:
         consider = tuple(engine.parse_change(items) for items in ns.consider)
         plan = MeasurePlan(
@@ -279,11 +280,21 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     )
     progress = Progress(err)
     try:
-        client = engine.connect(ns.server, api_key=ns.api_key)
+        client = engine.connect(ns.server, api_key=ns.api_key)  # checks the URL only
     except EngineError as exc:
         err.write(f"error: {exc}\n")
         return 2
     try:
+        if ns.engine is None:  # whichever engine answers
+            client.close()
+            client = detect(ns.server, api_key=ns.api_key)
+            if client.engine.name != engine.name:
+                try:
+                    consider = tuple(client.engine.parse_change(i) for i in ns.consider)
+                except ArgError as exc:
+                    err.write(f"error: {exc}\n")
+                    return 2
+                settings = replace(settings, consider=consider)
         finding = diagnose(client, make_clock(ns.time_scale or 1.0), settings, progress)
     except (EngineError, MeasurementError) as exc:
         progress.finish()
@@ -302,8 +313,6 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """`diagnose --group NAME`: every server of the group at once, then the group side by side."""
-    from dataclasses import replace  # noqa: PLC0415 - keeps `diagnose --server` light
-
     from bot.config import ConfigError, load  # noqa: PLC0415
     from bot.wiring import diagnose_settings, engine, engine_client  # noqa: PLC0415
     from playbooks.fleet import Member, diagnose_group  # noqa: PLC0415

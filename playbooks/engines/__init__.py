@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from playbooks.engines.base import Engine, Snapshot
+from playbooks.engines.base import Engine, EngineClient, Snapshot, WrongEngine
 
 DEFAULT = "sglang"
 NAMES = ("sglang",)
@@ -30,6 +30,28 @@ def engine_named(name: str) -> Engine:
 
 def default_engine() -> Engine:
     return engine_named(DEFAULT)
+
+
+def detect(url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> EngineClient:
+    """A client for whichever engine answers at `url`: each is asked for its settings in turn.
+
+    Raises the first engine's error when none recognises the server (an unreachable or
+    unauthorised server is reported as such at once, not tried against every engine).
+    """
+    first: WrongEngine | None = None
+    for name in NAMES:
+        client = engine_named(name).connect(url, api_key=api_key, timeout_s=timeout_s)
+        try:
+            client.settings()
+            return client
+        except WrongEngine as exc:
+            client.close()
+            first = first or exc
+        except BaseException:
+            client.close()
+            raise
+    assert first is not None
+    raise first
 
 
 def restore_snapshot(stored: Mapping[str, Any], t: float = 0.0) -> Snapshot:
