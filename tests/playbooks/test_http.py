@@ -28,7 +28,7 @@ class Scripted(ThreadingHTTPServer):
 class Handler(BaseHTTPRequestHandler):
     server: Scripted
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         self.server.seen.append(dict(self.headers))
         status = self.server.script.pop(0) if self.server.script else 200
         body = f'{{"path": "{self.path}"}}'.encode()
