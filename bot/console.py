@@ -29,6 +29,7 @@ from bot.messages import Button, Message, plain
 from bot.report_hook import make_report_hook
 from bot.sampler import Sampler
 from bot.surface import LOCAL_CHANNEL
+from bot.wiring import engine_of
 from storage import chat
 from storage.chat import MessageRef
 from storage.db import open_db
@@ -130,7 +131,9 @@ class Console:
             group_members=lambda _group: frozenset(),
             surface_for=lambda _channel: self.surface,
             progress_every_s=2.0,
-            report_hook=make_report_hook(self._db, self.sampler.clock.now),
+            report_hook=make_report_hook(
+                self._db, self.sampler.clock.now, lambda name: engine_of(config, name)
+            ),
             status_hook=self.sampler.describe,
         )
 

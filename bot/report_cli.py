@@ -73,7 +73,7 @@ def _until(text: str | None, zone: zoneinfo.ZoneInfo, fallback: datetime) -> dat
 def cmd_report(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from bot.config import ConfigError, load  # noqa: PLC0415 - see the module docstring
     from bot.reports import render_chart, render_text  # noqa: PLC0415
-    from bot.wiring import database  # noqa: PLC0415
+    from bot.wiring import database, engine_of  # noqa: PLC0415
     from playbooks.report import build_report, parse_window  # noqa: PLC0415
     from storage.errors import StorageError  # noqa: PLC0415
     from storage.metric_samples import last_sample, sampled_servers  # noqa: PLC0415
@@ -103,7 +103,9 @@ def cmd_report(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             now = max(now, datetime.fromtimestamp(newest.ts + 1.0, UTC))
         until = _until(ns.until, zone, now)
         since = until - parse_window(ns.since)
-        report = build_report(db, ns.server, since=since, until=until)
+        report = build_report(
+            db, ns.server, since=since, until=until, engine=engine_of(config, ns.server)
+        )
     except (ConfigError, ValueError) as exc:
         err.write(f"error: {exc}\n")
         return EXIT_USAGE

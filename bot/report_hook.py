@@ -16,11 +16,18 @@ from bot.commands import Command
 from bot.config import ConfigError, parse_duration
 from bot.messages import Message
 from bot.surface import Surface
+from playbooks.engines.base import Engine
 
 ReportHook = Callable[[Command, Principal, Surface], None]
 
 
-def make_report_hook(db: Callable[[], Database], now: Callable[[], datetime]) -> ReportHook:
+def make_report_hook(
+    db: Callable[[], Database],
+    now: Callable[[], datetime],
+    engine: Callable[[str], Engine] | None = None,
+) -> ReportHook:
+    """`engine` names the engine of a server (the default engine's rules when not given)."""
+
     def report(cmd: Command, who: Principal, surface: Surface) -> None:
         from bot import reports  # noqa: PLC0415 - matplotlib loads only when a report is asked
         from playbooks.report import build_report  # noqa: PLC0415
@@ -33,7 +40,11 @@ def make_report_hook(db: Callable[[], Database], now: Callable[[], datetime]) ->
             return
         until = now()
         result = build_report(
-            db(), cmd.server, since=until - timedelta(seconds=window), until=until
+            db(),
+            cmd.server,
+            since=until - timedelta(seconds=window),
+            until=until,
+            engine=None if engine is None else engine(cmd.server),
         )
         text = reports.render_text(result)
         message = Message(

@@ -21,11 +21,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from sqlite_utils import Database
 
@@ -51,9 +51,6 @@ log = logging.getLogger(__name__)
 
 CONTIGUOUS_FACTOR = 2.5  # a sample stands for at most this many intervals of time
 COMPACT_EVERY_S = 300.0
-_SECRET_SUFFIXES = ("_key", "_token", "_secret", "_password")
-_VOLATILE_KEYS = frozenset({"kvpilot_twin", "startup_time", "launch_command"})
-_KEPT_STATE_KEYS = ("memory_usage", "effective_max_running_requests_per_dp")
 
 
 class TimeSource(Protocol):
@@ -117,23 +114,6 @@ def time_source(config: Config, db: Database) -> TimeSource:
                 start = max(start, datetime.fromisoformat(stamp) + timedelta(seconds=1))
             shared = _SHARED_TIME[key] = ScaledTime(config.time_scale, start)
         return shared
-
-
-def observed_settings(info: Mapping[str, Any]) -> dict[str, Any]:
-    """What to keep of a server's info: its settings, without secrets or moving values."""
-    out: dict[str, Any] = {}
-    for key, value in info.items():
-        if key in _VOLATILE_KEYS or key == "api_key" or key.endswith(_SECRET_SUFFIXES):
-            continue
-        if key == "internal_states":
-            states = value if isinstance(value, list) else []
-            first = states[0] if states and isinstance(states[0], dict) else {}
-            kept = {k: first[k] for k in _KEPT_STATE_KEYS if k in first}
-            out[key] = [kept] * max(1, len(states))
-            continue
-        if isinstance(value, (str, int, float, bool)) or value is None:
-            out[key] = value
-    return out
 
 
 # stored counter column -> the snapshot's counter, and the increase column it feeds
@@ -386,7 +366,8 @@ class Sampler:
             log.info("server info of %s not read (%s); trying next tick", state.name, exc)
             return
         state.capacity = info.capacity_tokens
-        record_snapshot(db, state.name, t, observed_settings(info.raw))
+        settings = self._client(state.name).engine.stored_settings(info.raw)
+        record_snapshot(db, state.name, t, settings)
         state.need_snapshot = False
 
     # ------------------------------------------------------------------ the thread

@@ -39,6 +39,7 @@ from sqlite_utils import Database
 from bot.config import Config, ReportSchedule
 from bot.reports import duration, post_report, when
 from bot.sampler import database_path
+from bot.wiring import engine_of
 from playbooks.report import Report, build_report
 from storage.db import open_db
 from storage.report_runs import RunStatus, claim_run, finish_run, is_claimed, runs
@@ -163,6 +164,7 @@ class ReportScheduler:
             if client is None:
                 raise ValueError("give a Slack client or a deliver function")
             deliver = slack_delivery(client)
+        self.config = config
         self.db = db
         self.db_path = database_path(db)  # other threads open their own connection to it
         self._owner = threading.get_ident()
@@ -214,7 +216,13 @@ class ReportScheduler:
         since = scheduled_for - timedelta(seconds=schedule.window_s)
         for server in schedule.servers:
             try:
-                report = self.build(db, server, since=since, until=scheduled_for)
+                report = self.build(
+                    db,
+                    server,
+                    since=since,
+                    until=scheduled_for,
+                    engine=engine_of(self.config, server),
+                )
                 self.deliver(schedule, report)
             except Exception as exc:  # one server's failure must not hold back the others
                 log.exception("report %s for %s failed", name, server)

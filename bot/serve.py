@@ -38,6 +38,7 @@ from bot.report_hook import make_report_hook
 from bot.sampler import Sampler
 from bot.schedule import ReportScheduler
 from bot.slack_app import GroupDirectory, SlackSurface, build_app, web_client
+from bot.wiring import engine_of
 from storage import audit
 from storage.db import open_db
 
@@ -200,7 +201,9 @@ class Bot:
             surface_for=self.surface_for,
             progress_every_s=progress_every_s,
             now=now,
-            report_hook=make_report_hook(self._db, self.sampler.clock.now),
+            report_hook=make_report_hook(
+                self._db, self.sampler.clock.now, lambda name: engine_of(self.config, name)
+            ),
             status_hook=lambda: self.sampler.describe() + self.scheduler.describe(),
         )
         self.app: App = build_app(

@@ -11,7 +11,7 @@ from sqlite_utils import Database
 from bot.config import Config, ConfigError, ServerConfig
 from playbooks.clock import Clock, make_clock
 from playbooks.diagnose import DiagnoseSettings
-from playbooks.engines import engine_named
+from playbooks.engines import default_engine, engine_named
 from playbooks.engines.base import Engine, EngineClient
 from playbooks.experiment import Deps
 from playbooks.fleet import RestartLimiter
@@ -68,6 +68,12 @@ def experiment_clock(config: Config, db: Database) -> Callable[[], datetime]:
 def engine(server: ServerConfig) -> Engine:
     """The engine that serves this server."""
     return engine_named(server.engine)
+
+
+def engine_of(config: Config, name: str) -> Engine:
+    """The engine of a server by name; one no longer configured is read as the default's."""
+    server = config.servers.get(name)
+    return engine(server) if server is not None else default_engine()
 
 
 def engine_client(

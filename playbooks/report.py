@@ -32,25 +32,6 @@ from storage.server_snapshots import Snapshot, snapshot_at, snapshots_between
 SERIES_STEPS_S = (300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 MAX_SERIES_POINTS = 400
 MIN_DIAGNOSIS_S = 1800.0  # busy time a configuration needs before it is judged on its own
-KEY_SETTINGS = (
-    "version",
-    "model_path",
-    "tp_size",
-    "dp_size",
-    "mem_fraction_static",
-    "max_total_num_tokens",
-    "max_running_requests",
-    "chunked_prefill_size",
-    "kv_cache_dtype",
-    "schedule_conservativeness",
-    "schedule_policy",
-    "enable_hierarchical_cache",
-    "hicache_size",
-    "hicache_ratio",
-    "page_size",
-    "context_length",
-)
-_NOT_COMPARED = frozenset({"internal_states"})
 
 
 @dataclass(frozen=True)
@@ -340,7 +321,10 @@ def experiments_in(
 
 
 # ----------------------------------------------------------------------------- configuration
-def compare_settings(db: Database, server: str, since: float, until: float) -> ConfigComparison:
+def compare_settings(
+    db: Database, server: str, since: float, until: float, engine: Engine | None = None
+) -> ConfigComparison:
+    engine = engine or default_engine()
     then = snapshot_at(db, server, since)
     if then is None:
         first = snapshots_between(db, server, since, until)
@@ -351,12 +335,12 @@ def compare_settings(db: Database, server: str, since: float, until: float) -> C
     changes: list[SettingChange] = []
     if then is not None:
         for key in sorted(set(then.info) | set(now.info)):
-            if key in _NOT_COMPARED:
+            if key in engine.not_compared:
                 continue
             before, after = then.info.get(key), now.info.get(key)
             if before != after:
                 changes.append(SettingChange(key, before, after))
-    key_now = {k: now.info[k] for k in KEY_SETTINGS if now.info.get(k) is not None}
+    key_now = {k: now.info[k] for k in engine.key_settings if now.info.get(k) is not None}
     return ConfigComparison(
         then_at=None if then is None else _dt(then.ts),
         now_at=_dt(now.ts),
@@ -489,7 +473,7 @@ def build_report(
         notes.append(f"read from {level // 60}-minute roll-ups (raw samples are kept for less)")
     gaps = gaps_between(db, server, t0, t1)
     outs = outages(gaps, t0, t1)
-    config = compare_settings(db, server, t0, t1)
+    config = compare_settings(db, server, t0, t1, engine)
     if live is not None:
         diagnosis: Diagnosis | None = Diagnosis(
             live.bottleneck, list(live.evidence), "live", live.window_s

@@ -328,6 +328,20 @@ class Engine(Protocol):
         """Stored settings (`ServerSettings.raw`) read back."""
         ...
 
+    def stored_settings(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """What to store of a server's answer: its settings, no secrets, no moving values."""
+        ...
+
+    @property
+    def key_settings(self) -> tuple[str, ...]:
+        """The settings a report shows for the configuration now."""
+        ...
+
+    @property
+    def not_compared(self) -> frozenset[str]:
+        """Stored keys that are state, not settings: left out of "what changed"."""
+        ...
+
     # metrics
     def snapshot(self, metrics: Metrics) -> Snapshot: ...
 

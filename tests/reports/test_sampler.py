@@ -12,7 +12,8 @@ import pytest
 from sqlite_utils import Database
 
 from bot.config import Config, parse
-from bot.sampler import Sampler, ScaledTime, default_client, observed_settings
+from bot.sampler import Sampler, ScaledTime, default_client
+from playbooks.engines.sglang.client import stored_settings as observed_settings
 from playbooks.sources.metrics_source import SourcedClient
 from storage.db import memory_db, open_db
 from storage.metric_samples import gaps_between, samples_between

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from playbooks.engines.base import Metrics, MetricsSpec, ServerSettings, Snapshot
 from playbooks.engines.sglang import args as _args
+from playbooks.engines.sglang import client as _client
 from playbooks.engines.sglang import metrics as _metrics
 from playbooks.engines.sglang import rules as _rules
 from playbooks.engines.sglang import signatures as _signatures
@@ -66,6 +67,12 @@ class SGLang:
 
     def parse_settings(self, raw: Mapping[str, Any]) -> ServerInfo:
         return parse_server_info(dict(raw))
+
+    def stored_settings(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        return _client.stored_settings(raw)
+
+    key_settings = _client.KEY_SETTINGS
+    not_compared = _client.NOT_COMPARED
 
     def snapshot(self, metrics: Metrics) -> Snapshot:
         return _metrics.snapshot_from_metrics(metrics)

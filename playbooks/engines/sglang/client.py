@@ -251,6 +251,51 @@ class SGLangClient:
         return "0.5.5" if self._dialect.get("server_info") == "/get_server_info" else "0.5.10+"
 
 
+# What a stored copy of server info leaves out: secrets, and values that change on every start.
+_SECRET_SUFFIXES = ("_key", "_token", "_secret", "_password")
+_VOLATILE_KEYS = frozenset({"kvpilot_twin", "startup_time", "launch_command"})
+_KEPT_STATE_KEYS = ("memory_usage", "effective_max_running_requests_per_dp")
+# The settings a report shows for the configuration now (`server_info` keys).
+KEY_SETTINGS = (
+    "version",
+    "model_path",
+    "tp_size",
+    "dp_size",
+    "mem_fraction_static",
+    "max_total_num_tokens",
+    "max_running_requests",
+    "chunked_prefill_size",
+    "kv_cache_dtype",
+    "schedule_conservativeness",
+    "schedule_policy",
+    "enable_hierarchical_cache",
+    "hicache_size",
+    "hicache_ratio",
+    "page_size",
+    "context_length",
+)
+NOT_COMPARED = frozenset({"internal_states"})  # per-rank state: not a setting
+
+
+def stored_settings(info: Mapping[str, Any]) -> dict[str, Any]:
+    """What to keep of server info: its settings, without secrets or moving values (`api_key`,
+    `launch_command` with its `--api-key`, start-up times), and of the per-rank state only the
+    memory report that capacity arithmetic reads back."""
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if key in _VOLATILE_KEYS or key == "api_key" or key.endswith(_SECRET_SUFFIXES):
+            continue
+        if key == "internal_states":
+            states = value if isinstance(value, list) else []
+            first = states[0] if states and isinstance(states[0], dict) else {}
+            kept = {k: first[k] for k in _KEPT_STATE_KEYS if k in first}
+            out[key] = [kept] * max(1, len(states))
+            continue
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            out[key] = value
+    return out
+
+
 def parse_server_info(data: dict[str, Any]) -> ServerInfo:
     states = data.get("internal_states") or [{}]
     first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
