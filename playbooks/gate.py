@@ -28,7 +28,8 @@ Statistical design (the reference notes on gate statistics, §3; measured in `be
   baseline, scaled as 1/length beyond (which can only overstate the noise of an oscillation),
   never decreasing as the window shrinks. The baseline mean's own noise is the same function at
   the baseline's full length. Once the trial is long enough its own windows are pooled in, so a
-  long trial corrects a baseline that happened to look unusually calm or rough.
+  long trial corrects a baseline that happened to look unusually calm or rough. (The estimator is
+  `playbooks.batch_means`, which `kvpilot diagnose` uses for its intervals too.)
 * **Restart allowance:** after a restart every client reconnects at once, so the oscillation's
   phase is set by the restart instead of being random. A window mean of a phase-locked oscillation
   can then sit up to sqrt(2) times its random-phase standard error away from the long-run mean, in
@@ -63,10 +64,17 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from itertools import accumulate, pairwise
 from statistics import NormalDist
 from typing import Literal
 
+from playbooks.batch_means import (
+    WindowNoise,
+    batch_means,
+    bin_seconds,
+    overlapping_window_variance,
+    window_noise,
+)
+from playbooks.batch_means import scrape_spacing as _spacing
 from playbooks.engines.base import Snapshot, ttft_quantile
 from playbooks.stats import Interval
 
@@ -219,132 +227,9 @@ def _mser(values: Sequence[float], group: int, max_fraction: float) -> tuple[int
     return best_d * group, 0 < best_d == ceiling
 
 
-def batch_means(
-    samples: Sequence[Snapshot],
-    t0: float,
-    batch_s: float,
-    value: Callable[[Snapshot], float | None],
-) -> list[float]:
-    """Mean of a gauge in each complete batch (t0 + i*batch_s, t0 + (i+1)*batch_s].
-
-    A scrape stands for the interval that ends with it, so a batch is complete once a scrape at
-    or after its end exists.
-    """
-    out: list[float] = []
-    buckets: dict[int, list[float]] = {}
-    last_t = max((s.t for s in samples), default=t0)
-    complete = int((last_t - t0) / batch_s + 1e-9)
-    for s in samples:
-        if s.t <= t0 + 1e-9:
-            continue
-        i = math.ceil((s.t - t0) / batch_s - 1e-9) - 1
-        v = value(s)
-        if i < complete and v is not None:
-            buckets.setdefault(i, []).append(v)
-    for i in range(complete):
-        if buckets.get(i):
-            out.append(statistics.fmean(buckets[i]))
-    return out
-
-
-def _relative_window_sums(values: Sequence[float], max_m: int) -> list[tuple[float, int]]:
-    """For m = 1..max_m: (sum over all m-value windows of (window mean / mean - 1)^2, divided by
-    1 - m/n; number of windows). Their ratio is the overlapping-batch-means variance."""
-    n = len(values)
-    mean = statistics.fmean(values)
-    prefix = list(accumulate(values, initial=0.0))
-    out = []
-    for m in range(1, max_m + 1):
-        scale = m * mean
-        ss = sum(((prefix[i + m] - prefix[i]) / scale - 1) ** 2 for i in range(n - m + 1))
-        out.append((ss / (1 - m / n), n - m + 1))
-    return out
-
-
-def overlapping_window_variance(values: Sequence[float], m: int) -> float:
-    """Relative variance of the mean of m consecutive values, by overlapping batch means.
-
-    Every window of m consecutive values is averaged; the squared deviations of those averages
-    from the overall mean, divided by (1 - m/n) for the part the overall mean shares with each
-    window, estimate Var(mean of m) / mean^2 whatever the autocorrelation (Meketon & Schmeiser
-    1984). Needs 1 <= m < n and a positive mean.
-    """
-    if not 1 <= m < len(values):
-        raise ValueError(f"a window of {m} values needs 1 <= m < {len(values)}")
-    if statistics.fmean(values) <= 0:
-        raise ValueError("the values' mean must be positive")
-    ss, count = _relative_window_sums(values, m)[-1]
-    return ss / count
-
-
-def _envelope(sums: Sequence[tuple[float, int]]) -> tuple[float, ...]:
-    """Variances per window length, raised so that a shorter window never reads calmer."""
-    out = [ss / count for ss, count in sums]
-    for i in range(len(out) - 2, -1, -1):
-        out[i] = max(out[i], out[i + 1])
-    return tuple(out)
-
-
-@dataclass(frozen=True)
-class BaselineNoise:
-    """How much the decode rate's mean over a window of a given length varies.
-
-    `values` are the baseline's decode rate in bins of `bin_s` (one scrape interval). Windows of
-    up to `direct_bins` bins are read directly (`sums`, per length, from the baseline and, once
-    long enough, the trial); longer ones are scaled as 1/length from the longest.
-    """
-
-    values: tuple[float, ...]
-    bin_s: float
-    direct_bins: int
-    sums: tuple[tuple[float, int], ...]
-    direct: tuple[float, ...]  # envelope of the relative variances for 1..direct_bins bins
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.values)
-
-    @property
-    def seconds(self) -> float:
-        return len(self.values) * self.bin_s
-
-    def relative_variance(self, window_s: float) -> float:
-        """Var(mean over `window_s`) / mean^2, never less for a shorter window."""
-        m = max(1, round(window_s / self.bin_s))
-        if m <= self.direct_bins:
-            return self.direct[m - 1]
-        return self.direct[-1] * self.direct_bins / m
-
-    @property
-    def mean_variance(self) -> float:
-        """Relative variance of the baseline's own mean."""
-        return self.relative_variance(self.seconds)
-
-    def with_trial(
-        self, trial_values: Sequence[float], max_window_fraction: float
-    ) -> BaselineNoise:
-        """Pool the trial's own windows (each series about its own mean) where it is long enough.
-
-        A long trial then sharpens what a short, or unusually calm or rough, baseline said, and
-        a trial longer than the baseline reads longer windows directly instead of scaling.
-        """
-        usable = int(len(trial_values) * max_window_fraction)
-        if usable < 1 or min(trial_values) <= 0:
-            return self
-        extra = _relative_window_sums(trial_values, usable)
-        direct = max(self.direct_bins, usable)
-        sums = []
-        for m in range(1, direct + 1):
-            ss, count = self.sums[m - 1] if m <= self.direct_bins else (0.0, 0)
-            if m <= usable:
-                ss, count = ss + extra[m - 1][0], count + extra[m - 1][1]
-            sums.append((ss, count))
-        return BaselineNoise(self.values, self.bin_s, direct, tuple(sums), _envelope(sums))
-
-
 def baseline_noise(
     samples: Sequence[Snapshot], batch_s: float, max_window_fraction: float = 0.25
-) -> BaselineNoise:
+) -> WindowNoise:
     """Bin the baseline's decode rate at its scrape interval and tabulate window variances."""
     return _baseline_noise(tuple(samples), batch_s, max_window_fraction)
 
@@ -352,21 +237,18 @@ def baseline_noise(
 @lru_cache(maxsize=16)
 def _baseline_noise(
     samples: tuple[Snapshot, ...], batch_s: float, max_window_fraction: float
-) -> BaselineNoise:
+) -> WindowNoise:
     spacing = _spacing(samples)
     if spacing <= 0:
         raise ValueError("the baseline's samples need increasing timestamps")
-    per_batch = max(1, math.floor(batch_s / spacing + 1e-9))  # bins no shorter than a scrape
-    bin_s = batch_s / per_batch
+    bin_s = bin_seconds(batch_s, spacing)
     # Each scrape stands for the interval that ends with it, as in the trial.
     values = batch_means(samples, samples[0].t - spacing, bin_s, lambda s: s.decode_rate)
     if len(values) < 2:
         raise ValueError("the baseline has fewer than two decode-rate readings")
     if statistics.fmean(values) <= 0:
         raise ValueError("the baseline's decode rate is zero: nothing was generated")
-    direct_bins = max(1, min(len(values) - 1, int(len(values) * max_window_fraction)))
-    sums = tuple(_relative_window_sums(values, direct_bins))
-    return BaselineNoise(tuple(values), bin_s, direct_bins, sums, _envelope(sums))
+    return window_noise(values, bin_s, max_window_fraction)
 
 
 @dataclass(frozen=True)
@@ -380,7 +262,7 @@ class Estimate:
 
 
 def estimate_effect(
-    noise: BaselineNoise, trial_mean: float, window_s: float, restart_variance_factor: float
+    noise: WindowNoise, trial_mean: float, window_s: float, restart_variance_factor: float
 ) -> Estimate:
     """The effect of a trial window of `window_s` whose decode rate averaged `trial_mean`."""
     if trial_mean <= 0 or noise.mean <= 0:
@@ -512,7 +394,7 @@ def _lifetime_s(samples: Sequence[Snapshot]) -> float | None:
 
 @dataclass(frozen=True)
 class _Baseline:
-    noise: BaselineNoise
+    noise: WindowNoise
     batches: int
     facts: _WindowFacts
     lifetime_s: float | None
@@ -618,7 +500,7 @@ def decide(
         )  # fmt: skip
     bins = batch_means(trial, start, noise.bin_s, lambda x: x.decode_rate)
     bins = bins[: round(window_s / noise.bin_s)]
-    noise = noise.with_trial(bins, s.max_window_fraction)
+    noise = noise.pooled(bins, s.max_window_fraction)
     est = estimate_effect(noise, trial_mean, window_s, s.restart_variance_factor)
     base_iv = _rate_interval(noise.mean, est.baseline_variance, z_keep, base.batches, noise, s)
     trial_iv = _rate_interval(trial_mean, est.trial_variance, z_keep, k, noise, s)
@@ -718,7 +600,7 @@ def decide(
 
 
 def _rate_interval(
-    mean: float, rel_var: float, z: float, n: int, noise: BaselineNoise, s: GateSettings
+    mean: float, rel_var: float, z: float, n: int, noise: WindowNoise, s: GateSettings
 ) -> Interval:
     """A decode rate with its interval (relative variance on the log scale); stdev per batch."""
     half = z * math.sqrt(rel_var)
@@ -908,10 +790,6 @@ def fixed_window_test(
     )  # fmt: skip
 
 
-def _spacing(samples: Sequence[Snapshot]) -> float:
-    return statistics.median(b.t - a.t for a, b in pairwise(samples)) if len(samples) > 1 else 0.0
-
-
 def plan_trial(baseline: Sequence[Snapshot], settings: GateSettings = GateSettings()) -> TrialPlan:
     """What this baseline lets a trial resolve, before the change is made.
 
@@ -953,3 +831,25 @@ def plan_trial(baseline: Sequence[Snapshot], settings: GateSettings = GateSettin
         detectable_at_cap=math.expm1((s.keep_z + s.futility_z) * at_cap),
         notes=notes,
     )
+
+
+# Batch means and window noise live in playbooks.batch_means; callers of the gate import them here.
+__all__ = [
+    "Action",
+    "Estimate",
+    "GateDecision",
+    "GateSettings",
+    "TrialPlan",
+    "Verdict",
+    "WindowNoise",
+    "baseline_noise",
+    "batch_means",
+    "decide",
+    "estimate_effect",
+    "fixed_window_test",
+    "mser_truncation",
+    "overlapping_window_variance",
+    "plan_trial",
+    "warmup",
+    "warmup_cut",
+]

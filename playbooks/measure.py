@@ -8,26 +8,36 @@ Two throughputs, because engines count tokens at two places (`Snapshot`):
   `generated_tokens` counter, which grows when a request *finishes*. Lumpy when requests are
   long, so its interval is wider; it is what a batch job actually gets.
 
-Samples are grouped into batches (30 s by default); the batch means are treated as independent
-once their lag-1 autocorrelation is small (batches are doubled while it exceeds 0.3), and a Student
-t interval is formed from them. The window grows until the generation rate is known to the asked
-precision (5% by default), but never less than `min_window_s` and never more than `max_window_s`.
-A fixed `--window` measures exactly that long and says what precision it reached.
+Each rate's interval comes from how much its mean over shorter windows actually varies within the
+measured one (overlapping batch means, `playbooks.batch_means`, the estimator the gate uses): a
+KV-limited server's decode rate oscillates with its retraction cycle, minutes long, so batch means
+are far from independent and an i.i.d. interval on them can be too narrow or too wide. Batches
+(30 s by default) remain the unit reports count in. The window grows until the generation rate is
+known to the asked precision (5% by default), but never less than `min_window_s` and never more
+than `max_window_s`. A fixed `--window` measures exactly that long and says what precision it
+reached.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from playbooks.batch_means import (
+    S,
+    batch_means,
+    batch_rates,
+    bin_seconds,
+    scrape_spacing,
+    window_interval,
+)
 from playbooks.clock import Clock
 from playbooks.engines.base import EngineClient, MetricsDisabled, Snapshot
-from playbooks.stats import Interval, lag1_autocorrelation, mean_interval, merge_pairs
+from playbooks.stats import Interval, lag1_autocorrelation
 
 MIN_BATCHES = 8
-MAX_LAG1 = 0.3
 
 
 class MeasurementError(Exception):
@@ -93,43 +103,36 @@ class Measurement:
 ProgressFn = Callable[[float, float, str], None]
 
 
-def _batch_series(
-    samples: list[Snapshot], t0: float, batch_s: float, value: Callable[[Snapshot], float | None]
-) -> list[float]:
-    """Mean of a gauge within each complete batch."""
-    out: list[float] = []
-    end = t0 + batch_s
-    bucket: list[float] = []
-    for s in samples[1:]:
-        while s.t > end:
-            if bucket:
-                out.append(statistics.fmean(bucket))
-            bucket = []
-            end += batch_s
-        v = value(s)
-        if v is not None:
-            bucket.append(v)
-    return out
+def _bin_s(samples: Sequence[S], batch_s: float) -> float:
+    """The bins the noise is read in: one scrape interval, a whole number per batch."""
+    spacing = scrape_spacing(samples)
+    return bin_seconds(batch_s, spacing) if spacing > 0 else batch_s
 
 
-def _batch_rates(
-    samples: list[Snapshot], t0: float, batch_s: float, counter: Callable[[Snapshot], float | None]
-) -> list[float]:
-    """Counter increase per second within each complete batch (boundary = last sample in it)."""
-    out: list[float] = []
-    prev = samples[0]
-    end = t0 + batch_s
-    last_in_batch = prev
-    for s in samples[1:]:
-        if s.t > end:
-            a, b = counter(prev), counter(last_in_batch)
-            if a is not None and b is not None and last_in_batch.t > prev.t:
-                out.append((b - a) / (last_in_batch.t - prev.t))
-            prev = last_in_batch
-            while s.t > end:
-                end += batch_s
-        last_in_batch = s
-    return out
+def _gauge_interval(
+    samples: Sequence[S],
+    t0: float,
+    batch_s: float,
+    value: Callable[[S], float | None],
+    confidence: float,
+) -> Interval | None:
+    """A gauge's mean over the window with its interval (None before a bin is complete)."""
+    bin_s = _bin_s(samples, batch_s)
+    values = batch_means(samples, t0, bin_s, value)
+    return window_interval(values, bin_s, batch_s, confidence) if values else None
+
+
+def _counter_interval(
+    samples: Sequence[S],
+    t0: float,
+    batch_s: float,
+    counter: Callable[[S], float | None],
+    confidence: float,
+) -> Interval | None:
+    """A counter's increase per second over the window with its interval, as for a gauge."""
+    bin_s = _bin_s(samples, batch_s)
+    values = batch_rates(samples, t0, bin_s, counter)
+    return window_interval(values, bin_s, batch_s, confidence) if values else None
 
 
 def measure(
@@ -173,25 +176,16 @@ def measure(
             s = client.load_snapshot().at(now)
         samples.append(s)
         elapsed = now - t0
-        gens = _batch_series(samples, t0, batch_s, lambda x: x.decode_rate)
-        lag = lag1_autocorrelation(gens)
-        while lag > MAX_LAG1 and len(gens) >= 2 * MIN_BATCHES:
-            batch_s *= 2
-            notes.append(
-                f"batch means were autocorrelated (lag-1 {lag:.2f}): batches doubled to "
-                f"{batch_s:g} s"
-            )
-            gens = merge_pairs(gens)
-            lag = lag1_autocorrelation(gens)
-        interval = mean_interval(gens, plan.confidence) if len(gens) >= 2 else None
+        interval = _gauge_interval(samples, t0, batch_s, lambda x: x.decode_rate, plan.confidence)
+        batches = interval.n if interval else 0
         if on_progress is not None:
             precision = interval.relative_half_width if interval else math.inf
             on_progress(
                 elapsed,
                 target,
-                f"{len(gens)} batches, ±{precision:.1%}"
+                f"{batches} batches, ±{precision:.1%}"
                 if math.isfinite(precision)
-                else f"{len(gens)} batches",
+                else f"{batches} batches",
             )
         if plan.fixed_window_s is not None:
             if elapsed >= plan.fixed_window_s:
@@ -200,14 +194,13 @@ def measure(
             continue
         precise = (
             interval is not None
-            and len(gens) >= MIN_BATCHES
+            and batches >= MIN_BATCHES
             and interval.relative_half_width <= plan.precision
-            and lag <= MAX_LAG1
         )
         if precise and elapsed >= plan.min_window_s:
             stop_reason = (
                 f"the generation rate was known to ±{plan.precision:.0%} "
-                f"({plan.confidence:.0%} confidence) after {len(gens)} batches"
+                f"({plan.confidence:.0%} confidence) after {batches} batches"
             )
             break
         if elapsed >= plan.max_window_s:
@@ -220,7 +213,7 @@ def measure(
 
 
 def _summarise(
-    samples: list[Snapshot],
+    samples: Sequence[Snapshot],
     t0: float,
     batch_s: float,
     plan: MeasurePlan,
@@ -230,13 +223,8 @@ def _summarise(
 ) -> Measurement:
     first, last = samples[0], samples[-1]
     window = last.t - t0
-    gens = _batch_series(samples, t0, batch_s, lambda x: x.decode_rate)
-    while lag1_autocorrelation(gens) > MAX_LAG1 and len(gens) >= 2 * MIN_BATCHES:
-        gens = merge_pairs(gens)
-        batch_s *= 2
-    generation = mean_interval(gens, plan.confidence) if len(gens) >= 2 else None
-    if generation is None and gens:
-        generation = Interval(gens[0], -math.inf, math.inf, 1, math.inf)
+    gens = batch_means(samples, t0, batch_s, lambda x: x.decode_rate)
+    generation = _gauge_interval(samples, t0, batch_s, lambda x: x.decode_rate, plan.confidence)
     if len(gens) < MIN_BATCHES:
         notes.append(
             f"only {len(gens)} complete batches of {batch_s:g} s: the interval is wide; "
@@ -252,9 +240,9 @@ def _summarise(
         and first.generated_tokens is not None
         and last.generated_tokens is not None
     ):
-        rates = _batch_rates(samples, t0, batch_s, lambda x: x.generated_tokens)
-        if len(rates) >= 2:
-            effective = mean_interval(rates, plan.confidence)
+        effective = _counter_interval(
+            samples, t0, batch_s, lambda x: x.generated_tokens, plan.confidence
+        )
         d_gen = last.generated_tokens - first.generated_tokens
         d_prompt = (last.prompt_tokens or 0.0) - (first.prompt_tokens or 0.0)
         d_req = (last.completed_requests or 0.0) - (first.completed_requests or 0.0)
@@ -278,7 +266,7 @@ def _summarise(
     body = samples[1:] or samples
     usages = [s.kv_usage for s in body if s.kv_usage is not None]
     hits = [s.cache_hit_rate for s in body if s.cache_hit_rate is not None]
-    lag = lag1_autocorrelation(gens)
+    lag = lag1_autocorrelation(gens)  # of the batch means: how far from independent they are
     trend = None
     if len(usages) >= 6:
         third = len(usages) // 3

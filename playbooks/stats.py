@@ -1,4 +1,7 @@
-"""Small statistics helpers (no SciPy): t quantiles, batch means, autocorrelation."""
+"""Small statistics helpers (no SciPy): t quantiles, intervals, autocorrelation.
+
+The batch means themselves, and the noise of a window's mean, are in `playbooks.batch_means`.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +11,11 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 
-def t_quantile(p: float, df: int) -> float:
+def t_quantile(p: float, df: float) -> float:
     """Student t quantile by the Cornish-Fisher expansion around the normal (A&S 26.7.5).
 
-    Accurate to ~1e-3 for df >= 3, which is all a batch-means interval needs.
+    Accurate to ~1e-3 for df >= 3 (1% low at df = 2, 11% at df = 1), which is all a batch-means
+    interval needs; df need not be a whole number (overlapping batch means have 1.5 (k - 1)).
     """
     if df <= 0:
         raise ValueError("degrees of freedom must be positive")
@@ -28,7 +32,7 @@ def t_quantile(p: float, df: int) -> float:
 
 @dataclass(frozen=True)
 class Interval:
-    """A mean with a two-sided confidence interval from (nearly independent) batch means."""
+    """A mean with a two-sided confidence interval: `n` batches, `stdev` the noise of one's mean."""
 
     mean: float
     low: float
@@ -50,6 +54,7 @@ class Interval:
 
 
 def mean_interval(values: list[float], confidence: float = 0.95) -> Interval:
+    """The i.i.d. Student t interval: right only when the values are independent."""
     n = len(values)
     if n == 0:
         raise ValueError("no values")
@@ -72,8 +77,3 @@ def lag1_autocorrelation(values: list[float]) -> float:
         return 0.0
     num = sum((values[i] - mean) * (values[i + 1] - mean) for i in range(n - 1))
     return num / den
-
-
-def merge_pairs(values: list[float]) -> list[float]:
-    """Batch means of twice the length (a trailing odd batch is dropped)."""
-    return [(values[i] + values[i + 1]) / 2 for i in range(0, len(values) - 1, 2)]

@@ -159,9 +159,9 @@ def test_baseline_noise_envelope_scaling_and_pooling() -> None:
     assert noise.relative_variance(600.0) == pytest.approx(noise.relative_variance(300.0) / 2)
     assert noise.mean_variance == pytest.approx(noise.relative_variance(noise.seconds))
     calm = [1000.0 + (i % 2) for i in range(240)]
-    pooled = noise.with_trial(calm, 0.25)
+    pooled = noise.pooled(calm, 0.25)
     assert pooled.relative_variance(60.0) < noise.relative_variance(60.0)
-    assert noise.with_trial(calm[:3], 0.25) is noise  # too short to say anything
+    assert noise.pooled(calm[:3], 0.25) is noise  # too short to say anything
 
 
 @pytest.mark.parametrize(
