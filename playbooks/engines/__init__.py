@@ -36,8 +36,12 @@ def detect(url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> 
     """A client for whichever engine answers at `url`: each is asked for its settings in turn.
 
     Raises the first engine's error when none recognises the server (an unreachable or
-    unauthorised server is reported as such at once, not tried against every engine).
+    unauthorised server is reported as such at once, not tried against every engine). With one
+    engine there is nothing to tell apart: its client is returned unprobed, and a server that is
+    not that engine says so at its first read, without a request spent on detection.
     """
+    if len(NAMES) == 1:
+        return engine_named(NAMES[0]).connect(url, api_key=api_key, timeout_s=timeout_s)
     first: WrongEngine | None = None
     for name in NAMES:
         client = engine_named(name).connect(url, api_key=api_key, timeout_s=timeout_s)

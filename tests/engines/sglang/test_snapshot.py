@@ -132,3 +132,13 @@ def test_a_restart_shows_as_counters_going_back() -> None:
     before = Snapshot(completed_requests=10.0, generated_tokens=500.0)
     assert Snapshot(completed_requests=2.0, generated_tokens=600.0).counters_went_back(before)
     assert not Snapshot(completed_requests=11.0, generated_tokens=600.0).counters_went_back(before)
+
+
+def test_detection_with_one_engine_spends_no_request() -> None:
+    from playbooks.engines import detect  # noqa: PLC0415
+
+    client = detect("http://127.0.0.1:9")  # nothing listens there: no request is made
+    try:
+        assert client.engine.name == "sglang"
+    finally:
+        client.close()
