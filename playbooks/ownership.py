@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psutil
 from sqlite_utils import Database
@@ -46,7 +47,7 @@ class Owner:
 
     host: str
     pid: int
-    started: int  # the process's start time in ms: a reused pid is a different process
+    started: int  # start_mark(pid): a reused pid is a different process
     nonce: str
 
     def __str__(self) -> str:
@@ -65,15 +66,31 @@ class Owner:
         if self.host != socket.gethostname():
             return False
         try:
-            return _start_ms(self.pid) != self.started
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return start_mark(self.pid) != self.started
+        except (FileNotFoundError, ProcessLookupError, psutil.NoSuchProcess, psutil.ZombieProcess):
             return True
         except psutil.Error:  # cannot tell (permissions): let the lease expire
             return False
 
 
-def _start_ms(pid: int) -> int:
-    return int(psutil.Process(pid).create_time() * 1000)
+def start_mark(pid: int) -> int:
+    """When process `pid` started, as a number no clock change moves.
+
+    On Linux: the kernel's `starttime` (clock ticks from boot to the process's start, field 22 of
+    /proc/PID/stat). A start time in wall-clock terms (psutil's `create_time`, boot time plus
+    ticks) moves whenever NTP or a person steps the clock, and a live owner would then look dead
+    and have its experiment taken over. Elsewhere, psutil's start time in milliseconds.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            raise  # Linux, and no such process
+        return int(psutil.Process(pid).create_time() * 1000)
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
+    if fields[0] == "Z":
+        raise psutil.ZombieProcess(pid)
+    return int(fields[19])  # field 22 overall: state is field 3
 
 
 _THIS: Owner | None = None
@@ -84,7 +101,7 @@ def this_process() -> Owner:
     global _THIS  # noqa: PLW0603 - one identity per process, made on first use
     pid = os.getpid()
     if _THIS is None or _THIS.pid != pid:  # a forked child is another owner
-        _THIS = Owner(socket.gethostname(), pid, _start_ms(pid), secrets.token_hex(4))
+        _THIS = Owner(socket.gethostname(), pid, start_mark(pid), secrets.token_hex(4))
     return _THIS
 
 

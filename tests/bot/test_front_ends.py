@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 
 from bot.auth import Principal, authorise
@@ -22,6 +21,7 @@ from bot.config import ConfigError, SlackConfig, load, parse
 from bot.console import Console
 from bot.messages import Button, Message
 from bot.serve import SettingsError, slack_settings
+from playbooks.ownership import start_mark
 from storage import experiments as store
 from storage import proposals
 from storage.db import open_db
@@ -145,7 +145,7 @@ def server_identity(config: Path) -> dict[str, Any]:
     info = httpx.get(url + "/server_info", timeout=5).json()
     return {
         "pid": state["pid"],
-        "created": psutil.Process(state["pid"]).create_time(),
+        "created": start_mark(state["pid"]),  # not moved by a step of the wall clock
         "args": state["args"],
         "mem_fraction_static": info["mem_fraction_static"],
         "startup_time": info.get("startup_time"),

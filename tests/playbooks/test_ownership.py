@@ -42,6 +42,27 @@ def test_this_process_is_alive_and_a_finished_one_is_gone() -> None:
     assert Owner.parse("U123") is None
 
 
+def test_a_step_of_the_wall_clock_does_not_make_a_living_owner_dead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NTP or an operator steps the clock: the kernel moves the boot time it reports, so a start
+    time in wall-clock terms moves with it. A live holder must not then look dead (a takeover
+    of a running experiment would give it two owners)."""
+    import psutil._pslinux as linux  # noqa: PLC0415
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        owner = Owner(socket.gethostname(), holder.pid, _start_ms(holder.pid), "other")
+        assert not owner.gone()
+        booted = linux.boot_time()
+        monkeypatch.setattr(linux, "boot_time", lambda: booted + 13.0)  # the clock stepped 13 s
+        assert not owner.gone()
+        assert not this_process().gone()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_lease_held_by_a_living_process_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "kvpilot.db"
     exp = experiment(path)
@@ -63,9 +84,9 @@ def test_a_lease_held_by_a_living_process_is_refused(tmp_path: Path) -> None:
 
 
 def _start_ms(pid: int) -> int:
-    import psutil  # noqa: PLC0415
+    from playbooks.ownership import start_mark  # noqa: PLC0415
 
-    return int(psutil.Process(pid).create_time() * 1000)
+    return start_mark(pid)
 
 
 def test_renewal_keeps_the_lease_and_a_takeover_is_noticed(tmp_path: Path) -> None:
