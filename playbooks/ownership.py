@@ -66,11 +66,18 @@ class Owner:
         if self.host != socket.gethostname():
             return False
         try:
+            if self.started > LEGACY_MS_ABOVE:  # named by an older kvpilot: ms since the epoch
+                return int(psutil.Process(self.pid).create_time() * 1000) != self.started
             return start_mark(self.pid) != self.started
         except (FileNotFoundError, ProcessLookupError, psutil.NoSuchProcess, psutil.ZombieProcess):
             return True
         except psutil.Error:  # cannot tell (permissions): let the lease expire
             return False
+
+
+# Owners written before start marks were clock ticks carry epoch milliseconds (about 1.8e12);
+# ticks from boot stay far below this for a thousand years of uptime at 100 Hz.
+LEGACY_MS_ABOVE = 10**11
 
 
 def start_mark(pid: int) -> int:

@@ -48,6 +48,7 @@ def test_a_step_of_the_wall_clock_does_not_make_a_living_owner_dead(
     """NTP or an operator steps the clock: the kernel moves the boot time it reports, so a start
     time in wall-clock terms moves with it. A live holder must not then look dead (a takeover
     of a running experiment would give it two owners)."""
+    import psutil  # noqa: PLC0415
     import psutil._pslinux as linux  # noqa: PLC0415
 
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -58,6 +59,11 @@ def test_a_step_of_the_wall_clock_does_not_make_a_living_owner_dead(
         monkeypatch.setattr(linux, "boot_time", lambda: booted + 13.0)  # the clock stepped 13 s
         assert not owner.gone()
         assert not this_process().gone()
+        monkeypatch.undo()
+        # an owner named by an older kvpilot (epoch milliseconds) is still judged as it was
+        legacy_ms = int(psutil.Process(holder.pid).create_time() * 1000)
+        assert not Owner(owner.host, holder.pid, legacy_ms, "old").gone()
+        assert Owner(owner.host, holder.pid, legacy_ms - 5000, "old").gone()
     finally:
         holder.kill()
         holder.wait()
