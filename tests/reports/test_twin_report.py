@@ -75,6 +75,19 @@ class Run:
         return build_report(self.db, "incident", since=since, until=until)
 
 
+def wait_answering(twin: TwinProcess, timeout: float = 30.0) -> float:
+    """When (monotonic) the twin first answers its metrics endpoint."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(twin.url + "/metrics", timeout=1.0).status_code == 200:
+                return time.monotonic()
+        except httpx.TransportError:
+            pass
+        time.sleep(0.01)
+    raise TimeoutError(f"twin not answering after {timeout}s:\n{twin.log()[-3000:]}")
+
+
 def sample_for(clock: ScaledTime, seconds: float) -> None:
     deadline = clock.now().timestamp() + seconds
     while clock.now().timestamp() < deadline:
@@ -109,8 +122,11 @@ def twin_run(tmp: Path) -> Iterator[Run]:
         twin.stop()
         wall_stop = time.monotonic()  # stopped: from here on it refuses connections
         twin = spawn(twin_args("0.88"), port=port)
+        # The sampler counts the server up once it answers a read, which the twin (like SGLang)
+        # does while it still warms up and /health says 503: the downtime the report can see
+        # ends there, not when the server is healthy (under load the warm-up stretches).
+        wall_down = wait_answering(twin) - wall_stop
         wait_healthy(twin)
-        wall_down = time.monotonic() - wall_stop
         ready = clock.now()
         sample_for(clock, PHASE_2_S)
         sampler.stop()
