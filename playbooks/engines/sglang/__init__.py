@@ -27,17 +27,8 @@ if TYPE_CHECKING:
     from playbooks.types import Bottleneck
 
 METRICS_FLAG = "--enable-metrics"  # kvpilot reads nothing without it
-# Endpoints kvpilot calls (client.py `_PATHS`, plus readiness and metrics).
-ENDPOINTS = (
-    "/health",
-    "/metrics",
-    "/server_info",
-    "/get_server_info",
-    "/model_info",
-    "/get_model_info",
-    "/v1/loads",
-    "/get_load",
-)
+# Endpoints kvpilot calls: both dialects' info and load paths, readiness, metrics.
+ENDPOINTS = (*(path for paths in _client.PATHS.values() for path in paths), "/health", "/metrics")
 
 
 def _info(info: ServerSettings) -> ServerInfo:
@@ -78,9 +69,7 @@ class SGLang:
         return _metrics.snapshot_from_metrics(metrics)
 
     def parse_metrics(self, text: str) -> Metrics:
-        from playbooks.engines.sglang.client import parse_metrics  # noqa: PLC0415
-
-        return parse_metrics(text)
+        return _client.parse_metrics(text)
 
     def restore_snapshot(self, stored: Mapping[str, Any], t: float = 0.0) -> Snapshot:
         return _metrics.restore_snapshot(stored, t)

@@ -1,6 +1,6 @@
 """Read-only client for SGLang's HTTP API (both endpoint dialects), on httpx.
 
-Paths live in one place (`_PATHS`), because SGLang renamed them in 0.5.10 (`/get_server_info` ->
+Paths live in one place (`PATHS`), because SGLang renamed them in 0.5.10 (`/get_server_info` ->
 `/server_info`, `/get_model_info` -> `/model_info`, `/get_load` -> `/v1/loads`) and removed the old
 load path in 0.5.23. The client tries the new name first and falls back on 404, then remembers which
 dialect answered.
@@ -32,7 +32,7 @@ from playbooks.engines.base import (
 )
 from playbooks.http import http_client, http_retrying, is_http_url, retried_get
 
-_PATHS = {
+PATHS = {
     "server_info": ("/server_info", "/get_server_info"),
     "model_info": ("/model_info", "/get_model_info"),
     "loads": ("/v1/loads", "/get_load"),
@@ -165,7 +165,7 @@ class SGLangClient:
         return response
 
     def _json(self, kind: str) -> Any:
-        paths = _PATHS[kind]
+        paths = PATHS[kind]
         order = [self._dialect[kind]] if kind in self._dialect else list(paths)
         last: httpx.Response | None = None
         for path in order:
