@@ -138,8 +138,10 @@ def watch_health(urls: dict[str, str]) -> Iterator[Downtime]:
                     t = time.monotonic()
                     try:
                         up = http.get(url + "/health").status_code == 200
+                    except httpx.TimeoutException:
+                        continue  # slow on a busy machine is not down: no reading
                     except httpx.TransportError:
-                        up = False
+                        up = False  # refused: the process is gone or not listening yet
                     if not up:
                         down_since[name] = down_since[name] or t
                         last_down[name] = t
