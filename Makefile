@@ -52,7 +52,7 @@ pytest: venv
 
 # The incident end to end on the SGLang twin, in the terminal front end (files in demo/).
 demo: venv
-	$(BIN)/python -m bot.demo
+	$(BIN)/python -m bot.console.demo
 
 bench: venv
 	$(BIN)/python -m bench.twin

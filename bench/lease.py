@@ -16,7 +16,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from playbooks.ownership import Lease
+from playbooks.experiments.ownership import Lease
 from storage import acquire_lease, create_experiment, open_db
 
 

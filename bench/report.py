@@ -20,8 +20,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from bot.reports import render_blocks, render_chart, render_text
-from playbooks.report import build_report
+from bot.reports.report import render_blocks, render_chart, render_text
+from playbooks.reports.throughput import build_report
 from storage.db import open_db
 from storage.experiments import State, create_experiment, set_result, transition
 from storage.metric_samples import Retention

@@ -67,16 +67,16 @@ from functools import lru_cache
 from statistics import NormalDist
 from typing import Literal
 
-from playbooks.batch_means import (
+from playbooks.engines.base import Snapshot, ttft_quantile
+from playbooks.stats.batch_means import (
     WindowNoise,
     batch_means,
     bin_seconds,
     overlapping_window_variance,
     window_noise,
 )
-from playbooks.batch_means import scrape_spacing as _spacing
-from playbooks.engines.base import Snapshot, ttft_quantile
-from playbooks.stats import Interval
+from playbooks.stats.batch_means import scrape_spacing as _spacing
+from playbooks.stats.intervals import Interval
 
 Action = Literal["continue", "keep", "revert"]
 Verdict = Literal["pending", "improved", "not_improved", "inconclusive", "drifted", "guardrail"]

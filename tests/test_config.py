@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import ConfigError, load
+from bot.app.config import ConfigError, load
 
 MINIMAL = """
 [servers.incident]

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from playbooks.diagnose import DiagnoseSettings
-    from playbooks.measure import Measurement
+    from playbooks.diagnose.measure import Measurement
+    from playbooks.diagnose.playbook import DiagnoseSettings
     from playbooks.types import Bottleneck, Option
 
 

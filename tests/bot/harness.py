@@ -17,8 +17,8 @@ import httpx
 import uvicorn
 from slack_sdk.signature import SignatureVerifier
 
-from bot.config import load
-from bot.serve import Bot, SlackSettings
+from bot.app.config import load
+from bot.slack.serve import Bot, SlackSettings
 from tests.slackfake import FakeSlack
 from tests.twin_process import free_port
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def test_demo_runs_end_to_end_and_leaves_nothing_running(tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
     done = subprocess.run(
-        [sys.executable, "-m", "bot.demo", "--dir", str(workdir)],
+        [sys.executable, "-m", "bot.console.demo", "--dir", str(workdir)],
         cwd=REPO,
         stdin=subprocess.DEVNULL,
         capture_output=True,

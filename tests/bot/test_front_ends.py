@@ -14,14 +14,14 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.auth import Principal, authorise
+from bot.app.config import ConfigError, SlackConfig, load, parse
+from bot.chat.auth import Principal, authorise
+from bot.chat.commands import CommandError, parse_command
+from bot.chat.messages import Button, Message
 from bot.cli import main as cli
-from bot.commands import CommandError, parse_command
-from bot.config import ConfigError, SlackConfig, load, parse
-from bot.console import Console
-from bot.messages import Button, Message
-from bot.serve import SettingsError, slack_settings
-from playbooks.ownership import start_mark
+from bot.console.terminal import Console
+from bot.slack.serve import SettingsError, slack_settings
+from playbooks.experiments.ownership import start_mark
 from storage import experiments as store
 from storage import proposals
 from storage.db import open_db
@@ -285,7 +285,7 @@ def test_long_messages_stay_within_block_kit_limits() -> None:
 def test_manifest_declares_what_the_bot_uses() -> None:
     import yaml  # noqa: PLC0415
 
-    from bot.slack_app import COMMAND  # noqa: PLC0415
+    from bot.slack.app import COMMAND  # noqa: PLC0415
     from tests.twin_process import REPO  # noqa: PLC0415
 
     manifest = yaml.safe_load((REPO / "deploy" / "slack" / "manifest.yaml").read_text())
@@ -303,7 +303,8 @@ def test_manifest_declares_what_the_bot_uses() -> None:
     }
     assert set(needs.values()) | {"commands"} == scopes
     source = "\n".join(
-        (REPO / "bot" / name).read_text() for name in ("slack_app.py", "serve.py", "flow.py")
+        (REPO / "bot" / name).read_text()
+        for name in ("slack/app.py", "slack/serve.py", "chat/flow.py")
     )
     for method in ("chat_postMessage", "chat_update", "chat_postEphemeral", "files_upload_v2"):
         assert method in source

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from bot.app.wiring import launcher
 from bot.cli import main as cli
-from bot.wiring import launcher
 from playbooks.clock import make_clock
 from playbooks.engines.sglang.args import with_change
 from storage import audit

@@ -161,7 +161,7 @@ def test_dockerignore_leaves_out_environments_state_and_caches() -> None:
         "kvpilot.egg-info/PKG-INFO",
     ):
         assert IGNORE.excluded(path), path
-    assert not IGNORE.excluded("bot/templates/chat/help.md.j2")
+    assert not IGNORE.excluded("bot/chat/templates/chat/help.md.j2")
     assert not IGNORE.excluded("requirements.lock")
 
 
@@ -182,7 +182,7 @@ def test_dependencies_come_from_the_lock_with_hashes_and_the_project_without() -
                 assert named in ([], ["/src/requirements.lock"]), part
     # The message templates travel as package data, and the build checks they arrived.
     data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "templates/**/*.j2" in data["package-data"]["bot"]
+    assert "templates/**/*.j2" in data["package-data"]["bot.chat"]
     assert any("templates missing" in r for r in runs)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Config, ConfigError, parse
+from bot.app.config import Config, ConfigError, parse
 from playbooks.clock import WallClock
 from playbooks.launchers import factory
 from playbooks.launchers.common import split_command

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from bot import logs
+from bot.app import logs
 from tests.deploy.units import REPO
 
 BOT_TOKEN = "xoxb-1234567890-0987654321-AbCdEfGhIjKlMnOpQrStUvWx"
@@ -51,12 +51,12 @@ def lines(stream: io.StringIO) -> list[dict[str, Any]]:
 
 
 def test_a_record_is_one_json_line_with_its_fields(out: io.StringIO) -> None:
-    logging.getLogger("bot.sampler").info(
+    logging.getLogger("bot.reports.sampler").info(
         "sampled %d servers", 3, extra={"server": "incident", "took_s": 0.25}
     )
     (record,) = lines(out)
     assert record["message"] == "sampled 3 servers"
-    assert record["level"] == "INFO" and record["logger"] == "bot.sampler"
+    assert record["level"] == "INFO" and record["logger"] == "bot.reports.sampler"
     assert record["server"] == "incident" and record["took_s"] == 0.25
     assert record["time"].endswith("+00:00") and "T" in record["time"]
     assert record["thread"] == threading.current_thread().name
@@ -106,7 +106,7 @@ def test_authorization_headers_are_removed_in_every_spelling(out: io.StringIO) -
 
 
 def test_exceptions_are_redacted_including_their_cause(out: io.StringIO) -> None:
-    log = logging.getLogger("bot.slack_app")
+    log = logging.getLogger("bot.slack.app")
     try:
         try:
             raise ConnectionError(f"POST https://slack.com/api/auth.test token={BOT_TOKEN}")
@@ -207,7 +207,7 @@ def test_an_unknown_level_is_a_clear_error() -> None:
 def test_a_real_process_logs_json_to_stderr_without_its_environment_secrets() -> None:
     code = (
         "import logging, os\n"
-        "from bot import logs\n"
+        "from bot.app import logs\n"
         "logs.configure('INFO', json=True)\n"
         "log = logging.getLogger('kvpilot')\n"
         "log.info('token is %s', os.environ['SLACK_BOT_TOKEN'])\n"

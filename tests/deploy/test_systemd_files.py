@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from bot.cli import build_parser
-from bot.serve import slack_settings
+from bot.slack.serve import slack_settings
 from playbooks.launchers.common import split_command
 from playbooks.launchers.systemd_unit import UnitFile, effective_exec_start
 from tests.deploy.units import DEPLOY, one, unit_settings

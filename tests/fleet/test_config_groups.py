@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import ConfigError, load
-from bot.wiring import restart_limiter
+from bot.app.config import ConfigError, load
+from bot.app.wiring import restart_limiter
 from storage import memory_db
 
 FLEET = """

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 import httpx
 from sqlite_utils import Database
 
-from playbooks import experiment as engine
 from playbooks.clock import ManualClock
 from playbooks.engines.sglang.client import SGLangClient
-from playbooks.experiment import Deps
-from playbooks.fleet import RestartLimiter
+from playbooks.experiments import machine as engine
+from playbooks.experiments.machine import Deps
+from playbooks.experiments.restart_limits import RestartLimiter
 from playbooks.gate import GateSettings
 from playbooks.launchers.base import LaunchError, ServerState
 from storage import audit, memory_db

@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
+from bot.app.config import load
+from bot.app.wiring import database, experiment_deps
+from bot.app.wiring import launcher as wiring_launcher
 from bot.cli import main
-from bot.config import load
-from bot.wiring import database, experiment_deps
-from bot.wiring import launcher as wiring_launcher
-from playbooks import experiment as engine
 from playbooks.clock import make_clock
+from playbooks.experiments import machine as engine
 from storage import audit
 from storage import experiments as store
 from storage.experiments import State

@@ -10,7 +10,7 @@ import pytest
 from sqlite_utils import Database
 
 from playbooks.clock import ManualClock
-from playbooks.fleet import RestartLimiter
+from playbooks.experiments.restart_limits import RestartLimiter
 from storage import audit, memory_db, open_db
 from storage import experiments as store
 from storage import restart_slots as slots

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
-from bot.config import load
-from bot.wiring import launcher
+from bot.app.config import load
+from bot.app.wiring import launcher
 from playbooks.clock import make_clock
 
 

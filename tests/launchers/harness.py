@@ -30,8 +30,8 @@ import httpx
 import pytest
 import yaml
 
-from bot.config import load
-from bot.wiring import launcher as build_launcher
+from bot.app.config import load
+from bot.app.wiring import launcher as build_launcher
 from playbooks.clock import ScaledClock
 from playbooks.launchers.common import ManagedLauncher
 from playbooks.launchers.kube_objects import expected_pods, replicas, server_args, templates

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import ConfigError, load
-from bot.wiring import launcher
+from bot.app.config import ConfigError, load
+from bot.app.wiring import launcher
 from playbooks.clock import WallClock
 from playbooks.launchers.docker import DockerLauncher
 from playbooks.launchers.kubernetes import KubernetesLauncher

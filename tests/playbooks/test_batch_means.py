@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from playbooks.batch_means import (
+from playbooks.stats.batch_means import (
     batch_means,
     batch_rates,
     bin_seconds,
@@ -18,7 +18,7 @@ from playbooks.batch_means import (
     window_interval,
     window_noise,
 )
-from playbooks.stats import mean_interval
+from playbooks.stats.intervals import mean_interval
 
 BIN_S = 5.0
 BATCH_S = 30.0

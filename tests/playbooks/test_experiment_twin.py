@@ -17,9 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bot import exit_codes
-from bot.cli import main
-from playbooks.outcome import CAUSES
+from bot.cli import exit_codes, main
+from playbooks.experiments.outcome import CAUSES
 from storage import audit
 from storage import experiments as store
 from storage.db import open_db

@@ -9,10 +9,10 @@ import httpx
 import pytest
 
 from playbooks.clock import ManualClock
+from playbooks.diagnose.measure import MeasurementError, MeasurePlan, measure
 from playbooks.engines.base import Snapshot, ttft_quantile
 from playbooks.engines.sglang.client import SGLangClient
-from playbooks.measure import MeasurementError, MeasurePlan, measure
-from playbooks.stats import lag1_autocorrelation, mean_interval, t_quantile
+from playbooks.stats.intervals import lag1_autocorrelation, mean_interval, t_quantile
 
 
 class Scripted:

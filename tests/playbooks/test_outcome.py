@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from bot import exit_codes
-from playbooks.outcome import Outcome, ending
+from bot.cli import exit_codes
+from playbooks.experiments.outcome import Outcome, ending
 from storage import experiments as store
 from storage.db import memory_db
 from storage.experiments import State

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from playbooks.ownership import Lease, Owner, OwnershipLost, this_process
+from playbooks.experiments.ownership import Lease, Owner, OwnershipLost, this_process
 from storage import acquire_lease, create_experiment, get_experiment, open_db
 
 
@@ -90,7 +90,7 @@ def test_a_lease_held_by_a_living_process_is_refused(tmp_path: Path) -> None:
 
 
 def _start_ms(pid: int) -> int:
-    from playbooks.ownership import start_mark  # noqa: PLC0415
+    from playbooks.experiments.ownership import start_mark  # noqa: PLC0415
 
     return start_mark(pid)
 

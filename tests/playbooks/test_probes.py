@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose import DiagnoseSettings
+from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines.sglang.client import parse_server_info
 from playbooks.engines.sglang.rules import resolve_gpu_memory
 from playbooks.sources.gpu import FakeGpuReader, GpuUnavailable, NvmlGpuReader

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import ConfigError, load
-from bot.wiring import diagnose_settings, engine_client, gpu_reader
+from bot.app.config import ConfigError, load
+from bot.app.wiring import diagnose_settings, engine_client, gpu_reader
 from playbooks.sources.metrics_source import SourcedClient, describe_source
 from playbooks.sources.prometheus import DcgmGpuReader
 

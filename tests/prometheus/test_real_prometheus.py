@@ -21,16 +21,16 @@ from typing import Any
 
 import pytest
 
+from bot.app.config import load
+from bot.app.wiring import database, experiment_deps
+from bot.app.wiring import launcher as wiring_launcher
 from bot.cli import main
-from bot.config import load
-from bot.wiring import database, experiment_deps
-from bot.wiring import launcher as wiring_launcher
-from playbooks import experiment as engine
 from playbooks import gate
 from playbooks.clock import Clock, make_clock
 from playbooks.engines.base import Metrics, Snapshot
 from playbooks.engines.sglang import ENGINE
 from playbooks.engines.sglang.client import SGLangClient, SGLangError
+from playbooks.experiments import machine as engine
 from playbooks.sources.metrics_source import SourcedClient
 from playbooks.sources.prometheus import PrometheusAPI, PrometheusMetrics, Timeline
 from storage import experiments as store

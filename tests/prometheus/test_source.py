@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from playbooks.clock import ManualClock
-from playbooks.diagnose import DiagnoseSettings
+from playbooks.diagnose.measure import MeasurePlan, measure
+from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines.sglang.client import (
     SGLangClient,
     SGLangError,
@@ -18,7 +19,6 @@ from playbooks.engines.sglang.client import (
 )
 from playbooks.engines.sglang.metrics import SPEC as SGLANG_METRICS
 from playbooks.engines.sglang.rules import resolve_gpu_memory
-from playbooks.measure import MeasurePlan, measure
 from playbooks.sources.gpu import GpuUnavailable
 from playbooks.sources.metrics_source import (
     DirectScrape,

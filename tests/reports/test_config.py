@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bot.config import Config, ConfigError, parse
+from bot.app.config import Config, ConfigError, parse
 
 SERVERS = {"a": {"url": "http://127.0.0.1:1"}, "b": {"url": "http://127.0.0.1:2"}}
 

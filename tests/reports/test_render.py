@@ -13,7 +13,7 @@ from matplotlib.image import imread
 from slack_sdk.models.blocks import Block
 from sqlite_utils import Database
 
-from bot.reports import (
+from bot.reports.report import (
     EFFECTIVE_COLOUR,
     GENERATION_COLOUR,
     MAX_BLOCKS,
@@ -22,7 +22,7 @@ from bot.reports import (
     render_chart,
     render_text,
 )
-from playbooks.report import Report, build_report
+from playbooks.reports.throughput import Report, build_report
 from storage.db import open_db, write_transaction
 from storage.experiments import State, create_experiment, set_result, transition
 from storage.metric_buckets import RawSample

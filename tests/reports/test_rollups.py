@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlite_utils import Database
 
-from playbooks.report import build_report, choose_level
+from playbooks.reports.throughput import build_report, choose_level
 from storage.db import open_db
 from storage.metric_buckets import Bucket, RawSample, group, regroup, usage_bin
 from storage.metric_samples import (

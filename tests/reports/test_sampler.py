@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from sqlite_utils import Database
 
-from bot.config import Config, parse
-from bot.sampler import Sampler, ScaledTime, default_client
+from bot.app.config import Config, parse
+from bot.reports.sampler import Sampler, ScaledTime, default_client
 from playbooks.engines.sglang.client import stored_settings as observed_settings
 from playbooks.sources.metrics_source import SourcedClient
 from storage.db import memory_db, open_db

@@ -13,9 +13,9 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlite_utils import Database
 
-from bot.config import Config, ReportSchedule, parse
-from bot.schedule import LocalCron, ReportScheduler
-from playbooks.report import Report
+from bot.app.config import Config, ReportSchedule, parse
+from bot.reports.schedule import LocalCron, ReportScheduler
+from playbooks.reports.throughput import Report
 from storage.db import open_db
 from storage.report_runs import runs
 

@@ -14,11 +14,11 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from sqlite_utils import Database
 
+from bot.app.config import parse
 from bot.cli import main
-from bot.config import parse
-from bot.reports import post_report
-from bot.schedule import ReportScheduler, slack_delivery
-from playbooks.report import build_report
+from bot.reports.report import post_report
+from bot.reports.schedule import ReportScheduler, slack_delivery
+from playbooks.reports.throughput import build_report
 from storage.db import open_db
 from storage.report_runs import runs
 from tests.reports.test_render import START, store_day

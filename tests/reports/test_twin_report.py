@@ -20,10 +20,10 @@ import httpx
 import pytest
 from sqlite_utils import Database
 
-from bot.config import parse
-from bot.reports import render_chart, render_text
-from bot.sampler import Sampler, ScaledTime
-from playbooks.report import Report, build_report
+from bot.app.config import parse
+from bot.reports.report import render_chart, render_text
+from bot.reports.sampler import Sampler, ScaledTime
+from playbooks.reports.throughput import Report, build_report
 from storage.db import open_db
 from storage.metric_samples import gaps_between, samples_between
 from tests.twin_process import TwinProcess, free_port, spawn, wait_healthy

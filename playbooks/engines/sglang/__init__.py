@@ -22,8 +22,8 @@ from playbooks.engines.sglang import signatures as _signatures
 from playbooks.engines.sglang.client import ServerInfo, SGLangClient, parse_server_info
 
 if TYPE_CHECKING:
-    from playbooks.diagnose import DiagnoseSettings
-    from playbooks.measure import Measurement
+    from playbooks.diagnose.measure import Measurement
+    from playbooks.diagnose.playbook import DiagnoseSettings
     from playbooks.types import Bottleneck
 
 METRICS_FLAG = "--enable-metrics"  # kvpilot reads nothing without it

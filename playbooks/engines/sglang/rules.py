@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from playbooks.diagnose.measure import Measurement
 from playbooks.engines.base import Assessment
 from playbooks.engines.sglang.capacity import (
     ACTIVATION_FLOOR_GIB,
@@ -23,13 +24,12 @@ from playbooks.engines.sglang.capacity import (
     build_model,
 )
 from playbooks.engines.sglang.client import ServerInfo
-from playbooks.measure import Measurement
 from playbooks.sources.gpu import GpuUnavailable
 from playbooks.sources.host import HostMemory, HostUnavailable
 from playbooks.types import VERDICT_ORDER, Bottleneck, Option, Verdict
 
 if TYPE_CHECKING:
-    from playbooks.diagnose import DiagnoseSettings
+    from playbooks.diagnose.playbook import DiagnoseSettings
 
 SATURATED_USAGE = 0.85  # token usage above this with a queue: the KV pool is the limit
 CUDA_CONTEXT_GIB = 0.5  # what the CUDA context takes before SGLang measures free memory

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from playbooks.diagnose import DiagnoseSettings
+from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines.base import MetricsDisabled, Unauthorized, Unreachable
 from playbooks.engines.sglang.client import (
     NotSGLang,

@@ -1,0 +1,145 @@
+"""Build the playbooks' dependencies from configuration (one place, so every front end agrees)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sqlite_utils import Database
+
+from bot.app.config import Config, ConfigError, ServerConfig
+from playbooks.clock import Clock, make_clock
+from playbooks.diagnose.playbook import DiagnoseSettings
+from playbooks.engines import default_engine, engine_named
+from playbooks.engines.base import Engine, EngineClient
+from playbooks.experiments.machine import Deps
+from playbooks.experiments.restart_limits import RestartLimiter
+from playbooks.launchers import factory as launcher_factory
+from playbooks.launchers.common import ManagedLauncher
+from playbooks.launchers.process import ProcessLauncher, ProcessSpec
+from playbooks.sources.gpu import GpuReader, NvmlGpuReader
+from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
+from playbooks.sources.metrics_source import with_metrics_source
+from playbooks.sources.prometheus import DcgmGpuReader, PrometheusAPI, PrometheusMetrics
+from storage.db import open_db
+
+
+def database(config: Config) -> Database:
+    return open_db(config.database)
+
+
+def launcher(config: Config, server: ServerConfig, clock: Clock) -> ManagedLauncher:
+    if server.launcher is None:
+        raise ConfigError(
+            f"servers.{server.name}.launcher: not configured, so kvpilot cannot "
+            "restart this server (add a [servers.NAME.launcher] table)"
+        )
+    if server.launcher.kind != "process":
+        return launcher_factory.build(
+            server.launcher.kind,
+            server.launcher.options,
+            url=server.url,
+            ready_timeout_s=server.launcher.ready_timeout_s,
+            clock=clock,
+            base_dir=Path(config.path).parent,
+        )
+    spec = ProcessSpec(
+        name=server.name,
+        command=list(server.launcher.command),
+        url=server.url,
+        state_dir=Path(config.state_dir),
+        ready_timeout_s=server.launcher.ready_timeout_s,
+        env=dict(server.launcher.env),
+    )
+    return ProcessLauncher(spec, clock)
+
+
+def experiment_clock(config: Config, db: Database) -> Callable[[], datetime]:
+    """The time experiments are stamped with: the wall clock, or against an accelerated twin
+    the same scaled time the sampler stores samples in, so reports place them right."""
+    if config.time_scale == 1.0:
+        return lambda: datetime.now(UTC)
+    from bot.reports.sampler import time_source  # noqa: PLC0415 - only an accelerated twin needs it
+
+    return time_source(config, db).now
+
+
+def engine(server: ServerConfig) -> Engine:
+    """The engine that serves this server."""
+    return engine_named(server.engine)
+
+
+def engine_of(config: Config, name: str) -> Engine:
+    """The engine of a server by name; one no longer configured is read as the default's."""
+    server = config.servers.get(name)
+    return engine(server) if server is not None else default_engine()
+
+
+def engine_client(
+    server: ServerConfig,
+    *,
+    timeout_s: float = 10.0,
+    attempts: int = 3,
+    wait: Callable[..., float] | None = None,
+) -> EngineClient:
+    """The server's client, reading metrics from the configured source."""
+    client = engine(server).connect(
+        server.url, api_key=server.api_key, timeout_s=timeout_s, attempts=attempts, wait=wait
+    )
+    m = server.metrics
+    if m.source != "prometheus" or m.url is None or m.selector is None:
+        return client
+    source = PrometheusMetrics(
+        PrometheusAPI.connect(m.url), m.selector, client.engine.metrics, max_age_s=m.max_age_s
+    )
+    return with_metrics_source(client, source)
+
+
+def gpu_reader(server: ServerConfig) -> GpuReader | None:
+    """NVML on the GPU host, else DCGM series in Prometheus when configured, else none."""
+    if server.local_gpus:
+        return NvmlGpuReader()
+    m = server.metrics
+    if m.source == "prometheus" and m.url is not None and m.dcgm_selector is not None:
+        return DcgmGpuReader(PrometheusAPI.connect(m.url), m.dcgm_selector)
+    return None
+
+
+def restart_limiter(config: Config, server: ServerConfig, db: Database) -> RestartLimiter | None:
+    """The restart slots of the server's group; a server in no group needs none."""
+    if server.group is None:
+        return None
+    group = config.groups[server.group]
+    return RestartLimiter(db, group.name, group.max_concurrent_restarts)
+
+
+def diagnose_settings(server: ServerConfig) -> DiagnoseSettings:
+    host: HostReader | None = None
+    if server.host_ram_gib is not None:
+        host = ConfiguredHost(server.host_ram_gib)
+    elif server.local_host:
+        host = MeminfoReader()
+    return DiagnoseSettings(
+        gpu_memory_gib=server.gpu_memory_gib,
+        gpus=gpu_reader(server),
+        host=host,
+    )
+
+
+def experiment_deps(
+    config: Config, name: str, db: Database, on_progress: Callable[[str], None] | None = None
+) -> Deps:
+    server = config.server(name)
+    clock = make_clock(config.time_scale)
+    return Deps(
+        now=experiment_clock(config, db),
+        db=db,
+        server=name,
+        client=engine_client(server),
+        launcher=launcher(config, server, clock),
+        clock=clock,
+        plan=server.gate,
+        on_progress=on_progress,
+        restarts=restart_limiter(config, server, db),
+    )

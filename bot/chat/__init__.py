@@ -1,0 +1,3 @@
+"""The conversation, transport-neutral: commands, authorisation, messages as data, rendering, the
+experiment runner.
+"""

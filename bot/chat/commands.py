@@ -1,0 +1,107 @@
+"""Parsing `/kvpilot` text into a command, with errors that say how to fix them.
+
+Parsing is pure and fast, so a mistake is answered within Slack's 3 s acknowledgement.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.app.config import Config
+from playbooks.engines import engine_named
+from playbooks.engines.base import ArgError
+
+USAGE = {
+    "help": "help",
+    "diagnose": "diagnose [server]",
+    "propose": "propose <server> KEY=VALUE ... [--force]",
+    "status": "status [server]",
+    "abort": "abort <experiment id>",
+    "approve": "approve <proposal id>",
+    "reject": "reject <proposal id>",
+    "history": "history [server]",
+    "report": "report [server] [--since 24h]",
+}
+
+
+class CommandError(Exception):
+    """A command the bot cannot run as typed; the message says what to type instead."""
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    server: str | None = None
+    change: dict[str, Any] = field(default_factory=dict)
+    force: bool = False
+    experiment_id: int | None = None
+    since: str = "24h"
+    proposal_id: int | None = None
+
+
+def _server(config: Config, name: str | None, *, required: bool, verb: str) -> str | None:
+    if name is None:
+        if len(config.servers) == 1:
+            return next(iter(config.servers))
+        if required or not config.servers:
+            known = ", ".join(sorted(config.servers)) or "none configured"
+            raise CommandError(f"which server? `/kvpilot {USAGE[verb]}` (servers: {known})")
+        return None
+    if name not in config.servers:
+        known = ", ".join(sorted(config.servers)) or "none configured"
+        raise CommandError(f"unknown server `{name}` (servers: {known})")
+    return name
+
+
+def parse_command(text: str, config: Config) -> Command:
+    try:
+        words = shlex.split(text.strip())
+    except ValueError as exc:
+        raise CommandError(f"cannot read that ({exc}); check your quotes") from None
+    if not words or words[0] in ("help", "-h", "--help"):
+        return Command("help")
+    verb, args = words[0].lower(), words[1:]
+    if verb not in USAGE:
+        raise CommandError(f"unknown command `{verb}`; try `/kvpilot help`")
+    if verb == "propose":
+        force = "--force" in args
+        args = [a for a in args if a != "--force"]
+        if not args:
+            raise CommandError(f"usage: `/kvpilot {USAGE[verb]}`")
+        server = _server(config, args[0], required=True, verb=verb)
+        assert server is not None  # required
+        if len(args) < 2:
+            raise CommandError(
+                "nothing to change: add KEY=VALUE, e.g. "
+                f"`/kvpilot propose {server} mem_fraction_static=0.88`"
+            )
+        try:
+            engine = engine_named(config.servers[server].engine)
+            change = engine.parse_change(args[1:])
+        except ArgError as exc:
+            raise CommandError(str(exc)) from None
+        return Command(verb, server=server, change=change, force=force)
+    if verb == "abort":
+        if len(args) != 1 or not args[0].lstrip("#").isdigit():
+            raise CommandError(f"usage: `/kvpilot {USAGE[verb]}` (the id from `/kvpilot status`)")
+        return Command(verb, experiment_id=int(args[0].lstrip("#")))
+    if verb in ("approve", "reject"):
+        if len(args) != 1 or not args[0].lstrip("#").isdigit():
+            raise CommandError(
+                f"usage: `/kvpilot {USAGE[verb]}` (the number in the proposal's message)"
+            )
+        return Command(verb, proposal_id=int(args[0].lstrip("#")))
+    since = "24h"
+    if verb == "report" and "--since" in args:
+        i = args.index("--since")
+        if i + 1 >= len(args):
+            raise CommandError("--since needs a duration, e.g. `--since 24h`")
+        since = args[i + 1]
+        args = args[:i] + args[i + 2 :]
+    if len(args) > 1:
+        raise CommandError(f"too many words; usage: `/kvpilot {USAGE[verb]}`")
+    required = verb in ("diagnose", "report")
+    server = _server(config, args[0] if args else None, required=required, verb=verb)
+    return Command(verb, server=server, since=since)

@@ -1,0 +1,310 @@
+"""Runs approved experiments in the background and reports on them in their thread.
+
+One thread per experiment (at most one per server, which storage enforces), holding the
+experiment's lease while it works, so another kvpilot process never carries it at the same
+time; one that another living process holds is left to that process. Progress goes
+into one message that is edited in place, at most every `progress_every_s` and on every state
+change, so the channel is not flooded; the verdict follows as a reply with a before/after
+chart. Where that message is, is stored, so a restarted bot carries on editing it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlite_utils import Database
+
+from bot.app.config import Config
+from bot.app.wiring import experiment_clock, experiment_deps
+from bot.chat.messages import Message
+from bot.reports.charts import verdict_chart
+from playbooks.experiments import machine as engine
+from playbooks.experiments.outcome import ending
+from playbooks.experiments.ownership import Lease, OwnershipLost
+from storage import audit, chat
+from storage import experiments as store
+from storage import samples as sample_store
+from storage.chat import MessageRef
+from storage.db import open_db
+from storage.experiments import TERMINAL, State
+
+if TYPE_CHECKING:
+    from bot.chat.surface import Surface
+    from storage.proposals import ProposalRow
+
+log = logging.getLogger(__name__)
+
+
+class ExperimentRunner:
+    def __init__(
+        self,
+        config: Config,
+        db: Callable[[], Database],
+        *,
+        surface_for: Callable[[str], Surface],
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        progress_every_s: float = 10.0,
+    ) -> None:
+        self.config = config
+        self.db = db
+        self.surface_for = surface_for
+        self.now = now
+        self.progress_every_s = progress_every_s
+        # Set when an experiment's thread is done. Waiting on these, not on Thread.join: a
+        # join interrupted by Ctrl-C leaves CPython believing the thread has stopped.
+        self._done: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+        # Set on shutdown: no new experiments start, and running ones stop at their next check.
+        self.stopping = threading.Event()
+
+    def connect(self) -> Database:
+        """A connection of its own, for a lease (which may outlive a thread's connection)."""
+        return open_db(self.config.database)
+
+    def lease(self, exp_id: int = 0) -> Lease:
+        return Lease(self.connect, exp_id, stopping=self.stopping)
+
+    # ------------------------------------------------------------------ lifecycle
+    def create(self, proposal: ProposalRow, *, approved_by: str) -> int:
+        deps = experiment_deps(self.config, proposal.server, self.db())
+        try:
+            return engine.create(
+                deps,
+                proposal.change,
+                actor=proposal.created_by,
+                approved_by=approved_by,
+                reason=f"approved in chat (proposal {proposal.id})",
+                proposal_id=proposal.id,
+                owner=self.lease(),
+            )
+        finally:
+            deps.client.close()
+
+    def start(self, exp_id: int, *, thread: MessageRef | None, resume: bool = False) -> None:
+        if self.stopping.is_set():
+            return
+        with self._lock:
+            done = self._done.get(exp_id)
+            if done is not None and not done.is_set():
+                return
+            self._done[exp_id] = threading.Event()
+            worker = threading.Thread(
+                target=self._run,
+                args=(exp_id, thread, resume),
+                name=f"experiment-{exp_id}",
+                daemon=True,
+            )
+
+            worker.start()
+
+    def resume_all(self) -> list[int]:
+        """After a bot restart: pick up every experiment that was running and that no other
+        living kvpilot process carries."""
+        resumed: list[int] = []
+        for row in store.active_experiments(self.db()):
+            if row.state == State.proposed:
+                continue
+            lease = self.lease(row.id)
+            if not lease.acquire():
+                held_by, until = lease.holder()
+                log.info("experiment %s is carried by %s (until %s)", row.id, held_by, until)
+                continue
+            thread = None
+            if row.proposal_id is not None:
+                thread = chat.find_message(self.db(), "proposal", row.proposal_id, "approval")
+            self.start(row.id, thread=thread, resume=True)
+            resumed.append(row.id)
+        return resumed
+
+    def shutdown(self, *, grace_s: float = 10.0, why: str = "") -> list[dict[str, Any]]:
+        """Stop carrying experiments (SIGTERM): each stops at its next check, within `grace_s`
+        unless it is inside a restart; where each was left is audited. The next start
+        resumes them."""
+        self.stopping.set()
+        with self._lock:
+            done = dict(self._done)
+        deadline = time.monotonic() + grace_s
+        for event in done.values():
+            event.wait(max(0.0, deadline - time.monotonic()))
+        left = [
+            {
+                "id": row.id,
+                "server": row.server,
+                "state": str(row.state),
+                "stopped": done[row.id].is_set(),
+            }
+            for row in store.active_experiments(self.db())
+            if row.id in done
+        ]
+        audit.record(
+            self.db(),
+            audit.BotStopped(actor="kvpilot", created=self.now(), experiments=left, signal=why),
+        )
+        return left
+
+    def abort(self, exp_id: int, *, actor: str) -> None:
+        row = store.get_experiment(self.db(), exp_id)
+        deps = experiment_deps(self.config, row.server, self.db())
+        try:
+            engine.abort(deps, exp_id, actor=actor, reason=f"aborted by {actor}")
+        finally:
+            deps.client.close()
+        if exp_id not in self.running() and not store.get_experiment(self.db(), exp_id).terminal:
+            self.start(exp_id, thread=None)  # nobody is carrying it: carry out the revert
+
+    def join(self, timeout: float | None = None) -> None:
+        with self._lock:
+            events = list(self._done.values())
+        for event in events:
+            event.wait(timeout)
+
+    def running(self) -> list[int]:
+        """Experiments this process is carrying now."""
+        with self._lock:
+            return [i for i, done in self._done.items() if not done.is_set()]
+
+    def busy(self) -> bool:
+        return bool(self.running())
+
+    # ------------------------------------------------------------------ the work
+    def _run(self, exp_id: int, thread: MessageRef | None, resume: bool) -> None:
+        try:
+            self._run_leased(exp_id, thread, resume)
+        finally:
+            with self._lock:
+                self._done[exp_id].set()
+
+    def _run_leased(self, exp_id: int, thread: MessageRef | None, resume: bool) -> None:
+        lease = self.lease(exp_id)
+        if not lease.acquire():
+            held_by, _ = lease.holder()
+            log.info("experiment %s is carried by %s; left to it", exp_id, held_by)
+            return
+        try:
+            self._carry(exp_id, thread, lease, resume)
+        except OwnershipLost as exc:
+            log.info("experiment %s: stopped carrying it: %s", exp_id, exc)
+        except Exception:  # keep the bot alive; the state machine is persisted
+            log.exception("experiment %s stopped with an error", exp_id)
+        finally:
+            lease.release()
+
+    def _carry(self, exp_id: int, thread: MessageRef | None, lease: Lease, resume: bool) -> None:
+        db = self.db()
+        row = store.get_experiment(db, exp_id)
+        channel = thread.channel if thread else self._default_channel()
+        surface = self.surface_for(channel) if channel else None
+        progress_ref = chat.find_message(db, "experiment", exp_id, "progress")
+        if surface is not None and progress_ref is None:
+            progress_ref = surface.post(self.progress_message(row, "starting"), thread=thread)
+            chat.remember_message(
+                db, "experiment", exp_id, "progress", progress_ref, now=self.now()
+            )
+        last: list[Any] = [0.0, str(row.state)]
+
+        def on_progress(note: str) -> None:
+            if surface is None or progress_ref is None:
+                return
+            current = store.get_experiment(db, exp_id)
+            changed = str(current.state) != last[1]
+            if not changed and time.monotonic() - last[0] < self.progress_every_s:
+                return
+            last[0], last[1] = time.monotonic(), str(current.state)
+            try:
+                surface.update(progress_ref, self.progress_message(current, note))
+            except Exception:  # a chat hiccup must not stop the experiment
+                log.exception("progress update failed")
+
+        deps = experiment_deps(self.config, row.server, db, on_progress)
+        lease.start()
+        deps.lease = lease
+        try:
+            if resume:
+                engine.resume_policy(deps, exp_id, actor="kvpilot")
+            final = engine.run(deps, exp_id)
+        finally:
+            deps.client.close()
+        if surface is None or progress_ref is None:
+            return
+        surface.update(progress_ref, self.progress_message(final, "finished"))
+        if (
+            final.state in TERMINAL
+            and chat.find_message(db, "experiment", exp_id, "verdict") is None
+        ):
+            ref = surface.post(self.verdict_message(final), thread=thread or progress_ref)
+            chat.remember_message(db, "experiment", exp_id, "verdict", ref, now=self.now())
+            png = self.chart(final)
+            if png is not None:
+                surface.upload(
+                    png,
+                    filename=f"experiment-{exp_id}.png",
+                    title=f"Experiment {exp_id}: throughput before and after",
+                    thread=thread or progress_ref,
+                )
+
+    def _default_channel(self) -> str | None:
+        slack = self.config.slack
+        return slack.channels[0] if slack and slack.channels else None
+
+    # ------------------------------------------------------------------ rendering
+    def describe(self, row: store.ExperimentRow) -> dict[str, Any]:
+        """State, elapsed and remaining time (upper bound), on the experiment's clock."""
+        moves = store.transitions(self.db(), row.id)
+        start = moves[0].created_at if moves else row.created_at
+        entered = moves[-1].created_at if moves else row.created_at
+        now = experiment_clock(self.config, self.db())()
+        elapsed = (now - start).total_seconds()
+        in_state = (now - entered).total_seconds()
+        s = row.settings
+        baseline_s = float(s.get("baseline_s", 0))
+        trial_s = float(s.get("max_trial_s", 0)) + float(s.get("warmup_s", 0))
+        remaining: float | None
+        if row.state in (State.proposed, State.approved):
+            remaining = baseline_s + trial_s
+        elif row.state == State.baseline:
+            remaining = max(0.0, baseline_s - in_state) + trial_s
+        elif row.state in (State.restarting, State.warming_up):
+            remaining = trial_s
+        elif row.state == State.trial:
+            remaining = max(0.0, trial_s - in_state)
+        else:
+            remaining = 0.0 if row.terminal else None
+        return {
+            "id": row.id,
+            "server": row.server,
+            "state": str(row.state),
+            "change": ", ".join(f"{k}={v}" for k, v in row.change.items()),
+            "elapsed_s": elapsed,
+            "remaining_s": remaining,
+            "terminal": row.terminal,
+        }
+
+    def progress_message(self, row: store.ExperimentRow, note: str) -> Message:
+        return Message.from_template("chat/progress.md.j2", e=self.describe(row), note=note)
+
+    def verdict_message(self, row: store.ExperimentRow) -> Message:
+        moves = store.transitions(self.db(), row.id)
+        result = row.result or {}
+        took = (moves[-1].created_at - moves[0].created_at).total_seconds() if moves else 0.0
+        end = ending(row, moves)
+        return Message.from_template(
+            "chat/verdict.md.j2",
+            e=self.describe(row),
+            r=result,
+            reason=end.cause,
+            then=end.then,
+            took_s=took,
+        )
+
+    def chart(self, row: store.ExperimentRow) -> bytes | None:
+        samples = sample_store.samples_for(self.db(), row.id)
+        if not samples:
+            return None
+        return verdict_chart(
+            samples, row.result or {}, title=f"Experiment {row.id} on {row.server}"
+        )

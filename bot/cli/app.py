@@ -1,0 +1,442 @@
+"""The `kvpilot` command line.
+
+Every user error ends with one `error: ...` line that says what was wrong and how to fix it, and
+exit status 2 (usage) or 1 (the server or environment); never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from dataclasses import replace
+from typing import TextIO
+
+from bot.chat.render import render
+from bot.cli.report import add_report_parser, cmd_report
+from playbooks.clock import make_clock
+from playbooks.diagnose.measure import MeasurementError, MeasurePlan
+from playbooks.diagnose.playbook import DiagnoseSettings, diagnose
+from playbooks.engines import DEFAULT as DEFAULT_ENGINE
+from playbooks.engines import NAMES as ENGINE_NAMES
+from playbooks.engines import detect, engine_named
+from playbooks.engines.base import ArgError, EngineError
+from playbooks.sources.gpu import NvmlGpuReader
+from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
+
+
+class Progress:
+    """A one-line progress bar on a terminal; silent elsewhere."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.active = stream.isatty()
+
+    def __call__(self, elapsed: float, target: float, message: str) -> None:
+        if not self.active:
+            return
+        width = 30
+        done = min(width, int(width * elapsed / target)) if target > 0 else 0
+        bar = "#" * done + "." * (width - done)
+        self.stream.write(f"\rmeasuring [{bar}] {elapsed:5.0f}/{target:.0f} s  {message}   ")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self.active:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvpilot", description="Tune LLM inference servers safely."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    d = sub.add_parser("diagnose", help="measure a server, name its bottleneck, propose changes")
+    target = d.add_mutually_exclusive_group(required=True)
+    target.add_argument(
+        "--server",
+        metavar="URL",
+        help="SGLang base URL, e.g. http://127.0.0.1:30000",
+    )
+    target.add_argument(
+        "--group",
+        metavar="NAME",
+        help="every server of a group in the configuration, measured at the same time",
+    )
+    d.add_argument(
+        "--config",
+        default=None,
+        help="with --group: kvpilot.toml (default: $KVPILOT_CONFIG or ./kvpilot.toml)",
+    )
+    d.add_argument(
+        "--engine",
+        default=None,
+        choices=ENGINE_NAMES,
+        help="with --server: the engine serving it (default: whichever answers); with --group "
+        "each server's comes from the configuration",
+    )
+    d.add_argument("--api-key", default=None, help="the server's --api-key, if it has one")
+    d.add_argument(
+        "--window",
+        type=_positive,
+        default=None,
+        metavar="SECONDS",
+        help="measure exactly this long (default: until the rate is known to "
+        "--precision, between 3 and 15 minutes)",
+    )
+    d.add_argument(
+        "--precision",
+        type=_positive,
+        default=0.05,
+        help="relative half-width of the 95%% interval to reach (default 0.05)",
+    )
+    d.add_argument("--max-window", type=_positive, default=900.0, metavar="SECONDS")
+    d.add_argument(
+        "--consider",
+        action="append",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="evaluate a change you have in mind (repeat for separate changes)",
+    )
+    d.add_argument("--json", action="store_true", help="print one JSON object")
+    d.add_argument(
+        "--gpu-memory-gib",
+        type=_positive,
+        default=None,
+        help="free GPU memory per GPU before the weights load (about nvidia-smi's "
+        "total); needed for exact capacity predictions on SGLang < 0.5.23",
+    )
+    d.add_argument(
+        "--local-gpus",
+        action="store_true",
+        help="read GPU memory with NVML (the bot runs on the server's GPU host)",
+    )
+    host = d.add_mutually_exclusive_group()
+    host.add_argument(
+        "--host-ram-gib",
+        type=_positive,
+        default=None,
+        help="the GPU host's RAM, for hierarchical-cache sizing",
+    )
+    host.add_argument(
+        "--local-host",
+        action="store_true",
+        help="read host RAM from /proc/meminfo (the bot runs on the GPU host)",
+    )
+    d.add_argument(
+        "--time-scale",
+        type=_positive,
+        default=None,
+        help="measure on a clock K times faster than the wall clock (only for an "
+        "SGLang twin started with --time-scale K; with --group, the configuration's)",
+    )
+    e = sub.add_parser("experiment", help="apply one change, measure it, keep it or revert it")
+    e.add_argument(
+        "--config", default=None, help="kvpilot.toml (default: $KVPILOT_CONFIG or ./kvpilot.toml)"
+    )
+    e.add_argument("--server", required=True, help="a server name from the configuration")
+    e.add_argument(
+        "--set",
+        action="append",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the SGLang server arguments to change",
+    )
+    e.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    e.add_argument(
+        "--force", action="store_true", help="run a change that the safety checks call unsafe"
+    )
+    e.add_argument("--json", action="store_true", help="print the finished experiment as JSON")
+    ex = sub.add_parser("experiments", help="read the experiment history")
+    ex_sub = ex.add_subparsers(dest="action", metavar="ACTION")
+    ls = ex_sub.add_parser("list", help="recent experiments")
+    ls.add_argument("--config", default=None)
+    ls.add_argument("--server", default=None)
+    ls.add_argument("--json", action="store_true")
+    show = ex_sub.add_parser("show", help="one experiment with its transitions and audit trail")
+    show.add_argument("id", type=int)
+    show.add_argument("--config", default=None)
+    show.add_argument("--json", action="store_true")
+    ab = ex_sub.add_parser(
+        "abort", help="stop an experiment and put its server back on the last-known-good config"
+    )
+    ab.add_argument("id", type=int, help="the experiment id (`kvpilot experiments list`)")
+    ab.add_argument("--config", default=None)
+    ab.add_argument("--json", action="store_true", help="print the finished experiment as JSON")
+    for verb, what in (
+        ("approve", "approve a recorded proposal and run it as an experiment here"),
+        ("reject", "reject a recorded proposal; nothing is changed"),
+    ):
+        d_ = ex_sub.add_parser(verb, help=what)
+        d_.add_argument("id", type=int, help="the proposal id (from its message)")
+        d_.add_argument("--config", default=None)
+        d_.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        d_.add_argument("--json", action="store_true", help="print the experiment as JSON")
+    r = sub.add_parser("resume", help="finish or revert experiments a crash left unfinished")
+    r.add_argument("--config", default=None)
+    srv = sub.add_parser("server", help="start, stop or inspect a server kvpilot launches")
+    srv.add_argument("action", choices=["start", "stop", "status"])
+    srv.add_argument("--server", required=True)
+    srv.add_argument("--config", default=None)
+    sv = sub.add_parser(
+        "serve",
+        help="run the Slack bot (Socket Mode with SLACK_APP_TOKEN, else HTTP on --port)",
+    )
+    sv.add_argument("--config", default=None)
+    sv.add_argument("--host", default="0.0.0.0", help="HTTP mode: address to listen on")
+    sv.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="HTTP mode: port for /slack/events and /healthz (default 3000); "
+        "Socket Mode: serve /healthz on this port",
+    )
+    co = sub.add_parser("console", help="the same bot in this terminal (no Slack needed)")
+    co.add_argument("--config", default=None)
+    co.add_argument(
+        "-c",
+        "--command",
+        dest="commands",
+        action="append",
+        default=[],
+        metavar="COMMAND",
+        help='run this command first, e.g. -c "diagnose incident" (repeatable)',
+    )
+    co.add_argument(
+        "--yes",
+        action="store_true",
+        help="approve what kvpilot recommends without asking; without a terminal and "
+        "without --yes the console refuses every choice and exits with status 2",
+    )
+    add_report_parser(sub)
+    return parser
+
+
+def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """`serve` and `console`: configuration and settings errors are one clear line each."""
+    from bot.app import logs  # noqa: PLC0415 - keeps `diagnose` light
+    from bot.app.config import ConfigError, load  # noqa: PLC0415
+    from bot.console import terminal as console  # noqa: PLC0415 - keeps `diagnose` light
+    from bot.slack import serve  # noqa: PLC0415 - keeps `diagnose` light
+    from storage.errors import StorageError  # noqa: PLC0415
+
+    try:
+        config = load(ns.config)
+        if ns.command == "console":
+            return console.main(config, ns.commands, auto=ns.yes, out=out, err=err)
+        logs.configure("INFO", json=True, secrets=logs.config_secrets(config))
+        if ns.port is not None and not 0 < ns.port < 65536:
+            raise serve.SettingsError(f"--port must be 1..65535, got {ns.port}")
+        return serve.run(config, serve.env_settings(), host=ns.host, port=ns.port)
+    except (ConfigError, serve.SettingsError, StorageError) as exc:
+        err.write(f"error: {exc}\n")
+        return 2
+    except serve.ListenError as exc:  # the environment, not the command line
+        err.write(f"error: {exc}\n")
+        return 1
+
+
+def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if ns.group is not None:
+        return cmd_diagnose_group(ns, out, err)
+    if ns.config is not None:
+        err.write("error: --config is read with --group; with --server URL give flags only\n")
+        return 2
+    engine = engine_named(ns.engine or DEFAULT_ENGINE)  # for --consider; detected below
+    try:
+        consider = tuple(engine.parse_change(items) for items in ns.consider)
+        plan = MeasurePlan(
+            precision=ns.precision,
+            max_window_s=max(ns.max_window, ns.window or 0),
+            min_window_s=min(180.0, ns.max_window),
+            fixed_window_s=ns.window,
+        )
+    except (ArgError, ValueError) as exc:
+        err.write(f"error: {exc}\n")
+        return 2
+    host: HostReader | None = None
+    if ns.host_ram_gib is not None:
+        host = ConfiguredHost(ns.host_ram_gib)
+    elif ns.local_host:
+        host = MeminfoReader()
+    settings = DiagnoseSettings(
+        plan=plan,
+        consider=consider,
+        gpu_memory_gib=ns.gpu_memory_gib,
+        gpus=NvmlGpuReader() if ns.local_gpus else None,
+        host=host,
+    )
+    progress = Progress(err)
+    try:
+        client = engine.connect(ns.server, api_key=ns.api_key)  # checks the URL only
+    except EngineError as exc:
+        err.write(f"error: {exc}\n")
+        return 2
+    try:
+        if ns.engine is None:  # whichever engine answers
+            client.close()
+            client = detect(ns.server, api_key=ns.api_key)
+            if client.engine.name != engine.name:
+                try:
+                    consider = tuple(client.engine.parse_change(i) for i in ns.consider)
+                except ArgError as exc:
+                    err.write(f"error: {exc}\n")
+                    return 2
+                settings = replace(settings, consider=consider)
+        finding = diagnose(client, make_clock(ns.time_scale or 1.0), settings, progress)
+    except (EngineError, MeasurementError) as exc:
+        progress.finish()
+        err.write(f"error: {exc}\n")
+        return 1
+    finally:
+        client.close()
+    progress.finish()
+    data = finding.to_json()
+    if ns.json:
+        out.write(json.dumps(data) + "\n")
+    else:
+        out.write(render("diagnose.txt.j2", f=data))
+    return 0
+
+
+def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """`diagnose --group NAME`: every server of the group at once, then the group side by side."""
+    from bot.app.config import ConfigError, load  # noqa: PLC0415
+    from bot.app.wiring import diagnose_settings, engine, engine_client  # noqa: PLC0415
+    from playbooks.diagnose.fleet import Member, diagnose_group  # noqa: PLC0415
+
+    per_server = [
+        flag
+        for flag, given in [
+            ("--api-key", ns.api_key is not None),
+            ("--engine", ns.engine is not None),
+            ("--gpu-memory-gib", ns.gpu_memory_gib is not None),
+            ("--host-ram-gib", ns.host_ram_gib is not None),
+            ("--local-host", ns.local_host),
+            ("--local-gpus", ns.local_gpus),
+        ]
+        if given
+    ]
+    if per_server:
+        err.write(
+            f"error: {', '.join(per_server)} cannot be used with --group: each server's "
+            "settings come from its [servers.NAME] table in the configuration\n"
+        )
+        return 2
+    try:
+        plan = MeasurePlan(
+            precision=ns.precision,
+            max_window_s=max(ns.max_window, ns.window or 0),
+            min_window_s=min(180.0, ns.max_window),
+            fixed_window_s=ns.window,
+        )
+        config = load(ns.config)
+        group, servers = config.group_servers(ns.group)
+        members = [
+            Member(
+                s.name,
+                engine_client(s),
+                replace(
+                    diagnose_settings(s),
+                    plan=plan,
+                    consider=tuple(engine(s).parse_change(items) for items in ns.consider),
+                ),
+            )
+            for s in servers
+        ]
+    except (ArgError, ValueError, ConfigError, EngineError) as exc:
+        err.write(f"error: {exc}\n")
+        return 2
+    progress = Progress(err)
+    latest: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def report(name: str, elapsed: float, target: float, message: str) -> None:
+        with lock:
+            latest[name] = elapsed
+            progress(min(latest.values()), target, f"{len(latest)}/{len(members)} servers")
+
+    clock = make_clock(ns.time_scale or config.time_scale)
+    try:
+        result = diagnose_group(group.name, members, clock, on_progress=report)
+    finally:
+        for m in members:
+            m.client.close()
+    progress.finish()
+    if ns.json:
+        out.write(json.dumps(result.to_json()) + "\n")
+    else:
+        for r in result.members:
+            out.write(f"== {r.name} ({r.url}), metrics from {r.metrics_from}\n")
+            if r.finding is None:
+                out.write(f"error: {r.error}\n\n")
+            else:
+                out.write(render("diagnose.txt.j2", f=r.finding.to_json()) + "\n")
+        out.write(render_group_summary(result.summary()))
+    for r in result.failed:
+        err.write(f"error: {r.name} could not be diagnosed: {r.error}\n")
+    return 1 if result.failed else 0
+
+
+def render_group_summary(s: dict[str, object]) -> str:
+    rows = s["rows"]
+    assert isinstance(rows, list)
+    lines = [
+        f"== group {s['group']}: {s['measured']} of {s['servers']} servers measured",
+        f"{'server':16} {'bottleneck':10} {'decode tok/s':>12} {'usage':>6} {'running':>8} "
+        f"{'queued':>7}  change to try",
+    ]
+    for r in rows:
+        if r["error"] is not None:
+            lines.append(f"{r['server']:16} not measured: {r['error']}")
+            continue
+        change = f"{r['top_change']} ({r['top_verdict']})" if r["top_change"] else "-"
+        rate = r["generation_tokens_per_s"]
+        usage = r["token_usage"]
+        lines.append(
+            f"{r['server']:16} {r['bottleneck']:10} "
+            f"{'-' if rate is None else f'{rate:,.1f}':>12} "
+            f"{'-' if usage is None else f'{usage:.2f}':>6} {r['running']:>8.1f} "
+            f"{r['queued']:>7.1f}  {change}"
+        )
+    total = s["generation_tokens_per_s_total"]
+    by = s["bottlenecks"]
+    assert isinstance(by, dict)
+    counts = ", ".join(f"{k} {len(v)}" for k, v in sorted(by.items())) or "none"
+    lines.append(
+        "total decode rate "
+        + ("-" if total is None else f"{total:,.1f} tok/s")
+        + f"; bottlenecks: {counts}"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command == "report":
+        return cmd_report(ns, out, err)
+    if ns.command == "diagnose":
+        return cmd_diagnose(ns, out, err)
+    if ns.command in ("serve", "console"):
+        return cmd_bot(ns, out, err)
+    if ns.command in ("experiment", "experiments", "resume", "server"):
+        from bot.cli import experiments as experiments_cli  # noqa: PLC0415 - keeps `diagnose` free of storage
+
+        return experiments_cli.dispatch(ns, out, err, sys.stdin)
+    parser.print_help(err)
+    return 2

@@ -1,0 +1,521 @@
+"""`kvpilot experiment`, `kvpilot experiments list|show|abort|approve|reject`, `kvpilot resume`.
+
+An experiment started here runs in the foreground: this process holds its lease (one process
+at a time carries an experiment), Ctrl-C or SIGTERM aborts and reverts it, and the exit status
+says how it ended (`bot.exit_codes`). With four-eyes on, the change is recorded as a proposal
+that another person must approve, in Slack or with `kvpilot experiments approve ID`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from sqlite_utils import Database
+
+from bot.app.config import Config, ConfigError, load
+from bot.app.identity import terminal_actor
+from bot.app.interrupts import StopOnSignal
+from bot.app.wiring import database, diagnose_settings, experiment_deps
+from bot.app.wiring import engine as engine_of
+from bot.app.wiring import launcher as wiring_launcher
+from bot.chat.auth import Principal
+from bot.chat.surface import LOCAL_CHANNEL
+from bot.cli import exit_codes
+from playbooks.clock import make_clock
+from playbooks.engines.base import ArgError, EngineError
+from playbooks.experiments import machine as engine
+from playbooks.experiments.outcome import DESCRIPTIONS, ending
+from playbooks.experiments.ownership import Lease, OwnershipLost
+from playbooks.launchers.base import LaunchError
+from storage import audit
+from storage import experiments as store
+from storage import proposals as proposal_store
+from storage.errors import NotFound, StorageError
+from storage.experiments import State
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = exit_codes.OK, exit_codes.FAILED, exit_codes.USAGE
+
+
+def _printer(err: TextIO) -> Callable[[str], None]:
+    def say(message: str) -> None:
+        err.write(f"  {message}\n")
+        err.flush()
+
+    return say
+
+
+def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
+    try:
+        config = load(ns.config)
+        db = database(config)
+    except (ConfigError, StorageError) as exc:
+        err.write(f"error: {exc}\n")
+        return EXIT_USAGE
+    try:
+        if ns.command == "experiment":
+            return cmd_experiment(ns, config, db, out, err, stdin)
+        if ns.command == "server":
+            return cmd_server(ns, config, out, err)
+        if ns.command == "resume":
+            codes = resume_unfinished(config, db, err)
+            out.write(f"{len(codes)} unfinished experiment(s) handled\n")
+            return exit_codes.most_urgent(codes)
+        if ns.action == "list":
+            return cmd_list(ns, db, out)
+        if ns.action == "show":
+            return cmd_show(ns, db, out, err)
+        if ns.action == "abort":
+            return cmd_abort(ns, config, db, out, err)
+        if ns.action in ("approve", "reject"):
+            return cmd_decide(ns, config, db, out, err, stdin)
+        err.write("error: use `kvpilot experiments list|show ID|abort ID|approve ID|reject ID`\n")
+        return EXIT_USAGE
+    except (ConfigError, ArgError) as exc:
+        err.write(f"error: {exc}\n")
+        return EXIT_USAGE
+    except (EngineError, LaunchError) as exc:
+        err.write(f"error: {exc}\n")
+        return EXIT_FAILED
+
+
+def resume_unfinished(
+    config: Config, db: Database, err: TextIO, server: str | None = None
+) -> list[int]:
+    """Every experiment a crash left active is resumed where safe, reverted otherwise.
+
+    An experiment another living kvpilot process carries is left to it. Returns the exit code
+    of each experiment this process finished.
+    """
+    codes: list[int] = []
+    for row in store.active_experiments(db):
+        if server is not None and row.server != server:
+            continue
+        if row.state == State.proposed:
+            continue  # waiting for a person's approval; nothing runs
+        deps = experiment_deps(config, row.server, db, _printer(err))
+        lease = Lease(lambda: database(config), row.id)
+        if not lease.acquire():
+            _say_carried_elsewhere(lease, err)
+            continue
+        err.write(f"resuming experiment {row.id} on {row.server} (was {row.state})\n")
+        if carry(deps, lease, err, resume=True):
+            final = store.get_experiment(db, row.id)
+            codes.append(exit_code(db, final))
+            err.write(f"experiment {row.id}: {final.state}\n")
+    return codes
+
+
+def _say_carried_elsewhere(lease: Lease, err: TextIO) -> None:
+    held_by, until = lease.holder()
+    until_text = "" if until is None else f" (lease renewed until {until:%H:%M:%S} UTC)"
+    err.write(
+        f"experiment {lease.experiment_id} is being carried by another kvpilot process, "
+        f"{held_by}{until_text}; left to it\n"
+    )
+
+
+def carry(deps: engine.Deps, lease: Lease, err: TextIO, *, resume: bool = False) -> bool:
+    """Run the experiment to its end in the foreground, holding `lease` (already acquired).
+
+    Ctrl-C or SIGTERM aborts and reverts it. False when this process lost the experiment to
+    another (it then touched nothing more).
+    """
+    lease.start()
+    deps.lease = lease
+    exp_id = lease.experiment_id
+    with StopOnSignal(terminal_actor(), err) as stop:
+        stop.experiment_id = exp_id
+        deps.interrupt = stop.take
+        try:
+            if resume:
+                engine.resume_policy(deps, exp_id, actor="kvpilot")
+            engine.run(deps, exp_id)
+        except OwnershipLost as exc:
+            err.write(f"experiment {exp_id}: this process stopped carrying it: {exc}\n")
+            return False
+        finally:
+            lease.release()
+            deps.client.close()
+    return True
+
+
+def exit_code(db: Database, row: store.ExperimentRow) -> int:
+    return exit_codes.BY_OUTCOME[ending(row, store.transitions(db, row.id)).outcome]
+
+
+def confirm(yes: bool, stdin: TextIO, err: TextIO, question: str, declined: str) -> int | None:
+    """None to go ahead; else the exit code. Without a terminal only `--yes` is a yes."""
+    if yes:
+        return None
+    if not stdin.isatty():
+        err.write("error: confirmation needed and there is no terminal: re-run with --yes\n")
+        return EXIT_USAGE
+    err.write(f"{question} [y/N] ")
+    err.flush()
+    if stdin.readline().strip().lower() in ("y", "yes"):
+        return None
+    err.write(declined + "\n")
+    return EXIT_OK
+
+
+def four_eyes(config: Config) -> bool:
+    return config.slack is not None and config.slack.four_eyes
+
+
+def cmd_experiment(
+    ns: argparse.Namespace, config: Config, db: Database, out: TextIO, err: TextIO, stdin: TextIO
+) -> int:
+    server = config.server(ns.server)
+    items = [item for group in ns.set for item in group]
+    if not items:
+        raise ArgError("nothing to change: give --set KEY=VALUE (e.g. mem_fraction_static=0.88)")
+    change = engine_of(server).parse_change(items)
+    resume_unfinished(config, db, err, server=ns.server)
+    if any(e.server == ns.server for e in store.active_experiments(db)):
+        active = next(e for e in store.active_experiments(db) if e.server == ns.server)
+        err.write(
+            f"error: experiment {active.id} on {ns.server} is still {active.state}; wait for "
+            f"it to finish or abort it (`kvpilot experiments abort {active.id}`)\n"
+        )
+        return EXIT_USAGE
+    deps = experiment_deps(config, ns.server, db, _printer(err))
+    info = deps.client.settings()
+    rules = deps.client.engine.rules_for(info, diagnose_settings(server), measured=False)
+    option = rules.judge(change)
+    baseline = deps.launcher.current_args()
+    trial = deps.client.engine.with_change(baseline, change)
+    err.write(f"server {ns.server} ({server.url}): change {option.title}\n")
+    err.write(f"  from: {' '.join(baseline)}\n  to:   {' '.join(trial)}\n")
+    if option.predicted_max_total_num_tokens is not None:
+        err.write(
+            f"  KV capacity {info.capacity_tokens:,} -> "
+            f"{option.predicted_max_total_num_tokens:,} tokens (predicted)\n"
+        )
+    for reason in option.reasons:
+        err.write(f"  - {reason}\n")
+    if option.verdict == "unsafe" and not ns.force:
+        err.write(
+            "error: refused: the safety checks call this change unsafe (reasons above). "
+            "Run with --force to try it anyway; it is reverted if the server fails.\n"
+        )
+        return EXIT_USAGE
+    who = terminal_actor()
+    if four_eyes(config):
+        deps.client.close()
+        return propose_for_approval(ns, config, change, who, err)
+    refused = confirm(
+        ns.yes,
+        stdin,
+        err,
+        "Apply this change, measure it, and keep it only if throughput improves?",
+        "not applied",
+    )
+    if refused is not None:
+        return refused
+    lease = Lease(lambda: database(config))
+    exp_id = engine.create(
+        deps,
+        change,
+        actor=who,
+        approved_by=who,
+        reason="approved with --yes" if ns.yes else "confirmed in the terminal",
+        owner=lease,
+    )
+    if option.verdict == "unsafe":
+        audit.record(
+            db,
+            audit.Note(
+                actor=who,
+                created=deps.now(),
+                server=ns.server,
+                experiment_id=exp_id,
+                text="run with --force despite: " + "; ".join(option.reasons),
+            ),
+        )
+    if not carry(deps, lease, err):
+        return EXIT_FAILED
+    return report(db, exp_id, ns.json, out)
+
+
+def report(db: Database, exp_id: int, as_json: bool, out: TextIO) -> int:
+    """Print the finished experiment; its exit code says how it ended."""
+    summary = summarise(db, store.get_experiment(db, exp_id))
+    out.write(json.dumps(summary) + "\n" if as_json else render_summary(summary))
+    return int(summary["exit_code"])
+
+
+def summarise(db: Database, row: store.ExperimentRow) -> dict[str, Any]:
+    result = row.result or {}
+    moves = store.transitions(db, row.id)
+    end = ending(row, moves)
+    return {
+        "id": row.id,
+        "server": row.server,
+        "state": str(row.state),
+        "outcome": str(end.outcome),
+        "cause": end.cause,
+        "exit_code": exit_codes.BY_OUTCOME[end.outcome],
+        "change": row.change,
+        "verdict": result.get("verdict"),
+        "baseline": result.get("baseline"),
+        "trial": result.get("trial"),
+        "effect": result.get("effect"),
+        "rule": result.get("rule"),
+        # why it ended first (the cause); what followed (the revert) is in `then`
+        "reason": end.cause,
+        "then": end.then,
+        "transitions": [
+            {
+                "from": None if m.from_state is None else str(m.from_state),
+                "to": str(m.to_state),
+                "reason": m.reason,
+                "actor": m.actor,
+                "at": m.created_at.isoformat(timespec="seconds"),
+            }
+            for m in moves
+        ],
+        "took_s": round((moves[-1].created_at - moves[0].created_at).total_seconds(), 1)
+        if moves
+        else None,
+        "trial_s": result.get("trial_s"),
+        "baseline_config": row.baseline_config,
+        "trial_config": row.trial_config,
+    }
+
+
+def _interval(x: dict[str, Any] | None, pct: bool = False) -> str:
+    if not x:
+        return "n/a"
+    mean = x["mean"] * 100 if pct else x["mean"]
+    unit = "%" if pct else " tok/s"
+    text = f"{mean:+.1f}{unit}" if pct else f"{mean:,.1f}{unit}"
+    if x.get("ci95"):
+        low, high = x["ci95"]
+        if pct:
+            text += f" (95% {low * 100:+.1f}..{high * 100:+.1f}%)"
+        else:
+            text += f" (95% {low:,.1f}..{high:,.1f})"
+    return text
+
+
+def render_summary(s: dict[str, Any]) -> str:
+    lines = [
+        f"experiment {s['id']} on {s['server']}: {s['state'].upper()} "
+        f"({DESCRIPTIONS[s['outcome']]}; exit {s['exit_code']})",
+        f"  why       {s['reason']}",
+    ]
+    if s.get("then"):
+        lines.append(f"  then      {s['then']}")
+    lines += [
+        f"  change    {s['change']}",
+        f"  baseline  {_interval(s['baseline'])}",
+        f"  trial     {_interval(s['trial'])}",
+        f"  effect    {_interval(s['effect'], pct=True)}",
+        f"  took      {s['took_s']} s (trial {s['trial_s']} s)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_list(ns: argparse.Namespace, db: Database, out: TextIO) -> int:
+    rows = store.list_experiments(db, server=ns.server)
+    if ns.json:
+        out.write(json.dumps([summarise(db, r) for r in rows]) + "\n")
+        return EXIT_OK
+    out.write(f"{'id':>4}  {'server':12} {'state':11} {'created':20} change\n")
+    for r in rows:
+        created = r.created_at.isoformat(timespec="seconds")[:19]
+        out.write(f"{r.id:>4}  {r.server:12} {r.state!s:11} {created:20} {r.change}\n")
+    return EXIT_OK
+
+
+def cmd_show(ns: argparse.Namespace, db: Database, out: TextIO, err: TextIO) -> int:
+    try:
+        row = store.get_experiment(db, ns.id)
+    except NotFound:
+        err.write(f"error: no experiment {ns.id}; `kvpilot experiments list` shows them\n")
+        return EXIT_USAGE
+    summary = summarise(db, row)
+    summary["audit"] = audit.events(db, experiment_id=row.id)
+    if ns.json:
+        out.write(json.dumps(summary, default=str) + "\n")
+        return EXIT_OK
+    out.write(render_summary(summary))
+    out.write("  transitions:\n")
+    for t in summary["transitions"]:
+        out.write(f"    {t['at'][:19]}  {t['from'] or '-':11} -> {t['to']:11} {t['reason']}\n")
+    out.write("  audit:\n")
+    for ev in summary["audit"]:
+        out.write(f"    {str(ev.get('created_at'))[:19]}  {ev.get('name')} by {ev.get('actor')}\n")
+    return EXIT_OK
+
+
+def cmd_server(ns: argparse.Namespace, config: Config, out: TextIO, err: TextIO) -> int:
+    server = config.server(ns.server)
+    launcher = wiring_launcher(config, server, make_clock(config.time_scale))
+    if ns.action == "status":
+        state = launcher.state()
+        out.write(
+            json.dumps(
+                {
+                    "server": ns.server,
+                    "running": state.running,
+                    "ready": state.ready,
+                    "pid": state.pid,
+                    "reason": state.reason,
+                    "args": launcher.current_args(),
+                }
+            )
+            + "\n"
+        )
+        return EXIT_OK
+    if ns.action == "stop":
+        launcher.stop()
+        out.write(f"{ns.server} stopped\n")
+        return EXIT_OK
+    if launcher.state().running:
+        out.write(f"{ns.server} is already running\n")
+        return EXIT_OK
+    launcher.start(launcher.current_args())
+    launcher.wait_ready()
+    out.write(f"{ns.server} is ready at {server.url}\n")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- four-eyes
+def _terminal_bot(config: Config, err: TextIO) -> tuple[Any, Any]:
+    """The chat core with the terminal as its surface, for proposals and approvals here."""
+    from bot.chat.flow import Kvpilot  # noqa: PLC0415
+    from bot.console.terminal import ConsoleSurface  # noqa: PLC0415 - only the four-eyes path needs it
+
+    surface = ConsoleSurface(err, Path(config.state_dir) / "charts")
+    kv = Kvpilot(
+        config,
+        lambda: database(config),
+        group_members=lambda _group: frozenset(),
+        surface_for=lambda _channel: surface,
+    )
+    return kv, surface
+
+
+def _who_may_approve(config: Config, proposal_id: int, proposer: str) -> str:
+    slack = config.slack
+    approvers = ", ".join(slack.approvers) if slack and slack.approvers else "none named"
+    return (
+        f"another person must approve it: an approver in Slack ([slack] approvers: "
+        f"{approvers}) with `/kvpilot approve {proposal_id}`, or another authorised OS user "
+        f"(not {proposer.removeprefix('cli:')}) with `kvpilot experiments approve "
+        f"{proposal_id}`"
+    )
+
+
+def propose_for_approval(
+    ns: argparse.Namespace, config: Config, change: dict[str, Any], who: str, err: TextIO
+) -> int:
+    """Four-eyes: record the change as a proposal; its proposer may not approve it."""
+    kv, surface = _terminal_bot(config, err)
+    try:
+        principal = Principal(who, LOCAL_CHANNEL)
+        proposal_id = kv.propose(principal, surface, ns.server, change, force=ns.force)
+        if proposal_id is None:
+            return EXIT_USAGE  # refused; the surface said why
+        reason = "four-eyes is on: the person who proposed a change cannot approve it"
+        kv.deny(principal, "approve", reason, server=ns.server, proposal_id=proposal_id)
+    finally:
+        kv.close()
+    err.write(
+        f"{reason}. Proposal {proposal_id} is recorded; nothing was changed. "
+        f"{_who_may_approve(config, proposal_id, who).capitalize()}.\n"
+    )
+    return exit_codes.AWAITING_APPROVAL
+
+
+def cmd_decide(
+    ns: argparse.Namespace, config: Config, db: Database, out: TextIO, err: TextIO, stdin: TextIO
+) -> int:
+    """`kvpilot experiments approve|reject ID`: a person's decision on a recorded proposal."""
+    try:
+        proposal = proposal_store.get_proposal(db, ns.id)
+    except NotFound:
+        err.write(f"error: no proposal {ns.id}; proposals are listed by `/kvpilot status`\n")
+        return EXIT_USAGE
+    change = ", ".join(f"{k}={v}" for k, v in proposal.change.items())
+    err.write(
+        f"proposal {proposal.id} for {proposal.server}: {change} "
+        f"(proposed by {proposal.created_by}, expires {proposal.expires_at:%Y-%m-%d %H:%M} UTC)\n"
+    )
+    if ns.action == "approve":
+        refused = confirm(
+            ns.yes,
+            stdin,
+            err,
+            "Approve: restart the server with it, measure, keep only if better?",
+            "not approved",
+        )
+        if refused is not None:
+            return refused
+    who = terminal_actor()
+    earlier = proposal_store.approvals(db, proposal.id)
+    kv, surface = _terminal_bot(config, err)
+    try:
+        exp_id = kv.decide(
+            Principal(who, LOCAL_CHANNEL),
+            surface,
+            proposal.id,
+            proposal.plan_hash[:16],
+            ns.action,
+            None,
+            start=False,
+        )
+    finally:
+        kv.close()
+    if earlier or not proposal_store.approvals(db, proposal.id):
+        return EXIT_USAGE  # refused: the reason was printed (and audited)
+    if ns.action == "reject":
+        err.write(f"proposal {proposal.id} rejected; nothing was changed\n")
+        return EXIT_OK
+    if exp_id is None:
+        return EXIT_FAILED  # approved, but the experiment could not be created (printed)
+    lease = Lease(lambda: database(config), exp_id)
+    if not lease.acquire():
+        _say_carried_elsewhere(lease, err)
+        return EXIT_FAILED
+    deps = experiment_deps(config, proposal.server, db, _printer(err))
+    if not carry(deps, lease, err):
+        return EXIT_FAILED
+    return report(db, exp_id, ns.json, out)
+
+
+# --------------------------------------------------------------------------- abort
+def cmd_abort(
+    ns: argparse.Namespace, config: Config, db: Database, out: TextIO, err: TextIO
+) -> int:
+    """`kvpilot experiments abort ID`: stop it; revert the server if anything changed."""
+    try:
+        row = store.get_experiment(db, ns.id)
+    except NotFound:
+        err.write(f"error: no experiment {ns.id}; `kvpilot experiments list` shows them\n")
+        return EXIT_USAGE
+    if row.terminal:
+        err.write(f"experiment {row.id} already ended ({row.state}); nothing to abort\n")
+        return EXIT_OK
+    who = terminal_actor()
+    deps = experiment_deps(config, row.server, db, _printer(err))
+    moved = engine.abort(deps, row.id, actor=who, reason=f"aborted by {who} in the terminal")
+    err.write(f"experiment {row.id} on {row.server}: {row.state} -> {moved.state}\n")
+    lease = Lease(lambda: database(config), row.id)
+    if not moved.terminal and not lease.acquire():
+        deps.client.close()
+        _say_carried_elsewhere(lease, err)
+        err.write(
+            "that process reverts the server at its next step; "
+            f"`kvpilot experiments show {row.id}` follows it\n"
+        )
+        return exit_codes.CANCELLED
+    if not moved.terminal and not carry(deps, lease, err):
+        return EXIT_FAILED
+    deps.client.close()
+    return report(db, row.id, ns.json, out)

@@ -1,0 +1,165 @@
+"""`kvpilot report`: a server's throughput report from stored samples, printed or posted.
+
+Heavy imports (matplotlib, slack_sdk) happen only when the command runs, so the rest of the
+command line starts as fast as before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import zoneinfo
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from playbooks.reports.throughput import Report
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def add_report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "report", help="a server's throughput report (last 24 h by default), printed or posted"
+    )
+    p.add_argument("--config", default=None, help="kvpilot.toml")
+    p.add_argument("--server", required=True, help="a server name from the configuration")
+    p.add_argument(
+        "--since",
+        default="24h",
+        metavar="DURATION",
+        help="how far back the report reaches, e.g. 24h, 7d, 90m (default 24h)",
+    )
+    p.add_argument(
+        "--until",
+        default=None,
+        metavar="TIME",
+        help="end of the window, ISO 8601 such as 2026-12-01T09:00+01:00 (default: now)",
+    )
+    p.add_argument(
+        "--timezone",
+        default=None,
+        help="show times in this zone (default: the server's [[reports]] zone, else UTC)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--chart", default=None, metavar="PNG", help="also write the chart here")
+    p.add_argument(
+        "--post",
+        action="store_true",
+        help="post to Slack (SLACK_BOT_TOKEN; SLACK_API_URL for another API endpoint)",
+    )
+    p.add_argument(
+        "--channel",
+        default=None,
+        help="with --post: channel ID (default: the server's first [[reports]] channel)",
+    )
+
+
+def _until(text: str | None, zone: zoneinfo.ZoneInfo, fallback: datetime) -> datetime:
+    if text is None:
+        return fallback
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"--until {text!r} is not a time; use ISO 8601 such as 2026-12-01T09:00 (read in "
+            "--timezone) or 2026-12-01T09:00+01:00"
+        ) from None
+    return moment.replace(tzinfo=zone) if moment.tzinfo is None else moment
+
+
+def cmd_report(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from bot.app.config import ConfigError, load  # noqa: PLC0415 - see the module docstring
+    from bot.app.wiring import database, engine_of  # noqa: PLC0415
+    from bot.reports.report import render_chart, render_text  # noqa: PLC0415
+    from playbooks.reports.throughput import build_report, parse_window  # noqa: PLC0415
+    from storage.errors import StorageError  # noqa: PLC0415
+    from storage.metric_samples import last_sample, sampled_servers  # noqa: PLC0415
+
+    try:
+        config = load(ns.config)
+        db = database(config)
+    except (ConfigError, StorageError) as exc:
+        err.write(f"error: {exc}\n")
+        return EXIT_USAGE
+    schedules = [r for r in config.reports if ns.server in r.servers]
+    try:
+        if ns.server not in config.servers and ns.server not in sampled_servers(db):
+            config.server(ns.server)  # raises with the configured names
+        tz_name = ns.timezone or (schedules[0].timezone if schedules else "UTC")
+        try:
+            zone = zoneinfo.ZoneInfo(tz_name)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"--timezone {tz_name!r} is not a time zone; use an IANA name such as "
+                "Europe/Berlin or UTC"
+            ) from None
+        now = datetime.now(UTC)
+        newest = last_sample(db, ns.server)
+        if config.time_scale != 1.0 and newest is not None:
+            # an accelerated twin's samples run ahead of the wall clock
+            now = max(now, datetime.fromtimestamp(newest.ts + 1.0, UTC))
+        until = _until(ns.until, zone, now)
+        since = until - parse_window(ns.since)
+        report = build_report(
+            db, ns.server, since=since, until=until, engine=engine_of(config, ns.server)
+        )
+    except (ConfigError, ValueError) as exc:
+        err.write(f"error: {exc}\n")
+        return EXIT_USAGE
+    if ns.chart:
+        try:
+            Path(ns.chart).write_bytes(render_chart(report, zone))
+        except OSError as exc:
+            err.write(f"error: cannot write the chart to {ns.chart}: {exc.strerror}\n")
+            return EXIT_FAILED
+    if ns.post:
+        return _post(ns, schedules[0].channel if schedules else None, report, zone, out, err)
+    if ns.json:
+        out.write(json.dumps(report.to_json()) + "\n")
+    else:
+        out.write(render_text(report, zone))
+    return EXIT_OK
+
+
+def _post(
+    ns: argparse.Namespace,
+    default_channel: str | None,
+    report: Report,
+    zone: zoneinfo.ZoneInfo,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    from slack_sdk import WebClient  # noqa: PLC0415
+    from slack_sdk.errors import SlackApiError  # noqa: PLC0415
+
+    from bot.reports.report import post_report  # noqa: PLC0415
+
+    channel = ns.channel or default_channel
+    if not channel:
+        err.write(
+            "error: --post needs a channel: pass --channel C0123ABCD or add a [[reports]] entry "
+            "for this server\n"
+        )
+        return EXIT_USAGE
+    token = os.environ.get("SLACK_BOT_TOKEN")
+    if not token:
+        err.write("error: --post needs the bot token in SLACK_BOT_TOKEN (xoxb-...)\n")
+        return EXIT_USAGE
+    base_url = os.environ.get("SLACK_API_URL") or WebClient.BASE_URL
+    client = WebClient(token=token, base_url=base_url, timeout=30)
+    try:
+        post_report(client, channel, report, tz=zone)
+    except SlackApiError as exc:
+        code = exc.response.get("error") if exc.response is not None else None
+        err.write(f"error: Slack refused the report: {code or exc}\n")
+        if code == "not_in_channel":
+            err.write(f"  invite the bot to {channel} first (/invite @kvpilot)\n")
+        return EXIT_FAILED
+    except OSError as exc:
+        err.write(f"error: cannot reach Slack at {base_url}: {exc}\n")
+        return EXIT_FAILED
+    out.write(f"posted the report of {report.server} to {channel}\n")
+    return EXIT_OK

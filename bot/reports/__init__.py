@@ -1,0 +1,1 @@
+"""Throughput reports for people: rendering, charts, the sampler that feeds them, schedules."""

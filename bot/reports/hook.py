@@ -1,0 +1,63 @@
+"""`/kvpilot report` (and `report` in the console): the daily report, on demand, in the channel.
+
+The window ends at the sampler's "now", which against an accelerated twin is the twin's own
+time, so the report covers what the samples cover.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from sqlite_utils import Database
+
+from bot.app.config import ConfigError, parse_duration
+from bot.chat.auth import Principal
+from bot.chat.commands import Command
+from bot.chat.messages import Message
+from bot.chat.surface import Surface
+from playbooks.engines.base import Engine
+
+ReportHook = Callable[[Command, Principal, Surface], None]
+
+
+def make_report_hook(
+    db: Callable[[], Database],
+    now: Callable[[], datetime],
+    engine: Callable[[str], Engine] | None = None,
+) -> ReportHook:
+    """`engine` names the engine of a server (the default engine's rules when not given)."""
+
+    def report(cmd: Command, who: Principal, surface: Surface) -> None:
+        from bot.reports import report as reports  # noqa: PLC0415 - matplotlib loads only when a report is asked
+        from playbooks.reports.throughput import build_report  # noqa: PLC0415
+
+        assert cmd.server is not None
+        try:
+            window = parse_duration(cmd.since, "--since")
+        except ConfigError as exc:
+            surface.whisper(who, Message.note(f":warning: {exc}"))
+            return
+        until = now()
+        result = build_report(
+            db(),
+            cmd.server,
+            since=until - timedelta(seconds=window),
+            until=until,
+            engine=None if engine is None else engine(cmd.server),
+        )
+        text = reports.render_text(result)
+        message = Message(
+            text=reports.summary_line(result),
+            parts=(text,),
+            prebuilt=tuple(reports.render_blocks(result)),
+        )
+        ref = surface.post(message)
+        surface.upload(
+            reports.render_chart(result),
+            filename=reports.chart_filename(result),
+            title=f"{cmd.server}: throughput and queue depth",
+            thread=ref,
+        )
+
+    return report

@@ -1,0 +1,376 @@
+"""The report rendered for people: text (jinja2), Slack Block Kit, a PNG chart, and posting.
+
+``render_text`` is the terminal form and the Slack message's fallback text; ``render_blocks``
+the Slack form (at most ``MAX_BLOCKS`` blocks, every text within Slack's limits, so Slack
+never answers ``invalid_blocks``); ``render_chart`` draws throughput and queue depth over
+the window with experiments and outages marked; ``post_report`` posts the message and then
+uploads the chart into its thread with ``files_upload_v2``.
+
+Times are shown in the time zone given (a report channel's own zone), UTC otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+from datetime import datetime, timedelta, tzinfo
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from jinja2 import Environment, pass_context
+from jinja2.runtime import Context
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.dates import AutoDateLocator, DateFormatter
+from matplotlib.figure import Figure
+from slack_sdk import WebClient
+
+from bot.chat.render import environment
+from playbooks.reports.throughput import Estimate, Report
+
+MAX_BLOCKS = 50
+SECTION_LIMIT = 3000
+HEADER_LIMIT = 150
+FIELD_LIMIT = 2000
+VERDICT_COLOURS = {"kept": "#2ca02c", "reverted": "#d62728", "failed": "#8c1515"}
+ACTIVE_COLOUR = "#ffbf00"
+OUTAGE_COLOUR = "#7f7f7f"
+GENERATION_COLOUR = "#1f77b4"
+EFFECTIVE_COLOUR = "#ff7f0e"
+QUEUE_COLOUR = "#d62728"
+RUNNING_COLOUR = "#2ca02c"
+
+Zone = str | tzinfo
+
+
+def _zone(tz: Zone | None) -> tzinfo:
+    if tz is None:
+        return ZoneInfo("UTC")
+    return ZoneInfo(tz) if isinstance(tz, str) else tz
+
+
+# ----------------------------------------------------------------------------- formatting
+def duration(seconds: float | None) -> str:
+    """``45 s``, ``13 min``, ``2 h 05 min``, ``24 h``, ``3 d 4 h``."""
+    if seconds is None or not math.isfinite(seconds):
+        return "n/a"
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min" + (f" {s % 60:02d} s" if s < 600 and s % 60 else "")
+    if s < 2 * 86400:
+        minutes = (s % 3600) // 60
+        return f"{s // 3600} h" + (f" {minutes:02d} min" if minutes else "")
+    hours = (s % 86400) // 3600
+    return f"{s // 86400} d" + (f" {hours} h" if hours else "")
+
+
+def when(moment: datetime, tz: Zone | None = None) -> str:
+    local = moment.astimezone(_zone(tz))
+    return local.strftime("%Y-%m-%d %H:%M ") + (local.tzname() or "")
+
+
+def setting(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) and abs(value) >= 10000:
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def change(values: dict[str, Any]) -> str:
+    return " ".join(f"{k}={setting(v)}" for k, v in values.items()) or "(no change)"
+
+
+def effect(estimate: Estimate) -> str:
+    text = f"{estimate.mean:+.1%}"
+    if estimate.low is not None and estimate.high is not None:
+        text += f" (95% CI {estimate.low:+.1%}..{estimate.high:+.1%})"
+    return text
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
+# ----------------------------------------------------------------------------- text
+@pass_context
+def _when_filter(context: Context, moment: datetime) -> str:
+    return when(moment, context["tz"])
+
+
+@functools.cache
+def _environment() -> Environment:
+    """One environment (templates compiled once); the time zone comes with each render."""
+    env = environment()
+    env.filters["when"] = _when_filter
+    env.filters["duration"] = duration
+    env.filters["setting"] = setting
+    env.filters["change"] = change
+    env.filters["effect"] = effect
+    return env
+
+
+def render_text(report: Report, tz: Zone | None = None) -> str:
+    """The report as plain text (``bot/chat/templates/report.txt.j2``)."""
+    return _environment().get_template("report.txt.j2").render(r=report, tz=_zone(tz))
+
+
+def summary_line(report: Report, tz: Zone | None = None) -> str:
+    """One line: the message's notification text."""
+    parts = [
+        f"{_num(report.tokens_generated)} tokens",
+        f"{_num(report.generation.mean)} tok/s generation",
+        f"queue non-empty {_pct(report.saturated_share)}",
+    ]
+    if report.restarts:
+        parts.append(f"{report.restarts} restart(s)")
+    if report.diagnosis is not None:
+        parts.append(f"bottleneck {report.diagnosis.bottleneck}")
+    return (
+        f"kvpilot report for {report.server} ({duration(report.window_s)} to "
+        f"{when(report.until, tz)}): " + ", ".join(parts)
+    )
+
+
+# ----------------------------------------------------------------------------- Block Kit
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _section(text: str) -> dict[str, Any]:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": _clip(text, SECTION_LIMIT)}}
+
+
+def _lines(title: str, lines: list[str]) -> dict[str, Any]:
+    """A section of bullet lines that always fits: lines that do not are counted instead."""
+    text = f"*{title}*"
+    for i, line in enumerate(lines):
+        more = f"\n…and {len(lines) - i} more"
+        candidate = f"{text}\n• {_clip(line, 600)}"
+        if len(candidate) + len(more) > SECTION_LIMIT:
+            text += more
+            break
+        text = candidate
+    return _section(text)
+
+
+def _fields(report: Report) -> list[dict[str, Any]]:
+    r = report
+    usage = "not reported"
+    if r.usage is not None:
+        usage = (
+            f"p50 {r.usage.p50:.2f}, p90 {r.usage.p90:.2f}, max {r.usage.max:.2f}\n"
+            f"≥ 0.90 for {r.usage.share_above_90:.0%} of the time"
+        )
+    retractions = (
+        _num(r.retractions)
+        if r.retractions is not None
+        else f"seen in {r.retraction_samples} samples"
+    )
+    values = [
+        ("Tokens generated", f"{_num(r.tokens_generated)}\n{_num(r.prompt_tokens)} prompt"),
+        ("Requests completed", _num(r.requests_completed)),
+        (
+            "Generation (decode)",
+            f"{_num(r.generation.mean)} tok/s avg\npeak {_num(r.generation.peak)}",
+        ),
+        (
+            "Effective (completed)",
+            f"{_num(r.effective.mean)} tok/s avg\nbest 5 min {_num(r.effective.peak)}",
+        ),
+        (
+            "Saturated (queue non-empty)",
+            f"{_pct(r.saturated_share)} of the time ({duration(r.saturated_s)})\n"
+            f"avg {_num(r.running_mean, 1)} running, {_num(r.queue_mean, 1)} waiting",
+        ),
+        ("KV token usage", usage),
+        ("Retractions", retractions),
+        (
+            "Restarts and downtime",
+            f"{r.restarts} restart(s), down {duration(r.downtime_s)}\n"
+            f"no data {duration(r.no_data_s)}",
+        ),
+    ]
+    return [
+        {"type": "mrkdwn", "text": _clip(f"*{title}*\n{value}", FIELD_LIMIT)}
+        for title, value in values
+    ]
+
+
+def render_blocks(report: Report, tz: Zone | None = None) -> list[dict[str, Any]]:
+    """The report as Slack blocks: a header, the numbers, then what happened and why."""
+    r = report
+    zone = _zone(tz)
+    blocks: list[dict[str, Any]] = [
+        {
+            "type": "header",
+            "text": {
+                "type": "plain_text",
+                "text": _clip(f"Throughput report: {r.server}", HEADER_LIMIT),
+            },
+        },
+        {
+            "type": "context",
+            "elements": [
+                {
+                    "type": "mrkdwn",
+                    "text": f"{when(r.since, zone)} to {when(r.until, zone)} · observed "
+                    f"{duration(r.observed_s)} of {duration(r.window_s)}",
+                }
+            ],
+        },
+        {"type": "section", "fields": _fields(r)},
+    ]
+    if r.diagnosis is not None:
+        source = (
+            "a fresh measurement"
+            if r.diagnosis.source == "live"
+            else f"{duration(r.diagnosis.busy_s)} of busy time"
+        )
+        blocks.append(
+            _lines(f"Bottleneck: {r.diagnosis.bottleneck} ({source})", r.diagnosis.evidence)
+        )
+    experiments = [
+        f"#{e.id} `{change(e.change)}`: *{e.state}*"
+        + (f", decode rate {effect(e.effect)}" if e.effect else "")
+        + (f" — {e.reason}" if e.reason else "")
+        for e in r.experiments
+    ]
+    blocks.append(_lines("Experiments", experiments or ["none in this window"]))
+    if r.config.changes:
+        blocks.append(
+            _lines(
+                "Configuration changed",
+                [f"`{c.key}`: {setting(c.before)} → {setting(c.after)}" for c in r.config.changes],
+            )
+        )
+    elif r.config.now:
+        blocks.append(_section("*Configuration* unchanged"))
+    if r.outages:
+        blocks.append(
+            _lines(
+                "Outages",
+                [
+                    f"{when(o.start, zone)}: {o.kind.replace('_', ' ')} for "
+                    f"{duration(o.duration_s)}" + (", restarted" if o.restarted else "")
+                    for o in r.outages
+                ],
+            )
+        )
+    if r.notes:
+        blocks.append(
+            {
+                "type": "context",
+                "elements": [
+                    {"type": "mrkdwn", "text": _clip(n, SECTION_LIMIT)} for n in r.notes[:10]
+                ],
+            }
+        )
+    return blocks[:MAX_BLOCKS]
+
+
+# ----------------------------------------------------------------------------- chart
+def _values(points: list[Any], name: str) -> list[float]:
+    return [math.nan if getattr(p, name) is None else float(getattr(p, name)) for p in points]
+
+
+def render_chart(report: Report, tz: Zone | None = None) -> bytes:
+    """A PNG: throughput (top) and queue depth (bottom), experiments and outages shaded."""
+    zone = _zone(tz)
+    fig = Figure(figsize=(10, 5.6), dpi=100)
+    FigureCanvasAgg(fig)
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    half = timedelta(seconds=report.series_step_s / 2)
+    times = [p.start + half for p in report.series]  # each point is its step's mean
+    top.plot(
+        times,
+        _values(report.series, "gen_throughput"),
+        color=GENERATION_COLOUR,
+        label="generation (decode) tok/s",
+    )
+    top.plot(
+        times,
+        _values(report.series, "effective"),
+        color=EFFECTIVE_COLOUR,
+        label="effective (completed) tok/s",
+    )
+    top.set_ylabel("tokens/s")
+    top.set_ylim(bottom=0)
+    bottom.fill_between(
+        times, _values(report.series, "queue"), color=QUEUE_COLOUR, alpha=0.35, label="waiting"
+    )
+    bottom.plot(times, _values(report.series, "running"), color=RUNNING_COLOUR, label="running")
+    bottom.set_ylabel("requests")
+    bottom.set_ylim(bottom=0)
+    for o in report.outages:
+        for ax in (top, bottom):
+            ax.axvspan(o.start, o.end, color=OUTAGE_COLOUR, alpha=0.25, hatch="//", lw=0)
+    for e in report.experiments:
+        start = max(e.started, report.since)
+        end = min(e.finished or report.until, report.until)
+        colour = VERDICT_COLOURS.get(e.state, ACTIVE_COLOUR)
+        for ax in (top, bottom):
+            ax.axvspan(start, end, color=colour, alpha=0.18, lw=0)
+        top.annotate(
+            f"#{e.id} {change(e.change)}: {e.state}",
+            xy=(start, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(2, -12),
+            textcoords="offset points",
+            fontsize=8,
+            color=colour,
+        )
+    top.set_xlim(report.since, report.until)
+    top.legend(loc="lower left", fontsize=8)
+    bottom.legend(loc="upper left", fontsize=8)
+    bottom.xaxis.set_major_locator(AutoDateLocator(tz=zone))  # type: ignore[no-untyped-call]
+    bottom.xaxis.set_major_formatter(DateFormatter("%m-%d %H:%M", tz=zone))  # type: ignore[no-untyped-call]
+    top.grid(alpha=0.3)
+    bottom.grid(alpha=0.3)
+    fig.suptitle(
+        f"{report.server}: {when(report.since, zone)} to {when(report.until, zone)}",
+        fontsize=11,
+    )
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()
+
+
+# ----------------------------------------------------------------------------- Slack
+def chart_filename(report: Report) -> str:
+    return f"kvpilot-{report.server}-{report.until:%Y%m%d-%H%M}.png"
+
+
+def post_report(client: WebClient, channel: str, report: Report, *, tz: Zone | None = None) -> None:
+    """Post the report to ``channel``, then upload its chart into the message's thread.
+
+    ``SlackApiError`` propagates: the caller decides whether a failure is retried.
+    """
+    posted = client.chat_postMessage(
+        channel=channel,
+        text=summary_line(report, tz),
+        blocks=render_blocks(report, tz),
+        unfurl_links=False,
+    )
+    client.files_upload_v2(
+        channel=str(posted["channel"]),
+        thread_ts=str(posted["ts"]),
+        file=render_chart(report, tz),
+        filename=chart_filename(report),
+        title=f"{report.server}: throughput and queue depth",
+        alt_txt=summary_line(report, tz),
+    )

@@ -1,0 +1,447 @@
+"""The metrics sampler: every configured server, every ``interval_s``, into storage.
+
+While the bot runs it reads each server's metrics (or its load report when metrics are
+off), turns counters into increases, and stores one raw sample per server per tick. What it
+cannot observe is stored as a gap, never as zeros: a failed scrape opens a ``down`` gap that
+the next good scrape closes (noting whether the server restarted: its counters went back), a
+counter reset between two good scrapes is a ``restart`` gap, and time the sampler itself was
+not running is ``no_data``. Every few minutes it rolls samples up and drops what is past
+retention (``storage.metric_samples.compact``), so a year of samples stays a few megabytes.
+
+The server's own settings (server info) are read when it is first seen and after every gap,
+and stored when they changed, for the report's "configuration now versus a day ago".
+
+Time comes from an injected ``TimeSource``: the system clock in production, a scaled one
+against a twin started with ``--time-scale K`` (so samples are in the twin's time), a manual
+one in tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Protocol
+
+from sqlite_utils import Database
+
+from bot.app.config import Config, ServerConfig
+from bot.app.wiring import engine_client
+from playbooks.engines.base import EngineClient, EngineError, MetricsDisabled, Snapshot
+from storage.db import open_db
+from storage.metric_buckets import RawSample
+from storage.metric_samples import (
+    Gap,
+    Retention,
+    add_gap,
+    add_sample,
+    close_gap,
+    compact,
+    extend_gap,
+    last_sample,
+    open_gap,
+)
+from storage.server_snapshots import record_snapshot
+
+log = logging.getLogger(__name__)
+
+CONTIGUOUS_FACTOR = 2.5  # a sample stands for at most this many intervals of time
+COMPACT_EVERY_S = 300.0
+
+
+class TimeSource(Protocol):
+    def now(self) -> datetime:
+        """The current time (aware, UTC)."""
+        ...
+
+    def wall_seconds(self, seconds: float) -> float:
+        """How many wall-clock seconds it takes for ``seconds`` of this time to pass."""
+        ...
+
+
+class SystemTime:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def wall_seconds(self, seconds: float) -> float:
+        return seconds
+
+
+class ScaledTime:
+    """A clock running ``scale`` times faster than the wall clock from ``start``: against a
+    twin started with ``--time-scale K`` it keeps samples in the twin's own time."""
+
+    def __init__(self, scale: float, start: datetime | None = None) -> None:
+        if scale <= 0:
+            raise ValueError(f"time scale must be positive, got {scale}")
+        self.scale = scale
+        self.start = start or datetime.now(UTC)
+        self._origin = time.monotonic()
+
+    def now(self) -> datetime:
+        return self.start + timedelta(seconds=(time.monotonic() - self._origin) * self.scale)
+
+    def wall_seconds(self, seconds: float) -> float:
+        return seconds / self.scale
+
+
+_SHARED_TIME: dict[tuple[str, float], ScaledTime] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def time_source(config: Config, db: Database) -> TimeSource:
+    """The system clock, or against an accelerated twin a scaled one that continues from the
+    newest stored sample or experiment step (so that a restarted bot never writes time
+    backwards). Within one process every user of one database shares the scaled clock, so that
+    samples, experiments and reports agree on when things happened."""
+    if config.time_scale == 1.0:
+        return SystemTime()
+    key = (str(config.database), config.time_scale)
+    with _SHARED_LOCK:
+        shared = _SHARED_TIME.get(key)
+        if shared is None:
+            start = datetime.now(UTC)
+            newest = db.execute("SELECT MAX(ts) FROM metric_samples").fetchone()[0]
+            if newest is not None:
+                start = max(start, datetime.fromtimestamp(float(newest) + 1.0, UTC))
+            latest_step = db.execute("SELECT MAX(created_at) FROM experiment_transitions")
+            stamp = latest_step.fetchone()[0]
+            if stamp is not None:
+                start = max(start, datetime.fromisoformat(stamp) + timedelta(seconds=1))
+            shared = _SHARED_TIME[key] = ScaledTime(config.time_scale, start)
+        return shared
+
+
+# stored counter column -> the snapshot's counter, and the increase column it feeds
+_COUNTERS = (
+    ("gen_total", "generated_tokens", "gen_tokens"),
+    ("prompt_total", "prompt_tokens", "prompt_tokens"),
+    ("requests_total", "completed_requests", "requests"),
+    ("retractions_total", "preemptions", "retractions"),
+)
+_INCREASES = tuple(inc for _, _, inc in _COUNTERS)
+
+
+def counters_reset(prev: RawSample, now: Snapshot) -> bool:
+    """Whether any counter went back: the server process was restarted."""
+    for column, counter, _ in _COUNTERS:
+        before, after = getattr(prev, column), getattr(now, counter)
+        if before is not None and after is not None and after < before:
+            return True
+    return False
+
+
+def increases(prev: RawSample | None, now: Snapshot, reset: bool) -> dict[str, float | None]:
+    """Counter increases since ``prev``; after a reset the new value is the increase."""
+    out: dict[str, float | None] = {}
+    for column, counter, inc in _COUNTERS:
+        after = getattr(now, counter)
+        before = None if prev is None else getattr(prev, column)
+        if after is None or before is None:
+            out[inc] = None
+        else:
+            out[inc] = after if reset else after - before
+    return out
+
+
+@dataclass
+class ServerState:
+    """What the sampler remembers about one server between ticks."""
+
+    name: str
+    loaded: bool = False
+    last: RawSample | None = None
+    gap: Gap | None = None
+    away_since: float | None = None  # an earlier run stopped here; unknown since
+    need_snapshot: bool = True
+    capacity: int | None = None
+    last_error: str = ""
+    last_attempt: datetime | None = None
+    samples: int = 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    server: str
+    ok: bool
+    error: str = ""
+
+
+ClientFactory = Callable[[ServerConfig], EngineClient]
+
+
+def default_client(server: ServerConfig, timeout_s: float = 5.0) -> EngineClient:
+    """The server's client for sampling, with its configured metrics source (the server's own
+    metrics endpoint or Prometheus). One quick retry: a failed scrape is simply tried next tick."""
+    return engine_client(server, timeout_s=timeout_s, attempts=2, wait=lambda *_: 0.1)
+
+
+def database_path(db: Database) -> Path | None:
+    """The file behind ``db``; ``None`` for an in-memory database."""
+    for row in db.execute("PRAGMA database_list").fetchall():
+        if row[1] == "main" and row[2]:
+            return Path(row[2])
+    return None
+
+
+@dataclass
+class _Loop:
+    thread: threading.Thread
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+class Sampler:
+    """Samples every configured server into the database; ``start()`` runs it in a thread."""
+
+    def __init__(
+        self,
+        config: Config,
+        db: Database,
+        clock: TimeSource | None = None,
+        *,
+        client_factory: ClientFactory = default_client,
+    ) -> None:
+        self.config = config
+        self.db = db
+        self.clock = clock or time_source(config, db)
+        self.interval_s = config.sampler.interval_s
+        s = config.sampler
+        self.retention = Retention(
+            s.raw_retention_s, s.five_minute_retention_s, s.hourly_retention_s
+        )
+        self._client_factory = client_factory
+        self._clients: dict[str, EngineClient] = {}
+        self.states = {name: ServerState(name) for name in config.servers}
+        self.db_path = database_path(db)  # the thread opens its own connection to it
+        self._loop: _Loop | None = None
+        self._lock = threading.Lock()
+        self._last_compact: datetime | None = None
+
+    # ------------------------------------------------------------------ one tick
+    def sample_once(self, db: Database | None = None) -> list[Outcome]:
+        """Scrape every server once and store what was seen; returns one outcome per server."""
+        db = db or self.db
+        with self._lock:
+            return [self._sample_server(db, name) for name in self.config.servers]
+
+    def compact(self, db: Database | None = None) -> None:
+        """Roll up and expire samples now."""
+        db = db or self.db
+        now = self.clock.now()
+        compact(db, now.timestamp(), self.retention, settle_s=2 * self.interval_s)
+        self._last_compact = now
+
+    def _client(self, name: str) -> EngineClient:
+        if name not in self._clients:
+            self._clients[name] = self._client_factory(self.config.servers[name])
+        return self._clients[name]
+
+    def _read(self, client: EngineClient) -> Snapshot:
+        try:
+            return client.snapshot()
+        except MetricsDisabled:
+            return client.load_snapshot()
+
+    def _sample_server(self, db: Database, name: str) -> Outcome:
+        state = self.states[name]
+        now = self.clock.now()
+        t = now.timestamp()
+        if not state.loaded:
+            self._first_contact(db, state, t)
+        else:
+            # another bot process may share the database: build on what is stored, so two
+            # samplers interleave instead of counting the same tokens twice
+            state.last = last_sample(db, name)
+            state.gap = open_gap(db, name)
+        state.last_attempt = now
+        try:
+            reading = self._read(self._client(name))
+        except EngineError as exc:
+            self._failed(db, state, t, str(exc))
+            return Outcome(name, False, str(exc))
+        except Exception as exc:  # a bug or a malformed answer must not stop the sampler
+            log.exception("sampling %s failed", name)
+            self._failed(db, state, t, f"{type(exc).__name__}: {exc}")
+            return Outcome(name, False, str(exc))
+        self._succeeded(db, state, t, reading)
+        if state.need_snapshot:
+            self._snapshot(db, state, t)
+        return Outcome(name, True)
+
+    def _max_gap(self) -> float:
+        return CONTIGUOUS_FACTOR * self.interval_s
+
+    def _first_contact(self, db: Database, state: ServerState, t: float) -> None:
+        """Pick up where an earlier run left off; note if it stopped long enough ago that the
+        time in between is unknown (the sampler was not running)."""
+        state.loaded = True
+        state.last = last_sample(db, state.name)
+        state.gap = open_gap(db, state.name)
+        seen = [x for x in (state.last and state.last.ts, state.gap and state.gap.end_ts) if x]
+        if seen and t - max(seen) > self._max_gap():
+            state.away_since = max(seen)
+
+    def _end_absence(self, db: Database, state: ServerState, t: float, restarted: bool) -> None:
+        assert state.away_since is not None
+        if state.gap is not None:  # down when the earlier run stopped; for how long is unknown
+            close_gap(db, state.gap.id, state.gap.end_ts, restarted=False)
+            state.gap = None
+        add_gap(
+            db,
+            state.name,
+            "no_data",
+            state.away_since,
+            t,
+            restarted=restarted,
+            detail="sampler not running",
+        )
+        state.away_since = None
+
+    def _failed(self, db: Database, state: ServerState, t: float, error: str) -> None:
+        state.last_error = error
+        if state.away_since is not None:
+            self._end_absence(db, state, t, restarted=False)
+        gap = state.gap
+        if gap is None:
+            gap_id = add_gap(db, state.name, "down", t, t, open=True, detail=error)
+            state.gap = Gap(gap_id, state.name, "down", t, t, True, False, error)
+            return
+        extend_gap(db, gap.id, t, detail=error)
+        state.gap = Gap(gap.id, gap.server, gap.kind, gap.start_ts, t, True, False, error)
+
+    def _succeeded(self, db: Database, state: ServerState, t: float, r: Snapshot) -> None:
+        last = state.last
+        if last is not None and t <= last.ts:
+            log.warning("sampler clock went back for %s (%.3f <= %.3f)", state.name, t, last.ts)
+            return
+        reset = last is not None and counters_reset(last, r)
+        continuous = last is not None and not reset
+        counted = last is not None
+        if state.away_since is not None:
+            self._end_absence(db, state, t, restarted=reset)
+            continuous = counted = False
+            state.need_snapshot = True
+        elif state.gap is not None:
+            close_gap(db, state.gap.id, t, restarted=reset)
+            state.gap = None
+            continuous = False
+            state.need_snapshot = True
+        elif reset and last is not None:
+            add_gap(db, state.name, "restart", last.ts, t, restarted=True)
+            state.need_snapshot = True
+        dt = t - last.ts if continuous and last is not None else None
+        inc: dict[str, float | None] = (
+            increases(last, r, reset) if counted else dict.fromkeys(_INCREASES)
+        )
+        sample = RawSample(
+            server=state.name,
+            ts=t,
+            span_s=self.interval_s if dt is None else min(dt, self._max_gap()),
+            dt=dt,
+            gen_total=r.generated_tokens,
+            prompt_total=r.prompt_tokens,
+            requests_total=r.completed_requests,
+            retractions_total=r.preemptions,
+            gen_throughput=r.decode_rate,
+            running=r.running,
+            queued=r.queued,
+            token_usage=r.kv_usage,
+            retracted=r.preempting,
+            max_total_tokens=r.capacity_tokens or state.capacity,
+            **inc,
+        )
+        add_sample(db, sample)
+        state.last = sample
+        state.last_error = ""
+        state.samples += 1
+
+    def _snapshot(self, db: Database, state: ServerState, t: float) -> None:
+        try:
+            info = self._client(state.name).settings()
+        except EngineError as exc:
+            log.info("server info of %s not read (%s); trying next tick", state.name, exc)
+            return
+        state.capacity = info.capacity_tokens
+        settings = self._client(state.name).engine.stored_settings(info.raw)
+        record_snapshot(db, state.name, t, settings)
+        state.need_snapshot = False
+
+    # ------------------------------------------------------------------ the thread
+    def start(self) -> None:
+        """Sample in a daemon thread until ``stop()``; it uses its own database connection.
+        Does nothing when ``[sampler] enabled = false``."""
+        if self._loop is not None or not self.config.sampler.enabled:
+            return
+        path = self.db_path
+        if path is None:
+            raise RuntimeError(
+                "the sampler's thread needs a database file (kvpilot.database), not an "
+                "in-memory database; call sample_once() instead"
+            )
+        loop = _Loop(threading.Thread(target=self._run, args=(path,), name="kvpilot-sampler"))
+        loop.thread.daemon = True
+        self._loop = loop
+        loop.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread (within one scrape) and close the clients."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.stop.set()
+            loop.thread.join(timeout)
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    @property
+    def running(self) -> bool:
+        return self._loop is not None and self._loop.thread.is_alive()
+
+    def _run(self, path: Path) -> None:
+        loop = self._loop
+        assert loop is not None
+        db = open_db(path)
+        try:
+            due = self.clock.now()
+            while not loop.stop.is_set():
+                try:
+                    self.sample_once(db)
+                    last = self._last_compact
+                    now = self.clock.now()
+                    if last is None or (now - last).total_seconds() >= COMPACT_EVERY_S:
+                        self.compact(db)
+                except Exception:  # the database may be locked for a moment; keep sampling
+                    log.exception("sampling round failed")
+                due += timedelta(seconds=self.interval_s)
+                now = self.clock.now()
+                due = max(due, now)  # fell behind (slow scrapes): skip, do not burst
+                loop.stop.wait(self.clock.wall_seconds((due - now).total_seconds()))
+        finally:
+            db.close()
+
+    # ------------------------------------------------------------------ status
+    def describe(self) -> list[str]:
+        """One line for the sampler and one per server, for ``/kvpilot status``."""
+        state = "running" if self.running else "stopped"
+        if not self.config.sampler.enabled:
+            state = "disabled ([sampler] enabled = false)"
+        keep = self.retention
+        lines = [
+            f"sampler {state}: every {self.interval_s:g} s, {len(self.states)} server(s); "
+            f"raw samples kept {keep.raw_s / 86400:g} d, 5-minute {keep.five_minute_s / 86400:g} d"
+            f", hourly {keep.hourly_s / 86400:g} d"
+        ]
+        now = self.clock.now().timestamp()
+        for name, s in self.states.items():
+            if s.gap is not None:
+                since = datetime.fromtimestamp(s.gap.start_ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
+                lines.append(f"  {name}: down since {since} ({s.last_error})")
+            elif s.last is not None:
+                lines.append(f"  {name}: up, last sample {now - s.last.ts:.0f} s ago")
+            else:
+                lines.append(f"  {name}: not sampled yet")
+        return lines

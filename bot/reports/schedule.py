@@ -1,0 +1,318 @@
+"""Scheduled reports: a cron expression per report in its own time zone, each run sent once.
+
+**When.** ``LocalCron`` evaluates the five cron fields on the time zone's wall clock, then
+places each wall time in the zone. Daylight saving is handled the way people expect of a daily
+report: a time the clocks skip (02:30 on the spring-forward night) runs once, when the clock
+reads an hour later (03:30), and a time the clocks repeat (02:30 on the fall-back night) runs
+once, at its first occurrence. APScheduler's own ``CronTrigger`` with a zone fires twice on
+the fall-back night, so it is only used to walk the wall-clock fields.
+
+**Once.** Every run is claimed in SQLite (``storage.report_runs``: unique report and scheduled
+time) before anything is posted, so a run is never sent twice: not by a second bot process, not
+by a catch-up after a restart, not by APScheduler firing again. A run that failed or crashed
+half-way is recorded and not repeated: a report can be missed, never duplicated.
+
+**Missed runs.** On ``start()`` the most recent scheduled time of each report is sent at once
+if it passed less than the report's grace period ago and was not claimed (the bot was down at
+the time). Older ones are skipped. APScheduler's ``BackgroundScheduler`` then fires each report
+at its times; each firing goes through the same rule (``run_due``), with the injected clock, so
+tests drive it with a fake clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.cron import CronTrigger
+from slack_sdk import WebClient
+from sqlite_utils import Database
+
+from bot.app.config import Config, ReportSchedule
+from bot.app.wiring import engine_of
+from bot.reports.report import duration, post_report, when
+from bot.reports.sampler import database_path
+from playbooks.reports.throughput import Report, build_report
+from storage.db import open_db
+from storage.report_runs import RunStatus, claim_run, finish_run, is_claimed, runs
+
+log = logging.getLogger(__name__)
+
+DST_MARGIN = timedelta(hours=3)  # more than any zone's daylight-saving shift
+LATE_AFTER = timedelta(minutes=1)  # a run sent later than this after its time is "late"
+_TICK = timedelta(seconds=1)
+
+
+class LocalCron:
+    """A five-field cron expression on a time zone's wall clock (see the module docstring)."""
+
+    def __init__(self, expr: str, timezone: str) -> None:
+        self.expr = expr
+        self.zone = ZoneInfo(timezone)
+        self._fields = CronTrigger.from_crontab(expr, timezone=UTC)  # walks wall-clock times
+
+    def _instant(self, wall: datetime) -> datetime:
+        """The instant a wall-clock time names (fold 0: the first of a repeated time; a
+        skipped time is read with the offset before the change, i.e. an hour later)."""
+        return wall.replace(tzinfo=self.zone, fold=0).astimezone(UTC)
+
+    def _walls(self, start: datetime) -> Iterator[datetime]:
+        """Wall-clock fire times from ``start`` (naive wall time) on, in order."""
+        probe = start.replace(tzinfo=UTC)
+        while True:
+            fire = self._fields.get_next_fire_time(None, probe)
+            if fire is None:
+                return
+            yield fire.replace(tzinfo=None)
+            probe = fire + _TICK
+
+    def next_after(self, moment: datetime) -> datetime | None:
+        """The first run strictly after ``moment``."""
+        wall = moment.astimezone(self.zone).replace(tzinfo=None)
+        best: datetime | None = None
+        best_wall: datetime | None = None
+        for w in self._walls(wall - DST_MARGIN):
+            if best_wall is not None and w > best_wall + DST_MARGIN:
+                break  # later wall times cannot name an earlier instant
+            instant = self._instant(w)
+            if instant > moment and (best is None or instant < best):
+                best, best_wall = instant, w
+        return best
+
+    def runs_between(self, start: datetime, end: datetime) -> list[datetime]:
+        """Every run in (start, end], in order, each instant once."""
+        out: list[datetime] = []
+        moment = start
+        while True:
+            nxt = self.next_after(moment)
+            if nxt is None or nxt > end:
+                return out
+            out.append(nxt)
+            moment = nxt
+
+    def latest_within(self, moment: datetime, window: timedelta) -> datetime | None:
+        """The most recent run at or before ``moment`` and no older than ``window``."""
+        found = self.runs_between(moment - window - _TICK, moment)
+        return found[-1] if found else None
+
+
+class LocalCronTrigger(BaseTrigger):  # type: ignore[misc]
+    """``LocalCron`` as an APScheduler trigger."""
+
+    def __init__(self, cron: LocalCron) -> None:
+        self.cron = cron
+
+    def get_next_fire_time(
+        self, previous_fire_time: datetime | None, now: datetime
+    ) -> datetime | None:
+        if previous_fire_time is not None:
+            return self.cron.next_after(previous_fire_time)
+        return self.cron.next_after(now - _TICK)
+
+    def __str__(self) -> str:
+        return f"cron[{self.cron.expr} {self.cron.zone.key}]"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    report: str
+    scheduled_for: datetime
+    status: str  # "sent", "failed" or "skipped" (already claimed)
+    late: bool
+    detail: str = ""
+
+
+Deliver = Callable[[ReportSchedule, Report], None]
+Now = Callable[[], datetime]
+
+
+def slack_delivery(client: WebClient) -> Deliver:
+    """Post each report to its schedule's channel, times in the schedule's time zone."""
+
+    def deliver(schedule: ReportSchedule, report: Report) -> None:
+        post_report(client, schedule.channel, report, tz=schedule.timezone)
+
+    return deliver
+
+
+def _system_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class ReportScheduler:
+    """Sends the configured reports on their schedules (``[[reports]]`` in kvpilot.toml)."""
+
+    def __init__(
+        self,
+        config: Config,
+        db: Database,
+        client: WebClient | None = None,
+        *,
+        deliver: Deliver | None = None,
+        clock: Now = _system_now,
+        build: Callable[..., Report] = build_report,
+    ) -> None:
+        if deliver is None:
+            if client is None:
+                raise ValueError("give a Slack client or a deliver function")
+            deliver = slack_delivery(client)
+        self.config = config
+        self.db = db
+        self.db_path = database_path(db)  # other threads open their own connection to it
+        self._owner = threading.get_ident()
+        self.deliver = deliver
+        self.clock = clock
+        self.build = build
+        self.schedules = {s.name: s for s in config.reports}
+        self.crons = {s.name: LocalCron(s.cron, s.timezone) for s in config.reports}
+        self._aps: Any = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ the rule
+    def due(
+        self, now: datetime | None = None, db: Database | None = None
+    ) -> list[tuple[str, datetime]]:
+        """(report, scheduled time) pairs to send now: the latest time of each report within
+        its grace period, if not claimed yet."""
+        now = now or self.clock()
+        if db is None:
+            with self._connection() as own:
+                return self.due(now, own)
+        out: list[tuple[str, datetime]] = []
+        for name, schedule in self.schedules.items():
+            at = self.crons[name].latest_within(now, timedelta(seconds=schedule.grace_s))
+            if at is not None and not is_claimed(db, name, at):
+                out.append((name, at))
+        return out
+
+    def run_due(self, only: str | None = None, db: Database | None = None) -> list[RunResult]:
+        """Send what is due now (all reports, or one); what ``start()`` and every firing do."""
+        if db is None:
+            with self._connection() as own:
+                return self.run_due(only, own)
+        with self._lock:
+            now = self.clock()
+            return [
+                self.run(name, at, db=db, late=now - at > LATE_AFTER)
+                for name, at in self.due(now, db)
+                if only is None or name == only
+            ]
+
+    def run(self, name: str, scheduled_for: datetime, *, db: Database, late: bool) -> RunResult:
+        """Claim one run and send the report of each of its servers."""
+        schedule = self.schedules[name]
+        run_id = claim_run(db, name, schedule.channel, scheduled_for, now=self.clock(), late=late)
+        if run_id is None:
+            return RunResult(name, scheduled_for, "skipped", late, "already claimed")
+        errors: list[str] = []
+        since = scheduled_for - timedelta(seconds=schedule.window_s)
+        for server in schedule.servers:
+            try:
+                report = self.build(
+                    db,
+                    server,
+                    since=since,
+                    until=scheduled_for,
+                    engine=engine_of(self.config, server),
+                )
+                self.deliver(schedule, report)
+            except Exception as exc:  # one server's failure must not hold back the others
+                log.exception("report %s for %s failed", name, server)
+                errors.append(f"{server}: {type(exc).__name__}: {exc}")
+        status: RunStatus = "failed" if errors else "sent"
+        detail = "; ".join(errors)[:2000]
+        finish_run(db, run_id, status, now=self.clock(), detail=detail)
+        return RunResult(name, scheduled_for, status, late, detail)
+
+    # ------------------------------------------------------------------ the thread
+    def start(self) -> list[RunResult]:
+        """Send missed reports (within grace), then fire each report on its schedule."""
+        if self._aps is not None:
+            return []
+        if self.schedules and self.db_path is None:
+            raise RuntimeError(
+                "scheduled reports need a database file (kvpilot.database), not an in-memory "
+                "database"
+            )
+        caught_up = self.run_due()
+        aps = BackgroundScheduler(timezone=UTC, daemon=True)
+        for name, cron in self.crons.items():
+            aps.add_job(
+                self._fire,
+                trigger=LocalCronTrigger(cron),
+                args=[name],
+                id=name,
+                name=f"report {name}",
+                coalesce=True,
+                max_instances=1,
+                misfire_grace_time=None,  # the grace rule is run_due's, with the injected clock
+            )
+        aps.start()
+        self._aps = aps
+        return caught_up
+
+    @contextmanager
+    def _connection(self) -> Iterator[Database]:
+        """``self.db`` in the thread that made it; a connection of its own in any other."""
+        if threading.get_ident() == self._owner or self.db_path is None:
+            yield self.db
+            return
+        db = open_db(self.db_path)
+        try:
+            yield db
+        finally:
+            db.close()
+
+    def _fire(self, name: str) -> None:
+        try:
+            self.run_due(only=name)
+        except Exception:
+            log.exception("scheduled report %s failed", name)
+
+    def shutdown(self, wait: bool = True) -> None:
+        aps, self._aps = self._aps, None
+        if aps is not None:
+            aps.shutdown(wait=wait)
+
+    @property
+    def running(self) -> bool:
+        return self._aps is not None
+
+    def next_run(self, name: str) -> datetime | None:
+        return self.crons[name].next_after(self.clock())
+
+    # ------------------------------------------------------------------ status
+    def describe(self) -> list[str]:
+        """One line for the scheduler and one per report, for ``/kvpilot status``."""
+        state = "running" if self.running else "not running"
+        lines = [f"report scheduler {state}: {len(self.schedules)} report(s)"]
+        with self._connection() as db:
+            for name, s in self.schedules.items():
+                lines.append(self._describe_one(db, name, s))
+        return lines
+
+    def _describe_one(self, db: Database, name: str, s: ReportSchedule) -> str:
+        zone = s.timezone
+        nxt = self.next_run(name)
+        line = (
+            f"  {name} -> {s.channel}: '{s.cron}' {zone} for {', '.join(s.servers)}, "
+            f"window {duration(s.window_s)}, grace {duration(s.grace_s)}; next "
+            f"{when(nxt, zone) if nxt else 'never'}"
+        )
+        last = runs(db, name, limit=1)
+        if last:
+            r = last[0]
+            line += f"; last {when(r.scheduled_for, zone)} {r.status}"
+            if r.late:
+                line += " (sent late, after a restart)"
+            if r.detail:
+                line += f": {r.detail[:200]}"
+        return line

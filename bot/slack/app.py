@@ -1,0 +1,163 @@
+"""The Slack transport: a Bolt app whose listeners acknowledge at once and hand off.
+
+Listeners only translate: the slash command's text and the clicking user's ID (from the signed
+payload) go to `bot.chat.flow.Kvpilot`; its immediate answer is the acknowledgement (ephemeral),
+and its slow part runs on kvpilot's own worker pool, never on Bolt's small listener pool, so
+acknowledgements stay fast while diagnoses and experiments run.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from slack_bolt import Ack, App
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry.builtin_handlers import (
+    ConnectionErrorRetryHandler,
+    RateLimitErrorRetryHandler,
+    ServerErrorRetryHandler,
+)
+
+from bot.chat.auth import Principal
+from bot.chat.flow import Kvpilot
+from bot.chat.messages import Message
+from storage.chat import MessageRef
+
+log = logging.getLogger(__name__)
+COMMAND = "/kvpilot"
+GROUP_CACHE_S = 300.0
+
+
+def web_client(token: str, base_url: str | None) -> WebClient:
+    client = WebClient(token=token, base_url=base_url or "https://slack.com/api/", timeout=15)
+    client.retry_handlers = [
+        ConnectionErrorRetryHandler(max_retry_count=2),
+        RateLimitErrorRetryHandler(max_retry_count=3),
+        ServerErrorRetryHandler(max_retry_count=2),
+    ]
+    return client
+
+
+class SlackSurface:
+    """Posts into one channel through the Web API."""
+
+    def __init__(self, client: WebClient, channel: str) -> None:
+        self.client = client
+        self.channel = channel
+
+    def post(self, message: Message, *, thread: MessageRef | None = None) -> MessageRef:
+        thread_ts = (thread.thread_ts or thread.ts) if thread else None
+        resp = self.client.chat_postMessage(
+            channel=self.channel, text=message.text, blocks=message.blocks(), thread_ts=thread_ts
+        )
+        return MessageRef(str(resp["channel"]), str(resp["ts"]), thread_ts)
+
+    def update(self, ref: MessageRef, message: Message) -> None:
+        self.client.chat_update(
+            channel=ref.channel, ts=ref.ts, text=message.text, blocks=message.blocks()
+        )
+
+    def upload(
+        self, data: bytes, *, filename: str, title: str, thread: MessageRef | None = None
+    ) -> None:
+        thread_ts = (thread.thread_ts or thread.ts) if thread else None
+        self.client.files_upload_v2(
+            channel=self.channel,
+            file=data,
+            filename=filename,
+            title=title,
+            thread_ts=thread_ts,
+            alt_txt=title,
+        )
+
+    def whisper(self, who: Principal, message: Message) -> None:
+        try:
+            self.client.chat_postEphemeral(
+                channel=self.channel, user=who.user, text=message.text, blocks=message.blocks()
+            )
+        except SlackApiError as exc:  # e.g. the user left the channel: nothing else to do
+            log.warning("ephemeral message to %s failed: %s", who.user, exc.response.get("error"))
+
+
+class GroupDirectory:
+    """Members of Slack user groups, cached for a few minutes (usergroups.users.list is Tier 2)."""
+
+    def __init__(self, client: WebClient, ttl_s: float = GROUP_CACHE_S) -> None:
+        self.client = client
+        self.ttl_s = ttl_s
+        self._cache: dict[str, tuple[float, frozenset[str]]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, group: str) -> frozenset[str]:
+        with self._lock:
+            hit = self._cache.get(group)
+            if hit and time.monotonic() - hit[0] < self.ttl_s:
+                return hit[1]
+        try:
+            resp = self.client.usergroups_users_list(usergroup=group)
+            members = frozenset(str(u) for u in resp.get("users") or [])
+        except SlackApiError as exc:
+            log.warning("cannot read user group %s: %s", group, exc.response.get("error"))
+            members = frozenset()  # fail closed: nobody from an unreadable group
+        with self._lock:
+            self._cache[group] = (time.monotonic(), members)
+        return members
+
+
+def build_app(
+    kv: Kvpilot,
+    client: WebClient,
+    *,
+    signing_secret: str | None,
+    socket_mode: bool,
+) -> App:
+    app = App(
+        client=client,
+        signing_secret=signing_secret,
+        token_verification_enabled=False,
+        request_verification_enabled=not socket_mode,
+        listener_executor=ThreadPoolExecutor(max_workers=16, thread_name_prefix="bolt"),
+        process_before_response=False,
+    )
+
+    @app.command(COMMAND)
+    def on_command(ack: Ack, command: dict[str, Any], client: WebClient) -> None:
+        who = Principal(str(command.get("user_id", "")), str(command.get("channel_id", "")))
+        if not who.user or not who.channel:
+            ack(text="kvpilot could not tell who or where you are; try again from a channel.")
+            return
+        reply = kv.command(who, str(command.get("text", "")))
+        if reply.now is not None:
+            ack(text=reply.now.text, blocks=reply.now.blocks(), response_type="ephemeral")
+        else:
+            ack()
+        if reply.work is not None:
+            kv.submit(reply.work, SlackSurface(client, who.channel))
+
+    @app.action(re.compile(r"^kvpilot\..+"))
+    def on_action(
+        ack: Ack, body: dict[str, Any], action: dict[str, Any], client: WebClient
+    ) -> None:
+        ack()
+        user = str((body.get("user") or {}).get("id", ""))
+        channel = str((body.get("channel") or {}).get("id", ""))
+        message = body.get("message") or {}
+        if not user or not channel:
+            log.warning("button payload without user or channel ignored")
+            return
+        ref = MessageRef(channel, str(message["ts"])) if message.get("ts") else None
+        who = Principal(user, channel)
+        reply = kv.action(who, str(action.get("action_id", "")), str(action.get("value", "")), ref)
+        surface = SlackSurface(client, channel)
+        if reply.now is not None:
+            surface.whisper(who, reply.now)
+        if reply.work is not None:
+            kv.submit(reply.work, surface)
+
+    return app

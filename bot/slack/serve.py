@@ -1,0 +1,366 @@
+"""`kvpilot serve`: the Slack bot, in Socket Mode or HTTP mode.
+
+Settings come from the environment (tokens never go in kvpilot.toml, which is often in a
+repository): SLACK_BOT_TOKEN always; SLACK_APP_TOKEN selects Socket Mode; otherwise HTTP mode
+needs SLACK_SIGNING_SECRET; SLACK_API_URL points the Web API elsewhere (a proxy, or a local
+Slack-compatible server in tests). Everything is checked before anything starts, and the HTTP
+port is bound before the bot starts working: a taken port ends the process at once, with one
+line naming it, instead of leaving a bot that systemd thinks is healthy but that never answers.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import uvicorn
+from slack_bolt import App
+from slack_bolt.adapter.socket_mode import SocketModeHandler
+from slack_bolt.adapter.starlette.handler import to_bolt_request, to_starlette_response
+from sqlite_utils import Database
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from bot.app.config import Config
+from bot.app.wiring import engine_of
+from bot.chat.flow import Kvpilot
+from bot.reports.hook import make_report_hook
+from bot.reports.sampler import Sampler
+from bot.reports.schedule import ReportScheduler
+from bot.slack.app import GroupDirectory, SlackSurface, build_app, web_client
+from storage import audit
+from storage.db import open_db
+
+log = logging.getLogger(__name__)
+EXPIRY_TICK_S = 30.0
+DEFAULT_PORT = 3000
+HTTP_START_TIMEOUT_S = 30.0
+LISTEN_HINTS = {
+    errno.EADDRINUSE: "is another kvpilot serve running? choose another --port",
+    errno.EACCES: "ports below 1024 need privileges: choose another --port",
+    errno.EADDRNOTAVAIL: "--host must be an address of this machine, or 0.0.0.0",
+}
+
+
+class SettingsError(Exception):
+    """A missing or malformed environment setting; the message says which and how to fix it."""
+
+
+class ListenError(Exception):
+    """The HTTP port could not be opened; the message names the address and what to try."""
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Bind and listen here, in the calling thread, so that a failure is ours to report.
+
+    Left to uvicorn, the bind happens in its thread, and a failure there only ends that thread
+    while the process lives on. A listening socket accepts connections from this moment on.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restarts rebind
+        sock.bind((host, port))
+        sock.listen(2048)
+    except socket.gaierror as exc:
+        sock.close()
+        reason, hint = f"unknown host ({exc.strerror})", "--host must name this machine"
+    except OSError as exc:
+        sock.close()
+        reason = (exc.strerror or str(exc)).lower()
+        hint = LISTEN_HINTS.get(exc.errno or 0, "choose another --host or --port")
+    else:
+        return sock
+    raise ListenError(f"cannot listen on {_address(host, port)}: {reason} ({hint})")
+
+
+class _HttpServer(uvicorn.Server):
+    """uvicorn's server that tells the main thread when its start-up is over, however it ended."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.settled = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        finally:
+            self.settled.set()
+
+
+def serve_http(app: Starlette, sock: socket.socket) -> uvicorn.Server:
+    """Serve `app` on the listening `sock` in a thread; return once it serves, else raise."""
+    server = _HttpServer(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="off",
+            log_config=None,  # uvicorn logs through ours: JSON lines, secrets redacted
+        )
+    )
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            server.settled.set()  # also when it failed before its start-up
+
+    threading.Thread(target=run, name="kvpilot-http", daemon=True).start()
+    server.settled.wait(HTTP_START_TIMEOUT_S)
+    if not server.started:
+        server.should_exit = True
+        host, port = sock.getsockname()[:2]
+        raise ListenError(
+            f"cannot serve HTTP on {_address(host, port)}: the server did not start "
+            "(its log lines above say why)"
+        )
+    return server
+
+
+@dataclass(frozen=True)
+class SlackSettings:
+    bot_token: str
+    app_token: str | None
+    signing_secret: str | None
+    api_url: str | None
+
+    @property
+    def socket_mode(self) -> bool:
+        return self.app_token is not None
+
+
+def slack_settings(env: Mapping[str, str]) -> SlackSettings:
+    bot = env.get("SLACK_BOT_TOKEN", "").strip()
+    if not bot:
+        raise SettingsError(
+            "SLACK_BOT_TOKEN is not set: copy the Bot User OAuth Token (xoxb-...) from your "
+            "Slack app's OAuth & Permissions page"
+        )
+    if not bot.startswith("xoxb-"):
+        raise SettingsError("SLACK_BOT_TOKEN must be a bot token starting with xoxb-")
+    app = env.get("SLACK_APP_TOKEN", "").strip() or None
+    if app is not None and not app.startswith("xapp-"):
+        raise SettingsError(
+            "SLACK_APP_TOKEN must be an app-level token starting with xapp- (Basic Information "
+            "> App-Level Tokens, scope connections:write); unset it to use HTTP mode"
+        )
+    secret = env.get("SLACK_SIGNING_SECRET", "").strip() or None
+    if app is None and secret is None:
+        raise SettingsError(
+            "HTTP mode needs SLACK_SIGNING_SECRET (Basic Information > Signing Secret); "
+            "or set SLACK_APP_TOKEN for Socket Mode"
+        )
+    api = env.get("SLACK_API_URL", "").strip() or None
+    if api is not None:
+        if not api.startswith(("http://", "https://")):
+            raise SettingsError(f"SLACK_API_URL must be an http(s) URL, got {api!r}")
+        api = api if api.endswith("/") else api + "/"
+    return SlackSettings(bot, app, secret, api)
+
+
+class Bot:
+    """The running bot: the Bolt app, kvpilot's flow, and its background duties."""
+
+    def __init__(
+        self,
+        config: Config,
+        settings: SlackSettings,
+        *,
+        progress_every_s: float = 10.0,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        if config.slack is None:
+            raise SettingsError(
+                f"{config.path} has no [slack] section: add one with at least "
+                'approvers = ["U0123ABCD"] (see docs/slack.md)'
+            )
+        self.config = config
+        self.settings = settings
+        self.client = web_client(settings.bot_token, settings.api_url)
+        self.groups = GroupDirectory(self.client)
+        self.sampler = Sampler(config, open_db(config.database))
+        self.scheduler = ReportScheduler(config, open_db(config.database), self.client)
+        self.kv = Kvpilot(
+            config,
+            lambda: open_db(config.database),
+            group_members=self.groups,
+            surface_for=self.surface_for,
+            progress_every_s=progress_every_s,
+            now=now,
+            report_hook=make_report_hook(
+                self._db, self.sampler.clock.now, lambda name: engine_of(self.config, name)
+            ),
+            status_hook=lambda: self.sampler.describe() + self.scheduler.describe(),
+        )
+        self.app: App = build_app(
+            self.kv,
+            self.client,
+            signing_secret=settings.signing_secret,
+            socket_mode=settings.socket_mode,
+        )
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self.socket: SocketModeHandler | None = None
+        self.started_at = datetime.now(UTC)
+
+    def _db(self) -> Database:
+        return self.kv.db()
+
+    def surface_for(self, channel: str) -> SlackSurface:
+        return SlackSurface(self.client, channel)
+
+    # ------------------------------------------------------------------ background
+    def start_background(self) -> None:
+        resumed = self.kv.runner.resume_all()
+        if resumed:
+            log.info("resumed experiments %s", resumed)
+        self.sampler.start()
+        for result in self.scheduler.start():  # reports missed while the bot was down
+            log.info("report %s for %s: %s", result.report, result.scheduled_for, result.status)
+        self._ticker = threading.Thread(target=self._tick_loop, name="kvpilot-tick", daemon=True)
+        self._ticker.start()
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(EXPIRY_TICK_S):
+            try:
+                self.kv.expire_proposals(self.surface_for)
+            except Exception:
+                log.exception("expiring proposals failed")
+
+    def stop(self, why: str = "") -> None:
+        """Stop starting work, let running experiments stop at their next check (where each
+        was left is audited; the next start resumes them), then stop the rest."""
+        self._stop.set()
+        for left in self.kv.runner.shutdown(grace_s=STOP_GRACE_S, why=why):
+            log.info(
+                "experiment %s on %s left in %s%s; the next start resumes it",
+                left["id"],
+                left["server"],
+                left["state"],
+                "" if left["stopped"] else " (inside a restart)",
+            )
+        self.sampler.stop()
+        self.scheduler.shutdown(wait=False)
+        if self.socket is not None:
+            self.socket.close()  # type: ignore[no-untyped-call]
+        self.kv.work.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ transports
+    def health(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "mode": "socket" if self.settings.socket_mode else "http",
+            "started_at": self.started_at.isoformat(timespec="seconds"),
+            "experiments_running": self.kv.runner.busy(),
+        }
+
+    def http_app(self) -> Starlette:
+        """/slack/events for Slack (signature-checked), /healthz for the operator."""
+
+        async def events(request: Request) -> Response:
+            body = await request.body()
+            bolt_req = to_bolt_request(request, body)
+            bolt_resp = await run_in_threadpool(self.app.dispatch, bolt_req)
+            if bolt_resp.status == 401:
+                await run_in_threadpool(self._audit_rejected, request.url.path)
+            return to_starlette_response(bolt_resp)
+
+        async def healthz(_: Request) -> Response:
+            return JSONResponse(self.health())
+
+        return Starlette(
+            routes=[
+                Route("/slack/events", events, methods=["POST"]),
+                Route("/healthz", healthz, methods=["GET"]),
+            ]
+        )
+
+    def _audit_rejected(self, path: str) -> None:
+        audit.record(
+            self.kv.db(),
+            audit.RequestRejected(
+                actor="unknown",
+                created=datetime.now(UTC),
+                status=401,
+                reason="signature missing, invalid or older than 5 minutes",
+                path=path,
+            ),
+        )
+
+    def start_socket_mode(self) -> None:
+        assert self.settings.app_token is not None
+        self.socket = SocketModeHandler(self.app, self.settings.app_token)
+        self.socket.connect()  # type: ignore[no-untyped-call]
+
+
+# How long a stopping bot waits for its experiments to reach a check (a scrape, at most
+# `scrape_s` away); one inside a restart is left to the next start. Inside the 30 s
+# TimeoutStopSec of deploy/systemd/kvpilot.service.
+STOP_GRACE_S = 20.0
+
+
+def run(
+    config: Config,
+    env: Mapping[str, str],
+    *,
+    host: str,
+    port: int | None,
+) -> int:
+    """Run until SIGINT/SIGTERM. Socket Mode serves /healthz on `port` when one is given.
+
+    The port is bound before anything starts (sampler, schedules, resumed experiments, Slack),
+    so a second `kvpilot serve` on a taken port does nothing but fail with ListenError.
+    """
+    settings = slack_settings(env)
+    bot = Bot(config, settings)
+    if port is None and not settings.socket_mode:
+        port = DEFAULT_PORT
+    sock = listen(host, port) if port is not None else None
+    address = _address(host, port) if port is not None else ""
+    bot.start_background()
+    done = threading.Event()
+
+    received: list[str] = []
+
+    def stop(signum: int, _frame: Any) -> None:
+        received.append(signal.Signals(signum).name)
+        done.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server: uvicorn.Server | None = None
+    if settings.socket_mode:
+        bot.start_socket_mode()
+        log.info("connected to Slack in Socket Mode")
+    if sock is not None:
+        try:
+            server = serve_http(bot.http_app(), sock)
+        except ListenError:
+            bot.stop()
+            raise
+        log.info("listening on http://%s (/slack/events, /healthz)", address)
+    done.wait()
+    why = received[0] if received else ""
+    log.info("%s: stopping; no new work is started", why or "stop")
+    if server is not None:
+        server.should_exit = True
+    bot.stop(why)
+    return 0
+
+
+def env_settings() -> Mapping[str, str]:
+    return dict(os.environ)

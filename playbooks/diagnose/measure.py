@@ -1,0 +1,299 @@
+"""Measure a server's throughput honestly: batch means, an interval, and a window that fits.
+
+Two throughputs, because engines count tokens at two places (`Snapshot`):
+
+* **generation** — the scheduler's decode rate (`decode_rate`: tokens/s generated across all
+  running requests, refreshed every few decode steps). Smooth; the primary metric.
+* **effective** — completed requests' output tokens per second, from deltas of the
+  `generated_tokens` counter, which grows when a request *finishes*. Lumpy when requests are
+  long, so its interval is wider; it is what a batch job actually gets.
+
+Each rate's interval comes from how much its mean over shorter windows actually varies within the
+measured one (overlapping batch means, `playbooks.batch_means`, the estimator the gate uses): a
+KV-limited server's decode rate oscillates with its retraction cycle, minutes long, so batch means
+are far from independent and an i.i.d. interval on them can be too narrow or too wide. Batches
+(30 s by default) remain the unit reports count in. The window grows until the generation rate is
+known to the asked precision (5% by default), but never less than `min_window_s` and never more
+than `max_window_s`. A fixed `--window` measures exactly that long and says what precision it
+reached.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from playbooks.clock import Clock
+from playbooks.engines.base import EngineClient, MetricsDisabled, Snapshot
+from playbooks.stats.batch_means import (
+    S,
+    batch_means,
+    batch_rates,
+    bin_seconds,
+    scrape_spacing,
+    window_interval,
+)
+from playbooks.stats.intervals import Interval, lag1_autocorrelation
+
+MIN_BATCHES = 8
+
+
+class MeasurementError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class MeasurePlan:
+    precision: float = 0.05
+    confidence: float = 0.95
+    min_window_s: float = 180.0
+    max_window_s: float = 900.0
+    batch_s: float = 30.0
+    scrape_s: float = 5.0
+    fixed_window_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.precision < 1:
+            raise ValueError(f"precision must be between 0 and 1, got {self.precision}")
+        if self.fixed_window_s is not None and self.fixed_window_s < 2 * self.scrape_s:
+            raise ValueError(
+                f"a window of {self.fixed_window_s:g} s is too short: it must cover at least two "
+                f"scrapes ({2 * self.scrape_s:g} s)"
+            )
+        if self.min_window_s > self.max_window_s:
+            raise ValueError("min_window_s must not exceed max_window_s")
+
+
+@dataclass
+class Measurement:
+    window_s: float
+    batch_s: float
+    batches: int
+    lag1: float
+    stop_reason: str
+    source: str  # "metrics" or "loads"
+    generation: Interval | None
+    effective: Interval | None
+    prompt_tokens_per_s: float | None
+    requests_per_s: float | None
+    completed_requests: int | None
+    avg_prompt_tokens: float | None
+    avg_output_tokens: float | None
+    running: float
+    queued: float
+    queued_max: float
+    queue_nonempty_fraction: float
+    token_usage: float | None
+    cache_hit_rate: float | None
+    cached_fraction: float | None
+    retractions: int | None
+    retractions_seen_in_gauge: int
+    usage_trend: tuple[float, float] | None = None  # mean usage in the first and last third
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def avg_tokens_per_request(self) -> float | None:
+        if self.avg_prompt_tokens is None or self.avg_output_tokens is None:
+            return None
+        return self.avg_prompt_tokens + self.avg_output_tokens
+
+
+ProgressFn = Callable[[float, float, str], None]
+
+
+def _bin_s(samples: Sequence[S], batch_s: float) -> float:
+    """The bins the noise is read in: one scrape interval, a whole number per batch."""
+    spacing = scrape_spacing(samples)
+    return bin_seconds(batch_s, spacing) if spacing > 0 else batch_s
+
+
+def _gauge_interval(
+    samples: Sequence[S],
+    t0: float,
+    batch_s: float,
+    value: Callable[[S], float | None],
+    confidence: float,
+) -> Interval | None:
+    """A gauge's mean over the window with its interval (None before a bin is complete)."""
+    bin_s = _bin_s(samples, batch_s)
+    values = batch_means(samples, t0, bin_s, value)
+    return window_interval(values, bin_s, batch_s, confidence) if values else None
+
+
+def _counter_interval(
+    samples: Sequence[S],
+    t0: float,
+    batch_s: float,
+    counter: Callable[[S], float | None],
+    confidence: float,
+) -> Interval | None:
+    """A counter's increase per second over the window with its interval, as for a gauge."""
+    bin_s = _bin_s(samples, batch_s)
+    values = batch_rates(samples, t0, bin_s, counter)
+    return window_interval(values, bin_s, batch_s, confidence) if values else None
+
+
+def measure(
+    client: EngineClient,
+    clock: Clock,
+    plan: MeasurePlan = MeasurePlan(),
+    on_progress: ProgressFn | None = None,
+) -> Measurement:
+    """Scrape the server until the plan is satisfied; never mutates it."""
+    notes: list[str] = []
+    source = "metrics"
+    try:
+        sample = client.snapshot().at(clock.now())
+    except MetricsDisabled as exc:
+        source = "loads"
+        notes.append(
+            f"{exc}; falling back on the server's load report and settings: no "
+            "completed-request counters, so no effective throughput"
+        )
+        sample = client.load_snapshot().at(clock.now())
+    samples = [sample]
+    t0 = sample.t
+    batch_s = plan.batch_s
+    if plan.fixed_window_s is not None:
+        # A short fixed window still gets a few batches (never fewer than one scrape each).
+        batch_s = max(plan.scrape_s, min(plan.batch_s, plan.fixed_window_s / 4))
+    target = plan.fixed_window_s or plan.max_window_s
+    stop_reason = ""
+    while True:
+        clock.sleep(plan.scrape_s)
+        now = clock.now()
+        if source == "metrics":
+            s = client.snapshot().at(now)
+            prev = samples[-1]
+            if s.counters_went_back(prev):
+                raise MeasurementError(
+                    "the server's counters went backwards: it restarted during the measurement; "
+                    "measure again once it has warmed up"
+                )
+        else:
+            s = client.load_snapshot().at(now)
+        samples.append(s)
+        elapsed = now - t0
+        interval = _gauge_interval(samples, t0, batch_s, lambda x: x.decode_rate, plan.confidence)
+        batches = interval.n if interval else 0
+        if on_progress is not None:
+            precision = interval.relative_half_width if interval else math.inf
+            on_progress(
+                elapsed,
+                target,
+                f"{batches} batches, ±{precision:.1%}"
+                if math.isfinite(precision)
+                else f"{batches} batches",
+            )
+        if plan.fixed_window_s is not None:
+            if elapsed >= plan.fixed_window_s:
+                stop_reason = f"the fixed window of {plan.fixed_window_s:g} s ended"
+                break
+            continue
+        precise = (
+            interval is not None
+            and batches >= MIN_BATCHES
+            and interval.relative_half_width <= plan.precision
+        )
+        if precise and elapsed >= plan.min_window_s:
+            stop_reason = (
+                f"the generation rate was known to ±{plan.precision:.0%} "
+                f"({plan.confidence:.0%} confidence) after {batches} batches"
+            )
+            break
+        if elapsed >= plan.max_window_s:
+            stop_reason = (
+                f"the longest window allowed ({plan.max_window_s:g} s) ended before "
+                f"±{plan.precision:.0%} was reached"
+            )
+            break
+    return _summarise(samples, t0, batch_s, plan, source, stop_reason, notes)
+
+
+def _summarise(
+    samples: Sequence[Snapshot],
+    t0: float,
+    batch_s: float,
+    plan: MeasurePlan,
+    source: str,
+    stop_reason: str,
+    notes: list[str],
+) -> Measurement:
+    first, last = samples[0], samples[-1]
+    window = last.t - t0
+    gens = batch_means(samples, t0, batch_s, lambda x: x.decode_rate)
+    generation = _gauge_interval(samples, t0, batch_s, lambda x: x.decode_rate, plan.confidence)
+    if len(gens) < MIN_BATCHES:
+        notes.append(
+            f"only {len(gens)} complete batches of {batch_s:g} s: the interval is wide; "
+            "measure longer for a firmer number"
+        )
+    effective = None
+    prompt_rate = requests_rate = None
+    completed = None
+    avg_prompt = avg_output = cached_fraction = None
+    retractions = None
+    if (
+        source == "metrics"
+        and first.generated_tokens is not None
+        and last.generated_tokens is not None
+    ):
+        effective = _counter_interval(
+            samples, t0, batch_s, lambda x: x.generated_tokens, plan.confidence
+        )
+        d_gen = last.generated_tokens - first.generated_tokens
+        d_prompt = (last.prompt_tokens or 0.0) - (first.prompt_tokens or 0.0)
+        d_req = (last.completed_requests or 0.0) - (first.completed_requests or 0.0)
+        d_cached = (last.cached_tokens or 0.0) - (first.cached_tokens or 0.0)
+        if effective is None and window > 0:
+            effective = Interval(d_gen / window, -math.inf, math.inf, 1, math.inf)
+        prompt_rate = d_prompt / window if window else None
+        requests_rate = d_req / window if window else None
+        completed = int(d_req)
+        if d_req > 0:
+            avg_prompt = d_prompt / d_req
+            avg_output = d_gen / d_req
+        cached_fraction = d_cached / d_prompt if d_prompt > 0 else None
+        if completed < 10:
+            notes.append(
+                f"only {completed} requests completed in the window: averages per "
+                "request and the effective rate are rough"
+            )
+        if first.preemptions is not None and last.preemptions is not None:
+            retractions = int(last.preemptions - first.preemptions)
+    body = samples[1:] or samples
+    usages = [s.kv_usage for s in body if s.kv_usage is not None]
+    hits = [s.cache_hit_rate for s in body if s.cache_hit_rate is not None]
+    lag = lag1_autocorrelation(gens)  # of the batch means: how far from independent they are
+    trend = None
+    if len(usages) >= 6:
+        third = len(usages) // 3
+        trend = (statistics.fmean(usages[:third]), statistics.fmean(usages[-third:]))
+    return Measurement(
+        window_s=window,
+        batch_s=batch_s,
+        batches=len(gens),
+        lag1=lag,
+        stop_reason=stop_reason,
+        source=source,
+        generation=generation,
+        effective=effective,
+        prompt_tokens_per_s=prompt_rate,
+        requests_per_s=requests_rate,
+        completed_requests=completed,
+        avg_prompt_tokens=avg_prompt,
+        avg_output_tokens=avg_output,
+        running=statistics.fmean(s.running for s in body),
+        queued=statistics.fmean(s.queued for s in body),
+        queued_max=max(s.queued for s in body),
+        queue_nonempty_fraction=sum(1 for s in body if s.queued > 0) / len(body),
+        token_usage=statistics.fmean(usages) if usages else None,
+        cache_hit_rate=statistics.fmean(hits) if hits else None,
+        cached_fraction=cached_fraction,
+        retractions=retractions,
+        retractions_seen_in_gauge=sum(1 for s in body if (s.preempting or 0) > 0),
+        usage_trend=trend,
+        notes=notes,
+    )

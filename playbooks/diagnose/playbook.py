@@ -1,0 +1,98 @@
+"""The diagnose playbook: why is this server slow, and what can be changed safely?
+
+`diagnose()` gathers (the server's settings, a measurement window, GPU and host memory through the
+probes) and hands them to the engine's rules (`Engine.assess`), which name the bottleneck with
+numbers and list the changes that address it with predicted capacity, predicted throughput, risk
+and a verdict. `--consider KEY=VALUE` runs exactly the same checks as the engine's own proposals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from playbooks.clock import Clock
+from playbooks.diagnose.measure import MeasurePlan, measure
+from playbooks.engines.base import EngineClient, EngineError
+from playbooks.sources.gpu import GpuReader
+from playbooks.sources.host import HostReader
+from playbooks.types import DiagnoseFinding, Rate
+
+
+@dataclass(frozen=True)
+class DiagnoseSettings:
+    """The measurement plan, the changes asked about, and the probes the rules may read."""
+
+    plan: MeasurePlan = field(default_factory=MeasurePlan)
+    consider: tuple[dict[str, Any], ...] = ()
+    gpu_memory_gib: float | None = None  # free GPU memory before weights, per GPU (config)
+    gpus: GpuReader | None = None  # only when the bot runs on the server's GPU host
+    host: HostReader | None = None
+
+
+def diagnose(
+    client: EngineClient,
+    clock: Clock,
+    settings: DiagnoseSettings = DiagnoseSettings(),
+    on_progress: Callable[[float, float, str], None] | None = None,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> DiagnoseFinding:
+    started = now()
+    info = client.settings()
+    rules = client.engine.rules_for(info, settings)  # before the window: fail early
+    model_info: dict[str, Any] = {}
+    try:
+        model_info = client.model_info()
+    except EngineError:  # model info is decoration only
+        model_info = {}
+    m = measure(client, clock, settings.plan, on_progress)
+    a = rules.assess(m)
+    generation = (
+        _rate(m.generation.mean, m.generation.low, m.generation.high) if m.generation else None
+    )
+    effective = _rate(m.effective.mean, m.effective.low, m.effective.high) if m.effective else None
+    return DiagnoseFinding(
+        playbook="diagnose",
+        server=client.base_url,
+        version=info.version,
+        model=str(model_info.get("model_path") or info.model),
+        started_at=started.isoformat(timespec="seconds"),
+        finished_at=now().isoformat(timespec="seconds"),
+        max_total_num_tokens=info.capacity_tokens,
+        token_usage=m.token_usage,
+        running=m.running,
+        queued=m.queued,
+        avg_tokens_per_request=m.avg_tokens_per_request,
+        avg_prompt_tokens=m.avg_prompt_tokens,
+        avg_output_tokens=m.avg_output_tokens,
+        bytes_per_token=a.bytes_per_token,
+        gpu_memory_gib=a.gpu_memory_gib,
+        gpu_memory_source=a.gpu_memory_source,
+        requests_that_fit=a.requests_that_fit,
+        generation=generation,
+        effective=effective,
+        prompt_tokens_per_s=m.prompt_tokens_per_s,
+        requests_per_s=m.requests_per_s,
+        window_s=m.window_s,
+        batch_s=m.batch_s,
+        batches=m.batches,
+        window_reason=m.stop_reason,
+        measured_from=m.source,
+        cache_hit_fraction=m.cached_fraction,
+        retractions=m.retractions,
+        bottleneck=a.bottleneck,
+        evidence=a.evidence,
+        options=a.options,
+        notes=a.notes + m.notes,
+    )
+
+
+def _rate(mean: float, low: float, high: float) -> Rate:
+    finite = math.isfinite(low) and math.isfinite(high)
+    return Rate(mean, low if finite else None, high if finite else None)
+
+
+# ----------------------------------------------------------------------------- analysis

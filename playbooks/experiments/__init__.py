@@ -1,0 +1,1 @@
+"""The experiment: its state machine, its outcome, who carries it, restart limits."""

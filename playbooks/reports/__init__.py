@@ -1,0 +1,1 @@
+"""What a server did over a window, computed from what is stored."""

@@ -1,0 +1,531 @@
+"""The throughput report: what a server did over a window (by default the last 24 hours).
+
+``build_report`` is pure over what is stored: samples and their roll-ups, gaps, experiments
+and the server's recorded settings. It never talks to the server; a fresh diagnosis can be
+passed in (``live``), otherwise the day's bottleneck is judged by the engine's rules over
+the busy part of the window. How each number is computed is in ``docs/reports.md``.
+
+The finest stored level that covers the window is read (raw samples for a day, 5-minute
+roll-ups for a month, 1-hour roll-ups for a year), with the newest part that is not yet rolled
+up read from the level below, so a report is the same whichever level it came from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlite_utils import Database
+
+from playbooks.diagnose.measure import Measurement
+from playbooks.engines import default_engine
+from playbooks.engines.base import Engine
+from playbooks.stats.intervals import Interval
+from playbooks.types import DiagnoseFinding
+from storage.experiments import ExperimentRow, list_experiments
+from storage.metric_buckets import FIVE_MINUTES, USAGE_BINS, Bucket, group, regroup
+from storage.metric_samples import Gap, gaps_between, oldest, rollups_between, samples_between
+from storage.server_snapshots import Snapshot, snapshot_at, snapshots_between
+
+SERIES_STEPS_S = (300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+MAX_SERIES_POINTS = 400
+MIN_DIAGNOSIS_S = 1800.0  # busy time a configuration needs before it is judged on its own
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Tokens per second over the window: the time-weighted mean and the peak."""
+
+    mean: float | None
+    peak: float | None
+
+
+@dataclass(frozen=True)
+class UsageDistribution:
+    """KV token usage (0..1) over the observed time; percentiles from a 1%-wide histogram."""
+
+    mean: float
+    p10: float
+    p50: float
+    p90: float
+    p99: float
+    max: float
+    share_above_90: float  # fraction of the observed time at 0.90 or more
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A gap in the window: ``down`` (scrapes failed), ``restart`` or ``no_data``."""
+
+    kind: str
+    start: datetime
+    end: datetime
+    restarted: bool
+    ongoing: bool
+    detail: str
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end - self.start).total_seconds()
+
+
+@dataclass(frozen=True)
+class Estimate:
+    mean: float
+    low: float | None
+    high: float | None
+
+
+@dataclass(frozen=True)
+class ExperimentSummary:
+    id: int
+    state: str
+    change: dict[str, Any]
+    started: datetime
+    finished: datetime | None
+    verdict: str | None
+    reason: str
+    baseline: Estimate | None  # decode rate, tokens/s
+    trial: Estimate | None
+    effect: Estimate | None  # relative change of the decode rate
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    key: str
+    before: Any
+    after: Any
+
+
+@dataclass(frozen=True)
+class ConfigComparison:
+    """The server's settings at the end of the window against those at its start."""
+
+    then_at: datetime | None  # when the starting settings were recorded
+    now_at: datetime | None
+    now: dict[str, Any]  # the key settings now
+    changes: list[SettingChange]
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    bottleneck: str
+    evidence: list[str]
+    source: str  # "samples" (the window's busy time) or "live" (a fresh measurement)
+    busy_s: float
+
+
+@dataclass(frozen=True)
+class SeriesPoint:
+    """One step of the chart; ``None`` where nothing was observed."""
+
+    start: datetime
+    gen_throughput: float | None
+    effective: float | None
+    queue: float | None
+    queue_max: float | None
+    running: float | None
+    usage: float | None
+
+
+@dataclass(frozen=True)
+class Report:
+    server: str
+    since: datetime
+    until: datetime
+    generated_at: datetime
+    resolution_s: int  # 0: raw samples; else the roll-up bucket read
+    observed_s: float
+    tokens_generated: int | None
+    prompt_tokens: int | None
+    requests_completed: int | None
+    generation: Throughput
+    effective: Throughput
+    saturated_s: float
+    saturated_share: float | None
+    running_mean: float | None
+    queue_mean: float | None
+    queue_max: float | None
+    usage: UsageDistribution | None
+    capacity_tokens: int | None
+    retractions: int | None
+    retraction_samples: int
+    restarts: int
+    downtime_s: float
+    no_data_s: float
+    outages: list[Outage]
+    experiments: list[ExperimentSummary]
+    config: ConfigComparison
+    diagnosis: Diagnosis | None
+    series_step_s: int
+    series: list[SeriesPoint] = field(repr=False)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def window_s(self) -> float:
+        return (self.until - self.since).total_seconds()
+
+    def to_json(self) -> dict[str, Any]:
+        def convert(value: Any) -> Any:
+            if isinstance(value, datetime):
+                return value.isoformat()
+            if isinstance(value, float):
+                return round(value, 4) if math.isfinite(value) else None
+            if isinstance(value, dict):
+                return {k: convert(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [convert(v) for v in value]
+            return value
+
+        data = convert(asdict(self))
+        assert isinstance(data, dict)
+        return data
+
+
+# ----------------------------------------------------------------------------- reading
+def choose_level(levels: dict[int, float], since: float) -> int:
+    """The finest level whose data reaches back to ``since``; else the one reaching furthest."""
+    for level in sorted(levels):
+        if levels[level] <= since + max(level, FIVE_MINUTES):
+            return level
+    if not levels:
+        return 0
+    return min(levels, key=lambda level: (levels[level], level))
+
+
+def load_buckets(db: Database, server: str, level: int, since: float, until: float) -> list[Bucket]:
+    """Buckets of ``max(level, 5 min)`` covering [since, until): stored roll-ups, then the part
+    not rolled up yet from the level below."""
+    if level == 0:
+        return group(samples_between(db, server, since, until), FIVE_MINUTES)
+    rows = rollups_between(db, server, level, since, until)
+    tail_from = rows[-1].end_ts if rows else since
+    if tail_from < until:
+        finer = FIVE_MINUTES if level > FIVE_MINUTES else 0
+        rows += regroup(load_buckets(db, server, finer, tail_from, until), level)
+    return rows
+
+
+def usage_distribution(total: Bucket) -> UsageDistribution | None:
+    if total.usage_span <= 0 or total.usage_max is None:
+        return None
+    hist = total.usage_hist
+
+    def percentile(p: float) -> float:
+        target = p * total.usage_span
+        seen = 0.0
+        for b in range(USAGE_BINS):
+            weight = hist.get(b, 0.0)
+            if weight > 0 and seen + weight >= target:
+                inside = (target - seen) / weight
+                return min(total.usage_max or 1.0, (b + inside) / USAGE_BINS)
+            seen += weight
+        return total.usage_max or 1.0
+
+    above = sum(v for b, v in hist.items() if b >= 90) / total.usage_span
+    return UsageDistribution(
+        mean=total.usage_sum / total.usage_span,
+        p10=percentile(0.10),
+        p50=percentile(0.50),
+        p90=percentile(0.90),
+        p99=percentile(0.99),
+        max=total.usage_max,
+        share_above_90=above,
+    )
+
+
+def _dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
+
+
+def outages(gaps: list[Gap], since: float, until: float) -> list[Outage]:
+    return [
+        Outage(
+            kind=g.kind,
+            start=_dt(max(g.start_ts, since)),
+            end=_dt(min(g.end_ts, until)),
+            restarted=g.restarted or g.kind == "restart",
+            ongoing=g.open,
+            detail=g.detail,
+        )
+        for g in gaps
+    ]
+
+
+def series(buckets: list[Bucket], since: float, until: float, step: int) -> list[SeriesPoint]:
+    """A regular series from ``since`` to ``until``, ``None`` where nothing was observed."""
+    by_start = {b.start_ts: b for b in regroup(buckets, step)}
+    start = math.floor(since / step) * step
+    points: list[SeriesPoint] = []
+    while start < until:
+        b = by_start.get(start)
+        empty = b is None or b.samples == 0
+        points.append(
+            SeriesPoint(
+                start=_dt(start),
+                gen_throughput=None if empty or b is None else b.mean("gen_tp"),
+                effective=None if empty or b is None else b.effective_rate(),
+                queue=None if empty or b is None else b.mean("queue"),
+                queue_max=None if empty or b is None else b.queue_max,
+                running=None if empty or b is None else b.mean("running"),
+                usage=None if empty or b is None else b.mean("usage"),
+            )
+        )
+        start += step
+    return points
+
+
+def series_step(window_s: float, level: int) -> int:
+    for step in SERIES_STEPS_S:
+        if step >= max(level, FIVE_MINUTES) and window_s / step <= MAX_SERIES_POINTS:
+            return step
+    return SERIES_STEPS_S[-1]
+
+
+# ----------------------------------------------------------------------------- experiments
+def _estimate(value: Any) -> Estimate | None:
+    if not isinstance(value, dict) or not isinstance(value.get("mean"), (int, float)):
+        return None
+    ci = value.get("ci95")
+    low, high = (ci[0], ci[1]) if isinstance(ci, list) and len(ci) == 2 else (None, None)
+    return Estimate(float(value["mean"]), low, high)
+
+
+def experiment_summary(row: ExperimentRow) -> ExperimentSummary:
+    result = row.result or {}
+    return ExperimentSummary(
+        id=row.id,
+        state=row.state.value,
+        change=row.change,
+        started=row.created_at,
+        finished=row.updated_at if row.terminal else None,
+        verdict=result.get("verdict"),
+        reason=str(result.get("rule") or ""),
+        baseline=_estimate(result.get("baseline")),
+        trial=_estimate(result.get("trial")),
+        effect=_estimate(result.get("effect")),
+    )
+
+
+def experiments_in(
+    db: Database, server: str, since: datetime, until: datetime
+) -> list[ExperimentRow]:
+    """Experiments that were under way at some point of the window, oldest first."""
+    rows = list_experiments(db, server, limit=1000)
+    return sorted(
+        (r for r in rows if r.created_at < until and (not r.terminal or r.updated_at >= since)),
+        key=lambda r: r.id,
+    )
+
+
+# ----------------------------------------------------------------------------- configuration
+def compare_settings(
+    db: Database, server: str, since: float, until: float, engine: Engine | None = None
+) -> ConfigComparison:
+    engine = engine or default_engine()
+    then = snapshot_at(db, server, since)
+    if then is None:
+        first = snapshots_between(db, server, since, until)
+        then = first[0] if first else None
+    now: Snapshot | None = snapshot_at(db, server, until)
+    if now is None:
+        return ConfigComparison(None, None, {}, [])
+    changes: list[SettingChange] = []
+    if then is not None:
+        for key in sorted(set(then.info) | set(now.info)):
+            if key in engine.not_compared:
+                continue
+            before, after = then.info.get(key), now.info.get(key)
+            if before != after:
+                changes.append(SettingChange(key, before, after))
+    key_now = {k: now.info[k] for k in engine.key_settings if now.info.get(k) is not None}
+    return ConfigComparison(
+        then_at=None if then is None else _dt(then.ts),
+        now_at=_dt(now.ts),
+        now=key_now,
+        changes=changes,
+    )
+
+
+# ----------------------------------------------------------------------------- diagnosis
+def day_measurement(busy: list[Bucket]) -> Measurement | None:
+    """A ``Measurement`` over stored buckets in which requests ran, for ``analyse``."""
+    total = Bucket(start_ts=busy[0].start_ts, bucket_s=0) if busy else None
+    if total is None:
+        return None
+    for b in busy:
+        total.merge(b)
+    if total.span_s <= 0:
+        return None
+    gen = total.mean("gen_tp")
+    eff = total.effective_rate()
+    requests = total.requests or 0.0
+    return Measurement(
+        window_s=total.span_s,
+        batch_s=busy[0].bucket_s,
+        batches=len(busy),
+        lag1=0.0,
+        stop_reason="stored samples",
+        source="metrics" if total.gen_tokens is not None else "loads",
+        generation=None if gen is None else Interval(gen, -math.inf, math.inf, len(busy), 0.0),
+        effective=None if eff is None else Interval(eff, -math.inf, math.inf, len(busy), 0.0),
+        prompt_tokens_per_s=None
+        if total.prompt_tokens is None
+        else total.prompt_tokens / total.span_s,
+        requests_per_s=None if total.requests is None else requests / total.span_s,
+        completed_requests=None if total.requests is None else int(requests),
+        avg_prompt_tokens=(total.prompt_tokens or 0.0) / requests if requests > 0 else None,
+        avg_output_tokens=(total.gen_tokens or 0.0) / requests if requests > 0 else None,
+        running=total.mean("running") or 0.0,
+        queued=total.mean("queue") or 0.0,
+        queued_max=total.queue_max or 0.0,
+        queue_nonempty_fraction=total.saturated_s / total.span_s,
+        token_usage=total.mean("usage"),
+        cache_hit_rate=None,
+        cached_fraction=None,
+        retractions=None if total.retractions is None else int(total.retractions),
+        retractions_seen_in_gauge=total.retract_seen,
+    )
+
+
+def day_diagnosis(
+    buckets: list[Bucket],
+    settings: Snapshot | None,
+    notes: list[str],
+    changed_at: float | None = None,
+    engine: Engine | None = None,
+) -> Diagnosis | None:
+    """The bottleneck over the window's busy time (5-minute buckets in which requests ran).
+
+    When the configuration changed during the window (at ``changed_at``), the configuration
+    running now is judged on its own if it has run long enough.
+    """
+    busy = [b for b in buckets if (b.running_max or 0) > 0 or (b.queue_max or 0) > 0]
+    if changed_at is not None and busy:
+        recent = [b for b in busy if b.start_ts >= changed_at]
+        if sum(b.span_s for b in recent) >= MIN_DIAGNOSIS_S:
+            busy = recent
+            notes.append(
+                "the configuration changed during the window; the bottleneck is judged on "
+                "the time since"
+            )
+        else:
+            notes.append(
+                "the configuration changed during the window and has not run long enough "
+                "to be judged alone; the bottleneck covers both configurations"
+            )
+    m = day_measurement(busy)
+    if m is None:
+        notes.append("no requests ran in the window, so there is no bottleneck to name")
+        return None
+    if settings is None:
+        notes.append("the server's settings were never read, so the day is not diagnosed")
+        return None
+    engine = engine or default_engine()
+    judged = engine.bottleneck_of(engine.parse_settings(settings.info), m)
+    if isinstance(judged, str):
+        notes.append(judged)
+        return None
+    bottleneck, evidence = judged
+    return Diagnosis(bottleneck, evidence, "samples", m.window_s)
+
+
+# ----------------------------------------------------------------------------- the report
+def _int(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
+def build_report(
+    db: Database,
+    server: str,
+    *,
+    since: datetime,
+    until: datetime,
+    live: DiagnoseFinding | None = None,
+    generated_at: datetime | None = None,
+    engine: Engine | None = None,
+) -> Report:
+    """The report of ``server`` for [since, until), from stored data (and ``live``, if given)."""
+    if since.tzinfo is None or until.tzinfo is None:
+        raise ValueError("since and until must be aware datetimes (UTC)")
+    if until <= since:
+        raise ValueError(f"the window is empty: until ({until}) is not after since ({since})")
+    t0, t1 = since.timestamp(), until.timestamp()
+    notes: list[str] = []
+    levels = oldest(db, server)
+    level = choose_level(levels, t0)
+    buckets = load_buckets(db, server, level, t0, t1)
+    total = Bucket(start_ts=t0, bucket_s=t1 - t0)
+    for b in buckets:
+        total.merge(b)
+    if total.samples == 0:
+        notes.append(
+            "no samples in this window: is the sampler running (kvpilot serve or console), and "
+            "is the server in the configuration?"
+        )
+    elif total.span_s < 0.9 * (t1 - t0):
+        notes.append(
+            f"samples cover {total.span_s / 3600:.1f} h of the {(t1 - t0) / 3600:.1f} h window"
+        )
+    if level:
+        notes.append(f"read from {level // 60}-minute roll-ups (raw samples are kept for less)")
+    gaps = gaps_between(db, server, t0, t1)
+    outs = outages(gaps, t0, t1)
+    config = compare_settings(db, server, t0, t1, engine)
+    if live is not None:
+        diagnosis: Diagnosis | None = Diagnosis(
+            live.bottleneck, list(live.evidence), "live", live.window_s
+        )
+    else:
+        changed_at = config.now_at.timestamp() if config.changes and config.now_at else None
+        diagnosis = day_diagnosis(buckets, snapshot_at(db, server, t1), notes, changed_at, engine)
+    peaks = [b.eff_peak for b in buckets if b.eff_peak is not None]
+    step = series_step(t1 - t0, level)
+    return Report(
+        server=server,
+        since=since.astimezone(UTC),
+        until=until.astimezone(UTC),
+        generated_at=generated_at or datetime.now(UTC),
+        resolution_s=level,
+        observed_s=total.span_s,
+        tokens_generated=_int(total.gen_tokens),
+        prompt_tokens=_int(total.prompt_tokens),
+        requests_completed=_int(total.requests),
+        generation=Throughput(total.mean("gen_tp"), total.gen_tp_max),
+        effective=Throughput(total.effective_rate(), max(peaks) if peaks else None),
+        saturated_s=total.saturated_s,
+        saturated_share=total.saturated_s / total.span_s if total.span_s > 0 else None,
+        running_mean=total.mean("running"),
+        queue_mean=total.mean("queue"),
+        queue_max=total.queue_max,
+        usage=usage_distribution(total),
+        capacity_tokens=total.max_total_tokens,
+        retractions=_int(total.retractions),
+        retraction_samples=total.retract_seen,
+        restarts=sum(1 for o in outs if o.restarted),
+        downtime_s=sum(g.overlap(t0, t1) for g in gaps if g.kind == "down"),
+        no_data_s=sum(g.overlap(t0, t1) for g in gaps if g.kind == "no_data"),
+        outages=outs,
+        experiments=[experiment_summary(r) for r in experiments_in(db, server, since, until)],
+        config=config,
+        diagnosis=diagnosis,
+        series_step_s=step,
+        series=series(buckets, t0, t1, step),
+        notes=notes,
+    )
+
+
+def parse_window(text: str) -> timedelta:
+    """ "24h", "7d", "90m" or seconds, as a timedelta; a clear error otherwise."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    raw = text.strip().lower()
+    unit = units.get(raw[-1:]) if raw else None
+    try:
+        value = float(raw[:-1] if unit else raw) * (unit or 1)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a duration; use e.g. 24h, 7d or 90m") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{text!r}: the window must be positive")
+    return timedelta(seconds=value)

@@ -1,0 +1,1 @@
+"""Statistics without SciPy: t quantiles, intervals, batch means."""
