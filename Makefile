@@ -21,12 +21,12 @@ real-sglang:
 
 # make check: lint, types and the fast tests (pure decisions, storage, configuration; no server
 # processes), in well under a minute on two cores. make test is make check plus every tier.
-CHECK_TESTS := tests/storage tests/test_config.py tests/test_architecture.py \
-	tests/playbooks/test_gate.py tests/playbooks/test_outcome.py tests/playbooks/test_ownership.py \
-	tests/engines tests/playbooks/test_http.py tests/playbooks/test_measure.py tests/sim/test_memory.py \
-	tests/sim/test_args.py tests/fleet/test_restart_slots.py tests/fleet/test_engine_slots.py \
-	tests/fleet/test_config_groups.py tests/reports/test_rollups.py tests/reports/test_config.py \
-	tests/launchers/test_launcher_config.py
+CHECK_TESTS := tests/storage tests/bot/app/test_config.py tests/test_architecture.py \
+	tests/playbooks/gate/test_gate.py tests/playbooks/experiments/test_outcome.py tests/playbooks/experiments/test_ownership.py \
+	tests/playbooks/engines tests/playbooks/test_http.py tests/playbooks/diagnose/test_measure.py tests/sim/test_memory.py \
+	tests/sim/test_args.py tests/playbooks/experiments/test_restart_slots.py tests/playbooks/experiments/test_engine_slots.py \
+	tests/bot/app/test_config_groups.py tests/storage/test_rollups.py tests/bot/reports/test_config.py \
+	tests/playbooks/launchers/test_launcher_config.py
 
 check: venv lint typecheck
 	$(BIN)/pytest -q -n 2 -p no:cacheprovider $(CHECK_TESTS)

@@ -3,7 +3,7 @@
     python -m bench.report [--days 30] [--year] [--repeat 5]
 
 Writes ``--days`` of 15-second samples for one server (a daily load cycle and a restart, from
-``tests.reports.synthetic``) into a fresh SQLite file, compacting once per simulated day with
+``tests.bot.reports.synthetic``) into a fresh SQLite file, compacting once per simulated day with
 the default retention (raw 3 days, 5-minute roll-ups 35 days, hourly 400 days) as the sampler
 does, with a kept experiment and a configuration change on the last day. Then it times
 ``build_report`` for the last 24 hours (raw samples), 7 days and 30 days (roll-ups), and
@@ -26,7 +26,7 @@ from storage.db import open_db
 from storage.experiments import State, create_experiment, set_result, transition
 from storage.metric_samples import Retention
 from storage.server_snapshots import record_snapshot
-from tests.reports.synthetic import DAY, generate
+from tests.bot.reports.synthetic import DAY, generate
 
 INFO = {
     "version": "0.5.10",

@@ -1,0 +1,278 @@
+"""The sampler over real HTTP: increases, gaps (down, restart, sampler away), settings, thread."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlite_utils import Database
+
+from bot.app.config import Config, parse
+from bot.reports.sampler import Sampler, ScaledTime, default_client
+from playbooks.engines.sglang.client import stored_settings as observed_settings
+from playbooks.sources.metrics_source import SourcedClient
+from storage.db import memory_db, open_db
+from storage.metric_samples import gaps_between, samples_between
+from storage.server_snapshots import snapshots_between
+from tests.bot.reports.fake_sglang import FakeSGLang, fake_sglang
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+class ManualTime:
+    def __init__(self, start: datetime = T0) -> None:
+        self.t = start
+
+    def now(self) -> datetime:
+        return self.t
+
+    def wall_seconds(self, seconds: float) -> float:
+        return 0.0
+
+    def advance(self, seconds: float) -> None:
+        self.t += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeSGLang]:
+    with fake_sglang() as server:
+        yield server
+
+
+def make_config(tmp_path: Path, url: str, **sampler: Any) -> Config:
+    return parse(
+        {
+            "kvpilot": {"database": "kvpilot.db"},
+            "servers": {"s": {"url": url, "api_key": "secret-key"}},
+            "sampler": sampler,
+        },
+        tmp_path / "kvpilot.toml",
+    )
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    database = open_db(tmp_path / "kvpilot.db")
+    yield database
+    database.close()
+
+
+def tick(sampler: Sampler, clock: ManualTime, fake: FakeSGLang, seconds: float = 15.0) -> bool:
+    clock.advance(seconds)
+    fake.advance(seconds)
+    return sampler.sample_once()[0].ok
+
+
+def all_samples(db: Database) -> list[Any]:
+    return samples_between(db, "s", 0, 1e12)
+
+
+def test_counters_become_increases_over_contiguous_time(
+    tmp_path: Path, db: Database, fake: FakeSGLang
+) -> None:
+    clock = ManualTime()
+    sampler = Sampler(make_config(tmp_path, fake.url), db, clock)
+    assert sampler.sample_once()[0].ok
+    for _ in range(3):
+        assert tick(sampler, clock, fake)
+    rows = all_samples(db)
+    assert [r.dt for r in rows] == [None, 15.0, 15.0, 15.0]
+    assert rows[0].gen_tokens is None  # nothing to compare the first scrape with
+    assert [r.gen_tokens for r in rows[1:]] == [12000.0] * 3  # 800 tok/s for 15 s
+    assert rows[-1].gen_total == 36000.0 and rows[-1].queued == 100.0
+    assert rows[-1].token_usage == 0.9 and rows[-1].max_total_tokens == 116171
+    assert rows[-1].retractions is None  # this server exports no retraction counter
+    assert gaps_between(db, "s", 0, 1e12) == []
+    # the server's settings were read once, without the API key or the twin's clock
+    (snap,) = snapshots_between(db, "s", 0, 1e12)
+    assert snap.info["mem_fraction_static"] == 0.85
+    assert "api_key" not in snap.info and "kvpilot_twin" not in snap.info
+    assert snap.info["internal_states"] == [{"memory_usage": {"weight": 69.25, "kvcache": 7.6}}]
+    assert fake.requests.count("/server_info") == 1
+
+
+def test_a_down_server_is_a_gap_and_a_restart_is_recognised(
+    tmp_path: Path, db: Database, fake: FakeSGLang
+) -> None:
+    clock = ManualTime()
+    sampler = Sampler(make_config(tmp_path, fake.url), db, clock)
+    fake.advance(3600)  # up for an hour: after a restart its counters are lower
+    sampler.sample_once()
+    tick(sampler, clock, fake)
+    fake.state.failing = True
+    outcomes = [tick(sampler, clock, fake) for _ in range(4)]
+    assert outcomes == [False] * 4
+    (gap,) = gaps_between(db, "s", 0, 1e12)
+    assert gap.kind == "down" and gap.open and gap.end_ts - gap.start_ts == 45
+    assert "503" in gap.detail
+    assert any("down since" in line for line in sampler.describe())
+    # it comes back restarted, at a new setting
+    fake.state.failing = False
+    fake.restart()
+    fake.state.info["mem_fraction_static"] = 0.88
+    assert tick(sampler, clock, fake)
+    (gap,) = gaps_between(db, "s", 0, 1e12)
+    assert not gap.open and gap.restarted and gap.end_ts - gap.start_ts == 60
+    after = all_samples(db)[-1]
+    assert after.dt is None  # no rate across the gap
+    assert after.gen_tokens == 12000.0  # since the restart (the counter's new value)
+    assert len(all_samples(db)) == 3  # failed scrapes store no samples, not zeros
+    snaps = snapshots_between(db, "s", 0, 1e12)
+    assert [s.info["mem_fraction_static"] for s in snaps] == [0.85, 0.88]
+    tick(sampler, clock, fake)
+    assert all_samples(db)[-1].dt == 15.0
+
+
+def test_a_restart_between_two_scrapes_is_a_restart_gap(
+    tmp_path: Path, db: Database, fake: FakeSGLang
+) -> None:
+    clock = ManualTime()
+    sampler = Sampler(make_config(tmp_path, fake.url), db, clock)
+    fake.advance(3600)
+    sampler.sample_once()
+    tick(sampler, clock, fake)
+    fake.restart()
+    tick(sampler, clock, fake, seconds=5)
+    (gap,) = gaps_between(db, "s", 0, 1e12)
+    assert gap.kind == "restart" and gap.restarted and gap.end_ts - gap.start_ts == 5
+    last = all_samples(db)[-1]
+    assert last.dt is None and last.gen_tokens == 4000.0
+    assert fake.requests.count("/server_info") == 2  # settings read again after a restart
+
+
+def test_time_the_sampler_was_not_running_is_no_data(
+    tmp_path: Path, db: Database, fake: FakeSGLang
+) -> None:
+    clock = ManualTime()
+    config = make_config(tmp_path, fake.url)
+    first = Sampler(config, db, clock)
+    first.sample_once()
+    tick(first, clock, fake)
+    # the bot stops for an hour; a new one picks up from the database
+    clock.advance(3600)
+    fake.advance(3600)
+    second = Sampler(config, db, clock)
+    assert second.sample_once()[0].ok
+    (gap,) = gaps_between(db, "s", 0, 1e12)
+    assert gap.kind == "no_data" and gap.end_ts - gap.start_ts == 3600 and not gap.restarted
+    last = all_samples(db)[-1]
+    assert last.dt is None and last.gen_tokens is None  # an hour of tokens is not one sample's
+    tick(second, clock, fake)
+    assert all_samples(db)[-1].gen_tokens == 12000.0
+
+
+def test_a_bot_restart_during_an_outage_closes_the_old_gap(
+    tmp_path: Path, db: Database, fake: FakeSGLang
+) -> None:
+    clock = ManualTime()
+    config = make_config(tmp_path, fake.url)
+    first = Sampler(config, db, clock)
+    first.sample_once()
+    fake.state.failing = True
+    tick(first, clock, fake)
+    tick(first, clock, fake)
+    clock.advance(600)
+    second = Sampler(config, db, clock)
+    assert not second.sample_once()[0].ok
+    kinds = [(g.kind, g.open, g.end_ts - g.start_ts) for g in gaps_between(db, "s", 0, 1e12)]
+    assert kinds == [("down", False, 15.0), ("no_data", False, 600.0), ("down", True, 0.0)]
+
+
+def test_without_metrics_the_loads_are_sampled(
+    tmp_path: Path, db: Database, fake: FakeSGLang
+) -> None:
+    fake.state.metrics_enabled = False
+    clock = ManualTime()
+    sampler = Sampler(make_config(tmp_path, fake.url), db, clock)
+    sampler.sample_once()
+    tick(sampler, clock, fake)
+    last = all_samples(db)[-1]
+    assert last.gen_total is None and last.gen_tokens is None  # no counters without metrics
+    assert last.running == 50 and last.queued == 100 and last.gen_throughput == 800
+
+
+def test_observed_settings_drop_secrets_and_moving_values() -> None:
+    kept = observed_settings(
+        {
+            "api_key": "k",
+            "admin_api_key": "k",
+            "hf_token": "t",
+            "max_total_num_tokens": 5,
+            "startup_time": 1.5,
+            "launch_command": "python -m sglang.launch_server --api-key k",
+            "tp_size": 2,
+            "nested": {"x": 1},
+        }
+    )
+    assert kept == {"max_total_num_tokens": 5, "tp_size": 2}
+
+
+def test_the_thread_samples_until_stopped(tmp_path: Path, fake: FakeSGLang) -> None:
+    config = make_config(tmp_path, fake.url, interval_s=15)
+    db = open_db(config.database)
+    sampler = Sampler(config, db, ScaledTime(300.0))  # a 15 s interval every 50 ms
+    sampler.start()
+    assert sampler.running
+    deadline = time.monotonic() + 10
+    while len(all_samples(db)) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    started = time.monotonic()
+    sampler.stop()
+    assert time.monotonic() - started < 2 and not sampler.running
+    rows = all_samples(db)
+    assert len(rows) >= 5
+    gaps = [r.dt for r in rows if r.dt is not None]
+    assert min(gaps) > 10 and sum(gaps) / len(gaps) < 30  # about one interval apart
+    assert "sampler stopped" in sampler.describe()[0]
+    db.close()
+
+
+def test_the_thread_needs_a_database_file(tmp_path: Path) -> None:
+    sampler = Sampler(make_config(tmp_path, "http://127.0.0.1:9"), memory_db(), ManualTime())
+    with pytest.raises(RuntimeError, match="database file"):
+        sampler.start()
+
+
+def test_servers_read_through_prometheus_are_sampled_through_it(tmp_path: Path) -> None:
+    config = parse(
+        {
+            "servers": {
+                "s": {
+                    "url": "http://10.0.0.5:30000",
+                    "metrics": {"source": "prometheus", "url": "http://prom:9090"},
+                },
+                "direct": {"url": "http://10.0.0.6:30000"},
+            }
+        },
+        tmp_path / "kvpilot.toml",
+    )
+    assert isinstance(default_client(config.servers["s"]), SourcedClient)
+    assert not isinstance(default_client(config.servers["direct"]), SourcedClient)
+
+
+def test_a_disabled_sampler_does_not_start(tmp_path: Path, db: Database) -> None:
+    sampler = Sampler(make_config(tmp_path, "http://127.0.0.1:9", enabled=False), db, ManualTime())
+    sampler.start()
+    assert not sampler.running and "disabled" in sampler.describe()[0]
+
+
+def test_two_samplers_on_one_database_do_not_count_twice(
+    tmp_path: Path, db: Database, fake: FakeSGLang
+) -> None:
+    clock = ManualTime()
+    config = make_config(tmp_path, fake.url)
+    other_db = open_db(tmp_path / "kvpilot.db")
+    first, second = Sampler(config, db, clock), Sampler(config, other_db, clock)
+    first.sample_once()
+    for i in range(6):
+        clock.advance(7.5)
+        fake.advance(7.5)
+        (first if i % 2 else second).sample_once()
+    rows = all_samples(db)
+    assert len(rows) == 7 and all(r.dt == 7.5 for r in rows[1:])
+    assert sum(r.gen_tokens or 0 for r in rows) == 6 * 7.5 * 800  # each token once
+    other_db.close()

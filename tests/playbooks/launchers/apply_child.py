@@ -1,0 +1,25 @@
+"""Run one `apply` the way the bot does, in a process a test can kill midway.
+
+python -m tests.playbooks.launchers.apply_child CONFIG SERVER ARGS_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from bot.app.config import load
+from bot.app.wiring import launcher
+from playbooks.clock import make_clock
+
+
+def main(argv: list[str]) -> int:
+    config = load(argv[0])
+    launcher(config, config.server(argv[1]), make_clock(config.time_scale)).apply(
+        json.loads(argv[2])
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

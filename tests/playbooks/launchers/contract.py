@@ -1,0 +1,194 @@
+"""The launcher contract: what the experiment engine relies on, whatever runs the server.
+
+1. `apply(args)` restarts the server with `args` and returns once it is ready; a new launcher
+   (a restarted bot) reads the same arguments back from the system; `stop` and `start` work.
+2. Arguments the server cannot start with raise LaunchError with SGLang's reason and log; the
+   system still shows them (nothing is hidden), and applying the previous arguments rolls back.
+3. A server that dies later is seen by `state()`, with a reason.
+4. If the bot is killed in the middle of `apply`, a new launcher sees the truth (the new
+   arguments, not ready) and rolling back works, leaving nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from playbooks.engines.sglang.args import with_change
+from playbooks.launchers.base import LaunchError
+from tests.playbooks.launchers.harness import Harness
+from tests.twin_process import REPO
+
+
+def set_flag(args: list[str], flag: str, value: str) -> list[str]:
+    out = list(args)
+    out[out.index(flag) + 1] = value
+    return out
+
+
+def wait_for(what: str, check: object, timeout: float = 30.0) -> None:
+    assert callable(check)
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def apply_death_stop_and_start(h: Harness) -> None:
+    """Clauses 1 and 3."""
+    launcher = h.launcher()
+    assert launcher.current_args() == h.baseline
+    state = launcher.state()
+    assert state.running and state.ready, state
+    trial = with_change(h.baseline, {"mem_fraction_static": 0.88})
+    launcher.apply(trial)
+    fresh = h.launcher()
+    assert fresh.current_args() == trial
+    assert fresh.state().ready
+    assert h.info()["mem_fraction_static"] == 0.88
+    assert h.leftovers() == []
+
+    pid = h.server_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for("the launcher to see the server down", lambda: not fresh.state().running)
+    state = fresh.state()
+    assert not state.ready and state.reason
+    if h.exit_status_seen:
+        assert "SIGKILL" in state.reason, state.reason
+
+    fresh.stop()
+    state = fresh.state()
+    assert not state.running and not state.ready, state
+    again = h.launcher()  # `kvpilot server start`
+    again.start(again.current_args())
+    again.wait_ready()
+    assert again.state().ready and h.info()["mem_fraction_static"] == 0.88
+    assert h.leftovers() == []
+
+
+def failure_rollback_and_bot_crash(h: Harness) -> None:
+    """Clauses 2 and 4."""
+    launcher = h.launcher()
+    bad = with_change(h.baseline, {"mem_fraction_static": 0.99})
+    with pytest.raises(LaunchError) as failure:
+        launcher.apply(bad)
+    assert "GPU out of memory" in failure.value.reason, failure.value.reason
+    assert "CUDA out of memory" in failure.value.log_tail
+    fresh = h.launcher()
+    assert fresh.current_args() == bad  # the system says what it was told to run
+    assert not fresh.state().ready
+    fresh.apply(h.baseline)
+    after = h.launcher()
+    assert after.current_args() == h.baseline
+    assert after.state().ready
+    assert h.info()["mem_fraction_static"] == 0.85
+    assert h.leftovers() == []
+
+    # A slow start (the twin at 1/100 of its usual speed takes ~20 s to load) leaves time to
+    # kill the bot while it waits for readiness.
+    slow = set_flag(with_change(h.baseline, {"mem_fraction_static": 0.88}), "--time-scale", "2")
+    bot = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.playbooks.launchers.apply_child",
+            str(h.config),
+            "twin",
+            json.dumps(slow),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    watcher = h.launcher()
+
+    def mid_apply() -> bool:
+        assert bot.poll() is None, bot.stderr.read().decode() if bot.stderr else ""
+        return watcher.current_args() == slow and not watcher.state().ready
+
+    try:
+        wait_for("the change to reach the system", mid_apply)
+    finally:
+        bot.kill()
+        bot.wait(timeout=10)
+    fresh = h.launcher()
+    assert fresh.current_args() == slow
+    assert not fresh.state().ready
+    fresh.apply(h.baseline)
+    after = h.launcher()
+    assert after.current_args() == h.baseline and after.state().ready
+    assert h.info()["mem_fraction_static"] == 0.85
+    assert h.leftovers() == []
+
+
+GATE = "\n[gate]\nbaseline_s = 60\nscrape_s = 2\nbatch_s = 10\n"
+
+
+def _kvpilot(h: Harness, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", *args, "--config", str(h.config)],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def one_process_carries_an_experiment(h: Harness) -> None:
+    """Clause 5: however many kvpilot processes resume an interrupted experiment, the server
+    restarts once; one next to the living process that carries it touches nothing."""
+    from storage import experiments as store  # noqa: PLC0415
+    from storage.db import open_db  # noqa: PLC0415
+
+    h.config.write_text(h.config.read_text().replace("[servers.twin]", GATE + "\n[servers.twin]"))
+    marker = h.config.parent / "paused"
+    owner = _kvpilot(
+        h,
+        "experiment",
+        "--server",
+        "twin",
+        "--set",
+        "mem_fraction_static=0.88",
+        "--yes",
+        env={"KVPILOT_FAULT_PAUSE_BEFORE": "trial", "KVPILOT_FAULT_MARKER": str(marker)},
+    )
+    try:
+
+        def paused() -> bool:
+            if owner.poll() is not None:
+                raise AssertionError(f"the experiment ended early: {owner.communicate()[1]}")
+            return marker.exists()
+
+        wait_for("the experiment to reach its trial", paused, 60)
+        db = open_db(h.config.parent / "var" / "kvpilot.db")
+        (row,) = store.list_experiments(db)
+        assert row.state == "trial" and h.info()["mem_fraction_static"] == 0.88
+        before = h.starts()
+        # a resume next to the living owner leaves the experiment to it
+        beside = _kvpilot(h, "resume")
+        _, err = beside.communicate(timeout=60)
+        assert beside.returncode == 0, err
+        assert "carried by another kvpilot process" in err, err
+        assert h.starts() == before and store.get_experiment(db, row.id).state == "trial"
+    finally:
+        owner.kill()
+        owner.wait(timeout=10)
+    # the owner is gone: two resumes at once, and the server restarts exactly once
+    racers = [_kvpilot(h, "resume") for _ in range(2)]
+    results = [(r.wait(timeout=120), r.communicate()[1]) for r in racers]
+    final = store.get_experiment(db, row.id)
+    assert final.state == "reverted", results
+    assert h.starts() - before == 1, (h.starts() - before, results)
+    assert h.info()["mem_fraction_static"] == 0.85
+    assert h.launcher().current_args() == h.baseline
+    assert sorted(code for code, _ in results) == [0, 6], results  # one did nothing, one reverted
+    assert h.leftovers() == []
