@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,12 +21,15 @@ from sqlite_utils import Database
 
 from bot.app.config import Config, ConfigError
 from bot.app.wiring import diagnose_settings, engine, engine_client, launcher
-from bot.chat.auth import Action, GroupMembers, Principal, authorise
-from bot.chat.commands import USAGE, Command, CommandError, parse_command
+from bot.chat import decisions
+from bot.chat.auth import Action, Decision, GroupMembers, Principal, authorise
+from bot.chat.commands import Command, CommandError, parse_command
+from bot.chat.dispatch import DECIDED_AGAINST_PROPOSER, HANDLERS, Reply, Work
 from bot.chat.messages import Button, Confirm, Message
 from bot.chat.render import mention
 from bot.chat.runner import ExperimentRunner
 from bot.chat.surface import LOCAL_CHANNEL, Surface
+from bot.chat.when import hhmm as _hhmm
 from playbooks.clock import make_clock
 from playbooks.diagnose.measure import MeasurementError
 from playbooks.diagnose.playbook import diagnose
@@ -52,19 +54,6 @@ PROPOSE_OPTION = "kvpilot.propose"
 APPROVE = "kvpilot.approve"
 REJECT = "kvpilot.reject"
 ACTIONS = (PROPOSE_OPTION, APPROVE, REJECT)
-Work = Callable[[Surface], object]
-
-
-@dataclass(frozen=True)
-class Reply:
-    """What to tell the person at once (privately), and the work that follows, if any."""
-
-    now: Message | None
-    work: Work | None = None
-
-
-def _hhmm(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 class Kvpilot:
@@ -117,17 +106,18 @@ class Kvpilot:
         self.work.shutdown(wait=True, cancel_futures=False)
         self.runner.join()
 
+    def _authorisation(
+        self, who: Principal, action: Action, *, proposer: str | None = None
+    ) -> Decision:
+        return authorise(
+            self.config.slack, who, action, group_members=self.group_members, proposer=proposer
+        )
+
     def _check(
         self, who: Principal, action: Action, *, proposer: str | None = None, **where: Any
     ) -> str | None:
         """None if allowed; otherwise the reason, after auditing the refusal."""
-        decision = authorise(
-            self.config.slack,
-            who,
-            action,
-            group_members=self.group_members,
-            proposer=proposer,
-        )
+        decision = self._authorisation(who, action, proposer=proposer)
         if decision.allowed:
             return None
         self.deny(who, action, decision.reason, **where)
@@ -148,47 +138,19 @@ class Kvpilot:
 
     # ------------------------------------------------------------------ commands
     def command(self, who: Principal, text: str) -> Reply:
+        """Parse and authorise a typed command, then answer it by its handler in `HANDLERS`."""
         if self.runner.stopping.is_set():
             return Reply(Message.note(":hourglass: kvpilot is restarting; try again in a minute."))
         try:
             cmd = parse_command(text, self.config)
         except CommandError as exc:
             return Reply(Message.note(f":warning: {exc}"))
-        action: Action = cmd.name  # type: ignore[assignment]
-        if cmd.name in ("approve", "reject"):  # decided against the proposer in decide()
-            pid = cmd.proposal_id or 0
-            return Reply(None, lambda s: self.decide_by_id(who, s, pid, cmd.name))
-        refused = self._check(who, action, server=cmd.server, experiment_id=cmd.experiment_id)
-        if refused is not None:
-            return Reply(Message.note(f":no_entry: Not allowed: {refused}."))
-        if cmd.name == "help":
-            return Reply(Message.from_template("chat/help.md.j2", usage=USAGE))
-        if cmd.name == "diagnose":
-            assert cmd.server is not None
-            return Reply(
-                Message.note(f"Diagnosing `{cmd.server}`; the analysis will appear here."),
-                lambda s: self.run_diagnose(cmd.server or "", who, s),
-            )
-        if cmd.name == "propose":
-            return Reply(
-                None,
-                lambda s: self.propose(who, s, cmd.server or "", cmd.change, force=cmd.force),
-            )
-        if cmd.name == "status":
-            return Reply(None, lambda s: s.post(self.status_message(cmd.server)))
-        if cmd.name == "history":
-            return Reply(None, lambda s: s.post(self.history_message(cmd.server)))
-        if cmd.name == "abort":
-            return Reply(None, lambda s: self.abort(who, s, cmd.experiment_id or 0))
-        if cmd.name == "report":
-            hook = self.report_hook
-            if hook is None:
-                return Reply(Message.note("Reports are not available in this build."))
-            return Reply(
-                Message.note(f"Building the report for `{cmd.server}`..."),
-                lambda s: hook(cmd, who, s),
-            )
-        raise AssertionError(cmd.name)  # parse_command only returns known verbs
+        if cmd.name not in DECIDED_AGAINST_PROPOSER:
+            action: Action = cmd.name  # type: ignore[assignment]
+            refused = self._check(who, action, server=cmd.server, experiment_id=cmd.experiment_id)
+            if refused is not None:
+                return Reply(Message.note(f":no_entry: Not allowed: {refused}."))
+        return HANDLERS[cmd.name](self, who, cmd)
 
     # ------------------------------------------------------------------ buttons
     def action(self, who: Principal, action_id: str, value: str, where: MessageRef | None) -> Reply:
@@ -405,45 +367,29 @@ class Kvpilot:
     ) -> int | None:
         """Approve or reject; an approval starts the experiment. Returns its id when started.
 
+        The checks and their order are `bot.chat.decisions`'; this reads the facts they need
+        (the server's only for an approval that passed the others) and acts on the outcome.
         `start=False` leaves the new experiment to the caller (the command line carries it in
         the foreground)."""
-        db = self.db()
-        action: Action = "approve" if decision == "approve" else "reject"
-        try:
-            row = proposal_store.get_proposal(db, proposal_id)
-        except NotFound:
-            self.deny(who, action, f"no proposal {proposal_id}", proposal_id=proposal_id)
-            surface.whisper(who, Message.note(f":warning: There is no proposal {proposal_id}."))
+        verb: decisions.Verb = "approve" if decision == "approve" else "reject"
+        row = self._proposal_or_say(who, surface, proposal_id, verb)
+        if row is None:
             return None
         ids = {"server": row.server, "proposal_id": proposal_id}
 
-        def refuse(reason: str, audit_it: bool = True) -> None:
-            if audit_it:
-                self.deny(who, action, reason, **ids)
-            surface.whisper(who, Message.note(f":no_entry: Not {action}d: {reason}."))
+        def refuse(reason: str, audited: bool = True) -> None:
+            if audited:
+                self.deny(who, verb, reason, **ids)
+            surface.whisper(who, Message.note(f":no_entry: Not {verb}d: {reason}."))
 
-        reason = self._check(who, action, proposer=row.created_by, **ids)
-        if reason is not None:
-            refuse(reason, audit_it=False)
-            return None
-        if not row.plan_hash.startswith(hash_prefix):
-            refuse("this button is for a different plan than the one stored; propose again")
-            return None
-        earlier = proposal_store.approvals(db, proposal_id)
-        if earlier:
-            refuse(
-                f"proposal {proposal_id} was already {earlier[0].decision} by "
-                f"{mention(earlier[0].actor)}"
-            )
-            return None
-        if decision == "approve":
-            if self.runner.stopping.is_set():
-                refuse("kvpilot is restarting; approve again once it is back", audit_it=False)
-                return None
-            if self.now() >= row.expires_at:
-                refuse(f"the proposal expired at {_hhmm(row.expires_at)}; propose it again")
+        outcome = decisions.judge_proposal(self._proposal_facts(who, verb, row, hash_prefix))
+        if outcome == decisions.GO_AHEAD and verb == "approve":
+            outcome = decisions.judge_server(self._server_facts(row))
+        if isinstance(outcome, decisions.Refusal):
+            refuse(outcome.text, outcome.audited)
+            if outcome.reason is decisions.Reason.EXPIRED:
                 self._mark_expired(row)
-                ref = where or chat.find_message(db, "proposal", proposal_id, "approval")
+                ref = where or chat.find_message(self.db(), "proposal", proposal_id, "approval")
                 self._stamp(
                     row,
                     ref,
@@ -451,48 +397,93 @@ class Kvpilot:
                     f":hourglass: Expired at {_hhmm(row.expires_at)} without approval; "
                     "nothing was changed.",
                 )
-                return None
-            cfg = self.config.server(row.server)
-            try:
-                current = launcher(
-                    self.config, cfg, make_clock(self.config.time_scale)
-                ).current_args()
-            except (LaunchError, ConfigError) as exc:
-                refuse(f"cannot read the server's configuration: {exc}")
-                return None
-            if current != row.snapshot.get("args"):
-                refuse(
-                    "the server's configuration changed since this was proposed (now: "
-                    f"`{' '.join(current)}`); propose again against the current configuration"
-                )
-                return None
-            active = [e for e in store.active_experiments(db) if e.server == row.server]
-            if active:
-                refuse(f"experiment {active[0].id} is already running on `{row.server}`")
-                return None
-        verdict = "approved" if decision == "approve" else "rejected"
+            return None
+        verdict: proposal_store.Decision = "approved" if verb == "approve" else "rejected"
         try:
             proposal_store.decide(
-                db,
+                self.db(),
                 proposal_id,
-                verdict,  # type: ignore[arg-type]
+                verdict,
                 actor=who.user,
                 plan_hash=row.plan_hash,
                 now=self.now(),
                 reason="rejected in chat" if verdict == "rejected" else "",
             )
-        except AlreadyDecided as exc:
+        except (AlreadyDecided, ProposalExpired, PlanMismatch) as exc:  # decided meanwhile
             refuse(str(exc))
             return None
-        except (ProposalExpired, PlanMismatch) as exc:
-            refuse(str(exc))
-            return None
-        ref = where or chat.find_message(db, "proposal", proposal_id, "approval")
+        ref = where or chat.find_message(self.db(), "proposal", proposal_id, "approval")
         if verdict == "rejected":
             self._stamp(
                 row, ref, surface, f":x: Rejected by {mention(who.user)} at {_hhmm(self.now())}."
             )
             return None
+        return self._start_experiment(who, surface, row, ref, start=start)
+
+    def decide_by_id(self, who: Principal, surface: Surface, proposal_id: int, verb: str) -> None:
+        """`approve ID` / `reject ID` typed as a command: the proposal as it is stored now."""
+        row = self._proposal_or_say(who, surface, proposal_id, verb)
+        if row is None:
+            return
+        ref = chat.find_message(self.db(), "proposal", proposal_id, "approval")
+        self.decide(who, surface, proposal_id, row.plan_hash[:16], verb, ref)
+
+    def _proposal_or_say(
+        self, who: Principal, surface: Surface, proposal_id: int, verb: str
+    ) -> proposal_store.ProposalRow | None:
+        """The proposal, or None after auditing and telling `who` that there is none."""
+        try:
+            return proposal_store.get_proposal(self.db(), proposal_id)
+        except NotFound:
+            self.deny(who, verb, f"no proposal {proposal_id}", proposal_id=proposal_id)
+            surface.whisper(who, Message.note(f":warning: There is no proposal {proposal_id}."))
+            return None
+
+    def _proposal_facts(
+        self, who: Principal, verb: decisions.Verb, row: proposal_store.ProposalRow, button: str
+    ) -> decisions.ProposalFacts:
+        earlier = proposal_store.approvals(self.db(), row.id)
+        return decisions.ProposalFacts(
+            verb=verb,
+            proposal_id=row.id,
+            authorisation=self._authorisation(who, verb, proposer=row.created_by),
+            button_hash=button,
+            stored_hash=row.plan_hash,
+            earlier=decisions.Earlier(earlier[0].decision, earlier[0].actor) if earlier else None,
+            restarting=self.runner.stopping.is_set(),
+            now=self.now(),
+            expires_at=row.expires_at,
+        )
+
+    def _server_facts(self, row: proposal_store.ProposalRow) -> decisions.ServerFacts:
+        """The server's launch arguments now (asks its launcher) and its running experiment."""
+        cfg = self.config.server(row.server)
+        current, error = None, None
+        try:
+            clock = make_clock(self.config.time_scale)
+            current = tuple(launcher(self.config, cfg, clock).current_args())
+        except (LaunchError, ConfigError) as exc:
+            error = str(exc)
+        active = [e.id for e in store.active_experiments(self.db()) if e.server == row.server]
+        return decisions.ServerFacts(
+            server=row.server,
+            proposed_args=decisions.args_of(row.snapshot.get("args")),
+            current_args=current,
+            config_error=error,
+            running_experiment=active[0] if active else None,
+        )
+
+    def _start_experiment(
+        self,
+        who: Principal,
+        surface: Surface,
+        row: proposal_store.ProposalRow,
+        ref: MessageRef | None,
+        *,
+        start: bool,
+    ) -> int | None:
+        """Create the approved experiment, say so on the proposal, and run it unless `start`
+        is False; None when it could not be created."""
         try:
             exp_id = self.runner.create(row, approved_by=who.user)
         except (ActiveExperimentExists, StorageError, LaunchError, EngineError) as exc:
@@ -511,17 +502,6 @@ class Kvpilot:
         if start:
             self.runner.start(exp_id, thread=ref)
         return exp_id
-
-    def decide_by_id(self, who: Principal, surface: Surface, proposal_id: int, verb: str) -> None:
-        """`approve ID` / `reject ID` typed as a command: the proposal as it is stored now."""
-        try:
-            row = proposal_store.get_proposal(self.db(), proposal_id)
-        except NotFound:
-            self.deny(who, verb, f"no proposal {proposal_id}", proposal_id=proposal_id)
-            surface.whisper(who, Message.note(f":warning: There is no proposal {proposal_id}."))
-            return
-        ref = chat.find_message(self.db(), "proposal", proposal_id, "approval")
-        self.decide(who, surface, proposal_id, row.plan_hash[:16], verb, ref)
 
     def _stamp(
         self, row: proposal_store.ProposalRow, ref: MessageRef | None, surface: Surface, text: str
