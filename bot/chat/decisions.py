@@ -78,7 +78,11 @@ class Earlier:
 
 @dataclass(frozen=True)
 class ProposalFacts:
-    """What is known about the request and the proposal without asking the server."""
+    """What is known about the request and the proposal without asking the server.
+
+    `authorisation` is `bot.chat.auth`'s answer for the asker against the proposer, taken as
+    a fact: resolving user groups asks Slack, and who may do what is decided there only.
+    """
 
     verb: Verb
     proposal_id: int
