@@ -10,16 +10,9 @@ import time
 from typing import Any
 
 from sim.engine import Engine
+from sim.metrics import GRAPH_PHASES
 from sim.runtime import Runtime
 
-GRAPH_PHASES = (
-    "prefill",
-    "decode",
-    "target_verify",
-    "draft_prefill",
-    "draft_decode",
-    "draft_extend",
-)
 # The server arguments each rank repeats in its `internal_states` entry.
 _RANK_ARGS = (
     "mem_fraction_static",
