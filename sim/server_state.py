@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from sim.engine import Engine
-from sim.metrics import GRAPH_PHASES
+from sim.metric_families import GRAPH_PHASES
 from sim.runtime import Runtime
 
 # The server arguments each rank repeats in its `internal_states` entry.
