@@ -20,15 +20,16 @@ Nothing here sleeps: `step()` runs one batch and advances `now` by its simulated
 
 from __future__ import annotations
 
-import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
-from sim.memory import CLIP_MAX_NEW_TOKENS, Headroom, activation_need_gib
+from sim.memory import Headroom, activation_need_gib
+from sim.observer import DecodeStats, NullObserver, Observer, PrefillStats
+from sim.prefill_adder import PrefillBatch, form_prefill_batch
 from sim.presets import Preset
-from sim.radix import Match, Node, RadixTree, Tokens
+from sim.radix import RadixTree, Tokens
+from sim.request import Request, natural_answer_length, synthetic_output
 
 RETRACT_DECODE_STEPS = 20
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
@@ -41,122 +42,6 @@ class GpuOutOfMemory(Exception):
 
 class HostOutOfMemory(Exception):
     """The host pool's pinned pages were touched beyond the host's RAM: the kernel kills us."""
-
-
-@dataclass(eq=False)
-class Request:
-    rid: str
-    input_ids: Tokens
-    max_new_tokens: int
-    arrival: float
-    stream: bool = False
-    stop_at: int | None = None  # where the model emits EOS (None: runs to max_new_tokens)
-    on_progress: Callable[[Request], None] | None = None
-    on_finish: Callable[[Request], None] | None = None
-    # --- scheduler state ---
-    out_len: int = 0
-    output_ids: list[int] = field(default_factory=list)  # filled when the request finishes
-    prefilled: int = 0  # tokens of (input + output) whose KV is computed
-    node: Node | None = None  # locked radix node (prefix this request holds)
-    tree_len: int = 0  # tokens of this request held by the tree (locked path length)
-    private: int = 0  # KV tokens allocated outside the tree
-    # --- accounting for meta_info and metrics ---
-    cached_tokens: int = 0
-    cached_device: int = 0
-    cached_host: int = 0
-    admitted_at: float | None = None
-    first_token_at: float | None = None
-    finished_at: float | None = None
-    finish_reason: str = ""
-    retractions: int = 0
-    aborted: bool = False
-    last_progress_out: int = 0
-    last_progress_at: float = 0.0
-
-    @property
-    def seq_len(self) -> int:
-        return len(self.input_ids) + self.out_len
-
-    @property
-    def target(self) -> int:
-        """Output length at which the request finishes."""
-        return (
-            self.max_new_tokens if self.stop_at is None else min(self.stop_at, self.max_new_tokens)
-        )
-
-    @property
-    def remaining(self) -> int:
-        return max(0, self.max_new_tokens - self.out_len)
-
-    def fill_ids(self) -> Tokens:
-        """Input plus the output so far: what a (re-)prefill must cover."""
-        if self.out_len == 0:
-            return self.input_ids
-        return self.input_ids + tuple(synthetic_output(self.rid, self.out_len))
-
-
-def synthetic_output(rid: str, n: int, vocab: int = 1024, offset: int = 1000) -> list[int]:
-    """Deterministic output token ids for a request (the twin does not sample from a model)."""
-    base = _stable_hash(rid)
-    return [offset + (base + i * 7919) % vocab for i in range(n)]
-
-
-def natural_answer_length(input_ids: Tokens, seed: int, mean_tokens: int) -> int:
-    """Where the simulated model would stop on its own (EOS), deterministic per prompt.
-
-    Gamma-distributed with shape 16 (a coefficient of variation of 25%) around `mean_tokens`.
-    """
-    rng = random.Random(hash((input_ids[:64], len(input_ids), seed)))
-    return max(1, int(rng.gammavariate(16.0, mean_tokens / 16.0)))
-
-
-def _stable_hash(text: str) -> int:
-    h = 2166136261
-    for ch in text.encode():
-        h = ((h ^ ch) * 16777619) & 0xFFFFFFFF
-    return h
-
-
-@dataclass
-class PrefillStats:
-    new_seq: int
-    new_tokens: int
-    cached_tokens: int
-    host_loaded_tokens: int
-    token_usage: float
-    running: int
-    queued: int
-    pending_tokens: int
-    duration: float
-    retracted_readmitted: int
-
-
-@dataclass
-class DecodeStats:
-    running: int
-    used_tokens: int
-    token_usage: float
-    gen_throughput: float
-    queued: int
-
-
-class Observer(Protocol):
-    """What the server (logs, metrics) or a benchmark wants to hear about."""
-
-    def prefill_batch(self, engine: Engine, stats: PrefillStats) -> None: ...
-    def decode_log(self, engine: Engine, stats: DecodeStats) -> None: ...
-    def retracted(self, engine: Engine, count: int, old_ratio: float, new_ratio: float) -> None: ...
-
-
-class NullObserver:
-    def prefill_batch(self, engine: Engine, stats: PrefillStats) -> None:
-        return None
-
-    def decode_log(self, engine: Engine, stats: DecodeStats) -> None:
-        return None
-
-    def retracted(self, engine: Engine, count: int, old_ratio: float, new_ratio: float) -> None:
-        return None
 
 
 @dataclass
@@ -280,7 +165,7 @@ class Engine:
         return True
 
     # ----------------------------------------------------------------- memory helpers
-    def _alloc(self, n: int) -> bool:
+    def alloc(self, n: int) -> bool:
         if n <= 0:
             return True
         if self.free < n and self.radix:
@@ -322,158 +207,63 @@ class Engine:
         if running_bs >= self.cfg.max_running_requests and self.chunked is None:
             self.batch_is_full = True
             return None
-        page = self.cfg.page_size
-        rem_total = self.free + self.tree.evictable_tokens - page
-        ratio = self.new_token_ratio
-        full = self.cfg.fixed_length_full_reserve
-        rem_total -= int(
-            sum(
-                min(r.remaining, CLIP_MAX_NEW_TOKENS)
-                * (1.0 if full and r.stop_at is None else ratio)
-                for r in self.running
-            )
-        )
-        rem_input = self.cfg.max_prefill_tokens
-        chunk_budget = self.cfg.chunked_prefill_size if self.cfg.chunked_prefill_size > 0 else None
-        batch: list[tuple[Request, int]] = []  # (request, tokens computed in this batch)
-        new_tokens = cached = loaded = readmitted = 0
-
-        # A request in the middle of a chunked prefill always goes first.
-        cont = self.chunked
-        if cont is not None:
-            extend = len(cont.fill_ids()) - cont.prefilled
-            if chunk_budget is not None:
-                extend = min(extend, chunk_budget)
-            if self._alloc(extend):
-                cont.private += extend
-                self.private_total += extend
-                batch.append((cont, extend))
-                new_tokens += extend
-                rem_input -= extend
-                rem_total -= extend
-                if chunk_budget is not None:
-                    chunk_budget -= extend
-                if cont.prefilled + extend >= len(cont.fill_ids()):
-                    self.chunked = None
-            else:
-                return None  # nothing left to evict: decode until memory frees up
-
-        while self.waiting and self.chunked is None:
-            if len(batch) + running_bs >= self.cfg.max_running_requests:
-                self.batch_is_full = True
-                break
-            req = self.waiting[0]
-            fill = req.fill_ids()
-            match = self._match(fill)
-            prefix = match.device_len + match.host_len
-            extend = len(fill) - prefix
-            reserve = min(req.remaining, CLIP_MAX_NEW_TOKENS)
-            if extend + reserve >= rem_total:
-                self.batch_is_full = True
-                break
-            if extend >= rem_input and batch:
-                break
-            is_chunked = chunk_budget is not None and extend > chunk_budget
-            if is_chunked:
-                assert chunk_budget is not None
-                extend = chunk_budget // page * page
-                if extend <= 0:
-                    break
-            if not self._admit(req, match, extend):
-                self.batch_is_full = True
-                break
-            self.waiting.popleft()
-            readmitted += 1 if req.retractions else 0
-            batch.append((req, extend))
-            new_tokens += extend
-            cached += prefix
-            loaded += match.host_len
-            rem_input -= extend
-            rem_total -= extend + (0 if is_chunked else reserve)
-            if chunk_budget is not None:
-                chunk_budget -= extend
-            if is_chunked:
-                self.chunked = req
-
-        if not batch:
+        batch = form_prefill_batch(self, running_bs)
+        if batch is None or not batch.items:
             return None
-        self._check_activation(new_tokens)
+        return self._run_prefill(batch)
+
+    def _run_prefill(self, batch: PrefillBatch) -> float:
+        """Run the formed batch: advance the clock, cache the computed KV, start decoding the
+        requests whose prefill is complete, and report the batch."""
+        self._check_activation(batch.new_tokens)
         self._check_host_touch()
         st = self.cfg.preset.step
         duration = (
             st.prefill_base_s
-            + new_tokens / st.prefill_tokens_per_s
-            + loaded * self.cfg.cell_size / st.host_link_bytes_per_s
+            + batch.new_tokens / st.prefill_tokens_per_s
+            + batch.loaded * self.cfg.cell_size / st.host_link_bytes_per_s
         )
         self.now += duration
         self.busy_time += duration
         self.prefill_time += duration
-        self.prefill_computed_total += new_tokens
-        self.loaded_back_total += loaded
-        for req, extend in batch:
-            req.prefilled += extend
-            fill = req.fill_ids()
-            if self.radix:
-                self._cache_in_tree(req, fill[: req.prefilled])
-            if req.prefilled >= len(fill):
-                # The forward pass of the last chunk samples the next token.
-                if req.first_token_at is None:
-                    req.first_token_at = self.now
-                req.out_len += 1
-                self.generated_total += 1
-                self.num_generated_since_log += 1
-                self.running.append(req)
-                self._notify(req)
+        self.prefill_computed_total += batch.new_tokens
+        self.loaded_back_total += batch.loaded
+        for req, extend in batch.items:
+            self._prefilled(req, extend)
         self._finish_completed()
+        cached, new_tokens = batch.cached, batch.new_tokens
         self.last_cache_hit_rate = cached / (cached + new_tokens) if cached + new_tokens else 0.0
         self.observer.prefill_batch(
             self,
             PrefillStats(
-                new_seq=len(batch),
+                new_seq=len(batch.items),
                 new_tokens=new_tokens,
                 cached_tokens=cached,
-                host_loaded_tokens=loaded,
+                host_loaded_tokens=batch.loaded,
                 token_usage=self.token_usage,
                 running=len(self.running),
                 queued=len(self.waiting),
                 pending_tokens=sum(r.seq_len for r in self.waiting),
                 duration=duration,
-                retracted_readmitted=readmitted,
+                retracted_readmitted=batch.readmitted,
             ),
         )
         return duration
 
-    def _match(self, fill: Tokens) -> Match:
-        if not self.radix:
-            return Match(0, 0, self.tree.root, self.tree.root)
-        # The last token is always computed (SGLang never serves a whole prompt from cache).
-        return self.tree.match_prefix(fill[:-1], self.now)
-
-    def _admit(self, req: Request, match: Match, extend: int) -> bool:
-        """Lock the prefix, allocate room for host hits and new tokens, load host hits back."""
-        self.tree.lock(match.last_node)  # protects device and host parts while we allocate
-        if not self._alloc(extend + match.host_len):
-            self.tree.unlock(match.last_node)
-            return False
-        if match.host_len:
-            # The loaded tokens leave "free" and become device tokens of the tree.
-            self.free += match.host_len
-            before = self.tree.device_tokens
-            self.tree.load_back(match, self.now)
-            self.free -= self.tree.device_tokens - before
-        prefix = match.device_len + match.host_len
+    def _prefilled(self, req: Request, extend: int) -> None:
+        req.prefilled += extend
+        fill = req.fill_ids()
         if self.radix:
-            req.node = match.last_node
-            req.tree_len = prefix
-        req.private += extend
-        self.private_total += extend
-        req.prefilled = prefix
-        if req.admitted_at is None:
-            req.admitted_at = self.now
-            req.cached_tokens = prefix
-            req.cached_device = match.device_len
-            req.cached_host = match.host_len
-        return True
+            self._cache_in_tree(req, fill[: req.prefilled])
+        if req.prefilled >= len(fill):
+            # The forward pass of the last chunk samples the next token.
+            if req.first_token_at is None:
+                req.first_token_at = self.now
+            req.out_len += 1
+            self.generated_total += 1
+            self.num_generated_since_log += 1
+            self.running.append(req)
+            self._notify(req)
 
     # ----------------------------------------------------------------- decode
     def _decode(self) -> float | None:
@@ -483,7 +273,7 @@ class Engine:
         if not self.running:
             return None
         bs = len(self.running)
-        if not self._alloc(bs):  # pragma: no cover - retraction guarantees room
+        if not self.alloc(bs):  # pragma: no cover - retraction guarantees room
             raise RuntimeError("decode allocation failed after retraction")
         self.private_total += bs
         kv = 0
@@ -641,12 +431,16 @@ def run_for(
 
 
 __all__ = [
+    "DecodeStats",
     "Engine",
     "EngineConfig",
     "GpuOutOfMemory",
     "HostOutOfMemory",
     "NullObserver",
     "Observer",
+    "PrefillStats",
     "Request",
+    "natural_answer_length",
     "run_for",
+    "synthetic_output",
 ]

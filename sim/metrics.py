@@ -23,112 +23,18 @@ from prometheus_client import (
     generate_latest,
 )
 
+from sim.metric_families import (
+    DISAGGREGATION_GAUGES,
+    E2E_BUCKETS,
+    GRAPH_PHASES,
+    ITL_BUCKETS,
+    PID_GAUGES,
+    RADIX_CACHE_TYPE,
+    SCHEDULER_GAUGES,
+    STARTUP_PHASES,
+    TTFT_BUCKETS,
+)
 from sim.version import SGLangVersion
-
-TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
-ITL_BUCKETS = [
-    0.002,
-    0.004,
-    0.006,
-    0.008,
-    0.01,
-    0.015,
-    0.02,
-    0.025,
-    0.03,
-    0.035,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.2,
-    0.4,
-    0.6,
-    0.8,
-    1,
-    2,
-    4,
-    6,
-    8,
-]
-E2E_BUCKETS = [
-    0.1,
-    0.2,
-    0.4,
-    0.6,
-    0.8,
-    1,
-    2,
-    4,
-    6,
-    8,
-    10,
-    20,
-    40,
-    60,
-    80,
-    100,
-    200,
-    400,
-    600,
-    1200,
-    1800,
-    2400,
-]
-
-# (metric name without the `sglang:` prefix, first dialect that has it, first that no longer has it)
-SCHEDULER_GAUGES: list[tuple[str, str, str | None]] = [
-    ("num_running_reqs", "0.5.5", None),
-    ("num_queue_reqs", "0.5.5", None),
-    ("num_used_tokens", "0.5.5", None),
-    ("token_usage", "0.5.5", None),
-    ("gen_throughput", "0.5.5", None),
-    ("cache_hit_rate", "0.5.5", None),
-    ("num_grammar_queue_reqs", "0.5.5", None),
-    ("spec_accept_length", "0.5.5", None),
-    ("spec_accept_rate", "0.5.5", None),
-    ("utilization", "0.5.5", None),
-    ("is_cuda_graph", "0.5.5", None),
-    ("new_token_ratio", "0.5.5", None),
-    ("engine_startup_time", "0.5.5", "0.5.23"),
-    ("engine_load_weights_time", "0.5.5", "0.5.23"),
-    ("num_prefill_prealloc_queue_reqs", "0.5.5", "0.5.23"),
-    ("num_prefill_bootstrap_queue_reqs", "0.5.23", None),
-    ("num_prefill_inflight_queue_reqs", "0.5.5", None),
-    ("num_decode_prealloc_queue_reqs", "0.5.5", None),
-    ("num_decode_transfer_queue_reqs", "0.5.5", None),
-    ("max_total_num_tokens", "0.5.10", None),
-    ("kv_used_tokens", "0.5.23", None),
-    ("kv_available_tokens", "0.5.23", None),
-    ("kv_evictable_tokens", "0.5.23", None),
-    ("full_token_usage", "0.5.23", None),
-    ("max_total_num_tokens_swa", "0.5.23", None),
-    ("kv_cache_memory_usage_gb", "0.5.23", None),
-    ("weight_memory_usage_gb", "0.5.23", None),
-    ("page_size", "0.5.23", None),
-    ("num_pages", "0.5.23", None),
-    ("context_len", "0.5.23", None),
-    ("startup_available_gpu_memory_gb", "0.5.23", None),
-]
-# Gauges SGLang 0.5.23 keeps per process (multiprocess mode "all"): they carry a `pid` label.
-PID_GAUGES = ("num_retracted_reqs", "num_paused_reqs")
-DISAGGREGATION_GAUGES = (
-    "num_prefill_prealloc_queue_reqs",
-    "num_prefill_bootstrap_queue_reqs",
-    "num_prefill_inflight_queue_reqs",
-    "num_decode_prealloc_queue_reqs",
-    "num_decode_transfer_queue_reqs",
-)
-GRAPH_PHASES = (
-    "prefill",
-    "decode",
-    "target_verify",
-    "draft_prefill",
-    "draft_decode",
-    "draft_extend",
-)
-STARTUP_PHASES = ("load_weight", "kv_cache_allocation", "scheduler_e2e", "tokenizer_e2e")
-RADIX_CACHE_TYPE = "UnifiedRadixCache"
 
 
 @dataclass
@@ -166,7 +72,7 @@ class TwinMetrics:
         hicache: bool = False,
     ) -> None:
         self.version = version
-        self.registry = r = CollectorRegistry()
+        self.registry = CollectorRegistry()
         self.dp_size = dp_size
         self.hicache = hicache
         self.model_name = model_name
@@ -179,6 +85,24 @@ class TwinMetrics:
         if dp_size > 1:
             sched.append("dp_rank")
         self._sched_labels = sched
+        tok = ["model_name", "engine_type"] if new else ["model_name"]
+        self._tok_labels = tok
+        self._stream_labels = [*tok, "is_streaming"] if new else tok
+        # 0.5.23 measures queueing in the scheduler, with the scheduler's labels.
+        self._queue_labels = sched if new else tok
+        # Prefix-cache movement: a radix-cache family in 0.5.23 (every eviction counts), a
+        # HiCache family before it.
+        self._cache_labels = ["cache_type", "tp_rank", "pp_rank", "dp_rank"] if new else sched
+        self._declare_scheduler_gauges()
+        self._declare_request_families()
+        self._declare_refactored_families()
+        self._declare_cache_families()
+        self._seen = {"backup": 0, "evicted": 0, "load_back": 0}
+
+    def _declare_scheduler_gauges(self) -> None:
+        """The scheduler's gauges that this version exports (SCHEDULER_GAUGES, PID_GAUGES)."""
+        version, r, sched = self.version, self.registry, self._sched_labels
+        new = version.refactored
         self.gauges: dict[str, Gauge] = {}
         for name, since, until in SCHEDULER_GAUGES:
             if version.at_least(since) and (until is None or not version.at_least(until)):
@@ -186,7 +110,7 @@ class TwinMetrics:
         for name in PID_GAUGES:
             labels = [*sched, "pid"] if new else sched
             self.gauges[name] = Gauge(f"sglang:{name}", _doc(name), labels, registry=r)
-        if hicache and version.new_endpoints:
+        if self.hicache and version.new_endpoints:
             for name in ("hicache_host_used_tokens", "hicache_host_total_tokens"):
                 self.gauges[name] = Gauge(f"sglang:{name}", _doc(name), sched, registry=r)
         self.graph_memory: Gauge | None = None
@@ -197,9 +121,11 @@ class TwinMetrics:
                 [*sched, "phase"],
                 registry=r,
             )
-        tok = ["model_name", "engine_type"] if new else ["model_name"]
-        stream = [*tok, "is_streaming"] if new else tok
-        self._tok_labels, self._stream_labels = tok, stream
+
+    def _declare_request_families(self) -> None:
+        """The tokenizer manager's counters and latency histograms, moved at completion."""
+        r, tok, stream = self.registry, self._tok_labels, self._stream_labels
+        new = self.version.refactored
         self.prompt_tokens = Counter(
             "sglang:prompt_tokens", "Number of prefill tokens processed.", stream, registry=r
         )
@@ -245,8 +171,6 @@ class TwinMetrics:
             buckets=E2E_BUCKETS,
             registry=r,
         )
-        # 0.5.23 measures queueing in the scheduler, with the scheduler's labels.
-        self._queue_labels = sched if new else tok
         self.queue_time = Histogram(
             "sglang:queue_time_seconds",
             "Histogram of queueing time in seconds.",
@@ -254,6 +178,11 @@ class TwinMetrics:
             buckets=TTFT_BUCKETS,
             registry=r,
         )
+
+    def _declare_refactored_families(self) -> None:
+        """Families that only the refactored dialect (0.5.23) exports."""
+        r, sched, stream = self.registry, self._sched_labels, self._stream_labels
+        new = self.version.refactored
         self.tpot: Histogram | None = None
         self.retracted_total: Counter | None = None
         self.startup_phase: Gauge | None = None
@@ -298,9 +227,11 @@ class TwinMetrics:
                 ["endpoint", "method"],
                 registry=r,
             )
-        # Prefix-cache movement: a radix-cache family in 0.5.23 (every eviction counts), a
-        # HiCache family before it.
-        self._cache_labels = ["cache_type", "tp_rank", "pp_rank", "dp_rank"] if new else sched
+
+    def _declare_cache_families(self) -> None:
+        """Prefix-cache movement: evictions, and the host tier's backups and loads."""
+        r, hicache = self.registry, self.hicache
+        new = self.version.refactored
         self.evicted_tokens: Counter | None = None
         self.eviction_duration: Histogram | None = None
         self.backup_tokens: Counter | None = None
@@ -333,7 +264,6 @@ class TwinMetrics:
                 self._cache_labels,
                 registry=r,
             )
-        self._seen = {"backup": 0, "evicted": 0, "load_back": 0}
 
     # ----------------------------------------------------------------- labels
     def sched_label_values(self, dp_rank: int = 0) -> dict[str, str]:

@@ -16,35 +16,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from sim import tokenizer
+from sim import server_state, tokenizer
 from sim.engine import synthetic_output
 from sim.runtime import Pending, Runtime
+from sim.server_requests import ApiError, ids_batch, int_param, json_body, openai_error
 
 Handler = Callable[[Request], Awaitable[Response]]
 DEFAULT_MAX_NEW_TOKENS = 128
-GRAPH_PHASES = (
-    "prefill",
-    "decode",
-    "target_verify",
-    "draft_prefill",
-    "draft_decode",
-    "draft_extend",
-)
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def _openai_error(status: int, message: str) -> JSONResponse:
-    kind = "BadRequestError" if status == 400 else "InternalServerError"
-    return JSONResponse(
-        {"object": "error", "message": message, "type": kind, "param": None, "code": status},
-        status_code=status,
-    )
 
 
 class TwinApp:
@@ -131,99 +109,11 @@ class TwinApp:
             return JSONResponse({"status": "not ready"}, status_code=503)
         return JSONResponse({"status": "ready"})
 
-    def server_info_dict(self) -> dict[str, Any]:
-        cfg = self.cfg
-        sa = dict(cfg.server_args)
-        sa.update(cfg.unknown_args)
-        cap = cfg.capacity
-        mem = cfg.preset.memory
-        states = []
-        for rank, engine in enumerate(self.rt.engines):
-            memory_usage: dict[str, Any] = {
-                "weight": round(mem.weights_gib, 2),
-                "kvcache": round(cap.kv_cache_gib, 2),
-                "token_capacity": cap.max_total_num_tokens,
-                "graph": round(mem.graph_gib, 2),
-            }
-            if self.version.refactored:
-                # SGLang reads free GPU memory once start-up is done (the `available_gpu_mem`
-                # of its summary line): what is left after the KV pool and the CUDA graphs.
-                memory_usage["startup_available"] = round(self.rt.startup_available_gib, 3)
-                memory_usage["token_capacity_swa"] = None
-                memory_usage["kvcache"] = round(cap.kv_cache_gib, 3)
-                memory_usage["graph"] = {
-                    phase: (round(mem.graph_gib, 3) if phase == "decode" else 0.0)
-                    for phase in GRAPH_PHASES
-                }
-            state: dict[str, Any] = {
-                **{
-                    k: sa[k]
-                    for k in (
-                        "mem_fraction_static",
-                        "max_total_tokens",
-                        "max_running_requests",
-                        "chunked_prefill_size",
-                        "max_prefill_tokens",
-                        "page_size",
-                        "kv_cache_dtype",
-                    )
-                },
-                "dp_rank": rank,
-                "last_gen_throughput": engine.last_gen_throughput,
-                "memory_usage": memory_usage,
-            }
-            if self.version.refactored:
-                state["world_size"] = sa["tp_size"] * sa["pp_size"]
-                state["startup_time"] = self.rt.startup_time
-                state["effective_max_running_requests_per_dp"] = cfg.max_running_requests
-            states.append(state)
-        scheduler_info: dict[str, Any] = {
-            "max_total_num_tokens": cap.max_total_num_tokens,
-            "max_req_input_len": cfg.max_req_input_len,
-        }
-        if not self.version.new_endpoints:
-            scheduler_info["status"] = "ready"
-        out: dict[str, Any] = {**sa, **scheduler_info}
-        if self.version.refactored:
-            out["launch_command"] = _redacted_command(cfg.launch_command)
-            out["startup_time"] = self.rt.startup_phases
-            out["frontend"] = "python"
-        out["internal_states"] = states
-        out["version"] = str(self.version)
-        out["kvpilot_twin"] = {
-            "preset": cfg.preset.name,
-            "time_scale": self.rt.clock.scale,
-            "sim_time_s": round(self.rt.sim_now, 3),
-        }
-        return out
-
     async def server_info(self, request: Request) -> Response:
-        return JSONResponse(self.server_info_dict())
+        return JSONResponse(server_state.server_info(self.rt))
 
     async def model_info(self, request: Request) -> Response:
-        m = self.cfg.preset.model
-        sa = self.cfg.server_args
-        info: dict[str, Any] = {
-            "model_path": sa["model_path"],
-            "tokenizer_path": sa["tokenizer_path"],
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": "default",
-            "has_image_understanding": m.multimodal,
-            "has_audio_understanding": False,
-            "model_type": m.model_type,
-            "architectures": [m.architecture],
-        }
-        if self.version.refactored:
-            info.update(
-                served_model_name=sa["served_model_name"],
-                load_format="auto",
-                reasoning_parser=None,
-                tool_call_parser=None,
-                disaggregation_mode="null",
-                embedding={"family": "none", "task": "none", "enabled": False},
-            )
-        return JSONResponse(info)
+        return JSONResponse(server_state.model_info(self.rt))
 
     async def models(self, request: Request) -> Response:
         sa = self.cfg.server_args
@@ -238,74 +128,7 @@ class TwinApp:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def get_load(self, request: Request) -> Response:
-        return JSONResponse(
-            [
-                {
-                    "dp_rank": rank,
-                    "num_reqs": len(e.running) + len(e.waiting),
-                    "num_waiting_reqs": len(e.waiting),
-                    "num_tokens": e.used_tokens,
-                }
-                for rank, e in enumerate(self.rt.engines)
-            ]
-        )
-
-    def _rank_load(self, rank: int, include: set[str]) -> dict[str, Any]:
-        e = self.rt.engines[rank]
-        load: dict[str, Any] = {
-            "dp_rank": rank,
-            "num_running_reqs": len(e.running),
-            "num_waiting_reqs": len(e.waiting),
-            "num_used_tokens": e.used_tokens,
-            "max_total_num_tokens": e.size,
-            "max_running_requests": e.cfg.max_running_requests,
-            "token_usage": round(e.token_usage, 4),
-            "gen_throughput": round(e.last_gen_throughput, 2),
-            "cache_hit_rate": round(e.last_cache_hit_rate, 4),
-            "utilization": round(len(e.running) / max(1, e.cfg.max_running_requests), 4),
-        }
-        if self.version.refactored:
-            load.update(
-                timestamp=time.time(),
-                num_waiting_uncached_tokens=sum(r.seq_len for r in e.waiting),
-                num_total_tokens=e.size - e.free,
-                num_active_tokens=e.used_tokens,
-                num_prealloc_ready_tokens=0,
-                total_prefill_uncached_tokens=e.prefill_computed_total,
-                total_prefill_busy_us=int(e.prefill_time * 1e6),
-                # [steps, sum batch, sum step us, sum batch^2, sum batch*us, sum generated]
-                decode_moments=list(e.decode_moments) if e.decode_moments[0] > 0 else None,
-                disaggregation={
-                    "mode": "null",
-                    "prefill_bootstrap_queue_reqs": 0,
-                    "prefill_inflight_queue_reqs": 0,
-                    "decode_prealloc_queue_reqs": 0,
-                    "decode_transfer_queue_reqs": 0,
-                    "decode_retracted_queue_reqs": 0,
-                    "kv_transfer_speed_gb_s": 0.0,
-                    "kv_transfer_latency_ms": 0.0,
-                },
-            )
-            include = include | {"memory", "queues"}
-        else:
-            load["num_total_reqs"] = len(e.running) + len(e.waiting)
-        if "memory" in include or "all" in include:
-            mem = self.cfg.preset.memory
-            load["memory"] = {
-                "weight_gb": round(mem.weights_gib, 2),
-                "kv_cache_gb": round(self.cfg.capacity.kv_cache_gib, 2),
-                "graph_gb": round(mem.graph_gib, 2),
-                "token_capacity": e.size,
-            }
-        if "queues" in include or "all" in include:
-            load["queues"] = {
-                "waiting": len(e.waiting),
-                "grammar": 0,
-                "paused": 0,
-                "retracted": sum(1 for r in e.waiting if r.retractions),
-                "prealloc_ready": 0,
-            }
-        return load
+        return JSONResponse(server_state.get_load(self.rt))
 
     async def loads(self, request: Request) -> Response:
         include = set(request.query_params.get("include", "core").split(","))
@@ -315,32 +138,10 @@ class TwinApp:
             if not dp.isdigit() or int(dp) >= len(self.rt.engines):
                 return JSONResponse({"error": f"invalid dp_rank {dp!r}"}, status_code=400)
             ranks = range(int(dp), int(dp) + 1)
-        loads = [self._rank_load(r, include) for r in ranks]
+        loads = [server_state.rank_load(self.rt, r, include) for r in ranks]
         if request.query_params.get("format") == "prometheus":
-            lines = []
-            for load in loads:
-                for key, value in load.items():
-                    if isinstance(value, (int, float)) and key != "dp_rank":
-                        lines.append(f'sglang_{key}{{dp_rank="{load["dp_rank"]}"}} {value}')
-            return PlainTextResponse("\n".join(lines) + "\n")
-        body: dict[str, Any] = {"timestamp": time.time(), "version": str(self.version)}
-        if self.version.refactored:
-            body.update(accelerator="cuda", num_accelerators=self.cfg.ranks_on_host, loads=loads)
-        else:
-            n = max(1, len(loads))
-            body.update(
-                dp_rank_count=len(self.rt.engines),
-                loads=loads,
-                aggregate={
-                    "total_running_reqs": sum(x["num_running_reqs"] for x in loads),
-                    "total_waiting_reqs": sum(x["num_waiting_reqs"] for x in loads),
-                    "total_reqs": sum(x["num_running_reqs"] + x["num_waiting_reqs"] for x in loads),
-                    "avg_token_usage": sum(x["token_usage"] for x in loads) / n,
-                    "avg_throughput": sum(x["gen_throughput"] for x in loads) / n,
-                    "avg_utilization": sum(x["utilization"] for x in loads) / n,
-                },
-            )
-        return JSONResponse(body)
+            return PlainTextResponse(server_state.loads_prometheus(loads))
+        return JSONResponse(server_state.loads_body(self.rt, loads))
 
     async def metrics(self, request: Request) -> Response:
         return Response(
@@ -359,7 +160,7 @@ class TwinApp:
         return PlainTextResponse("Cache not flushed.\n", status_code=400)
 
     async def abort_request(self, request: Request) -> Response:
-        body = await _json_body(request)
+        body = await json_body(request)
         rid = body.get("rid")
         if not isinstance(rid, str):
             return JSONResponse({"error": "rid must be a string"}, status_code=400)
@@ -454,16 +255,16 @@ class TwinApp:
 
     async def generate(self, request: Request) -> Response:
         try:
-            body = await _json_body(request)
+            body = await json_body(request)
             params = body.get("sampling_params") or {}
             if not isinstance(params, dict):
                 raise ApiError(400, "sampling_params must be an object")
-            max_new = _int_param(
+            max_new = int_param(
                 params.get("max_new_tokens"), DEFAULT_MAX_NEW_TOKENS, "max_new_tokens"
             )
             stream = bool(body.get("stream", False))
             if "input_ids" in body and body["input_ids"] is not None:
-                prompts = _ids_batch(body["input_ids"])
+                prompts = ids_batch(body["input_ids"])
             elif isinstance(body.get("text"), (str, list)):
                 texts = body["text"] if isinstance(body["text"], list) else [body["text"]]
                 prompts = [tuple(tokenizer.encode(str(t))) for t in texts]
@@ -522,9 +323,9 @@ class TwinApp:
 
     async def _openai(self, request: Request, chat: bool) -> Response:
         if "application/json" not in request.headers.get("content-type", ""):
-            return _openai_error(400, "Unsupported Media Type: Only 'application/json' is allowed")
+            return openai_error(400, "Unsupported Media Type: Only 'application/json' is allowed")
         try:
-            body = await _json_body(request)
+            body = await json_body(request)
             if chat:
                 messages = body.get("messages")
                 if not isinstance(messages, list) or not messages:
@@ -538,7 +339,7 @@ class TwinApp:
                     prompt_ids = tuple(tokenizer.encode(prompt))
                 else:
                     raise ApiError(400, "prompt must be a string or a list of token ids")
-            max_new = _int_param(
+            max_new = int_param(
                 body.get("max_completion_tokens", body.get("max_tokens")),
                 DEFAULT_MAX_NEW_TOKENS
                 if not chat
@@ -552,7 +353,7 @@ class TwinApp:
                 prompt_ids, max_new, stream, None, bool(body.get("ignore_eos", False))
             )
         except ApiError as exc:
-            return _openai_error(exc.status, exc.message)
+            return openai_error(exc.status, exc.message)
         model = str(body.get("model") or self.cfg.server_args["served_model_name"])
         if stream:
             return StreamingResponse(
@@ -562,7 +363,7 @@ class TwinApp:
         try:
             await self._wait(pending, request)
         except ApiError as exc:
-            return _openai_error(exc.status, exc.message)
+            return openai_error(exc.status, exc.message)
         r = pending.req
         text = tokenizer.decode(synthetic_output(r.rid, pending.delivered_out))
         finish = r.finish_reason or "length"
@@ -655,49 +456,3 @@ class TwinApp:
         finally:
             if not p.done:
                 self.rt.abort(p.req.rid)
-
-
-async def _json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ApiError(400, "The request body is not valid JSON.") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "The request body must be a JSON object.")
-    return body
-
-
-def _int_param(value: object, default: int, name: str) -> int:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ApiError(400, f"{name} must be a non-negative integer, got {value!r}")
-    return max(1, value)
-
-
-def _ids_batch(value: object) -> list[tuple[int, ...]]:
-    if isinstance(value, list) and value and all(isinstance(x, list) for x in value):
-        return [_ids(x) for x in value]
-    return [_ids(value)]
-
-
-def _ids(value: object) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value
-    ):
-        raise ApiError(400, "input_ids must be a list of non-negative integers")
-    return tuple(value)
-
-
-def _redacted_command(argv: list[str]) -> str:
-    out: list[str] = ["python3", "-m", "sglang.launch_server"]
-    hide = False
-    for tok in argv:
-        if hide:
-            out.append("<redacted>")
-            hide = False
-            continue
-        if tok in ("--api-key", "--admin-api-key"):
-            hide = True
-        out.append(tok)
-    return " ".join(out)

@@ -1,0 +1,87 @@
+"""A request as one scheduler sees it, and the deterministic stand-ins for a model's output.
+
+The twin samples no model: output tokens and where a prompt's answer would end are pure
+functions of the request, so that a run can be replayed exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sim.radix import Node, Tokens
+
+
+@dataclass(eq=False)
+class Request:
+    rid: str
+    input_ids: Tokens
+    max_new_tokens: int
+    arrival: float
+    stream: bool = False
+    stop_at: int | None = None  # where the model emits EOS (None: runs to max_new_tokens)
+    on_progress: Callable[[Request], None] | None = None
+    on_finish: Callable[[Request], None] | None = None
+    # --- scheduler state ---
+    out_len: int = 0
+    output_ids: list[int] = field(default_factory=list)  # filled when the request finishes
+    prefilled: int = 0  # tokens of (input + output) whose KV is computed
+    node: Node | None = None  # locked radix node (prefix this request holds)
+    tree_len: int = 0  # tokens of this request held by the tree (locked path length)
+    private: int = 0  # KV tokens allocated outside the tree
+    # --- accounting for meta_info and metrics ---
+    cached_tokens: int = 0
+    cached_device: int = 0
+    cached_host: int = 0
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    finish_reason: str = ""
+    retractions: int = 0
+    aborted: bool = False
+    last_progress_out: int = 0
+    last_progress_at: float = 0.0
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.input_ids) + self.out_len
+
+    @property
+    def target(self) -> int:
+        """Output length at which the request finishes."""
+        return (
+            self.max_new_tokens if self.stop_at is None else min(self.stop_at, self.max_new_tokens)
+        )
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.max_new_tokens - self.out_len)
+
+    def fill_ids(self) -> Tokens:
+        """Input plus the output so far: what a (re-)prefill must cover."""
+        if self.out_len == 0:
+            return self.input_ids
+        return self.input_ids + tuple(synthetic_output(self.rid, self.out_len))
+
+
+def synthetic_output(rid: str, n: int, vocab: int = 1024, offset: int = 1000) -> list[int]:
+    """Deterministic output token ids for a request (the twin does not sample from a model)."""
+    base = _stable_hash(rid)
+    return [offset + (base + i * 7919) % vocab for i in range(n)]
+
+
+def natural_answer_length(input_ids: Tokens, seed: int, mean_tokens: int) -> int:
+    """Where the simulated model would stop on its own (EOS), deterministic per prompt.
+
+    Gamma-distributed with shape 16 (a coefficient of variation of 25%) around `mean_tokens`.
+    """
+    rng = random.Random(hash((input_ids[:64], len(input_ids), seed)))
+    return max(1, int(rng.gammavariate(16.0, mean_tokens / 16.0)))
+
+
+def _stable_hash(text: str) -> int:
+    h = 2166136261
+    for ch in text.encode():
+        h = ((h ^ ch) * 16777619) & 0xFFFFFFFF
+    return h
