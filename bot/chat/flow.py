@@ -122,11 +122,12 @@ class Kvpilot:
     ) -> str | None:
         """None if allowed; otherwise the reason, after auditing the refusal."""
         decision = authorise(
-            self.config.slack,
+            self.config.access,
             who,
             action,
             group_members=self.group_members,
             proposer=proposer,
+            channels=self.config.channels,
         )
         if decision.allowed:
             return None
@@ -330,7 +331,7 @@ class Kvpilot:
             "diagnosis_id": diagnosis_id,
         }
         created = self.now()
-        ttl = self.config.slack.approval_ttl_s if self.config.slack else 1800.0
+        ttl = self.config.access.approval_ttl_s if self.config.access else 1800.0
         row = proposal_store.create_proposal(
             self.db(),
             server=server,
