@@ -1,12 +1,15 @@
 """Who may do what, and where: the one place kvpilot decides it.
 
-Every command and button goes through `authorise` before anything runs, in Slack and in the
-terminal front end alike. Identities are Slack user IDs taken from the signed request (never
-names, never text from a message or a button); the terminal's identity is the local account
-(`console:NAME` in the console, `cli:NAME` on the command line, NAME from the process's uid,
-never from the environment), which already owns the database and could run any kvpilot
-command, so it gets every role, but four-eyes still holds for it: one account is one person,
-whichever terminal front end it uses.
+Every command and button goes through `authorise` before anything runs, in Slack, the console
+and on the command line, all by the one `[access]` policy (`AccessPolicy`). Identities are Slack
+user IDs taken from the signed request (never names, never text from a message or a button);
+the terminal's identity is the local account (`console:NAME` in the console, `cli:NAME` on the
+command line, NAME from the process's uid, never from the environment), listed in `[access]` as
+`local:NAME`: one account is one person, whichever terminal front end it uses.
+
+When `[access]` names no local account, the terminal's accounts get every role: they already
+own the database and could run any kvpilot command. Once it names one, they get exactly the
+roles listed (an unlisted account may only read). Four-eyes holds for everyone.
 """
 
 from __future__ import annotations
@@ -15,13 +18,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from bot.app.config import SlackConfig
+from bot.app.config import LOCAL_PREFIX, AccessPolicy
 
 Action = Literal[
-    "help", "status", "history", "diagnose", "report", "propose", "approve", "reject", "abort"
+    "help",
+    "status",
+    "history",
+    "diagnose",
+    "report",
+    "propose",
+    "approve",
+    "reject",
+    "abort",
+    "restart",
 ]
 READ_ONLY: frozenset[str] = frozenset({"help", "status", "history"})
-OPERATOR: frozenset[str] = frozenset({"diagnose", "report", "propose", "abort"})
+OPERATOR: frozenset[str] = frozenset({"diagnose", "report", "propose", "abort", "restart"})
 ACTIONS: frozenset[str] = READ_ONLY | OPERATOR | {"approve", "reject"}
 CONSOLE_PREFIX = "console:"
 CLI_PREFIX = "cli:"
@@ -30,7 +42,7 @@ LOCAL_PREFIXES = (CONSOLE_PREFIX, CLI_PREFIX)
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is asking, from where. `user` is a Slack user ID or `console:NAME`."""
+    """Who is asking, from where. `user` is a Slack user ID, `console:NAME` or `cli:NAME`."""
 
     user: str
     channel: str | None = None
@@ -44,7 +56,7 @@ def person(user: str) -> str:
     """The person behind an actor: `console:alice` and `cli:alice` are the same account."""
     for prefix in LOCAL_PREFIXES:
         if user.startswith(prefix):
-            return "local:" + user.removeprefix(prefix)
+            return LOCAL_PREFIX + user.removeprefix(prefix)
     return user
 
 
@@ -56,6 +68,9 @@ class Decision:
 
 ALLOW = Decision(True)
 GroupMembers = Callable[[str], frozenset[str]]
+FOUR_EYES = (
+    "four-eyes is on: the person who proposed a change cannot approve it; ask another approver"
+)
 
 
 def _members(ids: tuple[str, ...], group_members: GroupMembers) -> frozenset[str]:
@@ -68,59 +83,76 @@ def _members(ids: tuple[str, ...], group_members: GroupMembers) -> frozenset[str
     return frozenset(users)
 
 
+def _no_group(_group: str) -> frozenset[str]:
+    return frozenset()  # Slack user groups never hold a local account
+
+
+def _own(proposer: str | None, who: Principal) -> bool:
+    return proposer is not None and person(proposer) == person(who.user)
+
+
 def authorise(
-    policy: SlackConfig | None,
+    policy: AccessPolicy | None,
     who: Principal,
     action: Action,
     *,
     group_members: GroupMembers,
     proposer: str | None = None,
+    channels: tuple[str, ...] = (),
 ) -> Decision:
     """Whether `who` may do `action` in their channel; the reason says why not, for them.
 
     `proposer` is the person who proposed the change being approved or rejected (four-eyes:
     the proposer cannot approve their own change, but may withdraw it by rejecting).
+    `channels` are Slack's (`[slack] channels`); the terminal is not a channel.
     """
     if action not in ACTIONS:
         return Decision(False, f"unknown action {action!r}")
-    four_eyes = policy is not None and policy.four_eyes
-    if (
-        action == "approve"
-        and four_eyes
-        and proposer is not None
-        and person(proposer) == person(who.user)
-    ):
-        return Decision(
-            False,
-            "four-eyes is on: the person who proposed a change cannot approve it; "
-            "ask another approver",
-        )
+    if action == "approve" and policy is not None and policy.four_eyes and _own(proposer, who):
+        return Decision(False, FOUR_EYES)
     if who.local:
-        return ALLOW
+        if policy is None or not policy.names_local:
+            return ALLOW  # the local account owns the database (module docstring)
+        return _by_role(policy, who, action, person(who.user), _no_group, proposer)
     if policy is None:
         return Decision(
             False,
-            "this bot has no [slack] section in kvpilot.toml, so nobody may use it from Slack",
+            "this bot has no [access] section in kvpilot.toml, so nobody may use it from Slack",
         )
     if action == "help":
         return ALLOW
-    if policy.channels and who.channel not in policy.channels:
-        allowed = ", ".join(f"<#{c}>" for c in policy.channels)
+    if channels and who.channel not in channels:
+        allowed = ", ".join(f"<#{c}>" for c in channels)
         return Decision(False, f"kvpilot only works in {allowed}")
+    return _by_role(policy, who, action, who.user, group_members, proposer)
+
+
+def _by_role(
+    policy: AccessPolicy,
+    who: Principal,
+    action: Action,
+    entry: str,
+    group_members: GroupMembers,
+    proposer: str | None,
+) -> Decision:
+    """The roles' table: anyone reads, operators act, approvers also decide (`entry` is how
+    `who` is spelled in `[access]`: a Slack user ID or `local:NAME`)."""
     if action in READ_ONLY:
         return ALLOW
     approvers = _members(policy.approvers, group_members)
-    if action == "reject" and proposer is not None and person(proposer) == person(who.user):
+    if action == "reject" and _own(proposer, who):
         return ALLOW  # withdrawing one's own proposal
+    hint = f'; add "{entry}" there' if who.local else ""
     if action in ("approve", "reject"):
-        if who.user in approvers:
+        if entry in approvers:
             return ALLOW
-        return Decision(False, "only the approvers named in kvpilot.toml ([slack] approvers) may")
-    operators = _members(policy.operators, group_members)
-    if who.user in operators or who.user in approvers:
+        return Decision(
+            False, f"only the approvers named in kvpilot.toml ([access] approvers) may{hint}"
+        )
+    if entry in _members(policy.operators, group_members) or entry in approvers:
         return ALLOW
     return Decision(
         False,
-        f"only operators and approvers may {action} ([slack] operators / approvers in "
-        "kvpilot.toml)",
+        f"only operators and approvers may {action} ([access] operators / approvers in "
+        f"kvpilot.toml){hint}",
     )

@@ -110,7 +110,12 @@ class Kvpilot:
         self, who: Principal, action: Action, *, proposer: str | None = None
     ) -> Decision:
         return authorise(
-            self.config.slack, who, action, group_members=self.group_members, proposer=proposer
+            self.config.access,
+            who,
+            action,
+            group_members=self.group_members,
+            proposer=proposer,
+            channels=self.config.channels,
         )
 
     def _check(
@@ -292,7 +297,7 @@ class Kvpilot:
             "diagnosis_id": diagnosis_id,
         }
         created = self.now()
-        ttl = self.config.slack.approval_ttl_s if self.config.slack else 1800.0
+        ttl = self.config.access.approval_ttl_s if self.config.access else 1800.0
         row = proposal_store.create_proposal(
             self.db(),
             server=server,

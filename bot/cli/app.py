@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import threading
 from dataclasses import replace
@@ -229,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """`serve` and `console`: configuration and settings errors are one clear line each."""
     from bot.app import logs  # noqa: PLC0415 - keeps `diagnose` light
-    from bot.app.config import ConfigError, load  # noqa: PLC0415
+    from bot.app.config import ConfigError, announce, load, warn_to  # noqa: PLC0415
     from bot.console import terminal as console  # noqa: PLC0415 - keeps `diagnose` light
     from bot.slack import serve  # noqa: PLC0415 - keeps `diagnose` light
     from storage.errors import StorageError  # noqa: PLC0415
@@ -237,8 +238,10 @@ def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         config = load(ns.config)
         if ns.command == "console":
+            announce(config, warn_to(err))
             return console.main(config, ns.commands, auto=ns.yes, out=out, err=err)
         logs.configure("INFO", json=True, secrets=logs.config_secrets(config))
+        announce(config, logging.getLogger("kvpilot.config").warning)  # serve: a log warning
         if ns.port is not None and not 0 < ns.port < 65536:
             raise serve.SettingsError(f"--port must be 1..65535, got {ns.port}")
         return serve.run(config, serve.env_settings(), host=ns.host, port=ns.port)
@@ -315,7 +318,7 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """`diagnose --group NAME`: every server of the group at once, then the group side by side."""
-    from bot.app.config import ConfigError, load  # noqa: PLC0415
+    from bot.app.config import ConfigError, load, warn_to  # noqa: PLC0415
     from bot.app.wiring import diagnose_settings, engine, engine_client  # noqa: PLC0415
     from playbooks.diagnose.fleet import Member, diagnose_group  # noqa: PLC0415
 
@@ -344,7 +347,7 @@ def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             min_window_s=min(180.0, ns.max_window),
             fixed_window_s=ns.window,
         )
-        config = load(ns.config)
+        config = load(ns.config, warn=warn_to(err))
         group, servers = config.group_servers(ns.group)
         members = [
             Member(

@@ -24,7 +24,7 @@ from bot.app.wiring import engine as engine_of
 from bot.app.wiring import launcher as wiring_launcher
 from bot.chat.auth import Principal
 from bot.chat.surface import LOCAL_CHANNEL
-from bot.cli import exit_codes
+from bot.cli import access, exit_codes
 from playbooks.clock import make_clock
 from playbooks.engines.base import ArgError, EngineError
 from playbooks.experiments import machine as engine
@@ -54,6 +54,10 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
         db = database(config)
     except (ConfigError, StorageError) as exc:
         err.write(f"error: {exc}\n")
+        return EXIT_USAGE
+    refused = access.refusal(config, db, ns, err)
+    if refused is not None:
+        err.write(f"error: refused: {refused}\n")
         return EXIT_USAGE
     try:
         if ns.command == "experiment":
@@ -163,7 +167,7 @@ def confirm(yes: bool, stdin: TextIO, err: TextIO, question: str, declined: str)
 
 
 def four_eyes(config: Config) -> bool:
-    return config.slack is not None and config.slack.four_eyes
+    return config.access is not None and config.access.four_eyes
 
 
 def cmd_experiment(
@@ -402,10 +406,10 @@ def _terminal_bot(config: Config, err: TextIO) -> tuple[Any, Any]:
 
 
 def _who_may_approve(config: Config, proposal_id: int, proposer: str) -> str:
-    slack = config.slack
-    approvers = ", ".join(slack.approvers) if slack and slack.approvers else "none named"
+    access = config.access
+    approvers = ", ".join(access.approvers) if access and access.approvers else "none named"
     return (
-        f"another person must approve it: an approver in Slack ([slack] approvers: "
+        f"another person must approve it: an approver ([access] approvers: "
         f"{approvers}) with `/kvpilot approve {proposal_id}`, or another authorised OS user "
         f"(not {proposer.removeprefix('cli:')}) with `kvpilot experiments approve "
         f"{proposal_id}`"

@@ -71,7 +71,7 @@ def _until(text: str | None, zone: zoneinfo.ZoneInfo, fallback: datetime) -> dat
 
 
 def cmd_report(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from bot.app.config import ConfigError, load  # noqa: PLC0415 - see the module docstring
+    from bot.app.config import ConfigError, load, warn_to  # noqa: PLC0415 - see the module docstring
     from bot.app.wiring import database, engine_of  # noqa: PLC0415
     from bot.reports.report import render_chart, render_text  # noqa: PLC0415
     from playbooks.reports.throughput import build_report, parse_window  # noqa: PLC0415
@@ -79,7 +79,7 @@ def cmd_report(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from storage.metric_samples import last_sample, sampled_servers  # noqa: PLC0415
 
     try:
-        config = load(ns.config)
+        config = load(ns.config, warn=warn_to(err))
         db = database(config)
     except (ConfigError, StorageError) as exc:
         err.write(f"error: {exc}\n")

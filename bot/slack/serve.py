@@ -183,10 +183,10 @@ class Bot:
         progress_every_s: float = 10.0,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        if config.slack is None:
+        if config.access is None:
             raise SettingsError(
-                f"{config.path} has no [slack] section: add one with at least "
-                'approvers = ["U0123ABCD"] (see docs/slack.md)'
+                f"{config.path} has no [slack] section with approvers and no [access] section: "
+                'add [access] with at least approvers = ["U0123ABCD"] (see docs/slack.md)'
             )
         self.config = config
         self.settings = settings

@@ -41,7 +41,7 @@ def test_the_process_example_runs_kimi_on_eight_gpus_with_every_section() -> Non
     assert flags["--tp-size"] == "8" and "--enable-metrics" in args
     assert server.url.endswith(":" + flags["--port"])
     assert server.launcher.env["CUDA_VISIBLE_DEVICES"].count(",") == 7
-    assert config.slack is not None and config.slack.approvers
+    assert config.access is not None and config.access.approvers and not config.deprecations
     assert (
         server.gate.min_effect == 0.03
         and server.gate.baseline_s == 600
@@ -77,7 +77,7 @@ def test_the_systemd_example_drives_units_here_and_over_ssh(
     group, members = config.group_servers("kimi")
     assert group.max_concurrent_restarts == 1 and len(members) == 2
     assert config.reports[0].servers == ("kimi-1", "kimi-2")
-    assert config.slack is not None and config.slack.four_eyes
+    assert config.access is not None and config.access.four_eyes and config.access.names_local
 
 
 def test_the_systemd_example_says_which_variable_is_missing(

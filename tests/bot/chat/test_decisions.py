@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from bot.app.config import SlackConfig
+from bot.app.config import AccessPolicy
 from bot.chat.auth import Decision, Principal, authorise
 from bot.chat.commands import USAGE
 from bot.chat.decisions import (
@@ -26,14 +26,22 @@ from bot.chat.decisions import (
 from bot.chat.dispatch import HANDLERS
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
-POLICY = SlackConfig(approvers=("U2",), operators=("U1",), channels=("C0OPS",), four_eyes=True)
+POLICY = AccessPolicy(approvers=("U2",), operators=("U1",), four_eyes=True)
+CHANNELS = ("C0OPS",)
 ARGS = ("--model-path", "m", "--mem-fraction-static", "0.8")
 
 
 def allowed(user: str, verb: Verb, proposer: str = "U1") -> Decision:
     """What `bot.chat.auth` says for `user` in the ops channel about U1's proposal."""
     who = Principal(user, "C0OPS")
-    return authorise(POLICY, who, verb, group_members=lambda _: frozenset(), proposer=proposer)
+    return authorise(
+        POLICY,
+        who,
+        verb,
+        group_members=lambda _: frozenset(),
+        proposer=proposer,
+        channels=CHANNELS,
+    )
 
 
 FINE = ProposalFacts(
@@ -80,7 +88,7 @@ PROPOSAL_ROWS: list[Row] = [
         {"authorisation": allowed("U3", "approve")},
         Refusal(
             Reason.NOT_AUTHORISED,
-            "only the approvers named in kvpilot.toml ([slack] approvers) may",
+            "only the approvers named in kvpilot.toml ([access] approvers) may",
         ),
     ),
     (
@@ -121,7 +129,7 @@ PROPOSAL_ROWS: list[Row] = [
         {"authorisation": allowed("U3", "approve"), "expires_at": NOW},
         Refusal(
             Reason.NOT_AUTHORISED,
-            "only the approvers named in kvpilot.toml ([slack] approvers) may",
+            "only the approvers named in kvpilot.toml ([access] approvers) may",
         ),
     ),
     (

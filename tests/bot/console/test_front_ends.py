@@ -14,8 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.app.config import ConfigError, SlackConfig, load, parse
-from bot.chat.auth import Principal, authorise
+from bot.app.config import ConfigError, load, parse
 from bot.chat.commands import CommandError, parse_command
 from bot.chat.messages import Button, Message
 from bot.cli import main as cli
@@ -225,30 +224,6 @@ def test_a_signal_in_the_console_aborts_its_experiment_and_reverts(
     moves = store.transitions(open_db(path), row.id)
     assert any(m.to_state == "reverting" and m.actor.startswith("console:") for m in moves)
     assert server_identity(config)["mem_fraction_static"] == 0.85
-
-
-def test_authorise_roles_channels_groups_and_four_eyes() -> None:
-    policy = SlackConfig(
-        approvers=("U2", "S1"), operators=("U1",), channels=("C1",), four_eyes=True
-    )
-    groups = {"S1": frozenset({"U5"})}
-
-    def ok(user: str, action: str, channel: str = "C1", proposer: str | None = None) -> bool:
-        return authorise(
-            policy, Principal(user, channel), action,  # type: ignore[arg-type]
-            group_members=lambda g: groups.get(g, frozenset()), proposer=proposer,
-        ).allowed  # fmt: skip
-
-    assert ok("U9", "help") and ok("U9", "status") and not ok("U9", "diagnose")
-    assert ok("U1", "propose") and not ok("U1", "approve") and ok("U5", "approve")
-    assert not ok("U1", "propose", channel="C2")
-    assert not ok("U2", "approve", proposer="U2") and ok("U2", "reject", proposer="U2")
-    assert ok("console:me", "approve") and not ok("console:me", "approve", proposer="console:me")
-    # one account is one person, whichever terminal front end it proposed from
-    assert not ok("cli:me", "approve", proposer="console:me") and ok("cli:you", "approve")
-    assert not authorise(
-        None, Principal("U1", "C1"), "status", group_members=lambda g: frozenset()
-    ).allowed
 
 
 def test_commands_are_validated_with_hints(tmp_path: Path) -> None:

@@ -1,0 +1,157 @@
+"""`[access]`: who may do what, in Slack and in the terminal alike; `[slack]`: where.
+
+`[access]` lists approvers and operators as Slack IDs (users `U…`/`W…`, user groups `S…`) or
+local accounts (`"local:alice"`, the terminal's OS users), with `four_eyes` and `approval_ttl`.
+`bot.chat.auth.authorise` decides from it. `[slack]` keeps only `channels`; its older policy
+keys still work, with a deprecation note naming the `[access]` key to move each to.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from bot.app.config.values import ConfigError, check_keys, flag, parse_duration, slack_ids
+
+LOCAL_PREFIX = "local:"
+POLICY_KEYS = ("approvers", "operators", "four_eyes", "approval_ttl")
+# a POSIX login name, as useradd accepts it by default
+_ACCOUNT = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?")
+_TERMINAL_SPELLINGS = ("console:", "cli:")
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    """Who may do what in every front end (decided by `bot.chat.auth.authorise`)."""
+
+    approvers: tuple[str, ...] = ()
+    operators: tuple[str, ...] = ()
+    four_eyes: bool = False
+    approval_ttl_s: float = 1800.0
+
+    @property
+    def names_local(self) -> bool:
+        """Whether the terminal's accounts get only the roles listed (else they get every role)."""
+        return any(entry.startswith(LOCAL_PREFIX) for entry in self.approvers + self.operators)
+
+
+@dataclass(frozen=True)
+class SlackConfig:
+    """Where the Slack bot answers (any channel when empty)."""
+
+    channels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AccessSections:
+    """The policy and Slack's channels, with a note for each key still in the old place."""
+
+    access: AccessPolicy | None
+    slack: SlackConfig | None
+    deprecations: tuple[str, ...] = ()
+
+
+def _local_account(entry: str, where: str) -> str:
+    name = entry.removeprefix(LOCAL_PREFIX)
+    if not _ACCOUNT.fullmatch(name):
+        raise ConfigError(
+            f"{where}: {entry!r} is not a local account; write local:NAME with NAME the OS "
+            'login name as `id -un` prints it, e.g. "local:alice"'
+        )
+    return entry
+
+
+def _entries(table: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
+    """Slack user or group IDs and `local:NAME` accounts, each checked with its own rule."""
+    value = table.get(key, [])
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(
+            f'{where}.{key}: expected a list of Slack IDs or local accounts, e.g. ["U0123ABCD", '
+            '"local:alice"]'
+        )
+    for entry in value:
+        for spelling in _TERMINAL_SPELLINGS:
+            if entry.startswith(spelling):
+                raise ConfigError(
+                    f"{where}.{key}: {entry!r}: write {LOCAL_PREFIX}{entry.removeprefix(spelling)}"
+                    " (an account is one person in the console and on the command line)"
+                )
+        if entry.lower().startswith(LOCAL_PREFIX):
+            _local_account(entry, f"{where}.{key}")
+        elif _ACCOUNT.fullmatch(entry):
+            raise ConfigError(
+                f"{where}.{key}: {entry!r} is neither a Slack ID nor a local account: write "
+                f'"{LOCAL_PREFIX}{entry}" for the OS user, or a Slack user ID like "U0123ABCD"'
+            )
+        else:
+            slack_ids({key: [entry]}, key, where, "UWS")
+    return tuple(value)
+
+
+def policy(table: dict[str, Any], where: str, *, legacy: bool = False) -> AccessPolicy:
+    """The policy keys of `table` (`[access]`, or `[slack]` when `legacy`), checked."""
+    ttl = table.get("approval_ttl", "30m")
+    if isinstance(ttl, bool) or not isinstance(ttl, (str, int, float)):
+        raise ConfigError(f'{where}.approval_ttl: expected a duration such as "30m", got {ttl!r}')
+    read = AccessPolicy(
+        approvers=_entries(table, "approvers", where),
+        operators=_entries(table, "operators", where),
+        four_eyes=flag(table, "four_eyes", where),
+        approval_ttl_s=parse_duration(str(ttl), f"{where}.approval_ttl"),
+    )
+    if not read.approvers and (legacy or read.four_eyes or read.names_local):
+        raise ConfigError(f"{where}.approvers: {_why_an_approver(read, legacy)}")
+    return read
+
+
+def _why_an_approver(read: AccessPolicy, legacy: bool) -> str:
+    example = '(Slack user IDs like "U0123ABCD", a user group like "S0123ABCD", or "local:alice")'
+    if read.four_eyes:
+        return (
+            f"name at least one approver {example}: four_eyes is on, so every change waits "
+            "for an approver other than its proposer"
+        )
+    if read.names_local:
+        return (
+            f"name at least one approver {example}: local accounts are listed, so the "
+            "terminal's accounts get only the roles listed and nobody could approve a change"
+        )
+    assert legacy
+    return f"name at least one approver {example}; without one nothing can ever be approved"
+
+
+def _deprecations(path: str, keys: list[str]) -> tuple[str, ...]:
+    return tuple(
+        f"{path}: [slack] {key} is deprecated; move it to [access] {key} (same value); "
+        "[slack] keeps only channels"
+        for key in keys
+    )
+
+
+def sections(access: Any, slack: Any, path: str) -> AccessSections:
+    """`[access]` and `[slack]` read together: the policy is in one of them, never both."""
+    for name, table in (("access", access), ("slack", slack)):
+        if table is not None and not isinstance(table, dict):
+            raise ConfigError(f"{name}: expected a table")
+    if access is not None:
+        check_keys(access, set(POLICY_KEYS), "access")
+    if slack is not None:
+        check_keys(slack, {"channels", *POLICY_KEYS}, "slack")
+    old = [key for key in POLICY_KEYS if slack is not None and key in slack]
+    if old and access is not None:
+        moved = ", ".join(f"slack.{key}" for key in old)
+        raise ConfigError(
+            f"{moved} and [access] both say who may do what: keep [access] (move any of "
+            f"{moved} it lacks there) and delete {moved} from [slack]"
+        )
+    channels = None if slack is None else SlackConfig(slack_ids(slack, "channels", "slack", "CG"))
+    if access is not None:
+        return AccessSections(policy(access, "access"), channels)
+    if old:
+        return AccessSections(
+            policy(slack, "slack", legacy=True), channels, _deprecations(path, old)
+        )
+    return AccessSections(None, channels)

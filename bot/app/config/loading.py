@@ -1,0 +1,139 @@
+"""The whole file: `[kvpilot]` and every section, read and checked before anything runs."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from bot.app.config.access import AccessPolicy, SlackConfig, sections
+from bot.app.config.schedule import ReportSchedule, SamplerConfig, reports, sampler
+from bot.app.config.servers import GroupConfig, ServerConfig, gate_settings, groups, server
+from bot.app.config.values import ConfigError, check_keys, number, string
+from playbooks.gate import GateSettings
+
+DEFAULT_PATH = "kvpilot.toml"
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    database: Path
+    state_dir: Path
+    time_scale: float
+    servers: dict[str, ServerConfig]
+    slack: SlackConfig | None = None
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    reports: tuple[ReportSchedule, ...] = ()
+    groups: dict[str, GroupConfig] = field(default_factory=dict)
+    access: AccessPolicy | None = None
+    # one note per policy key still in [slack]: shown once per process by `announce`
+    deprecations: tuple[str, ...] = ()
+
+    @property
+    def channels(self) -> tuple[str, ...]:
+        """The Slack channels the bot answers in (any channel when empty)."""
+        return self.slack.channels if self.slack is not None else ()
+
+    def group_servers(self, name: str) -> tuple[GroupConfig, list[ServerConfig]]:
+        """A group and its servers (in configuration order)."""
+        if name not in self.groups:
+            known = ", ".join(sorted(self.groups)) or "none configured"
+            raise ConfigError(
+                f"unknown group {name!r} (configured: {known}); groups are [groups.NAME] "
+                'tables, and servers join one with group = "NAME"'
+            )
+        members = [s for s in self.servers.values() if s.group == name]
+        if not members:
+            raise ConfigError(
+                f'group {name!r} has no servers: add group = "{name}" to its [servers.NAME]'
+            )
+        return self.groups[name], members
+
+    def server(self, name: str) -> ServerConfig:
+        try:
+            return self.servers[name]
+        except KeyError:
+            known = ", ".join(sorted(self.servers)) or "none configured"
+            raise ConfigError(f"unknown server {name!r} (configured: {known})") from None
+
+
+def find_path(explicit: str | None) -> Path:
+    return Path(explicit or os.environ.get("KVPILOT_CONFIG") or DEFAULT_PATH)
+
+
+def load(explicit: str | None = None, *, warn: Callable[[str], None] | None = None) -> Config:
+    """The configuration file, checked; `warn` is shown each deprecation note (see `announce`)."""
+    path = find_path(explicit)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            f"no configuration at {path}: create it (see README, "
+            '"Configuration") or pass --config PATH'
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    config = parse(data, path)
+    if warn is not None:
+        announce(config, warn)
+    return config
+
+
+_announced: set[str] = set()
+
+
+def warn_to(stream: TextIO) -> Callable[[str], None]:
+    """A `warn` for the command line: one `warning:` line per note on `stream` (stderr)."""
+
+    def say(note: str) -> None:
+        stream.write(f"warning: {note}\n")
+
+    return say
+
+
+def announce(config: Config, say: Callable[[str], None]) -> None:
+    """Say each deprecation note once per process, however often the file is read."""
+    for note in config.deprecations:
+        if note not in _announced:
+            _announced.add(note)
+            say(note)
+
+
+def parse(data: dict[str, Any], path: Path) -> Config:
+    check_keys(
+        data,
+        {"kvpilot", "servers", "gate", "access", "slack", "sampler", "reports", "groups"},
+        str(path),
+    )
+    top = data.get("kvpilot", {})
+    if not isinstance(top, dict):
+        raise ConfigError("kvpilot: expected a table")
+    check_keys(top, {"database", "state_dir", "time_scale"}, "kvpilot")
+    base = path.parent
+    database = base / (string(top, "database", "kvpilot") or "var/kvpilot.db")
+    state_dir = base / (string(top, "state_dir", "kvpilot") or "var/state")
+    scale = number(top, "time_scale", "kvpilot", 1.0)
+    assert scale is not None
+    gate_defaults = gate_settings(data.get("gate"), "gate", GateSettings())
+    servers_table = data.get("servers", {})
+    if not isinstance(servers_table, dict):
+        raise ConfigError("servers: expected tables like [servers.NAME]")
+    policy = sections(data.get("access"), data.get("slack"), str(path))
+    servers = {name: server(name, t, gate_defaults) for name, t in servers_table.items()}
+    return Config(
+        path,
+        database,
+        state_dir,
+        scale,
+        servers,
+        slack=policy.slack,
+        groups=groups(data.get("groups"), servers),
+        sampler=sampler(data.get("sampler")),
+        reports=reports(data.get("reports"), servers),
+        access=policy.access,
+        deprecations=policy.deprecations,
+    )

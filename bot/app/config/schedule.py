@@ -1,0 +1,166 @@
+"""`[sampler]` and `[[reports]]`: how metrics are kept, and which reports are posted when."""
+
+from __future__ import annotations
+
+import difflib
+import zoneinfo
+from dataclasses import dataclass
+from typing import Any
+
+from apscheduler.triggers.cron import CronTrigger
+
+from bot.app.config.servers import ServerConfig
+from bot.app.config.values import ConfigError, check_keys, duration, number, slack_ids, string
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """How often every server's metrics are sampled for reports, and how long they are kept."""
+
+    interval_s: float = 15.0
+    raw_retention_s: float = 3 * 86400.0
+    five_minute_retention_s: float = 35 * 86400.0
+    hourly_retention_s: float = 400 * 86400.0
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class ReportSchedule:
+    """One scheduled report: which servers, to which channel, when (cron in a time zone)."""
+
+    name: str
+    channel: str
+    cron: str
+    timezone: str
+    servers: tuple[str, ...]
+    window_s: float = 86400.0
+    grace_s: float = 6 * 3600.0
+
+
+def sampler(table: Any) -> SamplerConfig:
+    where = "sampler"
+    if table is None:
+        return SamplerConfig()
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table")
+    keys = {"interval_s", "raw_retention", "five_minute_retention", "hourly_retention", "enabled"}
+    check_keys(table, keys, where)
+    interval = number(table, "interval_s", where, 15.0)
+    assert interval is not None
+    if not 1 <= interval <= 300:
+        raise ConfigError(
+            f"{where}.interval_s: between 1 and 300 seconds (a 5-minute roll-up needs "
+            f"samples), got {interval:g}"
+        )
+    d = SamplerConfig()
+    raw = duration(table, "raw_retention", where, d.raw_retention_s)
+    five = duration(table, "five_minute_retention", where, d.five_minute_retention_s)
+    hourly = duration(table, "hourly_retention", where, d.hourly_retention_s)
+    if raw < 3600:
+        raise ConfigError(f'{where}.raw_retention: at least "1h", so that roll-ups can be built')
+    if five < raw:
+        raise ConfigError(f"{where}.five_minute_retention: must be at least raw_retention")
+    if hourly < five:
+        raise ConfigError(f"{where}.hourly_retention: must be at least five_minute_retention")
+    enabled = table.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{where}.enabled: expected true or false, got {enabled!r}")
+    return SamplerConfig(interval, raw, five, hourly, enabled)
+
+
+def _timezone(name: str, where: str) -> None:
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        close = difflib.get_close_matches(name, sorted(zoneinfo.available_timezones()), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(
+            f"{where}.timezone: unknown time zone {name!r}{hint}; use an IANA name such as "
+            '"Europe/Berlin", "America/New_York" or "UTC"'
+        ) from None
+
+
+def _cron(expr: str, timezone: str, where: str) -> None:
+    try:
+        CronTrigger.from_crontab(expr, timezone=zoneinfo.ZoneInfo(timezone))
+    except ValueError as exc:
+        raise ConfigError(
+            f"{where}.cron: {expr!r} is not a cron expression ({exc}); use five fields, "
+            'minute hour day-of-month month day-of-week, e.g. "0 9 * * *" for 09:00 daily or '
+            '"30 7 * * mon-fri" for 07:30 on weekdays'
+        ) from None
+
+
+def _report_servers(
+    table: dict[str, Any], servers: dict[str, ServerConfig], where: str
+) -> tuple[str, ...]:
+    known = ", ".join(sorted(servers)) or "none configured"
+    if "servers" in table and "group" in table:
+        raise ConfigError(f"{where}: give servers or group, not both")
+    if "group" in table:
+        name = string(table, "group", where)
+        members = tuple(s for s, c in servers.items() if c.group == name)
+        if not members:
+            raise ConfigError(
+                f"{where}.group: no server is in group {name!r}; servers join a group with "
+                f'group = "{name}" in their [servers.NAME] table'
+            )
+        return members
+    value = table.get("servers", sorted(servers))
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f'{where}.servers: expected a list of server names, e.g. ["incident"]')
+    unknown = [v for v in value if v not in servers]
+    if unknown:
+        raise ConfigError(
+            f"{where}.servers: unknown server(s) {', '.join(unknown)} (configured: {known})"
+        )
+    if not value:
+        raise ConfigError(f"{where}: no servers to report on (configured: {known})")
+    return tuple(value)
+
+
+def reports(value: Any, servers: dict[str, ServerConfig]) -> tuple[ReportSchedule, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError("reports: expected [[reports]] entries")
+    out: list[ReportSchedule] = []
+    for i, table in enumerate(value):
+        where = f"reports[{i}]"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: expected a table")
+        keys = {"name", "channel", "cron", "timezone", "servers", "group", "window", "grace"}
+        check_keys(table, keys, where)
+        for key in ("channel", "cron"):
+            if key not in table:
+                raise ConfigError(f"{where}.{key}: required")
+        channel = string(table, "channel", where)
+        assert channel is not None
+        slack_ids({"channel": [channel]}, "channel", where, "CG")
+        cron = string(table, "cron", where)
+        timezone = string(table, "timezone", where, "UTC")
+        assert cron is not None and timezone is not None
+        _timezone(timezone, where)
+        _cron(cron, timezone, where)
+        name = string(table, "name", where, f"{channel} {cron}")
+        assert name is not None
+        if any(r.name == name for r in out):
+            raise ConfigError(
+                f'{where}.name: {name!r} is used twice; give each report a distinct name = "..."'
+            )
+        window = duration(table, "window", where, 86400.0)
+        grace = duration(table, "grace", where, 6 * 3600.0)
+        out.append(
+            ReportSchedule(
+                name=name,
+                channel=channel,
+                cron=cron,
+                timezone=timezone,
+                servers=_report_servers(table, servers, where),
+                window_s=window,
+                grace_s=grace,
+            )
+        )
+    return tuple(out)

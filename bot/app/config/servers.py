@@ -1,0 +1,262 @@
+"""`[servers.NAME]`, their launchers, metrics sources and gates, and `[groups.NAME]`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from bot.app.config.values import ConfigError, check_keys, flag, number, string
+from playbooks.engines import DEFAULT as DEFAULT_ENGINE
+from playbooks.engines import NAMES as ENGINE_NAMES
+from playbooks.gate import GateSettings
+from playbooks.launchers import factory as launcher_factory
+from playbooks.sources.prometheus import DEFAULT_MAX_AGE_S, default_selector, parse_selector
+
+GATE_KEYS = (
+    "min_effect",
+    "baseline_s",
+    "warmup_s",
+    "max_trial_s",
+    "batch_s",
+    "scrape_s",
+    "warmup_floor_s",
+)
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    kind: str
+    command: list[str]
+    ready_timeout_s: float = 1800.0
+    env: dict[str, str] = field(default_factory=dict)
+    # the kind's own keys, checked (systemd, docker, kubernetes: playbooks.launchers.factory)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Where a server's metrics are read: its own metrics endpoint, or Prometheus' HTTP API."""
+
+    source: str = "direct"  # or "prometheus"
+    url: str | None = None  # Prometheus
+    selector: str | None = None  # PromQL label matchers for this server's series
+    dcgm_selector: str | None = None  # label matchers for its GPUs' DCGM series
+    max_age_s: float = DEFAULT_MAX_AGE_S  # refuse Prometheus data older than this
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """Servers grouped (e.g. by model): diagnosed together, restarted a few at a time."""
+
+    name: str
+    max_concurrent_restarts: int = 1
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    name: str
+    url: str
+    launcher: LauncherConfig | None
+    api_key: str | None = None
+    gpu_memory_gib: float | None = None
+    host_ram_gib: float | None = None
+    local_host: bool = False
+    local_gpus: bool = False
+    gate: GateSettings = field(default_factory=GateSettings)
+    engine: str = DEFAULT_ENGINE  # which engine serves it (playbooks.engines)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    group: str | None = None
+
+
+def gate_settings(table: Any, where: str, base: GateSettings) -> GateSettings:
+    if table is None:
+        return base
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table")
+    check_keys(table, set(GATE_KEYS), where)
+    values = {
+        k: number(
+            table, k, where, getattr(base, k), positive=k not in ("warmup_s", "warmup_floor_s")
+        )
+        for k in GATE_KEYS
+    }
+    numbers = {k: float(v) for k, v in values.items() if v is not None}
+    if numbers["min_effect"] >= 1:
+        raise ConfigError(
+            f"{where}.min_effect: a relative gain such as 0.03, got {numbers['min_effect']}"
+        )
+    if numbers["batch_s"] < 2 * numbers["scrape_s"]:
+        raise ConfigError(
+            f"{where}.batch_s: must hold at least two scrapes ({2 * numbers['scrape_s']:g} s)"
+        )
+    if numbers["baseline_s"] < 6 * numbers["batch_s"]:
+        raise ConfigError(
+            f"{where}.baseline_s: needs at least six batches ({6 * numbers['batch_s']:g} s) so "
+            "that the baseline's noise can be estimated"
+        )
+    try:
+        return replace(base, **numbers)  # type: ignore[arg-type]  # GATE_KEYS are all floats
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _launcher(table: Any, where: str) -> LauncherConfig | None:
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table")
+    kind = string(table, "kind", where)
+    if kind not in launcher_factory.KINDS:
+        known = ", ".join(f'"{k}"' for k in launcher_factory.KINDS)
+        raise ConfigError(f"{where}.kind: {kind!r} is not a known launcher; use one of {known}")
+    check_keys(table, launcher_factory.allowed_keys(kind), where)
+    if kind != "process":
+        timeout = number(table, "ready_timeout_s", where, 1800.0)
+        assert timeout is not None
+        try:
+            options = launcher_factory.options(kind, table)
+        except launcher_factory.OptionError as exc:
+            raise ConfigError(f"{where}.{exc.key}: {exc}") from None
+        return LauncherConfig(kind, [], timeout, {}, options)
+    command = table.get("command")
+    if (
+        not isinstance(command, list)
+        or not command
+        or not all(isinstance(c, str) and c for c in command)
+    ):
+        raise ConfigError(
+            f'{where}.command: expected a list of strings, e.g. ["python", '
+            '"-m", "sglang.launch_server", "--model-path", "..."]'
+        )
+    env = table.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ConfigError(f"{where}.env: expected a table of strings")
+    timeout = number(table, "ready_timeout_s", where, 1800.0)
+    assert timeout is not None
+    return LauncherConfig(kind, list(command), timeout, dict(env))
+
+
+def server(name: str, table: Any, gate_defaults: GateSettings) -> ServerConfig:
+    where = f"servers.{name}"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table")
+    check_keys(
+        table,
+        {
+            "url",
+            "api_key",
+            "api_key_env",
+            "gpu_memory_gib",
+            "host_ram_gib",
+            "local_host",
+            "local_gpus",
+            "launcher",
+            "gate",
+            "metrics",
+            "group",
+            "engine",
+        },
+        where,
+    )
+    engine = string(table, "engine", where, DEFAULT_ENGINE)
+    if engine not in ENGINE_NAMES:
+        raise ConfigError(
+            f"{where}.engine: unknown engine {engine!r}; kvpilot drives: {', '.join(ENGINE_NAMES)}"
+        )
+    url = string(table, "url", where)
+    if url is None or not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{where}.url: expected http://HOST:PORT, got {url!r}")
+    api_key = string(table, "api_key", where)
+    env_name = string(table, "api_key_env", where)
+    if env_name is not None:
+        api_key = os.environ.get(env_name)
+        if not api_key:
+            raise ConfigError(
+                f"{where}.api_key_env: the environment variable {env_name} is not set"
+            )
+    return ServerConfig(
+        name=name,
+        url=url.rstrip("/"),
+        launcher=_launcher(table.get("launcher"), f"{where}.launcher"),
+        api_key=api_key,
+        gpu_memory_gib=number(table, "gpu_memory_gib", where, None),
+        host_ram_gib=number(table, "host_ram_gib", where, None),
+        local_host=flag(table, "local_host", where),
+        local_gpus=flag(table, "local_gpus", where),
+        gate=gate_settings(table.get("gate"), f"{where}.gate", gate_defaults),
+        metrics=_metrics(table.get("metrics"), f"{where}.metrics", url.rstrip("/")),
+        group=string(table, "group", where),
+        engine=str(engine),
+    )
+
+
+def _metrics(table: Any, where: str, server_url: str) -> MetricsConfig:
+    if table is None:
+        return MetricsConfig()
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f'{where}: expected a table, e.g. {{ source = "prometheus", url = '
+            '"http://prometheus:9090" }'
+        )
+    check_keys(table, {"source", "url", "selector", "dcgm_selector", "max_age_s"}, where)
+    source = string(table, "source", where, "direct")
+    if source == "direct":
+        extra = sorted(set(table) - {"source"})
+        if extra:
+            raise ConfigError(f'{where}: {", ".join(extra)} only apply with source = "prometheus"')
+        return MetricsConfig()
+    if source != "prometheus":
+        raise ConfigError(f'{where}.source: {source!r} is not known; use "direct" or "prometheus"')
+    url = string(table, "url", where)
+    if url is None or not url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"{where}.url: expected Prometheus' address, e.g. http://prometheus:9090, got {url!r}"
+        )
+    selectors: dict[str, str | None] = {}
+    for key in ("selector", "dcgm_selector"):
+        text = string(table, key, where)
+        if text is not None:
+            try:
+                parse_selector(text)
+            except ValueError as exc:
+                raise ConfigError(f"{where}.{key}: {exc}") from None
+        selectors[key] = text
+    max_age = number(table, "max_age_s", where, DEFAULT_MAX_AGE_S)
+    assert max_age is not None
+    return MetricsConfig(
+        source="prometheus",
+        url=url.rstrip("/"),
+        selector=selectors["selector"] or default_selector(server_url),
+        dcgm_selector=selectors["dcgm_selector"],
+        max_age_s=max_age,
+    )
+
+
+def groups(table: Any, servers: dict[str, ServerConfig]) -> dict[str, GroupConfig]:
+    """[groups.NAME] tables; every server's group must be one of them."""
+    if table is None:
+        table = {}
+    if not isinstance(table, dict):
+        raise ConfigError("groups: expected tables like [groups.NAME]")
+    groups = {}
+    for name, body in table.items():
+        where = f"groups.{name}"
+        if not isinstance(body, dict):
+            raise ConfigError(f"{where}: expected a table, e.g. max_concurrent_restarts = 1")
+        check_keys(body, {"max_concurrent_restarts"}, where)
+        limit = body.get("max_concurrent_restarts", 1)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError(
+                f"{where}.max_concurrent_restarts: expected a whole number of at least 1 "
+                f"(how many of the group's servers may restart at once), got {limit!r}"
+            )
+        groups[name] = GroupConfig(name, limit)
+    for server in servers.values():
+        if server.group is not None and server.group not in groups:
+            known = ", ".join(sorted(groups)) or "none"
+            raise ConfigError(
+                f"servers.{server.name}.group: no group {server.group!r} is defined (defined: "
+                f"{known}); add a [groups.{server.group}] table with max_concurrent_restarts"
+            )
+    return groups

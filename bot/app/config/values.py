@@ -1,0 +1,93 @@
+"""The checked readers every configuration table shares: keys, numbers, strings, durations, IDs.
+
+Each error names the key, what was wrong and what is expected, so a mistake in kvpilot.toml is
+fixed from the message alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConfigError(Exception):
+    """kvpilot.toml is wrong; the message says where and how to fix it."""
+
+
+def check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
+        )
+
+
+def number(
+    table: dict[str, Any], key: str, where: str, default: float | None, positive: bool = True
+) -> float | None:
+    if key not in table:
+        return default
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
+    if positive and value <= 0:
+        raise ConfigError(f"{where}.{key}: must be positive, got {value}")
+    return float(value)
+
+
+def string(table: dict[str, Any], key: str, where: str, default: str | None = None) -> str | None:
+    if key not in table:
+        return default
+    value = table[key]
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}.{key}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def flag(table: dict[str, Any], key: str, where: str) -> bool:
+    value = table.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{key}: expected true or false, got {value!r}")
+    return value
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, where: str = "duration") -> float:
+    """Seconds in "90s", "30m", "24h", "7d" or a plain number of seconds."""
+    raw = text.strip().lower()
+    unit = _UNITS.get(raw[-1:]) if raw else None
+    number = raw[:-1] if unit is not None else raw
+    try:
+        value = float(number) * (unit or 1.0)
+    except ValueError:
+        raise ConfigError(
+            f"{where}: {text!r} is not a duration; use e.g. 90s, 30m, 24h or 7d"
+        ) from None
+    if value <= 0:
+        raise ConfigError(f"{where}: must be positive, got {text!r}")
+    return value
+
+
+def slack_ids(table: dict[str, Any], key: str, where: str, prefixes: str) -> tuple[str, ...]:
+    value = table.get(key, [])
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f'{where}.{key}: expected a list of Slack IDs, e.g. ["U0123ABCD"]')
+    for item in value:
+        if not item or item[0] not in prefixes or not item[1:].isalnum() or item != item.upper():
+            kinds = {"U": "user", "W": "user", "S": "user group", "C": "channel", "G": "channel"}
+            expected = " or ".join(f"{kinds[p]} IDs ({p}...)" for p in prefixes)
+            raise ConfigError(
+                f"{where}.{key}: {item!r} is not a Slack ID; expected {expected}, as Slack "
+                "shows them (names and emails are not accepted: they are not unique)"
+            )
+    return tuple(value)
+
+
+def duration(table: dict[str, Any], key: str, where: str, default: float) -> float:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError(f'{where}.{key}: expected a duration such as "24h", got {value!r}')
+    return parse_duration(str(value), f"{where}.{key}")
