@@ -6,6 +6,7 @@ import io
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,12 +17,13 @@ from sqlite_utils import Database
 from bot.reports.report import (
     EFFECTIVE_COLOUR,
     GENERATION_COLOUR,
-    MAX_BLOCKS,
     VERDICT_COLOURS,
-    render_blocks,
+    Zone,
     render_chart,
     render_text,
+    report_message,
 )
+from bot.slack.blocks import MAX_BLOCKS, blocks
 from playbooks.reports.throughput import Report, build_report
 from storage.db import open_db, write_transaction
 from storage.experiments import State, create_experiment, set_result, transition
@@ -135,6 +137,11 @@ def test_text_has_the_numbers_the_changes_and_the_verdicts(db: Database) -> None
     assert "850 -> 1,080 tok/s" in text
     assert "mem_fraction_static: 0.85 -> 0.88" in text
     assert "Bottleneck    kv_cache" in text
+
+
+def render_blocks(r: Report, tz: Zone | None = None) -> list[dict[str, Any]]:
+    """The report's message as Slack renders it."""
+    return blocks(report_message(r, tz))
 
 
 def test_blocks_are_valid_block_kit_within_slack_limits(db: Database) -> None:
