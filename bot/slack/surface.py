@@ -29,18 +29,16 @@ SLACK_API = WebClient.BASE_URL
 def web_client(
     token: str, base_url: str | None, *, timeout: int = 15, retries: bool = True
 ) -> WebClient:
-    """A Web API client; `retries` for the long-running bot (a one-shot command does not
-    retry, so a server error after Slack took a post never posts it twice)."""
+    """A Web API client. `retries`: the long-running bot's policy (connection errors, rate
+    limits, server errors); without it slack_sdk's default, one retry after a connection
+    error, so a one-shot command never posts twice after a server error."""
     client = WebClient(token=token, base_url=base_url or SLACK_API, timeout=timeout)
-    client.retry_handlers = (
-        [
+    if retries:
+        client.retry_handlers = [
             ConnectionErrorRetryHandler(max_retry_count=2),
             RateLimitErrorRetryHandler(max_retry_count=3),
             ServerErrorRetryHandler(max_retry_count=2),
         ]
-        if retries
-        else []
-    )
     return client
 
 
