@@ -20,7 +20,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from bot.reports.report import render_blocks, render_chart, render_text
+from bot.reports.report import render_chart, render_text, report_message
+from bot.slack.blocks import blocks
 from playbooks.reports.throughput import build_report
 from storage.db import open_db
 from storage.experiments import State, create_experiment, set_result, transition
@@ -137,7 +138,7 @@ def main() -> int:
         report = build_report(db, "incident", since=end - timedelta(days=1), until=end)
         for label, fn in (
             ("render_text", lambda: render_text(report, "Europe/Berlin")),
-            ("render_blocks", lambda: render_blocks(report, "Europe/Berlin")),
+            ("render_blocks", lambda: blocks(report_message(report, "Europe/Berlin"))),
             ("render_chart", lambda: render_chart(report, "Europe/Berlin")),
         ):
             median, worst = timed(ns.repeat, fn)
@@ -149,7 +150,7 @@ def main() -> int:
             def everything(days: float = days) -> None:
                 r = build_report(db, "incident", since=end - timedelta(days=days), until=end)
                 render_text(r)
-                render_blocks(r)
+                blocks(report_message(r))
                 render_chart(r)
 
             median, worst = timed(ns.repeat, everything)

@@ -30,11 +30,16 @@ class DiagnosisRow:
 
 @dataclass(frozen=True)
 class MessageRef:
-    """Where a message lives: a channel and its timestamp (Slack's message id)."""
+    """Where a message lives, in any front end: its channel, its id there, and the thread it
+    was posted in (a message's own id is the thread its replies go into).
+
+    Stored in `message_refs` under the columns the table was created with (`ts` holds
+    `message_id`, `thread_ts` holds `thread_id`: Slack's names from when Slack was the only
+    front end); the mapping is in `remember_message` and `find_message`, so no migration."""
 
     channel: str
-    ts: str
-    thread_ts: str | None = None
+    message_id: str
+    thread_id: str | None = None
 
 
 def save_diagnosis(
@@ -74,7 +79,7 @@ def remember_message(
             " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (subject, subject_id, role) DO UPDATE SET channel = excluded.channel,"
             " ts = excluded.ts, thread_ts = excluded.thread_ts",
-            [subject, subject_id, role, ref.channel, ref.ts, ref.thread_ts, utc_iso(now)],
+            [subject, subject_id, role, ref.channel, ref.message_id, ref.thread_id, utc_iso(now)],
         )
 
 
@@ -88,7 +93,8 @@ def find_message(db: Database, subject: Subject, subject_id: int, role: str) -> 
     )
     if not rows:
         return None
-    return MessageRef(rows[0]["channel"], rows[0]["ts"], rows[0]["thread_ts"])
+    row = rows[0]
+    return MessageRef(channel=row["channel"], message_id=row["ts"], thread_id=row["thread_ts"])
 
 
 def pending_proposals(db: Database) -> list[int]:

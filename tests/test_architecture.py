@@ -7,6 +7,12 @@
 3. The engine's words: outside the engine packages, no product module spells an engine's metric
    names, launch flags or endpoints (each engine lists them: `Engine.vocabulary()`), nor any
    `sglang:` series at all. Argument names such as `mem_fraction_static` may pass through as data.
+4. Slack stays in `bot/slack/`: no other product module imports `slack_sdk` or `slack_bolt`.
+5. The chat core is transport-neutral: `bot/chat/` (and the reports it posts, `bot/reports/`)
+   imports no front end (`bot.slack`, `bot.console`, `bot.cli`); a front end implements
+   `bot.chat.surface.Surface` and renders `bot.chat.messages.Message` (ARCHITECTURE.md).
+
+Imports inside functions (the lazy, heavy ones) count like any other.
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ ALLOWED = {
 }
 PRODUCT = ("bot", "playbooks", "storage")
 ENGINES = "playbooks/engines/"
+SLACK_PACKAGES = ("slack_sdk", "slack_bolt")
+SLACK_FRONT_END = "bot/slack/"
+FRONT_ENDS = ("bot.slack", "bot.console", "bot.cli")
+TRANSPORT_NEUTRAL = ("bot/chat/", "bot/reports/")
 METRIC_PREFIX = re.compile(r"\bsglang:[a-z_]")
 
 
@@ -70,6 +80,37 @@ def engine_package_imports(rel: str, text: str) -> list[str]:
     return bad
 
 
+def all_product_files() -> list[tuple[str, str]]:
+    """(path relative to the repository, text) of every product module, engines included."""
+    return [
+        (path.relative_to(REPO).as_posix(), path.read_text())
+        for package in PRODUCT
+        for path in sorted((REPO / package).rglob("*.py"))
+    ]
+
+
+def slack_imports(rel: str, text: str) -> list[str]:
+    """Imports of Slack's libraries from outside `bot/slack/`."""
+    if rel.startswith(SLACK_FRONT_END):
+        return []
+    return [
+        f"{rel} imports {name}: Slack is reached only through bot/slack"
+        for name in sorted(imported_modules(ast.parse(text, filename=rel)))
+        if name.split(".")[0] in SLACK_PACKAGES
+    ]
+
+
+def front_end_imports(rel: str, text: str) -> list[str]:
+    """Imports of a front end from the transport-neutral chat core."""
+    if not rel.startswith(TRANSPORT_NEUTRAL):
+        return []
+    return [
+        f"{rel} imports {name}: the chat core reaches a front end only through Surface"
+        for name in sorted(imported_modules(ast.parse(text, filename=rel)))
+        if any(name == f or name.startswith(f + ".") for f in FRONT_ENDS)
+    ]
+
+
 def vocabulary() -> dict[str, str]:
     """Every engine's own words -> the engine they belong to."""
     words: dict[str, str] = {}
@@ -109,6 +150,16 @@ def test_engines_are_reached_only_through_the_interface() -> None:
 def test_only_the_engine_packages_spell_an_engines_words() -> None:
     words = vocabulary()
     bad = [line for rel, text in product_files() for line in engine_words(rel, text, words)]
+    assert not bad, "\n".join(bad)
+
+
+def test_only_the_slack_front_end_imports_slack() -> None:
+    bad = [line for rel, text in all_product_files() for line in slack_imports(rel, text)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_chat_core_imports_no_front_end() -> None:
+    bad = [line for rel, text in all_product_files() for line in front_end_imports(rel, text)]
     assert not bad, "\n".join(bad)
 
 
@@ -167,3 +218,57 @@ def test_an_engine_module_imported_from_bot_is_caught(source: str) -> None:
 )
 def test_the_interface_may_be_imported(source: str) -> None:
     assert not engine_package_imports("bot/example.py", source)
+
+
+LAZY = "def render() -> None:\n    {}\n"
+
+
+@pytest.mark.parametrize(
+    ("rel", "source"),
+    [
+        ("bot/chat/messages.py", "from slack_sdk.models.blocks import SectionBlock"),
+        ("bot/chat/surface.py", "import slack_sdk"),
+        ("bot/reports/report.py", LAZY.format("from slack_sdk import WebClient")),
+        ("bot/cli/report.py", LAZY.format("from slack_sdk.errors import SlackApiError")),
+        ("bot/console/terminal.py", "from slack_bolt import App"),
+        ("playbooks/gate.py", "import slack_bolt.adapter.socket_mode"),
+    ],
+)
+def test_a_slack_import_outside_bot_slack_is_caught(rel: str, source: str) -> None:
+    assert slack_imports(rel, source)
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["from slack_sdk import WebClient", LAZY.format("from slack_bolt import App")],
+)
+def test_bot_slack_may_import_slack(source: str) -> None:
+    assert not slack_imports("bot/slack/surface.py", source)
+
+
+@pytest.mark.parametrize(
+    ("rel", "source"),
+    [
+        ("bot/chat/flow.py", "from bot.slack.surface import SlackSurface"),
+        ("bot/chat/runner.py", "import bot.console.terminal"),
+        ("bot/chat/flow.py", "from bot import cli"),
+        ("bot/chat/messages.py", LAZY.format("from bot.slack.blocks import blocks")),
+        ("bot/reports/schedule.py", LAZY.format("from bot.slack.surface import SlackSurface")),
+    ],
+)
+def test_a_front_end_imported_from_the_chat_core_is_caught(rel: str, source: str) -> None:
+    assert front_end_imports(rel, source)
+
+
+@pytest.mark.parametrize(
+    ("rel", "source"),
+    [
+        ("bot/chat/flow.py", "from bot.chat.surface import Surface"),
+        ("bot/chat/flow.py", "from bot.app.config import Config"),
+        ("bot/chat/flow.py", "import bot.slackware"),  # a name that merely starts alike
+        ("bot/cli/report.py", LAZY.format("from bot.slack.surface import SlackSurface")),
+        ("bot/slack/app.py", "from bot.chat.flow import Kvpilot"),
+    ],
+)
+def test_the_chat_core_and_front_ends_may_import_what_they_need(rel: str, source: str) -> None:
+    assert not front_end_imports(rel, source)

@@ -1,12 +1,21 @@
-"""Render findings as text with jinja2 (Slack rendering builds on the same templates)."""
+"""Render findings as text with jinja2; every front end starts from the same templates.
+
+The templates write light markdown (`*bold*`, `` `code` ``, code fences, `:emoji:` names) and
+name people with `mention`, a token each front end spells its own way (Slack as a mention, the
+terminal as the account), so the text itself belongs to no transport.
+"""
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from bot.chat.auth import LOCAL_PREFIXES
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -30,9 +39,23 @@ def _gain(gain: dict[str, float] | None) -> str:
     return f"+{low:.0%}..+{high:.0%}"
 
 
+_MENTION = re.compile(r"\{@([^{}\s]+)\}")
+
+
 def mention(user: str) -> str:
-    """A Slack mention for Slack users; the terminal's `console:NAME` or `cli:NAME` as it is."""
-    return user if user.startswith(("console:", "cli:")) else f"<@{user}>"
+    """A person named in a message, as a token: `spell_mentions` turns it into a front end's
+    spelling, so the conversation never writes one transport's mention syntax."""
+    return "{@" + user + "}"
+
+
+def spell_mentions(text: str, spell: Callable[[str], str]) -> str:
+    """`text` with every `mention` token replaced by `spell(user)`."""
+    return _MENTION.sub(lambda m: spell(m.group(1)), text)
+
+
+def is_terminal_user(user: str) -> bool:
+    """A terminal's `console:NAME` or `cli:NAME`: shown as it is by every front end."""
+    return user.startswith(LOCAL_PREFIXES)
 
 
 def environment() -> Environment:

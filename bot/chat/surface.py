@@ -1,7 +1,10 @@
 """Where messages go: the one thing Slack and the terminal do differently.
 
-The conversation logic (`bot.chat.flow`) only ever posts, edits, uploads and whispers through a
-`Surface`; a Slack surface does it with the Web API in one channel, the terminal surface prints.
+The conversation logic (`bot.chat.flow`) and the reports only ever post, edit, upload and
+whisper through a `Surface`; the Slack surface (`bot/slack/surface.py`) does it with the Web API
+in one channel, the terminal's (`bot/console/terminal.py`) prints. A front end implements this
+and a renderer for `Message`, nothing else (ARCHITECTURE.md, "A chat front end"). `post`,
+`update` and `upload` let the transport's errors through, so the caller decides on retries.
 """
 
 from __future__ import annotations

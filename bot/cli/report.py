@@ -1,7 +1,7 @@
 """`kvpilot report`: a server's throughput report from stored samples, printed or posted.
 
-Heavy imports (matplotlib, slack_sdk) happen only when the command runs, so the rest of the
-command line starts as fast as before.
+Heavy imports (matplotlib, and the Slack surface from `bot/slack` for `--post`) happen only when
+the command runs, so the rest of the command line starts as fast as before.
 """
 
 from __future__ import annotations
@@ -132,10 +132,14 @@ def _post(
     out: TextIO,
     err: TextIO,
 ) -> int:
-    from slack_sdk import WebClient  # noqa: PLC0415
-    from slack_sdk.errors import SlackApiError  # noqa: PLC0415
-
     from bot.reports.report import post_report  # noqa: PLC0415
+    from bot.slack.surface import (  # noqa: PLC0415 - slack_sdk loads only for --post
+        SLACK_API,
+        Refused,
+        SlackSurface,
+        refusal,
+        web_client,
+    )
 
     channel = ns.channel or default_channel
     if not channel:
@@ -148,13 +152,13 @@ def _post(
     if not token:
         err.write("error: --post needs the bot token in SLACK_BOT_TOKEN (xoxb-...)\n")
         return EXIT_USAGE
-    base_url = os.environ.get("SLACK_API_URL") or WebClient.BASE_URL
-    client = WebClient(token=token, base_url=base_url, timeout=30)
+    base_url = os.environ.get("SLACK_API_URL") or SLACK_API
+    surface = SlackSurface(web_client(token, base_url, timeout=30, retries=False), channel)
     try:
-        post_report(client, channel, report, tz=zone)
-    except SlackApiError as exc:
-        code = exc.response.get("error") if exc.response is not None else None
-        err.write(f"error: Slack refused the report: {code or exc}\n")
+        post_report(surface, report, tz=zone)
+    except Refused as exc:
+        code = refusal(exc)
+        err.write(f"error: Slack refused the report: {code}\n")
         if code == "not_in_channel":
             err.write(f"  invite the bot to {channel} first (/invite @kvpilot)\n")
         return EXIT_FAILED

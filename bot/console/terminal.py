@@ -25,9 +25,10 @@ from bot.app.identity import os_user
 from bot.app.wiring import engine_of
 from bot.chat.auth import CONSOLE_PREFIX, Principal
 from bot.chat.flow import APPROVE, PROPOSE_OPTION, Kvpilot
-from bot.chat.messages import Button, Message, plain
+from bot.chat.messages import Button, Message
 from bot.chat.surface import LOCAL_CHANNEL
 from bot.cli import exit_codes
+from bot.console.text import plain, terminal_text
 from bot.reports.hook import make_report_hook
 from bot.reports.sampler import Sampler
 from storage import chat
@@ -61,21 +62,21 @@ class ConsoleSurface:
             self.out.flush()
 
     def _show(self, ref: MessageRef, message: Message, edited: bool) -> None:
-        body = message.terminal_text()
+        body = terminal_text(message)
         if edited and len(body.splitlines()) <= 3:
             self._print("  " + body.replace("\n", "\n  "))
         else:
             self._print("\n" + body + "\n")
         with self._lock:
             if message.buttons:
-                self.buttons[ref.ts] = message.buttons
+                self.buttons[ref.message_id] = message.buttons
             else:
-                self.buttons.pop(ref.ts, None)
+                self.buttons.pop(ref.message_id, None)
 
     def post(self, message: Message, *, thread: MessageRef | None = None) -> MessageRef:
         with self._lock:
             self._n += 1
-            ref = MessageRef(CHANNEL, str(self._n), thread.ts if thread else None)
+            ref = MessageRef(CHANNEL, str(self._n), thread.message_id if thread else None)
         self._show(ref, message, edited=False)
         return ref
 
@@ -92,11 +93,11 @@ class ConsoleSurface:
         self._print(f"  [{title}: chart saved to {path}]")
 
     def whisper(self, who: Principal, message: Message) -> None:
-        self._print("  (only you) " + plain(message.text))
+        self._print("  (only you) " + terminal_text(message))
 
     def take_buttons(self) -> list[tuple[str, Button]]:
         with self._lock:
-            items = [(ts, b) for ts, bs in self.buttons.items() for b in bs]
+            items = [(message_id, b) for message_id, bs in self.buttons.items() for b in bs]
             self.buttons.clear()
         return items
 
@@ -154,7 +155,7 @@ class Console:
     def run_command(self, line: str) -> None:
         reply = self.kv.command(self.who, line.removeprefix("/kvpilot").strip())
         if reply.now is not None:
-            self.say(plain(reply.now.text))
+            self.say(terminal_text(reply.now))
         if reply.work is not None:
             reply.work(self.surface)
         self.handle_buttons()
@@ -199,12 +200,12 @@ class Console:
                 return
             if chosen is None:
                 return
-            ts, button = chosen
+            message_id, button = chosen
             reply = self.kv.action(
-                self.who, button.action_id, button.value, MessageRef(CHANNEL, ts)
+                self.who, button.action_id, button.value, MessageRef(CHANNEL, message_id)
             )
             if reply.now is not None:
-                self.say(plain(reply.now.text))
+                self.say(terminal_text(reply.now))
             if reply.work is not None:
                 reply.work(self.surface)
 
@@ -216,13 +217,13 @@ class Console:
         self.err.flush()
 
     def _auto_choice(self, items: list[tuple[str, Button]]) -> tuple[str, Button] | None:
-        for ts, b in items:
+        for message_id, b in items:
             if b.action_id.startswith(PROPOSE_OPTION) and self._recommended(b.value):
                 self.say(f"> auto: {b.label} (the recommended change)")
-                return ts, b
+                return message_id, b
             if b.action_id == APPROVE:
                 self.say("> auto: Approve (--yes approves what kvpilot recommends)")
-                return ts, b
+                return message_id, b
         self.say("> auto: nothing recommended to act on")
         return None
 
@@ -242,14 +243,14 @@ class Console:
         answer = self.stdin.readline().strip()
         if not answer.isdigit() or not 1 <= int(answer) <= len(items):
             return None
-        ts, b = items[int(answer) - 1]
+        message_id, b = items[int(answer) - 1]
         if b.confirm is not None:
             self.out.write(f"{b.confirm.title} {plain(b.confirm.text)} [y/N] ")
             self.out.flush()
             if self.stdin.readline().strip().lower() not in ("y", "yes"):
                 self.say("  not done")
                 return None
-        return ts, b
+        return message_id, b
 
     def loop(self, commands: Iterable[str]) -> None:
         resumed = self.kv.runner.resume_all()

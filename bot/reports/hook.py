@@ -46,18 +46,6 @@ def make_report_hook(
             until=until,
             engine=None if engine is None else engine(cmd.server),
         )
-        text = reports.render_text(result)
-        message = Message(
-            text=reports.summary_line(result),
-            parts=(text,),
-            prebuilt=tuple(reports.render_blocks(result)),
-        )
-        ref = surface.post(message)
-        surface.upload(
-            reports.render_chart(result),
-            filename=reports.chart_filename(result),
-            title=f"{cmd.server}: throughput and queue depth",
-            thread=ref,
-        )
+        reports.post_report(surface, result)
 
     return report

@@ -1,10 +1,11 @@
-"""The report rendered for people: text (jinja2), Slack Block Kit, a PNG chart, and posting.
+"""The report rendered for people: text (jinja2), a chat message, a PNG chart, and posting.
 
-``render_text`` is the terminal form and the Slack message's fallback text; ``render_blocks``
-the Slack form (at most ``MAX_BLOCKS`` blocks, every text within Slack's limits, so Slack
-never answers ``invalid_blocks``); ``render_chart`` draws throughput and queue depth over
-the window with experiments and outages marked; ``post_report`` posts the message and then
-uploads the chart into its thread with ``files_upload_v2``.
+``render_text`` is the terminal form; ``report_message`` the chat form, a ``Message`` of
+neutral parts (a header, fields, lists that say how much they left out) that each front end
+renders (Slack's Block Kit in ``bot/slack/blocks.py``), with ``render_text`` as its text and
+``summary_line`` for notifications; ``render_chart`` draws throughput and queue depth over
+the window with experiments and outages marked; ``post_report`` posts the message through a
+``Surface`` and then uploads the chart into its thread.
 
 Times are shown in the time zone given (a report channel's own zone), UTC otherwise.
 """
@@ -23,15 +24,16 @@ from jinja2.runtime import Context
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.dates import AutoDateLocator, DateFormatter
 from matplotlib.figure import Figure
-from slack_sdk import WebClient
 
+from bot.chat.messages import Fields, Header, Message, Part, Section, SmallPrint
 from bot.chat.render import environment
+from bot.chat.surface import Surface
 from playbooks.reports.throughput import Estimate, Report
+from storage.chat import MessageRef
 
-MAX_BLOCKS = 50
-SECTION_LIMIT = 3000
-HEADER_LIMIT = 150
-FIELD_LIMIT = 2000
+LIST_CHARS = 3000  # a list longer than this is cut and counted (Slack's section limit)
+LINE_CHARS = 600  # one list line at most
+MAX_NOTES = 10
 VERDICT_COLOURS = {"kept": "#2ca02c", "reverted": "#d62728", "failed": "#8c1515"}
 ACTIVE_COLOUR = "#ffbf00"
 OUTAGE_COLOUR = "#7f7f7f"
@@ -144,29 +146,25 @@ def summary_line(report: Report, tz: Zone | None = None) -> str:
     )
 
 
-# ----------------------------------------------------------------------------- Block Kit
+# ----------------------------------------------------------------------------- the message
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _section(text: str) -> dict[str, Any]:
-    return {"type": "section", "text": {"type": "mrkdwn", "text": _clip(text, SECTION_LIMIT)}}
-
-
-def _lines(title: str, lines: list[str]) -> dict[str, Any]:
-    """A section of bullet lines that always fits: lines that do not are counted instead."""
+def _lines(title: str, lines: list[str]) -> Section:
+    """A section of bullet lines that stays readable: lines past `LIST_CHARS` are counted."""
     text = f"*{title}*"
     for i, line in enumerate(lines):
         more = f"\n…and {len(lines) - i} more"
-        candidate = f"{text}\n• {_clip(line, 600)}"
-        if len(candidate) + len(more) > SECTION_LIMIT:
+        candidate = f"{text}\n• {_clip(line, LINE_CHARS)}"
+        if len(candidate) + len(more) > LIST_CHARS:
             text += more
             break
         text = candidate
-    return _section(text)
+    return Section(text)
 
 
-def _fields(report: Report) -> list[dict[str, Any]]:
+def _fields(report: Report) -> Fields:
     r = report
     usage = "not reported"
     if r.usage is not None:
@@ -203,35 +201,22 @@ def _fields(report: Report) -> list[dict[str, Any]]:
             f"no data {duration(r.no_data_s)}",
         ),
     ]
-    return [
-        {"type": "mrkdwn", "text": _clip(f"*{title}*\n{value}", FIELD_LIMIT)}
-        for title, value in values
-    ]
+    return Fields(tuple(f"*{title}*\n{value}" for title, value in values))
 
 
-def render_blocks(report: Report, tz: Zone | None = None) -> list[dict[str, Any]]:
-    """The report as Slack blocks: a header, the numbers, then what happened and why."""
+def report_parts(report: Report, tz: Zone | None = None) -> tuple[Part, ...]:
+    """The report for a chat: a header, the numbers, then what happened and why."""
     r = report
     zone = _zone(tz)
-    blocks: list[dict[str, Any]] = [
-        {
-            "type": "header",
-            "text": {
-                "type": "plain_text",
-                "text": _clip(f"Throughput report: {r.server}", HEADER_LIMIT),
-            },
-        },
-        {
-            "type": "context",
-            "elements": [
-                {
-                    "type": "mrkdwn",
-                    "text": f"{when(r.since, zone)} to {when(r.until, zone)} · observed "
-                    f"{duration(r.observed_s)} of {duration(r.window_s)}",
-                }
-            ],
-        },
-        {"type": "section", "fields": _fields(r)},
+    parts: list[Part] = [
+        Header(f"Throughput report: {r.server}"),
+        SmallPrint(
+            (
+                f"{when(r.since, zone)} to {when(r.until, zone)} · observed "
+                f"{duration(r.observed_s)} of {duration(r.window_s)}",
+            )
+        ),
+        _fields(r),
     ]
     if r.diagnosis is not None:
         source = (
@@ -239,7 +224,7 @@ def render_blocks(report: Report, tz: Zone | None = None) -> list[dict[str, Any]
             if r.diagnosis.source == "live"
             else f"{duration(r.diagnosis.busy_s)} of busy time"
         )
-        blocks.append(
+        parts.append(
             _lines(f"Bottleneck: {r.diagnosis.bottleneck} ({source})", r.diagnosis.evidence)
         )
     experiments = [
@@ -248,18 +233,18 @@ def render_blocks(report: Report, tz: Zone | None = None) -> list[dict[str, Any]
         + (f" — {e.reason}" if e.reason else "")
         for e in r.experiments
     ]
-    blocks.append(_lines("Experiments", experiments or ["none in this window"]))
+    parts.append(_lines("Experiments", experiments or ["none in this window"]))
     if r.config.changes:
-        blocks.append(
+        parts.append(
             _lines(
                 "Configuration changed",
                 [f"`{c.key}`: {setting(c.before)} → {setting(c.after)}" for c in r.config.changes],
             )
         )
     elif r.config.now:
-        blocks.append(_section("*Configuration* unchanged"))
+        parts.append(Section("*Configuration* unchanged"))
     if r.outages:
-        blocks.append(
+        parts.append(
             _lines(
                 "Outages",
                 [
@@ -270,15 +255,18 @@ def render_blocks(report: Report, tz: Zone | None = None) -> list[dict[str, Any]
             )
         )
     if r.notes:
-        blocks.append(
-            {
-                "type": "context",
-                "elements": [
-                    {"type": "mrkdwn", "text": _clip(n, SECTION_LIMIT)} for n in r.notes[:10]
-                ],
-            }
-        )
-    return blocks[:MAX_BLOCKS]
+        parts.append(SmallPrint(tuple(r.notes[:MAX_NOTES])))
+    return tuple(parts)
+
+
+def report_message(report: Report, tz: Zone | None = None) -> Message:
+    """The report as a message: its parts for a chat, its text for a terminal, and a
+    one-line summary for notifications."""
+    return Message(
+        text=render_text(report, tz),
+        parts=report_parts(report, tz),
+        summary=summary_line(report, tz),
+    )
 
 
 # ----------------------------------------------------------------------------- chart
@@ -350,27 +338,21 @@ def render_chart(report: Report, tz: Zone | None = None) -> bytes:
     return out.getvalue()
 
 
-# ----------------------------------------------------------------------------- Slack
+# ----------------------------------------------------------------------------- posting
 def chart_filename(report: Report) -> str:
     return f"kvpilot-{report.server}-{report.until:%Y%m%d-%H%M}.png"
 
 
-def post_report(client: WebClient, channel: str, report: Report, *, tz: Zone | None = None) -> None:
-    """Post the report to ``channel``, then upload its chart into the message's thread.
+def post_report(surface: Surface, report: Report, *, tz: Zone | None = None) -> MessageRef:
+    """Post the report through ``surface``, then its chart into the message's thread.
 
-    ``SlackApiError`` propagates: the caller decides whether a failure is retried.
+    The surface's errors propagate: the caller decides whether a failure is retried.
     """
-    posted = client.chat_postMessage(
-        channel=channel,
-        text=summary_line(report, tz),
-        blocks=render_blocks(report, tz),
-        unfurl_links=False,
-    )
-    client.files_upload_v2(
-        channel=str(posted["channel"]),
-        thread_ts=str(posted["ts"]),
-        file=render_chart(report, tz),
+    ref = surface.post(report_message(report, tz))
+    surface.upload(
+        render_chart(report, tz),
         filename=chart_filename(report),
         title=f"{report.server}: throughput and queue depth",
-        alt_txt=summary_line(report, tz),
+        thread=ref,
     )
+    return ref

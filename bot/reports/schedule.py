@@ -33,11 +33,11 @@ from zoneinfo import ZoneInfo
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
-from slack_sdk import WebClient
 from sqlite_utils import Database
 
 from bot.app.config import Config, ReportSchedule
 from bot.app.wiring import engine_of
+from bot.chat.surface import Surface
 from bot.reports.report import duration, post_report, when
 from bot.reports.sampler import database_path
 from playbooks.reports.throughput import Report, build_report
@@ -134,11 +134,12 @@ Deliver = Callable[[ReportSchedule, Report], None]
 Now = Callable[[], datetime]
 
 
-def slack_delivery(client: WebClient) -> Deliver:
-    """Post each report to its schedule's channel, times in the schedule's time zone."""
+def surface_delivery(surface_for: Callable[[str], Surface]) -> Deliver:
+    """Post each report to its schedule's channel through that channel's surface, times in
+    the schedule's time zone."""
 
     def deliver(schedule: ReportSchedule, report: Report) -> None:
-        post_report(client, schedule.channel, report, tz=schedule.timezone)
+        post_report(surface_for(schedule.channel), report, tz=schedule.timezone)
 
     return deliver
 
@@ -154,16 +155,16 @@ class ReportScheduler:
         self,
         config: Config,
         db: Database,
-        client: WebClient | None = None,
+        surface_for: Callable[[str], Surface] | None = None,
         *,
         deliver: Deliver | None = None,
         clock: Now = _system_now,
         build: Callable[..., Report] = build_report,
     ) -> None:
         if deliver is None:
-            if client is None:
-                raise ValueError("give a Slack client or a deliver function")
-            deliver = slack_delivery(client)
+            if surface_for is None:
+                raise ValueError("give a surface for each channel or a deliver function")
+            deliver = surface_delivery(surface_for)
         self.config = config
         self.db = db
         self.db_path = database_path(db)  # other threads open their own connection to it

@@ -18,71 +18,16 @@ from typing import Any
 from slack_bolt import Ack, App
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
-from slack_sdk.http_retry.builtin_handlers import (
-    ConnectionErrorRetryHandler,
-    RateLimitErrorRetryHandler,
-    ServerErrorRetryHandler,
-)
 
 from bot.chat.auth import Principal
 from bot.chat.flow import Kvpilot
-from bot.chat.messages import Message
+from bot.slack.blocks import blocks, fallback_text
+from bot.slack.surface import SlackSurface
 from storage.chat import MessageRef
 
 log = logging.getLogger(__name__)
 COMMAND = "/kvpilot"
 GROUP_CACHE_S = 300.0
-
-
-def web_client(token: str, base_url: str | None) -> WebClient:
-    client = WebClient(token=token, base_url=base_url or "https://slack.com/api/", timeout=15)
-    client.retry_handlers = [
-        ConnectionErrorRetryHandler(max_retry_count=2),
-        RateLimitErrorRetryHandler(max_retry_count=3),
-        ServerErrorRetryHandler(max_retry_count=2),
-    ]
-    return client
-
-
-class SlackSurface:
-    """Posts into one channel through the Web API."""
-
-    def __init__(self, client: WebClient, channel: str) -> None:
-        self.client = client
-        self.channel = channel
-
-    def post(self, message: Message, *, thread: MessageRef | None = None) -> MessageRef:
-        thread_ts = (thread.thread_ts or thread.ts) if thread else None
-        resp = self.client.chat_postMessage(
-            channel=self.channel, text=message.text, blocks=message.blocks(), thread_ts=thread_ts
-        )
-        return MessageRef(str(resp["channel"]), str(resp["ts"]), thread_ts)
-
-    def update(self, ref: MessageRef, message: Message) -> None:
-        self.client.chat_update(
-            channel=ref.channel, ts=ref.ts, text=message.text, blocks=message.blocks()
-        )
-
-    def upload(
-        self, data: bytes, *, filename: str, title: str, thread: MessageRef | None = None
-    ) -> None:
-        thread_ts = (thread.thread_ts or thread.ts) if thread else None
-        self.client.files_upload_v2(
-            channel=self.channel,
-            file=data,
-            filename=filename,
-            title=title,
-            thread_ts=thread_ts,
-            alt_txt=title,
-        )
-
-    def whisper(self, who: Principal, message: Message) -> None:
-        try:
-            self.client.chat_postEphemeral(
-                channel=self.channel, user=who.user, text=message.text, blocks=message.blocks()
-            )
-        except SlackApiError as exc:  # e.g. the user left the channel: nothing else to do
-            log.warning("ephemeral message to %s failed: %s", who.user, exc.response.get("error"))
 
 
 class GroupDirectory:
@@ -134,7 +79,7 @@ def build_app(
             return
         reply = kv.command(who, str(command.get("text", "")))
         if reply.now is not None:
-            ack(text=reply.now.text, blocks=reply.now.blocks(), response_type="ephemeral")
+            ack(text=fallback_text(reply.now), blocks=blocks(reply.now), response_type="ephemeral")
         else:
             ack()
         if reply.work is not None:

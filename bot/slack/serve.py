@@ -38,7 +38,8 @@ from bot.chat.flow import Kvpilot
 from bot.reports.hook import make_report_hook
 from bot.reports.sampler import Sampler
 from bot.reports.schedule import ReportScheduler
-from bot.slack.app import GroupDirectory, SlackSurface, build_app, web_client
+from bot.slack.app import GroupDirectory, build_app
+from bot.slack.surface import SlackSurface, web_client
 from storage import audit
 from storage.db import open_db
 
@@ -193,7 +194,9 @@ class Bot:
         self.client = web_client(settings.bot_token, settings.api_url)
         self.groups = GroupDirectory(self.client)
         self.sampler = Sampler(config, open_db(config.database))
-        self.scheduler = ReportScheduler(config, open_db(config.database), self.client)
+        self.scheduler = ReportScheduler(
+            config, open_db(config.database), surface_for=self.surface_for
+        )
         self.kv = Kvpilot(
             config,
             lambda: open_db(config.database),

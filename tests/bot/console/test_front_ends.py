@@ -16,9 +16,10 @@ import pytest
 
 from bot.app.config import ConfigError, load, parse
 from bot.chat.commands import CommandError, parse_command
-from bot.chat.messages import Button, Message
+from bot.chat.messages import Button, Message, parse_parts
 from bot.cli import main as cli
 from bot.console.terminal import Console
+from bot.slack.blocks import blocks as slack_blocks
 from bot.slack.serve import SettingsError, slack_settings
 from playbooks.experiments.ownership import start_mark
 from storage import experiments as store
@@ -251,8 +252,8 @@ def test_long_messages_stay_within_block_kit_limits() -> None:
     body = "\n".join(f"line {i} " + "x" * 80 for i in range(200))
     parts = tuple(["# " + "H" * 300] + [body] * 30)
     buttons = tuple(Button(f"kvpilot.propose#{i}", f"1:{i}", "B" * 100) for i in range(12))
-    msg = Message(text="t", buttons=buttons, parts=parts)
-    blocks = msg.blocks()
+    msg = Message(text="t", buttons=buttons, parts=parse_parts(parts))
+    blocks = slack_blocks(msg)
     assert len(blocks) <= 50 and block_problems(blocks, msg.text) == []
     wait_until(lambda: True)
 
@@ -279,7 +280,7 @@ def test_manifest_declares_what_the_bot_uses() -> None:
     assert set(needs.values()) | {"commands"} == scopes
     source = "\n".join(
         (REPO / "bot" / name).read_text()
-        for name in ("slack/app.py", "slack/serve.py", "chat/flow.py")
+        for name in ("slack/app.py", "slack/surface.py", "slack/serve.py", "chat/flow.py")
     )
     for method in ("chat_postMessage", "chat_update", "chat_postEphemeral", "files_upload_v2"):
         assert method in source

@@ -6,6 +6,7 @@ import io
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,16 +14,23 @@ from matplotlib.image import imread
 from slack_sdk.models.blocks import Block
 from sqlite_utils import Database
 
+from bot.chat.auth import Principal
+from bot.chat.messages import Header, Message
 from bot.reports.report import (
     EFFECTIVE_COLOUR,
     GENERATION_COLOUR,
-    MAX_BLOCKS,
     VERDICT_COLOURS,
-    render_blocks,
+    Zone,
+    chart_filename,
+    post_report,
     render_chart,
     render_text,
+    report_message,
+    summary_line,
 )
+from bot.slack.blocks import MAX_BLOCKS, blocks
 from playbooks.reports.throughput import Report, build_report
+from storage.chat import MessageRef
 from storage.db import open_db, write_transaction
 from storage.experiments import State, create_experiment, set_result, transition
 from storage.metric_buckets import RawSample
@@ -137,6 +145,11 @@ def test_text_has_the_numbers_the_changes_and_the_verdicts(db: Database) -> None
     assert "Bottleneck    kv_cache" in text
 
 
+def render_blocks(r: Report, tz: Zone | None = None) -> list[dict[str, Any]]:
+    """The report's message as Slack renders it."""
+    return blocks(report_message(r, tz))
+
+
 def test_blocks_are_valid_block_kit_within_slack_limits(db: Database) -> None:
     store_day(db)
     add_experiment(db, State.reverted, START + timedelta(hours=2), -0.01)
@@ -196,3 +209,41 @@ def test_the_chart_is_a_png_that_shows_the_data(db: Database, tmp_path: Path) ->
     # an empty day draws axes but no line
     empty = render_chart(build_report(db, "nobody", since=START, until=START + DAY))
     assert colour_mask(empty, GENERATION_COLOUR).sum() < 0.2 * len(rows)
+
+
+class RecordingSurface:
+    """A surface that keeps what it was given."""
+
+    channel = "C0REPORTS"
+
+    def __init__(self) -> None:
+        self.posted: list[Message] = []
+        self.uploads: list[tuple[str, MessageRef | None]] = []
+
+    def post(self, message: Message, *, thread: MessageRef | None = None) -> MessageRef:
+        self.posted.append(message)
+        return MessageRef(self.channel, str(len(self.posted)))
+
+    def update(self, ref: MessageRef, message: Message) -> None:
+        raise AssertionError("a report is never edited")
+
+    def upload(
+        self, data: bytes, *, filename: str, title: str, thread: MessageRef | None = None
+    ) -> None:
+        assert data.startswith(b"\x89PNG")
+        self.uploads.append((filename, thread))
+
+    def whisper(self, who: Principal, message: Message) -> None:
+        raise AssertionError("a report is posted, not whispered")
+
+
+def test_a_report_goes_out_through_a_surface_with_its_chart_in_the_thread(db: Database) -> None:
+    store_day(db)
+    r = report(db)
+    surface = RecordingSurface()
+    ref = post_report(surface, r, tz="Europe/Berlin")
+    (message,) = surface.posted
+    assert message.text == render_text(r, "Europe/Berlin")
+    assert message.notification == summary_line(r, "Europe/Berlin")
+    assert message.parts[0] == Header("Throughput report: s") and not message.buttons
+    assert surface.uploads == [(chart_filename(r), ref)]

@@ -17,7 +17,8 @@ from sqlite_utils import Database
 from bot.app.config import parse
 from bot.cli import main
 from bot.reports.report import post_report
-from bot.reports.schedule import ReportScheduler, slack_delivery
+from bot.reports.schedule import Deliver, ReportScheduler, surface_delivery
+from bot.slack.surface import SlackSurface
 from playbooks.reports.throughput import build_report
 from storage.db import open_db
 from storage.report_runs import runs
@@ -45,9 +46,17 @@ def client(slack: FakeSlack) -> WebClient:
     return WebClient(token="xoxb-test", base_url=slack.api_url, timeout=5)
 
 
+def surface(slack: FakeSlack, channel: str = CHANNEL) -> SlackSurface:
+    return SlackSurface(client(slack), channel)
+
+
+def delivery(slack: FakeSlack) -> Deliver:
+    return surface_delivery(lambda channel: surface(slack, channel))
+
+
 def test_a_report_is_a_message_with_its_chart_in_the_thread(slack: FakeSlack, db: Database) -> None:
     report = build_report(db, "s", since=START, until=START + timedelta(days=1))
-    post_report(client(slack), CHANNEL, report, tz="Europe/Berlin")
+    post_report(surface(slack), report, tz="Europe/Berlin")
     assert slack.violations == []
     (post,) = slack.calls("chat.postMessage")
     assert post.params["channel"] == CHANNEL and "tok/s generation" in post.params["text"]
@@ -69,7 +78,7 @@ def test_slack_errors_reach_the_caller(slack: FakeSlack, db: Database) -> None:
     report = build_report(db, "s", since=START, until=START + timedelta(days=1))
     slack.fail_next("chat.postMessage", error="not_in_channel")
     with pytest.raises(SlackApiError) as failure:
-        post_report(client(slack), CHANNEL, report)
+        post_report(surface(slack), report)
     assert failure.value.response["error"] == "not_in_channel"
     assert slack.files == []  # no chart without its message
 
@@ -86,7 +95,7 @@ def test_the_scheduler_posts_through_slack_once(
         tmp_path / "kvpilot.toml",
     )
     now = datetime(2026, 3, 3, 10, 20, tzinfo=ZoneInfo("Europe/Berlin"))
-    sched = ReportScheduler(config, db, deliver=slack_delivery(client(slack)), clock=lambda: now)
+    sched = ReportScheduler(config, db, deliver=delivery(slack), clock=lambda: now)
     (result,) = sched.run_due()
     assert result.status == "sent" and result.late
     assert sched.run_due() == []
@@ -97,9 +106,7 @@ def test_the_scheduler_posts_through_slack_once(
     # a failing channel is recorded as a failed run with Slack's error
     slack.fail_next("chat.postMessage", error="channel_not_found")
     tomorrow = now + timedelta(days=1)
-    failing = ReportScheduler(
-        config, db, deliver=slack_delivery(client(slack)), clock=lambda: tomorrow
-    )
+    failing = ReportScheduler(config, db, deliver=delivery(slack), clock=lambda: tomorrow)
     (result,) = failing.run_due()
     assert result.status == "failed" and "channel_not_found" in result.detail
 
