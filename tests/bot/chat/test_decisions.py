@@ -102,12 +102,12 @@ PROPOSAL_ROWS: list[Row] = [
     (
         "already decided",
         {"earlier": Earlier("rejected", "U2")},
-        Refusal(Reason.ALREADY_DECIDED, "proposal 7 was already rejected by <@U2>"),
+        Refusal(Reason.ALREADY_DECIDED, "proposal 7 was already rejected by {@U2}"),
     ),
     (
         "already decided in a terminal",
         {"earlier": Earlier("approved", "cli:alice")},
-        Refusal(Reason.ALREADY_DECIDED, "proposal 7 was already approved by cli:alice"),
+        Refusal(Reason.ALREADY_DECIDED, "proposal 7 was already approved by {@cli:alice}"),
     ),
     (
         "kvpilot restarting",
