@@ -44,7 +44,6 @@ from storage.errors import IllegalTransition, LeaseNotHeld, StaleState
 from storage.experiments import TERMINAL, State
 from storage.restart_slots import Purpose
 
-MEASURING = {State.baseline, State.warming_up, State.trial}
 INTERRUPTED_ON_RESUME = {State.restarting, State.warming_up, State.trial}
 
 
