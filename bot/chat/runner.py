@@ -105,21 +105,14 @@ class ExperimentRunner:
     def resume_all(self) -> list[int]:
         """After a bot restart: pick up every experiment that was running and that no other
         living kvpilot process carries."""
-        resumed: list[int] = []
-        for row in store.active_experiments(self.db()):
-            if row.state == State.proposed:
-                continue
-            lease = self.lease(row.id)
-            if not lease.acquire():
-                held_by, until = lease.holder()
-                log.info("experiment %s is carried by %s (until %s)", row.id, held_by, until)
-                continue
-            thread = None
-            if row.proposal_id is not None:
-                thread = chat.find_message(self.db(), "proposal", row.proposal_id, "approval")
-            self.start(row.id, thread=thread, resume=True)
-            resumed.append(row.id)
-        return resumed
+        return engine.resume_unfinished(self.db(), self.lease, self._resume)
+
+    def _resume(self, row: store.ExperimentRow, _lease: Lease) -> int:
+        thread = None
+        if row.proposal_id is not None:
+            thread = chat.find_message(self.db(), "proposal", row.proposal_id, "approval")
+        self.start(row.id, thread=thread, resume=True)
+        return row.id
 
     def shutdown(self, *, grace_s: float = 10.0, why: str = "") -> list[dict[str, Any]]:
         """Stop carrying experiments (SIGTERM): each stops at its next check, within `grace_s`

@@ -25,17 +25,17 @@ from bot.app.wiring import launcher as wiring_launcher
 from bot.chat.auth import Principal
 from bot.chat.surface import LOCAL_CHANNEL
 from bot.cli import exit_codes
+from bot.cli.experiment_summary import cmd_list, cmd_show, report
 from playbooks.clock import make_clock
 from playbooks.engines.base import ArgError, EngineError
 from playbooks.experiments import machine as engine
-from playbooks.experiments.outcome import DESCRIPTIONS, ending
+from playbooks.experiments.outcome import ending
 from playbooks.experiments.ownership import Lease, OwnershipLost
 from playbooks.launchers.base import LaunchError
 from storage import audit
 from storage import experiments as store
 from storage import proposals as proposal_store
 from storage.errors import NotFound, StorageError
-from storage.experiments import State
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = exit_codes.OK, exit_codes.FAILED, exit_codes.USAGE
 
@@ -90,23 +90,24 @@ def resume_unfinished(
     An experiment another living kvpilot process carries is left to it. Returns the exit code
     of each experiment this process finished.
     """
-    codes: list[int] = []
-    for row in store.active_experiments(db):
-        if server is not None and row.server != server:
-            continue
-        if row.state == State.proposed:
-            continue  # waiting for a person's approval; nothing runs
+
+    def resume(row: store.ExperimentRow, lease: Lease) -> int | None:
         deps = experiment_deps(config, row.server, db, _printer(err))
-        lease = Lease(lambda: database(config), row.id)
-        if not lease.acquire():
-            _say_carried_elsewhere(lease, err)
-            continue
         err.write(f"resuming experiment {row.id} on {row.server} (was {row.state})\n")
-        if carry(deps, lease, err, resume=True):
-            final = store.get_experiment(db, row.id)
-            codes.append(exit_code(db, final))
-            err.write(f"experiment {row.id}: {final.state}\n")
-    return codes
+        if not carry(deps, lease, err, resume=True):
+            return None
+        final = store.get_experiment(db, row.id)
+        err.write(f"experiment {row.id}: {final.state}\n")
+        return exit_code(db, final)
+
+    codes = engine.resume_unfinished(
+        db,
+        lambda exp_id: Lease(lambda: database(config), exp_id),
+        resume,
+        server=server,
+        carried_elsewhere=lambda lease: _say_carried_elsewhere(lease, err),
+    )
+    return [code for code in codes if code is not None]
 
 
 def _say_carried_elsewhere(lease: Lease, err: TextIO) -> None:
@@ -239,118 +240,6 @@ def cmd_experiment(
     if not carry(deps, lease, err):
         return EXIT_FAILED
     return report(db, exp_id, ns.json, out)
-
-
-def report(db: Database, exp_id: int, as_json: bool, out: TextIO) -> int:
-    """Print the finished experiment; its exit code says how it ended."""
-    summary = summarise(db, store.get_experiment(db, exp_id))
-    out.write(json.dumps(summary) + "\n" if as_json else render_summary(summary))
-    return int(summary["exit_code"])
-
-
-def summarise(db: Database, row: store.ExperimentRow) -> dict[str, Any]:
-    result = row.result or {}
-    moves = store.transitions(db, row.id)
-    end = ending(row, moves)
-    return {
-        "id": row.id,
-        "server": row.server,
-        "state": str(row.state),
-        "outcome": str(end.outcome),
-        "cause": end.cause,
-        "exit_code": exit_codes.BY_OUTCOME[end.outcome],
-        "change": row.change,
-        "verdict": result.get("verdict"),
-        "baseline": result.get("baseline"),
-        "trial": result.get("trial"),
-        "effect": result.get("effect"),
-        "rule": result.get("rule"),
-        # why it ended first (the cause); what followed (the revert) is in `then`
-        "reason": end.cause,
-        "then": end.then,
-        "transitions": [
-            {
-                "from": None if m.from_state is None else str(m.from_state),
-                "to": str(m.to_state),
-                "reason": m.reason,
-                "actor": m.actor,
-                "at": m.created_at.isoformat(timespec="seconds"),
-            }
-            for m in moves
-        ],
-        "took_s": round((moves[-1].created_at - moves[0].created_at).total_seconds(), 1)
-        if moves
-        else None,
-        "trial_s": result.get("trial_s"),
-        "baseline_config": row.baseline_config,
-        "trial_config": row.trial_config,
-    }
-
-
-def _interval(x: dict[str, Any] | None, pct: bool = False) -> str:
-    if not x:
-        return "n/a"
-    mean = x["mean"] * 100 if pct else x["mean"]
-    unit = "%" if pct else " tok/s"
-    text = f"{mean:+.1f}{unit}" if pct else f"{mean:,.1f}{unit}"
-    if x.get("ci95"):
-        low, high = x["ci95"]
-        if pct:
-            text += f" (95% {low * 100:+.1f}..{high * 100:+.1f}%)"
-        else:
-            text += f" (95% {low:,.1f}..{high:,.1f})"
-    return text
-
-
-def render_summary(s: dict[str, Any]) -> str:
-    lines = [
-        f"experiment {s['id']} on {s['server']}: {s['state'].upper()} "
-        f"({DESCRIPTIONS[s['outcome']]}; exit {s['exit_code']})",
-        f"  why       {s['reason']}",
-    ]
-    if s.get("then"):
-        lines.append(f"  then      {s['then']}")
-    lines += [
-        f"  change    {s['change']}",
-        f"  baseline  {_interval(s['baseline'])}",
-        f"  trial     {_interval(s['trial'])}",
-        f"  effect    {_interval(s['effect'], pct=True)}",
-        f"  took      {s['took_s']} s (trial {s['trial_s']} s)",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def cmd_list(ns: argparse.Namespace, db: Database, out: TextIO) -> int:
-    rows = store.list_experiments(db, server=ns.server)
-    if ns.json:
-        out.write(json.dumps([summarise(db, r) for r in rows]) + "\n")
-        return EXIT_OK
-    out.write(f"{'id':>4}  {'server':12} {'state':11} {'created':20} change\n")
-    for r in rows:
-        created = r.created_at.isoformat(timespec="seconds")[:19]
-        out.write(f"{r.id:>4}  {r.server:12} {r.state!s:11} {created:20} {r.change}\n")
-    return EXIT_OK
-
-
-def cmd_show(ns: argparse.Namespace, db: Database, out: TextIO, err: TextIO) -> int:
-    try:
-        row = store.get_experiment(db, ns.id)
-    except NotFound:
-        err.write(f"error: no experiment {ns.id}; `kvpilot experiments list` shows them\n")
-        return EXIT_USAGE
-    summary = summarise(db, row)
-    summary["audit"] = audit.events(db, experiment_id=row.id)
-    if ns.json:
-        out.write(json.dumps(summary, default=str) + "\n")
-        return EXIT_OK
-    out.write(render_summary(summary))
-    out.write("  transitions:\n")
-    for t in summary["transitions"]:
-        out.write(f"    {t['at'][:19]}  {t['from'] or '-':11} -> {t['to']:11} {t['reason']}\n")
-    out.write("  audit:\n")
-    for ev in summary["audit"]:
-        out.write(f"    {str(ev.get('created_at'))[:19]}  {ev.get('name')} by {ev.get('actor')}\n")
-    return EXIT_OK
 
 
 def cmd_server(ns: argparse.Namespace, config: Config, out: TextIO, err: TextIO) -> int:
