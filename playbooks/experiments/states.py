@@ -21,6 +21,18 @@ from storage.experiments import State
 from storage.restart_slots import Purpose
 
 
+def _record(
+    deps: Deps, row: store.ExperimentRow, event: Callable[..., audit.AuditEvent], **fields: Any
+) -> None:
+    """Audit a step of this experiment: by kvpilot, now, on its server."""
+    audit.record(
+        deps.db,
+        event(
+            actor="kvpilot", created=deps.now(), server=deps.server, experiment_id=row.id, **fields
+        ),
+    )
+
+
 def _move(
     deps: Deps,
     row: store.ExperimentRow,
@@ -107,31 +119,18 @@ def _restarting(deps: Deps, row: store.ExperimentRow) -> None:
     _take_restart_slot(deps, row, "restart")
     checkpoint(deps, row.id, row.state)
     before_restart(deps)
-    audit.record(
-        deps.db,
-        audit.RestartStarted(
-            actor="kvpilot",
-            created=deps.now(),
-            server=deps.server,
-            experiment_id=row.id,
-            args=row.trial_config,
-        ),
-    )
+    _record(deps, row, audit.RestartStarted, args=row.trial_config)
     started = deps.clock.now()
     try:
         deps.launcher.apply(args_of(row.trial_config))
     except LaunchError as exc:
-        audit.record(
-            deps.db,
-            audit.RestartFinished(
-                actor="kvpilot",
-                created=deps.now(),
-                server=deps.server,
-                experiment_id=row.id,
-                ok=False,
-                duration_s=deps.clock.now() - started,
-                error=exc.reason,
-            ),
+        _record(
+            deps,
+            row,
+            audit.RestartFinished,
+            ok=False,
+            duration_s=deps.clock.now() - started,
+            error=exc.reason,
         )
         _move(
             deps,
@@ -143,17 +142,7 @@ def _restarting(deps: Deps, row: store.ExperimentRow) -> None:
         return  # the slot stays taken: the server is down until the revert restores it
     _give_back_restart_slot(deps, row)
     took = deps.clock.now() - started
-    audit.record(
-        deps.db,
-        audit.RestartFinished(
-            actor="kvpilot",
-            created=deps.now(),
-            server=deps.server,
-            experiment_id=row.id,
-            ok=True,
-            duration_s=took,
-        ),
-    )
+    _record(deps, row, audit.RestartFinished, ok=True, duration_s=took)
     _move(
         deps,
         row,
@@ -213,17 +202,13 @@ def _trial(deps: Deps, row: store.ExperimentRow) -> None:
     result["trial_s"] = elapsed
     result["baseline_s"] = plan.baseline_s
     store.set_result(deps.db, row.id, result, now=deps.now())
-    audit.record(
-        deps.db,
-        audit.VerdictReached(
-            actor="kvpilot",
-            created=deps.now(),
-            server=deps.server,
-            experiment_id=row.id,
-            verdict=decision.verdict,
-            summary=decision.rule,
-            evidence=result,
-        ),
+    _record(
+        deps,
+        row,
+        audit.VerdictReached,
+        verdict=decision.verdict,
+        summary=decision.rule,
+        evidence=result,
     )
     _move(deps, row, State.deciding, decision.rule, {"verdict": decision.verdict})
 
@@ -269,17 +254,7 @@ def _reverting(deps: Deps, row: store.ExperimentRow) -> None:
         deps.launcher.apply(target)
     except LaunchError as exc:
         _give_back_restart_slot(deps, row)
-        audit.record(
-            deps.db,
-            audit.RevertExecuted(
-                actor="kvpilot",
-                created=deps.now(),
-                server=deps.server,
-                experiment_id=row.id,
-                ok=False,
-                error=exc.reason,
-            ),
-        )
+        _record(deps, row, audit.RevertExecuted, ok=False, error=exc.reason)
         _move(
             deps,
             row,
@@ -289,12 +264,7 @@ def _reverting(deps: Deps, row: store.ExperimentRow) -> None:
         )
         return
     _give_back_restart_slot(deps, row)
-    audit.record(
-        deps.db,
-        audit.RevertExecuted(
-            actor="kvpilot", created=deps.now(), server=deps.server, experiment_id=row.id, ok=True
-        ),
-    )
+    _record(deps, row, audit.RevertExecuted, ok=True)
     servers.record_applied_config(
         deps.db,
         deps.server,
