@@ -19,14 +19,14 @@ from sqlite_utils import Database
 from bot.app.config import Config, ConfigError, load
 from bot.app.identity import terminal_actor
 from bot.app.interrupts import StopOnSignal
-from bot.app.wiring import database, diagnose_settings, experiment_deps
+from bot.app.wiring import database, diagnose_settings, experiment_deps, make_clock
 from bot.app.wiring import engine as engine_of
 from bot.app.wiring import launcher as wiring_launcher
 from bot.chat.auth import Principal
 from bot.chat.surface import LOCAL_CHANNEL
 from bot.cli import exit_codes
 from bot.cli.experiment_summary import cmd_list, cmd_show, report
-from playbooks.clock import make_clock
+from playbooks.clock import Clock
 from playbooks.engines.base import ArgError, EngineError
 from playbooks.experiments import machine as engine
 from playbooks.experiments.outcome import ending
@@ -55,13 +55,14 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
     except (ConfigError, StorageError) as exc:
         err.write(f"error: {exc}\n")
         return EXIT_USAGE
+    clock = make_clock(config, db)  # this process's one clock
     try:
         if ns.command == "experiment":
-            return cmd_experiment(ns, config, db, out, err, stdin)
+            return cmd_experiment(ns, config, db, clock, out, err, stdin)
         if ns.command == "server":
-            return cmd_server(ns, config, out, err)
+            return cmd_server(ns, config, clock, out, err)
         if ns.command == "resume":
-            codes = resume_unfinished(config, db, err)
+            codes = resume_unfinished(config, db, clock, err)
             out.write(f"{len(codes)} unfinished experiment(s) handled\n")
             return exit_codes.most_urgent(codes)
         if ns.action == "list":
@@ -69,9 +70,9 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
         if ns.action == "show":
             return cmd_show(ns, db, out, err)
         if ns.action == "abort":
-            return cmd_abort(ns, config, db, out, err)
+            return cmd_abort(ns, config, db, clock, out, err)
         if ns.action in ("approve", "reject"):
-            return cmd_decide(ns, config, db, out, err, stdin)
+            return cmd_decide(ns, config, db, clock, out, err, stdin)
         err.write("error: use `kvpilot experiments list|show ID|abort ID|approve ID|reject ID`\n")
         return EXIT_USAGE
     except (ConfigError, ArgError) as exc:
@@ -83,7 +84,7 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
 
 
 def resume_unfinished(
-    config: Config, db: Database, err: TextIO, server: str | None = None
+    config: Config, db: Database, clock: Clock, err: TextIO, server: str | None = None
 ) -> list[int]:
     """Every experiment a crash left active is resumed where safe, reverted otherwise.
 
@@ -92,7 +93,7 @@ def resume_unfinished(
     """
 
     def resume(row: store.ExperimentRow, lease: Lease) -> int | None:
-        deps = experiment_deps(config, row.server, db, _printer(err))
+        deps = experiment_deps(config, row.server, db, _printer(err), clock=clock)
         err.write(f"resuming experiment {row.id} on {row.server} (was {row.state})\n")
         if not carry(deps, lease, err, resume=True):
             return None
@@ -168,14 +169,20 @@ def four_eyes(config: Config) -> bool:
 
 
 def cmd_experiment(
-    ns: argparse.Namespace, config: Config, db: Database, out: TextIO, err: TextIO, stdin: TextIO
+    ns: argparse.Namespace,
+    config: Config,
+    db: Database,
+    clock: Clock,
+    out: TextIO,
+    err: TextIO,
+    stdin: TextIO,
 ) -> int:
     server = config.server(ns.server)
     items = [item for group in ns.set for item in group]
     if not items:
         raise ArgError("nothing to change: give --set KEY=VALUE (e.g. mem_fraction_static=0.88)")
     change = engine_of(server).parse_change(items)
-    resume_unfinished(config, db, err, server=ns.server)
+    resume_unfinished(config, db, clock, err, server=ns.server)
     if any(e.server == ns.server for e in store.active_experiments(db)):
         active = next(e for e in store.active_experiments(db) if e.server == ns.server)
         err.write(
@@ -183,7 +190,7 @@ def cmd_experiment(
             f"it to finish or abort it (`kvpilot experiments abort {active.id}`)\n"
         )
         return EXIT_USAGE
-    deps = experiment_deps(config, ns.server, db, _printer(err))
+    deps = experiment_deps(config, ns.server, db, _printer(err), clock=clock)
     info = deps.client.settings()
     rules = deps.client.engine.rules_for(info, diagnose_settings(server), measured=False)
     option = rules.judge(change)
@@ -207,7 +214,7 @@ def cmd_experiment(
     who = terminal_actor()
     if four_eyes(config):
         deps.client.close()
-        return propose_for_approval(ns, config, change, who, err)
+        return propose_for_approval(ns, config, clock, change, who, err)
     refused = confirm(
         ns.yes,
         stdin,
@@ -242,9 +249,11 @@ def cmd_experiment(
     return report(db, exp_id, ns.json, out)
 
 
-def cmd_server(ns: argparse.Namespace, config: Config, out: TextIO, err: TextIO) -> int:
+def cmd_server(
+    ns: argparse.Namespace, config: Config, clock: Clock, out: TextIO, err: TextIO
+) -> int:
     server = config.server(ns.server)
-    launcher = wiring_launcher(config, server, make_clock(config.time_scale))
+    launcher = wiring_launcher(config, server, clock)
     if ns.action == "status":
         state = launcher.state()
         out.write(
@@ -275,7 +284,7 @@ def cmd_server(ns: argparse.Namespace, config: Config, out: TextIO, err: TextIO)
 
 
 # --------------------------------------------------------------------------- four-eyes
-def _terminal_bot(config: Config, err: TextIO) -> tuple[Any, Any]:
+def _terminal_bot(config: Config, clock: Clock, err: TextIO) -> tuple[Any, Any]:
     """The chat core with the terminal as its surface, for proposals and approvals here."""
     from bot.chat.flow import Kvpilot  # noqa: PLC0415
     from bot.console.terminal import ConsoleSurface  # noqa: PLC0415 - only the four-eyes path needs it
@@ -284,6 +293,7 @@ def _terminal_bot(config: Config, err: TextIO) -> tuple[Any, Any]:
     kv = Kvpilot(
         config,
         lambda: database(config),
+        clock=clock,
         group_members=lambda _group: frozenset(),
         surface_for=lambda _channel: surface,
     )
@@ -302,10 +312,15 @@ def _who_may_approve(config: Config, proposal_id: int, proposer: str) -> str:
 
 
 def propose_for_approval(
-    ns: argparse.Namespace, config: Config, change: dict[str, Any], who: str, err: TextIO
+    ns: argparse.Namespace,
+    config: Config,
+    clock: Clock,
+    change: dict[str, Any],
+    who: str,
+    err: TextIO,
 ) -> int:
     """Four-eyes: record the change as a proposal; its proposer may not approve it."""
-    kv, surface = _terminal_bot(config, err)
+    kv, surface = _terminal_bot(config, clock, err)
     try:
         principal = Principal(who, LOCAL_CHANNEL)
         proposal_id = kv.propose(principal, surface, ns.server, change, force=ns.force)
@@ -323,7 +338,13 @@ def propose_for_approval(
 
 
 def cmd_decide(
-    ns: argparse.Namespace, config: Config, db: Database, out: TextIO, err: TextIO, stdin: TextIO
+    ns: argparse.Namespace,
+    config: Config,
+    db: Database,
+    clock: Clock,
+    out: TextIO,
+    err: TextIO,
+    stdin: TextIO,
 ) -> int:
     """`kvpilot experiments approve|reject ID`: a person's decision on a recorded proposal."""
     try:
@@ -348,7 +369,7 @@ def cmd_decide(
             return refused
     who = terminal_actor()
     earlier = proposal_store.approvals(db, proposal.id)
-    kv, surface = _terminal_bot(config, err)
+    kv, surface = _terminal_bot(config, clock, err)
     try:
         exp_id = kv.decide(
             Principal(who, LOCAL_CHANNEL),
@@ -372,7 +393,7 @@ def cmd_decide(
     if not lease.acquire():
         _say_carried_elsewhere(lease, err)
         return EXIT_FAILED
-    deps = experiment_deps(config, proposal.server, db, _printer(err))
+    deps = experiment_deps(config, proposal.server, db, _printer(err), clock=clock)
     if not carry(deps, lease, err):
         return EXIT_FAILED
     return report(db, exp_id, ns.json, out)
@@ -380,7 +401,7 @@ def cmd_decide(
 
 # --------------------------------------------------------------------------- abort
 def cmd_abort(
-    ns: argparse.Namespace, config: Config, db: Database, out: TextIO, err: TextIO
+    ns: argparse.Namespace, config: Config, db: Database, clock: Clock, out: TextIO, err: TextIO
 ) -> int:
     """`kvpilot experiments abort ID`: stop it; revert the server if anything changed."""
     try:
@@ -392,7 +413,7 @@ def cmd_abort(
         err.write(f"experiment {row.id} already ended ({row.state}); nothing to abort\n")
         return EXIT_OK
     who = terminal_actor()
-    deps = experiment_deps(config, row.server, db, _printer(err))
+    deps = experiment_deps(config, row.server, db, _printer(err), clock=clock)
     moved = engine.abort(deps, row.id, actor=who, reason=f"aborted by {who} in the terminal")
     err.write(f"experiment {row.id} on {row.server}: {row.state} -> {moved.state}\n")
     lease = Lease(lambda: database(config), row.id)
