@@ -1,14 +1,19 @@
-"""Injected clocks: the wall clock in production, a scaled one against an accelerated twin.
+"""The one clock: the wall clock in production, a scaled one against an accelerated twin.
 
-Everything that waits or timestamps in the playbooks takes a `Clock`, so tests and demos can
-measure an accelerated SGLang twin in simulated seconds (`ScaledClock(K)` for a twin started with
-`--time-scale K`) and unit tests can use `ManualClock`.
+Everything that waits, measures or stamps takes a `Clock`, built once per process from the
+configuration (`bot.app.wiring.make_clock`) and passed down, so measurements, experiment steps,
+samples and reports all run on one time line: against a twin started with `--time-scale K`,
+`ScaledClock(K)` runs K times faster, in the twin's simulated seconds, and its calendar time
+continues from what is already stored. Unit tests use `ManualClock`.
 """
 
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class Clock(Protocol):
@@ -17,6 +22,15 @@ class Clock(Protocol):
         ...
 
     def sleep(self, seconds: float) -> None: ...
+
+    def utcnow(self) -> datetime:
+        """The calendar time on this clock's time line (aware, UTC): what is stored."""
+        ...
+
+    def wall_seconds(self, seconds: float) -> float:
+        """How many wall-clock seconds it takes for `seconds` of this clock to pass (for
+        waits that take a wall-clock timeout, such as `threading.Event.wait`)."""
+        ...
 
 
 class WallClock:
@@ -27,14 +41,21 @@ class WallClock:
         if seconds > 0:
             time.sleep(seconds)
 
+    def utcnow(self) -> datetime:
+        return datetime.now(UTC)
+
+    def wall_seconds(self, seconds: float) -> float:
+        return seconds
+
 
 class ScaledClock:
-    """Runs `scale` times faster than the wall clock."""
+    """Runs `scale` times faster than the wall clock; its calendar time starts at `start`."""
 
-    def __init__(self, scale: float) -> None:
+    def __init__(self, scale: float, start: datetime | None = None) -> None:
         if scale <= 0:
             raise ValueError(f"time scale must be positive, got {scale}")
         self.scale = scale
+        self.start = start or datetime.now(UTC)
         self._origin = time.monotonic()
 
     def now(self) -> float:
@@ -44,12 +65,19 @@ class ScaledClock:
         if seconds > 0:
             time.sleep(seconds / self.scale)
 
+    def utcnow(self) -> datetime:
+        return self.start + timedelta(seconds=self.now())
+
+    def wall_seconds(self, seconds: float) -> float:
+        return seconds / self.scale
+
 
 class ManualClock:
-    """Advances only when told to (unit tests)."""
+    """Advances only when told to (unit tests); its calendar time is `epoch` plus `now()`."""
 
-    def __init__(self, start: float = 0.0) -> None:
+    def __init__(self, start: float = 0.0, epoch: datetime = EPOCH) -> None:
         self.t = start
+        self.epoch = epoch
 
     def now(self) -> float:
         return self.t
@@ -57,6 +85,13 @@ class ManualClock:
     def sleep(self, seconds: float) -> None:
         self.t += max(0.0, seconds)
 
+    def utcnow(self) -> datetime:
+        return self.epoch + timedelta(seconds=self.t)
 
-def make_clock(time_scale: float = 1.0) -> Clock:
-    return WallClock() if time_scale == 1.0 else ScaledClock(time_scale)
+    def wall_seconds(self, seconds: float) -> float:
+        return 0.0
+
+
+def at_scale(scale: float, start: datetime | None = None) -> Clock:
+    """The wall clock at scale 1, else a scaled clock whose calendar time starts at `start`."""
+    return WallClock() if scale == 1.0 else ScaledClock(scale, start)

@@ -152,19 +152,6 @@ class RevertExecuted(AuditEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
-class GuardrailTripped(AuditEvent):
-    """A safety limit was crossed while a change was live."""
-
-    name: ClassVar[str] = "guardrail_tripped"
-    server: str
-    guardrail: str
-    message: str
-    observed: float | None = None
-    limit: float | None = None
-    experiment_id: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
 class VerdictReached(AuditEvent):
     """The gate decided an experiment (keep, revert, inconclusive, ...)."""
 
@@ -247,7 +234,6 @@ EVENT_TYPES: dict[str, type[AuditEvent]] = {
         RestartStarted,
         RestartFinished,
         RevertExecuted,
-        GuardrailTripped,
         VerdictReached,
         BotResumed,
         BotStopped,

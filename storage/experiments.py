@@ -333,6 +333,12 @@ def transitions(db: Database, experiment_id: int) -> list[TransitionRow]:
     ]
 
 
+def latest_transition_at(db: Database) -> datetime | None:
+    """When the newest step of any experiment was recorded, if any (see `newest_sample_ts`)."""
+    stamp = db.execute("SELECT MAX(created_at) FROM experiment_transitions").fetchone()[0]
+    return None if stamp is None else datetime.fromisoformat(stamp)
+
+
 def acquire_lease(
     db: Database,
     experiment_id: int,

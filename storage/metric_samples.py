@@ -93,6 +93,13 @@ def last_sample(db: Database, server: str) -> RawSample | None:
     return RawSample(**rows[0]) if rows else None
 
 
+def newest_sample_ts(db: Database) -> float | None:
+    """When the newest raw sample of any server was taken (epoch seconds), if there is one:
+    a scaled clock starts after it, so a restarted bot never writes time backwards."""
+    newest = db.execute("SELECT MAX(ts) FROM metric_samples").fetchone()[0]
+    return None if newest is None else float(newest)
+
+
 def samples_between(db: Database, server: str, since: float, until: float) -> list[RawSample]:
     """Raw samples with ``since <= ts < until``, oldest first."""
     cursor = db.execute(

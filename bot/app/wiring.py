@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from sqlite_utils import Database
 
 from bot.app.config import Config, ConfigError, ServerConfig
-from playbooks.clock import Clock, make_clock
+from playbooks.clock import Clock, at_scale
 from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import default_engine, engine_named
 from playbooks.engines.base import Engine, EngineClient
@@ -23,6 +23,8 @@ from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
 from playbooks.sources.metrics_source import with_metrics_source
 from playbooks.sources.prometheus import DcgmGpuReader, PrometheusAPI, PrometheusMetrics
 from storage.db import open_db
+from storage.experiments import latest_transition_at
+from storage.metric_samples import newest_sample_ts
 
 
 def database(config: Config) -> Database:
@@ -55,14 +57,22 @@ def launcher(config: Config, server: ServerConfig, clock: Clock) -> ManagedLaunc
     return ProcessLauncher(spec, clock)
 
 
-def experiment_clock(config: Config, db: Database) -> Callable[[], datetime]:
-    """The time experiments are stamped with: the wall clock, or against an accelerated twin
-    the same scaled time the sampler stores samples in, so reports place them right."""
-    if config.time_scale == 1.0:
-        return lambda: datetime.now(UTC)
-    from bot.reports.sampler import time_source  # noqa: PLC0415 - only an accelerated twin needs it
+def make_clock(config: Config, db: Database | None = None) -> Clock:
+    """The process's one clock, built once and passed to everything that waits or stamps.
 
-    return time_source(config, db).now
+    The wall clock; or, against an accelerated twin (`[kvpilot] time_scale`), a scaled clock
+    whose calendar time continues after the newest sample or experiment step stored in `db`, so
+    a restarted bot never writes time backwards and samples, experiments and reports agree.
+    """
+    start = datetime.now(UTC)
+    if db is not None and config.time_scale != 1.0:
+        newest = newest_sample_ts(db)
+        if newest is not None:
+            start = max(start, datetime.fromtimestamp(newest + 1.0, UTC))
+        step = latest_transition_at(db)
+        if step is not None:
+            start = max(start, step + timedelta(seconds=1))
+    return at_scale(config.time_scale, start)
 
 
 def engine(server: ServerConfig) -> Engine:
@@ -128,12 +138,17 @@ def diagnose_settings(server: ServerConfig) -> DiagnoseSettings:
 
 
 def experiment_deps(
-    config: Config, name: str, db: Database, on_progress: Callable[[str], None] | None = None
+    config: Config,
+    name: str,
+    db: Database,
+    on_progress: Callable[[str], None] | None = None,
+    *,
+    clock: Clock,
 ) -> Deps:
+    """What an experiment on `name` runs with; it waits and stamps on `clock`."""
     server = config.server(name)
-    clock = make_clock(config.time_scale)
     return Deps(
-        now=experiment_clock(config, db),
+        now=clock.utcnow,
         db=db,
         server=name,
         client=engine_client(server),

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from bot.app.config import Config
 from playbooks.engines import engine_named
 from playbooks.engines.base import ArgError
+from playbooks.reports.throughput import parse_window
 
 USAGE = {
     "help": "help",
@@ -37,7 +39,7 @@ class Command:
     change: dict[str, Any] = field(default_factory=dict)
     force: bool = False
     experiment_id: int | None = None
-    since: str = "24h"
+    since: timedelta = timedelta(hours=24)  # the report's window, read as `kvpilot report` does
     proposal_id: int | None = None
 
 
@@ -93,12 +95,15 @@ def parse_command(text: str, config: Config) -> Command:
                 f"usage: `/kvpilot {USAGE[verb]}` (the number in the proposal's message)"
             )
         return Command(verb, proposal_id=int(args[0].lstrip("#")))
-    since = "24h"
+    since = timedelta(hours=24)
     if verb == "report" and "--since" in args:
         i = args.index("--since")
         if i + 1 >= len(args):
             raise CommandError("--since needs a duration, e.g. `--since 24h`")
-        since = args[i + 1]
+        try:
+            since = parse_window(args[i + 1])
+        except ValueError as exc:
+            raise CommandError(f"--since: {exc}") from None
         args = args[:i] + args[i + 2 :]
     if len(args) > 1:
         raise CommandError(f"too many words; usage: `/kvpilot {USAGE[verb]}`")

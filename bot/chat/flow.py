@@ -30,7 +30,7 @@ from bot.chat.render import mention
 from bot.chat.runner import ExperimentRunner
 from bot.chat.surface import LOCAL_CHANNEL, Surface
 from bot.chat.when import hhmm as _hhmm
-from playbooks.clock import make_clock
+from playbooks.clock import Clock
 from playbooks.diagnose.measure import MeasurementError
 from playbooks.diagnose.playbook import diagnose
 from playbooks.engines.base import ArgError, EngineClient, EngineError, MetricsDisabled, Snapshot
@@ -66,6 +66,7 @@ class Kvpilot:
         *,
         group_members: GroupMembers,
         surface_for: Callable[[str], Surface],
+        clock: Clock,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         progress_every_s: float = 10.0,
         report_hook: Callable[[Command, Principal, Surface], None] | None = None,
@@ -76,8 +77,14 @@ class Kvpilot:
         self._local = threading.local()
         self.group_members = group_members
         self.now = now
+        self.clock = clock  # the process's one clock: measurements and experiments run on it
         self.runner = ExperimentRunner(
-            config, self.db, surface_for=surface_for, now=now, progress_every_s=progress_every_s
+            config,
+            self.db,
+            clock=clock,
+            surface_for=surface_for,
+            now=now,
+            progress_every_s=progress_every_s,
         )
         self.work = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvpilot-work")
         self.progress_every_s = progress_every_s
@@ -184,7 +191,7 @@ class Kvpilot:
         cfg = self.config.server(server)
         progress = surface.post(Message.note(f":hourglass_flowing_sand: Diagnosing `{server}`..."))
         last = [time.monotonic()]
-        clock = make_clock(self.config.time_scale)
+        clock = self.clock
 
         def on_progress(elapsed: float, target: float, note: str) -> None:
             if time.monotonic() - last[0] < self.progress_every_s:
@@ -260,7 +267,7 @@ class Kvpilot:
                 load = _load(client)
             finally:
                 client.close()
-            srv_launcher = launcher(self.config, cfg, make_clock(self.config.time_scale))
+            srv_launcher = launcher(self.config, cfg, self.clock)
             baseline = srv_launcher.current_args()
             trial = client.engine.with_change(baseline, change)
             rules = client.engine.rules_for(info, diagnose_settings(cfg), measured=False)
@@ -465,8 +472,7 @@ class Kvpilot:
         cfg = self.config.server(row.server)
         current, error = None, None
         try:
-            clock = make_clock(self.config.time_scale)
-            current = tuple(launcher(self.config, cfg, clock).current_args())
+            current = tuple(launcher(self.config, cfg, self.clock).current_args())
         except (LaunchError, ConfigError) as exc:
             error = str(exc)
         active = [e.id for e in store.active_experiments(self.db()) if e.server == row.server]

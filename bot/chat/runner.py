@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 from sqlite_utils import Database
 
 from bot.app.config import Config
-from bot.app.wiring import experiment_clock, experiment_deps
+from bot.app.wiring import experiment_deps
 from bot.chat.messages import Message
 from bot.reports.charts import verdict_chart
+from playbooks.clock import Clock
 from playbooks.experiments import machine as engine
 from playbooks.experiments.outcome import ending
 from playbooks.experiments.ownership import Lease, OwnershipLost
@@ -46,6 +47,7 @@ class ExperimentRunner:
         config: Config,
         db: Callable[[], Database],
         *,
+        clock: Clock,
         surface_for: Callable[[str], Surface],
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         progress_every_s: float = 10.0,
@@ -53,6 +55,7 @@ class ExperimentRunner:
         self.config = config
         self.db = db
         self.surface_for = surface_for
+        self.clock = clock
         self.now = now
         self.progress_every_s = progress_every_s
         # Set when an experiment's thread is done. Waiting on these, not on Thread.join: a
@@ -71,7 +74,7 @@ class ExperimentRunner:
 
     # ------------------------------------------------------------------ lifecycle
     def create(self, proposal: ProposalRow, *, approved_by: str) -> int:
-        deps = experiment_deps(self.config, proposal.server, self.db())
+        deps = experiment_deps(self.config, proposal.server, self.db(), clock=self.clock)
         try:
             return engine.create(
                 deps,
@@ -105,21 +108,14 @@ class ExperimentRunner:
     def resume_all(self) -> list[int]:
         """After a bot restart: pick up every experiment that was running and that no other
         living kvpilot process carries."""
-        resumed: list[int] = []
-        for row in store.active_experiments(self.db()):
-            if row.state == State.proposed:
-                continue
-            lease = self.lease(row.id)
-            if not lease.acquire():
-                held_by, until = lease.holder()
-                log.info("experiment %s is carried by %s (until %s)", row.id, held_by, until)
-                continue
-            thread = None
-            if row.proposal_id is not None:
-                thread = chat.find_message(self.db(), "proposal", row.proposal_id, "approval")
-            self.start(row.id, thread=thread, resume=True)
-            resumed.append(row.id)
-        return resumed
+        return engine.resume_unfinished(self.db(), self.lease, self._resume)
+
+    def _resume(self, row: store.ExperimentRow, _lease: Lease) -> int:
+        thread = None
+        if row.proposal_id is not None:
+            thread = chat.find_message(self.db(), "proposal", row.proposal_id, "approval")
+        self.start(row.id, thread=thread, resume=True)
+        return row.id
 
     def shutdown(self, *, grace_s: float = 10.0, why: str = "") -> list[dict[str, Any]]:
         """Stop carrying experiments (SIGTERM): each stops at its next check, within `grace_s`
@@ -149,7 +145,7 @@ class ExperimentRunner:
 
     def abort(self, exp_id: int, *, actor: str) -> None:
         row = store.get_experiment(self.db(), exp_id)
-        deps = experiment_deps(self.config, row.server, self.db())
+        deps = experiment_deps(self.config, row.server, self.db(), clock=self.clock)
         try:
             engine.abort(deps, exp_id, actor=actor, reason=f"aborted by {actor}")
         finally:
@@ -220,7 +216,7 @@ class ExperimentRunner:
             except Exception:  # a chat hiccup must not stop the experiment
                 log.exception("progress update failed")
 
-        deps = experiment_deps(self.config, row.server, db, on_progress)
+        deps = experiment_deps(self.config, row.server, db, on_progress, clock=self.clock)
         lease.start()
         deps.lease = lease
         try:
@@ -257,7 +253,7 @@ class ExperimentRunner:
         moves = store.transitions(self.db(), row.id)
         start = moves[0].created_at if moves else row.created_at
         entered = moves[-1].created_at if moves else row.created_at
-        now = experiment_clock(self.config, self.db())()
+        now = self.clock.utcnow()
         elapsed = (now - start).total_seconds()
         in_state = (now - entered).total_seconds()
         s = row.settings

@@ -16,7 +16,7 @@ from typing import TextIO
 
 from bot.chat.render import render
 from bot.cli.report import add_report_parser, cmd_report
-from playbooks.clock import make_clock
+from playbooks.clock import at_scale
 from playbooks.diagnose.measure import MeasurementError, MeasurePlan
 from playbooks.diagnose.playbook import DiagnoseSettings, diagnose
 from playbooks.engines import DEFAULT as DEFAULT_ENGINE
@@ -300,7 +300,7 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                     err.write(f"error: {exc}\n")
                     return 2
                 settings = replace(settings, consider=consider)
-        finding = diagnose(client, make_clock(ns.time_scale or 1.0), settings, progress)
+        finding = diagnose(client, at_scale(ns.time_scale or 1.0), settings, progress)
     except (EngineError, MeasurementError) as exc:
         progress.finish()
         err.write(f"error: {exc}\n")
@@ -319,7 +319,7 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """`diagnose --group NAME`: every server of the group at once, then the group side by side."""
     from bot.app.config import ConfigError, load, warn_to  # noqa: PLC0415
-    from bot.app.wiring import diagnose_settings, engine, engine_client  # noqa: PLC0415
+    from bot.app.wiring import diagnose_settings, engine, engine_client, make_clock  # noqa: PLC0415
     from playbooks.diagnose.fleet import Member, diagnose_group  # noqa: PLC0415
 
     per_server = [
@@ -373,7 +373,7 @@ def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             latest[name] = elapsed
             progress(min(latest.values()), target, f"{len(latest)}/{len(members)} servers")
 
-    clock = make_clock(ns.time_scale or config.time_scale)
+    clock = at_scale(ns.time_scale) if ns.time_scale else make_clock(config)
     try:
         result = diagnose_group(group.name, members, clock, on_progress=report)
     finally:

@@ -19,23 +19,23 @@ from sqlite_utils import Database
 from bot.app.config import Config, ConfigError, load
 from bot.app.identity import terminal_actor
 from bot.app.interrupts import StopOnSignal
-from bot.app.wiring import database, diagnose_settings, experiment_deps
+from bot.app.wiring import database, diagnose_settings, experiment_deps, make_clock
 from bot.app.wiring import engine as engine_of
 from bot.app.wiring import launcher as wiring_launcher
 from bot.chat.auth import Principal
 from bot.chat.surface import LOCAL_CHANNEL
 from bot.cli import access, exit_codes
-from playbooks.clock import make_clock
+from bot.cli.experiment_summary import cmd_list, cmd_show, report
+from playbooks.clock import Clock
 from playbooks.engines.base import ArgError, EngineError
 from playbooks.experiments import machine as engine
-from playbooks.experiments.outcome import DESCRIPTIONS, ending
+from playbooks.experiments.outcome import ending
 from playbooks.experiments.ownership import Lease, OwnershipLost
 from playbooks.launchers.base import LaunchError
 from storage import audit
 from storage import experiments as store
 from storage import proposals as proposal_store
 from storage.errors import NotFound, StorageError
-from storage.experiments import State
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = exit_codes.OK, exit_codes.FAILED, exit_codes.USAGE
 
@@ -59,13 +59,14 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
     if refused is not None:
         err.write(f"error: refused: {refused}\n")
         return EXIT_USAGE
+    clock = make_clock(config, db)  # this process's one clock
     try:
         if ns.command == "experiment":
-            return cmd_experiment(ns, config, db, out, err, stdin)
+            return cmd_experiment(ns, config, db, clock, out, err, stdin)
         if ns.command == "server":
-            return cmd_server(ns, config, out, err)
+            return cmd_server(ns, config, clock, out, err)
         if ns.command == "resume":
-            codes = resume_unfinished(config, db, err)
+            codes = resume_unfinished(config, db, clock, err)
             out.write(f"{len(codes)} unfinished experiment(s) handled\n")
             return exit_codes.most_urgent(codes)
         if ns.action == "list":
@@ -73,9 +74,9 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
         if ns.action == "show":
             return cmd_show(ns, db, out, err)
         if ns.action == "abort":
-            return cmd_abort(ns, config, db, out, err)
+            return cmd_abort(ns, config, db, clock, out, err)
         if ns.action in ("approve", "reject"):
-            return cmd_decide(ns, config, db, out, err, stdin)
+            return cmd_decide(ns, config, db, clock, out, err, stdin)
         err.write("error: use `kvpilot experiments list|show ID|abort ID|approve ID|reject ID`\n")
         return EXIT_USAGE
     except (ConfigError, ArgError) as exc:
@@ -87,30 +88,31 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
 
 
 def resume_unfinished(
-    config: Config, db: Database, err: TextIO, server: str | None = None
+    config: Config, db: Database, clock: Clock, err: TextIO, server: str | None = None
 ) -> list[int]:
     """Every experiment a crash left active is resumed where safe, reverted otherwise.
 
     An experiment another living kvpilot process carries is left to it. Returns the exit code
     of each experiment this process finished.
     """
-    codes: list[int] = []
-    for row in store.active_experiments(db):
-        if server is not None and row.server != server:
-            continue
-        if row.state == State.proposed:
-            continue  # waiting for a person's approval; nothing runs
-        deps = experiment_deps(config, row.server, db, _printer(err))
-        lease = Lease(lambda: database(config), row.id)
-        if not lease.acquire():
-            _say_carried_elsewhere(lease, err)
-            continue
+
+    def resume(row: store.ExperimentRow, lease: Lease) -> int | None:
+        deps = experiment_deps(config, row.server, db, _printer(err), clock=clock)
         err.write(f"resuming experiment {row.id} on {row.server} (was {row.state})\n")
-        if carry(deps, lease, err, resume=True):
-            final = store.get_experiment(db, row.id)
-            codes.append(exit_code(db, final))
-            err.write(f"experiment {row.id}: {final.state}\n")
-    return codes
+        if not carry(deps, lease, err, resume=True):
+            return None
+        final = store.get_experiment(db, row.id)
+        err.write(f"experiment {row.id}: {final.state}\n")
+        return exit_code(db, final)
+
+    codes = engine.resume_unfinished(
+        db,
+        lambda exp_id: Lease(lambda: database(config), exp_id),
+        resume,
+        server=server,
+        carried_elsewhere=lambda lease: _say_carried_elsewhere(lease, err),
+    )
+    return [code for code in codes if code is not None]
 
 
 def _say_carried_elsewhere(lease: Lease, err: TextIO) -> None:
@@ -171,14 +173,20 @@ def four_eyes(config: Config) -> bool:
 
 
 def cmd_experiment(
-    ns: argparse.Namespace, config: Config, db: Database, out: TextIO, err: TextIO, stdin: TextIO
+    ns: argparse.Namespace,
+    config: Config,
+    db: Database,
+    clock: Clock,
+    out: TextIO,
+    err: TextIO,
+    stdin: TextIO,
 ) -> int:
     server = config.server(ns.server)
     items = [item for group in ns.set for item in group]
     if not items:
         raise ArgError("nothing to change: give --set KEY=VALUE (e.g. mem_fraction_static=0.88)")
     change = engine_of(server).parse_change(items)
-    resume_unfinished(config, db, err, server=ns.server)
+    resume_unfinished(config, db, clock, err, server=ns.server)
     if any(e.server == ns.server for e in store.active_experiments(db)):
         active = next(e for e in store.active_experiments(db) if e.server == ns.server)
         err.write(
@@ -186,7 +194,7 @@ def cmd_experiment(
             f"it to finish or abort it (`kvpilot experiments abort {active.id}`)\n"
         )
         return EXIT_USAGE
-    deps = experiment_deps(config, ns.server, db, _printer(err))
+    deps = experiment_deps(config, ns.server, db, _printer(err), clock=clock)
     info = deps.client.settings()
     rules = deps.client.engine.rules_for(info, diagnose_settings(server), measured=False)
     option = rules.judge(change)
@@ -210,7 +218,7 @@ def cmd_experiment(
     who = terminal_actor()
     if four_eyes(config):
         deps.client.close()
-        return propose_for_approval(ns, config, change, who, err)
+        return propose_for_approval(ns, config, clock, change, who, err)
     refused = confirm(
         ns.yes,
         stdin,
@@ -245,121 +253,11 @@ def cmd_experiment(
     return report(db, exp_id, ns.json, out)
 
 
-def report(db: Database, exp_id: int, as_json: bool, out: TextIO) -> int:
-    """Print the finished experiment; its exit code says how it ended."""
-    summary = summarise(db, store.get_experiment(db, exp_id))
-    out.write(json.dumps(summary) + "\n" if as_json else render_summary(summary))
-    return int(summary["exit_code"])
-
-
-def summarise(db: Database, row: store.ExperimentRow) -> dict[str, Any]:
-    result = row.result or {}
-    moves = store.transitions(db, row.id)
-    end = ending(row, moves)
-    return {
-        "id": row.id,
-        "server": row.server,
-        "state": str(row.state),
-        "outcome": str(end.outcome),
-        "cause": end.cause,
-        "exit_code": exit_codes.BY_OUTCOME[end.outcome],
-        "change": row.change,
-        "verdict": result.get("verdict"),
-        "baseline": result.get("baseline"),
-        "trial": result.get("trial"),
-        "effect": result.get("effect"),
-        "rule": result.get("rule"),
-        # why it ended first (the cause); what followed (the revert) is in `then`
-        "reason": end.cause,
-        "then": end.then,
-        "transitions": [
-            {
-                "from": None if m.from_state is None else str(m.from_state),
-                "to": str(m.to_state),
-                "reason": m.reason,
-                "actor": m.actor,
-                "at": m.created_at.isoformat(timespec="seconds"),
-            }
-            for m in moves
-        ],
-        "took_s": round((moves[-1].created_at - moves[0].created_at).total_seconds(), 1)
-        if moves
-        else None,
-        "trial_s": result.get("trial_s"),
-        "baseline_config": row.baseline_config,
-        "trial_config": row.trial_config,
-    }
-
-
-def _interval(x: dict[str, Any] | None, pct: bool = False) -> str:
-    if not x:
-        return "n/a"
-    mean = x["mean"] * 100 if pct else x["mean"]
-    unit = "%" if pct else " tok/s"
-    text = f"{mean:+.1f}{unit}" if pct else f"{mean:,.1f}{unit}"
-    if x.get("ci95"):
-        low, high = x["ci95"]
-        if pct:
-            text += f" (95% {low * 100:+.1f}..{high * 100:+.1f}%)"
-        else:
-            text += f" (95% {low:,.1f}..{high:,.1f})"
-    return text
-
-
-def render_summary(s: dict[str, Any]) -> str:
-    lines = [
-        f"experiment {s['id']} on {s['server']}: {s['state'].upper()} "
-        f"({DESCRIPTIONS[s['outcome']]}; exit {s['exit_code']})",
-        f"  why       {s['reason']}",
-    ]
-    if s.get("then"):
-        lines.append(f"  then      {s['then']}")
-    lines += [
-        f"  change    {s['change']}",
-        f"  baseline  {_interval(s['baseline'])}",
-        f"  trial     {_interval(s['trial'])}",
-        f"  effect    {_interval(s['effect'], pct=True)}",
-        f"  took      {s['took_s']} s (trial {s['trial_s']} s)",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def cmd_list(ns: argparse.Namespace, db: Database, out: TextIO) -> int:
-    rows = store.list_experiments(db, server=ns.server)
-    if ns.json:
-        out.write(json.dumps([summarise(db, r) for r in rows]) + "\n")
-        return EXIT_OK
-    out.write(f"{'id':>4}  {'server':12} {'state':11} {'created':20} change\n")
-    for r in rows:
-        created = r.created_at.isoformat(timespec="seconds")[:19]
-        out.write(f"{r.id:>4}  {r.server:12} {r.state!s:11} {created:20} {r.change}\n")
-    return EXIT_OK
-
-
-def cmd_show(ns: argparse.Namespace, db: Database, out: TextIO, err: TextIO) -> int:
-    try:
-        row = store.get_experiment(db, ns.id)
-    except NotFound:
-        err.write(f"error: no experiment {ns.id}; `kvpilot experiments list` shows them\n")
-        return EXIT_USAGE
-    summary = summarise(db, row)
-    summary["audit"] = audit.events(db, experiment_id=row.id)
-    if ns.json:
-        out.write(json.dumps(summary, default=str) + "\n")
-        return EXIT_OK
-    out.write(render_summary(summary))
-    out.write("  transitions:\n")
-    for t in summary["transitions"]:
-        out.write(f"    {t['at'][:19]}  {t['from'] or '-':11} -> {t['to']:11} {t['reason']}\n")
-    out.write("  audit:\n")
-    for ev in summary["audit"]:
-        out.write(f"    {str(ev.get('created_at'))[:19]}  {ev.get('name')} by {ev.get('actor')}\n")
-    return EXIT_OK
-
-
-def cmd_server(ns: argparse.Namespace, config: Config, out: TextIO, err: TextIO) -> int:
+def cmd_server(
+    ns: argparse.Namespace, config: Config, clock: Clock, out: TextIO, err: TextIO
+) -> int:
     server = config.server(ns.server)
-    launcher = wiring_launcher(config, server, make_clock(config.time_scale))
+    launcher = wiring_launcher(config, server, clock)
     if ns.action == "status":
         state = launcher.state()
         out.write(
@@ -390,7 +288,7 @@ def cmd_server(ns: argparse.Namespace, config: Config, out: TextIO, err: TextIO)
 
 
 # --------------------------------------------------------------------------- four-eyes
-def _terminal_bot(config: Config, err: TextIO) -> tuple[Any, Any]:
+def _terminal_bot(config: Config, clock: Clock, err: TextIO) -> tuple[Any, Any]:
     """The chat core with the terminal as its surface, for proposals and approvals here."""
     from bot.chat.flow import Kvpilot  # noqa: PLC0415
     from bot.console.terminal import ConsoleSurface  # noqa: PLC0415 - only the four-eyes path needs it
@@ -399,6 +297,7 @@ def _terminal_bot(config: Config, err: TextIO) -> tuple[Any, Any]:
     kv = Kvpilot(
         config,
         lambda: database(config),
+        clock=clock,
         group_members=lambda _group: frozenset(),
         surface_for=lambda _channel: surface,
     )
@@ -417,10 +316,15 @@ def _who_may_approve(config: Config, proposal_id: int, proposer: str) -> str:
 
 
 def propose_for_approval(
-    ns: argparse.Namespace, config: Config, change: dict[str, Any], who: str, err: TextIO
+    ns: argparse.Namespace,
+    config: Config,
+    clock: Clock,
+    change: dict[str, Any],
+    who: str,
+    err: TextIO,
 ) -> int:
     """Four-eyes: record the change as a proposal; its proposer may not approve it."""
-    kv, surface = _terminal_bot(config, err)
+    kv, surface = _terminal_bot(config, clock, err)
     try:
         principal = Principal(who, LOCAL_CHANNEL)
         proposal_id = kv.propose(principal, surface, ns.server, change, force=ns.force)
@@ -438,7 +342,13 @@ def propose_for_approval(
 
 
 def cmd_decide(
-    ns: argparse.Namespace, config: Config, db: Database, out: TextIO, err: TextIO, stdin: TextIO
+    ns: argparse.Namespace,
+    config: Config,
+    db: Database,
+    clock: Clock,
+    out: TextIO,
+    err: TextIO,
+    stdin: TextIO,
 ) -> int:
     """`kvpilot experiments approve|reject ID`: a person's decision on a recorded proposal."""
     try:
@@ -463,7 +373,7 @@ def cmd_decide(
             return refused
     who = terminal_actor()
     earlier = proposal_store.approvals(db, proposal.id)
-    kv, surface = _terminal_bot(config, err)
+    kv, surface = _terminal_bot(config, clock, err)
     try:
         exp_id = kv.decide(
             Principal(who, LOCAL_CHANNEL),
@@ -487,7 +397,7 @@ def cmd_decide(
     if not lease.acquire():
         _say_carried_elsewhere(lease, err)
         return EXIT_FAILED
-    deps = experiment_deps(config, proposal.server, db, _printer(err))
+    deps = experiment_deps(config, proposal.server, db, _printer(err), clock=clock)
     if not carry(deps, lease, err):
         return EXIT_FAILED
     return report(db, exp_id, ns.json, out)
@@ -495,7 +405,7 @@ def cmd_decide(
 
 # --------------------------------------------------------------------------- abort
 def cmd_abort(
-    ns: argparse.Namespace, config: Config, db: Database, out: TextIO, err: TextIO
+    ns: argparse.Namespace, config: Config, db: Database, clock: Clock, out: TextIO, err: TextIO
 ) -> int:
     """`kvpilot experiments abort ID`: stop it; revert the server if anything changed."""
     try:
@@ -507,7 +417,7 @@ def cmd_abort(
         err.write(f"experiment {row.id} already ended ({row.state}); nothing to abort\n")
         return EXIT_OK
     who = terminal_actor()
-    deps = experiment_deps(config, row.server, db, _printer(err))
+    deps = experiment_deps(config, row.server, db, _printer(err), clock=clock)
     moved = engine.abort(deps, row.id, actor=who, reason=f"aborted by {who} in the terminal")
     err.write(f"experiment {row.id} on {row.server}: {row.state} -> {moved.state}\n")
     lease = Lease(lambda: database(config), row.id)

@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 import zoneinfo
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -72,11 +72,11 @@ def _until(text: str | None, zone: zoneinfo.ZoneInfo, fallback: datetime) -> dat
 
 def cmd_report(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from bot.app.config import ConfigError, load, warn_to  # noqa: PLC0415 - see the module docstring
-    from bot.app.wiring import database, engine_of  # noqa: PLC0415
+    from bot.app.wiring import database, engine_of, make_clock  # noqa: PLC0415
     from bot.reports.report import render_chart, render_text  # noqa: PLC0415
     from playbooks.reports.throughput import build_report, parse_window  # noqa: PLC0415
     from storage.errors import StorageError  # noqa: PLC0415
-    from storage.metric_samples import last_sample, sampled_servers  # noqa: PLC0415
+    from storage.metric_samples import sampled_servers  # noqa: PLC0415
 
     try:
         config = load(ns.config, warn=warn_to(err))
@@ -96,12 +96,8 @@ def cmd_report(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 f"--timezone {tz_name!r} is not a time zone; use an IANA name such as "
                 "Europe/Berlin or UTC"
             ) from None
-        now = datetime.now(UTC)
-        newest = last_sample(db, ns.server)
-        if config.time_scale != 1.0 and newest is not None:
-            # an accelerated twin's samples run ahead of the wall clock
-            now = max(now, datetime.fromtimestamp(newest.ts + 1.0, UTC))
-        until = _until(ns.until, zone, now)
+        # on the stored time line: an accelerated twin's samples run ahead of the wall clock
+        until = _until(ns.until, zone, make_clock(config, db).utcnow())
         since = until - parse_window(ns.since)
         report = build_report(
             db, ns.server, since=since, until=until, engine=engine_of(config, ns.server)

@@ -99,11 +99,11 @@ def run(workdir: Path, out: TextIO, stdin: TextIO, auto: str | None) -> int:
                 "recommends on the demo's own twin, and says so)\n"
             )
         console.start_background()
-        began = console.sampler.clock.now()
+        began = console.clock.utcnow()
         banner(out, "1. Diagnose: measure the server and name its bottleneck")
         console.loop(["diagnose incident"])
         banner(out, "2. The daily report, over the (simulated) time the demo ran")
-        minutes = math.ceil((console.sampler.clock.now() - began).total_seconds() / 60)
+        minutes = math.ceil((console.clock.utcnow() - began).total_seconds() / 60)
         console.loop([f"report incident --since {minutes}m", "history"])
     finally:
         console.stop_background()

@@ -22,7 +22,7 @@ from sqlite_utils import Database
 
 from bot.app.config import Config
 from bot.app.identity import os_user
-from bot.app.wiring import engine_of
+from bot.app.wiring import engine_of, make_clock
 from bot.chat.auth import CONSOLE_PREFIX, Principal
 from bot.chat.flow import APPROVE, PROPOSE_OPTION, Kvpilot
 from bot.chat.messages import Button, Message
@@ -125,15 +125,17 @@ class Console:
         name = user or os_user()
         self.who = Principal(CONSOLE_PREFIX + name, CHANNEL)
         self.surface = ConsoleSurface(out, Path(config.state_dir) / "charts")
-        self.sampler = Sampler(config, open_db(config.database))
+        self.clock = make_clock(config, open_db(config.database))  # this process's one clock
+        self.sampler = Sampler(config, open_db(config.database), self.clock)
         self.kv = Kvpilot(
             config,
             lambda: open_db(config.database),
+            clock=self.clock,
             group_members=lambda _group: frozenset(),
             surface_for=lambda _channel: self.surface,
             progress_every_s=2.0,
             report_hook=make_report_hook(
-                self._db, self.sampler.clock.now, lambda name: engine_of(config, name)
+                self._db, self.clock.utcnow, lambda name: engine_of(config, name)
             ),
             status_hook=self.sampler.describe,
         )

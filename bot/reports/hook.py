@@ -7,14 +7,12 @@ time, so the report covers what the samples cover.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlite_utils import Database
 
-from bot.app.config import ConfigError, parse_duration
 from bot.chat.auth import Principal
 from bot.chat.commands import Command
-from bot.chat.messages import Message
 from bot.chat.surface import Surface
 from playbooks.engines.base import Engine
 
@@ -33,16 +31,11 @@ def make_report_hook(
         from playbooks.reports.throughput import build_report  # noqa: PLC0415
 
         assert cmd.server is not None
-        try:
-            window = parse_duration(cmd.since, "--since")
-        except ConfigError as exc:
-            surface.whisper(who, Message.note(f":warning: {exc}"))
-            return
         until = now()
         result = build_report(
             db(),
             cmd.server,
-            since=until - timedelta(seconds=window),
+            since=until - cmd.since,
             until=until,
             engine=None if engine is None else engine(cmd.server),
         )

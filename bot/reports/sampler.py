@@ -11,26 +11,25 @@ retention (``storage.metric_samples.compact``), so a year of samples stays a few
 The server's own settings (server info) are read when it is first seen and after every gap,
 and stored when they changed, for the report's "configuration now versus a day ago".
 
-Time comes from an injected ``TimeSource``: the system clock in production, a scaled one
-against a twin started with ``--time-scale K`` (so samples are in the twin's time), a manual
-one in tests.
+Time comes from the process's one ``Clock`` (``bot.app.wiring.make_clock``): the wall clock in
+production, a scaled one against a twin started with ``--time-scale K`` (so samples are in the
+twin's time, on the same time line as experiments and reports), a manual one in tests.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Protocol
 
 from sqlite_utils import Database
 
 from bot.app.config import Config, ServerConfig
 from bot.app.wiring import engine_client
+from playbooks.clock import Clock
 from playbooks.engines.base import EngineClient, EngineError, MetricsDisabled, Snapshot
 from storage.db import open_db
 from storage.metric_buckets import RawSample
@@ -51,69 +50,6 @@ log = logging.getLogger(__name__)
 
 CONTIGUOUS_FACTOR = 2.5  # a sample stands for at most this many intervals of time
 COMPACT_EVERY_S = 300.0
-
-
-class TimeSource(Protocol):
-    def now(self) -> datetime:
-        """The current time (aware, UTC)."""
-        ...
-
-    def wall_seconds(self, seconds: float) -> float:
-        """How many wall-clock seconds it takes for ``seconds`` of this time to pass."""
-        ...
-
-
-class SystemTime:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-    def wall_seconds(self, seconds: float) -> float:
-        return seconds
-
-
-class ScaledTime:
-    """A clock running ``scale`` times faster than the wall clock from ``start``: against a
-    twin started with ``--time-scale K`` it keeps samples in the twin's own time."""
-
-    def __init__(self, scale: float, start: datetime | None = None) -> None:
-        if scale <= 0:
-            raise ValueError(f"time scale must be positive, got {scale}")
-        self.scale = scale
-        self.start = start or datetime.now(UTC)
-        self._origin = time.monotonic()
-
-    def now(self) -> datetime:
-        return self.start + timedelta(seconds=(time.monotonic() - self._origin) * self.scale)
-
-    def wall_seconds(self, seconds: float) -> float:
-        return seconds / self.scale
-
-
-_SHARED_TIME: dict[tuple[str, float], ScaledTime] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def time_source(config: Config, db: Database) -> TimeSource:
-    """The system clock, or against an accelerated twin a scaled one that continues from the
-    newest stored sample or experiment step (so that a restarted bot never writes time
-    backwards). Within one process every user of one database shares the scaled clock, so that
-    samples, experiments and reports agree on when things happened."""
-    if config.time_scale == 1.0:
-        return SystemTime()
-    key = (str(config.database), config.time_scale)
-    with _SHARED_LOCK:
-        shared = _SHARED_TIME.get(key)
-        if shared is None:
-            start = datetime.now(UTC)
-            newest = db.execute("SELECT MAX(ts) FROM metric_samples").fetchone()[0]
-            if newest is not None:
-                start = max(start, datetime.fromtimestamp(float(newest) + 1.0, UTC))
-            latest_step = db.execute("SELECT MAX(created_at) FROM experiment_transitions")
-            stamp = latest_step.fetchone()[0]
-            if stamp is not None:
-                start = max(start, datetime.fromisoformat(stamp) + timedelta(seconds=1))
-            shared = _SHARED_TIME[key] = ScaledTime(config.time_scale, start)
-        return shared
 
 
 # stored counter column -> the snapshot's counter, and the increase column it feeds
@@ -201,13 +137,13 @@ class Sampler:
         self,
         config: Config,
         db: Database,
-        clock: TimeSource | None = None,
+        clock: Clock,
         *,
         client_factory: ClientFactory = default_client,
     ) -> None:
         self.config = config
         self.db = db
-        self.clock = clock or time_source(config, db)
+        self.clock = clock
         self.interval_s = config.sampler.interval_s
         s = config.sampler
         self.retention = Retention(
@@ -231,7 +167,7 @@ class Sampler:
     def compact(self, db: Database | None = None) -> None:
         """Roll up and expire samples now."""
         db = db or self.db
-        now = self.clock.now()
+        now = self.clock.utcnow()
         compact(db, now.timestamp(), self.retention, settle_s=2 * self.interval_s)
         self._last_compact = now
 
@@ -248,7 +184,7 @@ class Sampler:
 
     def _sample_server(self, db: Database, name: str) -> Outcome:
         state = self.states[name]
-        now = self.clock.now()
+        now = self.clock.utcnow()
         t = now.timestamp()
         if not state.loaded:
             self._first_contact(db, state, t)
@@ -406,18 +342,18 @@ class Sampler:
         assert loop is not None
         db = open_db(path)
         try:
-            due = self.clock.now()
+            due = self.clock.utcnow()
             while not loop.stop.is_set():
                 try:
                     self.sample_once(db)
                     last = self._last_compact
-                    now = self.clock.now()
+                    now = self.clock.utcnow()
                     if last is None or (now - last).total_seconds() >= COMPACT_EVERY_S:
                         self.compact(db)
                 except Exception:  # the database may be locked for a moment; keep sampling
                     log.exception("sampling round failed")
                 due += timedelta(seconds=self.interval_s)
-                now = self.clock.now()
+                now = self.clock.utcnow()
                 due = max(due, now)  # fell behind (slow scrapes): skip, do not burst
                 loop.stop.wait(self.clock.wall_seconds((due - now).total_seconds()))
         finally:
@@ -435,7 +371,7 @@ class Sampler:
             f"raw samples kept {keep.raw_s / 86400:g} d, 5-minute {keep.five_minute_s / 86400:g} d"
             f", hourly {keep.hourly_s / 86400:g} d"
         ]
-        now = self.clock.now().timestamp()
+        now = self.clock.utcnow().timestamp()
         for name, s in self.states.items():
             if s.gap is not None:
                 since = datetime.fromtimestamp(s.gap.start_ts, UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -33,13 +33,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bot.app.config import Config
-from bot.app.wiring import engine_of
+from bot.app.wiring import engine_of, make_clock
 from bot.chat.flow import Kvpilot
 from bot.reports.hook import make_report_hook
 from bot.reports.sampler import Sampler
 from bot.reports.schedule import ReportScheduler
 from bot.slack.app import GroupDirectory, build_app
 from bot.slack.surface import SlackSurface, web_client
+from playbooks.http import is_http_url
 from storage import audit
 from storage.db import open_db
 
@@ -167,7 +168,7 @@ def slack_settings(env: Mapping[str, str]) -> SlackSettings:
         )
     api = env.get("SLACK_API_URL", "").strip() or None
     if api is not None:
-        if not api.startswith(("http://", "https://")):
+        if not is_http_url(api):
             raise SettingsError(f"SLACK_API_URL must be an http(s) URL, got {api!r}")
         api = api if api.endswith("/") else api + "/"
     return SlackSettings(bot, app, secret, api)
@@ -193,19 +194,21 @@ class Bot:
         self.settings = settings
         self.client = web_client(settings.bot_token, settings.api_url)
         self.groups = GroupDirectory(self.client)
-        self.sampler = Sampler(config, open_db(config.database))
+        self.clock = make_clock(config, open_db(config.database))  # this process's one clock
+        self.sampler = Sampler(config, open_db(config.database), self.clock)
         self.scheduler = ReportScheduler(
             config, open_db(config.database), surface_for=self.surface_for
         )
         self.kv = Kvpilot(
             config,
             lambda: open_db(config.database),
+            clock=self.clock,
             group_members=self.groups,
             surface_for=self.surface_for,
             progress_every_s=progress_every_s,
             now=now,
             report_hook=make_report_hook(
-                self._db, self.sampler.clock.now, lambda name: engine_of(self.config, name)
+                self._db, self.clock.utcnow, lambda name: engine_of(self.config, name)
             ),
             status_hook=lambda: self.sampler.describe() + self.scheduler.describe(),
         )

@@ -84,6 +84,8 @@ class DockerEngine:
     def __init__(self, socket: str, timeout_s: float = 30.0) -> None:
         self.socket = socket
         self.timeout_s = timeout_s
+        # Not `playbooks.http.http_client`: that one is for read-only HTTP sources and retries;
+        # this client speaks to a Unix socket and recreates containers, which is never retried.
         self._http = httpx.Client(
             transport=httpx.HTTPTransport(uds=socket),
             base_url=f"http://docker/{API_VERSION}",

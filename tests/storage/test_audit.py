@@ -15,9 +15,9 @@ from storage import (
     AuditEvent,
     BotResumed,
     ConfigApplied,
-    GuardrailTripped,
     Note,
     RestartStarted,
+    VerdictReached,
     events,
     record,
 )
@@ -28,34 +28,32 @@ def test_events_read_back_in_order_with_their_properties(db: Database) -> None:
     record(db, RestartStarted(actor="bot", created=T0, server="a", args={"mem": 0.8}))
     record(
         db,
-        GuardrailTripped(
+        VerdictReached(
             actor="bot",
             created=T0 + timedelta(seconds=5),
             server="a",
             experiment_id=7,
-            guardrail="p99_ttft",
-            message="p99 TTFT doubled",
-            observed=2.4,
-            limit=1.2,
+            verdict="revert",
+            summary="p99 TTFT doubled",
+            evidence={"observed": 2.4, "limit": 1.2},
         ),
     )
     record(db, BotResumed(actor="bot", created=T0, active_experiment_ids=[7], version="0.1.0"))
 
     rows = events(db)
-    assert [r["name"] for r in rows] == ["restart_started", "guardrail_tripped", "bot_resumed"]
+    assert [r["name"] for r in rows] == ["restart_started", "verdict_reached", "bot_resumed"]
     assert [r["id"] for r in rows] == sorted(r["id"] for r in rows)
-    tripped = rows[1]
-    assert tripped["actor"] == "bot"
-    assert tripped["created_at"] == "2026-03-01T12:00:05.000000+00:00"
-    assert tripped["server"] == "a"
-    assert tripped["experiment_id"] == 7
-    assert tripped["properties"] == {
+    verdict = rows[1]
+    assert verdict["actor"] == "bot"
+    assert verdict["created_at"] == "2026-03-01T12:00:05.000000+00:00"
+    assert verdict["server"] == "a"
+    assert verdict["experiment_id"] == 7
+    assert verdict["properties"] == {
         "server": "a",
         "experiment_id": 7,
-        "guardrail": "p99_ttft",
-        "message": "p99 TTFT doubled",
-        "observed": 2.4,
-        "limit": 1.2,
+        "verdict": "revert",
+        "summary": "p99 TTFT doubled",
+        "evidence": {"observed": 2.4, "limit": 1.2},
     }
     assert rows[2]["server"] is None
     assert rows[2]["properties"]["active_experiment_ids"] == [7]
@@ -111,7 +109,6 @@ def test_every_kind_has_a_distinct_name() -> None:
         "restart_started",
         "restart_finished",
         "revert_executed",
-        "guardrail_tripped",
         "access_denied",
         "request_rejected",
         "verdict_reached",

@@ -10,6 +10,7 @@ from bot.app.config.values import ConfigError, check_keys, flag, number, string
 from playbooks.engines import DEFAULT as DEFAULT_ENGINE
 from playbooks.engines import NAMES as ENGINE_NAMES
 from playbooks.gate import GateSettings
+from playbooks.http import is_http_url
 from playbooks.launchers import factory as launcher_factory
 from playbooks.sources.prometheus import DEFAULT_MAX_AGE_S, default_selector, parse_selector
 
@@ -165,7 +166,7 @@ def server(name: str, table: Any, gate_defaults: GateSettings) -> ServerConfig:
             f"{where}.engine: unknown engine {engine!r}; kvpilot drives: {', '.join(ENGINE_NAMES)}"
         )
     url = string(table, "url", where)
-    if url is None or not url.startswith(("http://", "https://")):
+    if url is None or not is_http_url(url):
         raise ConfigError(f"{where}.url: expected http://HOST:PORT, got {url!r}")
     api_key = string(table, "api_key", where)
     env_name = string(table, "api_key_env", where)
@@ -209,7 +210,7 @@ def _metrics(table: Any, where: str, server_url: str) -> MetricsConfig:
     if source != "prometheus":
         raise ConfigError(f'{where}.source: {source!r} is not known; use "direct" or "prometheus"')
     url = string(table, "url", where)
-    if url is None or not url.startswith(("http://", "https://")):
+    if url is None or not is_http_url(url):
         raise ConfigError(
             f"{where}.url: expected Prometheus' address, e.g. http://prometheus:9090, got {url!r}"
         )

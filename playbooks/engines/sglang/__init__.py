@@ -90,7 +90,7 @@ class SGLang:
     def spell(self, settings: Mapping[str, Any]) -> list[str]:
         rest = dict(settings)
         metrics = bool(rest.pop("enable_metrics", False))
-        return _args.to_cli(rest) + ([METRICS_FLAG] if metrics else [])
+        return _args.with_change([], rest) + ([METRICS_FLAG] if metrics else [])
 
     def vocabulary(self) -> frozenset[str]:
         flags = {spec.flag for spec in _args.ALLOWED.values()}

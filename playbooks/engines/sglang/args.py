@@ -325,14 +325,6 @@ def parse_change(items: list[str]) -> dict[str, Any]:
     return change
 
 
-def to_cli(change: dict[str, Any]) -> list[str]:
-    """The change as SGLang command-line flags (booleans become bare flags or are dropped)."""
-    out: list[str] = []
-    for key, value in change.items():
-        out += spec_of(key).cli(value)
-    return out
-
-
 # ----------------------------------------------------------------------------- command lines
 def with_change(args: Sequence[str], change: Mapping[str, Any]) -> list[str]:
     """Apply allowed changes to an SGLang argument list (never a shell string).
@@ -343,10 +335,7 @@ def with_change(args: Sequence[str], change: Mapping[str, Any]) -> list[str]:
     """
     out = list(args)
     for key, value in change.items():
-        name = normalise_key(key)
-        spec = ALLOWED.get(name)
-        if spec is None:
-            raise ArgError(f"{name!r} is not a server argument kvpilot may change")
+        spec = spec_of(key)
         out = _without(out, spec.flag)
         if value is not None:
             out += spec.cli(value)

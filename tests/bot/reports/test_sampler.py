@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,8 @@ import pytest
 from sqlite_utils import Database
 
 from bot.app.config import Config, parse
-from bot.reports.sampler import Sampler, ScaledTime, default_client
+from bot.reports.sampler import Sampler, default_client
+from playbooks.clock import ManualClock, ScaledClock
 from playbooks.engines.sglang.client import stored_settings as observed_settings
 from playbooks.sources.metrics_source import SourcedClient
 from storage.db import memory_db, open_db
@@ -23,18 +24,12 @@ from tests.bot.reports.fake_sglang import FakeSGLang, fake_sglang
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 
-class ManualTime:
+class ManualTime(ManualClock):
     def __init__(self, start: datetime = T0) -> None:
-        self.t = start
-
-    def now(self) -> datetime:
-        return self.t
-
-    def wall_seconds(self, seconds: float) -> float:
-        return 0.0
+        super().__init__(epoch=start)
 
     def advance(self, seconds: float) -> None:
-        self.t += timedelta(seconds=seconds)
+        self.sleep(seconds)
 
 
 @pytest.fixture
@@ -214,7 +209,7 @@ def test_observed_settings_drop_secrets_and_moving_values() -> None:
 def test_the_thread_samples_until_stopped(tmp_path: Path, fake: FakeSGLang) -> None:
     config = make_config(tmp_path, fake.url, interval_s=15)
     db = open_db(config.database)
-    sampler = Sampler(config, db, ScaledTime(300.0))  # a 15 s interval every 50 ms
+    sampler = Sampler(config, db, ScaledClock(300.0))  # a 15 s interval every 50 ms
     sampler.start()
     assert sampler.running
     deadline = time.monotonic() + 10

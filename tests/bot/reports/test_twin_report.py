@@ -22,7 +22,8 @@ from sqlite_utils import Database
 
 from bot.app.config import parse
 from bot.reports.report import render_chart, render_text
-from bot.reports.sampler import Sampler, ScaledTime
+from bot.reports.sampler import Sampler
+from playbooks.clock import ScaledClock
 from playbooks.reports.throughput import Report, build_report
 from storage.db import open_db
 from storage.metric_samples import gaps_between, samples_between
@@ -62,7 +63,7 @@ def twin_counters(url: str) -> tuple[float, float]:
 @dataclass
 class Run:
     db: Database
-    clock: ScaledTime
+    clock: ScaledClock
     start: datetime
     stop: datetime  # the 0.85 twin was stopped
     ready: datetime  # the 0.88 twin answered again
@@ -88,9 +89,9 @@ def wait_answering(twin: TwinProcess, timeout: float = 30.0) -> float:
     raise TimeoutError(f"twin not answering after {timeout}s:\n{twin.log()[-3000:]}")
 
 
-def sample_for(clock: ScaledTime, seconds: float) -> None:
-    deadline = clock.now().timestamp() + seconds
-    while clock.now().timestamp() < deadline:
+def sample_for(clock: ScaledClock, seconds: float) -> None:
+    deadline = clock.utcnow().timestamp() + seconds
+    while clock.utcnow().timestamp() < deadline:
         time.sleep(0.05)
 
 
@@ -109,16 +110,16 @@ def twin_run(tmp: Path) -> Iterator[Run]:
     sampler: Sampler | None = None
     try:
         wait_healthy(twin)
-        clock = ScaledTime(K)
+        clock = ScaledClock(K)
         sampler = Sampler(config, db, clock)
-        start = clock.now()
+        start = clock.utcnow()
         g0, s0 = twin_counters(twin.url)
         w0 = time.monotonic()
         sampler.start()
         sample_for(clock, PHASE_1_S)
         g1, s1 = twin_counters(twin.url)
         pace = (s1 - s0) / (K * (time.monotonic() - w0))
-        stop = clock.now()
+        stop = clock.utcnow()
         twin.stop()
         wall_stop = time.monotonic()  # stopped: from here on it refuses connections
         twin = spawn(twin_args("0.88"), port=port)
@@ -127,10 +128,10 @@ def twin_run(tmp: Path) -> Iterator[Run]:
         # ends there, not when the server is healthy (under load the warm-up stretches).
         wall_down = wait_answering(twin) - wall_stop
         wait_healthy(twin)
-        ready = clock.now()
+        ready = clock.utcnow()
         sample_for(clock, PHASE_2_S)
         sampler.stop()
-        end = clock.now()
+        end = clock.utcnow()
         yield Run(db, clock, start, stop, ready, end, (g1 - g0) / (s1 - s0), pace, wall_down)
     finally:
         if sampler is not None:

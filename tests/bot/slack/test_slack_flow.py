@@ -12,7 +12,7 @@ import pytest
 
 from bot.app.wiring import launcher
 from bot.cli import main as cli
-from playbooks.clock import make_clock
+from playbooks.clock import ScaledClock
 from playbooks.engines.sglang.args import with_change
 from storage import audit
 from storage import experiments as store
@@ -165,7 +165,7 @@ def test_refusals_are_refused_and_audited(config: Path, slack: FakeSlack) -> Non
         ts2, approval2 = wait_until(
             lambda: [(t, m) for t, m in open_proposals(slack) if t != ts], 30, "second proposal"
         )[0]
-        srv = launcher(bot.config, bot.config.server("incident"), make_clock(200))
+        srv = launcher(bot.config, bot.config.server("incident"), ScaledClock(200))
         srv.apply(with_change(srv.current_args(), {"mem_fraction_static": 0.86}))
         driver.click(
             "kvpilot.approve", buttons(approval2)["kvpilot.approve"], user="U2", message_ts=ts2

@@ -19,10 +19,9 @@ import httpx
 import pytest
 
 from bot.app.config import load
-from bot.app.wiring import database, experiment_deps
+from bot.app.wiring import database, experiment_deps, make_clock
 from bot.app.wiring import launcher as wiring_launcher
 from bot.cli import main
-from playbooks.clock import make_clock
 from playbooks.experiments import machine as engine
 from storage import audit
 from storage import experiments as store
@@ -200,14 +199,15 @@ def test_concurrent_experiments_take_turns_to_restart(tmp_path: Path) -> None:
         f"[groups.kimi]\nmax_concurrent_restarts = 1\n\n{servers}"
     )
     config = load(str(path))
-    launchers = {n: wiring_launcher(config, config.server(n), make_clock(SCALE)) for n in SERVERS}
+    clock = make_clock(config, database(config))  # one clock for the process, as a bot has
+    launchers = {n: wiring_launcher(config, config.server(n), clock) for n in SERVERS}
     results: dict[str, store.ExperimentRow] = {}
     errors: list[BaseException] = []
 
     def run(name: str) -> None:
         db = database(config)  # each thread its own connection, as separate bots would have
         try:
-            deps = experiment_deps(config, name, db)
+            deps = experiment_deps(config, name, db, clock=clock)
             exp = engine.create(
                 deps,
                 {"max_running_requests": 24},

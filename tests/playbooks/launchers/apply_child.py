@@ -9,15 +9,12 @@ import json
 import sys
 
 from bot.app.config import load
-from bot.app.wiring import launcher
-from playbooks.clock import make_clock
+from bot.app.wiring import launcher, make_clock
 
 
 def main(argv: list[str]) -> int:
     config = load(argv[0])
-    launcher(config, config.server(argv[1]), make_clock(config.time_scale)).apply(
-        json.loads(argv[2])
-    )
+    launcher(config, config.server(argv[1]), make_clock(config)).apply(json.loads(argv[2]))
     return 0
 
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from playbooks.engines.base import ArgError
-from playbooks.engines.sglang.args import arg_value, parse_change, to_cli, with_change
+from playbooks.engines.sglang.args import arg_value, parse_change, with_change
 
 
 def test_hicache_size_is_a_whole_number_of_gb_on_the_command_line() -> None:
@@ -17,7 +17,7 @@ def test_hicache_size_is_a_whole_number_of_gb_on_the_command_line() -> None:
     out = with_change(["--model-path", "m"], change)
     assert arg_value(out, "hicache_size") == "40"
     assert "40.0" not in out
-    assert to_cli(change) == ["--hicache-size", "40", "--enable-hierarchical-cache"]
+    assert with_change([], change) == ["--hicache-size", "40", "--enable-hierarchical-cache"]
 
 
 def test_hicache_size_with_a_fraction_is_refused() -> None:

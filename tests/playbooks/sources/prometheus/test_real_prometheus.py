@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from bot.app.config import load
-from bot.app.wiring import database, experiment_deps
+from bot.app.wiring import database, experiment_deps, make_clock
 from bot.app.wiring import launcher as wiring_launcher
 from bot.cli import main
 from playbooks import gate
-from playbooks.clock import Clock, make_clock
+from playbooks.clock import Clock, ScaledClock
 from playbooks.engines.base import Metrics, Snapshot
 from playbooks.engines.sglang import ENGINE
 from playbooks.engines.sglang.client import SGLangClient, SGLangError
@@ -95,7 +95,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         config_path = base / "kvpilot.toml"
         write_experiment_config(config_path, ports[1], prom.url)
         config = load(str(config_path))
-        launcher = wiring_launcher(config, config.server("incident"), make_clock(SCALE))
+        launcher = wiring_launcher(config, config.server("incident"), ScaledClock(SCALE))
         launcher.start(launcher.current_args())
         cleanup.callback(launcher.stop)
         wait_healthy(twin)
@@ -209,7 +209,7 @@ def test_the_gate_gives_the_same_verdict(stack: Stack) -> None:
     db = database(config)
     try:
         stack.wait_scraped(port)
-        deps = experiment_deps(config, "incident", db)
+        deps = experiment_deps(config, "incident", db, clock=make_clock(config, db))
         assert isinstance(deps.client, SourcedClient)  # the engine measures through Prometheus
         api = PrometheusAPI.connect(stack.prometheus.url)
         timeline = Timeline.capture(api, deps.clock, SCALE)

@@ -1,0 +1,132 @@
+"""`kvpilot experiments list|show` and the summary printed when an experiment ends.
+
+What the terminal shows of an experiment: its outcome and cause first (`outcome.ending`), the
+gate's estimates with their intervals, the transitions and the audit trail. The JSON forms carry
+the same fields, for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, TextIO
+
+from sqlite_utils import Database
+
+from bot.cli import exit_codes
+from playbooks.experiments.outcome import DESCRIPTIONS, ending
+from storage import audit
+from storage import experiments as store
+from storage.errors import NotFound
+
+
+def report(db: Database, exp_id: int, as_json: bool, out: TextIO) -> int:
+    """Print the finished experiment; its exit code says how it ended."""
+    summary = summarise(db, store.get_experiment(db, exp_id))
+    out.write(json.dumps(summary) + "\n" if as_json else render_summary(summary))
+    return int(summary["exit_code"])
+
+
+def summarise(db: Database, row: store.ExperimentRow) -> dict[str, Any]:
+    result = row.result or {}
+    moves = store.transitions(db, row.id)
+    end = ending(row, moves)
+    return {
+        "id": row.id,
+        "server": row.server,
+        "state": str(row.state),
+        "outcome": str(end.outcome),
+        "cause": end.cause,
+        "exit_code": exit_codes.BY_OUTCOME[end.outcome],
+        "change": row.change,
+        "verdict": result.get("verdict"),
+        "baseline": result.get("baseline"),
+        "trial": result.get("trial"),
+        "effect": result.get("effect"),
+        "rule": result.get("rule"),
+        # why it ended first (the cause); what followed (the revert) is in `then`
+        "reason": end.cause,
+        "then": end.then,
+        "transitions": [
+            {
+                "from": None if m.from_state is None else str(m.from_state),
+                "to": str(m.to_state),
+                "reason": m.reason,
+                "actor": m.actor,
+                "at": m.created_at.isoformat(timespec="seconds"),
+            }
+            for m in moves
+        ],
+        "took_s": round((moves[-1].created_at - moves[0].created_at).total_seconds(), 1)
+        if moves
+        else None,
+        "trial_s": result.get("trial_s"),
+        "baseline_config": row.baseline_config,
+        "trial_config": row.trial_config,
+    }
+
+
+def _interval(x: dict[str, Any] | None, pct: bool = False) -> str:
+    if not x:
+        return "n/a"
+    mean = x["mean"] * 100 if pct else x["mean"]
+    unit = "%" if pct else " tok/s"
+    text = f"{mean:+.1f}{unit}" if pct else f"{mean:,.1f}{unit}"
+    if x.get("ci95"):
+        low, high = x["ci95"]
+        if pct:
+            text += f" (95% {low * 100:+.1f}..{high * 100:+.1f}%)"
+        else:
+            text += f" (95% {low:,.1f}..{high:,.1f})"
+    return text
+
+
+def render_summary(s: dict[str, Any]) -> str:
+    lines = [
+        f"experiment {s['id']} on {s['server']}: {s['state'].upper()} "
+        f"({DESCRIPTIONS[s['outcome']]}; exit {s['exit_code']})",
+        f"  why       {s['reason']}",
+    ]
+    if s.get("then"):
+        lines.append(f"  then      {s['then']}")
+    lines += [
+        f"  change    {s['change']}",
+        f"  baseline  {_interval(s['baseline'])}",
+        f"  trial     {_interval(s['trial'])}",
+        f"  effect    {_interval(s['effect'], pct=True)}",
+        f"  took      {s['took_s']} s (trial {s['trial_s']} s)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_list(ns: argparse.Namespace, db: Database, out: TextIO) -> int:
+    rows = store.list_experiments(db, server=ns.server)
+    if ns.json:
+        out.write(json.dumps([summarise(db, r) for r in rows]) + "\n")
+        return exit_codes.OK
+    out.write(f"{'id':>4}  {'server':12} {'state':11} {'created':20} change\n")
+    for r in rows:
+        created = r.created_at.isoformat(timespec="seconds")[:19]
+        out.write(f"{r.id:>4}  {r.server:12} {r.state!s:11} {created:20} {r.change}\n")
+    return exit_codes.OK
+
+
+def cmd_show(ns: argparse.Namespace, db: Database, out: TextIO, err: TextIO) -> int:
+    try:
+        row = store.get_experiment(db, ns.id)
+    except NotFound:
+        err.write(f"error: no experiment {ns.id}; `kvpilot experiments list` shows them\n")
+        return exit_codes.USAGE
+    summary = summarise(db, row)
+    summary["audit"] = audit.events(db, experiment_id=row.id)
+    if ns.json:
+        out.write(json.dumps(summary, default=str) + "\n")
+        return exit_codes.OK
+    out.write(render_summary(summary))
+    out.write("  transitions:\n")
+    for t in summary["transitions"]:
+        out.write(f"    {t['at'][:19]}  {t['from'] or '-':11} -> {t['to']:11} {t['reason']}\n")
+    out.write("  audit:\n")
+    for ev in summary["audit"]:
+        out.write(f"    {str(ev.get('created_at'))[:19]}  {ev.get('name')} by {ev.get('actor')}\n")
+    return exit_codes.OK

@@ -1,0 +1,62 @@
+"""What one experiment step works with: its dependencies, and the exceptions between steps.
+
+Kept apart from the steps themselves so that the state handlers, the sampling loop and the
+lifecycle (create, abort, resume) share one definition without importing each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlite_utils import Database
+
+from playbooks import gate as gate_mod
+from playbooks.clock import Clock
+from playbooks.engines.base import EngineClient
+from playbooks.experiments.ownership import Lease
+from playbooks.experiments.restart_limits import RestartLimiter
+from playbooks.launchers.base import Launcher
+
+
+def args_of(config: dict[str, Any]) -> list[str]:
+    args = config.get("args", [])
+    return [str(a) for a in args] if isinstance(args, list) else []
+
+
+@dataclass
+class Deps:
+    db: Database
+    server: str
+    client: EngineClient
+    launcher: Launcher
+    clock: Clock
+    plan: gate_mod.GateSettings
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    on_progress: Callable[[str], None] | None = None
+    restarts: RestartLimiter | None = None  # the restart slots of the server's group, if any
+    lease: Lease | None = None  # this process's claim on the experiment (see ownership.py)
+    # Asked between steps and at every scrape: a person at the terminal wants it stopped.
+    interrupt: Callable[[], StopRequest | None] | None = None
+
+    def say(self, message: str) -> None:
+        if self.on_progress is not None:
+            self.on_progress(message)
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """Someone asked for the experiment to stop (Ctrl-C in the terminal): who, and why."""
+
+    actor: str
+    reason: str
+
+
+class ServerDown(Exception):
+    pass
+
+
+class Interrupted(Exception):
+    """The experiment left the state being measured (an operator aborted it)."""

@@ -1,0 +1,45 @@
+"""`/kvpilot` text to a command: the report window reads as `kvpilot report --since` does."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from bot.app.config import Config, parse
+from bot.chat.commands import CommandError, parse_command
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Config:
+    return parse({"servers": {"a": {"url": "http://h:1"}}}, tmp_path / "k.toml")
+
+
+@pytest.mark.parametrize(
+    ("text", "window"),
+    [
+        ("report", timedelta(hours=24)),
+        ("report a --since 90m", timedelta(minutes=90)),
+        ("report --since 7d", timedelta(days=7)),
+        ("report a --since 2w", timedelta(weeks=2)),
+        ("report --since 3600", timedelta(hours=1)),
+    ],
+)
+def test_report_window_is_parsed_when_the_command_is(
+    config: Config, text: str, window: timedelta
+) -> None:
+    assert parse_command(text, config).since == window
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("report --since", "needs a duration"),
+        ("report --since yesterday", "not a duration"),
+        ("report --since 0h", "must be positive"),
+    ],
+)
+def test_a_bad_report_window_is_answered_at_once(config: Config, text: str, needle: str) -> None:
+    with pytest.raises(CommandError, match=needle):
+        parse_command(text, config)
