@@ -1,9 +1,10 @@
 """The diagnose playbook: why is this server slow, and what can be changed safely?
 
 `diagnose()` gathers (the server's settings, a measurement window, GPU and host memory through the
-probes) and hands them to the engine's rules (`Engine.assess`), which name the bottleneck with
-numbers and list the changes that address it with predicted capacity, predicted throughput, risk
-and a verdict. `--consider KEY=VALUE` runs exactly the same checks as the engine's own proposals.
+probes) and hands them to the engine's rules (`Engine.rules_for(...).assess`), which name the
+bottleneck with numbers and list the changes that address it with predicted capacity, predicted
+throughput, risk and a verdict. `--consider KEY=VALUE` runs exactly the same checks as the
+engine's own proposals.
 """
 
 from __future__ import annotations
@@ -93,6 +94,3 @@ def diagnose(
 def _rate(mean: float, low: float, high: float) -> Rate:
     finite = math.isfinite(low) and math.isfinite(high)
     return Rate(mean, low if finite else None, high if finite else None)
-
-
-# ----------------------------------------------------------------------------- analysis

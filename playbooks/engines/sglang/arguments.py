@@ -1,0 +1,279 @@
+"""One check per launch argument kvpilot may change, and the table that finds them by name.
+
+The table's order is the order a verdict's reasons are listed in. An argument the table does not
+name gets `UnknownArgument`: kvpilot cannot call a change safe that it has no rule for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from playbooks.engines.sglang.capacity import ACTIVATION_FLOOR_GIB
+from playbooks.engines.sglang.checks import NOTHING, Change, Check, Finding, dtype_bytes
+from playbooks.engines.sglang.facts import (
+    RETRACTIONS_PER_MIN_HIGH,
+    SATURATED_USAGE,
+    Observed,
+    requests_fitting,
+    retraction_rate,
+)
+from playbooks.engines.sglang.hicache import HostPoolCheck
+
+DEFAULT_CHUNK = 8192  # SGLang's chunked_prefill_size when the server reports none
+MIN_CHUNK = 2048  # activation memory stops shrinking with the chunk below this
+
+
+def activation_room(ctx: Change) -> Finding:
+    """Unsafe where the change leaves the KV pool no room, or activations too little."""
+    cap, fraction = ctx.cap, ctx.fraction
+    if fraction <= cap.min_fraction():
+        return Finding(
+            "unsafe",
+            (
+                f"at {fraction:g} the weights leave no room for the KV cache: SGLang "
+                f"refuses to start below ~{cap.min_fraction():.3f}",
+            ),
+        )
+    room = cap.activation_room_gib(fraction, ctx.hicache)
+    if room >= ACTIVATION_FLOOR_GIB:
+        return NOTHING
+    return Finding(
+        "unsafe",
+        (
+            f"{fraction:g} leaves {(1 - fraction) * cap.gpu.pre_gib:.2f} GiB outside the "
+            f"static pool; CUDA graphs take {cap.graph_gib:.2f} GiB"
+            + (" and the hierarchical cache's buffers 0.50 GiB" if ctx.hicache else "")
+            + f", so {room:.2f} GiB remain for activations, below the "
+            f"{ACTIVATION_FLOOR_GIB:g} GiB SGLang needs: it would start, then run out of GPU "
+            "memory under load (as 0.93 did in the incident)",
+        ),
+        ("GPU OOM under load",),
+    )
+
+
+class StaticPoolCheck(Check):
+    """mem_fraction_static: the GPU share of weights and KV pool; the rest holds activations.
+
+    Enabling the hierarchical cache is checked here too: its buffers take from the same room.
+    """
+
+    names = ("mem_fraction_static",)
+
+    def applies(self, change: Change) -> bool:
+        enables_hicache = "enable_hierarchical_cache" in change.values and change.hicache
+        return "mem_fraction_static" in change.values or enables_hicache
+
+    def safety(self, ctx: Change, value: Any) -> Finding:
+        found = activation_room(ctx)
+        if found.verdict is not None or "mem_fraction_static" not in ctx.values:
+            return found
+        cap = ctx.cap
+        room = cap.activation_room_gib(ctx.fraction, ctx.hicache)
+        return Finding(
+            reasons=(
+                f"{ctx.fraction:g} keeps {room:.2f} GiB for activations after "
+                f"{cap.graph_gib:.2f} GiB of CUDA graphs (floor "
+                f"{ACTIVATION_FLOOR_GIB:g} GiB + 0.5 GiB margin)",
+            )
+        )
+
+    def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
+        if "mem_fraction_static" not in ctx.values:
+            return NOTHING
+        tokens, current = ctx.tokens, ctx.current
+        if tokens <= current:
+            return Finding(
+                "not_useful", (f"capacity would not grow ({tokens:,} vs {current:,} tokens)",)
+            )
+        if not seen.kv_bound:
+            return Finding(
+                "not_useful",
+                (
+                    f"capacity would grow to {tokens:,} tokens, but the bottleneck is "
+                    f"{seen.bottleneck}, not the KV cache",
+                ),
+            )
+        m, exact = seen.m, ctx.cap.gpu.exact
+        fit = ""
+        if m.avg_prompt_tokens is not None:
+            fitting = requests_fitting(ctx.server.info, m, tokens) or 0
+            fit = f"; ~{fitting:.0f} requests of the observed size fit"
+        reasons = [f"capacity {current:,} -> {tokens:,} tokens (+{tokens / current - 1:.0%}){fit}"]
+        if not exact:
+            reasons.append("GPU memory was estimated, so the prediction is approximate")
+        return Finding(
+            "recommended" if exact else "possible",
+            tuple(reasons),
+            (f"{m.running + m.queued:.0f} in-flight requests are dropped by the restart",),
+        )
+
+
+class KvDtypeCheck(Check):
+    """kv_cache_dtype: a smaller element doubles the tokens, at some cost in answer quality."""
+
+    names = ("kv_cache_dtype",)
+
+    def shrinks(self, ctx: Change, value: Any) -> bool:
+        return dtype_bytes(str(value)) < dtype_bytes(ctx.cap.kv_dtype)
+
+    def safety(self, ctx: Change, value: Any) -> Finding:
+        if not self.shrinks(ctx, value):
+            return NOTHING
+        return Finding(
+            "needs_opt_in",
+            (
+                f"{value} halves the bytes per token: {ctx.current:,} -> {ctx.tokens:,} tokens",
+                "FP8 KV costs accuracy: without calibrated scales SGLang uses 1.0, and "
+                "hard reasoning evals drop a few points; only with an explicit opt-in",
+            ),
+            ("answer quality",),
+        )
+
+    def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
+        if self.shrinks(ctx, value):
+            return NOTHING
+        return Finding("not_useful", (f"{value} does not shrink the KV cache",))
+
+
+class ConservativenessCheck(Check):
+    """schedule_conservativeness: how much KV SGLang reserves for running requests' growth."""
+
+    names = ("schedule_conservativeness",)
+    predicts_gain = False
+
+    def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
+        new = float(value)
+        now = float(ctx.server.info.arg("schedule_conservativeness") or 1.0)
+        rpm = retraction_rate(seen.m) or 0.0
+        usage = seen.m.token_usage or 0.0
+        if new > now and rpm > RETRACTIONS_PER_MIN_HIGH:
+            return Finding(
+                "possible",
+                (
+                    f"{rpm:.1f} retractions/min re-prefill work; admitting more cautiously "
+                    f"({now:g} -> {new:g}) trades a little concurrency for fewer",
+                ),
+            )
+        if new < now and seen.m.queued > 0 and usage < SATURATED_USAGE:
+            return Finding(
+                "possible",
+                (
+                    f"requests wait while usage is {usage:.2f}: admitting more eagerly "
+                    f"({now:g} -> {new:g}) fills the pool",
+                ),
+            )
+        return Finding(
+            "not_useful", ("neither frequent retractions nor an under-used pool with a queue",)
+        )
+
+
+class RunningCapCheck(Check):
+    """max_running_requests: the batch's cap; it helps only where the batch sits at it."""
+
+    names = ("max_running_requests",)
+    predicts_gain = False
+
+    def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
+        limit = ctx.server.info.effective_max_running_requests
+        if seen.bottleneck == "compute" and limit and int(value) > limit:
+            return Finding(
+                "possible", (f"the batch sits at the cap of {limit} while the pool has room",)
+            )
+        return Finding("not_useful", ("the running-request cap does not limit this server now",))
+
+
+class PrefillChunkCheck(Check):
+    """chunked_prefill_size: larger chunks need activation memory in proportion to their size."""
+
+    names = ("chunked_prefill_size",)
+    predicts_gain = False
+
+    def current(self, ctx: Change) -> int:
+        return int(ctx.server.info.arg("chunked_prefill_size") or DEFAULT_CHUNK)
+
+    def safety(self, ctx: Change, value: Any) -> Finding:
+        size, now = int(value), self.current(ctx)
+        need = ACTIVATION_FLOOR_GIB * max(size, MIN_CHUNK) / max(now, MIN_CHUNK)
+        room = ctx.cap.activation_room_gib(ctx.fraction, ctx.hicache)
+        if size == -1 or (size > now and room < need):
+            return Finding(
+                "unsafe",
+                (
+                    f"larger prefill chunks need ~{need:.1f} GiB of activations; "
+                    f"{room:.2f} GiB are left",
+                ),
+                ("GPU OOM in prefill",),
+            )
+        return NOTHING
+
+    def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
+        size, now = int(value), self.current(ctx)
+        if seen.bottleneck == "prefill" and size > now:
+            return Finding(
+                "possible",
+                ("prefill limits throughput and the activation headroom allows larger chunks",),
+            )
+        if size < now:
+            return Finding(
+                "possible" if seen.bottleneck in ("prefill", "kv_cache") else "not_useful",
+                (
+                    "smaller chunks interrupt decoding for less time and need less "
+                    "activation memory, at a small prefill cost",
+                ),
+            )
+        return Finding("not_useful", ("prefill does not limit this server",))
+
+
+class RideAlongCheck(Check):
+    """An argument that does not raise KV capacity: it decides a verdict only on its own."""
+
+    fallback = True
+
+    def __init__(self, name: str) -> None:
+        self.names = (name,)
+
+    def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
+        return Finding("not_useful", (f"{self.names[0]} does not raise KV capacity",))
+
+
+class UnknownArgument(Check):
+    """An argument no check covers: refused, since nothing says it is safe."""
+
+    predicts_gain = False
+
+    def __init__(self, name: str) -> None:
+        self.names = (name,)
+
+    def safety(self, ctx: Change, value: Any) -> Finding:
+        return Finding(
+            "unsafe",
+            (f"kvpilot has no rule for {self.names[0]}, so it cannot say the change is safe",),
+        )
+
+
+def _table(checks: tuple[Check, ...]) -> dict[str, Check]:
+    return {name: check for check in checks for name in check.names}
+
+
+# Argument name -> its check, in the order their reasons are listed.
+CHECKS: dict[str, Check] = _table(
+    (
+        StaticPoolCheck(),
+        KvDtypeCheck(),
+        HostPoolCheck(),
+        ConservativenessCheck(),
+        RunningCapCheck(),
+        PrefillChunkCheck(),
+        RideAlongCheck("max_total_tokens"),
+        RideAlongCheck("page_size"),
+        RideAlongCheck("max_prefill_tokens"),
+        RideAlongCheck("hicache_write_policy"),
+    )
+)
+
+
+def checks_for(change: Change) -> list[Check]:
+    """The checks a change calls on, each once, in table order; unknown arguments last."""
+    known = [check for check in dict.fromkeys(CHECKS.values()) if check.applies(change)]
+    unknown: list[Check] = [UnknownArgument(n) for n in change.values if n not in CHECKS]
+    return known + unknown

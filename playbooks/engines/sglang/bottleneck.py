@@ -1,0 +1,147 @@
+"""What limits an SGLang server: the measured evidence, then an ordered table of bottleneck rules.
+
+The first rule that matches names the bottleneck, so the order is the priority: a server nobody
+queues for is client-bound whatever else is true, a full KV pool outranks the running-request
+cap, and an admission that looks too cautious is what is left when nothing else explains a queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from playbooks.diagnose.measure import Measurement
+from playbooks.engines.sglang.facts import (
+    SATURATED_USAGE,
+    Context,
+    requests_fitting,
+    resident_tokens,
+    retraction_rate,
+)
+from playbooks.types import Bottleneck
+
+FILLING_RISE = 0.15  # usage rising by more than this over the window: the server is filling up
+RETRACTING_USAGE = 0.7  # with retractions, a pool this full already limits admission
+PREFILL_RATIO = 4.0  # prompt tokens per output token beyond which prefill dominates
+
+
+@dataclass(frozen=True)
+class Signals:
+    """The measured numbers the bottleneck rules compare, read once."""
+
+    m: Measurement
+    usage: float | None  # where usage got to: a filling server is judged by its end, not its ramp
+    usage_text: str  # the window's mean usage as reported
+    retracting: bool
+    running_cap: int | None
+
+
+def signals(ctx: Context) -> Signals:
+    m = ctx.m
+    usage = m.token_usage
+    usage_text = "unknown" if usage is None else f"{usage:.2f}"
+    if usage is not None and m.usage_trend is not None and m.usage_trend[1] > usage:
+        usage = m.usage_trend[1]
+    retracting = bool((retraction_rate(m) or 0) > 0 or m.retractions_seen_in_gauge)
+    return Signals(m, usage, usage_text, retracting, ctx.info.effective_max_running_requests)
+
+
+def evidence(ctx: Context) -> list[str]:
+    """What was measured, in the operator's words, before any conclusion."""
+    m = ctx.m
+    cap = ctx.info.max_total_num_tokens
+    usage = "unknown" if m.token_usage is None else f"{m.token_usage:.2f}"
+    found = [
+        f"on average {m.running:.1f} requests ran and {m.queued:.1f} waited "
+        f"(queue non-empty {m.queue_nonempty_fraction:.0%} of the time, at most "
+        f"{m.queued_max:.0f}); KV token usage {usage} of {cap:,} tokens"
+    ]
+    per = resident_tokens(ctx.info, m)
+    if per is not None and m.avg_output_tokens is not None and m.avg_prompt_tokens is not None:
+        found.append(
+            f"completed requests averaged {m.avg_prompt_tokens:,.0f} prompt + "
+            f"{m.avg_output_tokens:,.0f} output tokens; a running request holds ~{per:,.0f} "
+            f"tokens of KV, so ~{requests_fitting(ctx.info, m):.0f} fit in {cap:,} tokens"
+        )
+    if m.usage_trend is not None and m.usage_trend[1] - m.usage_trend[0] > FILLING_RISE:
+        found.append(
+            f"token usage rose from {m.usage_trend[0]:.2f} to {m.usage_trend[1]:.2f} during the "
+            "window: the server is still filling up (recent restart or a new burst); measure "
+            "again in a few minutes for a settled picture"
+        )
+    rpm = retraction_rate(m)
+    if rpm is not None:
+        found.append(f"{m.retractions} retractions in {m.window_s / 60:.1f} min ({rpm:.1f}/min)")
+    elif m.retractions_seen_in_gauge:
+        found.append(f"retractions seen in {m.retractions_seen_in_gauge} scrapes")
+    return found
+
+
+def client_bound(s: Signals) -> str | None:
+    if s.m.queue_nonempty_fraction < 0.2 and s.m.queued < 1:
+        return (
+            "nothing waits: the server takes every request the clients send, so "
+            "throughput equals the offered load and no server change can raise it"
+        )
+    return None
+
+
+def kv_bound(s: Signals) -> str | None:
+    usage = s.usage
+    if usage is None or not (
+        usage >= SATURATED_USAGE or (s.retracting and usage >= RETRACTING_USAGE)
+    ):
+        return None
+    return (
+        f"requests wait while the KV pool is {usage:.0%} used"
+        + (" and running requests are being retracted" if s.retracting else "")
+        + ": admission is limited by KV-cache capacity"
+    )
+
+
+def running_cap_bound(s: Signals) -> str | None:
+    if s.running_cap and s.m.running >= 0.95 * s.running_cap:
+        return (
+            f"the batch is at max_running_requests ({s.running_cap}) while the KV "
+            "pool has room: the running-request cap limits the batch"
+        )
+    return None
+
+
+def prefill_bound(s: Signals) -> str | None:
+    prompt, output = s.m.prompt_tokens_per_s, s.m.effective
+    if prompt and output and output.mean > 0 and prompt > PREFILL_RATIO * output.mean:
+        return (
+            f"prompts dominate ({prompt:,.0f} prompt tok/s vs "
+            f"{output.mean:,.0f} output tok/s) while the pool has room: prefill limits"
+        )
+    return None
+
+
+def admission_bound(s: Signals) -> str:
+    """What is left when requests wait and nothing above explains it."""
+    return (
+        f"requests wait although the KV pool is only {s.usage_text} used: SGLang's "
+        "admission looks too conservative (its guide suggests a lower "
+        "--schedule-conservativeness)"
+    )
+
+
+# In priority order: the first rule that matches names the bottleneck.
+BOTTLENECK_RULES: tuple[tuple[Bottleneck, Callable[[Signals], str | None]], ...] = (
+    ("client", client_bound),
+    ("kv_cache", kv_bound),
+    ("compute", running_cap_bound),
+    ("prefill", prefill_bound),
+)
+
+
+def analyse(ctx: Context) -> tuple[Bottleneck, list[str]]:
+    """The bottleneck and the evidence for it, the deciding sentence last."""
+    found = evidence(ctx)
+    s = signals(ctx)
+    for bottleneck, rule in BOTTLENECK_RULES:
+        because = rule(s)
+        if because is not None:
+            return bottleneck, [*found, because]
+    return "unknown", [*found, admission_bound(s)]

@@ -1,0 +1,102 @@
+"""What a check of one launch argument is: a safety half and a usefulness half, kept apart.
+
+Safety (will it start, will it run out of GPU or host memory, does it cost accuracy) needs only
+the server's facts, so a change can be judged before anything is measured. Usefulness (does it
+address the bottleneck) reads a measurement. Each half answers with a `Finding`; `verdicts.py`
+combines them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from playbooks.engines.sglang.capacity import KV_DTYPE_BYTES, CapacityModel
+from playbooks.engines.sglang.facts import Observed, Server
+from playbooks.types import Verdict
+
+DEFAULT_DTYPE_BYTES = 2.0  # a dtype the table does not list is taken as 16-bit
+
+
+def dtype_bytes(dtype: str) -> float:
+    return KV_DTYPE_BYTES.get(dtype, DEFAULT_DTYPE_BYTES)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One half's answer: a verdict where it has one, and the sentences and risks behind it."""
+
+    verdict: Verdict | None = None
+    reasons: tuple[str, ...] = ()
+    risks: tuple[str, ...] = ()
+
+
+NOTHING = Finding()
+
+
+@dataclass(frozen=True)
+class Change:
+    """A proposed change and what follows from it before any measurement.
+
+    Arguments interact (a new fraction moves the activation room a larger prefill chunk needs,
+    enabling HiCache takes GPU memory), so every check sees the whole change, not one value.
+    """
+
+    server: Server
+    values: Mapping[str, Any]
+    fraction: float  # mem_fraction_static after the change
+    dtype: str  # kv_cache_dtype after the change
+    hicache: bool  # whether the hierarchical cache is on after the change
+    tokens: int  # predicted KV capacity after the change
+
+    @property
+    def cap(self) -> CapacityModel:
+        return self.server.cap
+
+    @property
+    def current(self) -> int:
+        return self.server.info.max_total_num_tokens
+
+    @classmethod
+    def of(cls, server: Server, values: Mapping[str, Any]) -> Change:
+        cap = server.cap
+        fraction = float(values.get("mem_fraction_static", cap.mem_fraction_static))
+        dtype = str(values.get("kv_cache_dtype", cap.kv_dtype))
+        hicache = bool(values.get("enable_hierarchical_cache", server.hicache_on))
+        bytes_new = cap.bytes_per_token * dtype_bytes(dtype) / dtype_bytes(cap.kv_dtype)
+        if fraction == cap.mem_fraction_static and bytes_new == cap.bytes_per_token:
+            tokens = server.info.max_total_num_tokens
+        else:
+            tokens = cap.tokens_at(fraction, bytes_new)
+        if "max_total_tokens" in values:
+            tokens = min(tokens, int(values["max_total_tokens"]))
+        return cls(server, dict(values), fraction, dtype, hicache, tokens)
+
+
+class Check:
+    """The check of one launch argument (or of a few judged together, like the host pool's).
+
+    `predicts_gain`: whether the throughput predicted from KV capacity alone still holds when
+    this argument changes. `fallback`: the check speaks only when no other check has a verdict,
+    for arguments that ride along with a change rather than decide it.
+    """
+
+    names: tuple[str, ...] = ()
+    predicts_gain = True
+    fallback = False
+
+    def applies(self, change: Change) -> bool:
+        return any(name in change.values for name in self.names)
+
+    def value(self, change: Change) -> Any:
+        """What the halves judge: the argument's new value unless a check says otherwise."""
+        return change.values.get(self.names[0])
+
+    def safety(self, ctx: Change, value: Any) -> Finding:
+        """Whether the server starts and keeps running with it: no measurement needed."""
+        return NOTHING
+
+    def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
+        """Whether it addresses what the measurement shows."""
+        return NOTHING

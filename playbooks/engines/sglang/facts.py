@@ -1,0 +1,117 @@
+"""The typed facts SGLang's rules decide over, and the small arithmetic they share.
+
+`Server` holds what is known before any measurement (settings, capacity model, host memory), so
+the safety half of a check cannot read a measurement by mistake; `Context` adds one measurement
+for the bottleneck analysis and the proposals; `Observed` is what the usefulness half reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from playbooks.diagnose.measure import Measurement
+from playbooks.engines.sglang.capacity import CapacityModel
+from playbooks.engines.sglang.client import ServerInfo
+from playbooks.sources.host import HostMemory
+from playbooks.types import Bottleneck
+
+SATURATED_USAGE = 0.85  # token usage above this with a queue: the KV pool is the limit
+RETRACTIONS_PER_MIN_HIGH = 1.0  # SGLang's guide: about one retraction a minute is acceptable
+
+
+@dataclass(frozen=True)
+class Server:
+    """One server's facts before any measurement: what a safety check may read."""
+
+    info: ServerInfo
+    cap: CapacityModel
+    host: HostMemory | None
+    ranks_on_host: int
+    version: tuple[int, int, int]
+
+    @property
+    def hicache_on(self) -> bool:
+        return bool(self.info.arg("enable_hierarchical_cache"))
+
+    @property
+    def per_rank_checked(self) -> bool:
+        """SGLang 0.5.23 splits the host budget per rank; older versions do not."""
+        return self.version >= (0, 5, 23)
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything the bottleneck analysis and the proposals need: the server and a measurement."""
+
+    info: ServerInfo
+    m: Measurement
+    cap: CapacityModel
+    host: HostMemory | None
+    ranks_on_host: int
+    version: tuple[int, int, int]
+
+    @property
+    def server(self) -> Server:
+        return Server(self.info, self.cap, self.host, self.ranks_on_host, self.version)
+
+    @property
+    def hicache_on(self) -> bool:
+        return self.server.hicache_on
+
+    @property
+    def per_rank_checked(self) -> bool:
+        return self.server.per_rank_checked
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the usefulness half of a check reads: the measurement and the bottleneck it shows."""
+
+    m: Measurement
+    bottleneck: Bottleneck
+
+    @property
+    def kv_bound(self) -> bool:
+        return self.bottleneck == "kv_cache"
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    parts = []
+    for piece in text.lstrip("v").split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    while len(parts) < 3:
+        parts.append(0)
+    return (parts[0], parts[1], parts[2])
+
+
+def ranks_on_host(info: ServerInfo) -> int:
+    tp = int(info.arg("tp_size") or 1)
+    pp = int(info.arg("pp_size") or 1)
+    dp = 1 if info.arg("enable_dp_attention") else int(info.arg("dp_size") or 1)
+    nodes = int(info.arg("nnodes") or 1)
+    return max(1, tp * pp * dp // nodes)
+
+
+def resident_tokens(info: ServerInfo, m: Measurement) -> float | None:
+    """KV a running request holds on average: its prompt plus half its answer so far."""
+    if m.avg_prompt_tokens is not None and m.avg_output_tokens is not None:
+        return m.avg_prompt_tokens + m.avg_output_tokens / 2
+    if m.token_usage and m.running:
+        return m.token_usage * info.max_total_num_tokens / m.running
+    return None
+
+
+def requests_fitting(info: ServerInfo, m: Measurement, tokens: int | None = None) -> float | None:
+    """Requests of the observed size that fit in `tokens` (the pool now by default), 10% spare."""
+    per = resident_tokens(info, m)
+    if not per:
+        return None
+    return (tokens or info.max_total_num_tokens) * 0.9 / per
+
+
+def retraction_rate(m: Measurement) -> float | None:
+    """Retractions a minute over the window, None where the counter is not exported."""
+    if m.retractions is None or m.window_s <= 0:
+        return None
+    return m.retractions / (m.window_s / 60)

@@ -1,0 +1,61 @@
+"""The proposal rules, table-style: which changes each bottleneck brings up."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from playbooks.engines.sglang.proposals import propose
+from playbooks.types import Bottleneck
+from tests.playbooks.engines.sglang.test_rules import context, measurement
+
+FRACTIONS = ["mem_fraction_static=0.92", "mem_fraction_static=0.93", "kv_cache_dtype=fp8_e4m3"]
+HICACHE = "hicache_size="
+
+# measurement overrides, server arguments, bottleneck, the titles proposed, in order
+ROWS: list[tuple[dict[str, Any], dict[str, Any], Bottleneck, list[str]]] = [
+    ({}, {}, "kv_cache", [*FRACTIONS, HICACHE]),
+    ({"retractions": 30}, {}, "kv_cache", [*FRACTIONS, HICACHE, "schedule_conservativeness=1.3"]),
+    ({"retractions": 1}, {}, "kv_cache", [*FRACTIONS, HICACHE]),
+    ({"retractions": 30}, {}, "compute", [*FRACTIONS, HICACHE, "max_running_requests=4096"]),
+    ({}, {}, "unknown", [*FRACTIONS, HICACHE, "schedule_conservativeness=0.5"]),
+    ({}, {}, "client", ["raise client concurrency", *FRACTIONS, HICACHE]),
+    ({}, {"schedule_conservativeness": 2.0}, "unknown", [*FRACTIONS, HICACHE, "=1"]),
+    # at the safe fraction already: only the step past it; HiCache on: not proposed again
+    ({}, {"mem_fraction_static": 0.92}, "kv_cache", [*FRACTIONS[1:], HICACHE]),
+    ({}, {"enable_hierarchical_cache": True}, "kv_cache", ["=0.91", "=0.92", FRACTIONS[2]]),
+]
+
+
+@pytest.mark.parametrize(("over", "args", "bottleneck", "titles"), ROWS)
+def test_proposal_rules(
+    over: dict[str, Any], args: dict[str, Any], bottleneck: Bottleneck, titles: list[str]
+) -> None:
+    options = propose(context(measurement(**over), **args), bottleneck)
+    assert len(options) == len(titles), [o.title for o in options]
+    for option, title in zip(options, titles, strict=True):
+        assert title in option.title
+
+
+def test_fp8_is_not_proposed_on_an_fp8_pool() -> None:
+    ctx = context()
+    fp8 = replace(ctx, cap=replace(ctx.cap, kv_dtype="fp8_e4m3"))
+    assert not any("kv_cache_dtype" in o.change for o in propose(fp8, "kv_cache"))
+
+
+@pytest.mark.parametrize(
+    ("host_gib", "version", "words"),
+    [
+        (None, "0.5.23", "host RAM is unknown"),
+        (16, "0.5.23", "cannot hold a pool"),  # 16 GiB less the 10 GiB reserve, over 8 ranks
+        (64, "0.5.10", "larger than the GPU pool"),  # 4.4 GB a rank, under the 8.2 GB GPU pool
+    ],
+)
+def test_a_host_pool_that_cannot_fit_is_refused(
+    host_gib: float | None, version: str, words: str
+) -> None:
+    options = propose(context(host_gib=host_gib, version=version), "kv_cache")
+    refused = next(o for o in options if o.title == "hierarchical cache (host RAM)")
+    assert refused.verdict == "unsafe" and words in refused.reasons[0]
