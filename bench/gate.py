@@ -11,7 +11,7 @@ runs from the restart. The true effect is known because the change is made with
 drifting scenario keeps the hardware but lowers the load to 80 clients during the trial.
 
 The gate (`playbooks.gate.decide`) looks at the trial after every batch (30 s) and stops when it
-is clear. Next to it, on the same samples, the fixed-window test (`playbooks.gate.
+is clear. Next to it, on the same samples, the fixed-window test (`bench.fixed_window.
 fixed_window_test`: the same warm-up cut, noise estimate, guardrails and validity checks, one
 test at the end of a window of L minutes). The comparison window is the shortest L (every 30 s
 from 2 to 30 minutes) whose wrong-decision rates are, in every scenario, no worse than the
@@ -30,14 +30,9 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from bench.fixed_window import fixed_window_test, plan_trial
 from playbooks.engines.base import Snapshot
-from playbooks.gate import (
-    GateDecision,
-    GateSettings,
-    decide,
-    fixed_window_test,
-    plan_trial,
-)
+from playbooks.gate import GateDecision, GateSettings, decide
 from sim.args import resolve
 from sim.engine import Engine, Request, natural_answer_length
 from sim.simulate import engine_config
