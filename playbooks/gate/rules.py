@@ -54,10 +54,12 @@ def _zero(look: Look) -> Shown:
 
 
 def _no_notes(look: Look) -> list[str]:
+    """Waiting, or a broken trial: there is no effect to explain yet."""
     return []
 
 
 def _inconclusive_notes(look: Look) -> list[str]:
+    """The evidence so far, if any, and that the trial reverts for want of an answer."""
     return [*(_evidence_notes(look) if look.evidence else []), INCONCLUSIVE_REVERTS]
 
 
@@ -74,6 +76,7 @@ class Rule:
     shows: Callable[[Look], Shown] = _measured
 
     def decision(self, look: Look) -> GateDecision:
+        """This rule's answer for the look it applies to."""
         baseline, trial, effect = self.shows(look)
         return GateDecision(
             action=self.action,
@@ -134,6 +137,7 @@ def _evidence_notes(look: Look) -> list[str]:
 
 
 def _futility_text(look: Look) -> str:
+    """Why a revert for futility: the planning gain is ruled out, and how small the gain is."""
     s = look.settings
     why = (
         f"no significant improvement: a gain of {s.planning_effect:.0%} is ruled out "
@@ -147,6 +151,7 @@ def _futility_text(look: Look) -> str:
 
 
 def _cap_text(look: Look, waiting: str) -> str:
+    """The trial hit `max_trial_s`; `waiting` says in what state."""
     return f"the cap of {look.settings.max_trial_s:g} s was reached {waiting}"
 
 
@@ -159,14 +164,17 @@ def _judged_and(test: Callable[[Look], bool]) -> Callable[[Look], bool]:
 
 
 def _guards(look: Look) -> tuple[str, ...]:
+    """What the guardrails found (errors, retractions, TTFT p95)."""
     return look.judged.guardrails
 
 
 def _drift(look: Look) -> tuple[str, ...]:
+    """How the load or request mix differed between the windows."""
     return look.judged.drift
 
 
 def _unsaturated(look: Look) -> tuple[str, ...]:
+    """Which window had a mostly empty queue."""
     return look.judged.saturation
 
 
@@ -181,10 +189,12 @@ def _listed(pick: Callable[[Look], tuple[str, ...]]) -> Callable[[Look], list[st
 
 
 def _gain_without_rates(look: Look) -> bool:
+    """A keep-worthy gain, but too few requests completed yet to check their mix and rate."""
     return look.evidence is not None and look.gain and not look.evidence.rates_ready
 
 
 def _completed_fell(look: Look) -> str:
+    """The completed-token check's objection to a keep ("" when it has none)."""
     return look.judged.completed_rate_fell or ""
 
 
