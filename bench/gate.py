@@ -11,7 +11,7 @@ runs from the restart. The true effect is known because the change is made with
 drifting scenario keeps the hardware but lowers the load to 80 clients during the trial.
 
 The gate (`playbooks.gate.decide`) looks at the trial after every batch (30 s) and stops when it
-is clear. Next to it, on the same samples, the fixed-window test (`playbooks.gate.
+is clear. Next to it, on the same samples, the fixed-window test (`bench.fixed_window.
 fixed_window_test`: the same warm-up cut, noise estimate, guardrails and validity checks, one
 test at the end of a window of L minutes). The comparison window is the shortest L (every 30 s
 from 2 to 30 minutes) whose wrong-decision rates are, in every scenario, no worse than the
@@ -30,17 +30,12 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from bench.fixed_window import fixed_window_test, plan_trial
 from playbooks.engines.base import Snapshot
-from playbooks.gate import (
-    GateDecision,
-    GateSettings,
-    decide,
-    fixed_window_test,
-    plan_trial,
-)
+from playbooks.gate import GateDecision, GateSettings, decide
 from sim.args import resolve
-from sim.engine import Engine, Request, natural_answer_length
-from sim.simulate import engine_config
+from sim.engine import Engine, Request
+from sim.simulate import engine_config, run_clients
 from sim.workload import make_profile
 
 PRESET_ARGS = ["--mem-fraction-static", "0.85"]
@@ -73,66 +68,51 @@ def run_window(
         argv += ["--sim-step-time-factor", repr(factor)]
     cfg = resolve(argv)
     engine = Engine(engine_config(cfg))
-    prof = make_profile(PROFILE, seed)
     counters = {"requests": 0.0, "prompt": 0.0, "generation": 0.0}
     ttfts: deque[tuple[float, float]] = deque()
-    serial = [0]
-
-    def submit(user: int) -> None:
-        spec = prof.next_request(user)
-        serial[0] += 1
-        stop = (
-            None
-            if spec.ignore_eos
-            else natural_answer_length(spec.input_ids, cfg.seed, cfg.answer_tokens)
-        )
-        req = Request(
-            f"r{seed}-{serial[0]}", spec.input_ids, spec.max_new_tokens, engine.now, stop_at=stop
-        )
-
-        def finished(r: Request, spec: object = spec, user: int = user) -> None:
-            counters["requests"] += 1
-            counters["prompt"] += len(r.input_ids)
-            counters["generation"] += r.out_len
-            if r.first_token_at is not None:
-                ttfts.append((r.first_token_at, r.first_token_at - r.arrival))
-            prof.completed(user, spec, r.output_ids)  # type: ignore[arg-type]
-            submit(user)
-
-        req.on_finish = finished
-        engine.submit(req)
-
-    for user in range(concurrency):
-        submit(user)
-    end = skip + duration
     out: list[Snapshot] = []
-    next_sample = SAMPLE_S
-    while engine.now < end:
-        if engine.step() == 0.0:
-            engine.advance_idle(min(end, next_sample))
-        while engine.now >= next_sample and next_sample <= end:
-            while ttfts and ttfts[0][0] < next_sample - 60:
-                ttfts.popleft()
-            p95 = None
-            if len(ttfts) >= 5:
-                values = sorted(x for _, x in ttfts)
-                p95 = values[min(len(values) - 1, int(0.95 * len(values)))]
-            if next_sample > skip:
-                out.append(
-                    Snapshot(
-                        t=next_sample - skip,
-                        decode_rate=engine.last_gen_throughput,
-                        generated_tokens=counters["generation"],
-                        prompt_tokens=counters["prompt"],
-                        completed_requests=counters["requests"],
-                        running=float(len(engine.running)),
-                        queued=float(len(engine.waiting)),
-                        ttft_p95_s=p95,
-                        aborted_requests=0.0,
-                        preemptions=float(engine.retracted_total),
-                    )
+
+    def finished(r: Request) -> None:
+        counters["requests"] += 1
+        counters["prompt"] += len(r.input_ids)
+        counters["generation"] += r.out_len
+        if r.first_token_at is not None:
+            ttfts.append((r.first_token_at, r.first_token_at - r.arrival))
+
+    def sample(t: float) -> None:
+        while ttfts and ttfts[0][0] < t - 60:
+            ttfts.popleft()
+        p95 = None
+        if len(ttfts) >= 5:
+            values = sorted(x for _, x in ttfts)
+            p95 = values[min(len(values) - 1, int(0.95 * len(values)))]
+        if t > skip:
+            out.append(
+                Snapshot(
+                    t=t - skip,
+                    decode_rate=engine.last_gen_throughput,
+                    generated_tokens=counters["generation"],
+                    prompt_tokens=counters["prompt"],
+                    completed_requests=counters["requests"],
+                    running=float(len(engine.running)),
+                    queued=float(len(engine.waiting)),
+                    ttft_p95_s=p95,
+                    aborted_requests=0.0,
+                    preemptions=float(engine.retracted_total),
                 )
-            next_sample += SAMPLE_S
+            )
+
+    run_clients(
+        engine,
+        cfg,
+        make_profile(PROFILE, seed),
+        concurrency=concurrency,
+        until=skip + duration,
+        sample_every=SAMPLE_S,
+        on_finish=finished,
+        on_sample=sample,
+        request_prefix=f"r{seed}",
+    )
     return out
 
 
@@ -224,10 +204,11 @@ def comparison_window(by: dict[str, list[Outcome]]) -> float | None:
 
 
 def report(by: dict[str, list[Outcome]], runs: int, baseline_s: float, wall: float) -> str:
+    """The benchmark's table and its findings against the targets, as Markdown."""
     settings = GateSettings()
     chosen = comparison_window(by)
     fixed_min = None if chosen is None else chosen / 60
-    lines = [
+    header = [
         f"{runs} runs per scenario; incident preset at --mem-fraction-static 0.85, "
         f"{CONCURRENCY} clients, baseline {baseline_s:g} s after {WARM_S:g} s up, trial cap "
         f"{settings.max_trial_s:g} s from the restart, a look every {settings.batch_s:g} s; "
@@ -241,6 +222,17 @@ def report(by: dict[str, list[Outcome]], runs: int, baseline_s: float, wall: flo
         "| gate median (min) | fixed keeps | fixed wrong | fixed time (min) | gate time / fixed |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    rows, ratios = _scenario_rows(by, chosen)
+    return "\n".join(
+        [*header, *rows, "", *_findings(by, ratios, settings), f"- wall time {wall:.0f} s"]
+    )
+
+
+def _scenario_rows(
+    by: dict[str, list[Outcome]], chosen: float | None
+) -> tuple[list[str], dict[str, float]]:
+    """One table row per scenario, and the gate's mean time over the fixed window's."""
+    rows: list[str] = []
     ratios: dict[str, float] = {}
     for name, effect, *_ in SCENARIOS:
         outs = by[name]
@@ -253,7 +245,8 @@ def report(by: dict[str, list[Outcome]], runs: int, baseline_s: float, wall: flo
         vtxt = ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items(), key=lambda kv: -kv[1]))
         mean_t = statistics.fmean(o.time_s for o in outs) / 60
         median_t = statistics.median(o.time_s for o in outs) / 60
-        if chosen is not None and fixed_min is not None:
+        if chosen is not None:
+            fixed_min = chosen / 60
             fkeeps = f"{sum(1 for o in outs if o.fixed[chosen] == 'keep') / n:.0%}"
             f = wrong_rate(outs, effect, chosen)
             ftxt = "—" if f is None else f"{f:.1%}"
@@ -261,11 +254,18 @@ def report(by: dict[str, list[Outcome]], runs: int, baseline_s: float, wall: flo
             tail = f"{fkeeps} | {ftxt} | {fixed_min:g} | {ratios[name]:.0%} |"
         else:
             tail = "— | — | — | — |"
-        lines.append(
+        rows.append(
             f"| {name} | {keeps:.1%} | {'—' if g is None else f'{g:.1%}'} | {vtxt} | "
             f"{mean_t:.1f} | {median_t:.1f} | {tail}"
         )
-    lines.append("")
+    return rows, ratios
+
+
+def _findings(
+    by: dict[str, list[Outcome]], ratios: dict[str, float], settings: GateSettings
+) -> list[str]:
+    """The guardrails seen and each target, met or missed."""
+    lines: list[str] = []
     guards = sorted(
         {o.rule.split("(")[0].strip() for rs in by.values() for o in rs if o.verdict == "guardrail"}
     )
@@ -305,8 +305,7 @@ def report(by: dict[str, list[Outcome]], runs: int, baseline_s: float, wall: flo
             f"+{settings.planning_effect:.0%}): median {statistics.median(known) / 60:.1f} min, "
             f"beyond the cap for {len(planned) - len(known)} of {len(planned)} baselines"
         )
-    lines.append(f"- wall time {wall:.0f} s")
-    return "\n".join(lines)
+    return lines
 
 
 def _one(args: tuple[int, float]) -> list[Outcome]:

@@ -8,12 +8,13 @@ closed-loop workload and returns what a scraper would have seen.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sim.args import TwinConfig, resolve
 from sim.engine import Engine, EngineConfig, Request, natural_answer_length
 from sim.memory import headroom, plan_host_pool
-from sim.workload import make_profile
+from sim.workload import Profile, RequestSpec, make_profile
 
 
 @dataclass
@@ -98,6 +99,61 @@ def engine_config(cfg: TwinConfig) -> EngineConfig:
     )
 
 
+def run_clients(
+    engine: Engine,
+    cfg: TwinConfig,
+    profile: Profile,
+    *,
+    concurrency: int,
+    until: float,
+    sample_every: float,
+    on_finish: Callable[[Request], None],
+    on_sample: Callable[[float], None],
+    request_prefix: str = "sim",
+) -> None:
+    """Drive `engine` with `concurrency` closed-loop clients until `until` (engine seconds).
+
+    Each client sends its next request as soon as its last one finishes, as benchmark clients
+    do; `on_finish` sees every finished request first and `on_sample(t)` is called at every
+    multiple of `sample_every`, so callers keep only the figures they need.
+    """
+    counter = [0]
+
+    def submit(user: int) -> None:
+        spec = profile.next_request(user)
+        counter[0] += 1
+        stop = (
+            None
+            if spec.ignore_eos
+            else natural_answer_length(spec.input_ids, cfg.seed, cfg.answer_tokens)
+        )
+        req = Request(
+            f"{request_prefix}-{counter[0]}",
+            spec.input_ids,
+            spec.max_new_tokens,
+            engine.now,
+            stop_at=stop,
+        )
+
+        def finished(r: Request, spec: RequestSpec = spec, user: int = user) -> None:
+            on_finish(r)
+            profile.completed(user, spec, r.output_ids)
+            submit(user)
+
+        req.on_finish = finished
+        engine.submit(req)
+
+    for user in range(concurrency):
+        submit(user)
+    next_sample = sample_every
+    while engine.now < until:
+        if engine.step() == 0.0:
+            engine.advance_idle(min(until, next_sample))
+        while engine.now >= next_sample and next_sample <= until:
+            on_sample(next_sample)
+            next_sample += sample_every
+
+
 def simulate(
     argv: list[str],
     *,
@@ -107,59 +163,45 @@ def simulate(
     sample_every: float = 5.0,
     seed: int = 0,
 ) -> RunStats:
+    """Run the engine these flags build under a closed-loop workload; what a scraper saw."""
     cfg = resolve(argv)
     if cfg.failure is not None:
         raise cfg.failure
     engine = Engine(engine_config(cfg))
-    prof = make_profile(profile, seed)
     stats = RunStats(cfg.capacity.max_total_num_tokens, duration)
-    counter = [0]
 
-    def submit(user: int) -> None:
-        spec = prof.next_request(user)
-        counter[0] += 1
-        stop = (
-            None
-            if spec.ignore_eos
-            else natural_answer_length(spec.input_ids, cfg.seed, cfg.answer_tokens)
-        )
-        req = Request(
-            f"sim-{counter[0]}", spec.input_ids, spec.max_new_tokens, engine.now, stop_at=stop
-        )
+    def finished(r: Request) -> None:
+        stats.completed += 1
+        stats.completed_tokens += r.out_len
+        stats.prompt_tokens += len(r.input_ids)
+        stats.cached_tokens += r.cached_tokens
+        stats.host_cached_tokens += r.cached_host
+        if r.first_token_at is not None:
+            stats.ttfts.append(r.first_token_at - r.arrival)
 
-        def finished(r: Request, spec: object = spec, user: int = user) -> None:
-            stats.completed += 1
-            stats.completed_tokens += r.out_len
-            stats.prompt_tokens += len(r.input_ids)
-            stats.cached_tokens += r.cached_tokens
-            stats.host_cached_tokens += r.cached_host
-            if r.first_token_at is not None:
-                stats.ttfts.append(r.first_token_at - r.arrival)
-            prof.completed(user, spec, r.output_ids)  # type: ignore[arg-type]
-            submit(user)
-
-        req.on_finish = finished
-        engine.submit(req)
-
-    for user in range(concurrency):
-        submit(user)
-    next_sample = sample_every
-    while engine.now < duration:
-        if engine.step() == 0.0:
-            engine.advance_idle(min(duration, next_sample))
-        while engine.now >= next_sample and next_sample <= duration:
-            stats.samples.append(
-                Sample(
-                    next_sample,
-                    len(engine.running),
-                    len(engine.waiting),
-                    engine.token_usage,
-                    engine.last_gen_throughput,
-                    engine.generated_total,
-                    stats.completed_tokens,
-                )
+    def sample(t: float) -> None:
+        stats.samples.append(
+            Sample(
+                t,
+                len(engine.running),
+                len(engine.waiting),
+                engine.token_usage,
+                engine.last_gen_throughput,
+                engine.generated_total,
+                stats.completed_tokens,
             )
-            next_sample += sample_every
+        )
+
+    run_clients(
+        engine,
+        cfg,
+        make_profile(profile, seed),
+        concurrency=concurrency,
+        until=duration,
+        sample_every=sample_every,
+        on_finish=finished,
+        on_sample=sample,
+    )
     stats.retracted = engine.retracted_total
     stats.generated = engine.generated_total
     return stats

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from bench.fixed_window import fixed_window_test, plan_trial
 from playbooks.engines.base import Snapshot
 from playbooks.gate import (
     GateDecision,
@@ -16,10 +17,8 @@ from playbooks.gate import (
     baseline_noise,
     batch_means,
     decide,
-    fixed_window_test,
     mser_truncation,
     overlapping_window_variance,
-    plan_trial,
     warmup_cut,
 )
 

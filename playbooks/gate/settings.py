@@ -1,0 +1,97 @@
+"""The gate's error rates, windows and limits, validated where they are built.
+
+A bad value fails at construction with a message that names it, so a configuration mistake is
+reported when the configuration is loaded, not in the middle of an experiment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import NormalDist
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """The gate's error rates, windows and limits (validated: a bad value says what is wrong).
+
+    The one settings type of an experiment: configuration (`[gate]`, `[servers.NAME.gate]`)
+    builds it, the experiment engine runs by it and stores it with the experiment.
+    """
+
+    min_effect: float = 0.03  # smallest relative gain worth keeping a change for
+    baseline_s: float = 600.0  # the baseline window measured before the change
+    warmup_s: float = 0.0  # extra settling before the trial; the MSER rule cuts warm-up anyway
+    scrape_s: float = 5.0  # how often the server is read during an experiment
+    alpha: float = 0.05  # two-sided level of the reported intervals; a keep needs alpha/2 one-sided
+    beta: float = 0.10  # futility: revert once the planning effect is above the upper 1-beta bound
+    planning_effect: float = 0.10  # the gain the trial is sized to detect
+    restart_variance_factor: float = 2.0  # the trial's variance, relative to the baseline's
+    batch_s: float = 30.0
+    min_batches: int = 2  # trial batches after the warm-up before any decision
+    min_baseline_batches: int = 4
+    max_window_fraction: float = 0.25  # longest baseline window the noise is read at directly
+    max_trial_s: float = 1800.0  # cap on the trial, warm-up included
+    warmup_floor_s: float = 60.0
+    warmup_max_fraction: float = 0.5
+    mser_group: int = 5
+    # guardrails
+    error_rate_limit: float = 0.01  # errors per completed request, trial minus baseline
+    retractions_per_min_limit: float = 15.0  # trips only above this and ...
+    retractions_factor: float = 3.0  # ... above this multiple of the baseline's rate (a cold
+    # start retracts more than a warm server: many requests grow in step)
+    ttft_p95_factor: float = 1.5
+    effective_drop_limit: float = 0.25  # completed-token rate fall that blocks a keep
+    min_requests_for_rates: int = 30
+    rate_checks_lifetimes: float = 1.0  # request lifetimes of trial before completion-based checks
+    # validity
+    drift_load_limit: float = 0.20  # relative change of mean running + queued
+    drift_mix_limit: float = 0.20  # relative change of prompt or output tokens per request
+    min_queue_fraction: float = 0.5  # share of scrapes with a non-empty queue
+
+    def __post_init__(self) -> None:
+        for ok, message in self._checks():
+            if not ok:
+                raise ValueError(message)
+
+    def _checks(self) -> list[tuple[bool, str]]:
+        """(holds, what to say when it does not) for every constraint on the settings."""
+        return [
+            (0 <= self.min_effect < 1, "min_effect must be in [0, 1)"),
+            (0 < self.alpha < 1, "alpha must be in (0, 1)"),
+            (0 < self.beta < 0.5, "beta must be in (0, 0.5)"),
+            (self.planning_effect > self.min_effect, "planning_effect must exceed min_effect"),
+            (self.restart_variance_factor >= 1, "restart_variance_factor must be >= 1"),
+            (self.batch_s > 0, "batch_s must be positive"),
+            (self.scrape_s > 0, "scrape_s must be positive"),
+            (self.baseline_s > 0, "baseline_s must be positive"),
+            (self.warmup_s >= 0, "warmup_s must be >= 0"),
+            (self.min_batches >= 1, "min_batches must be at least 1"),
+            (self.min_baseline_batches >= 2, "min_baseline_batches must be at least 2"),
+            (0 < self.max_window_fraction <= 0.5, "max_window_fraction must be in (0, 0.5]"),
+            (
+                self.max_trial_s >= self.warmup_floor_s + self.min_batches * self.batch_s,
+                "max_trial_s must leave room for the warm-up floor and min_batches batches",
+            ),
+            (self.warmup_floor_s >= 0, "warmup_floor_s must be >= 0"),
+            (0 < self.warmup_max_fraction <= 0.5, "warmup_max_fraction must be in (0, 0.5]"),
+            (self.mser_group >= 1, "mser_group must be >= 1"),
+            (self.error_rate_limit >= 0, "error_rate_limit must be >= 0"),
+            (self.retractions_per_min_limit >= 0, "retractions_per_min_limit must be >= 0"),
+            (self.retractions_factor >= 1, "retractions_factor must be >= 1"),
+            (self.ttft_p95_factor >= 1, "ttft_p95_factor must be >= 1"),
+            (0 < self.effective_drop_limit < 1, "effective_drop_limit must be in (0, 1)"),
+            (self.rate_checks_lifetimes >= 0, "rate_checks_lifetimes must be >= 0"),
+            (self.drift_load_limit > 0, "drift_load_limit must be positive"),
+            (self.drift_mix_limit > 0, "drift_mix_limit must be positive"),
+            (0 <= self.min_queue_fraction <= 1, "min_queue_fraction must be in [0, 1]"),
+        ]
+
+    @property
+    def keep_z(self) -> float:
+        """Standard errors the effect must clear above 0 for a keep (one-sided alpha/2)."""
+        return NormalDist().inv_cdf(1 - self.alpha / 2)
+
+    @property
+    def futility_z(self) -> float:
+        """Standard errors below the planning effect at which the trial stops (one-sided beta)."""
+        return NormalDist().inv_cdf(1 - self.beta)

@@ -1,0 +1,139 @@
+"""The gate's decision table, rule by rule: a minimal look that each rule is the first to take."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from playbooks.gate import RULES, GateSettings
+from playbooks.gate.look import Evidence, Look
+from playbooks.gate.rules import INCONCLUSIVE_REVERTS, awaited, first_rule
+from playbooks.gate.windows import Estimate
+from playbooks.stats.intervals import Interval
+
+SETTINGS = GateSettings()
+RATE = Interval(1000.0, 980.0, 1020.0, 20, 30.0)
+# +5% with a 5% standard error: neither significant nor futile, so only "not yet clear" applies.
+UNCLEAR = Evidence(
+    estimate=Estimate(d=0.05, se=0.05, trial_variance=0.002, baseline_variance=0.0005),
+    baseline=RATE,
+    trial=Interval(1050.0, 950.0, 1150.0, 6, 40.0),
+    effect=Interval(0.05, -0.05, 0.16, 6, 0.05),
+    window_s=180.0,
+    guardrails=(),
+    drift=(),
+    saturation=(),
+    rates_from_s=60.0,
+    rates_ready=True,
+    completed_rate_fell=None,
+)
+LOOK = Look(
+    settings=SETTINGS,
+    baseline=RATE,
+    samples=48,
+    since_restart_s=240.0,
+    at_cap=False,
+    cut_s=60.0,
+    warmed_up=True,
+    batches=6,
+    trial_mean=1050.0,
+    evidence=UNCLEAR,
+)
+GAIN = Estimate(d=0.2, se=0.02, trial_variance=0.0003, baseline_variance=0.0001)
+LOSS = Estimate(d=-0.1, se=0.02, trial_variance=0.0003, baseline_variance=0.0001)
+
+
+def look(evidence: dict[str, Any] | None = None, **changes: Any) -> Look:
+    """LOOK with some of its facts, or of its evidence's, changed."""
+    if evidence is not None:
+        changes["evidence"] = replace(UNCLEAR, **evidence)
+    return replace(LOOK, **changes)
+
+
+# (rule, the minimal look it is the first to take, action, verdict), in the table's order
+CASES: list[tuple[str, Look, str, str]] = [
+    ("cap while waiting", look(samples=1, at_cap=True, evidence=None), "revert", "inconclusive"),
+    ("waiting", look(samples=1, evidence=None), "continue", "pending"),
+    ("decode rate zero", look(trial_mean=0.0, evidence=None), "revert", "not_improved"),
+    ("guardrail", look({"guardrails": ("errors rose",)}), "revert", "guardrail"),
+    ("drifted", look({"drift": ("fewer clients",)}), "revert", "drifted"),
+    ("not saturated", look({"saturation": ("queue empty",)}), "revert", "inconclusive"),
+    (
+        "cap waiting for rates",
+        look({"estimate": GAIN, "rates_ready": False}, at_cap=True),
+        "revert",
+        "inconclusive",
+    ),
+    ("waiting for rates", look({"estimate": GAIN, "rates_ready": False}), "continue", "pending"),
+    (
+        "completed rate fell",
+        look({"estimate": GAIN, "completed_rate_fell": "completed tokens/s fell"}),
+        "revert",
+        "guardrail",
+    ),
+    ("improved", look({"estimate": GAIN}), "keep", "improved"),
+    ("futile", look({"estimate": LOSS}), "revert", "not_improved"),
+    ("cap", look(at_cap=True), "revert", "inconclusive"),
+    ("not yet clear", LOOK, "continue", "pending"),
+]
+
+
+def test_every_rule_has_a_case_in_table_order() -> None:
+    assert [name for name, *_ in CASES] == [rule.name for rule in RULES]
+
+
+@pytest.mark.parametrize(("name", "case", "action", "verdict"), CASES, ids=[c[0] for c in CASES])
+def test_each_rule_is_the_first_to_take_its_case(
+    name: str, case: Look, action: str, verdict: str
+) -> None:
+    rule = first_rule(case)
+    assert rule.name == name
+    decision = rule.decision(case)
+    assert (decision.action, decision.verdict) == (action, verdict)
+    assert decision.rule
+    assert decision.batch_s == SETTINGS.batch_s and decision.warmup_cut_s == case.cut_s
+    inconclusive_end = verdict == "inconclusive" and name != "not saturated"
+    assert (INCONCLUSIVE_REVERTS in decision.reasons) == inconclusive_end
+
+
+@pytest.mark.parametrize(
+    ("first", "case"),
+    [
+        # a guardrail outranks the validity checks, and both outrank any throughput verdict
+        ("guardrail", look({"guardrails": ("g",), "drift": ("d",), "estimate": GAIN})),
+        ("drifted", look({"drift": ("d",), "saturation": ("s",), "estimate": GAIN})),
+        ("not saturated", look({"saturation": ("s",), "estimate": LOSS}, at_cap=True)),
+        # a gain waits for completed requests even at the cap rather than being kept
+        ("cap waiting for rates", look({"estimate": GAIN, "rates_ready": False}, at_cap=True)),
+        # a clear answer at the cap is still that answer
+        ("improved", look({"estimate": GAIN}, at_cap=True)),
+        ("futile", look({"estimate": LOSS}, at_cap=True)),
+    ],
+)
+def test_earlier_rules_win(first: str, case: Look) -> None:
+    assert first_rule(case).name == first
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        (look(samples=1, evidence=None), "trial samples"),
+        (look(warmed_up=False, batches=0, evidence=None), "the warm-up to end: 240 s after"),
+        (look(batches=1, evidence=None), "2 trial batches of 30 s after the 60 s warm-up"),
+        (look(trial_mean=None, evidence=None), "2 trial batches of 30 s"),
+        (LOOK, None),
+    ],
+)
+def test_what_a_trial_waits_for(case: Look, expected: str | None) -> None:
+    said = awaited(case)
+    assert said == expected if expected is None else said is not None and said.startswith(expected)
+
+
+def test_the_zero_rate_shows_a_total_loss() -> None:
+    broken = look(trial_mean=0.0, evidence=None)
+    decision = first_rule(broken).decision(broken)
+    assert decision.trial is not None and decision.trial.mean == 0.0
+    assert decision.effect is not None and decision.effect.mean == -1.0
+    assert "6 batches of 30 s" in decision.rule
