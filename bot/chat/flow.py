@@ -21,15 +21,16 @@ from sqlite_utils import Database
 
 from bot.app.config import Config, ConfigError
 from bot.app.wiring import diagnose_settings, engine, engine_client, launcher
-from bot.chat import decisions
+from bot.chat import views
+from bot.chat.approvals import Approvals
 from bot.chat.auth import Action, Decision, GroupMembers, Principal, authorise
 from bot.chat.commands import Command, CommandError, parse_command
 from bot.chat.dispatch import DECIDED_AGAINST_PROPOSER, HANDLERS, Reply, Work
-from bot.chat.messages import Button, Confirm, Message
+from bot.chat.messages import Button, Message
 from bot.chat.render import mention
 from bot.chat.runner import ExperimentRunner
-from bot.chat.surface import LOCAL_CHANNEL, Surface
-from bot.chat.when import hhmm as _hhmm
+from bot.chat.surface import Surface
+from bot.chat.views import ACTIONS, APPROVE, PROPOSE_OPTION, REJECT
 from playbooks.clock import Clock
 from playbooks.diagnose.measure import MeasurementError
 from playbooks.diagnose.playbook import diagnose
@@ -40,23 +41,13 @@ from storage import experiments as store
 from storage import proposals as proposal_store
 from storage.chat import MessageRef
 from storage.errors import (
-    ActiveExperimentExists,
-    AlreadyDecided,
     NotFound,
-    PlanMismatch,
-    ProposalExpired,
-    StorageError,
 )
 
 log = logging.getLogger(__name__)
 
-PROPOSE_OPTION = "kvpilot.propose"
-APPROVE = "kvpilot.approve"
-REJECT = "kvpilot.reject"
-ACTIONS = (PROPOSE_OPTION, APPROVE, REJECT)
 
-
-class Kvpilot:
+class Kvpilot(Approvals):
     """The bot, minus its transport."""
 
     def __init__(
@@ -323,246 +314,8 @@ class Kvpilot:
     def approval_message(
         self, row: proposal_store.ProposalRow, option: dict[str, Any], restartable: bool = True
     ) -> Message:
-        value = f"{row.id}:{row.plan_hash[:16]}"
-        server = row.server
-        buttons = (
-            Button(
-                APPROVE,
-                value,
-                "Approve",
-                "primary",
-                Confirm(
-                    "Restart and measure?",
-                    f"`{server}` restarts with the new arguments, its running requests are "
-                    "dropped, and the change is kept only if throughput improves.",
-                    "Approve",
-                ),
-            ),
-            Button(
-                REJECT,
-                value,
-                "Reject",
-                "danger",
-                Confirm("Reject this change?", "Nothing will be changed on the server.", "Reject"),
-            ),
-        )
-        return Message.from_template(
-            "chat/proposal.md.j2",
-            buttons=buttons if restartable else (),
-            p=row,
-            o=option,
-            diff=_arg_diff(row.plan["from_args"], row.plan["to_args"]),
-            gate=row.plan["gate"],
-            snap=row.snapshot,
-            expires=_hhmm(row.expires_at),
-            restart_s=self._last_restart_s(server),
-        )
-
-    def _last_restart_s(self, server: str) -> float | None:
-        for ev in reversed(audit.events(self.db(), server=server, name="restart_finished")):
-            seconds = ev["properties"].get("duration_s")
-            if isinstance(seconds, (int, float)):
-                return float(seconds)
-        return None
-
-    # ------------------------------------------------------------------ decisions
-    def decide(
-        self,
-        who: Principal,
-        surface: Surface,
-        proposal_id: int,
-        hash_prefix: str,
-        decision: str,
-        where: MessageRef | None,
-        *,
-        start: bool = True,
-    ) -> int | None:
-        """Approve or reject; an approval starts the experiment. Returns its id when started.
-
-        The checks and their order are `bot.chat.decisions`'; this reads the facts they need
-        (the server's only for an approval that passed the others) and acts on the outcome.
-        `start=False` leaves the new experiment to the caller (the command line carries it in
-        the foreground)."""
-        verb: decisions.Verb = "approve" if decision == "approve" else "reject"
-        row = self._proposal_or_say(who, surface, proposal_id, verb)
-        if row is None:
-            return None
-        ids = {"server": row.server, "proposal_id": proposal_id}
-
-        def refuse(reason: str, audited: bool = True) -> None:
-            if audited:
-                self.deny(who, verb, reason, **ids)
-            surface.whisper(who, Message.note(f":no_entry: Not {verb}d: {reason}."))
-
-        outcome = decisions.judge_proposal(self._proposal_facts(who, verb, row, hash_prefix))
-        if outcome == decisions.GO_AHEAD and verb == "approve":
-            outcome = decisions.judge_server(self._server_facts(row))
-        if isinstance(outcome, decisions.Refusal):
-            refuse(outcome.text, outcome.audited)
-            if outcome.reason is decisions.Reason.EXPIRED:
-                self._mark_expired(row)
-                ref = where or chat.find_message(self.db(), "proposal", proposal_id, "approval")
-                self._stamp(
-                    row,
-                    ref,
-                    surface,
-                    f":hourglass: Expired at {_hhmm(row.expires_at)} without approval; "
-                    "nothing was changed.",
-                )
-            return None
-        verdict: proposal_store.Decision = "approved" if verb == "approve" else "rejected"
-        try:
-            proposal_store.decide(
-                self.db(),
-                proposal_id,
-                verdict,
-                actor=who.user,
-                plan_hash=row.plan_hash,
-                now=self.now(),
-                reason="rejected in chat" if verdict == "rejected" else "",
-            )
-        except (AlreadyDecided, ProposalExpired, PlanMismatch) as exc:  # decided meanwhile
-            refuse(str(exc))
-            return None
-        ref = where or chat.find_message(self.db(), "proposal", proposal_id, "approval")
-        if verdict == "rejected":
-            self._stamp(
-                row, ref, surface, f":x: Rejected by {mention(who.user)} at {_hhmm(self.now())}."
-            )
-            return None
-        return self._start_experiment(who, surface, row, ref, start=start)
-
-    def decide_by_id(self, who: Principal, surface: Surface, proposal_id: int, verb: str) -> None:
-        """`approve ID` / `reject ID` typed as a command: the proposal as it is stored now."""
-        row = self._proposal_or_say(who, surface, proposal_id, verb)
-        if row is None:
-            return
-        ref = chat.find_message(self.db(), "proposal", proposal_id, "approval")
-        self.decide(who, surface, proposal_id, row.plan_hash[:16], verb, ref)
-
-    def _proposal_or_say(
-        self, who: Principal, surface: Surface, proposal_id: int, verb: str
-    ) -> proposal_store.ProposalRow | None:
-        """The proposal, or None after auditing and telling `who` that there is none."""
-        try:
-            return proposal_store.get_proposal(self.db(), proposal_id)
-        except NotFound:
-            self.deny(who, verb, f"no proposal {proposal_id}", proposal_id=proposal_id)
-            surface.whisper(who, Message.note(f":warning: There is no proposal {proposal_id}."))
-            return None
-
-    def _proposal_facts(
-        self, who: Principal, verb: decisions.Verb, row: proposal_store.ProposalRow, button: str
-    ) -> decisions.ProposalFacts:
-        earlier = proposal_store.approvals(self.db(), row.id)
-        return decisions.ProposalFacts(
-            verb=verb,
-            proposal_id=row.id,
-            authorisation=self._authorisation(who, verb, proposer=row.created_by),
-            button_hash=button,
-            stored_hash=row.plan_hash,
-            earlier=decisions.Earlier(earlier[0].decision, earlier[0].actor) if earlier else None,
-            restarting=self.runner.stopping.is_set(),
-            now=self.now(),
-            expires_at=row.expires_at,
-        )
-
-    def _server_facts(self, row: proposal_store.ProposalRow) -> decisions.ServerFacts:
-        """The server's launch arguments now (asks its launcher) and its running experiment."""
-        cfg = self.config.server(row.server)
-        current, error = None, None
-        try:
-            current = tuple(launcher(self.config, cfg, self.clock).current_args())
-        except (LaunchError, ConfigError) as exc:
-            error = str(exc)
-        active = [e.id for e in store.active_experiments(self.db()) if e.server == row.server]
-        return decisions.ServerFacts(
-            server=row.server,
-            proposed_args=decisions.args_of(row.snapshot.get("args")),
-            current_args=current,
-            config_error=error,
-            running_experiment=active[0] if active else None,
-        )
-
-    def _start_experiment(
-        self,
-        who: Principal,
-        surface: Surface,
-        row: proposal_store.ProposalRow,
-        ref: MessageRef | None,
-        *,
-        start: bool,
-    ) -> int | None:
-        """Create the approved experiment, say so on the proposal, and run it unless `start`
-        is False; None when it could not be created."""
-        try:
-            exp_id = self.runner.create(row, approved_by=who.user)
-        except (ActiveExperimentExists, StorageError, LaunchError, EngineError) as exc:
-            self._stamp(
-                row, ref, surface, f":warning: Approved by {mention(who.user)}, not started: {exc}"
-            )
-            return None
-        where_progress = "in the thread" if start else "in the approver's terminal"
-        self._stamp(
-            row,
-            ref,
-            surface,
-            f":white_check_mark: Approved by {mention(who.user)} at {_hhmm(self.now())}; "
-            f"experiment {exp_id} is running (progress {where_progress}).",
-        )
-        if start:
-            self.runner.start(exp_id, thread=ref)
-        return exp_id
-
-    def _stamp(
-        self, row: proposal_store.ProposalRow, ref: MessageRef | None, surface: Surface, text: str
-    ) -> None:
-        """Replace the approval message's buttons with who decided and when."""
-        option: dict[str, Any] = dict(row.plan.get("option") or {})
-        option.setdefault("title", ", ".join(f"{k}={v}" for k, v in row.change.items()))
-        option.setdefault("verdict", row.plan.get("verdict", "possible"))
-        for key in ("predicted_max_total_num_tokens", "predicted_throughput_change"):
-            option.setdefault(key, None)
-        option.setdefault("reasons", [])
-        message = self.approval_message(row, option).without_buttons(text)
-        if ref is not None:
-            surface.update(ref, message)
-        else:
-            surface.post(message)
-
-    def _mark_expired(self, row: proposal_store.ProposalRow) -> None:
-        try:
-            proposal_store.decide(
-                self.db(),
-                row.id,
-                "rejected",
-                actor="kvpilot",
-                plan_hash=row.plan_hash,
-                now=self.now(),
-                reason=f"expired at {_hhmm(row.expires_at)} without approval",
-            )
-        except AlreadyDecided:
-            return
-
-    def expire_proposals(self, surface_for: Callable[[str], Surface]) -> int:
-        """Close proposals nobody approved in time; their messages say so. Returns how many."""
-        count = 0
-        for pid in chat.pending_proposals(self.db()):
-            row = proposal_store.get_proposal(self.db(), pid)
-            if self.now() < row.expires_at:
-                continue
-            self._mark_expired(row)
-            ref = chat.find_message(self.db(), "proposal", pid, "approval")
-            if ref is not None and ref.channel != LOCAL_CHANNEL:  # a terminal's is gone
-                self._stamp(
-                    row,
-                    ref,
-                    surface_for(ref.channel),
-                    f":hourglass: Expired at {_hhmm(row.expires_at)} without approval; "
-                    "nothing was changed.",
-                )
-            count += 1
-        return count
+        restart_s = views.last_restart_s(self.db(), row.server)
+        return views.approval_message(row, option, restartable=restartable, restart_s=restart_s)
 
     # ------------------------------------------------------------------ abort, status, history
     def abort(self, who: Principal, surface: Surface, exp_id: int) -> None:
@@ -584,62 +337,11 @@ class Kvpilot:
         )
 
     def status_message(self, server: str | None) -> Message:
-        db = self.db()
-        active = [e for e in store.active_experiments(db) if server in (None, e.server)]
-        names = [server] if server else sorted(self.config.servers)
-        servers: list[dict[str, Any]] = []
-        for name in names:
-            cfg = self.config.server(name)
-            client = engine_client(cfg, timeout_s=2.0)
-            try:
-                health = "healthy" if client.health() else "not healthy"
-            except EngineError as exc:
-                health = f"unreachable ({exc})"
-            finally:
-                client.close()
-            servers.append({"name": name, "url": cfg.url, "health": health})
-        return Message.from_template(
-            "chat/status.md.j2",
-            servers=servers,
-            active=[self.runner.describe(e) for e in active],
-            pending=len(chat.pending_proposals(db)),
-            schedule=self.status_hook() if self.status_hook else [],
-        )
+        hook = self.status_hook() if self.status_hook else []
+        return views.status_message(self.db(), self.config, self.runner, server, schedule=hook)
 
     def history_message(self, server: str | None) -> Message:
-        rows = store.list_experiments(self.db(), server=server)[:15]
-        items = []
-        for r in rows:
-            result = r.result or {}
-            effect = result.get("effect") or {}
-            items.append(
-                {
-                    "id": r.id,
-                    "server": r.server,
-                    "state": str(r.state),
-                    "change": ", ".join(f"{k}={v}" for k, v in r.change.items()),
-                    "when": _hhmm(r.created_at),
-                    "effect": effect.get("mean"),
-                }
-            )
-        return Message.from_template("chat/history.md.j2", items=items, server=server)
-
-
-def _arg_diff(before: list[str], after: list[str]) -> str:
-    """A unified-diff-like view of the launch arguments, one `--flag value` per line."""
-
-    def pairs(args: list[str]) -> list[str]:
-        out: list[str] = []
-        for tok in args:
-            if tok.startswith("--") or not out:
-                out.append(tok)
-            else:
-                out[-1] += " " + tok
-        return out
-
-    old, new = pairs(before), pairs(after)
-    lines = [f"- {p}" for p in old if p not in new] + [f"+ {p}" for p in new if p not in old]
-    return "\n".join(lines) or "(no change)"
+        return views.history_message(self.db(), server)
 
 
 def _load(client: EngineClient) -> Snapshot:

@@ -24,9 +24,10 @@ from bot.app.config import Config
 from bot.app.identity import os_user
 from bot.app.wiring import engine_of, make_clock
 from bot.chat.auth import CONSOLE_PREFIX, Principal
-from bot.chat.flow import APPROVE, PROPOSE_OPTION, Kvpilot
+from bot.chat.flow import Kvpilot
 from bot.chat.messages import Button, Message
 from bot.chat.surface import LOCAL_CHANNEL
+from bot.chat.views import APPROVE, PROPOSE_OPTION
 from bot.cli import exit_codes
 from bot.console.text import plain, terminal_text
 from bot.reports.hook import make_report_hook

@@ -1,0 +1,152 @@
+"""Messages the conversation shows that are read off storage and configuration: the approval
+message of a proposal, status and history.
+
+They are built here, apart from `bot.chat.flow`, because they only read: the flow decides and
+acts, these say how things stand.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from sqlite_utils import Database
+
+from bot.app.config import Config
+from bot.app.wiring import engine_client
+from bot.chat.messages import Button, Confirm, Message
+from bot.chat.when import hhmm
+from playbooks.engines.base import EngineError
+from storage import audit, chat
+from storage import experiments as store
+from storage import proposals as proposal_store
+
+# The buttons' action ids, the same in every front end.
+PROPOSE_OPTION = "kvpilot.propose"
+APPROVE = "kvpilot.approve"
+REJECT = "kvpilot.reject"
+ACTIONS = (PROPOSE_OPTION, APPROVE, REJECT)
+
+
+class DescribesExperiments(Protocol):
+    def describe(self, row: store.ExperimentRow) -> dict[str, Any]: ...
+
+
+def approval_message(
+    row: proposal_store.ProposalRow,
+    option: dict[str, Any],
+    *,
+    restartable: bool = True,
+    restart_s: float | None = None,
+) -> Message:
+    """The proposal with its diff, prediction, risks and gate, and Approve/Reject buttons."""
+    value = f"{row.id}:{row.plan_hash[:16]}"
+    server = row.server
+    buttons = (
+        Button(
+            APPROVE,
+            value,
+            "Approve",
+            "primary",
+            Confirm(
+                "Restart and measure?",
+                f"`{server}` restarts with the new arguments, its running requests are "
+                "dropped, and the change is kept only if throughput improves.",
+                "Approve",
+            ),
+        ),
+        Button(
+            REJECT,
+            value,
+            "Reject",
+            "danger",
+            Confirm("Reject this change?", "Nothing will be changed on the server.", "Reject"),
+        ),
+    )
+    return Message.from_template(
+        "chat/proposal.md.j2",
+        buttons=buttons if restartable else (),
+        p=row,
+        o=option,
+        diff=arg_diff(row.plan["from_args"], row.plan["to_args"]),
+        gate=row.plan["gate"],
+        snap=row.snapshot,
+        expires=hhmm(row.expires_at),
+        restart_s=restart_s,
+    )
+
+
+def last_restart_s(db: Database, server: str) -> float | None:
+    """How long the server's last restart took, from the audit log (None if never)."""
+    for ev in reversed(audit.events(db, server=server, name="restart_finished")):
+        seconds = ev["properties"].get("duration_s")
+        if isinstance(seconds, (int, float)):
+            return float(seconds)
+    return None
+
+
+def status_message(
+    db: Database,
+    config: Config,
+    runner: DescribesExperiments,
+    server: str | None,
+    *,
+    schedule: list[str],
+) -> Message:
+    """Each server's health, the running experiments, pending proposals, the schedules."""
+    active = [e for e in store.active_experiments(db) if server in (None, e.server)]
+    names = [server] if server else sorted(config.servers)
+    servers: list[dict[str, Any]] = []
+    for name in names:
+        cfg = config.server(name)
+        client = engine_client(cfg, timeout_s=2.0)
+        try:
+            health = "healthy" if client.health() else "not healthy"
+        except EngineError as exc:
+            health = f"unreachable ({exc})"
+        finally:
+            client.close()
+        servers.append({"name": name, "url": cfg.url, "health": health})
+    return Message.from_template(
+        "chat/status.md.j2",
+        servers=servers,
+        active=[runner.describe(e) for e in active],
+        pending=len(chat.pending_proposals(db)),
+        schedule=schedule,
+    )
+
+
+def history_message(db: Database, server: str | None) -> Message:
+    """The last 15 experiments, newest first."""
+    rows = store.list_experiments(db, server=server)[:15]
+    items = []
+    for r in rows:
+        result = r.result or {}
+        effect = result.get("effect") or {}
+        items.append(
+            {
+                "id": r.id,
+                "server": r.server,
+                "state": str(r.state),
+                "change": ", ".join(f"{k}={v}" for k, v in r.change.items()),
+                "when": hhmm(r.created_at),
+                "effect": effect.get("mean"),
+            }
+        )
+    return Message.from_template("chat/history.md.j2", items=items, server=server)
+
+
+def arg_diff(before: list[str], after: list[str]) -> str:
+    """A unified-diff-like view of the launch arguments, one `--flag value` per line."""
+
+    def pairs(args: list[str]) -> list[str]:
+        out: list[str] = []
+        for tok in args:
+            if tok.startswith("--") or not out:
+                out.append(tok)
+            else:
+                out[-1] += " " + tok
+        return out
+
+    old, new = pairs(before), pairs(after)
+    lines = [f"- {p}" for p in old if p not in new] + [f"+ {p}" for p in new if p not in old]
+    return "\n".join(lines) or "(no change)"
