@@ -12,7 +12,7 @@ import logging
 import sys
 import threading
 from dataclasses import replace
-from typing import TextIO
+from typing import Any, TextIO
 
 from bot.chat.render import render
 from bot.cli.report import add_report_parser, cmd_report
@@ -64,6 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvpilot", description="Tune LLM inference servers safely."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_add_diagnose, _add_experiment, _add_experiments, _add_servers, _add_front_ends):
+        add(sub)
+    add_report_parser(sub)
+    return parser
+
+
+Commands = Any  # argparse's subparsers action: its type is private
+
+
+def _add_diagnose(sub: Commands) -> None:
     d = sub.add_parser("diagnose", help="measure a server, name its bottleneck, propose changes")
     target = d.add_mutually_exclusive_group(required=True)
     target.add_argument(
@@ -113,6 +123,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="evaluate a change you have in mind (repeat for separate changes)",
     )
     d.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_memory_sources(d)
+    d.add_argument(
+        "--time-scale",
+        type=_positive,
+        default=None,
+        help="measure on a clock K times faster than the wall clock (only for an "
+        "SGLang twin started with --time-scale K; with --group, the configuration's)",
+    )
+
+
+def _add_memory_sources(d: argparse.ArgumentParser) -> None:
+    """Where diagnose reads GPU memory and host RAM from, when the server does not say."""
     d.add_argument(
         "--gpu-memory-gib",
         type=_positive,
@@ -137,13 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read host RAM from /proc/meminfo (the bot runs on the GPU host)",
     )
-    d.add_argument(
-        "--time-scale",
-        type=_positive,
-        default=None,
-        help="measure on a clock K times faster than the wall clock (only for an "
-        "SGLang twin started with --time-scale K; with --group, the configuration's)",
-    )
+
+
+def _add_experiment(sub: Commands) -> None:
     e = sub.add_parser("experiment", help="apply one change, measure it, keep it or revert it")
     e.add_argument(
         "--config", default=None, help="kvpilot.toml (default: $KVPILOT_CONFIG or ./kvpilot.toml)"
@@ -162,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--force", action="store_true", help="run a change that the safety checks call unsafe"
     )
     e.add_argument("--json", action="store_true", help="print the finished experiment as JSON")
+
+
+def _add_experiments(sub: Commands) -> None:
     ex = sub.add_parser("experiments", help="read the experiment history")
     ex_sub = ex.add_subparsers(dest="action", metavar="ACTION")
     ls = ex_sub.add_parser("list", help="recent experiments")
@@ -187,12 +208,18 @@ def build_parser() -> argparse.ArgumentParser:
         d_.add_argument("--config", default=None)
         d_.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         d_.add_argument("--json", action="store_true", help="print the experiment as JSON")
+
+
+def _add_servers(sub: Commands) -> None:
     r = sub.add_parser("resume", help="finish or revert experiments a crash left unfinished")
     r.add_argument("--config", default=None)
     srv = sub.add_parser("server", help="start, stop or inspect a server kvpilot launches")
     srv.add_argument("action", choices=["start", "stop", "status"])
     srv.add_argument("--server", required=True)
     srv.add_argument("--config", default=None)
+
+
+def _add_front_ends(sub: Commands) -> None:
     sv = sub.add_parser(
         "serve",
         help="run the Slack bot (Socket Mode with SLACK_APP_TOKEN, else HTTP on --port)",
@@ -223,8 +250,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="approve what kvpilot recommends without asking; without a terminal and "
         "without --yes the console refuses every choice and exits with status 2",
     )
-    add_report_parser(sub)
-    return parser
 
 
 def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:

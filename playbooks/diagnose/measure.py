@@ -212,6 +212,58 @@ def measure(
     return _summarise(samples, t0, batch_s, plan, source, stop_reason, notes)
 
 
+@dataclass(frozen=True)
+class _Counters:
+    """What the window's counters say (all None without metrics)."""
+
+    effective: Interval | None = None
+    prompt_rate: float | None = None
+    requests_rate: float | None = None
+    completed: int | None = None
+    avg_prompt: float | None = None
+    avg_output: float | None = None
+    cached_fraction: float | None = None
+    retractions: int | None = None
+
+
+def _counters(
+    samples: Sequence[Snapshot], t0: float, batch_s: float, plan: MeasurePlan, notes: list[str]
+) -> _Counters:
+    """Rates and per-request averages from the counters' increase over the window."""
+    first, last = samples[0], samples[-1]
+    if first.generated_tokens is None or last.generated_tokens is None:
+        return _Counters()
+    window = last.t - t0
+    effective = _counter_interval(
+        samples, t0, batch_s, lambda x: x.generated_tokens, plan.confidence
+    )
+    d_gen = last.generated_tokens - first.generated_tokens
+    d_prompt = (last.prompt_tokens or 0.0) - (first.prompt_tokens or 0.0)
+    d_req = (last.completed_requests or 0.0) - (first.completed_requests or 0.0)
+    d_cached = (last.cached_tokens or 0.0) - (first.cached_tokens or 0.0)
+    if effective is None and window > 0:
+        effective = Interval(d_gen / window, -math.inf, math.inf, 1, math.inf)
+    completed = int(d_req)
+    if completed < 10:
+        notes.append(
+            f"only {completed} requests completed in the window: averages per "
+            "request and the effective rate are rough"
+        )
+    retractions = None
+    if first.preemptions is not None and last.preemptions is not None:
+        retractions = int(last.preemptions - first.preemptions)
+    return _Counters(
+        effective=effective,
+        prompt_rate=d_prompt / window if window else None,
+        requests_rate=d_req / window if window else None,
+        completed=completed,
+        avg_prompt=d_prompt / d_req if d_req > 0 else None,
+        avg_output=d_gen / d_req if d_req > 0 else None,
+        cached_fraction=d_cached / d_prompt if d_prompt > 0 else None,
+        retractions=retractions,
+    )
+
+
 def _summarise(
     samples: Sequence[Snapshot],
     t0: float,
@@ -221,8 +273,7 @@ def _summarise(
     stop_reason: str,
     notes: list[str],
 ) -> Measurement:
-    first, last = samples[0], samples[-1]
-    window = last.t - t0
+    window = samples[-1].t - t0
     gens = batch_means(samples, t0, batch_s, lambda x: x.decode_rate)
     generation = _gauge_interval(samples, t0, batch_s, lambda x: x.decode_rate, plan.confidence)
     if len(gens) < MIN_BATCHES:
@@ -230,39 +281,7 @@ def _summarise(
             f"only {len(gens)} complete batches of {batch_s:g} s: the interval is wide; "
             "measure longer for a firmer number"
         )
-    effective = None
-    prompt_rate = requests_rate = None
-    completed = None
-    avg_prompt = avg_output = cached_fraction = None
-    retractions = None
-    if (
-        source == "metrics"
-        and first.generated_tokens is not None
-        and last.generated_tokens is not None
-    ):
-        effective = _counter_interval(
-            samples, t0, batch_s, lambda x: x.generated_tokens, plan.confidence
-        )
-        d_gen = last.generated_tokens - first.generated_tokens
-        d_prompt = (last.prompt_tokens or 0.0) - (first.prompt_tokens or 0.0)
-        d_req = (last.completed_requests or 0.0) - (first.completed_requests or 0.0)
-        d_cached = (last.cached_tokens or 0.0) - (first.cached_tokens or 0.0)
-        if effective is None and window > 0:
-            effective = Interval(d_gen / window, -math.inf, math.inf, 1, math.inf)
-        prompt_rate = d_prompt / window if window else None
-        requests_rate = d_req / window if window else None
-        completed = int(d_req)
-        if d_req > 0:
-            avg_prompt = d_prompt / d_req
-            avg_output = d_gen / d_req
-        cached_fraction = d_cached / d_prompt if d_prompt > 0 else None
-        if completed < 10:
-            notes.append(
-                f"only {completed} requests completed in the window: averages per "
-                "request and the effective rate are rough"
-            )
-        if first.preemptions is not None and last.preemptions is not None:
-            retractions = int(last.preemptions - first.preemptions)
+    c = _counters(samples, t0, batch_s, plan, notes) if source == "metrics" else _Counters()
     body = samples[1:] or samples
     usages = [s.kv_usage for s in body if s.kv_usage is not None]
     hits = [s.cache_hit_rate for s in body if s.cache_hit_rate is not None]
@@ -279,20 +298,20 @@ def _summarise(
         stop_reason=stop_reason,
         source=source,
         generation=generation,
-        effective=effective,
-        prompt_tokens_per_s=prompt_rate,
-        requests_per_s=requests_rate,
-        completed_requests=completed,
-        avg_prompt_tokens=avg_prompt,
-        avg_output_tokens=avg_output,
+        effective=c.effective,
+        prompt_tokens_per_s=c.prompt_rate,
+        requests_per_s=c.requests_rate,
+        completed_requests=c.completed,
+        avg_prompt_tokens=c.avg_prompt,
+        avg_output_tokens=c.avg_output,
         running=statistics.fmean(s.running for s in body),
         queued=statistics.fmean(s.queued for s in body),
         queued_max=max(s.queued for s in body),
         queue_nonempty_fraction=sum(1 for s in body if s.queued > 0) / len(body),
         token_usage=statistics.fmean(usages) if usages else None,
         cache_hit_rate=statistics.fmean(hits) if hits else None,
-        cached_fraction=cached_fraction,
-        retractions=retractions,
+        cached_fraction=c.cached_fraction,
+        retractions=c.retractions,
         retractions_seen_in_gauge=sum(1 for s in body if (s.preempting or 0) > 0),
         usage_trend=trend,
         notes=notes,
