@@ -35,7 +35,7 @@ def test_with_change_replaces_adds_and_removes() -> None:
     assert arg_value(out, "hicache_size") == "16"
     assert "--enable-hierarchical-cache" not in out and "--enable-metrics" in out
     assert out.count("--mem-fraction-static") == 1
-    with pytest.raises(ArgError, match="may change"):
+    with pytest.raises(ArgError, match="not a server argument kvpilot can change; known: "):
         with_change(args, {"model_path": "other"})
 
 
