@@ -33,12 +33,13 @@ real-sglang:
 
 # make check: lint, types and the fast tests (pure decisions, storage, configuration; no server
 # processes), in well under a minute on two cores. make test is make check plus every tier.
-CHECK_TESTS := tests/storage tests/bot/app/test_config.py tests/test_architecture.py \
-	tests/playbooks/gate/test_gate.py tests/playbooks/experiments/test_outcome.py tests/playbooks/experiments/test_ownership.py \
-	tests/playbooks/engines tests/playbooks/test_http.py tests/playbooks/diagnose/test_measure.py tests/sim/test_memory.py \
-	tests/sim/test_args.py tests/playbooks/experiments/test_restart_slots.py tests/playbooks/experiments/test_engine_slots.py \
-	tests/bot/app/test_config_groups.py tests/storage/test_rollups.py tests/bot/reports/test_config.py \
-	tests/playbooks/launchers/test_launcher_config.py
+CHECK_TESTS := tests/storage tests/test_architecture.py tests/bot/app tests/bot/chat \
+	tests/bot/reports/test_config.py tests/bot/slack/test_blocks.py tests/bot/console/test_text.py \
+	tests/playbooks/gate tests/playbooks/stats tests/playbooks/engines tests/playbooks/test_http.py \
+	tests/playbooks/diagnose/test_measure.py tests/playbooks/launchers/test_launcher_config.py \
+	tests/playbooks/experiments/test_outcome.py tests/playbooks/experiments/test_ownership.py \
+	tests/playbooks/experiments/test_restart_slots.py tests/playbooks/experiments/test_engine_slots.py \
+	tests/playbooks/experiments/test_lifecycle.py tests/sim/test_memory.py tests/sim/test_args.py
 
 check: venv lint typecheck test-fast
 
