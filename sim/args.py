@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
 from typing import Any
 
+from sim.flags import (
+    KV_DTYPE_CHOICES_0523,
+    KV_DTYPE_CHOICES_055,
+    WORKLOAD_PROFILES,
+    WRITE_POLICIES,
+    build_parser,
+    human_readable_int,
+)
 from sim.memory import (
     Capacity,
     StartupFailure,
@@ -28,207 +34,21 @@ from sim.memory import (
     plan_capacity,
 )
 from sim.models import KV_DTYPE_BYTES
-from sim.presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
-from sim.version import DEFAULT_VERSION, SGLangVersion
+from sim.presets import Preset, get_preset
+from sim.version import SGLangVersion
 
-KV_DTYPE_CHOICES_055 = ["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1"]
-KV_DTYPE_CHOICES_0523 = [
-    "auto",
-    "fp8_e5m2",
-    "fp8_e4m3",
-    "mxfp8",
-    "bf16",
-    "bfloat16",
-    "nvfp4",
-    "fp4_mx_block16",
+# The flag table is `sim.flags`; callers have always found the parser here.
+__all__ = [
+    "KV_DTYPE_CHOICES_0523",
+    "KV_DTYPE_CHOICES_055",
+    "WORKLOAD_PROFILES",
+    "WRITE_POLICIES",
+    "TwinConfig",
+    "build_parser",
+    "human_readable_int",
+    "parse_unknown",
+    "resolve",
 ]
-WRITE_POLICIES = ["write_back", "write_through", "write_through_selective"]
-WORKLOAD_PROFILES = ["incident", "multi-turn", "short-chat"]
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def human_readable_int(value: str) -> int:
-    """SGLang 0.5.23's parser of token counts (`sglang/srt/utils/common.py`, same name, so argparse
-    words its errors the same): a plain integer, or SI (`25.6k`) / IEC (`1Ki`) suffixes."""
-    value = value.strip()
-    si_multiplier = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-    iec_multiplier = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value)
-    if match:
-        number, suffix = match.groups()
-        if suffix in iec_multiplier:
-            if "." in number:
-                raise argparse.ArgumentTypeError(
-                    f"Decimals are not allowed with IEC suffixes like '{suffix}'. "
-                    f"Use an integer IEC value such as '{int(Decimal(number))}{suffix}', "
-                    f"or an SI value such as '{number}{suffix[0]}'."
-                )
-            return int(number) * iec_multiplier[suffix]
-        return int(Decimal(number) * si_multiplier[suffix])
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"Invalid integer value: '{value}'. "
-            "Use a plain integer, SI suffixes (1k, 1M), or IEC suffixes (1Ki, 1Mi). "
-            "Suffixes are case-sensitive."
-        ) from None
-
-
-def build_parser(prog: str = "launch_server.py") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, allow_abbrev=False)
-    # --- SGLang server flags (names and defaults as in SGLang's ServerArgs) ---
-    p.add_argument("--model-path", "--model", dest="model_path", type=str, default=None)
-    p.add_argument("--tokenizer-path", type=str, default=None)
-    p.add_argument("--served-model-name", type=str, default=None)
-    p.add_argument("--host", type=str, default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument(
-        "--tp-size", "--tensor-parallel-size", dest="tp_size", type=_positive_int, default=None
-    )
-    p.add_argument(
-        "--dp-size", "--data-parallel-size", dest="dp_size", type=_positive_int, default=1
-    )
-    p.add_argument(
-        "--pp-size", "--pipeline-parallel-size", dest="pp_size", type=_positive_int, default=1
-    )
-    p.add_argument(
-        "--ep-size", "--expert-parallel-size", dest="ep_size", type=_positive_int, default=1
-    )
-    p.add_argument("--nnodes", type=_positive_int, default=1)
-    p.add_argument("--enable-dp-attention", action="store_true")
-    # The flags kvpilot may change carry SGLang 0.5.23's argparse types exactly
-    # (sglang/srt/arg_groups/fields/schedule.py and memory.py, same field names); the twin's
-    # range checks on them run after parsing, in `_check_ranges`.
-    p.add_argument("--mem-fraction-static", type=float, default=None)
-    p.add_argument("--max-total-tokens", type=human_readable_int, default=None)
-    p.add_argument("--max-running-requests", type=int, default=None)
-    p.add_argument("--max-queued-requests", type=_positive_int, default=None)
-    p.add_argument("--chunked-prefill-size", type=int, default=None)
-    p.add_argument("--max-prefill-tokens", type=human_readable_int, default=16384)
-    p.add_argument("--page-size", type=int, default=None)
-    p.add_argument("--kv-cache-dtype", type=str, default="auto")
-    p.add_argument("--context-length", type=_positive_int, default=None)
-    p.add_argument(
-        "--schedule-policy",
-        type=str,
-        default="fcfs",
-        choices=["fcfs", "lpm", "random", "dfs-weight", "lof", "priority"],
-    )
-    p.add_argument("--schedule-conservativeness", type=float, default=1.0)
-    p.add_argument("--disable-radix-cache", action="store_true")
-    p.add_argument(
-        "--enable-hierarchical-cache",
-        "--enable-hicache",
-        dest="enable_hierarchical_cache",
-        action="store_true",
-    )
-    p.add_argument("--hicache-ratio", type=float, default=None)
-    p.add_argument("--hicache-size", type=int, default=0)  # GB
-    p.add_argument(
-        "--hicache-write-policy", type=str, default="write_through", choices=WRITE_POLICIES
-    )
-    p.add_argument(
-        "--hicache-io-backend",
-        type=str,
-        default="kernel",
-        choices=["direct", "kernel", "kernel_ascend"],
-    )
-    p.add_argument("--hicache-mem-layout", type=str, default=None)
-    p.add_argument("--hicache-storage-backend", type=str, default=None)
-    p.add_argument("--cuda-graph-max-bs", type=_positive_int, default=None)
-    p.add_argument("--disable-cuda-graph", action="store_true")
-    p.add_argument("--enable-metrics", action="store_true")
-    p.add_argument("--decode-log-interval", type=_positive_int, default=40)
-    p.add_argument("--stream-interval", type=_positive_int, default=1)
-    p.add_argument("--api-key", type=str, default=None)
-    p.add_argument("--log-level", type=str, default="info")
-    p.add_argument("--skip-server-warmup", action="store_true")
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--enable-cache-report", action="store_true")
-    p.add_argument("--random-seed", type=int, default=None)
-    p.add_argument(
-        "--device",
-        type=str,
-        default="cuda",
-        help="cuda for a GPU server; cpu only changes the labels SGLang prints",
-    )
-    # --- twin-only flags ---
-    twin = p.add_argument_group("twin-only (not SGLang flags)")
-    twin.add_argument("--preset", type=str, default=DEFAULT_PRESET, choices=sorted(PRESETS))
-    twin.add_argument("--sglang-version", type=str, default=DEFAULT_VERSION)
-    twin.add_argument(
-        "--time-scale",
-        type=_positive_float,
-        default=1.0,
-        help="the simulated world runs K times faster than the wall clock",
-    )
-    twin.add_argument(
-        "--host-ram-gb",
-        type=_positive_float,
-        default=None,
-        help="host RAM in GiB (default: the preset's)",
-    )
-    twin.add_argument("--seed", type=int, default=0)
-    twin.add_argument(
-        "--workload",
-        type=str,
-        default=None,
-        choices=WORKLOAD_PROFILES,
-        help="drive the scheduler in-process with this profile (no HTTP needed)",
-    )
-    twin.add_argument(
-        "--concurrency",
-        type=_positive_int,
-        default=None,
-        help="requests the built-in workload keeps in flight",
-    )
-    twin.add_argument(
-        "--answer-tokens",
-        type=_positive_int,
-        default=None,
-        help="mean answer length when a request does not set ignore_eos (default: the preset's)",
-    )
-    twin.add_argument(
-        "--sim-step-time-factor",
-        type=_positive_float,
-        default=1.0,
-        help="multiply every batch's duration (0.9 = 11%% faster hardware); benchmarks of the "
-        "improve-or-revert gate use it to create a known true effect",
-    )
-    twin.add_argument(
-        "--sim-gpu-gib",
-        type=_positive_float,
-        default=None,
-        help="override the preset's GPU memory (GiB): both what SGLang's defaults see as the "
-        "total and the free memory before the weights load",
-    )
-    twin.add_argument(
-        "--sim-weights-gib",
-        type=float,
-        default=None,
-        help="override the preset's weights per GPU (GiB)",
-    )
-    twin.add_argument(
-        "--sim-other-static-gib",
-        type=float,
-        default=None,
-        help="override the preset's other static GPU memory (GiB)",
-    )
-    return p
 
 
 @dataclass
@@ -327,13 +147,19 @@ def _replace_preset_memory(preset: Preset, ns: argparse.Namespace) -> Preset:
     return replace(preset, memory=mem) if mem is not preset.memory else preset
 
 
-def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
-    """Parse and resolve like SGLang's ServerArgs.__post_init__; argparse exits 2 on bad input.
+@dataclass(frozen=True)
+class _Parallelism:
+    """How the GPUs are split: tensor and data parallel sizes, and the attention's TP."""
 
-    When the memory arithmetic refuses the configuration the result carries it in `failure`;
-    the server then fails the way SGLang does, after loading the weights.
-    """
-    parser = build_parser(prog)
+    tp: int
+    dp: int
+    attention_tp: int
+
+
+def _parse(
+    parser: argparse.ArgumentParser, argv: list[str]
+) -> tuple[argparse.Namespace, dict[str, Any], SGLangVersion]:
+    """The flags, the unknown ones, and the SGLang version, each refused like argparse does."""
     ns, rest = parser.parse_known_args(argv)
     try:
         unknown = parse_unknown(rest)
@@ -353,26 +179,40 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
     if ns.workload and not ns.concurrency:
         parser.error("argument --workload: needs --concurrency N (requests kept in flight)")
     _check_ranges(parser, ns)
+    return ns, unknown, version
+
+
+def _scale_step_time(preset: Preset, factor: float) -> Preset:
+    """Every batch ``factor`` times as long: times multiplied, rates divided."""
+    if factor == 1.0:
+        return preset
+    st = preset.step
+    step = replace(
+        st,
+        decode_base_s=st.decode_base_s * factor,
+        mem_bw_bytes_per_s=st.mem_bw_bytes_per_s / factor,
+        per_seq_s=st.per_seq_s * factor,
+        prefill_base_s=st.prefill_base_s * factor,
+        prefill_tokens_per_s=st.prefill_tokens_per_s / factor,
+        host_link_bytes_per_s=st.host_link_bytes_per_s / factor,
+        hicache_decode_overhead_s=st.hicache_decode_overhead_s * factor,
+    )
+    return replace(preset, step=step)
+
+
+def _resolve_preset(ns: argparse.Namespace) -> Preset:
+    """The preset with the twin's overrides: memory, step time, no CUDA graphs."""
     preset = _replace_preset_memory(get_preset(ns.preset), ns)
-    if ns.sim_step_time_factor != 1.0:
-        f = ns.sim_step_time_factor
-        st = preset.step
-        preset = replace(
-            preset,
-            step=replace(
-                st,
-                decode_base_s=st.decode_base_s * f,
-                mem_bw_bytes_per_s=st.mem_bw_bytes_per_s / f,
-                per_seq_s=st.per_seq_s * f,
-                prefill_base_s=st.prefill_base_s * f,
-                prefill_tokens_per_s=st.prefill_tokens_per_s / f,
-                host_link_bytes_per_s=st.host_link_bytes_per_s / f,
-                hicache_decode_overhead_s=st.hicache_decode_overhead_s * f,
-            ),
-        )
+    preset = _scale_step_time(preset, ns.sim_step_time_factor)
     if ns.disable_cuda_graph:
         preset = replace(preset, memory=replace(preset.memory, graph_gib=0.0))
-    model = preset.model
+    return preset
+
+
+def _parallelism(
+    parser: argparse.ArgumentParser, ns: argparse.Namespace, preset: Preset
+) -> _Parallelism:
+    """TP and DP as asked (TP defaults to the preset's), refused when the GPUs do not fit."""
     tp = ns.tp_size if ns.tp_size is not None else preset.tp_size
     dp = ns.dp_size
     if ns.enable_dp_attention and tp % dp != 0:
@@ -385,71 +225,99 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
             f"the preset {preset.name} has {preset.gpus_per_host} GPUs per node; "
             f"tp*pp*dp = {gpus} does not fit"
         )
-    attention_tp = tp // dp if ns.enable_dp_attention else tp
-    defaults = gpu_defaults(version, preset.memory.gpu_memory_mib, tp)
-    chunked = (
-        ns.chunked_prefill_size
-        if ns.chunked_prefill_size is not None
-        else (defaults.chunked_prefill_size)
-    )
+    return _Parallelism(tp, dp, tp // dp if ns.enable_dp_attention else tp)
+
+
+def _chunked_prefill(parser: argparse.ArgumentParser, ns: argparse.Namespace, default: int) -> int:
+    """The chunk size (SGLang's GPU default when not given); -1 turns chunking off."""
+    chunked = ns.chunked_prefill_size if ns.chunked_prefill_size is not None else default
     if chunked == 0 or chunked < -1:
         parser.error(f"argument --chunked-prefill-size: must be -1 (off) or > 0, got {chunked}")
     if chunked > 0 and chunked % (ns.page_size or 1):
         # SGLang asserts this before starting (arg_groups/validation_hook.py check_server_args).
         parser.error("chunked_prefill_size must be divisible by page_size")
-    graph_bs = ns.cuda_graph_max_bs or defaults.cuda_graph_max_bs
+    return int(chunked)
+
+
+def _mem_fraction(
+    ns: argparse.Namespace,
+    version: SGLangVersion,
+    preset: Preset,
+    tp: int,
+    chunked: int,
+    graph_bs: int,
+) -> float:
+    """`--mem-fraction-static`, or SGLang's default for this GPU and layout."""
     if ns.mem_fraction_static is not None:
-        mfs = ns.mem_fraction_static
-    else:
-        mfs = default_mem_fraction_static(
-            version,
-            preset.memory.gpu_memory_mib,
-            tp,
-            ns.pp_size,
-            chunked,
-            graph_bs,
-            model.is_mla,
-            model.multimodal,
-            cuda_graphs=not ns.disable_cuda_graph,
-        )
-    page_size = ns.page_size or 1
-    context_len = ns.context_length or model.context_length
-    kv_dtype = model.resolve_kv_dtype(ns.kv_cache_dtype)
-    if kv_dtype not in KV_DTYPE_BYTES:
-        parser.error(f"argument --kv-cache-dtype: {kv_dtype!r} is not supported by the twin")
-    failure: StartupFailure | None = None
-    try:
-        capacity = plan_capacity(
-            preset, version, mfs, kv_dtype, attention_tp, page_size, ns.max_total_tokens
-        )
-    except StartupFailure as exc:
-        failure = exc
-        capacity = Capacity(
-            0.0, 0.0, 0.0, preset.model.cell_size(kv_dtype, attention_tp), 0, 0, 0.0, ()
-        )
-    max_running = effective_max_running_requests(
-        max(2, capacity.max_total_num_tokens), context_len, ns.max_running_requests, dp
+        return float(ns.mem_fraction_static)
+    return default_mem_fraction_static(
+        version,
+        preset.memory.gpu_memory_mib,
+        tp,
+        ns.pp_size,
+        chunked,
+        graph_bs,
+        preset.model.is_mla,
+        preset.model.multimodal,
+        cuda_graphs=not ns.disable_cuda_graph,
     )
-    served = ns.served_model_name or ns.model_path or model.name
-    server_args: dict[str, Any] = {
+
+
+def _capacity(
+    preset: Preset,
+    version: SGLangVersion,
+    mfs: float,
+    kv_dtype: str,
+    attention_tp: int,
+    page_size: int,
+    max_total_tokens: int | None,
+) -> tuple[Capacity, StartupFailure | None]:
+    """The KV pool, or an empty one and the failure when the memory arithmetic refuses it."""
+    try:
+        return plan_capacity(
+            preset, version, mfs, kv_dtype, attention_tp, page_size, max_total_tokens
+        ), None
+    except StartupFailure as exc:
+        cell = preset.model.cell_size(kv_dtype, attention_tp)
+        return Capacity(0.0, 0.0, 0.0, cell, 0, 0, 0.0, ()), exc
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """The values SGLang derives when a flag is left out, as the server reports them."""
+
+    version: SGLangVersion
+    preset: Preset
+    layout: _Parallelism
+    mem_fraction_static: float
+    chunked_prefill_size: int
+    page_size: int
+    cuda_graph_max_bs: int
+
+
+def _server_args(ns: argparse.Namespace, r: _Resolved) -> dict[str, Any]:
+    """Every server argument under SGLang's field name, as `/server_info` reports them."""
+    model = r.preset.model
+    refactored = r.version.refactored
+    return {
         "model_path": ns.model_path or model.name,
         "tokenizer_path": ns.tokenizer_path or ns.model_path or model.name,
-        "served_model_name": served,
+        "served_model_name": ns.served_model_name or ns.model_path or model.name,
         "host": ns.host,
         "port": ns.port,
-        "tp_size": tp,
-        "dp_size": dp,
+        "tp_size": r.layout.tp,
+        "dp_size": r.layout.dp,
         "pp_size": ns.pp_size,
         "ep_size": ns.ep_size,
         "nnodes": ns.nnodes,
         "enable_dp_attention": ns.enable_dp_attention,
-        "mem_fraction_static": mfs,
+        "mem_fraction_static": r.mem_fraction_static,
         "max_total_tokens": ns.max_total_tokens,
         "max_running_requests": ns.max_running_requests,
         "max_queued_requests": ns.max_queued_requests,
-        "chunked_prefill_size": chunked,
+        "chunked_prefill_size": r.chunked_prefill_size,
         "max_prefill_tokens": ns.max_prefill_tokens,
-        "page_size": page_size,
+        "page_size": r.page_size,
         "kv_cache_dtype": ns.kv_cache_dtype,
         "context_length": ns.context_length,
         "schedule_policy": ns.schedule_policy,
@@ -458,14 +326,14 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
         "enable_hierarchical_cache": ns.enable_hierarchical_cache,
         "hicache_ratio": ns.hicache_ratio
         if ns.hicache_ratio is not None
-        else (None if version.refactored else 2.0),
+        else (None if refactored else 2.0),
         "hicache_size": ns.hicache_size,
         "hicache_write_policy": ns.hicache_write_policy,
         "hicache_io_backend": ns.hicache_io_backend,
         "hicache_mem_layout": ns.hicache_mem_layout
-        or ("page_first" if version.refactored else "layer_first"),
+        or ("page_first" if refactored else "layer_first"),
         "hicache_storage_backend": ns.hicache_storage_backend,
-        "cuda_graph_max_bs": graph_bs,
+        "cuda_graph_max_bs": r.cuda_graph_max_bs,
         "disable_cuda_graph": ns.disable_cuda_graph,
         "enable_metrics": ns.enable_metrics,
         "decode_log_interval": ns.decode_log_interval,
@@ -478,8 +346,49 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
         "random_seed": ns.random_seed if ns.random_seed is not None else ns.seed,
         "device": ns.device,
     }
+
+
+def _derive(
+    parser: argparse.ArgumentParser, ns: argparse.Namespace, version: SGLangVersion
+) -> _Resolved:
+    """SGLang's derived settings, in SGLang's order: layout, GPU defaults, chunk, memory."""
+    preset = _resolve_preset(ns)
+    layout = _parallelism(parser, ns, preset)
+    defaults = gpu_defaults(version, preset.memory.gpu_memory_mib, layout.tp)
+    chunked = _chunked_prefill(parser, ns, defaults.chunked_prefill_size)
+    graph_bs = ns.cuda_graph_max_bs or defaults.cuda_graph_max_bs
+    mfs = _mem_fraction(ns, version, preset, layout.tp, chunked, graph_bs)
+    return _Resolved(version, preset, layout, mfs, chunked, ns.page_size or 1, graph_bs)
+
+
+def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
+    """Parse and resolve like SGLang's ServerArgs.__post_init__; argparse exits 2 on bad input.
+
+    When the memory arithmetic refuses the configuration the result carries it in `failure`;
+    the server then fails the way SGLang does, after loading the weights.
+    """
+    parser = build_parser(prog)
+    ns, unknown, version = _parse(parser, argv)
+    r = _derive(parser, ns, version)
+    preset, model = r.preset, r.preset.model
+    context_len = ns.context_length or model.context_length
+    kv_dtype = model.resolve_kv_dtype(ns.kv_cache_dtype)
+    if kv_dtype not in KV_DTYPE_BYTES:
+        parser.error(f"argument --kv-cache-dtype: {kv_dtype!r} is not supported by the twin")
+    capacity, failure = _capacity(
+        preset,
+        version,
+        r.mem_fraction_static,
+        kv_dtype,
+        r.layout.attention_tp,
+        r.page_size,
+        ns.max_total_tokens,
+    )
+    max_running = effective_max_running_requests(
+        max(2, capacity.max_total_num_tokens), context_len, ns.max_running_requests, r.layout.dp
+    )
     return TwinConfig(
-        server_args=server_args,
+        server_args=_server_args(ns, r),
         unknown_args=unknown,
         preset=preset,
         version=version,
@@ -493,9 +402,9 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
         capacity=capacity,
         max_running_requests=max_running,
         context_len=context_len,
-        page_size=page_size,
-        chunked_prefill_size=chunked,
-        attention_tp=attention_tp,
+        page_size=r.page_size,
+        chunked_prefill_size=r.chunked_prefill_size,
+        attention_tp=r.layout.attention_tp,
         launch_command=list(argv),
         failure=failure,
     )

@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 from datetime import datetime
-from typing import Any
 
 import httpx
 import uvicorn
@@ -23,7 +22,7 @@ import uvicorn
 from sim.args import TwinConfig, resolve
 from sim.engine import GpuOutOfMemory, HostOutOfMemory
 from sim.logfmt import SimLog, rank_prefix
-from sim.memory import StartupFailure, headroom
+from sim.memory import Headroom, StartupFailure, headroom
 from sim.runtime import Runtime, SimClock
 from sim.server import TwinApp
 
@@ -91,37 +90,40 @@ def _server_args_line(cfg: TwinConfig) -> str:
     return f"server_args=ServerArgs({body})"
 
 
-async def startup(rt: Runtime) -> None:
-    """The simulated model load; raises StartupFailure where SGLang would fail."""
-    cfg = rt.cfg
-    log = rt.log
-    mem = cfg.preset.memory
-    sa = cfg.server_args
-    prefix = rank_prefix(int(sa["tp_size"]), rt.dp_size)
-    load_time = cfg.preset.startup_s * 0.8
-    log.line("Init torch distributed begin.", prefix)
-    log.line(
+async def _load_weights(rt: Runtime, prefix: str) -> float:
+    """Distributed init and the weights; returns the simulated load time."""
+    mem = rt.cfg.preset.memory
+    load_time = rt.cfg.preset.startup_s * 0.8
+    rt.log.line("Init torch distributed begin.", prefix)
+    rt.log.line(
         "Init torch distributed ends. mem usage="
         f"{mem.gpu_memory_mib / 1024 - mem.free_before_load_gib:.2f} GB",
         prefix,
     )
-    log.line(f"Load weight begin. avail mem={mem.free_before_load_gib:.2f} GB", prefix)
+    rt.log.line(f"Load weight begin. avail mem={mem.free_before_load_gib:.2f} GB", prefix)
     await _sleep_sim(rt.clock, load_time)
     if mem.weights_gib > mem.free_before_load_gib:
         raise StartupFailure(
             "torch.OutOfMemoryError", "CUDA out of memory while loading weights.", "load_weight"
         )
     avail = mem.free_before_load_gib - mem.weights_gib - mem.other_static_gib
-    log.line(
-        f"Load weight end. type={cfg.preset.model.architecture}, dtype=torch.bfloat16, "
+    rt.log.line(
+        f"Load weight end. type={rt.cfg.preset.model.architecture}, dtype=torch.bfloat16, "
         f"avail mem={avail:.2f} GB, mem usage={mem.weights_gib:.2f} GB.",
         prefix,
     )
+    return load_time
+
+
+def _allocate_kv_cache(rt: Runtime, prefix: str) -> tuple[float, bool]:
+    """The KV pool (and the host pool); returns the GPU memory left and whether a host pool
+    exists. Raises the configuration's StartupFailure where SGLang fails here."""
+    cfg, log = rt.cfg, rt.log
+    mem, cap = cfg.preset.memory, cfg.capacity
     if cfg.failure is not None:
         raise cfg.failure
-    for warning in cfg.capacity.warnings:
+    for warning in cap.warnings:
         log.line(warning, prefix)
-    cap = cfg.capacity
     kv_gb = cap.kv_cache_gib
     torch_dtype = TORCH_DTYPES.get(cfg.kv_dtype, cfg.kv_dtype)
     dtype_part = f"dtype: {torch_dtype}, " if cfg.version.refactored else ""
@@ -138,8 +140,18 @@ async def startup(rt: Runtime) -> None:
             log.line(line, prefix)
     reserve = mem.free_before_load_gib - mem.weights_gib - mem.other_static_gib - kv_gb
     log.line(f"Memory pool end. avail mem={reserve:.2f} GB", prefix)
-    hr = headroom(cfg.preset, float(sa["mem_fraction_static"]), pool is not None, cap.kv_cache_gib)
-    log.line(
+    return reserve, pool is not None
+
+
+async def _capture_cuda_graphs(
+    rt: Runtime, prefix: str, reserve: float, host_pool: bool
+) -> tuple[float, Headroom]:
+    """CUDA graph capture; returns its simulated time and the memory left for activations."""
+    cfg = rt.cfg
+    mem = cfg.preset.memory
+    mfs = float(cfg.server_args["mem_fraction_static"])
+    hr = headroom(cfg.preset, mfs, host_pool, cfg.capacity.kv_cache_gib)
+    rt.log.line(
         "Capture cuda graph begin. This can take up to several minutes. "
         f"avail mem={reserve:.2f} GB",
         prefix,
@@ -154,21 +166,31 @@ async def startup(rt: Runtime) -> None:
             f"{max(0.0, reserve - mem.graph_gib) * 1024:.2f} MiB is free.",
             "capture_cuda_graph",
         )
-    log.line(
+    rt.log.line(
         f"Capture cuda graph end. Time elapsed: {graph_time:.2f} s. mem usage="
         f"{hr.graph_gib:.2f} GB. avail mem={hr.activation_gib:.2f} GB.",
         prefix,
     )
-    log.line(
-        f"max_total_num_tokens={cap.max_total_num_tokens}, "
+    return graph_time, hr
+
+
+def _capacity_line(cfg: TwinConfig, hr: Headroom) -> str:
+    """SGLang's one-line summary of the scheduler's limits once start-up is done."""
+    sa = cfg.server_args
+    return (
+        f"max_total_num_tokens={cfg.capacity.max_total_num_tokens}, "
         f"chunked_prefill_size={cfg.chunked_prefill_size}, "
         f"max_prefill_tokens={sa['max_prefill_tokens']}, "
         f"max_running_requests={cfg.max_running_requests}, "
         f"context_len={cfg.context_len}, "
-        f"available_{'cpu' if sa['device'] == 'cpu' else 'gpu'}_mem={hr.activation_gib:.2f} GB",
-        prefix,
+        f"available_{'cpu' if sa['device'] == 'cpu' else 'gpu'}_mem={hr.activation_gib:.2f} GB"
     )
-    rt.build_engines()
+
+
+def _record_startup(rt: Runtime, load_time: float, graph_time: float, hr: Headroom) -> None:
+    """What server info and the metrics report about start-up: phases, memory, the pool."""
+    cfg = rt.cfg
+    cap = cfg.capacity
     rt.startup_time = rt.clock.now()
     rt.startup_available_gib = hr.activation_gib
     rt.startup_phases = {
@@ -188,8 +210,8 @@ async def startup(rt: Runtime) -> None:
     rt.metrics.static = {
         "engine_startup_time": rt.startup_time,
         "engine_load_weights_time": load_time,
-        "kv_cache_memory_usage_gb": kv_gb,
-        "weight_memory_usage_gb": mem.weights_gib,
+        "kv_cache_memory_usage_gb": cap.kv_cache_gib,
+        "weight_memory_usage_gb": cfg.preset.memory.weights_gib,
         "graph_memory_usage_gb": hr.graph_gib,
         "page_size": cfg.page_size,
         "num_pages": cap.max_total_num_tokens // cfg.page_size,
@@ -202,6 +224,18 @@ async def startup(rt: Runtime) -> None:
     }
     for rank in range(rt.dp_size):
         rt.metrics.set_static(rank)
+
+
+async def startup(rt: Runtime) -> None:
+    """The simulated model load, in SGLang's order and log lines; raises StartupFailure where
+    SGLang would fail."""
+    prefix = rank_prefix(int(rt.cfg.server_args["tp_size"]), rt.dp_size)
+    load_time = await _load_weights(rt, prefix)
+    reserve, host_pool = _allocate_kv_cache(rt, prefix)
+    graph_time, hr = await _capture_cuda_graphs(rt, prefix, reserve, host_pool)
+    rt.log.line(_capacity_line(rt.cfg, hr), prefix)
+    rt.build_engines()
+    _record_startup(rt, load_time, graph_time, hr)
 
 
 async def warmup(rt: Runtime, url: str, api_key: str | None) -> None:
@@ -300,10 +334,6 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(serve(cfg))
     except KeyboardInterrupt:
         return 0
-
-
-def _unused(*_: Any) -> None:  # keeps the import of Any for type checkers
-    return None
 
 
 if __name__ == "__main__":

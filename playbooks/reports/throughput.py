@@ -3,7 +3,8 @@
 ``build_report`` is pure over what is stored: samples and their roll-ups, gaps, experiments
 and the server's recorded settings. It never talks to the server; a fresh diagnosis can be
 passed in (``live``), otherwise the day's bottleneck is judged by the engine's rules over
-the busy part of the window. How each number is computed is in ``docs/reports.md``.
+the busy part of the window (``day_diagnosis``). The values a report holds are in
+``report_model``. How each number is computed is in ``docs/reports.md``.
 
 The finest stored level that covers the window is read (raw samples for a day, 5-minute
 roll-ups for a month, 1-hour roll-ups for a year), with the newest part that is not yet rolled
@@ -13,175 +14,63 @@ up read from the level below, so a report is the same whichever level it came fr
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlite_utils import Database
 
-from playbooks.diagnose.measure import Measurement
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
-from playbooks.stats.intervals import Interval
+from playbooks.reports.day_diagnosis import MIN_DIAGNOSIS_S, day_diagnosis, day_measurement
+from playbooks.reports.report_model import (
+    ConfigComparison,
+    Diagnosis,
+    Estimate,
+    ExperimentSummary,
+    Outage,
+    Report,
+    SeriesPoint,
+    SettingChange,
+    Throughput,
+    UsageDistribution,
+)
 from playbooks.types import DiagnoseFinding
 from storage.experiments import ExperimentRow, list_experiments
 from storage.metric_buckets import FIVE_MINUTES, USAGE_BINS, Bucket, group, regroup
 from storage.metric_samples import Gap, gaps_between, oldest, rollups_between, samples_between
 from storage.server_snapshots import Snapshot, snapshot_at, snapshots_between
 
+# The report's values and the day's diagnosis live in their own modules; callers have always
+# imported them from here.
+__all__ = [
+    "MIN_DIAGNOSIS_S",
+    "ConfigComparison",
+    "Diagnosis",
+    "Estimate",
+    "ExperimentSummary",
+    "Outage",
+    "Report",
+    "SeriesPoint",
+    "SettingChange",
+    "Throughput",
+    "UsageDistribution",
+    "build_report",
+    "choose_level",
+    "compare_settings",
+    "day_diagnosis",
+    "day_measurement",
+    "experiment_summary",
+    "experiments_in",
+    "load_buckets",
+    "outages",
+    "parse_window",
+    "series",
+    "series_step",
+    "usage_distribution",
+]
+
 SERIES_STEPS_S = (300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 MAX_SERIES_POINTS = 400
-MIN_DIAGNOSIS_S = 1800.0  # busy time a configuration needs before it is judged on its own
-
-
-@dataclass(frozen=True)
-class Throughput:
-    """Tokens per second over the window: the time-weighted mean and the peak."""
-
-    mean: float | None
-    peak: float | None
-
-
-@dataclass(frozen=True)
-class UsageDistribution:
-    """KV token usage (0..1) over the observed time; percentiles from a 1%-wide histogram."""
-
-    mean: float
-    p10: float
-    p50: float
-    p90: float
-    p99: float
-    max: float
-    share_above_90: float  # fraction of the observed time at 0.90 or more
-
-
-@dataclass(frozen=True)
-class Outage:
-    """A gap in the window: ``down`` (scrapes failed), ``restart`` or ``no_data``."""
-
-    kind: str
-    start: datetime
-    end: datetime
-    restarted: bool
-    ongoing: bool
-    detail: str
-
-    @property
-    def duration_s(self) -> float:
-        return (self.end - self.start).total_seconds()
-
-
-@dataclass(frozen=True)
-class Estimate:
-    mean: float
-    low: float | None
-    high: float | None
-
-
-@dataclass(frozen=True)
-class ExperimentSummary:
-    id: int
-    state: str
-    change: dict[str, Any]
-    started: datetime
-    finished: datetime | None
-    verdict: str | None
-    reason: str
-    baseline: Estimate | None  # decode rate, tokens/s
-    trial: Estimate | None
-    effect: Estimate | None  # relative change of the decode rate
-
-
-@dataclass(frozen=True)
-class SettingChange:
-    key: str
-    before: Any
-    after: Any
-
-
-@dataclass(frozen=True)
-class ConfigComparison:
-    """The server's settings at the end of the window against those at its start."""
-
-    then_at: datetime | None  # when the starting settings were recorded
-    now_at: datetime | None
-    now: dict[str, Any]  # the key settings now
-    changes: list[SettingChange]
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    bottleneck: str
-    evidence: list[str]
-    source: str  # "samples" (the window's busy time) or "live" (a fresh measurement)
-    busy_s: float
-
-
-@dataclass(frozen=True)
-class SeriesPoint:
-    """One step of the chart; ``None`` where nothing was observed."""
-
-    start: datetime
-    gen_throughput: float | None
-    effective: float | None
-    queue: float | None
-    queue_max: float | None
-    running: float | None
-    usage: float | None
-
-
-@dataclass(frozen=True)
-class Report:
-    server: str
-    since: datetime
-    until: datetime
-    generated_at: datetime
-    resolution_s: int  # 0: raw samples; else the roll-up bucket read
-    observed_s: float
-    tokens_generated: int | None
-    prompt_tokens: int | None
-    requests_completed: int | None
-    generation: Throughput
-    effective: Throughput
-    saturated_s: float
-    saturated_share: float | None
-    running_mean: float | None
-    queue_mean: float | None
-    queue_max: float | None
-    usage: UsageDistribution | None
-    capacity_tokens: int | None
-    retractions: int | None
-    retraction_samples: int
-    restarts: int
-    downtime_s: float
-    no_data_s: float
-    outages: list[Outage]
-    experiments: list[ExperimentSummary]
-    config: ConfigComparison
-    diagnosis: Diagnosis | None
-    series_step_s: int
-    series: list[SeriesPoint] = field(repr=False)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def window_s(self) -> float:
-        return (self.until - self.since).total_seconds()
-
-    def to_json(self) -> dict[str, Any]:
-        def convert(value: Any) -> Any:
-            if isinstance(value, datetime):
-                return value.isoformat()
-            if isinstance(value, float):
-                return round(value, 4) if math.isfinite(value) else None
-            if isinstance(value, dict):
-                return {k: convert(v) for k, v in value.items()}
-            if isinstance(value, list):
-                return [convert(v) for v in value]
-            return value
-
-        data = convert(asdict(self))
-        assert isinstance(data, dict)
-        return data
 
 
 # ----------------------------------------------------------------------------- reading
@@ -347,89 +236,6 @@ def compare_settings(
         now=key_now,
         changes=changes,
     )
-
-
-# ----------------------------------------------------------------------------- diagnosis
-def day_measurement(busy: list[Bucket]) -> Measurement | None:
-    """A ``Measurement`` over stored buckets in which requests ran, for ``analyse``."""
-    total = Bucket(start_ts=busy[0].start_ts, bucket_s=0) if busy else None
-    if total is None:
-        return None
-    for b in busy:
-        total.merge(b)
-    if total.span_s <= 0:
-        return None
-    gen = total.mean("gen_tp")
-    eff = total.effective_rate()
-    requests = total.requests or 0.0
-    return Measurement(
-        window_s=total.span_s,
-        batch_s=busy[0].bucket_s,
-        batches=len(busy),
-        lag1=0.0,
-        stop_reason="stored samples",
-        source="metrics" if total.gen_tokens is not None else "loads",
-        generation=None if gen is None else Interval(gen, -math.inf, math.inf, len(busy), 0.0),
-        effective=None if eff is None else Interval(eff, -math.inf, math.inf, len(busy), 0.0),
-        prompt_tokens_per_s=None
-        if total.prompt_tokens is None
-        else total.prompt_tokens / total.span_s,
-        requests_per_s=None if total.requests is None else requests / total.span_s,
-        completed_requests=None if total.requests is None else int(requests),
-        avg_prompt_tokens=(total.prompt_tokens or 0.0) / requests if requests > 0 else None,
-        avg_output_tokens=(total.gen_tokens or 0.0) / requests if requests > 0 else None,
-        running=total.mean("running") or 0.0,
-        queued=total.mean("queue") or 0.0,
-        queued_max=total.queue_max or 0.0,
-        queue_nonempty_fraction=total.saturated_s / total.span_s,
-        token_usage=total.mean("usage"),
-        cache_hit_rate=None,
-        cached_fraction=None,
-        retractions=None if total.retractions is None else int(total.retractions),
-        retractions_seen_in_gauge=total.retract_seen,
-    )
-
-
-def day_diagnosis(
-    buckets: list[Bucket],
-    settings: Snapshot | None,
-    notes: list[str],
-    changed_at: float | None = None,
-    engine: Engine | None = None,
-) -> Diagnosis | None:
-    """The bottleneck over the window's busy time (5-minute buckets in which requests ran).
-
-    When the configuration changed during the window (at ``changed_at``), the configuration
-    running now is judged on its own if it has run long enough.
-    """
-    busy = [b for b in buckets if (b.running_max or 0) > 0 or (b.queue_max or 0) > 0]
-    if changed_at is not None and busy:
-        recent = [b for b in busy if b.start_ts >= changed_at]
-        if sum(b.span_s for b in recent) >= MIN_DIAGNOSIS_S:
-            busy = recent
-            notes.append(
-                "the configuration changed during the window; the bottleneck is judged on "
-                "the time since"
-            )
-        else:
-            notes.append(
-                "the configuration changed during the window and has not run long enough "
-                "to be judged alone; the bottleneck covers both configurations"
-            )
-    m = day_measurement(busy)
-    if m is None:
-        notes.append("no requests ran in the window, so there is no bottleneck to name")
-        return None
-    if settings is None:
-        notes.append("the server's settings were never read, so the day is not diagnosed")
-        return None
-    engine = engine or default_engine()
-    judged = engine.bottleneck_of(engine.parse_settings(settings.info), m)
-    if isinstance(judged, str):
-        notes.append(judged)
-        return None
-    bottleneck, evidence = judged
-    return Diagnosis(bottleneck, evidence, "samples", m.window_s)
 
 
 # ----------------------------------------------------------------------------- the report

@@ -22,269 +22,61 @@ For windows in the past, `series()` returns the same structure for every step of
 (`/api/v1/query_range`), and `scrapes()` every scrape Prometheus stored, each at its own
 timestamp (a range selector `{...}[Nms]`), which is what rates need.
 
-`DcgmGpuReader` reads GPU memory from DCGM exporter series (`DCGM_FI_DEV_FB_USED` +
-`DCGM_FI_DEV_FB_FREE` [+ `DCGM_FI_DEV_FB_RESERVED`], MiB) when they exist.
+The HTTP API and its errors are `playbooks.sources.prometheus_api`; `DcgmGpuReader`
+(`playbooks.sources.dcgm`) reads GPU memory from DCGM exporter series when they exist. Both are
+importable from here too, where callers have always found them.
 
 Clocks: Prometheus stamps samples with wall-clock Unix time; the playbooks measure on their own
 `Clock` (which runs `time_scale` times faster against an accelerated twin). `Timeline` maps a
 Prometheus timestamp onto a playbook clock, so rates from windows read back from Prometheus are
 computed on the same time base as rates from direct scrapes.
 
-Errors name the Prometheus URL and the query, and say what to check.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
-
-import httpx
 
 from playbooks.clock import Clock
-from playbooks.engines.base import EngineError, Metrics, MetricsSpec
-from playbooks.http import http_client, http_retrying, is_http_url, retried_get
-from playbooks.sources.gpu import MIB, GpuState, GpuUnavailable
-
-MAX_RANGE_POINTS = 11_000  # Prometheus refuses range queries with more points per series
-DEFAULT_MAX_AGE_S = 30.0
-_MATCHER = re.compile(
-    r"""\s*[A-Za-z_][A-Za-z0-9_]*\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)\s*"""
+from playbooks.engines.base import Metrics, MetricsSpec
+from playbooks.sources.dcgm import DcgmGpuReader
+from playbooks.sources.prometheus_api import (
+    AmbiguousSelector,
+    NoSeries,
+    PrometheusAPI,
+    PrometheusError,
+    PrometheusQueryFailed,
+    PrometheusUnreachable,
+    Series,
+    StaleSeries,
+    default_selector,
+    parse_selector,
 )
+
+__all__ = [
+    "DEFAULT_MAX_AGE_S",
+    "AmbiguousSelector",
+    "DcgmGpuReader",
+    "NoSeries",
+    "PrometheusAPI",
+    "PrometheusError",
+    "PrometheusMetrics",
+    "PrometheusQueryFailed",
+    "PrometheusUnreachable",
+    "Reading",
+    "Series",
+    "StaleSeries",
+    "Timeline",
+    "default_selector",
+    "metrics_from_series",
+    "parse_selector",
+]
+
+DEFAULT_MAX_AGE_S = 30.0
 _HISTOGRAM_PARTS = ("_bucket", "_count", "_sum")
-
-
-class PrometheusError(EngineError):
-    """A problem reading metrics from Prometheus; the message names the query."""
-
-    def __init__(self, message: str, hint: str = "", query: str = "") -> None:
-        super().__init__(message, hint)
-        self.query = query
-
-
-class PrometheusUnreachable(PrometheusError):
-    pass
-
-
-class PrometheusQueryFailed(PrometheusError):
-    pass
-
-
-class NoSeries(PrometheusError):
-    pass
-
-
-class StaleSeries(PrometheusError):
-    pass
-
-
-class AmbiguousSelector(PrometheusError):
-    pass
-
-
-def parse_selector(text: str) -> str:
-    """The label matchers inside a PromQL selector such as `{instance="10.0.0.5:30000"}`.
-
-    Raises ValueError saying what is wrong; the result goes between the braces of a query.
-    """
-    stripped = text.strip()
-    if not (stripped.startswith("{") and stripped.endswith("}")):
-        raise ValueError(
-            f"selector {text!r} must be label matchers in braces, e.g. "
-            '{instance="10.0.0.5:30000"} or {job="sglang", instance=~"gpu-7:.*"}'
-        )
-    inner = stripped[1:-1].strip().rstrip(",").strip()
-    if not inner:
-        raise ValueError(
-            f"selector {text!r} is empty: it would match every server Prometheus scrapes; "
-            'name this one, e.g. {instance="10.0.0.5:30000"}'
-        )
-    pos = 0
-    matchers: list[str] = []
-    while pos < len(inner):
-        found = _MATCHER.match(inner, pos)
-        if found is None:
-            raise ValueError(
-                f"selector {text!r}: cannot read a label matcher at {inner[pos:]!r}; use "
-                'label="value", label!="value", label=~"regex" or label!~"regex", '
-                "separated by commas"
-            )
-        matchers.append(found.group(0).strip())
-        pos = found.end()
-        if pos < len(inner):
-            if inner[pos] != ",":
-                raise ValueError(
-                    f"selector {text!r}: expected a comma after {found.group(0).strip()!r}"
-                )
-            pos += 1
-    if any(m.startswith("__name__") for m in matchers):
-        raise ValueError(
-            f"selector {text!r}: leave out __name__; kvpilot chooses the metric names itself"
-        )
-    return ", ".join(matchers)
-
-
-def default_selector(server_url: str) -> str:
-    """`{instance="HOST:PORT"}`: the label Prometheus gives a target it scrapes at that address."""
-    url = httpx.URL(server_url)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    return f'{{instance="{url.host}:{port}"}}'
-
-
-# ----------------------------------------------------------------------------- the HTTP API
-@dataclass(frozen=True)
-class Series:
-    """One series of an instant vector, or one of a range query's series at one step."""
-
-    labels: dict[str, str]
-    t: float  # Unix seconds
-    value: float
-
-
-def _float(text: Any) -> float:
-    try:
-        return float(text)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _flatten(matrix: list[Any]) -> list[Series]:
-    out = []
-    for item in matrix:
-        labels = dict(item.get("metric", {}))
-        for t, value in item.get("values", []):
-            out.append(Series(labels, _float(t), _float(value)))
-    return out
-
-
-class PrometheusAPI:
-    """Instant and range queries on Prometheus' HTTP API (`/api/v1/query`, `/query_range`)."""
-
-    def __init__(
-        self,
-        http: httpx.Client,
-        *,
-        attempts: int = 3,
-        wait: Callable[..., float] | None = None,
-    ) -> None:
-        self.http = http
-        self._retry = http_retrying(attempts, wait)
-
-    @classmethod
-    def connect(
-        cls, url: str, *, timeout: float = 10.0, bearer_token: str | None = None
-    ) -> PrometheusAPI:
-        if not is_http_url(url):
-            raise PrometheusError(
-                f"invalid Prometheus URL {url!r}",
-                "Use the form http://HOST:PORT (for example http://127.0.0.1:9090).",
-            )
-        return cls(http_client(url, bearer_token=bearer_token, timeout_s=timeout))
-
-    @property
-    def base_url(self) -> str:
-        return str(self.http.base_url).rstrip("/")
-
-    def close(self) -> None:
-        self.http.close()
-
-    def query(self, expr: str, at: float | None = None) -> list[Series]:
-        """An instant query: a vector (one entry per series), a scalar (one entry), or, for a
-        range selector such as `x[5m]`, a matrix flattened to one entry per raw sample."""
-        params = {"query": expr}
-        if at is not None:
-            params["time"] = f"{at:.3f}"
-        data = self._call("/api/v1/query", params, expr)
-        kind, result = data.get("resultType"), data.get("result")
-        if kind == "scalar" and isinstance(result, list) and len(result) == 2:
-            return [Series({}, _float(result[0]), _float(result[1]))]
-        if kind == "matrix" and isinstance(result, list):
-            return _flatten(result)
-        if kind != "vector" or not isinstance(result, list):
-            raise PrometheusQueryFailed(
-                f"Prometheus at {self.base_url} answered the query `{expr}` with a {kind} "
-                "where a vector was expected",
-                query=expr,
-            )
-        out = []
-        for item in result:
-            labels, value = item.get("metric", {}), item.get("value", [math.nan, "NaN"])
-            out.append(Series(dict(labels), _float(value[0]), _float(value[1])))
-        return out
-
-    def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
-        """A range query, flattened: one entry per series per step that has a value."""
-        if not step > 0:
-            raise ValueError(f"the step of a range query must be positive, got {step}")
-        if end < start:
-            raise ValueError(f"the range query ends ({end}) before it starts ({start})")
-        points = int((end - start) / step) + 1
-        if points > MAX_RANGE_POINTS:
-            raise ValueError(
-                f"a range of {end - start:.0f} s at a {step:g} s step is {points} points per "
-                f"series; Prometheus allows {MAX_RANGE_POINTS}: use a longer step"
-            )
-        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step}"}
-        data = self._call("/api/v1/query_range", params, expr)
-        if data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
-            raise PrometheusQueryFailed(
-                f"Prometheus at {self.base_url} answered the range query `{expr}` with a "
-                f"{data.get('resultType')} where a matrix was expected",
-                query=expr,
-            )
-        return _flatten(data["result"])
-
-    def now(self) -> float:
-        """Prometheus' own clock (Unix seconds), to judge sample ages without clock skew."""
-        (point,) = self.query("time()")
-        return point.value
-
-    # ----------------------------------------------------------------- transport
-    def _call(self, path: str, params: dict[str, str], expr: str) -> dict[str, Any]:
-        try:
-            response = retried_get(self.http, self._retry, path, params)
-        except httpx.TransportError as exc:
-            raise PrometheusUnreachable(
-                f"cannot reach Prometheus at {self.base_url} for the query `{expr}`: "
-                f"{exc.__class__.__name__}: {exc}",
-                "Is Prometheus running, and is servers.NAME.metrics.url right?",
-                query=expr,
-            ) from exc
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            hint = (
-                "Is this URL Prometheus itself (not Grafana, a Pushgateway or an exporter)?"
-                if response.status_code in (200, 404)
-                else "Prometheus may be overloaded or restarting; try again shortly."
-            )
-            raise PrometheusQueryFailed(
-                f"{self.base_url}{path} answered HTTP {response.status_code} without Prometheus' "
-                f"JSON for the query `{expr}`",
-                hint,
-                query=expr,
-            )
-        if body.get("status") != "success" or response.status_code != 200:
-            kind = body.get("errorType", f"HTTP {response.status_code}")
-            raise PrometheusQueryFailed(
-                f"Prometheus at {self.base_url} refused the query `{expr}`: {kind}: "
-                f"{body.get('error', 'no reason given')}",
-                "Check the selector (servers.NAME.metrics.selector) for PromQL syntax."
-                if kind == "bad_data"
-                else "Prometheus may be overloaded; try again shortly.",
-                query=expr,
-            )
-        data = body.get("data")
-        if not isinstance(data, dict):
-            raise PrometheusQueryFailed(
-                f"Prometheus at {self.base_url} returned no data for the query `{expr}`",
-                query=expr,
-            )
-        return data
 
 
 # ----------------------------------------------------------------------------- engine metrics
@@ -493,72 +285,3 @@ class Timeline:
     def unix(self, clock_s: float) -> float:
         """Prometheus' clock when the playbook clock read `clock_s`."""
         return self.prometheus_now - (self.clock_now - clock_s) / self.scale
-
-
-# ----------------------------------------------------------------------------- DCGM
-DCGM_USED = "DCGM_FI_DEV_FB_USED"
-DCGM_FREE = "DCGM_FI_DEV_FB_FREE"
-DCGM_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
-
-
-def _gpu_key(labels: dict[str, str]) -> tuple[str, str, str]:
-    return (
-        labels.get("Hostname", labels.get("instance", "")),
-        labels.get("gpu", ""),
-        labels.get("UUID", ""),
-    )
-
-
-class DcgmGpuReader:
-    """GPU memory from DCGM exporter series in Prometheus (a `GpuReader`).
-
-    DCGM reports frame-buffer memory in MiB: used, free and (on newer drivers) reserved, which
-    add up to what `nvidia-smi` calls the total.
-    """
-
-    def __init__(self, api: PrometheusAPI, selector: str) -> None:
-        try:
-            self.matchers = parse_selector(selector)
-        except ValueError as exc:
-            raise PrometheusError(str(exc)) from None
-        self.api = api
-        self.selector = "{" + self.matchers + "}"
-
-    def snapshot(self) -> list[GpuState]:
-        try:
-            used = self.api.query(f"{DCGM_USED}{self.selector}")
-            free = self.api.query(f"{DCGM_FREE}{self.selector}")
-            reserved = self.api.query(f"{DCGM_RESERVED}{self.selector}")
-        except PrometheusError as exc:
-            raise GpuUnavailable(f"DCGM metrics unavailable: {exc}") from None
-        if not used or not free:
-            missing = DCGM_USED if not used else DCGM_FREE
-            raise GpuUnavailable(
-                f"Prometheus at {self.api.base_url} has no {missing}{self.selector} series "
-                "(is dcgm-exporter running and scraped, and does the DCGM selector match?)"
-            )
-        free_by = {_gpu_key(s.labels): s.value for s in free}
-        reserved_by = {_gpu_key(s.labels): s.value for s in reserved}
-        states: list[GpuState] = []
-        for s in sorted(used, key=lambda x: (_gpu_key(x.labels), x.labels.get("gpu", ""))):
-            key = _gpu_key(s.labels)
-            if key not in free_by:
-                raise GpuUnavailable(f"DCGM reports used but not free memory for GPU {key}")
-            used_mib, free_mib = s.value, free_by[key]
-            total_mib = used_mib + free_mib + reserved_by.get(key, 0.0)
-            if any(math.isnan(v) or v < 0 for v in (used_mib, free_mib, total_mib)):
-                raise GpuUnavailable(f"DCGM reports no valid frame-buffer sizes for GPU {key}")
-            gpu = s.labels.get("gpu", "")
-            states.append(
-                GpuState(
-                    index=int(gpu) if gpu.isdigit() else len(states),
-                    name=s.labels.get("modelName", "unknown GPU"),
-                    uuid=s.labels.get("UUID", ""),
-                    memory_total_bytes=int(total_mib * MIB),
-                    memory_used_bytes=int(used_mib * MIB),
-                    memory_free_bytes=int(free_mib * MIB),
-                    utilization_gpu_pct=None,
-                    utilization_memory_pct=None,
-                )
-            )
-        return states

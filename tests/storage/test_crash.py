@@ -54,25 +54,26 @@ CHILD = textwrap.dedent(
 
 def test_sigkill_mid_step_keeps_the_last_committed_state(tmp_path: Path) -> None:
     path = tmp_path / "kvpilot.db"
-    child = subprocess.Popen(
+    # the context closes the pipes too (left open they were a ResourceWarning)
+    with subprocess.Popen(
         [sys.executable, "-c", CHILD, str(path)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    try:
-        assert child.stdout is not None
-        first = child.stdout.readline().split()
-        assert first[0] == "committed", child.stderr.read() if child.stderr else ""
-        experiment_id = int(first[1])
-        assert child.stdout.readline().strip() == "inside"
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=10)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    ) as child:
+        try:
+            assert child.stdout is not None
+            first = child.stdout.readline().split()
+            assert first[0] == "committed", child.stderr.read() if child.stderr else ""
+            experiment_id = int(first[1])
+            assert child.stdout.readline().strip() == "inside"
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(timeout=10)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
     assert child.returncode == -signal.SIGKILL
 
     db = open_db(path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ from sqlite_utils import Database
 
 from bot.app.config import Config, parse
 from bot.reports.sampler import Sampler, default_client
-from playbooks.clock import ManualClock, ScaledClock
+from playbooks.clock import ManualClock
 from playbooks.engines.sglang.client import stored_settings as observed_settings
 from playbooks.sources.metrics_source import SourcedClient
 from storage.db import memory_db, open_db
@@ -206,22 +206,53 @@ def test_observed_settings_drop_secrets_and_moving_values() -> None:
     assert kept == {"max_total_num_tokens": 5, "tp_size": 2}
 
 
+class SteppedTime:
+    """A clock that moves only when the sampler waits: each wait of ``seconds`` advances it by
+    exactly that much and takes a moment of wall time, until ``park_after`` waits, after which
+    the thread is parked in a wait of an hour that only ``stop()`` can cut short."""
+
+    def __init__(self, park_after: int, start: datetime = T0) -> None:
+        self.start = start
+        self.elapsed = 0.0
+        self.park_after = park_after
+        self.waits = 0
+
+    def now(self) -> float:
+        return self.elapsed
+
+    def sleep(self, seconds: float) -> None:
+        raise AssertionError("the sampler waits on its stop event, never in sleep()")
+
+    def utcnow(self) -> datetime:
+        return self.start + timedelta(seconds=self.elapsed)
+
+    def wall_seconds(self, seconds: float) -> float:
+        self.waits += 1
+        self.elapsed += seconds
+        return 0.001 if self.waits < self.park_after else 3600.0
+
+
+# The thread used to run on ScaledTime(300.0), where 50 ms of wall time is one 15 s interval:
+# any stall of the thread (0.46 s under load, which is 138 s of sampler time) became a gap of
+# many intervals, and a late wake-up right after a punctual one a gap of a few seconds, so the
+# gaps measured the machine's scheduling, not the sampler. The sampler promises one sample per
+# interval of its clock (never a burst) and a stop that cuts its wait short; a clock that moves
+# only when the sampler waits checks exactly that, however slowly the thread is scheduled.
 def test_the_thread_samples_until_stopped(tmp_path: Path, fake: FakeSGLang) -> None:
     config = make_config(tmp_path, fake.url, interval_s=15)
     db = open_db(config.database)
-    sampler = Sampler(config, db, ScaledClock(300.0))  # a 15 s interval every 50 ms
+    sampler = Sampler(config, db, SteppedTime(park_after=5))
     sampler.start()
     assert sampler.running
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a condition, not a timing: five scrapes of a local fake
     while len(all_samples(db)) < 5 and time.monotonic() < deadline:
         time.sleep(0.02)
-    started = time.monotonic()
-    sampler.stop()
-    assert time.monotonic() - started < 2 and not sampler.running
+    sampler.stop()  # the thread waits an hour after its fifth sample: stop() must cut it short
+    assert not sampler.running
     rows = all_samples(db)
-    assert len(rows) >= 5
-    gaps = [r.dt for r in rows if r.dt is not None]
-    assert min(gaps) > 10 and sum(gaps) / len(gaps) < 30  # about one interval apart
+    assert len(rows) == 5
+    assert [r.ts - T0.timestamp() for r in rows] == [0, 15, 30, 45, 60]
+    assert [r.dt for r in rows] == [None, 15, 15, 15, 15]  # one interval apart, always
     assert "sampler stopped" in sampler.describe()[0]
     db.close()
 

@@ -206,14 +206,19 @@ def test_the_gate_gives_the_same_verdict(stack: Stack) -> None:
     config = load(str(stack.experiment_config))
     server = config.server("incident")
     port = int(server.url.rsplit(":", 1)[1])
-    db = database(config)
-    try:
+    # every client is closed at the end (left open, their sockets were a ResourceWarning)
+    with ExitStack() as closing:
+        db = database(config)
+        closing.callback(db.close)
         stack.wait_scraped(port)
         deps = experiment_deps(config, "incident", db, clock=make_clock(config, db))
+        closing.callback(deps.client.close)
         assert isinstance(deps.client, SourcedClient)  # the engine measures through Prometheus
-        api = PrometheusAPI.connect(stack.prometheus.url)
+        api = closing.enter_context(contextlib.closing(PrometheusAPI.connect(stack.prometheus.url)))
         timeline = Timeline.capture(api, deps.clock, SCALE)
         direct = DirectSampler(server.url, deps.clock, deps.plan.scrape_s)
+        closing.callback(direct.client.close)
+        closing.callback(direct.stop.set)  # runs first: the thread stops using the client
         direct.thread.start()
         exp = engine.create(
             deps, {"max_running_requests": 36}, actor="test", approved_by="test", reason="test"
@@ -236,8 +241,6 @@ def test_the_gate_gives_the_same_verdict(stack: Stack) -> None:
             p: [(timeline.at(ts), m) for ts, m in prometheus.scrapes(*map(timeline.unix, ab))]
             for p, ab in bounds.items()
         }
-    finally:
-        db.close()
     result = row.result or {}
     assert row.state == State.kept, moves
     settings = deps.plan
