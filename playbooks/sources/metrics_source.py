@@ -27,6 +27,10 @@ class MetricsSource(Protocol):
         """Where the metrics come from, for notes and error messages."""
         ...
 
+    def close(self) -> None:
+        """Release the source's own connections, when the client reading through it closes."""
+        ...
+
 
 class DirectScrape:
     """Today's behaviour: GET the server's own metrics endpoint."""
@@ -39,6 +43,9 @@ class DirectScrape:
 
     def describe(self) -> str:
         return self.client.describe_metrics()
+
+    def close(self) -> None:
+        """Nothing of its own: the connection is the server client's, closed by its owner."""
 
 
 class SourcedClient:
@@ -83,6 +90,7 @@ class SourcedClient:
 
     def close(self) -> None:
         self.inner.close()
+        self.source.close()  # a Prometheus source has its own connection
 
 
 def with_metrics_source(client: EngineClient, source: MetricsSource) -> EngineClient:

@@ -145,6 +145,9 @@ class PrometheusMetrics:
     def describe(self) -> str:
         return f"Prometheus at {self.api.base_url}, series {self.selector}"
 
+    def close(self) -> None:
+        self.api.close()
+
     @property
     def expression(self) -> str:
         return f"{self._series(self.matchers)} or {self._histogram(self.matchers)}"

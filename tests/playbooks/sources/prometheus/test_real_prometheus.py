@@ -202,6 +202,10 @@ def sequential(
         look += settings.batch_s
 
 
+# A twin process started while the experiment restarts the server is still running when its
+# Popen object is collected ("subprocess N is still running"); until the owner of that object
+# waits for it, this one test tolerates that warning (and only unraisable ones).
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_the_gate_gives_the_same_verdict(stack: Stack) -> None:
     config = load(str(stack.experiment_config))
     server = config.server("incident")
