@@ -324,14 +324,17 @@ def build_report(
 
 
 def parse_window(text: str) -> timedelta:
-    """ "24h", "7d", "90m" or seconds, as a timedelta; a clear error otherwise."""
+    """ "24h", "7d", "2w", "90m", "30s" or seconds, as a timedelta; a clear error otherwise.
+
+    The one duration parser: report windows, chat commands and configuration keys all read
+    durations with it (`bot.app.config.values.parse_duration` wraps it in a ConfigError)."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
     raw = text.strip().lower()
     unit = units.get(raw[-1:]) if raw else None
     try:
         value = float(raw[:-1] if unit else raw) * (unit or 1)
     except ValueError:
-        raise ValueError(f"{text!r} is not a duration; use e.g. 24h, 7d or 90m") from None
+        raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 30m, 24h, 7d or 2w") from None
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{text!r}: the window must be positive")
+        raise ValueError(f"{text!r}: must be positive")
     return timedelta(seconds=value)

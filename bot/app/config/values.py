@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from playbooks.reports.throughput import parse_window
+
 
 class ConfigError(Exception):
     """kvpilot.toml is wrong; the message says where and how to fix it."""
@@ -50,23 +52,15 @@ def flag(table: dict[str, Any], key: str, where: str) -> bool:
     return value
 
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(text: str, where: str = "duration") -> float:
-    """Seconds in "90s", "30m", "24h", "7d" or a plain number of seconds."""
-    raw = text.strip().lower()
-    unit = _UNITS.get(raw[-1:]) if raw else None
-    number = raw[:-1] if unit is not None else raw
+    """Seconds in "90s", "30m", "24h", "7d", "2w" or a plain number of seconds (the one parser,
+    `playbooks.reports.throughput.parse_window`, with the key named in its error)."""
     try:
-        value = float(number) * (unit or 1.0)
-    except ValueError:
-        raise ConfigError(
-            f"{where}: {text!r} is not a duration; use e.g. 90s, 30m, 24h or 7d"
-        ) from None
-    if value <= 0:
-        raise ConfigError(f"{where}: must be positive, got {text!r}")
-    return value
+        return parse_window(text).total_seconds()
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def slack_ids(table: dict[str, Any], key: str, where: str, prefixes: str) -> tuple[str, ...]:
