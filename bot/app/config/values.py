@@ -52,8 +52,6 @@ def flag(table: dict[str, Any], key: str, where: str) -> bool:
     return value
 
 
-
-
 def parse_duration(text: str, where: str = "duration") -> float:
     """Seconds in "90s", "30m", "24h", "7d", "2w" or a plain number of seconds (the one parser,
     `playbooks.reports.throughput.parse_window`, with the key named in its error)."""
