@@ -20,6 +20,7 @@ from playbooks.diagnose.measure import MeasurePlan, measure
 from playbooks.engines.base import EngineClient, EngineError
 from playbooks.sources.gpu import GpuReader
 from playbooks.sources.host import HostReader
+from playbooks.sources.model_config import ModelConfigReader
 from playbooks.types import DiagnoseFinding, Rate
 
 
@@ -32,6 +33,7 @@ class DiagnoseSettings:
     gpu_memory_gib: float | None = None  # free GPU memory before weights, per GPU (config)
     gpus: GpuReader | None = None  # only when the bot runs on the server's GPU host
     host: HostReader | None = None
+    models: ModelConfigReader | None = None  # the served model's config.json, on the GPU host
 
 
 def diagnose(

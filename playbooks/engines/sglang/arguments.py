@@ -23,6 +23,13 @@ DEFAULT_CHUNK = 8192  # SGLang's chunked_prefill_size when the server reports no
 MIN_CHUNK = 2048  # activation memory stops shrinking with the chunk below this
 
 
+def takes_no_more_memory(ctx: Change) -> bool:
+    """The change leaves at least as much outside the pool as the running server has: what the
+    server runs with now is evidence, so such a change is not judged to run out of memory."""
+    cap = ctx.cap
+    return cap.outside_gib(ctx.fraction, ctx.bytes_per_token, ctx.hicache) >= cap.outside_now_gib
+
+
 def activation_room(ctx: Change) -> Finding:
     """Unsafe where the change leaves the KV pool no room, or activations too little."""
     cap, fraction = ctx.cap, ctx.fraction
@@ -34,20 +41,45 @@ def activation_room(ctx: Change) -> Finding:
                 f"refuses to start below ~{cap.min_fraction():.3f}",
             ),
         )
-    room = cap.activation_room_gib(fraction, ctx.hicache)
-    if room >= ACTIVATION_FLOOR_GIB:
+    room = cap.activation_room_gib(fraction, ctx.hicache, ctx.bytes_per_token)
+    if room >= ACTIVATION_FLOOR_GIB or takes_no_more_memory(ctx):
         return NOTHING
+    outside = cap.outside_gib(fraction, ctx.bytes_per_token, ctx.hicache)
     return Finding(
         "unsafe",
         (
-            f"{fraction:g} leaves {(1 - fraction) * cap.gpu.pre_gib:.2f} GiB outside the "
-            f"static pool; CUDA graphs take {cap.graph_gib:.2f} GiB"
+            f"{fraction:g} leaves {outside:.2f} GiB outside the weights and the KV pool; "
+            f"CUDA graphs take {cap.graph_gib:.2f} GiB"
             + (" and the hierarchical cache's buffers 0.50 GiB" if ctx.hicache else "")
             + f", so {room:.2f} GiB remain for activations, below the "
             f"{ACTIVATION_FLOOR_GIB:g} GiB SGLang needs: it would start, then run out of GPU "
             "memory under load (as 0.93 did in the incident)",
         ),
         ("GPU OOM under load",),
+    )
+
+
+def reserve_floor(ctx: Change) -> Finding:
+    """`possible`, not `recommended`, where less than SGLang's own reserve floor stays outside
+    the pool: it starts and may run for hours, then a peak batch finds too little room."""
+    reserve, cap = ctx.cap.reserve, ctx.cap
+    if reserve is None or takes_no_more_memory(ctx):
+        return NOTHING
+    outside = cap.outside_gib(ctx.fraction, ctx.bytes_per_token, ctx.hicache)
+    if outside >= reserve.floor_gib:
+        return NOTHING
+    return Finding(
+        "possible",
+        (
+            f"{ctx.fraction:g} keeps {outside:.2f} GiB outside the weights and the KV pool, "
+            f"below the {reserve.floor_gib:.2f} GiB SGLang's own defaults never go under on "
+            f"this GPU and deployment (its default fraction keeps {reserve.total_gib:.2f} GiB: "
+            f"{reserve.activation_mib / 1024:.1f} GiB of it for prefill activations)",
+        ),
+        (
+            f"GPU OOM at a peak: {reserve.floor_gib - outside:.2f} GiB less headroom than "
+            "SGLang's own floor",
+        ),
     )
 
 
@@ -65,10 +97,12 @@ class StaticPoolCheck(Check):
 
     def safety(self, ctx: Change, value: Any) -> Finding:
         found = activation_room(ctx)
+        if found.verdict is None:
+            found = reserve_floor(ctx)
         if found.verdict is not None or "mem_fraction_static" not in ctx.values:
             return found
         cap = ctx.cap
-        room = cap.activation_room_gib(ctx.fraction, ctx.hicache)
+        room = cap.activation_room_gib(ctx.fraction, ctx.hicache, ctx.bytes_per_token)
         return Finding(
             reasons=(
                 f"{ctx.fraction:g} keeps {room:.2f} GiB for activations after "
@@ -194,7 +228,7 @@ class PrefillChunkCheck(Check):
     def safety(self, ctx: Change, value: Any) -> Finding:
         size, now = int(value), self.current(ctx)
         need = ACTIVATION_FLOOR_GIB * max(size, MIN_CHUNK) / max(now, MIN_CHUNK)
-        room = ctx.cap.activation_room_gib(ctx.fraction, ctx.hicache)
+        room = ctx.cap.activation_room_gib(ctx.fraction, ctx.hicache, ctx.bytes_per_token)
         if size == -1 or (size > now and room < need):
             return Finding(
                 "unsafe",

@@ -8,15 +8,22 @@ Inputs come from SGLang's server info (`mem_fraction_static`, `max_total_num_tok
     max_total_num_tokens = kv * 2**30 / bytes_per_token
 
 where `pre` is the GPU memory free before the weights load. So a new fraction f' gives
-`kv' = kv + (f' - f) * pre`, and a KV dtype of half the size doubles the tokens. The memory left
-for activations after the static split and the CUDA graphs is `(1 - f) * pre - graphs`; SGLang's
-tuning guide asks for 5-8 GB there, and the incident's 0.93 (4.7 GiB left) ran out of memory.
+`kv' = kv + (f' - f) * pre`, then the `--max-total-tokens` cap and page rounding; a KV dtype of
+half the size doubles the tokens. What stays outside the weights and the pool is what the pool
+really takes away: `(1 - f) * pre` for an uncapped pool, more where a cap holds the pool below
+the fraction's budget, and SGLang 0.5.23 reports it after start-up (`startup_available` plus the
+graphs). Activations get that less the CUDA graphs: SGLang's tuning guide asks for 5-8 GB, and
+the incident's 0.93 (4.7 GiB left) ran out of memory. A fraction is recommended only where the
+memory outside also covers SGLang's own reserve floor (`reserve.py`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from playbooks.engines.sglang.geometry import Geometry
+from playbooks.engines.sglang.reserve import Reserve
 
 GIB = 1 << 30
 ACTIVATION_FLOOR_GIB = 5.0  # SGLang's tuning guide: leave 5-8 GB for activations
@@ -40,6 +47,7 @@ class GpuMemory:
     pre_gib: float  # free GPU memory before the weights load (per GPU)
     source: str  # where the figure came from
     exact: bool  # False when estimated from the split itself
+    total_mib: float | None = None  # nvidia-smi's total, which SGLang's defaults read
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,10 @@ class CapacityModel:
     page_size: int
     max_total_tokens_cap: int | None
     kv_dtype: str  # the dtype the pool uses now ("auto" = the model's)
+    free_now_gib: float | None = None  # SGLang 0.5.23's startup_available: free once started
+    reserve: Reserve | None = None  # SGLang's own default reserve for this GPU and deployment
+    geometry: Geometry | None = None  # from the model's config.json, where kvpilot can read it
+    hicache_on: bool = False  # the hierarchical cache's GPU buffers are already taken
 
     @property
     def static_gib(self) -> float:
@@ -68,15 +80,46 @@ class CapacityModel:
             tokens = min(tokens, self.max_total_tokens_cap)
         return tokens // self.page_size * self.page_size
 
-    def activation_room_gib(self, fraction: float, hicache: bool = False) -> float:
-        extra = HICACHE_GPU_EXTRA_GIB if hicache else 0.0
-        return (1 - fraction) * self.gpu.pre_gib - self.graph_gib - extra
+    @property
+    def outside_now_gib(self) -> float:
+        """GPU memory outside the weights and the pool now, CUDA graphs included."""
+        if self.free_now_gib is not None:
+            return self.free_now_gib + self.graph_gib
+        return (1 - self.mem_fraction_static) * self.gpu.pre_gib
+
+    def outside_gib(
+        self, fraction: float, bytes_per_token: float | None = None, hicache: bool = False
+    ) -> float:
+        """What stays outside the weights and the pool after a change: today's figure less what
+        the pool really grows by (after the cap and page rounding) and the cache's buffers."""
+        per = bytes_per_token or self.bytes_per_token
+        pool = self.tokens_at(fraction, per) * per / GIB
+        now = self.max_total_num_tokens * self.bytes_per_token / GIB
+        extra = HICACHE_GPU_EXTRA_GIB if hicache and not self.hicache_on else 0.0
+        return self.outside_now_gib - (pool - now) - extra
+
+    def activation_room_gib(
+        self, fraction: float, hicache: bool = False, bytes_per_token: float | None = None
+    ) -> float:
+        return self.outside_gib(fraction, bytes_per_token, hicache) - self.graph_gib
+
+    def _max_fraction(self, need_outside_gib: float, hicache: bool) -> float:
+        """Highest fraction (two decimals) keeping `need_outside_gib` outside the pool; what
+        stays outside never grows with the fraction, so the first from the top is it."""
+        for step in range(99, 0, -1):
+            if self.outside_gib(step / 100, hicache=hicache) >= need_outside_gib:
+                return step / 100
+        return 0.0
 
     def safe_max_fraction(self, hicache: bool = False) -> float:
-        """Highest fraction (two decimals, rounded down) that leaves the activation floor."""
-        extra = HICACHE_GPU_EXTRA_GIB if hicache else 0.0
-        need = self.graph_gib + extra + ACTIVATION_FLOOR_GIB + SAFETY_MARGIN_GIB
-        return math.floor((1 - need / self.gpu.pre_gib) * 100 + 1e-9) / 100
+        """Highest fraction that leaves the activation floor after the CUDA graphs."""
+        need = self.graph_gib + ACTIVATION_FLOOR_GIB + SAFETY_MARGIN_GIB
+        return self._max_fraction(need, hicache)
+
+    def recommended_max_fraction(self, hicache: bool = False) -> float:
+        """Highest fraction that also keeps SGLang's own reserve floor outside the pool."""
+        floor = self.reserve.floor_gib if self.reserve is not None else 0.0
+        return min(self.safe_max_fraction(hicache), self._max_fraction(floor, hicache))
 
     def min_fraction(self) -> float:
         """Below this the weights leave no room for any KV cache (SGLang refuses to start)."""
@@ -96,6 +139,10 @@ def build_model(
     max_total_tokens_cap: int | None,
     kv_dtype: str,
     fallback_bytes_per_token: float | None = None,
+    free_now_gib: float | None = None,
+    reserve: Reserve | None = None,
+    geometry: Geometry | None = None,
+    hicache_on: bool = False,
 ) -> CapacityModel:
     """Assemble the model; estimate GPU memory when no better source exists (and say so)."""
     tokens = token_capacity or max_total_num_tokens
@@ -127,6 +174,10 @@ def build_model(
         page_size=max(1, page_size),
         max_total_tokens_cap=max_total_tokens_cap,
         kv_dtype=kv_dtype,
+        free_now_gib=free_now_gib,
+        reserve=reserve,
+        geometry=geometry,
+        hicache_on=hicache_on,
     )
 
 

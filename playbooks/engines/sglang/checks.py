@@ -49,6 +49,7 @@ class Change:
     dtype: str  # kv_cache_dtype after the change
     hicache: bool  # whether the hierarchical cache is on after the change
     tokens: int  # predicted KV capacity after the change
+    bytes_per_token: float  # of the pool after the change
 
     @property
     def cap(self) -> CapacityModel:
@@ -64,14 +65,26 @@ class Change:
         fraction = float(values.get("mem_fraction_static", cap.mem_fraction_static))
         dtype = str(values.get("kv_cache_dtype", cap.kv_dtype))
         hicache = bool(values.get("enable_hierarchical_cache", server.hicache_on))
-        bytes_new = cap.bytes_per_token * dtype_bytes(dtype) / dtype_bytes(cap.kv_dtype)
+        bytes_new = cell_after(cap, dtype)
         if fraction == cap.mem_fraction_static and bytes_new == cap.bytes_per_token:
             tokens = server.info.max_total_num_tokens
         else:
             tokens = cap.tokens_at(fraction, bytes_new)
         if "max_total_tokens" in values:
             tokens = min(tokens, int(values["max_total_tokens"]))
-        return cls(server, dict(values), fraction, dtype, hicache, tokens)
+        return cls(server, dict(values), fraction, dtype, hicache, tokens, bytes_new)
+
+
+def cell_after(cap: CapacityModel, dtype: str) -> float:
+    """Bytes per token with `dtype`: in proportion to the element size, except where the
+    model's geometry says part of the cell does not shrink (DeepSeek's DSA indexer keys)."""
+    now, new = dtype_bytes(cap.kv_dtype), dtype_bytes(dtype)
+    if new == now:
+        return cap.bytes_per_token
+    geometry = cap.geometry
+    if geometry is not None and geometry.kind == "dsa":
+        return cap.bytes_per_token * geometry.cell_bytes(new) / geometry.cell_bytes(now)
+    return cap.bytes_per_token * new / now
 
 
 class Check:

@@ -46,9 +46,19 @@ def more_clients(ctx: Context, bottleneck: Bottleneck) -> Option | None:
 
 
 def safe_fraction(ctx: Context, bottleneck: Bottleneck) -> Option | None:
-    """The largest fraction that keeps the activation floor, where it is above today's."""
+    """The largest fraction that keeps SGLang's reserve floor and the activation floor."""
+    best = ctx.cap.recommended_max_fraction(ctx.hicache_on)
+    if best <= ctx.cap.mem_fraction_static + FRACTION_STEP:
+        return None
+    return evaluate({"mem_fraction_static": best}, ctx, bottleneck)
+
+
+def closest_fraction(ctx: Context, bottleneck: Bottleneck) -> Option | None:
+    """The largest fraction that still keeps the activation floor, where it is above the
+    recommended one: possible, with the headroom it gives up named in numbers."""
     safe = ctx.cap.safe_max_fraction(ctx.hicache_on)
-    if safe <= ctx.cap.mem_fraction_static + FRACTION_STEP:
+    best = max(ctx.cap.recommended_max_fraction(ctx.hicache_on), ctx.cap.mem_fraction_static)
+    if safe <= best + FRACTION_STEP:
         return None
     return evaluate({"mem_fraction_static": safe}, ctx, bottleneck)
 
@@ -133,6 +143,7 @@ def larger_batch(ctx: Context, bottleneck: Bottleneck) -> Option | None:
 PROPOSALS: tuple[Proposal, ...] = (
     more_clients,
     safe_fraction,
+    closest_fraction,
     next_fraction,
     fp8_kv,
     hicache_proposal,

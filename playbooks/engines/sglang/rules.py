@@ -18,7 +18,7 @@ bot's own proposals.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from playbooks.diagnose.measure import Measurement
@@ -26,6 +26,7 @@ from playbooks.engines.base import Assessment
 from playbooks.engines.sglang.bottleneck import analyse
 from playbooks.engines.sglang.capacity import CapacityModel, GpuMemory, build_model
 from playbooks.engines.sglang.client import ServerInfo
+from playbooks.engines.sglang.deployment import attn_dp_size, deployment_of
 from playbooks.engines.sglang.facts import (
     Context,
     Server,
@@ -33,7 +34,9 @@ from playbooks.engines.sglang.facts import (
     ranks_on_host,
     requests_fitting,
 )
+from playbooks.engines.sglang.geometry import Geometry, geometry_of
 from playbooks.engines.sglang.proposals import propose
+from playbooks.engines.sglang.reserve import sglang_reserve
 from playbooks.engines.sglang.verdicts import evaluate, judge_change
 from playbooks.sources.gpu import GpuUnavailable
 from playbooks.sources.host import HostMemory, HostUnavailable
@@ -88,6 +91,7 @@ def resolve_gpu_memory(
                 f"NVML: {gpus[0].name}, {gpus[0].memory_total_mib} MiB, less "
                 f"{CUDA_CONTEXT_GIB} GiB for the CUDA context",
                 True,
+                total_mib=min(g.memory_total_mib for g in gpus),
             ), notes
         except GpuUnavailable as exc:
             notes.append(f"GPU probe unavailable ({exc}); GPU memory estimated")
@@ -99,9 +103,23 @@ def resolve_gpu_memory(
     return None, notes
 
 
-def capacity_model(info: ServerInfo, fraction: float, gpu: GpuMemory | None) -> CapacityModel:
+def effective_kv_dtype(info: ServerInfo, geometry: Geometry | None, bytes_per_token: float) -> str:
+    """The dtype the pool really uses: `auto` on an FP8 checkpoint is FP8, which the server's
+    arguments do not say but the model's config and the pool's own bytes per token do."""
+    named = str(info.arg("kv_cache_dtype") or "auto")
+    if named != "auto" or geometry is None:
+        return named
+    attn_tp = max(1, info.tp_size // attn_dp_size(info))
+    if geometry.kv_quant_fp8 or geometry.pool_elem_bytes(bytes_per_token, attn_tp) < 1.5:
+        return "fp8_e4m3"
+    return named
+
+
+def capacity_model(
+    info: ServerInfo, fraction: float, gpu: GpuMemory | None, geometry: Geometry | None = None
+) -> CapacityModel:
     """The capacity arithmetic fed from the server's own report."""
-    return build_model(
+    cap = build_model(
         mem_fraction_static=fraction,
         max_total_num_tokens=info.max_total_num_tokens,
         kvcache_gb=info.memory.kvcache_gb,
@@ -112,7 +130,24 @@ def capacity_model(info: ServerInfo, fraction: float, gpu: GpuMemory | None) -> 
         page_size=int(info.arg("page_size") or 1),
         max_total_tokens_cap=info.arg("max_total_tokens"),
         kv_dtype=str(info.arg("kv_cache_dtype") or "auto"),
+        free_now_gib=info.memory.startup_available_gb,
+        geometry=geometry,
+        hicache_on=bool(info.arg("enable_hierarchical_cache")),
     )
+    gpu_mib = cap.gpu.total_mib or (cap.gpu.pre_gib + CUDA_CONTEXT_GIB) * 1024
+    deployment = deployment_of(info, gpu_mib, parse_version(info.version), geometry)
+    return replace(
+        cap,
+        reserve=sglang_reserve(deployment),
+        kv_dtype=effective_kv_dtype(info, geometry, cap.bytes_per_token),
+    )
+
+
+def model_geometry(info: ServerInfo, settings: DiagnoseSettings) -> Geometry | None:
+    if settings.models is None:
+        return None
+    config = settings.models.read(info.model)
+    return geometry_of(config) if config is not None else None
 
 
 @dataclass
@@ -178,7 +213,9 @@ def rules_for(
             host = settings.host.memory()
         except HostUnavailable as exc:
             notes.append(f"host memory unknown ({exc})")
-    return ServerRules(info, capacity_model(info, fraction, gpu), host, settings, notes)
+    geometry = model_geometry(info, settings)
+    cap = capacity_model(info, fraction, gpu, geometry)
+    return ServerRules(info, cap, host, settings, notes)
 
 
 def bottleneck_of(info: ServerInfo, m: Measurement) -> tuple[Bottleneck, list[str]] | str:

@@ -173,7 +173,10 @@ def test_human_report() -> None:
         )
     assert code == 0, err
     assert "Bottleneck: kv_cache" in out
-    assert "recommended   mem_fraction_static=0.92" in out
+    # SGLang keeps at least 10 GiB outside the static pool on this GPU: 0.89 is the highest
+    # recommended fraction; 0.92 still leaves the activation floor, so it is only possible.
+    assert "recommended   mem_fraction_static=0.89" in out
+    assert "possible      mem_fraction_static=0.92" in out
     assert "Throughput over" in out
 
 

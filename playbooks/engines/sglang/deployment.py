@@ -1,0 +1,92 @@
+"""A running server's deployment shape, read from its resolved arguments across versions.
+
+SGLang renamed the parallelism and CUDA-graph arguments in 0.5.23 (`arg_groups/fields/*.py`):
+`--enable-dp-attention` with `--dp-size N` became `--attn-dp-size N` (the old spelling still
+parses and is folded into the new one), and `--cuda-graph-max-bs` / `--disable-cuda-graph`
+became per-phase `cuda_graph_max_bs_decode` and `cuda_graph_backend_{decode,prefill}`.
+"""
+
+from __future__ import annotations
+
+from playbooks.engines.sglang.client import ServerInfo
+from playbooks.engines.sglang.geometry import Geometry
+from playbooks.engines.sglang.reserve import Deployment
+
+# SGLang's GPU table (MiB total -> chunked prefill, decode graph max bs at tp < 4 / tp >= 4),
+# `arg_groups/memory_hook.py::handle_gpu_memory_settings` (0.5.23; < 35 GiB differs in 0.5.5).
+GPU_TABLE = (
+    (20 * 1024, 2048, 8, 8),
+    (35 * 1024, 4096, 48, 160),
+    (60 * 1024, 4096, 32, 160),
+    (90 * 1024, 8192, 256, 512),
+    (160 * 1024, 8192, 256, 512),
+)
+LARGE_GPU = (16384, 512, 512)
+MLA_BACKENDS = ("flashmla", "cutlass_mla", "trtllm_mla", "flashinfer_mla", "triton_mla")
+
+
+def _int(value: object, default: int) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def gpu_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
+    """SGLang's chunked prefill size and decode CUDA-graph max batch for this GPU."""
+    for limit, chunk, small, large in GPU_TABLE:
+        if gpu_mib < limit:
+            return chunk, small if tp < 4 else large
+    return LARGE_GPU[0], LARGE_GPU[1]
+
+
+def attn_dp_size(info: ServerInfo) -> int:
+    """Attention-DP ranks: 1 without DP attention."""
+    if info.arg("attn_dp_size") is not None:
+        return max(1, _int(info.arg("attn_dp_size"), 1))
+    if info.arg("enable_dp_attention"):
+        return max(1, _int(info.arg("dp_size"), 1))
+    return 1
+
+
+def decode_max_bs(info: ServerInfo, gpu_mib: float) -> int:
+    for name in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs"):
+        if isinstance(info.arg(name), int):
+            return int(info.arg(name))
+    nested = info.arg("cuda_graph_config")
+    if isinstance(nested, dict) and isinstance(nested.get("decode"), dict):
+        value = nested["decode"].get("max_bs")
+        if isinstance(value, int):
+            return value
+    return gpu_defaults(gpu_mib, info.tp_size)[1]
+
+
+def _graphs_on(info: ServerInfo, phase: str) -> bool:
+    if info.arg("disable_cuda_graph"):
+        return False
+    return str(info.arg(f"cuda_graph_backend_{phase}") or "").lower() != "disabled"
+
+
+def is_mla(info: ServerInfo, geometry: Geometry | None) -> bool:
+    if geometry is not None:
+        return geometry.mla
+    backend = str(info.arg("attention_backend") or info.arg("decode_attention_backend") or "")
+    return backend in MLA_BACKENDS
+
+
+def deployment_of(
+    info: ServerInfo, gpu_mib: float, version: tuple[int, int, int], geometry: Geometry | None
+) -> Deployment:
+    chunk_default, _ = gpu_defaults(gpu_mib, info.tp_size)
+    return Deployment(
+        gpu_mib=gpu_mib,
+        tp=info.tp_size,
+        pp=_int(info.arg("pp_size"), 1),
+        chunked_prefill_size=_int(info.arg("chunked_prefill_size"), chunk_default),
+        max_prefill_tokens=_int(info.arg("max_prefill_tokens"), 16384),
+        decode_max_bs=decode_max_bs(info, gpu_mib),
+        attn_dp=attn_dp_size(info),
+        mla=is_mla(info, geometry),
+        deepep=str(info.arg("moe_a2a_backend") or "") == "deepep",
+        decode_graphs=_graphs_on(info, "decode"),
+        prefill_graphs=_graphs_on(info, "prefill"),
+        speculative=info.arg("speculative_algorithm") or None,
+        version=version,
+    )

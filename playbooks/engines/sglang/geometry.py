@@ -1,0 +1,139 @@
+"""A model's KV geometry from its Hugging Face config, the way SGLang 0.5.23 sizes a KV cell.
+
+SGLang's cell (bytes per token per GPU, `model_executor/pool_configurator.py` and
+`mem_cache/kv_cache_configurator.py::calculate_mla_kv_cache_dim`):
+
+    MHA/GQA: max(1, kv_heads // attn_tp) * (head_dim + v_head_dim) * full_layers * elem
+    MLA:     (kv_lora_rank + qk_rope_head_dim) * layers * elem     (the latent is not split by TP)
+    DSA:     MLA + (index_head_dim + index_head_dim // 128 * 4) * layers   (the indexer keys, fp8)
+
+So the server's own report (KV GiB / tokens) divided by the element count gives the element size
+the pool really uses: an `auto` dtype on an FP8 checkpoint (`quantization_config.
+kv_cache_quant_algo == "FP8"`, `mem_cache/kv_cache_dtype.py::configure_kv_cache_dtype`) shows
+up as 1 byte although the server's arguments still say `auto`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["mha", "mla", "dsa"]
+DSA_QUANT_BLOCK = 128  # the indexer's fp8 keys carry one 4-byte scale per 128 elements
+FP8_NAMES = ("FP8",)
+
+
+def _first_int(config: Mapping[str, Any], *names: str) -> int | None:
+    for name in names:
+        value = config.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class Geometry:
+    kind: Kind
+    layers: int  # layers holding full-attention KV
+    kv_heads: int = 0
+    head_dim: int = 0
+    v_head_dim: int = 0
+    latent_dim: int = 0  # MLA: kv_lora_rank + qk_rope_head_dim
+    index_head_dim: int = 0  # DSA only
+    sliding_layers: int = 0  # hybrid SWA: layers with a sliding window (their own pool)
+    linear_layers: int = 0  # hybrid mamba / linear attention: state, not KV
+    kv_quant_fp8: bool = False  # the checkpoint asks for FP8 KV under `auto`
+
+    @property
+    def mla(self) -> bool:
+        return self.kind in ("mla", "dsa")
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.sliding_layers or self.linear_layers)
+
+    def elements_per_token(self, attn_tp: int = 1) -> float:
+        """KV elements one token takes on one GPU (what `elem` multiplies)."""
+        if self.mla:
+            return float(self.latent_dim * self.layers)
+        heads = max(1, self.kv_heads // max(1, attn_tp))
+        return float(heads * (self.head_dim + self.v_head_dim) * self.layers)
+
+    def cell_bytes(self, elem_bytes: float, attn_tp: int = 1) -> float:
+        cell = self.elements_per_token(attn_tp) * elem_bytes
+        if self.kind == "dsa":
+            per_layer = self.index_head_dim + self.index_head_dim // DSA_QUANT_BLOCK * 4
+            cell += per_layer * self.layers
+        return cell
+
+    def pool_elem_bytes(self, bytes_per_token: float, attn_tp: int = 1) -> float:
+        """The element size a pool of `bytes_per_token` really uses (inverts `cell_bytes`)."""
+        fixed = self.cell_bytes(0.0, attn_tp)
+        return (bytes_per_token - fixed) / self.elements_per_token(attn_tp)
+
+    def fp8_gain(self, elem_bytes: float = 2.0, attn_tp: int = 1) -> float:
+        """How many times the tokens grow from `elem_bytes` to 1-byte elements."""
+        return self.cell_bytes(elem_bytes, attn_tp) / self.cell_bytes(1.0, attn_tp)
+
+
+def _layer_counts(config: Mapping[str, Any], layers: int) -> tuple[int, int, int]:
+    """(full, sliding, linear) layer counts: `layer_types` where the config has it."""
+    types = config.get("layer_types")
+    if isinstance(types, list) and types:
+        sliding = sum(1 for t in types if "sliding" in str(t))
+        linear = sum(1 for t in types if "linear" in str(t) or "mamba" in str(t))
+        return len(types) - sliding - linear, sliding, linear
+    pattern = _first_int(config, "sliding_window_pattern")
+    if pattern and pattern > 1 and config.get("sliding_window"):  # Gemma-3: every Nth is full
+        full = layers // pattern
+        return full, layers - full, 0
+    interval = _first_int(config, "full_attention_interval")
+    if interval and interval > 1:  # Qwen3-Next: every Nth layer is full attention
+        full = layers // interval
+        return full, 0, layers - full
+    return layers, 0, 0
+
+
+def _kv_quant_fp8(config: Mapping[str, Any]) -> bool:
+    quant = config.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return False
+    algo = quant.get("kv_cache_quant_algo")
+    if isinstance(algo, str):
+        return algo.upper() in FP8_NAMES
+    scheme = quant.get("kv_cache_scheme")  # compressed-tensors checkpoints
+    return isinstance(scheme, Mapping) and scheme.get("num_bits") == 8
+
+
+def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
+    """The geometry, or None for a config kvpilot cannot read (it then says it does not know)."""
+    text = config.get("text_config")
+    if isinstance(text, Mapping) and "num_hidden_layers" not in config:
+        config = {**text, "quantization_config": config.get("quantization_config")}
+    layers = _first_int(config, "num_hidden_layers", "n_layer", "num_layers")
+    if not layers:
+        return None
+    fp8 = _kv_quant_fp8(config)
+    lora, rope = _first_int(config, "kv_lora_rank"), _first_int(config, "qk_rope_head_dim")
+    if lora and rope is not None:
+        index = _first_int(config, "index_head_dim") or 0
+        kind: Kind = "dsa" if index else "mla"
+        return Geometry(kind, layers, latent_dim=lora + rope, index_head_dim=index, kv_quant_fp8=fp8)
+    heads = _first_int(config, "num_attention_heads", "n_head")
+    kv_heads = _first_int(
+        config, "num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num"
+    )
+    kv_heads = kv_heads or heads
+    head_dim = _first_int(config, "head_dim")
+    hidden = _first_int(config, "hidden_size", "n_embd")
+    if head_dim is None and hidden and heads:
+        head_dim = hidden // heads
+    if not kv_heads or not head_dim:
+        return None
+    full, sliding, linear = _layer_counts(config, layers)
+    v_dim = _first_int(config, "v_head_dim") or head_dim
+    return Geometry(
+        "mha", full, kv_heads, head_dim, v_dim, sliding_layers=sliding, linear_layers=linear,
+        kv_quant_fp8=fp8,
+    )

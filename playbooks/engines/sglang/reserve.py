@@ -1,0 +1,156 @@
+"""The GPU memory SGLang's own defaults keep outside the static pool, per GPU and deployment.
+
+SGLang chooses `--mem-fraction-static` so that a reserve `R` (MiB) stays free for activations
+and CUDA graphs: `fraction = round((gpu_mem - R) / gpu_mem, 3)`, `gpu_mem` being nvidia-smi's
+total. In 0.5.23 (`sglang/srt/arg_groups/memory_hook.py::handle_gpu_memory_settings`,
+`reserve_for_graph_mb`, `reserve_for_deepep_a2a_mb`):
+
+    R = 512 + 1.5 * max(chunked_prefill_size, 2048) + tp * pp / 8 * 1024 + graphs
+    graphs = 2 * decode_max_bs                                   (decode CUDA graphs on)
+           + 3 * decode_max_bs * attn_dp  (+1.5 * ... above bs 300)   (DP attention)
+           + 8 * len(prefill capture sizes) | 1536 for MLA            (prefill graphs on)
+    R = max(R, 10240) on GPUs over 60 GiB;  R += 2048 with DeepEP all-to-all
+
+0.5.5 and 0.5.10 (`server_args.py::ServerArgs._handle_gpu_memory_settings`) have no prefill
+graph term and add 2048 MiB (6144 for STANDALONE) for speculative decoding after the floor.
+
+kvpilot's rule: a fraction is *recommended* only where what stays outside the static pool
+covers `floor_mib` (the part of `R` SGLang never goes below: the 10 GiB floor or the fixed and
+graph terms, plus the DeepEP and DP-attention terms), and the measured activation room holds.
+The 1.5 MB per prefill token term is SGLang's estimate of activations; kvpilot checks
+activations against the server's measured graph memory instead, and names SGLang's full
+default reserve as the risk of a closer fraction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB_PER_GIB = 1024
+BASE_MIB = 512  # constant metadata (attention backends)
+MIB_PER_ACTIVATION_TOKEN = 1.5
+MIN_ACTIVATION_TOKENS = 2048
+FLOOR_MIB = 10 * 1024  # on GPUs over 60 GiB
+FLOOR_ABOVE_MIB = 60 * 1024
+DEEPEP_MIB = 2 * 1024
+MLA_PREFILL_GRAPH_MIB = 1.5 * 1024
+SPECULATIVE_MIB_OLD = 2048  # 0.5.5/0.5.10: EAGLE, EAGLE3, NEXTN (MTP)
+STANDALONE_MIB_OLD = 6144
+DP_LARGE_BS = 300
+
+
+def prefill_capture_sizes(max_bs: int) -> list[int]:
+    """0.5.23's prefill CUDA-graph capture sizes up to `max_bs` tokens
+    (`arg_groups/cuda_graph_hook.py::generate_prefill_cuda_graph_batch_sizes`)."""
+    sizes = (
+        list(range(4, 33, 4))
+        + list(range(48, 257, 16))
+        + list(range(288, 513, 32))
+        + list(range(576, 1025, 64))
+        + list(range(1280, 4097, 256))
+        + list(range(4608, max_bs + 1, 512))
+    )
+    return [s for s in sizes if s <= max_bs]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What SGLang's reserve depends on, as the server's resolved arguments say it."""
+
+    gpu_mib: float  # nvidia-smi memory.total (the smallest GPU)
+    tp: int = 1
+    pp: int = 1
+    chunked_prefill_size: int = 8192  # -1: chunking off, max_prefill_tokens counts instead
+    max_prefill_tokens: int = 16384
+    decode_max_bs: int = 256
+    attn_dp: int = 1  # attention-DP ranks; 1 without DP attention
+    mla: bool = False
+    deepep: bool = False
+    decode_graphs: bool = True
+    prefill_graphs: bool = True  # 0.5.23's default prefill backend captures graphs on CUDA
+    prefill_graph_max_bs: int | None = None  # defaults to the chunk (MLA: at most 8192)
+    speculative: str | None = None  # algorithm name, None without speculation
+    version: tuple[int, int, int] = (0, 5, 23)
+
+    @property
+    def new_layout(self) -> bool:
+        return self.version >= (0, 5, 23)
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """SGLang's default reserve for one deployment, and the part kvpilot treats as a floor."""
+
+    total_mib: float  # what SGLang's default fraction keeps free
+    floor_mib: float  # what a recommended fraction must keep free
+    activation_mib: float  # SGLang's 1.5 MB-per-token activation estimate
+    graph_mib: float
+    parts: tuple[tuple[str, float], ...]
+
+    @property
+    def total_gib(self) -> float:
+        return self.total_mib / MIB_PER_GIB
+
+    @property
+    def floor_gib(self) -> float:
+        return self.floor_mib / MIB_PER_GIB
+
+    def default_fraction(self, gpu_mib: float) -> float:
+        return round((gpu_mib - self.total_mib) / gpu_mib, 3)
+
+
+def _dp_padding_mib(d: Deployment) -> float:
+    if d.attn_dp <= 1:
+        return 0.0
+    pad = d.decode_max_bs * d.attn_dp * 3.0
+    if d.decode_max_bs > DP_LARGE_BS:
+        pad += d.decode_max_bs * d.attn_dp * 1.5
+    return pad
+
+
+def _prefill_graph_mib(d: Deployment) -> float:
+    if not (d.new_layout and d.prefill_graphs):
+        return 0.0
+    if d.mla:
+        return MLA_PREFILL_GRAPH_MIB
+    chunk = d.chunked_prefill_size if d.chunked_prefill_size > 0 else d.max_prefill_tokens
+    max_bs = d.prefill_graph_max_bs or chunk
+    return 8.0 * len(prefill_capture_sizes(max_bs))
+
+
+def _beyond_floor_mib(d: Deployment) -> tuple[tuple[str, float], ...]:
+    """Terms SGLang adds after the floor is applied."""
+    parts: list[tuple[str, float]] = []
+    if d.new_layout and d.deepep and d.decode_graphs:
+        parts.append(("DeepEP all-to-all buffers", DEEPEP_MIB))
+    if not d.new_layout and d.speculative:
+        extra = STANDALONE_MIB_OLD if d.speculative.upper() == "STANDALONE" else SPECULATIVE_MIB_OLD
+        parts.append((f"speculative decoding ({d.speculative})", extra))
+    return tuple(parts)
+
+
+def sglang_reserve(d: Deployment) -> Reserve:
+    """SGLang's own default reserve for this deployment, term by term."""
+    chunk = d.chunked_prefill_size if d.chunked_prefill_size > 0 else d.max_prefill_tokens
+    activation = MIB_PER_ACTIVATION_TOKEN * max(chunk, MIN_ACTIVATION_TOKENS)
+    scale_out = d.tp * d.pp / 8 * MIB_PER_GIB
+    decode = 2.0 * d.decode_max_bs if d.decode_graphs else 0.0
+    dp = _dp_padding_mib(d)
+    graph = decode + dp + _prefill_graph_mib(d)
+    fixed = BASE_MIB + scale_out + graph
+    floor = FLOOR_MIB if d.gpu_mib > FLOOR_ABOVE_MIB else 0.0
+    beyond = _beyond_floor_mib(d)
+    extra = sum(v for _, v in beyond)
+    total = max(fixed + activation, floor) + extra
+    parts = (
+        ("metadata", float(BASE_MIB)),
+        (f"activations for {max(chunk, MIN_ACTIVATION_TOKENS):,} prefill tokens", activation),
+        (f"TP{d.tp}xPP{d.pp} slack", scale_out),
+        ("CUDA graphs", decode + _prefill_graph_mib(d)),
+        *((("DP-attention padding", dp),) if dp else ()),
+        *beyond,
+    )
+    # The floor kvpilot holds a recommendation to: SGLang's floor, never below its fixed and
+    # graph terms, with the DP padding and the terms beyond the floor on top.
+    rule_floor = max(floor, fixed - dp) + dp + extra
+    return Reserve(total, rule_floor, activation, graph, parts)
