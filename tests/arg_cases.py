@@ -145,6 +145,13 @@ SGLANG_0523: dict[str, Declared] = {
         "fields/schedule.py: page_size: A[Optional[int], Arg(resolvable=True)] = None; "
         "validation_hook.py check_server_args: chunked_prefill_size % page_size == 0",
     ),
+    "attn_dp_size": Declared(
+        ("--attn-dp-size", "--attention-data-parallel-size"),
+        "int",
+        None,
+        1,
+        "fields/parallel.py: attn_dp_size: int = 1; parallel_hook.py asserts tp % attn_dp == 0",
+    ),
 }
 
 # The server's own arguments before the edit; each edit replaces or removes entries of it.
@@ -179,9 +186,16 @@ class Refusal:
     args: tuple[str, ...]
 
 
+# Entries whose valid values depend on the server's TP size: their edits run on a TP8 server
+# (SGLang asserts tp_size % attn_dp_size == 0, arg_groups/parallel_hook.py).
+TP8 = ("--tp-size", "8")
+ON_TP8 = {"attn_dp_size": ["1", "2", "4", "8", " 8 ", "8.0"]}
+
+
 def _edit(key: str, items: list[str]) -> Edit:
     change = parse_change(items)
-    return Edit(key, tuple(items), change, tuple(with_change(list(BASELINE), change)))
+    base = [*BASELINE, *TP8] if key in ON_TP8 else list(BASELINE)
+    return Edit(key, tuple(items), change, tuple(with_change(base, change)))
 
 
 def _int_texts(v: IntValue, rng: random.Random) -> list[str]:
@@ -223,7 +237,9 @@ def accepted_edits(seed: int = SEED) -> list[Edit]:
     edits: list[Edit] = []
     for name, spec in ALLOWED.items():
         v = spec.value
-        if isinstance(v, IntValue):
+        if name in ON_TP8:
+            texts = ON_TP8[name]
+        elif isinstance(v, IntValue):
             texts = _int_texts(v, rng)
         elif isinstance(v, FloatValue):
             texts = _float_texts(v, rng)

@@ -267,6 +267,14 @@ ALLOWED: dict[str, ArgSpec] = {
             ChoiceValue(WRITE_POLICIES),
             "when KV is copied to host",
         ),
+        # parallel.py `attn_dp_size: int = 1` (0.5.23; `--enable-dp-attention --dp-size N` is
+        # the deprecated spelling it folds in). parallel_hook.py asserts tp_size % attn_dp_size
+        # == 0, which kvpilot checks against the server's TP size before a restart.
+        ArgSpec(
+            "attn_dp_size",
+            IntValue(1, 1024, unit="ranks"),
+            "attention data-parallel ranks (a divisor of the TP size)",
+        ),
         # schedule.py `page_size: A[Optional[int], Arg(resolvable=True)] = None` (None -> 1);
         # a power of two up to PAGE_SIZE_MAX so that it divides SGLang's own chunk sizes.
         ArgSpec(

@@ -6,18 +6,22 @@ name gets `UnknownArgument`: kvpilot cannot call a change safe that it has no ru
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from playbooks.engines.sglang.capacity import ACTIVATION_FLOOR_GIB
 from playbooks.engines.sglang.checks import NOTHING, Change, Check, Finding, dtype_bytes
+from playbooks.engines.sglang.deployment import decode_max_bs
 from playbooks.engines.sglang.facts import (
     RETRACTIONS_PER_MIN_HIGH,
     SATURATED_USAGE,
     Observed,
     requests_fitting,
     retraction_rate,
+    running_cap_total,
 )
 from playbooks.engines.sglang.hicache import HostPoolCheck
+from playbooks.engines.sglang.reserve import Deployment, sglang_reserve
 
 DEFAULT_CHUNK = 8192  # SGLang's chunked_prefill_size when the server reports none
 MIN_CHUNK = 2048  # activation memory stops shrinking with the chunk below this
@@ -81,6 +85,21 @@ def reserve_floor(ctx: Change) -> Finding:
             "SGLang's own floor",
         ),
     )
+
+
+def dp_padding_gib(ctx: Change, ranks: int) -> float:
+    """The CUDA-graph padding SGLang reserves for `ranks` attention-DP ranks, beyond today's."""
+    reserve = ctx.cap.reserve
+    if reserve is None:
+        return 0.0
+    gpu_mib = ctx.cap.gpu.total_mib or ctx.cap.gpu.pre_gib * 1024
+    base = Deployment(gpu_mib=gpu_mib, decode_max_bs=decode_bs(ctx), prefill_graphs=False)
+    now = sglang_reserve(replace(base, attn_dp=ctx.ranks_now)).graph_mib
+    return (sglang_reserve(replace(base, attn_dp=ranks)).graph_mib - now) / 1024
+
+
+def decode_bs(ctx: Change) -> int:
+    return decode_max_bs(ctx.server.info, ctx.cap.gpu.total_mib or ctx.cap.gpu.pre_gib * 1024)
 
 
 class StaticPoolCheck(Check):
@@ -207,13 +226,76 @@ class RunningCapCheck(Check):
     names = ("max_running_requests",)
     predicts_gain = False
 
+    def safety(self, ctx: Change, value: Any) -> Finding:
+        per_rank = int(value) // ctx.ranks
+        if ctx.ranks > 1 and per_rank < max(1, ctx.server.info.effective_max_running_requests or 1):
+            return Finding(
+                "unsafe",
+                (
+                    f"max_running_requests is global and SGLang divides it by the "
+                    f"{ctx.ranks} attention-DP ranks: {value} leaves {per_rank} per rank, fewer "
+                    f"than the {ctx.server.info.effective_max_running_requests} each runs now",
+                ),
+                ("a smaller batch on every rank",),
+            )
+        return NOTHING
+
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
-        limit = ctx.server.info.effective_max_running_requests
+        limit = running_cap_total(ctx.server.info)
         if seen.bottleneck == "compute" and limit and int(value) > limit:
             return Finding(
                 "possible", (f"the batch sits at the cap of {limit} while the pool has room",)
             )
         return Finding("not_useful", ("the running-request cap does not limit this server now",))
+
+
+class DpAttentionCheck(Check):
+    """Attention data parallelism: each rank a scheduler with its own pool. With MLA the
+    latent is held whole on every TP rank, so N ranks hold N pools; with GQA the heads are
+    split over fewer ranks and the total does not grow."""
+
+    names = ("attn_dp_size", "enable_dp_attention", "dp_size")
+    predicts_gain = False
+
+    def value(self, change: Change) -> Any:
+        return change.ranks
+
+    def safety(self, ctx: Change, value: Any) -> Finding:
+        tp, ranks = ctx.server.info.tp_size, int(value)
+        if ranks > 1 and tp % ranks:
+            return Finding(
+                "unsafe",
+                (f"SGLang needs the TP size ({tp}) divisible by the attention-DP size ({ranks})",),
+            )
+        reserve = ctx.cap.reserve
+        if reserve is None or ranks <= ctx.ranks_now:
+            return NOTHING
+        padding = dp_padding_gib(ctx, ranks)
+        room = ctx.cap.activation_room_gib(ctx.fraction, ctx.hicache) - padding
+        return Finding(
+            "possible" if room >= ACTIVATION_FLOOR_GIB else "unsafe",
+            (
+                f"DP attention over {ranks} ranks pads CUDA graphs by ~{padding:.1f} GiB "
+                f"(SGLang's reserve: 3 MB x decode batch x ranks), leaving {room:.2f} GiB for "
+                "activations",
+            ),
+            ("GPU OOM under load" if room < ACTIVATION_FLOOR_GIB else "a restart of every rank",),
+        )
+
+    def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
+        if not (ctx.cap.mla and seen.kv_bound and int(value) > ctx.ranks_now):
+            return Finding(
+                "not_useful",
+                ("more attention-DP ranks add KV capacity only to an MLA model that is KV-bound",),
+            )
+        return Finding(
+            "possible",
+            (
+                f"MLA keeps the whole latent on every rank, so {value} ranks hold {value} pools: "
+                f"{ctx.current:,} -> ~{ctx.tokens:,} tokens; attention weights are then "
+                "replicated instead of split, so each pool is somewhat smaller than today's",
+            ),
+        )
 
 
 class PrefillChunkCheck(Check):
@@ -297,6 +379,7 @@ CHECKS: dict[str, Check] = _table(
         HostPoolCheck(),
         ConservativenessCheck(),
         RunningCapCheck(),
+        DpAttentionCheck(),
         PrefillChunkCheck(),
         RideAlongCheck("max_total_tokens"),
         RideAlongCheck("page_size"),

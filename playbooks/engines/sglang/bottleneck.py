@@ -14,9 +14,11 @@ from playbooks.diagnose.measure import Measurement
 from playbooks.engines.sglang.facts import (
     SATURATED_USAGE,
     Context,
+    pool_tokens,
     requests_fitting,
     resident_tokens,
     retraction_rate,
+    running_cap_total,
 )
 from playbooks.types import Bottleneck
 
@@ -43,18 +45,21 @@ def signals(ctx: Context) -> Signals:
     if usage is not None and m.usage_trend is not None and m.usage_trend[1] > usage:
         usage = m.usage_trend[1]
     retracting = bool((retraction_rate(m) or 0) > 0 or m.retractions_seen_in_gauge)
-    return Signals(m, usage, usage_text, retracting, ctx.info.effective_max_running_requests)
+    return Signals(m, usage, usage_text, retracting, running_cap_total(ctx.info))
 
 
 def evidence(ctx: Context) -> list[str]:
     """What was measured, in the operator's words, before any conclusion."""
     m = ctx.m
-    cap = ctx.info.max_total_num_tokens
+    cap = pool_tokens(ctx.info)
+    ranks = cap // max(1, ctx.info.max_total_num_tokens)
     usage = "unknown" if m.token_usage is None else f"{m.token_usage:.2f}"
+    per_rank = ctx.info.max_total_num_tokens
+    split = f" ({ranks} DP-attention ranks of {per_rank:,})" if ranks > 1 else ""
     found = [
         f"on average {m.running:.1f} requests ran and {m.queued:.1f} waited "
         f"(queue non-empty {m.queue_nonempty_fraction:.0%} of the time, at most "
-        f"{m.queued_max:.0f}); KV token usage {usage} of {cap:,} tokens"
+        f"{m.queued_max:.0f}); KV token usage {usage} of {cap:,} tokens{split}"
     ]
     per = resident_tokens(ctx.info, m)
     if per is not None and m.avg_output_tokens is not None and m.avg_prompt_tokens is not None:

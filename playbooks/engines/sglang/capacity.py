@@ -19,7 +19,6 @@ memory outside also covers SGLang's own reserve floor (`reserve.py`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from playbooks.engines.sglang.geometry import Geometry
@@ -66,6 +65,7 @@ class CapacityModel:
     reserve: Reserve | None = None  # SGLang's own default reserve for this GPU and deployment
     geometry: Geometry | None = None  # from the model's config.json, where kvpilot can read it
     hicache_on: bool = False  # the hierarchical cache's GPU buffers are already taken
+    mla: bool = False  # the KV cell is a latent held whole on every TP rank
 
     @property
     def static_gib(self) -> float:

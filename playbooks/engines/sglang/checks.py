@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from playbooks.engines.sglang.capacity import KV_DTYPE_BYTES, CapacityModel
+from playbooks.engines.sglang.deployment import attn_dp_size
 from playbooks.engines.sglang.facts import Observed, Server
 from playbooks.types import Verdict
 
@@ -48,16 +49,21 @@ class Change:
     fraction: float  # mem_fraction_static after the change
     dtype: str  # kv_cache_dtype after the change
     hicache: bool  # whether the hierarchical cache is on after the change
-    tokens: int  # predicted KV capacity after the change
+    tokens: int  # predicted KV capacity after the change, over all attention-DP ranks
     bytes_per_token: float  # of the pool after the change
+    ranks: int = 1  # attention-DP ranks after the change
 
     @property
     def cap(self) -> CapacityModel:
         return self.server.cap
 
     @property
+    def ranks_now(self) -> int:
+        return attn_dp_size(self.server.info)
+
+    @property
     def current(self) -> int:
-        return self.server.info.max_total_num_tokens
+        return self.server.info.max_total_num_tokens * self.ranks_now
 
     @classmethod
     def of(cls, server: Server, values: Mapping[str, Any]) -> Change:
@@ -72,7 +78,20 @@ class Change:
             tokens = cap.tokens_at(fraction, bytes_new)
         if "max_total_tokens" in values:
             tokens = min(tokens, int(values["max_total_tokens"]))
-        return cls(server, dict(values), fraction, dtype, hicache, tokens, bytes_new)
+        ranks = attn_ranks_after(server, values)
+        return cls(server, dict(values), fraction, dtype, hicache, tokens * ranks, bytes_new, ranks)
+
+
+def attn_ranks_after(server: Server, values: Mapping[str, Any]) -> int:
+    """Attention-DP ranks after a change, in either spelling (0.5.23 `attn_dp_size`, older
+    `enable_dp_attention` with `dp_size`)."""
+    if "attn_dp_size" in values:
+        return max(1, int(values["attn_dp_size"]))
+    if values.get("enable_dp_attention"):
+        return max(1, int(values.get("dp_size") or server.info.arg("dp_size") or 1))
+    if values.get("enable_dp_attention") is False:
+        return 1
+    return attn_dp_size(server.info)
 
 
 def cell_after(cap: CapacityModel, dtype: str) -> float:

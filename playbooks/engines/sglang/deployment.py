@@ -26,7 +26,9 @@ MLA_BACKENDS = ("flashmla", "cutlass_mla", "trtllm_mla", "flashinfer_mla", "trit
 
 
 def _int(value: object, default: int) -> int:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    return default
 
 
 def gpu_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:

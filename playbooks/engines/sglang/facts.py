@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from playbooks.diagnose.measure import Measurement
 from playbooks.engines.sglang.capacity import CapacityModel
 from playbooks.engines.sglang.client import ServerInfo
+from playbooks.engines.sglang.deployment import attn_dp_size
 from playbooks.sources.host import HostMemory
 from playbooks.types import Bottleneck
 
@@ -88,9 +89,24 @@ def parse_version(text: str) -> tuple[int, int, int]:
 def ranks_on_host(info: ServerInfo) -> int:
     tp = int(info.arg("tp_size") or 1)
     pp = int(info.arg("pp_size") or 1)
-    dp = 1 if info.arg("enable_dp_attention") else int(info.arg("dp_size") or 1)
+    attention_dp = info.arg("enable_dp_attention") or int(info.arg("attn_dp_size") or 1) > 1
+    dp = 1 if attention_dp else int(info.arg("dp_size") or 1)
     nodes = int(info.arg("nnodes") or 1)
     return max(1, tp * pp * dp // nodes)
+
+
+def pool_tokens(info: ServerInfo) -> int:
+    """KV tokens over all attention-DP ranks: `max_total_num_tokens` is one rank's pool
+    (`mem_cache/kv_cache_configurator.py`: each DP rank is a scheduler with its own pool)."""
+    return info.max_total_num_tokens * attn_dp_size(info)
+
+
+def running_cap_total(info: ServerInfo) -> int | None:
+    """The running-request cap of the whole server: SGLang reports it per DP rank, having
+    divided the global `--max-running-requests` by the attention-DP size
+    (`kv_cache_configurator.py::resolve_max_num_reqs`)."""
+    per_rank = info.effective_max_running_requests
+    return None if per_rank is None else per_rank * attn_dp_size(info)
 
 
 def resident_tokens(info: ServerInfo, m: Measurement) -> float | None:
@@ -98,7 +114,7 @@ def resident_tokens(info: ServerInfo, m: Measurement) -> float | None:
     if m.avg_prompt_tokens is not None and m.avg_output_tokens is not None:
         return m.avg_prompt_tokens + m.avg_output_tokens / 2
     if m.token_usage and m.running:
-        return m.token_usage * info.max_total_num_tokens / m.running
+        return m.token_usage * pool_tokens(info) / m.running
     return None
 
 
@@ -107,7 +123,7 @@ def requests_fitting(info: ServerInfo, m: Measurement, tokens: int | None = None
     per = resident_tokens(info, m)
     if not per:
         return None
-    return (tokens or info.max_total_num_tokens) * 0.9 / per
+    return (tokens or pool_tokens(info)) * 0.9 / per
 
 
 def retraction_rate(m: Measurement) -> float | None:

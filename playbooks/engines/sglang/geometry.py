@@ -119,7 +119,9 @@ def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
     if lora and rope is not None:
         index = _first_int(config, "index_head_dim") or 0
         kind: Kind = "dsa" if index else "mla"
-        return Geometry(kind, layers, latent_dim=lora + rope, index_head_dim=index, kv_quant_fp8=fp8)
+        return Geometry(
+            kind, layers, latent_dim=lora + rope, index_head_dim=index, kv_quant_fp8=fp8
+        )
     heads = _first_int(config, "num_attention_heads", "n_head")
     kv_heads = _first_int(
         config, "num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num"
@@ -134,6 +136,12 @@ def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
     full, sliding, linear = _layer_counts(config, layers)
     v_dim = _first_int(config, "v_head_dim") or head_dim
     return Geometry(
-        "mha", full, kv_heads, head_dim, v_dim, sliding_layers=sliding, linear_layers=linear,
+        "mha",
+        full,
+        kv_heads,
+        head_dim,
+        v_dim,
+        sliding_layers=sliding,
+        linear_layers=linear,
         kv_quant_fp8=fp8,
     )

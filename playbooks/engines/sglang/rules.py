@@ -139,6 +139,7 @@ def capacity_model(
     return replace(
         cap,
         reserve=sglang_reserve(deployment),
+        mla=deployment.mla,
         kv_dtype=effective_kv_dtype(info, geometry, cap.bytes_per_token),
     )
 
