@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from playbooks.engines.base import LabelledValue, Metrics, MetricsDisabled, MetricsSpec, Snapshot
 from playbooks.engines.sglang.client import RankLoad
@@ -162,6 +162,24 @@ def binding_pool(
     if top < near_top:
         return None
     return next(pool for usage, pool in read if usage == top)
+
+
+class PoolUsages(Protocol):
+    """What carries the three pools' shares: a `Snapshot`, or a `Measurement`'s window means."""
+
+    @property
+    def full_usage(self) -> float | None: ...
+
+    @property
+    def swa_usage(self) -> float | None: ...
+
+    @property
+    def mamba_usage(self) -> float | None: ...
+
+
+def binding_pool_of(reading: PoolUsages) -> Pool | None:
+    """The pool that binds in one reading or measurement (`binding_pool`), for the evidence."""
+    return binding_pool(reading.full_usage, reading.swa_usage, reading.mamba_usage)
 
 
 def has_scheduler_metrics(m: Metrics) -> bool:

@@ -15,7 +15,7 @@ import pytest
 from playbooks.engines.base import Snapshot
 from playbooks.engines.sglang import ENGINE
 from playbooks.engines.sglang.client import parse_metrics
-from playbooks.engines.sglang.metrics import binding_pool, per_dp_rank
+from playbooks.engines.sglang.metrics import binding_pool, binding_pool_of, per_dp_rank
 from tests.paths import FIXTURES
 from tests.playbooks.engines.sglang.exposition import exposition, series
 
@@ -222,3 +222,14 @@ def test_the_binding_pool(
     usages: tuple[float | None, float | None, float | None], pool: str | None
 ) -> None:
     assert binding_pool(*usages) == pool
+
+
+def test_the_binding_pool_of_a_reading() -> None:
+    hybrid = snap(
+        series(USAGE, 0.93),
+        series("sglang:full_token_usage", 0.41),
+        series("sglang:swa_token_usage", 0.93),
+        series("sglang:mamba_usage", 0.0),
+    )
+    assert binding_pool_of(hybrid) == "swa"
+    assert binding_pool_of(Snapshot()) is None
