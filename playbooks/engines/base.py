@@ -118,7 +118,7 @@ class Metrics:
         )
 
     def get(self, name: str) -> float | None:
-        """The sum over label sets: right for counters and for per-rank amounts."""
+        """The sum over label sets: right where they are disjoint parts (label-blind)."""
         return self.samples.get(name)
 
     def mean(self, name: str) -> float | None:

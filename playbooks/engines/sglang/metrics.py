@@ -104,9 +104,10 @@ Over = Literal["sum", "mean"]
 Pool = Literal["full", "swa", "mamba"]
 
 
-def _rank_label(value: LabelledValue, name: str) -> int:
-    text = value.labels.get(name, "0")
-    return int(text) if text.isdigit() else 0
+def _ranks(value: LabelledValue) -> tuple[int, int]:
+    """(pp_rank, tp_rank) of a sample; 0 where a label is missing (tokenizer series)."""
+    pp, tp = value.labels.get(PP_RANK, "0"), value.labels.get(TP_RANK, "0")
+    return (int(pp) if pp.isdigit() else 0, int(tp) if tp.isdigit() else 0)
 
 
 def _without_priority_breakdown(values: Sequence[LabelledValue]) -> list[LabelledValue]:
@@ -129,12 +130,8 @@ def per_dp_rank(name: str, values: Sequence[LabelledValue]) -> dict[str, float]:
         groups.setdefault(v.labels.get(DP_RANK, ""), []).append(v)
     out: dict[str, float] = {}
     for rank, members in groups.items():
-        speaker = min((_rank_label(v, PP_RANK), _rank_label(v, TP_RANK)) for v in members)
-        out[rank] = sum(
-            v.value
-            for v in members
-            if (_rank_label(v, PP_RANK), _rank_label(v, TP_RANK)) == speaker
-        )
+        speaker = min(_ranks(v) for v in members)
+        out[rank] = sum(v.value for v in members if _ranks(v) == speaker)
     return out
 
 
