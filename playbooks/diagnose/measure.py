@@ -91,6 +91,11 @@ class Measurement:
     retractions: int | None
     retractions_seen_in_gauge: int
     usage_trend: tuple[float, float] | None = None  # mean usage in the first and last third
+    # A hybrid model's KV pools, each its own window mean (`token_usage` is the fullest's).
+    full_usage: float | None = None
+    swa_usage: float | None = None
+    mamba_usage: float | None = None
+    swa_capacity_tokens: int | None = None  # the sliding-window pool's size, newest reading
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -284,7 +289,6 @@ def _summarise(
     c = _counters(samples, t0, batch_s, plan, notes) if source == "metrics" else _Counters()
     body = samples[1:] or samples
     usages = [s.kv_usage for s in body if s.kv_usage is not None]
-    hits = [s.cache_hit_rate for s in body if s.cache_hit_rate is not None]
     lag = lag1_autocorrelation(gens)  # of the batch means: how far from independent they are
     trend = None
     if len(usages) >= 6:
@@ -309,10 +313,24 @@ def _summarise(
         queued_max=max(s.queued for s in body),
         queue_nonempty_fraction=sum(1 for s in body if s.queued > 0) / len(body),
         token_usage=statistics.fmean(usages) if usages else None,
-        cache_hit_rate=statistics.fmean(hits) if hits else None,
+        cache_hit_rate=_window_mean(body, lambda s: s.cache_hit_rate),
         cached_fraction=c.cached_fraction,
         retractions=c.retractions,
         retractions_seen_in_gauge=sum(1 for s in body if (s.preempting or 0) > 0),
         usage_trend=trend,
+        full_usage=_window_mean(body, lambda s: s.full_usage),
+        swa_usage=_window_mean(body, lambda s: s.swa_usage),
+        mamba_usage=_window_mean(body, lambda s: s.mamba_usage),
+        swa_capacity_tokens=next(
+            (s.swa_capacity_tokens for s in reversed(body) if s.swa_capacity_tokens), None
+        ),
         notes=notes,
     )
+
+
+def _window_mean(
+    body: Sequence[Snapshot], value: Callable[[Snapshot], float | None]
+) -> float | None:
+    """A gauge's mean over the readings that have it (None when none does)."""
+    values = [v for v in map(value, body) if v is not None]
+    return statistics.fmean(values) if values else None

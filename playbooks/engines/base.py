@@ -21,7 +21,7 @@ The interface, in the order a playbook meets it:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -64,20 +64,61 @@ class ArgError(ValueError):
 
 
 @dataclass(frozen=True)
-class Metrics:
-    """One reading of an engine's exposition families, each sample summed over its label sets.
+class LabelledValue:
+    """One exposition sample: its label set (without the metric name) and its value."""
 
-    Engine-neutral: which families exist and what they mean is the engine's business
-    (`Engine.snapshot`). A Prometheus server and a direct scrape both produce this.
+    labels: Mapping[str, str]
+    value: float
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """One reading of an engine's exposition families, every sample kept with its label set.
+
+    Engine-neutral: which families exist, and how a family's label sets combine (per rank,
+    per priority, duplicated across ranks), is the engine's business (`Engine.snapshot` reads
+    `labelled`). `get` and `mean` are the label-blind sum and mean, for families whose label
+    sets are disjoint parts of one whole. A Prometheus server and a direct scrape both produce
+    this, through `Metrics.read`.
     """
 
     samples: dict[str, float]
     counts: dict[str, int]
     families: frozenset[str]
     ttft_buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
+    series: Mapping[str, tuple[LabelledValue, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def read(
+        cls,
+        samples: Iterable[tuple[str, Mapping[str, str], float]],
+        families: Iterable[str],
+        ttft_histogram: str,
+    ) -> Metrics:
+        """The reading of (sample name, labels, value) triples, wherever they were scraped.
+
+        Histogram buckets and `_created` timestamps are left out, except the TTFT histogram's
+        buckets (summed over label sets per bound); NaN samples say nothing and are dropped.
+        """
+        kept: dict[str, list[LabelledValue]] = {}
+        ttft: dict[float, float] = {}
+        for name, labels, value in samples:
+            if name == ttft_histogram and "le" in labels:
+                le = float(labels["le"])
+                ttft[le] = ttft.get(le, 0.0) + value
+            if name.endswith("_created") or "le" in labels or math.isnan(value):
+                continue
+            kept.setdefault(name, []).append(LabelledValue(dict(labels), value))
+        return cls(
+            samples={name: sum(v.value for v in values) for name, values in kept.items()},
+            counts={name: len(values) for name, values in kept.items()},
+            families=frozenset(families),
+            ttft_buckets=ttft,
+            series={name: tuple(values) for name, values in kept.items()},
+        )
 
     def get(self, name: str) -> float | None:
-        """The sum over label sets: right for counters and for per-rank amounts."""
+        """The sum over label sets: right where they are disjoint parts (label-blind)."""
         return self.samples.get(name)
 
     def mean(self, name: str) -> float | None:
@@ -85,6 +126,10 @@ class Metrics:
         if name not in self.samples:
             return None
         return self.samples[name] / max(1, self.counts.get(name, 1))
+
+    def labelled(self, name: str) -> tuple[LabelledValue, ...]:
+        """Every sample of `name` with its label set (empty when the reading has none)."""
+        return tuple(self.series.get(name, ()))
 
     def has(self, family: str) -> bool:
         return family in self.families
@@ -107,15 +152,22 @@ class MetricsSpec:
 
 
 Source = Literal["metrics", "loads"]
+STORED_VERSION = 2  # of `Snapshot.to_json`
 
 
 @dataclass(frozen=True)
 class Snapshot:
     """One normalised reading of a server's load: the only sample type kvpilot has.
 
-    Gauges are summed over ranks (KV usage and cache hit rate are means); counters are
-    cumulative since the server started (None when the engine does not export them, 0 when it
-    declares one that has not counted yet). `t` is seconds on the bot's clock when it was taken.
+    Gauges are summed over data-parallel ranks (KV usage and cache hit rate are means);
+    counters are cumulative since the server started (None when the engine does not export
+    them, 0 when it declares one that has not counted yet). `t` is seconds on the bot's clock
+    when it was taken. A hybrid model keeps KV in more than one pool (full attention, sliding
+    window, state-space); `kv_usage` is then the fullest pool's share, and each pool's own share
+    is kept beside it (None where the engine does not say).
+
+    Stored as JSON (`to_json`) with a version key: version 2 added the per-pool fields; rows
+    of version 1 read back with them None.
     """
 
     t: float = 0.0
@@ -127,6 +179,10 @@ class Snapshot:
     cache_hit_rate: float | None = None  # the engine's own prefix-cache hit rate, 0..1
     capacity_tokens: int | None = None  # KV pool size in tokens
     preempting: float | None = None  # requests being preempted (retracted) right now
+    full_usage: float | None = None  # share of the full-attention KV pool in use, 0..1
+    swa_usage: float | None = None  # share of the sliding-window KV pool in use, 0..1
+    mamba_usage: float | None = None  # share of the state-space (mamba) pool in use, 0..1
+    swa_capacity_tokens: int | None = None  # sliding-window KV pool size in tokens
     # counters
     generated_tokens: float | None = None  # output tokens of finished requests
     prompt_tokens: float | None = None
@@ -165,7 +221,7 @@ class Snapshot:
 
     def to_json(self) -> dict[str, Any]:
         """The stored form (without `t`, which storage keeps in its own column)."""
-        out: dict[str, Any] = {"v": 1}
+        out: dict[str, Any] = {"v": STORED_VERSION}
         for f in fields(self):
             if f.name in ("t", "ttft_p95_s"):
                 continue

@@ -20,7 +20,7 @@ from playbooks.engines.base import Engine, EngineClient, Metrics, ServerSettings
 
 class MetricsSource(Protocol):
     def metrics(self) -> Metrics:
-        """The server's engine metrics now, summed over label sets like a direct scrape."""
+        """The server's engine metrics now, each sample with its label set, like a direct scrape."""
         ...
 
     def describe(self) -> str:

@@ -5,8 +5,9 @@ the engine's `MetricsSpec` (a name prefix, the one histogram kept, a heartbeat g
 they mean is `Engine.snapshot`. Prometheus scrapes the server's metrics endpoint and keeps every
 sample with its labels, so the newest sample of each of the engine's series is the scrape
 kvpilot would have made itself, at most one Prometheus scrape interval old.
-`PrometheusMetrics.metrics()` asks for exactly those series with one instant query and sums them
-the way a direct scrape is summed, so measurement, diagnosis and the gate see the same structure:
+`PrometheusMetrics.metrics()` asks for exactly those series, raw with their labels, with one
+instant query, and reads them the way a direct scrape is read (the engine decides how label sets
+combine: per rank, per priority), so measurement, diagnosis and the gate see the same structure:
 
     {__name__=~"PREFIX.+", __name__!~"PREFIX.+_bucket", SELECTOR}
       or {__name__="TTFT_HISTOGRAM", SELECTOR}
@@ -93,24 +94,25 @@ def _family(name: str, names: set[str]) -> str:
 
 
 def metrics_from_series(series: Iterable[Series], spec: MetricsSpec) -> Metrics:
-    """Sum the engine's series over their label sets, exactly as a direct scrape is summed."""
+    """The engine's series with their label sets, exactly as a direct scrape reads them.
+
+    Prometheus' own name label is taken off; its target labels (job, instance) stay, one value
+    each since a reading is of one target, so they split nothing the engine combines.
+    """
     items = [s for s in series if s.labels.get("__name__", "").startswith(spec.prefix)]
     names = {s.labels["__name__"] for s in items}
-    samples: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    families: set[str] = set()
-    ttft: dict[float, float] = {}
-    for s in items:
-        name = s.labels["__name__"]
-        families.add(_family(name, names))
-        if name == spec.ttft_histogram and "le" in s.labels:
-            le = float(s.labels["le"])
-            ttft[le] = ttft.get(le, 0.0) + s.value
-        if name.endswith("_created") or "le" in s.labels or math.isnan(s.value):
-            continue
-        samples[name] = samples.get(name, 0.0) + s.value
-        counts[name] = counts.get(name, 0) + 1
-    return Metrics(samples, counts, frozenset(families), ttft)
+    return Metrics.read(
+        (
+            (
+                s.labels["__name__"],
+                {k: v for k, v in s.labels.items() if k != "__name__"},
+                s.value,
+            )
+            for s in items
+        ),
+        (_family(name, names) for name in names),
+        ttft_histogram=spec.ttft_histogram,
+    )
 
 
 @dataclass(frozen=True)

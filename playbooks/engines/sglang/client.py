@@ -12,7 +12,6 @@ without `--enable-metrics` (the caller falls back on loads and server info and s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +52,10 @@ class MemoryReport:
     graph_gb: float | None
     token_capacity: int | None
     startup_available_gb: float | None
+    # The sliding-window pool's tokens on a hybrid SWA model; None (SGLang's null) otherwise
+    # (0.5.23 `managers/scheduler_components/memory_usage.py`, from the scheduler's
+    # `swa_tokens_per_layer` in `internal_state.py`).
+    token_capacity_swa: int | None = None
 
 
 @dataclass(frozen=True)
@@ -316,6 +319,7 @@ def parse_server_info(data: dict[str, Any]) -> ServerInfo:
             graph_gb=_float(graph),
             token_capacity=_int(usage.get("token_capacity")),
             startup_available_gb=_float(usage.get("startup_available")),
+            token_capacity_swa=_int(usage.get("token_capacity_swa")),
         ),
         effective_max_running_requests=_int(effective),
         dp_ranks=len(states) if isinstance(states, list) and states else 1,
@@ -357,30 +361,17 @@ def parse_loads(data: Any) -> list[RankLoad]:
 
 
 def parse_metrics(text: str) -> Metrics:
-    """Sum each `sglang:` sample over its label sets (DP ranks, streaming or not, ...)."""
-    samples: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    families: set[str] = set()
-    ttft: dict[float, float] = {}
+    """Every `sglang:` sample with its label set; how label sets combine is `metrics.py`'s."""
     try:
         parsed = list(text_string_to_metric_families(text))
     except ValueError as exc:
         raise NotSGLang(f"/metrics is not Prometheus text: {exc}") from None
-    for family in parsed:
-        if not family.name.startswith("sglang:"):
-            continue
-        families.add(family.name)
-        for sample in family.samples:
-            if sample.name == "sglang:time_to_first_token_seconds_bucket":
-                le = float(sample.labels["le"])
-                ttft[le] = ttft.get(le, 0.0) + sample.value
-            if sample.name.endswith("_created") or "le" in sample.labels:
-                continue
-            if math.isnan(sample.value):
-                continue
-            samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
-            counts[sample.name] = counts.get(sample.name, 0) + 1
-    return Metrics(samples, counts, frozenset(families), ttft)
+    families = [f for f in parsed if f.name.startswith("sglang:")]
+    return Metrics.read(
+        ((sample.name, sample.labels, sample.value) for f in families for sample in f.samples),
+        (f.name for f in families),
+        ttft_histogram="sglang:time_to_first_token_seconds_bucket",
+    )
 
 
 def _int(value: Any) -> int | None:

@@ -1,28 +1,56 @@
-"""SGLang's metric names, and the one mapping from them to kvpilot's `Snapshot`.
+"""SGLang's metric names, how their label sets combine, and the one mapping to `Snapshot`.
 
-Names are those SGLang 0.5.x exports with `--enable-metrics` (`sglang/srt/metrics/collector.py`:
-`SchedulerMetricsCollector` gauges, `TokenizerMetricsCollector` counters and histograms).
-Two throughputs, because SGLang counts tokens at two places: `gen_throughput` is the
-scheduler's decode rate (refreshed every `--decode-log-interval` steps, smooth), while
-`generation_tokens_total` grows when a request *finishes* (lumpy with long requests).
+Names are those SGLang 0.5.x exports with `--enable-metrics` (0.5.23:
+`sglang/srt/observability/metrics_collector.py`, `SchedulerMetricsCollector` gauges and
+`TokenizerMetricsCollector` counters and histograms). Two throughputs, because SGLang counts
+tokens at two places: `gen_throughput` is the scheduler's decode rate (refreshed every
+`--decode-log-interval` steps, smooth), while `generation_tokens_total` grows when a request
+*finishes* (lumpy with long requests).
+
+How label sets combine (`SchedulerMetricsCollector.init_new` and `_log_gauge_queue_count`):
+
+* every scheduler gauge carries `tp_rank`, `pp_rank` and `moe_ep_rank`, plus `dp_rank` when a
+  data-parallel controller runs (DP attention included, where `dp_rank` is the attention-DP
+  rank). The constants (`emit_constants`: `max_total_num_tokens`, `max_total_num_tokens_swa`)
+  are written by every TP rank, and with `--enable-metrics-for-all-schedulers` so are the load
+  gauges; the TP ranks of one DP group share one batch and one KV pool, so one rank speaks for
+  the group: the lowest (`pp_rank`, `tp_rank`) present, which is the group's stats-logging rank
+  (`attn_tp_rank == 0`). Other labels within that rank (a multiprocess `pid`) are summed.
+* with `--enable-priority-scheduling` the queue gauges (`num_running_reqs`, `num_queue_reqs`)
+  carry the total under `priority=""` and a breakdown under `priority="<int>"`; the breakdown is
+  dropped where the total is there. The tokenizer's counters also carry `priority`, but there
+  it is each request's own (`TokenizerManager.collect_metrics`): disjoint, so they are summed.
+* over DP ranks, amounts (requests, tokens, capacity, rates) are summed and shares (usage, hit
+  rate) averaged. The mean, not the max, because kvpilot reads usage against the summed
+  capacity and the summed running requests (tokens per request = usage x capacity / running),
+  which only the mean keeps true; DP ranks have equal pools, so the mean is also the share of
+  all KV in use.
+
+Hybrid models (0.5.23 `SchedulerStats`): `token_usage` is the max over the full-attention,
+sliding-window and mamba pools; each pool's own usage is exported beside it.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Protocol
 
-from playbooks.engines.base import Metrics, MetricsDisabled, MetricsSpec, Snapshot
+from playbooks.engines.base import LabelledValue, Metrics, MetricsDisabled, MetricsSpec, Snapshot
 from playbooks.engines.sglang.client import RankLoad
+from playbooks.engines.sglang.facts import SATURATED_USAGE
 
 PREFIX = "sglang:"
 GEN_THROUGHPUT = "sglang:gen_throughput"
 RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"
 TOKEN_USAGE = "sglang:token_usage"
+FULL_TOKEN_USAGE = "sglang:full_token_usage"
+SWA_TOKEN_USAGE = "sglang:swa_token_usage"
+MAMBA_USAGE = "sglang:mamba_usage"
 CACHE_HIT_RATE = "sglang:cache_hit_rate"
 MAX_TOTAL_NUM_TOKENS = "sglang:max_total_num_tokens"
+MAX_TOTAL_NUM_TOKENS_SWA = "sglang:max_total_num_tokens_swa"
 RETRACTING = "sglang:num_retracted_reqs"
 # counter families (the sample is FAMILY + "_total")
 GENERATION_TOKENS = "sglang:generation_tokens"
@@ -46,8 +74,12 @@ NAMES = (
     RUNNING,
     QUEUED,
     TOKEN_USAGE,
+    FULL_TOKEN_USAGE,
+    SWA_TOKEN_USAGE,
+    MAMBA_USAGE,
     CACHE_HIT_RATE,
     MAX_TOTAL_NUM_TOKENS,
+    MAX_TOTAL_NUM_TOKENS_SWA,
     RETRACTING,
     *(
         family + "_total"
@@ -63,6 +95,89 @@ NAMES = (
     TTFT_BUCKET,
 )
 
+# SGLang's label names (`SchedulerMetricsCollector.init_new`).
+DP_RANK, TP_RANK, PP_RANK, PRIORITY = "dp_rank", "tp_rank", "pp_rank", "priority"
+PRIORITY_TOTAL = ""  # the label value the queue gauges' total is written under
+# Families written by `_log_gauge_queue_count`: a total beside a per-priority breakdown.
+QUEUE_COUNTS = frozenset({RUNNING, QUEUED})
+Over = Literal["sum", "mean"]
+Pool = Literal["full", "swa", "mamba"]
+
+
+def _ranks(value: LabelledValue) -> tuple[int, int]:
+    """(pp_rank, tp_rank) of a sample; 0 where a label is missing (tokenizer series)."""
+    pp, tp = value.labels.get(PP_RANK, "0"), value.labels.get(TP_RANK, "0")
+    return (int(pp) if pp.isdigit() else 0, int(tp) if tp.isdigit() else 0)
+
+
+def _without_priority_breakdown(values: Sequence[LabelledValue]) -> list[LabelledValue]:
+    """The queue gauges' totals alone, where SGLang wrote a total beside the breakdown.
+
+    Prometheus stores a label with an empty value as no label at all, so a total read back
+    from it has no `priority`: a missing label and priority="" are the same total."""
+    totals = [v for v in values if v.labels.get(PRIORITY, PRIORITY_TOTAL) == PRIORITY_TOTAL]
+    return totals or list(values)
+
+
+def per_dp_rank(name: str, values: Sequence[LabelledValue]) -> dict[str, float]:
+    """A family's value per DP rank ("" without a DP controller), the way SGLang means it:
+    priority breakdowns dropped, one TP (and PP) rank speaking for its group, the rest of
+    that rank's label sets summed (module docstring)."""
+    if name in QUEUE_COUNTS:
+        values = _without_priority_breakdown(values)
+    groups: dict[str, list[LabelledValue]] = {}
+    for v in values:
+        groups.setdefault(v.labels.get(DP_RANK, ""), []).append(v)
+    out: dict[str, float] = {}
+    for rank, members in groups.items():
+        speaker = min(_ranks(v) for v in members)
+        out[rank] = sum(v.value for v in members if _ranks(v) == speaker)
+    return out
+
+
+def combined(m: Metrics, name: str, over: Over = "sum") -> float | None:
+    """A family's one value for the server: its DP ranks summed (amounts) or averaged (shares);
+    None when the reading has no sample of it."""
+    ranks = per_dp_rank(name, m.labelled(name))
+    if not ranks:
+        return None
+    total = sum(ranks.values())
+    return total / len(ranks) if over == "mean" else total
+
+
+def binding_pool(
+    full: float | None, swa: float | None, mamba: float | None, near_top: float = SATURATED_USAGE
+) -> Pool | None:
+    """Which KV pool limits admission: the fullest, when it is near the top (as full as the
+    bottleneck rules call saturated); None when none is, or nothing was read. On a tie the
+    full-attention pool is named, the one every model has."""
+    pools: tuple[tuple[float | None, Pool], ...] = ((full, "full"), (swa, "swa"), (mamba, "mamba"))
+    read = [(usage, pool) for usage, pool in pools if usage is not None]
+    if not read:
+        return None
+    top = max(usage for usage, _ in read)
+    if top < near_top:
+        return None
+    return next(pool for usage, pool in read if usage == top)
+
+
+class PoolUsages(Protocol):
+    """What carries the three pools' shares: a `Snapshot`, or a `Measurement`'s window means."""
+
+    @property
+    def full_usage(self) -> float | None: ...
+
+    @property
+    def swa_usage(self) -> float | None: ...
+
+    @property
+    def mamba_usage(self) -> float | None: ...
+
+
+def binding_pool_of(reading: PoolUsages) -> Pool | None:
+    """The pool that binds in one reading or measurement (`binding_pool`), for the evidence."""
+    return binding_pool(reading.full_usage, reading.swa_usage, reading.mamba_usage)
+
 
 def has_scheduler_metrics(m: Metrics) -> bool:
     """Whether the scheduler's gauges are there yet (a fresh server exports them late)."""
@@ -71,7 +186,7 @@ def has_scheduler_metrics(m: Metrics) -> bool:
 
 def _counter(m: Metrics, family: str) -> float | None:
     """A counter's value; 0 when the family is declared but has not counted yet."""
-    value = m.get(family + "_total")
+    value = combined(m, family + "_total")
     if value is not None:
         return value
     return 0.0 if m.has(family) else None
@@ -82,16 +197,22 @@ def snapshot_from_metrics(m: Metrics) -> Snapshot:
     would say nothing runs, so the caller reads the load report instead."""
     if not has_scheduler_metrics(m):
         raise MetricsDisabled("/metrics has no SGLang scheduler metrics yet")
-    capacity = m.get(MAX_TOTAL_NUM_TOKENS)
+    capacity = combined(m, MAX_TOTAL_NUM_TOKENS)
+    swa_capacity = combined(m, MAX_TOTAL_NUM_TOKENS_SWA)
     return Snapshot(
         source="metrics",
-        running=m.get(RUNNING) or 0.0,
-        queued=m.get(QUEUED) or 0.0,
-        kv_usage=m.mean(TOKEN_USAGE),
-        decode_rate=m.get(GEN_THROUGHPUT),
-        cache_hit_rate=m.mean(CACHE_HIT_RATE),
+        running=combined(m, RUNNING) or 0.0,
+        queued=combined(m, QUEUED) or 0.0,
+        kv_usage=combined(m, TOKEN_USAGE, "mean"),
+        decode_rate=combined(m, GEN_THROUGHPUT),
+        cache_hit_rate=combined(m, CACHE_HIT_RATE, "mean"),
         capacity_tokens=None if capacity is None else int(capacity),
-        preempting=m.get(RETRACTING),
+        preempting=combined(m, RETRACTING),
+        full_usage=combined(m, FULL_TOKEN_USAGE, "mean"),
+        swa_usage=combined(m, SWA_TOKEN_USAGE, "mean"),
+        mamba_usage=combined(m, MAMBA_USAGE, "mean"),
+        # 0.5.23 writes the SWA pool's size only for a hybrid model; the twin writes 0 otherwise.
+        swa_capacity_tokens=int(swa_capacity) if swa_capacity else None,
         generated_tokens=_counter(m, GENERATION_TOKENS),
         prompt_tokens=_counter(m, PROMPT_TOKENS),
         completed_requests=_counter(m, REQUESTS),

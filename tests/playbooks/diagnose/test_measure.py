@@ -25,8 +25,10 @@ class Scripted:
         seed: int = 1,
         metrics: bool = True,
         restart_at: float | None = None,
+        extra: str = "",
     ) -> None:
         self.clock = clock
+        self.extra = extra  # more exposition lines, the same at every scrape
         self.rng = random.Random(seed)
         self.noise = noise
         self.metrics = metrics
@@ -67,7 +69,7 @@ class Scripted:
             "# TYPE sglang:num_requests counter\n"
             f"sglang:num_requests_total {base / 4}\n"
         )
-        return httpx.Response(200, text=text)
+        return httpx.Response(200, text=text + self.extra)
 
     def client(self) -> SGLangClient:
         http = httpx.Client(transport=httpx.MockTransport(self.handler), base_url="http://s")
@@ -112,6 +114,25 @@ def test_falls_back_on_loads_without_metrics() -> None:
     assert m.effective is None
     assert m.generation is not None and m.generation.mean == pytest.approx(300)
     assert any("--enable-metrics" in n for n in m.notes)
+
+
+HYBRID_POOLS = (
+    "# TYPE sglang:full_token_usage gauge\nsglang:full_token_usage 0.4\n"
+    "# TYPE sglang:swa_token_usage gauge\nsglang:swa_token_usage 0.95\n"
+    "# TYPE sglang:mamba_usage gauge\nsglang:mamba_usage 0\n"
+    "# TYPE sglang:max_total_num_tokens_swa gauge\nsglang:max_total_num_tokens_swa 8000\n"
+)
+
+
+def test_a_hybrid_models_pools_are_window_means() -> None:
+    clock = ManualClock()
+    scripted = Scripted(clock, extra=HYBRID_POOLS)
+    m = measure(scripted.client(), clock, MeasurePlan(fixed_window_s=120))
+    assert m.token_usage == pytest.approx(0.95)
+    assert (m.full_usage, m.swa_usage, m.mamba_usage) == pytest.approx((0.4, 0.95, 0.0))
+    assert m.swa_capacity_tokens == 8000
+    plain = measure(Scripted(clock).client(), clock, MeasurePlan(fixed_window_s=120))
+    assert plain.full_usage is None and plain.swa_capacity_tokens is None
 
 
 def test_restart_during_measurement_is_an_error() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -12,6 +14,7 @@ from playbooks.engines.sglang.client import (
     SGLangClient,
     SGLangError,
     parse_metrics,
+    parse_server_info,
 )
 from playbooks.engines.sglang.rules import resolve_gpu_memory
 from tests.playbooks.diagnose.recorded import FIXTURES, Recorded
@@ -171,3 +174,12 @@ def test_real_sglang_recording_parses() -> None:
     assert loads[0].max_total_num_tokens == 30_000
     metrics = client.metrics()
     assert metrics.has("sglang:gen_throughput") and metrics.get("sglang:num_requests_total")
+
+
+@pytest.mark.parametrize(("recorded", "swa"), [(None, None), (8_000, 8_000), (0, 0)])
+def test_the_sliding_window_pool_size_is_read(recorded: int | None, swa: int | None) -> None:
+    # 0.5.23 reports it per rank in memory_usage (null without a sliding-window pool)
+    data = json.loads((FIXTURES / "real-0.5.23" / "server_info.json").read_text())
+    assert data["internal_states"][0]["memory_usage"]["token_capacity_swa"] is None
+    data["internal_states"][0]["memory_usage"]["token_capacity_swa"] = recorded
+    assert parse_server_info(data).memory.token_capacity_swa == swa

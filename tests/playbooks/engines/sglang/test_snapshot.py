@@ -142,3 +142,21 @@ def test_detection_with_one_engine_spends_no_request() -> None:
         assert client.engine.name == "sglang"
     finally:
         client.close()
+
+
+def test_a_hybrid_reading_survives_storage_and_older_rows_still_read() -> None:
+    hybrid = Snapshot(
+        running=3.0, kv_usage=0.93, full_usage=0.41, swa_usage=0.93, swa_capacity_tokens=8000
+    )
+    stored = json.loads(json.dumps(hybrid.to_json()))
+    assert stored["v"] == 2 and restore_snapshot(stored, t=1.0) == hybrid.at(1.0)
+    # a row of version 1 has no pool fields: they read back as unknown
+    older = {k: v for k, v in stored.items() if not k.endswith(("_usage", "swa_capacity_tokens"))}
+    back = restore_snapshot({**older, "v": 1, "kv_usage": 0.93}, t=1.0)
+    assert back.kv_usage == 0.93 and back.running == 3.0
+    assert (back.full_usage, back.swa_usage, back.mamba_usage, back.swa_capacity_tokens) == (
+        None,
+        None,
+        None,
+        None,
+    )

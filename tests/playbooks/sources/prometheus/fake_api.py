@@ -25,11 +25,13 @@ Labels = dict[str, str]
 
 
 def series_of(text: str, target: Labels) -> list[tuple[Labels, float]]:
-    """The series Prometheus stores for one scrape of `text`, with the target's labels."""
+    """The series Prometheus stores for one scrape of `text`, with the target's labels (a
+    label with an empty value is no label in Prometheus' data model, so it is dropped)."""
     out = []
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            labels = {**sample.labels, **target, "__name__": sample.name}
+            kept = {k: v for k, v in sample.labels.items() if v != ""}
+            labels = {**kept, **target, "__name__": sample.name}
             out.append((labels, float(sample.value)))
     return out
 

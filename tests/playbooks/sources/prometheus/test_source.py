@@ -11,6 +11,7 @@ import pytest
 from playbooks.clock import ManualClock
 from playbooks.diagnose.measure import MeasurePlan, measure
 from playbooks.diagnose.playbook import DiagnoseSettings
+from playbooks.engines.sglang import ENGINE
 from playbooks.engines.sglang.client import (
     SGLangClient,
     SGLangError,
@@ -41,6 +42,7 @@ from playbooks.sources.prometheus import (
     metrics_from_series,
     parse_selector,
 )
+from tests.playbooks.engines.sglang.exposition import exposition, series
 from tests.playbooks.sources.prometheus.fake_api import FIXTURES, FakePrometheus, series_of
 
 SELECTOR = '{instance="10.0.0.5:30000"}'
@@ -323,3 +325,40 @@ def test_series_of_helper_keeps_labels() -> None:
     assert rows == [({"a": "1", "job": "j", "__name__": "sglang:x"}, 2.0)]
     m = metrics_from_series([Series(labels, 0.0, v) for labels, v in rows], SGLANG_METRICS)
     assert m.get("sglang:x") == 2.0
+
+
+def dp_attention_scrape() -> str:
+    """DP attention (tp 4, dp 2) with every scheduler's metrics and priority scheduling."""
+    run, cap = "sglang:num_running_reqs", "sglang:max_total_num_tokens"
+    lines = [
+        *(
+            series(run, n, dp_rank=dp, tp_rank=tp, priority=p)
+            for dp, tp, p, n in ((0, 0, "", 5), (0, 0, "1", 5), (0, 1, "", 5), (1, 2, "", 7))
+        ),
+        *(series(cap, 50_000, dp_rank=dp, tp_rank=tp) for dp, tp in ((0, 0), (0, 1), (1, 2))),
+        *(series("sglang:token_usage", u, dp_rank=dp) for dp, u in ((0, 0.5), (1, 0.9))),
+    ]
+    return exposition(*lines)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(dp_attention_scrape(), id="dp-attention"),
+        pytest.param((FIXTURES / "real-0.5.23-priority" / "metrics_2.txt").read_text(), id="real"),
+    ],
+)
+def test_ranks_and_priorities_read_from_prometheus_as_from_the_server(text: str) -> None:
+    # Prometheus keeps every label set (and drops the empty priority="" of the totals), so the
+    # engine combines them from Prometheus exactly as from a direct scrape.
+    fake = FakePrometheus()
+    fake.add_scrape(fake.now - 1, text)
+    assert ENGINE.snapshot(source(fake).metrics()) == ENGINE.snapshot(parse_metrics(text))
+
+
+def test_dp_attention_from_prometheus_counts_each_dp_rank_once() -> None:
+    fake = FakePrometheus()
+    fake.add_scrape(fake.now - 1, dp_attention_scrape())
+    snap = ENGINE.snapshot(source(fake).metrics())
+    assert snap.running == 12 and snap.capacity_tokens == 100_000
+    assert snap.kv_usage == pytest.approx(0.7)
