@@ -27,6 +27,11 @@ DEFAULT_CHUNK = 8192  # SGLang's chunked_prefill_size when the server reports no
 MIN_CHUNK = 2048  # activation memory stops shrinking with the chunk below this
 
 
+def moves_fraction(ctx: Change) -> bool:
+    """A fraction in the change that differs from today's; the same value only pins it."""
+    return "mem_fraction_static" in ctx.values and ctx.fraction != ctx.cap.mem_fraction_static
+
+
 def takes_no_more_memory(ctx: Change) -> bool:
     """The change leaves at least as much outside the pool as the running server has: what the
     server runs with now is evidence, so such a change is not judged to run out of memory."""
@@ -112,13 +117,13 @@ class StaticPoolCheck(Check):
 
     def applies(self, change: Change) -> bool:
         enables_hicache = "enable_hierarchical_cache" in change.values and change.hicache
-        return "mem_fraction_static" in change.values or enables_hicache
+        return moves_fraction(change) or enables_hicache
 
     def safety(self, ctx: Change, value: Any) -> Finding:
         found = activation_room(ctx)
         if found.verdict is None:
             found = reserve_floor(ctx)
-        if found.verdict is not None or "mem_fraction_static" not in ctx.values:
+        if found.verdict is not None or not moves_fraction(ctx):
             return found
         cap = ctx.cap
         room = cap.activation_room_gib(ctx.fraction, ctx.hicache, ctx.bytes_per_token)
@@ -131,7 +136,7 @@ class StaticPoolCheck(Check):
         )
 
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
-        if "mem_fraction_static" not in ctx.values:
+        if not moves_fraction(ctx):
             return NOTHING
         tokens, current = ctx.tokens, ctx.current
         if tokens <= current:

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 from playbooks.engines.sglang.capacity import GIB, HostBudget
 from playbooks.engines.sglang.checks import dtype_bytes
+from playbooks.engines.sglang.deployment import attn_dp_size
 from playbooks.engines.sglang.facts import (
     RETRACTIONS_PER_MIN_HIGH,
     Context,
     requests_fitting,
     retraction_rate,
+    running_cap_total,
 )
 from playbooks.engines.sglang.verdicts import evaluate
 from playbooks.types import Bottleneck, Option
@@ -24,6 +27,8 @@ from playbooks.types import Bottleneck, Option
 FRACTION_STEP = 0.004  # a safe fraction closer than this to the current one is not worth a restart
 MORE_CAUTIOUS = 1.3  # schedule_conservativeness factor against frequent retractions
 MORE_EAGER = 0.5  # and against a queue beside an under-used pool
+# Arguments SGLang derives the default fraction from (memory_hook.py).
+COUPLED = frozenset({"chunked_prefill_size", "max_running_requests", "attn_dp_size"})
 
 Proposal = Callable[[Context, Bottleneck], Option | None]
 
@@ -132,11 +137,38 @@ def eager_admission(ctx: Context, bottleneck: Bottleneck) -> Option | None:
     return _conservativeness(ctx, MORE_EAGER, bottleneck)
 
 
+def pinned(ctx: Context, change: dict[str, Any]) -> dict[str, Any]:
+    """The change with today's fraction written out where SGLang would otherwise re-derive it.
+
+    With `--mem-fraction-static` unset SGLang computes it from the chunked prefill size, the
+    decode CUDA-graph batch (capped by `--max-running-requests`) and the attention-DP size
+    (`arg_groups/memory_hook.py::handle_gpu_memory_settings`), so a trial of any of them would
+    also move the fraction and the pool, and the experiment would measure two changes at once.
+    """
+    if "mem_fraction_static" in change or not COUPLED.intersection(change):
+        return change
+    return {**change, "mem_fraction_static": ctx.cap.mem_fraction_static}
+
+
 def larger_batch(ctx: Context, bottleneck: Bottleneck) -> Option | None:
-    limit = ctx.info.effective_max_running_requests
+    """Twice the cap: `--max-running-requests` is global, so twice today's total over all
+    attention-DP ranks (SGLang divides it by their number)."""
+    limit = running_cap_total(ctx.info)
     if bottleneck != "compute" or not limit:
         return None
-    return evaluate({"max_running_requests": limit * 2}, ctx, bottleneck)
+    return evaluate(pinned(ctx, {"max_running_requests": limit * 2}), ctx, bottleneck)
+
+
+def dp_attention(ctx: Context, bottleneck: Bottleneck) -> Option | None:
+    """MLA holds its whole latent on every TP rank: attention DP over the TP ranks turns one
+    pool per TP group into one per rank (0.5.23's `--attn-dp-size`)."""
+    ranks_now = attn_dp_size(ctx.info)
+    tp = ctx.info.tp_size
+    if bottleneck != "kv_cache" or not ctx.cap.mla or tp <= 1 or ranks_now >= tp:
+        return None
+    if ctx.version < (0, 5, 23):
+        return None  # the older --enable-dp-attention spelling is not an argument kvpilot edits
+    return evaluate(pinned(ctx, {"attn_dp_size": tp}), ctx, bottleneck)
 
 
 # In the order the options are listed before sorting by verdict.
@@ -150,6 +182,7 @@ PROPOSALS: tuple[Proposal, ...] = (
     fewer_retractions,
     eager_admission,
     larger_batch,
+    dp_attention,
 )
 
 

@@ -1,0 +1,111 @@
+"""SGLang's own default reserve, term by term, against figures worked out from its code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from playbooks.engines.sglang.reserve import Deployment, prefill_capture_sizes, sglang_reserve
+
+OLD = (0, 5, 5)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    deployment: Deployment
+    total_mib: float
+    floor_mib: float
+    fraction: float
+
+
+CASES = [
+    # 0.5.5 ServerArgs._handle_gpu_memory_settings: 512 + 8192*1.5 + 256*2 + 1/8*1024 = 13440
+    Case(
+        "H200 TP1 dense, 0.5.5",
+        Deployment(143771, decode_max_bs=256, version=OLD),
+        13440,
+        10240,
+        0.907,
+    ),
+    # TP8: max_bs 512 -> 512 + 12288 + 1024 + 1024 = 14848 (sglang.md section 4)
+    Case(
+        "H200 TP8 dense, 0.5.5",
+        Deployment(143771, tp=8, decode_max_bs=512, version=OLD),
+        14848,
+        10240,
+        0.897,
+    ),
+    # The incident's RTX PRO 6000 (97,887 MiB) at TP8: SGLang's own default is 0.848.
+    Case(
+        "incident, 0.5.5",
+        Deployment(97887, tp=8, decode_max_bs=512, mla=True, version=OLD),
+        14848,
+        10240,
+        0.848,
+    ),
+    # 0.5.23 adds the MLA prefill-graph term (1536 MiB): 16384.
+    Case(
+        "incident, 0.5.23",
+        Deployment(97887, tp=8, decode_max_bs=512, mla=True),
+        16384,
+        10240,
+        0.833,
+    ),
+    # DP attention over 8 ranks: + 512*8*3 + 512*8*1.5 = 18432 MiB of padding, above the floor.
+    Case(
+        "incident with DP attention",
+        Deployment(97887, tp=8, decode_max_bs=512, mla=True, attn_dp=8),
+        34816,
+        28672,
+        0.644,
+    ),
+    # DeepEP adds 2048 after the floor.
+    Case(
+        "DeepEP",
+        Deployment(97887, tp=8, decode_max_bs=512, mla=True, deepep=True),
+        18432,
+        12288,
+        0.812,
+    ),
+    # Below 60 GiB there is no floor: the fixed and graph terms are what a recommendation keeps.
+    Case(
+        "A100-40GB TP1, 0.5.5",
+        Deployment(40960, chunked_prefill_size=4096, decode_max_bs=32, version=OLD),
+        512 + 6144 + 64 + 128,
+        512 + 64 + 128,
+        0.833,
+    ),
+    # 0.5.5 adds 2048 MiB for EAGLE after the floor.
+    Case(
+        "EAGLE, 0.5.5",
+        Deployment(81559, decode_max_bs=256, speculative="EAGLE", version=OLD),
+        13440 + 2048,
+        10240 + 2048,
+        0.810,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_reserve_matches_sglangs_arithmetic(case: Case) -> None:
+    reserve = sglang_reserve(case.deployment)
+    assert reserve.total_mib == pytest.approx(case.total_mib)
+    assert reserve.floor_mib == pytest.approx(case.floor_mib)
+    assert reserve.default_fraction(case.deployment.gpu_mib) == pytest.approx(case.fraction)
+
+
+def test_dense_0523_counts_the_prefill_capture_sizes() -> None:
+    sizes = prefill_capture_sizes(8192)
+    assert sizes[:3] == [4, 8, 12] and sizes[-1] == 8192
+    reserve = sglang_reserve(Deployment(81559, decode_max_bs=256))
+    assert reserve.graph_mib == 512 + 8 * len(sizes)
+
+
+def test_chunking_off_counts_max_prefill_tokens() -> None:
+    on = sglang_reserve(Deployment(40960, chunked_prefill_size=4096, version=OLD))
+    off = sglang_reserve(
+        Deployment(40960, chunked_prefill_size=-1, max_prefill_tokens=16384, version=OLD)
+    )
+    assert off.activation_mib - on.activation_mib == pytest.approx((16384 - 4096) * 1.5)
