@@ -83,6 +83,7 @@ class TwinConfig:
     attention_tp: int
     layout: Layout
     speculation: Speculation | None = None
+    spec_accept_length: float = 0.0  # what sglang:spec_accept_length reports (0: no speculation)
     launch_command: list[str] = field(default_factory=list)
     failure: StartupFailure | None = None  # the memory arithmetic refused this configuration
 
@@ -436,6 +437,7 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
         attention_tp=r.layout.attention_tp,
         layout=r.layout,
         speculation=r.speculation,
+        spec_accept_length=(ns.sim_spec_accept_length or 2.5) if r.speculation else 0.0,
         launch_command=list(argv),
         failure=failure,
     )

@@ -223,8 +223,8 @@ TWIN_FLAGS: tuple[Flag, ...] = (
         "--sim-spec-accept-length",
         type=_positive_float,
         default=None,
-        help="tokens each request gains per decode step with speculation on (default 2.5: "
-        "SGLang's sglang:spec_accept_length on chat traffic with a 3-step EAGLE draft)",
+        help="the accept length sglang:spec_accept_length reports with speculation on "
+        "(default 2.5, an assumed value; the twin's decode steps still emit one token)",
     ),
     flag(
         "--sim-step-time-factor",
