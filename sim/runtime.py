@@ -202,6 +202,7 @@ class Runtime:
         cache_hit_rate: float | None,
     ) -> None:
         tree = engine.tree
+        decode_log = gen_throughput is not None
         self.metrics.scheduler(
             SchedulerSnapshot(
                 running=len(engine.running),
@@ -221,8 +222,10 @@ class Runtime:
                 swa_used_tokens=self._swa_used(engine),
                 swa_total_tokens=self.cfg.capacity.swa_tokens,
                 spec_accept_length=self.cfg.spec_accept_length,
-                running_by_priority=_by_priority(engine.running),
-                queued_by_priority=_by_priority(engine.waiting),
+                # SGLang's prefill log counts the running batch before the new requests join
+                # it (metrics_reporter.py); the twin breaks counts down at decode logs only.
+                running_by_priority=None if not decode_log else _by_priority(engine.running),
+                queued_by_priority=None if not decode_log else _by_priority(engine.waiting),
             ),
             dp_rank,
         )

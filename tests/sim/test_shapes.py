@@ -189,6 +189,8 @@ def test_hybrid_swa_and_label_sets() -> None:
         "--tp-size",
         "2",
         "--enable-metrics-for-all-schedulers",
+        "--decode-log-interval",
+        "1",
     ]
     with running_twin([*args, *extra]) as proc:
         for priority in (1, 2):
