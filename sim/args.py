@@ -34,7 +34,16 @@ from sim.memory import (
     plan_capacity,
 )
 from sim.models import KV_DTYPE_BYTES
-from sim.presets import Preset, get_preset
+from sim.presets import PRESETS, Preset, get_preset
+from sim.shape_args import max_running_arg, shape_args, speculation, swa_ratio
+from sim.shapes import (
+    KvShape,
+    Layout,
+    Speculation,
+    per_rank_chunked_prefill,
+    per_rank_conservativeness,
+    resolve_layout,
+)
 from sim.version import SGLangVersion
 
 # The flag table is `sim.flags`; callers have always found the parser here.
@@ -70,8 +79,11 @@ class TwinConfig:
     max_running_requests: int
     context_len: int
     page_size: int
-    chunked_prefill_size: int  # -1 disables chunking
+    chunked_prefill_size: int  # per scheduler; -1 disables chunking
     attention_tp: int
+    layout: Layout
+    speculation: Speculation | None = None
+    spec_accept_length: float = 0.0  # what sglang:spec_accept_length reports (0: no speculation)
     launch_command: list[str] = field(default_factory=list)
     failure: StartupFailure | None = None  # the memory arithmetic refused this configuration
 
@@ -147,15 +159,6 @@ def _replace_preset_memory(preset: Preset, ns: argparse.Namespace) -> Preset:
     return replace(preset, memory=mem) if mem is not preset.memory else preset
 
 
-@dataclass(frozen=True)
-class _Parallelism:
-    """How the GPUs are split: tensor and data parallel sizes, and the attention's TP."""
-
-    tp: int
-    dp: int
-    attention_tp: int
-
-
 def _parse(
     parser: argparse.ArgumentParser, argv: list[str]
 ) -> tuple[argparse.Namespace, dict[str, Any], SGLangVersion]:
@@ -210,22 +213,21 @@ def _resolve_preset(ns: argparse.Namespace) -> Preset:
 
 
 def _parallelism(
-    parser: argparse.ArgumentParser, ns: argparse.Namespace, preset: Preset
-) -> _Parallelism:
-    """TP and DP as asked (TP defaults to the preset's), refused when the GPUs do not fit."""
+    parser: argparse.ArgumentParser, ns: argparse.Namespace, preset: Preset, refactored: bool
+) -> Layout:
+    """TP, replicas and attention DP as asked (TP defaults to the preset's), or exit 2."""
     tp = ns.tp_size if ns.tp_size is not None else preset.tp_size
-    dp = ns.dp_size
-    if ns.enable_dp_attention and tp % dp != 0:
-        parser.error(
-            f"tp_size ({tp}) must be divisible by dp_size ({dp}) with --enable-dp-attention"
-        )
-    gpus = tp * ns.pp_size * (1 if ns.enable_dp_attention else dp)
+    try:
+        layout = resolve_layout(tp, ns.dp_size, ns.attn_dp_size, ns.enable_dp_attention, refactored)
+    except ValueError as exc:
+        parser.error(str(exc))
+    gpus = tp * ns.pp_size * layout.dp
     if gpus > preset.gpus_per_host * ns.nnodes:
         parser.error(
             f"the preset {preset.name} has {preset.gpus_per_host} GPUs per node; "
             f"tp*pp*dp = {gpus} does not fit"
         )
-    return _Parallelism(tp, dp, tp // dp if ns.enable_dp_attention else tp)
+    return layout
 
 
 def _chunked_prefill(parser: argparse.ArgumentParser, ns: argparse.Namespace, default: int) -> int:
@@ -243,7 +245,7 @@ def _mem_fraction(
     ns: argparse.Namespace,
     version: SGLangVersion,
     preset: Preset,
-    tp: int,
+    layout: Layout,
     chunked: int,
     graph_bs: int,
 ) -> float:
@@ -253,13 +255,14 @@ def _mem_fraction(
     return default_mem_fraction_static(
         version,
         preset.memory.gpu_memory_mib,
-        tp,
+        layout.tp,
         ns.pp_size,
         chunked,
         graph_bs,
         preset.model.is_mla,
         preset.model.multimodal,
         cuda_graphs=not ns.disable_cuda_graph,
+        attn_dp_size=layout.attn_dp,
     )
 
 
@@ -268,18 +271,18 @@ def _capacity(
     version: SGLangVersion,
     mfs: float,
     kv_dtype: str,
+    shape: KvShape,
     attention_tp: int,
     page_size: int,
     max_total_tokens: int | None,
 ) -> tuple[Capacity, StartupFailure | None]:
-    """The KV pool, or an empty one and the failure when the memory arithmetic refuses it."""
+    """One scheduler's KV pool, or an empty one and the failure when the arithmetic refuses it."""
     try:
         return plan_capacity(
-            preset, version, mfs, kv_dtype, attention_tp, page_size, max_total_tokens
+            preset, version, mfs, kv_dtype, attention_tp, page_size, max_total_tokens, shape
         ), None
     except StartupFailure as exc:
-        cell = preset.model.cell_size(kv_dtype, attention_tp)
-        return Capacity(0.0, 0.0, 0.0, cell, 0, 0, 0.0, ()), exc
+        return Capacity(0.0, 0.0, 0.0, shape.full_cell, 0, 0, 0.0, ()), exc
 
 
 @dataclass(frozen=True)
@@ -288,11 +291,12 @@ class _Resolved:
 
     version: SGLangVersion
     preset: Preset
-    layout: _Parallelism
+    layout: Layout
     mem_fraction_static: float
-    chunked_prefill_size: int
+    chunked_prefill_size: int  # as given or defaulted, before the split across attention DP
     page_size: int
     cuda_graph_max_bs: int
+    speculation: Speculation | None
 
 
 def _server_args(ns: argparse.Namespace, r: _Resolved) -> dict[str, Any]:
@@ -306,22 +310,26 @@ def _server_args(ns: argparse.Namespace, r: _Resolved) -> dict[str, Any]:
         "host": ns.host,
         "port": ns.port,
         "tp_size": r.layout.tp,
-        "dp_size": r.layout.dp,
+        # 0.5.5 reports the attention-DP width as dp_size; 0.5.23 as attn_dp_size.
+        "dp_size": r.layout.dp if refactored else r.layout.schedulers,
         "pp_size": ns.pp_size,
         "ep_size": ns.ep_size,
         "nnodes": ns.nnodes,
-        "enable_dp_attention": ns.enable_dp_attention,
+        # server_args.py::resolved_dict reports it as `attn_dp_size > 1`.
+        "enable_dp_attention": r.layout.attn_dp > 1 if refactored else ns.enable_dp_attention,
         "mem_fraction_static": r.mem_fraction_static,
         "max_total_tokens": ns.max_total_tokens,
-        "max_running_requests": ns.max_running_requests,
+        "max_running_requests": max_running_arg(ns, r.speculation),
         "max_queued_requests": ns.max_queued_requests,
-        "chunked_prefill_size": r.chunked_prefill_size,
+        "chunked_prefill_size": per_rank_chunked_prefill(r.chunked_prefill_size, r.layout.attn_dp),
         "max_prefill_tokens": ns.max_prefill_tokens,
         "page_size": r.page_size,
         "kv_cache_dtype": ns.kv_cache_dtype,
         "context_length": ns.context_length,
         "schedule_policy": ns.schedule_policy,
-        "schedule_conservativeness": ns.schedule_conservativeness,
+        "schedule_conservativeness": per_rank_conservativeness(
+            ns.schedule_conservativeness, r.layout.attn_dp
+        ),
         "disable_radix_cache": ns.disable_radix_cache,
         "enable_hierarchical_cache": ns.enable_hierarchical_cache,
         "hicache_ratio": ns.hicache_ratio
@@ -345,6 +353,7 @@ def _server_args(ns: argparse.Namespace, r: _Resolved) -> dict[str, Any]:
         "enable_cache_report": ns.enable_cache_report,
         "random_seed": ns.random_seed if ns.random_seed is not None else ns.seed,
         "device": ns.device,
+        **shape_args(ns, r.speculation, r.layout, r.version.refactored),
     }
 
 
@@ -353,12 +362,22 @@ def _derive(
 ) -> _Resolved:
     """SGLang's derived settings, in SGLang's order: layout, GPU defaults, chunk, memory."""
     preset = _resolve_preset(ns)
-    layout = _parallelism(parser, ns, preset)
+    layout = _parallelism(parser, ns, preset, version.refactored)
     defaults = gpu_defaults(version, preset.memory.gpu_memory_mib, layout.tp)
     chunked = _chunked_prefill(parser, ns, defaults.chunked_prefill_size)
     graph_bs = ns.cuda_graph_max_bs or defaults.cuda_graph_max_bs
-    mfs = _mem_fraction(ns, version, preset, layout.tp, chunked, graph_bs)
-    return _Resolved(version, preset, layout, mfs, chunked, ns.page_size or 1, graph_bs)
+    mfs = _mem_fraction(ns, version, preset, layout, chunked, graph_bs)
+    spec = speculation(parser, ns, preset)
+    return _Resolved(version, preset, layout, mfs, chunked, ns.page_size or 1, graph_bs, spec)
+
+
+def _preset_launch_args(argv: list[str]) -> list[str]:
+    """The preset's own launch flags, which the command line's come after (and so override)."""
+    probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    probe.add_argument("--preset", default=None)
+    name = probe.parse_known_args(argv)[0].preset
+    preset = PRESETS.get(name) if name else None
+    return list(preset.launch_args) if preset else []
 
 
 def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
@@ -368,6 +387,7 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
     the server then fails the way SGLang does, after loading the weights.
     """
     parser = build_parser(prog)
+    argv = [*_preset_launch_args(argv), *argv]
     ns, unknown, version = _parse(parser, argv)
     r = _derive(parser, ns, version)
     preset, model = r.preset, r.preset.model
@@ -375,17 +395,27 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
     kv_dtype = model.resolve_kv_dtype(ns.kv_cache_dtype)
     if kv_dtype not in KV_DTYPE_BYTES:
         parser.error(f"argument --kv-cache-dtype: {kv_dtype!r} is not supported by the twin")
+    shape = model.kv_shape(
+        kv_dtype,
+        r.layout.attention_tp,
+        r.speculation.draft_layers if r.speculation else 0,
+        swa_ratio(ns),
+    )
     capacity, failure = _capacity(
         preset,
         version,
         r.mem_fraction_static,
         kv_dtype,
+        shape,
         r.layout.attention_tp,
         r.page_size,
         ns.max_total_tokens,
     )
     max_running = effective_max_running_requests(
-        max(2, capacity.max_total_num_tokens), context_len, ns.max_running_requests, r.layout.dp
+        max(2, capacity.max_total_num_tokens),
+        context_len,
+        max_running_arg(ns, r.speculation),
+        r.layout.attn_dp,
     )
     return TwinConfig(
         server_args=_server_args(ns, r),
@@ -403,8 +433,11 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
         max_running_requests=max_running,
         context_len=context_len,
         page_size=r.page_size,
-        chunked_prefill_size=r.chunked_prefill_size,
+        chunked_prefill_size=per_rank_chunked_prefill(r.chunked_prefill_size, r.layout.attn_dp),
         attention_tp=r.layout.attention_tp,
+        layout=r.layout,
+        speculation=r.speculation,
+        spec_accept_length=(ns.sim_spec_accept_length or 2.5) if r.speculation else 0.0,
         launch_command=list(argv),
         failure=failure,
     )

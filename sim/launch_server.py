@@ -219,6 +219,8 @@ def _record_startup(rt: Runtime, load_time: float, graph_time: float, hr: Headro
         "startup_available_gpu_memory_gb": hr.activation_gib,
         "max_total_num_tokens": cap.max_total_num_tokens,
     }
+    if cap.swa_tokens is not None:
+        rt.metrics.static["max_total_num_tokens_swa"] = cap.swa_tokens
     rt.metrics.startup_phases = {
         k: float(v) for k, v in rt.startup_phases.items() if isinstance(v, (int, float))
     }

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from sim.presets import GIB, Preset
+from sim.shapes import KvShape, dp_attention_graph_reserve_mib
 from sim.version import SGLangVersion
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
@@ -61,17 +62,20 @@ def default_mem_fraction_static(
     is_mla: bool,
     multimodal: bool,
     cuda_graphs: bool = True,
+    attn_dp_size: int = 1,
 ) -> float:
     """The reserve heuristic that picks `mem_fraction_static` when the operator gives none.
 
-    From 0.5.23 the CUDA-graph part of the reserve is dropped when graphs are disabled.
+    From 0.5.23 the CUDA-graph part of the reserve is dropped when graphs are disabled; the part
+    DP attention adds is kept (arg_groups/memory_hook.py::reserve_for_graph_mb).
     """
     activation_tokens = max(chunked_prefill_size, 2048)
-    graph_mib = cuda_graph_max_bs * 2
+    graph_mib: float = cuda_graph_max_bs * 2
     if version.refactored:
         graph_mib += 1536 if is_mla else 8 * 8  # prefill CUDA graph reserve
         if not cuda_graphs:
             graph_mib = 0
+        graph_mib += dp_attention_graph_reserve_mib(cuda_graph_max_bs, attn_dp_size)
     reserve_mib = 512 + activation_tokens * 1.5 + graph_mib + tp_size * pp_size / 8 * 1024
     if gpu_memory_mib > 60 * 1024:
         reserve_mib = max(reserve_mib, 10240)
@@ -93,6 +97,7 @@ class Capacity:
     max_total_num_tokens: int
     kv_cache_gib: float
     warnings: tuple[str, ...]
+    swa_tokens: int | None = None  # the sliding-window pool of a hybrid SWA model
 
 
 def plan_capacity(
@@ -103,8 +108,13 @@ def plan_capacity(
     attention_tp: int,
     page_size: int,
     max_total_tokens: int | None,
+    shape: KvShape | None = None,
 ) -> Capacity:
-    """`rest = avail - pre * (1 - mem_fraction_static)`; tokens = rest / cell, capped, rounded."""
+    """`rest = avail - pre * (1 - mem_fraction_static)`; tokens = rest / cell, capped, rounded.
+
+    `shape` (default: the model's full-attention cell) prices a token of `max_total_num_tokens`;
+    for a hybrid SWA model that is a full-pool row plus the ratio's share of an SWA row.
+    """
     mem = preset.memory
     pre = mem.free_before_load_gib
     static = mem.weights_gib + mem.other_static_gib
@@ -118,7 +128,8 @@ def plan_capacity(
         )
     avail = pre - static
     rest = avail - pre * (1 - mem_fraction_static)
-    cell = preset.model.cell_size(kv_dtype, attention_tp)
+    shape = shape or KvShape(full_cell=preset.model.cell_size(kv_dtype, attention_tp))
+    cell = shape.full_cell
     if rest <= 0:
         if version.refactored:
             needed = math.ceil((1 - avail / pre) * 100) / 100
@@ -130,7 +141,7 @@ def plan_capacity(
         else:
             msg = "Not enough memory. Please try to increase --mem-fraction-static."
         raise StartupFailure("RuntimeError", msg, "memory_pool")
-    profiled = int(rest * GIB // cell)
+    profiled = int(rest * GIB // shape.profile_cell)
     tokens = profiled
     warnings: list[str] = []
     if max_total_tokens is not None:
@@ -155,24 +166,29 @@ def plan_capacity(
         profiled_tokens=profiled,
         max_total_num_tokens=tokens,
         # SGLang's pool holds one page of padding rows on top of its tokens.
-        kv_cache_gib=(tokens + page_size) * cell / GIB,
+        kv_cache_gib=shape.pool_bytes(tokens, page_size) / GIB,
         warnings=tuple(warnings),
+        swa_tokens=shape.swa_tokens(tokens, page_size) if shape.hybrid else None,
     )
 
 
 def request_pool_size(max_total_num_tokens: int, context_len: int) -> int:
-    """Default `max_num_reqs`: clamp(int(tokens / context * 512), 2048, 4096)."""
+    """The request-pool estimate: clamp(int(tokens / context * 512), 2048, 4096)."""
     return min(4096, max(2048, int(max_total_num_tokens / context_len * 512)))
 
 
 def effective_max_running_requests(
-    max_total_num_tokens: int, context_len: int, user_value: int | None, dp_size: int
+    max_total_num_tokens: int, context_len: int, user_value: int | None, attn_dp_size: int
 ) -> int:
-    """What the scheduler really admits at most (not the user value echoed in server args)."""
-    pool = request_pool_size(max_total_num_tokens, context_len)
+    """What one scheduler admits at most (not the user value echoed in server args).
+
+    mem_cache/kv_cache_configurator.py::resolve_max_num_reqs: the global `--max-running-requests`
+    is divided by the attention-DP width and capped by half the pool; without it the request-pool
+    estimate applies, also capped by half the pool.
+    """
     if user_value is None:
-        return min(max_total_num_tokens // 2, pool)
-    return max(1, min(user_value // max(1, dp_size), pool, max_total_num_tokens // 2))
+        return min(request_pool_size(max_total_num_tokens, context_len), max_total_num_tokens // 2)
+    return min(max(1, user_value // max(1, attn_dp_size)), max_total_num_tokens // 2)
 
 
 def max_req_input_len(context_len: int, max_total_num_tokens: int) -> int:

@@ -90,6 +90,8 @@ SCHEDULER_GAUGES: list[tuple[str, str, str | None]] = [
     ("context_len", "0.5.23", None),
     ("startup_available_gpu_memory_gb", "0.5.23", None),
 ]
+# Gauges of the sliding-window pool, exported by the twin for hybrid SWA models only.
+SWA_GAUGES = ("swa_token_usage", "swa_used_tokens", "swa_available_tokens")
 # Gauges SGLang 0.5.23 keeps per process (multiprocess mode "all"): they carry a `pid` label.
 PID_GAUGES = ("num_retracted_reqs", "num_paused_reqs")
 DISAGGREGATION_GAUGES = (

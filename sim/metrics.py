@@ -32,8 +32,10 @@ from sim.metric_families import (
     RADIX_CACHE_TYPE,
     SCHEDULER_GAUGES,
     STARTUP_PHASES,
+    SWA_GAUGES,
     TTFT_BUCKETS,
 )
+from sim.metric_labels import RankLabels
 from sim.version import SGLangVersion
 
 
@@ -55,6 +57,12 @@ class SchedulerSnapshot:
     host_used_tokens: int
     host_total_tokens: int
     max_running_requests: int
+    # Hybrid SWA models: the sliding-window pool's use and size (None for other models).
+    swa_used_tokens: int | None = None
+    swa_total_tokens: int | None = None
+    spec_accept_length: float = 0.0
+    running_by_priority: dict[str, int] | None = None  # with --enable-priority-scheduling
+    queued_by_priority: dict[str, int] | None = None
 
 
 # SGLang exports through prometheus_client's multiprocess collector, which has no `_created`
@@ -70,11 +78,15 @@ class TwinMetrics:
         dp_size: int = 1,
         static: dict[str, float] | None = None,
         hicache: bool = False,
+        ranks: RankLabels | None = None,
+        hybrid_swa: bool = False,
     ) -> None:
         self.version = version
+        self.ranks = ranks or RankLabels(tuple((0,) for _ in range(dp_size)))
         self.registry = CollectorRegistry()
         self.dp_size = dp_size
         self.hicache = hicache
+        self.hybrid_swa = hybrid_swa
         self.model_name = model_name
         self.static = static or {}
         self.startup_phases: dict[str, float] = {}
@@ -82,6 +94,8 @@ class TwinMetrics:
         sched = ["model_name", "engine_type", "tp_rank", "pp_rank"]
         if version.new_endpoints:
             sched.append("moe_ep_rank")
+        if self.ranks.priority:
+            sched.append("priority")
         if dp_size > 1:
             sched.append("dp_rank")
         self._sched_labels = sched
@@ -98,6 +112,7 @@ class TwinMetrics:
         self._declare_refactored_families()
         self._declare_cache_families()
         self._seen = {"backup": 0, "evicted": 0, "load_back": 0}
+        self._known_priorities: set[str] = set()
 
     def _declare_scheduler_gauges(self) -> None:
         """The scheduler's gauges that this version exports (SCHEDULER_GAUGES, PID_GAUGES)."""
@@ -110,6 +125,9 @@ class TwinMetrics:
         for name in PID_GAUGES:
             labels = [*sched, "pid"] if new else sched
             self.gauges[name] = Gauge(f"sglang:{name}", _doc(name), labels, registry=r)
+        if self.hybrid_swa and new:
+            for name in SWA_GAUGES:
+                self.gauges[name] = Gauge(f"sglang:{name}", _doc(name), sched, registry=r)
         if self.hicache and version.new_endpoints:
             for name in ("hicache_host_used_tokens", "hicache_host_total_tokens"):
                 self.gauges[name] = Gauge(f"sglang:{name}", _doc(name), sched, registry=r)
@@ -267,17 +285,27 @@ class TwinMetrics:
 
     # ----------------------------------------------------------------- labels
     def sched_label_values(self, dp_rank: int = 0) -> dict[str, str]:
-        values = {
-            "model_name": self.model_name,
-            "engine_type": "unified",
-            "tp_rank": "0",
-            "pp_rank": "0",
-        }
-        if "moe_ep_rank" in self._sched_labels:
-            values["moe_ep_rank"] = "0"
-        if self.dp_size > 1:
-            values["dp_rank"] = str(dp_rank)
-        return values
+        """The labels of the scheduler's first reporting TP rank (counters, histograms)."""
+        return self.sched_label_sets(dp_rank)[0]
+
+    def sched_label_sets(self, dp_rank: int = 0) -> list[dict[str, str]]:
+        """One label set per TP rank that reports this scheduler's gauges."""
+        out = []
+        for tp_rank in self.ranks.tp_ranks[dp_rank]:
+            values = {
+                "model_name": self.model_name,
+                "engine_type": "unified",
+                "tp_rank": str(tp_rank),
+                "pp_rank": "0",
+            }
+            if "moe_ep_rank" in self._sched_labels:
+                values["moe_ep_rank"] = str(tp_rank // self.ranks.tp_per_ep_rank)
+            if self.ranks.priority:
+                values["priority"] = ""
+            if self.dp_size > 1:
+                values["dp_rank"] = str(dp_rank)
+            out.append(values)
+        return out
 
     def _cache_label_values(self, dp_rank: int) -> dict[str, str]:
         if self.version.refactored:
@@ -299,7 +327,10 @@ class TwinMetrics:
 
     # ----------------------------------------------------------------- updates
     def set_static(self, dp_rank: int = 0) -> None:
-        labels = self.sched_label_values(dp_rank)
+        for labels in self.sched_label_sets(dp_rank):
+            self._set_static(labels, dp_rank)
+
+    def _set_static(self, labels: dict[str, str], dp_rank: int) -> None:
         for name, value in self.static.items():
             if name in self.gauges:
                 self.gauges[name].labels(**labels).set(value)
@@ -319,7 +350,10 @@ class TwinMetrics:
                 ).set(self.startup_phases.get(phase, 0.0))
 
     def scheduler(self, snap: SchedulerSnapshot, dp_rank: int = 0) -> None:
-        labels = self.sched_label_values(dp_rank)
+        for labels in self.sched_label_sets(dp_rank):
+            self._scheduler(snap, labels)
+
+    def _scheduler(self, snap: SchedulerSnapshot, labels: dict[str, str]) -> None:
         values: dict[str, float] = {
             "num_running_reqs": snap.running,
             "num_queue_reqs": snap.queued,
@@ -336,8 +370,9 @@ class TwinMetrics:
             "kv_evictable_tokens": snap.evictable_tokens,
             "full_token_usage": snap.token_usage,
             "num_grammar_queue_reqs": 0,
-            "spec_accept_length": 0,
+            "spec_accept_length": snap.spec_accept_length,
             "spec_accept_rate": 0,
+            **_swa_values(snap),
         }
         if snap.gen_throughput is not None:
             values["gen_throughput"] = snap.gen_throughput
@@ -347,9 +382,22 @@ class TwinMetrics:
             gauge = self.gauges.get(name)
             if gauge is not None:
                 gauge.labels(**labels).set(value)
+        self._per_priority(labels, "num_running_reqs", snap.running_by_priority)
+        self._per_priority(labels, "num_queue_reqs", snap.queued_by_priority)
         pid = {"pid": str(os.getpid())} if self.version.refactored else {}
         self.gauges["num_retracted_reqs"].labels(**labels, **pid).set(snap.retracted_in_batch)
         self.gauges["num_paused_reqs"].labels(**labels, **pid).set(0)
+
+    def _per_priority(
+        self, labels: dict[str, str], name: str, counts: dict[str, int] | None
+    ) -> None:
+        """metrics_collector.py::_log_gauge_queue_count: a series per priority seen so far."""
+        if not self.ranks.priority or counts is None:
+            return
+        self._known_priorities.update(counts)
+        for priority in sorted(self._known_priorities):
+            labelled = {**labels, "priority": priority}
+            self.gauges[name].labels(**labelled).set(counts.get(priority, 0))
 
     def cache_movement(self, backup: int, evicted: int, load_back: int, dp_rank: int = 0) -> None:
         """Bring the cumulative counters up to the engine's running totals."""
@@ -427,6 +475,20 @@ class TwinMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _swa_values(snap: SchedulerSnapshot) -> dict[str, float]:
+    """pool_stats_observer.py: a hybrid SWA pool's gauges; token_usage is the fuller pool's."""
+    if snap.swa_used_tokens is None or not snap.swa_total_tokens:
+        return {}
+    swa_usage = snap.swa_used_tokens / snap.swa_total_tokens
+    return {
+        "swa_token_usage": swa_usage,
+        "swa_used_tokens": snap.swa_used_tokens,
+        "swa_available_tokens": snap.swa_total_tokens - snap.swa_used_tokens,
+        "max_total_num_tokens_swa": snap.swa_total_tokens,
+        "token_usage": round(max(snap.token_usage, swa_usage), 2),
+    }
 
 
 def _doc(name: str) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.shapes import DEFAULT_SWA_FULL_TOKENS_RATIO, KvShape, draft_cell_bytes
+
 # Bytes per element of the KV cache for each `--kv-cache-dtype` value the twin accepts.
 KV_DTYPE_BYTES: dict[str, float] = {
     "bf16": 2,
@@ -50,6 +52,10 @@ class ModelSpec:
     experts_per_token: int = 0
     expert_weight_bytes: int = 0  # the routed experts' share of weight_bytes
     multimodal: bool = False
+    nextn_layers: int = 0  # num_nextn_predict_layers: MTP heads shipped in the checkpoint
+    kv_cache_quant_algo: str | None = None  # the checkpoint's quantization config says so
+    swa_layers: int = 0  # sliding-window layers among num_layers (0 = no hybrid SWA pool)
+    sliding_window: int = 0
 
     @property
     def is_mla(self) -> bool:
@@ -62,17 +68,44 @@ class ModelSpec:
     def kv_heads_per_rank(self, attention_tp: int) -> int:
         return max(1, self.num_kv_heads // max(1, attention_tp))
 
-    def cell_size(self, kv_dtype: str, attention_tp: int = 1) -> int:
-        """KV bytes per token on one GPU for a resolved KV dtype (never `auto`)."""
+    def layer_cell(self, kv_dtype: str, attention_tp: int, layers: int) -> int:
+        """KV bytes per token of `layers` layers on one GPU, for a resolved dtype (never auto)."""
         elem = KV_DTYPE_BYTES[kv_dtype]
         if self.is_mla:
-            return int((self.kv_lora_rank + self.qk_rope_head_dim) * self.num_layers * elem)
+            return int((self.kv_lora_rank + self.qk_rope_head_dim) * layers * elem)
         heads = self.kv_heads_per_rank(attention_tp)
-        return int(heads * self.head_dim * 2 * self.num_layers * elem)
+        return int(heads * self.head_dim * 2 * layers * elem)
+
+    def cell_size(self, kv_dtype: str, attention_tp: int = 1) -> int:
+        """KV bytes per token on one GPU of the full-attention layers."""
+        return self.layer_cell(kv_dtype, attention_tp, self.num_layers - self.swa_layers)
+
+    def kv_shape(
+        self,
+        kv_dtype: str,
+        attention_tp: int = 1,
+        draft_layers: int = 0,
+        swa_ratio: float = DEFAULT_SWA_FULL_TOKENS_RATIO,
+    ) -> KvShape:
+        """Both pools' cells, the draft's layers added to the full pool's (EAGLE family)."""
+        full = self.cell_size(kv_dtype, attention_tp)
+        full_layers = self.num_layers - self.swa_layers
+        if draft_layers:
+            full += draft_cell_bytes(full, draft_layers, full_layers)
+        swa = self.layer_cell(kv_dtype, attention_tp, self.swa_layers) if self.swa_layers else 0
+        return KvShape(full_cell=full, swa_cell=swa, swa_ratio=swa_ratio)
 
     def resolve_kv_dtype(self, requested: str) -> str:
-        """`auto` means the model's own dtype (none of our presets ships FP8 KV scales)."""
-        return self.dtype if requested == "auto" else requested
+        """`auto`: fp8_e4m3 when the checkpoint quantizes its KV cache, else the model's dtype.
+
+        mem_cache/kv_cache_dtype.py::configure_kv_cache_dtype reads the quant config's
+        `kv_cache_quant_algo` ("FP8" -> torch.float8_e4m3fn on CUDA).
+        """
+        if requested != "auto":
+            return requested
+        if (self.kv_cache_quant_algo or "").upper() == "FP8":
+            return "fp8_e4m3"
+        return self.dtype
 
 
 # Kimi-K2.5's text backbone is DeepSeek-V3-shaped (61 layers, MLA 512 + 64, 384 experts, top-8).
@@ -128,4 +161,48 @@ QWEN3_32B = ModelSpec(
     weight_bytes=65_535_000_000,
 )
 
-MODELS: dict[str, ModelSpec] = {m.name: m for m in (KIMI_K2_5, LLAMA_3_1_8B, QWEN3_32B)}
+# nvidia/Llama-3.1-8B-Instruct-FP8 (ModelOpt): the Llama-3.1-8B shape with FP8 weights and
+# hf_quant_config.json `{"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}`. Weights: 6.98B
+# linear parameters in FP8 plus the BF16 embedding and LM head (2 x 128256 x 4096 x 2 B).
+LLAMA_3_1_8B_FP8 = ModelSpec(
+    name="nvidia/Llama-3.1-8B-Instruct-FP8",
+    architecture="LlamaForCausalLM",
+    model_type="llama",
+    num_layers=32,
+    hidden_size=4096,
+    num_attention_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    vocab_size=128256,
+    context_length=131072,
+    dtype="bf16",
+    weight_bytes=9_080_000_000,
+    kv_cache_quant_algo="FP8",
+)
+
+# openai/gpt-oss-120b config.json: 36 layers alternating sliding_attention / full_attention
+# (18 each, sliding_window 128), 64 query heads, 8 KV heads, head_dim 64, hidden 2880, vocab
+# 201088, 131072 positions, 128 experts top-4 in MXFP4 (checkpoint ~65.3 GB).
+GPT_OSS_120B = ModelSpec(
+    name="openai/gpt-oss-120b",
+    architecture="GptOssForCausalLM",
+    model_type="gpt_oss",
+    num_layers=36,
+    hidden_size=2880,
+    num_attention_heads=64,
+    num_kv_heads=8,
+    head_dim=64,
+    vocab_size=201088,
+    context_length=131072,
+    dtype="bf16",
+    weight_bytes=65_250_000_000,
+    num_experts=128,
+    experts_per_token=4,
+    expert_weight_bytes=62_000_000_000,
+    swa_layers=18,
+    sliding_window=128,
+)
+
+MODELS: dict[str, ModelSpec] = {
+    m.name: m for m in (KIMI_K2_5, LLAMA_3_1_8B, QWEN3_32B, LLAMA_3_1_8B_FP8, GPT_OSS_120B)
+}

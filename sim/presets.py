@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.models import KIMI_K2_5, LLAMA_3_1_8B, QWEN3_32B, ModelSpec
+from sim.models import (
+    GPT_OSS_120B,
+    KIMI_K2_5,
+    LLAMA_3_1_8B,
+    LLAMA_3_1_8B_FP8,
+    QWEN3_32B,
+    ModelSpec,
+)
 
 GIB = 1 << 30
 
@@ -64,6 +71,8 @@ class Preset:
     memory: MemoryModel
     step: StepModel
     sources: tuple[str, ...] = field(default_factory=tuple)
+    # Flags the deployment is launched with, put before the command line's own (which win).
+    launch_args: tuple[str, ...] = ()
 
     def expert_bytes_per_gpu(self, tp_size: int) -> float:
         return self.model.expert_weight_bytes / max(1, tp_size)
@@ -180,7 +189,118 @@ QWEN_H200 = Preset(
     ),
 )
 
-PRESETS: dict[str, Preset] = {p.name: p for p in (KIMI_INCIDENT, LLAMA_H100, QWEN_H200)}
+
+KIMI_H200_DPATTN = Preset(
+    name="kimi-k2.5-h200-tp8-dpattn",
+    description="Kimi-K2.5 (INT4 experts, MLA) at TP8 with DP attention 8 on 8x H200 141GB",
+    model=KIMI_K2_5,
+    gpu_name="NVIDIA H200",
+    tp_size=8,
+    gpus_per_host=8,
+    host_ram_gib=2048.0,
+    host_other_gib=64.0,
+    startup_s=420.0,
+    answer_tokens=3500,
+    memory=MemoryModel(
+        gpu_memory_mib=143_771,
+        free_before_load_gib=139.8,
+        weights_gib=69.25,
+        other_static_gib=4.6,  # NCCL and the DP-attention gather buffers on top of the incident's
+        graph_gib=3.0,
+        activation_base_gib=1.0,
+        activation_per_ktoken_gib=0.49,
+    ),
+    step=StepModel(
+        decode_base_s=0.010,
+        mem_bw_bytes_per_s=3.36e12,
+        per_seq_s=0.00002,
+        prefill_base_s=0.025,
+        prefill_tokens_per_s=9_000.0,
+        host_link_bytes_per_s=50e9,
+        hicache_decode_overhead_s=0.004,
+    ),
+    sources=(
+        "weights per GPU as the incident preset (same checkpoint at TP8)",
+        "H200: nvidia-smi 143,771 MiB total (recorded fixture); 4.8 TB/s HBM3e, NVLink",
+        "DP attention: one scheduler and KV pool per attention-DP rank, MLA latent replicated",
+    ),
+    launch_args=("--enable-dp-attention", "--dp-size", "8"),
+)
+
+GPT_OSS_H100 = Preset(
+    name="gpt-oss-120b-h100",
+    description="gpt-oss-120b (MXFP4 experts, hybrid SWA 18 + 18 layers) on one H100 SXM 80GB",
+    model=GPT_OSS_120B,
+    gpu_name="NVIDIA H100 80GB HBM3",
+    tp_size=1,
+    gpus_per_host=8,
+    host_ram_gib=1024.0,
+    host_other_gib=24.0,
+    startup_s=120.0,
+    answer_tokens=800,
+    memory=MemoryModel(
+        gpu_memory_mib=81_559,
+        free_before_load_gib=79.1,
+        weights_gib=60.77,
+        other_static_gib=1.0,
+        graph_gib=0.6,
+        activation_base_gib=0.5,
+        activation_per_ktoken_gib=0.10,
+    ),
+    step=StepModel(
+        decode_base_s=0.008,
+        mem_bw_bytes_per_s=2.35e12,
+        per_seq_s=0.00004,
+        prefill_base_s=0.006,
+        prefill_tokens_per_s=20_000.0,
+        host_link_bytes_per_s=45e9,
+    ),
+    sources=(
+        "config: 36 layers (18 sliding_attention window 128, 18 full), 8 KV heads, head_dim 64",
+        "KV: 2,048 B per token per layer in BF16 -> full 36,864 B + SWA 36,864 B x ratio 0.8",
+        "weights 65.25 GB (MXFP4 experts), 60.77 GiB per GPU",
+    ),
+)
+
+LLAMA_FP8_H100 = Preset(
+    name="llama-3.1-8b-fp8kv-h100",
+    description="Llama-3.1-8B-Instruct-FP8 (checkpoint with FP8 KV scales) on one H100 SXM 80GB",
+    model=LLAMA_3_1_8B_FP8,
+    gpu_name="NVIDIA H100 80GB HBM3",
+    tp_size=1,
+    gpus_per_host=8,
+    host_ram_gib=1024.0,
+    host_other_gib=24.0,
+    startup_s=40.0,
+    answer_tokens=400,
+    memory=MemoryModel(
+        gpu_memory_mib=81_559,
+        free_before_load_gib=79.1,
+        weights_gib=8.46,
+        other_static_gib=1.0,
+        graph_gib=0.6,
+        activation_base_gib=0.5,
+        activation_per_ktoken_gib=0.12,
+    ),
+    step=StepModel(
+        decode_base_s=0.0060,
+        mem_bw_bytes_per_s=2.35e12,
+        per_seq_s=0.00005,
+        prefill_base_s=0.004,
+        prefill_tokens_per_s=35_000.0,
+        host_link_bytes_per_s=45e9,
+    ),
+    sources=(
+        "hf_quant_config.json: quant_algo FP8, kv_cache_quant_algo FP8 -> auto KV is fp8_e4m3",
+        "KV: 32 layers x 8 heads x 128 x 2 x 1 B = 65,536 B per token",
+        "weights 9.08 GB: 6.98B FP8 linear parameters + BF16 embedding and LM head",
+    ),
+)
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (KIMI_INCIDENT, LLAMA_H100, QWEN_H200, KIMI_H200_DPATTN, GPT_OSS_H100, LLAMA_FP8_H100)
+}
 DEFAULT_PRESET = KIMI_INCIDENT.name
 
 

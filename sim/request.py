@@ -39,6 +39,7 @@ class Request:
     finished_at: float | None = None
     finish_reason: str = ""
     retractions: int = 0
+    priority: int | None = None  # labels the queue gauges; the twin schedules first come first
     aborted: bool = False
     last_progress_out: int = 0
     last_progress_at: float = 0.0

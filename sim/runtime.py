@@ -14,7 +14,8 @@ import heapq
 import itertools
 import time
 import uuid
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -30,6 +31,7 @@ from sim.engine import (
 )
 from sim.logfmt import SimLog, decode_line, prefill_line, rank_prefix, retract_line
 from sim.memory import HostPool, headroom, plan_host_pool
+from sim.metric_labels import RankLabels
 from sim.metrics import SchedulerSnapshot, TwinMetrics
 from sim.workload import Profile, make_profile
 
@@ -101,7 +103,8 @@ class Runtime:
         self.clock = clock or SimClock(cfg.time_scale)
         self.log = log or SimLog(datetime.now(), self.clock.now)
         sa = cfg.server_args
-        self.dp_size = int(sa["dp_size"])
+        # One scheduler per replica and attention-DP group, each with its own KV pool.
+        self.dp_size = cfg.layout.schedulers
         self.host_pool: HostPool | None = None
         self.engines: list[Engine] = []
         self.status = "starting"  # starting | up | dead
@@ -114,6 +117,15 @@ class Runtime:
             str(sa["served_model_name"]),
             self.dp_size,
             hicache=bool(sa["enable_hierarchical_cache"]),
+            ranks=RankLabels.of(
+                cfg.layout.tp,
+                int(sa["ep_size"]),
+                cfg.layout.attn_dp,
+                cfg.layout.dp,
+                bool(sa["enable_metrics_for_all_schedulers"]),
+                bool(sa["enable_priority_scheduling"]),
+            ),
+            hybrid_swa=cfg.capacity.swa_tokens is not None,
         )
         self._deferred: list[tuple[float, int, Pending]] = []
         self._tie = itertools.count()
@@ -190,6 +202,7 @@ class Runtime:
         cache_hit_rate: float | None,
     ) -> None:
         tree = engine.tree
+        decode_log = gen_throughput is not None
         self.metrics.scheduler(
             SchedulerSnapshot(
                 running=len(engine.running),
@@ -206,6 +219,13 @@ class Runtime:
                 host_used_tokens=tree.host_tokens,
                 host_total_tokens=tree.host_capacity,
                 max_running_requests=engine.cfg.max_running_requests,
+                swa_used_tokens=self._swa_used(engine),
+                swa_total_tokens=self.cfg.capacity.swa_tokens,
+                spec_accept_length=self.cfg.spec_accept_length,
+                # SGLang's prefill log counts the running batch before the new requests join
+                # it (metrics_reporter.py); the twin breaks counts down at decode logs only.
+                running_by_priority=None if not decode_log else _by_priority(engine.running),
+                queued_by_priority=None if not decode_log else _by_priority(engine.waiting),
             ),
             dp_rank,
         )
@@ -213,6 +233,13 @@ class Runtime:
         self.metrics.cache_movement(
             tree.backed_up_total, tree.device_evicted_total, engine.loaded_back_total, dp_rank
         )
+
+    def _swa_used(self, engine: Engine) -> int | None:
+        """Sliding-window pool rows in use: each running request keeps at most a window."""
+        if self.cfg.capacity.swa_tokens is None:
+            return None
+        window = self.cfg.preset.model.sliding_window
+        return sum(min(r.seq_len, window) for r in engine.running)
 
     # ----------------------------------------------------------------- requests
     def stop_at(self, input_ids: tuple[int, ...], ignore_eos: bool) -> int | None:
@@ -228,6 +255,7 @@ class Runtime:
         stream: bool,
         rid: str | None = None,
         ignore_eos: bool = False,
+        priority: int | None = None,
     ) -> Pending:
         dp_rank = next(self._rr) % len(self.engines)
         engine = self.engines[dp_rank]
@@ -240,6 +268,9 @@ class Runtime:
             engine.now,
             stream=stream,
             stop_at=self.stop_at(input_ids, ignore_eos),
+        )
+        req.priority = (
+            priority if priority is not None else self.cfg.server_args["default_priority_value"]
         )
         pending = Pending(req, dp_rank, engine.now)
         req.on_progress = lambda r, p=pending: self._defer(r.last_progress_at, p)
@@ -380,3 +411,8 @@ class Runtime:
             "queued": sum(len(e.waiting) for e in self.engines),
             "used_tokens": sum(e.used_tokens for e in self.engines),
         }
+
+
+def _by_priority(reqs: Iterable[Request]) -> dict[str, int]:
+    """metrics_collector.py::QueueCount.from_reqs: requests per priority (None -> "None")."""
+    return {str(k): v for k, v in Counter(r.priority for r in reqs).items()}

@@ -195,11 +195,14 @@ class TwinApp:
         stream: bool,
         rid: str | None,
         ignore_eos: bool,
+        priority: int | None = None,
     ) -> Pending:
         if self.rt.status not in {"up", "warming"}:
             raise ApiError(503, "The server is not ready.")
         self._check_lengths(len(input_ids), max_new)
-        return self.rt.submit(input_ids, max_new, stream=stream, rid=rid, ignore_eos=ignore_eos)
+        return self.rt.submit(
+            input_ids, max_new, stream=stream, rid=rid, ignore_eos=ignore_eos, priority=priority
+        )
 
     async def _wait(self, pending: Pending, request: Request) -> None:
         """Wait until the request finishes; abort it if the client goes away."""
@@ -279,8 +282,14 @@ class TwinApp:
             if stream and batch:
                 raise ApiError(400, "Streaming is supported for a single prompt only.")
             ignore_eos = bool(params.get("ignore_eos", False))
+            priority = body.get("priority")
+            if priority is not None and (
+                isinstance(priority, bool) or not isinstance(priority, int)
+            ):
+                raise ApiError(400, "priority must be an integer")
             pendings = [
-                self._start(p, max_new, stream, None if batch else rid, ignore_eos) for p in prompts
+                self._start(p, max_new, stream, None if batch else rid, ignore_eos, priority)
+                for p in prompts
             ]
         except ApiError as exc:
             return JSONResponse({"error": {"message": exc.message}}, status_code=exc.status)

@@ -38,7 +38,7 @@ def _memory_usage(rt: Runtime) -> dict[str, Any]:
         # SGLang reads free GPU memory once start-up is done (the `available_gpu_mem`
         # of its summary line): what is left after the KV pool and the CUDA graphs.
         usage["startup_available"] = round(rt.startup_available_gib, 3)
-        usage["token_capacity_swa"] = None
+        usage["token_capacity_swa"] = cap.swa_tokens
         usage["kvcache"] = round(cap.kv_cache_gib, 3)
         usage["graph"] = {
             phase: (round(mem.graph_gib, 3) if phase == "decode" else 0.0) for phase in GRAPH_PHASES
