@@ -107,7 +107,7 @@ SGLANG_FLAGS: tuple[Flag, ...] = (
         "--attn-dp-size",
         "--attention-data-parallel-size",
         dest="attn_dp_size",
-        type=_positive_int,
+        type=int,  # fields/parallel.py: a plain int; parallel_hook.py's assertions refuse < 1
         default=1,
     ),
     flag(

@@ -51,6 +51,8 @@ def resolve_layout(
     refuses replicas combined with attention DP and asserts `tp % attn_dp_size == 0`. The older
     dialect keeps `dp_size` as the attention-DP width.
     """
+    if attn_dp_size < 1:
+        raise ValueError(f"attn_dp_size must be at least 1, got {attn_dp_size}")
     attn_dp = attn_dp_size
     dp = dp_size
     if enable_dp_attention and attn_dp == 1:
