@@ -92,6 +92,8 @@ class Measurement:
     retractions_seen_in_gauge: int
     usage_trend: tuple[float, float] | None = None  # mean usage in the first and last third
     notes: list[str] = field(default_factory=list)
+    new_token_ratio: float | None = None  # the engine's reserve share of remaining output, mean
+    grammar_queued: float | None = None  # mean requests waiting for a grammar to compile
 
     @property
     def avg_tokens_per_request(self) -> float | None:
@@ -315,4 +317,12 @@ def _summarise(
         retractions_seen_in_gauge=sum(1 for s in body if (s.preempting or 0) > 0),
         usage_trend=trend,
         notes=notes,
+        new_token_ratio=_mean_of(body, lambda x: x.new_token_ratio),
+        grammar_queued=_mean_of(body, lambda x: x.grammar_queued),
     )
+
+
+def _mean_of(body: Sequence[Snapshot], value: Callable[[Snapshot], float | None]) -> float | None:
+    """A gauge's mean over the window's readings that carry it (None where none does)."""
+    values = [v for s in body if (v := value(s)) is not None]
+    return statistics.fmean(values) if values else None
