@@ -97,6 +97,8 @@ class Measurement:
     mamba_usage: float | None = None
     swa_capacity_tokens: int | None = None  # the sliding-window pool's size, newest reading
     notes: list[str] = field(default_factory=list)
+    new_token_ratio: float | None = None  # the engine's reserve share of remaining output, mean
+    grammar_queued: float | None = None  # mean requests waiting for a grammar to compile
 
     @property
     def avg_tokens_per_request(self) -> float | None:
@@ -325,6 +327,8 @@ def _summarise(
             (s.swa_capacity_tokens for s in reversed(body) if s.swa_capacity_tokens), None
         ),
         notes=notes,
+        new_token_ratio=_window_mean(body, lambda x: x.new_token_ratio),
+        grammar_queued=_window_mean(body, lambda x: x.grammar_queued),
     )
 
 

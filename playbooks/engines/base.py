@@ -194,6 +194,10 @@ class Snapshot:
     # Derived, not read: the TTFT p95 over the batch before this reading, where it measured the
     # configuration (`gate.with_ttft_p95` fills it in when a window is judged).
     ttft_p95_s: float | None = None
+    # admission: the share of running requests' remaining output the engine reserves (a mean
+    # over ranks), and requests waiting outside the KV queue for structured-output grammars
+    new_token_ratio: float | None = None
+    grammar_queued: float | None = None
 
     COUNTERS = (
         "generated_tokens",

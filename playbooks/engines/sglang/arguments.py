@@ -16,11 +16,15 @@ from playbooks.engines.sglang.facts import (
     RETRACTIONS_PER_MIN_HIGH,
     SATURATED_USAGE,
     Observed,
+    conservativeness,
+    grammar_waiting,
     requests_fitting,
+    reservation_binding,
     retraction_rate,
     running_cap_total,
 )
 from playbooks.engines.sglang.hicache import HostPoolCheck
+from playbooks.engines.sglang.reservation import CONSERVATIVENESS_SATURATION, initial_ratio
 from playbooks.engines.sglang.reserve import Deployment, sglang_reserve
 
 DEFAULT_CHUNK = 8192  # SGLang's chunked_prefill_size when the server reports none
@@ -201,7 +205,10 @@ class ConservativenessCheck(Check):
 
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
         new = float(value)
-        now = float(ctx.server.info.arg("schedule_conservativeness") or 1.0)
+        now = conservativeness(ctx.server.info)
+        idle = self.changes_nothing(ctx, new, now, seen)
+        if idle is not None:
+            return Finding("not_useful", (idle,))
         rpm = retraction_rate(seen.m) or 0.0
         usage = seen.m.token_usage or 0.0
         if new > now and rpm > RETRACTIONS_PER_MIN_HIGH:
@@ -223,6 +230,27 @@ class ConservativenessCheck(Check):
         return Finding(
             "not_useful", ("neither frequent retractions nor an under-used pool with a queue",)
         )
+
+    def changes_nothing(self, ctx: Change, new: float, now: float, seen: Observed) -> str | None:
+        """Why the new value cannot change admission, where it cannot: the initial ratio
+        min(0.7 x value, 1.0) saturates (new_token_ratio_tracker.py), 0.5.23 reserves
+        fixed-length requests in full whatever the ratio (schedule_policy.py
+        `_get_running_request_total_token_offset`), and a grammar queue is not admission's."""
+        if initial_ratio(new) == initial_ratio(now):
+            return (
+                f"{now:g} and {new:g} both start admission at new_token_ratio "
+                f"{initial_ratio(now):.2f}: values above {CONSERVATIVENESS_SATURATION:.2f} "
+                "change nothing"
+            )
+        if new < now and grammar_waiting(seen.m):
+            return "requests wait for their grammar to compile, which admission does not decide"
+        binding = reservation_binding(ctx.server.info, ctx.server.version, seen.m)
+        if new < now and binding is not None and binding.fixed_length:
+            return (
+                "SGLang 0.5.23 reserves all that is left of fixed-length requests whatever "
+                "new_token_ratio is, so a lower value admits no more of them"
+            )
+        return None
 
 
 class RunningCapCheck(Check):

@@ -1,8 +1,10 @@
 """What limits an SGLang server: the measured evidence, then an ordered table of bottleneck rules.
 
 The first rule that matches names the bottleneck, so the order is the priority: a server nobody
-queues for is client-bound whatever else is true, a full KV pool outranks the running-request
-cap, and an admission that looks too cautious is what is left when nothing else explains a queue.
+queues for is client-bound whatever else is true; requests waiting for their grammar to compile
+are not helped by any KV change; a full KV pool outranks the running-request cap, which SGLang
+checks before a pool full of reservations for running requests' remaining output; and an
+admission that looks too cautious is what is left when nothing else explains a queue.
 """
 
 from __future__ import annotations
@@ -14,12 +16,17 @@ from playbooks.diagnose.measure import Measurement
 from playbooks.engines.sglang.facts import (
     SATURATED_USAGE,
     Context,
+    conservativeness,
+    grammar_waiting,
+    is_retracting,
     pool_tokens,
     requests_fitting,
+    reservation_binding,
     resident_tokens,
     retraction_rate,
     running_cap_total,
 )
+from playbooks.engines.sglang.reservation import Reservation, floor_ratio, initial_ratio
 from playbooks.types import Bottleneck
 
 FILLING_RISE = 0.15  # usage rising by more than this over the window: the server is filling up
@@ -36,6 +43,7 @@ class Signals:
     usage_text: str  # the window's mean usage as reported
     retracting: bool
     running_cap: int | None
+    reservation: Reservation | None = None  # the running requests' reserve, where it fills the pool
 
 
 def signals(ctx: Context) -> Signals:
@@ -44,8 +52,14 @@ def signals(ctx: Context) -> Signals:
     usage_text = "unknown" if usage is None else f"{usage:.2f}"
     if usage is not None and m.usage_trend is not None and m.usage_trend[1] > usage:
         usage = m.usage_trend[1]
-    retracting = bool((retraction_rate(m) or 0) > 0 or m.retractions_seen_in_gauge)
-    return Signals(m, usage, usage_text, retracting, running_cap_total(ctx.info))
+    return Signals(
+        m,
+        usage,
+        usage_text,
+        is_retracting(m),
+        running_cap_total(ctx.info),
+        reservation_binding(ctx.info, ctx.version, m),
+    )
 
 
 def evidence(ctx: Context) -> list[str]:
@@ -79,16 +93,45 @@ def evidence(ctx: Context) -> list[str]:
         found.append(f"{m.retractions} retractions in {m.window_s / 60:.1f} min ({rpm:.1f}/min)")
     elif m.retractions_seen_in_gauge:
         found.append(f"retractions seen in {m.retractions_seen_in_gauge} scrapes")
+    return found + admission_evidence(ctx)
+
+
+def admission_evidence(ctx: Context) -> list[str]:
+    """The admission signals SGLang exports: its reserve ratio and the grammar queue."""
+    m, found = ctx.m, []
+    if m.new_token_ratio is not None:
+        c = conservativeness(ctx.info)
+        found.append(
+            f"admission reserved {m.new_token_ratio:.2f} of running requests' remaining output "
+            f"(new_token_ratio; {initial_ratio(c):.2f} after an idle spell at "
+            f"schedule_conservativeness {c:g}, settling to {floor_ratio(c):.3f})"
+        )
+    if m.grammar_queued:
+        found.append(
+            f"{m.grammar_queued:.1f} requests on average waited for a structured-output grammar "
+            "to compile before joining the queue"
+        )
     return found
 
 
 def client_bound(s: Signals) -> str | None:
-    if s.m.queue_nonempty_fraction < 0.2 and s.m.queued < 1:
+    waiting_for_grammar = (s.m.grammar_queued or 0) >= 1
+    if s.m.queue_nonempty_fraction < 0.2 and s.m.queued < 1 and not waiting_for_grammar:
         return (
             "nothing waits: the server takes every request the clients send, so "
             "throughput equals the offered load and no server change can raise it"
         )
     return None
+
+
+def grammar_bound(s: Signals) -> str | None:
+    if not grammar_waiting(s.m):
+        return None
+    return (
+        f"{s.m.grammar_queued:.1f} requests waited for their grammar to compile, against "
+        f"{s.m.queued:.1f} for KV: grammar compilation is CPU work before admission, so no "
+        "KV-cache or admission change shortens that wait"
+    )
 
 
 def kv_bound(s: Signals) -> str | None:
@@ -101,6 +144,24 @@ def kv_bound(s: Signals) -> str | None:
         f"requests wait while the KV pool is {usage:.0%} used"
         + (" and running requests are being retracted" if s.retracting else "")
         + ": admission is limited by KV-cache capacity"
+    )
+
+
+def reservation_bound(s: Signals) -> str | None:
+    r = s.reservation
+    if r is None:
+        return None
+    how = (
+        "SGLang 0.5.23 reserves all that is left of a fixed-length request (ignore_eos with "
+        "max_tokens), whatever new_token_ratio says"
+        if r.fixed_length
+        else f"{r.ratio:.2f} of it each, {r.ratio_source}"
+    )
+    return (
+        f"{r.running:.0f} running requests reserve ~{r.reserved:,.0f} tokens for their remaining "
+        f"output ({how}); with {r.held:,.0f} held the pool of {r.pool:,} is full of "
+        f"reservations although only {r.usage:.0%} is in use: admission is limited by KV-cache "
+        "capacity"
     )
 
 
@@ -135,8 +196,12 @@ def admission_bound(s: Signals) -> str:
 # In priority order: the first rule that matches names the bottleneck.
 BOTTLENECK_RULES: tuple[tuple[Bottleneck, Callable[[Signals], str | None]], ...] = (
     ("client", client_bound),
+    ("unknown", grammar_bound),
     ("kv_cache", kv_bound),
+    # A batch at its cap is refused before the token budget is asked (managers/scheduler.py
+    # `_get_new_batch_prefill_raw` checks `get_num_allocatable_reqs` before the PrefillAdder).
     ("compute", running_cap_bound),
+    ("kv_cache", reservation_bound),
     ("prefill", prefill_bound),
 )
 

@@ -13,6 +13,7 @@ from playbooks.diagnose.measure import Measurement
 from playbooks.engines.sglang.capacity import CapacityModel
 from playbooks.engines.sglang.client import ServerInfo
 from playbooks.engines.sglang.deployment import attn_dp_size
+from playbooks.engines.sglang.reservation import Reservation, binding_reservation
 from playbooks.sources.host import HostMemory
 from playbooks.types import Bottleneck
 
@@ -131,3 +132,34 @@ def retraction_rate(m: Measurement) -> float | None:
     if m.retractions is None or m.window_s <= 0:
         return None
     return m.retractions / (m.window_s / 60)
+
+
+def is_retracting(m: Measurement) -> bool:
+    """Whether running requests were retracted in the window (counter or gauge)."""
+    return bool((retraction_rate(m) or 0) > 0 or m.retractions_seen_in_gauge)
+
+
+def conservativeness(info: ServerInfo) -> float:
+    """The server's --schedule-conservativeness (SGLang's default 1.0 when unreported)."""
+    return float(info.arg("schedule_conservativeness") or 1.0)
+
+
+def reservation_binding(
+    info: ServerInfo, version: tuple[int, int, int], m: Measurement
+) -> Reservation | None:
+    """The running requests' reservation where it fills this server's pool, else None."""
+    return binding_reservation(
+        m,
+        pool_tokens(info),
+        version,
+        conservativeness(info),
+        retracting=is_retracting(m),
+        page_size=int(info.arg("page_size") or 1),
+    )
+
+
+def grammar_waiting(m: Measurement) -> bool:
+    """Whether at least as many requests waited for a grammar to compile as for KV: a wait
+    that admission, and any change to the KV pool, leave as it is."""
+    grammar = m.grammar_queued
+    return grammar is not None and grammar >= 1 and grammar >= m.queued

@@ -60,6 +60,11 @@ CACHED_TOKENS = "sglang:cached_tokens"
 ABORTED_REQUESTS = "sglang:num_aborted_requests"
 RETRACTED_REQUESTS = "sglang:num_retracted_requests"
 TTFT_BUCKET = "sglang:time_to_first_token_seconds_bucket"
+# The share of a running request's remaining output that admission reserves (0.5.5 and later;
+# managers/scheduler_components/new_token_ratio_tracker.py), and the requests waiting for their
+# grammar to compile before they even join the waiting queue (constrained/grammar_manager.py).
+NEW_TOKEN_RATIO = "sglang:new_token_ratio"
+GRAMMAR_QUEUED = "sglang:num_grammar_queue_reqs"
 
 SPEC = MetricsSpec(
     label="SGLang",
@@ -93,6 +98,8 @@ NAMES = (
         )
     ),
     TTFT_BUCKET,
+    NEW_TOKEN_RATIO,
+    GRAMMAR_QUEUED,
 )
 
 # SGLang's label names (`SchedulerMetricsCollector.init_new`).
@@ -220,6 +227,8 @@ def snapshot_from_metrics(m: Metrics) -> Snapshot:
         aborted_requests=_counter(m, ABORTED_REQUESTS),
         preemptions=_counter(m, RETRACTED_REQUESTS),
         ttft_buckets=tuple(sorted(m.ttft_buckets.items())),
+        new_token_ratio=m.mean(NEW_TOKEN_RATIO),
+        grammar_queued=m.get(GRAMMAR_QUEUED),
     )
 
 

@@ -11,16 +11,20 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from playbooks.engines.sglang.bottleneck import kv_bound, signals
 from playbooks.engines.sglang.capacity import GIB, HostBudget
 from playbooks.engines.sglang.checks import dtype_bytes
 from playbooks.engines.sglang.deployment import attn_dp_size
 from playbooks.engines.sglang.facts import (
     RETRACTIONS_PER_MIN_HIGH,
     Context,
+    conservativeness,
+    grammar_waiting,
     requests_fitting,
     retraction_rate,
     running_cap_total,
 )
+from playbooks.engines.sglang.reservation import CONSERVATIVENESS_SATURATION
 from playbooks.engines.sglang.verdicts import evaluate
 from playbooks.types import Bottleneck, Option
 
@@ -29,6 +33,8 @@ MORE_CAUTIOUS = 1.3  # schedule_conservativeness factor against frequent retract
 MORE_EAGER = 0.5  # and against a queue beside an under-used pool
 # Arguments SGLang derives the default fraction from (memory_hook.py).
 COUPLED = frozenset({"chunked_prefill_size", "max_running_requests", "attn_dp_size"})
+# The saturation rounded down to what a proposal spells: 1.42 x 0.7 = 0.994, still below 1.0.
+SATURATED_CONSERVATIVENESS = math.floor(CONSERVATIVENESS_SATURATION * 100) / 100
 
 Proposal = Callable[[Context, Bottleneck], Option | None]
 
@@ -120,19 +126,47 @@ def hicache_proposal(ctx: Context, bottleneck: Bottleneck) -> Option | None:
 
 
 def _conservativeness(ctx: Context, factor: float, bottleneck: Bottleneck) -> Option:
-    current = float(ctx.info.arg("schedule_conservativeness") or 1.0)
-    return evaluate({"schedule_conservativeness": round(current * factor, 2)}, ctx, bottleneck)
+    # Never past the saturation: the initial ratio is min(0.7 x value, 1.0), so more changes
+    # nothing (new_token_ratio_tracker.py `NewTokenRatioTracker.from_config`).
+    value = min(round(conservativeness(ctx.info) * factor, 2), SATURATED_CONSERVATIVENESS)
+    return evaluate({"schedule_conservativeness": value}, ctx, bottleneck)
 
 
 def fewer_retractions(ctx: Context, bottleneck: Bottleneck) -> Option | None:
     rpm = retraction_rate(ctx.m)
     if bottleneck != "kv_cache" or rpm is None or rpm <= RETRACTIONS_PER_MIN_HIGH:
         return None
+    current = conservativeness(ctx.info)
+    if current >= SATURATED_CONSERVATIVENESS:
+        return Option(
+            title=f"schedule_conservativeness above {current:g}",
+            change={},
+            verdict="not_useful",
+            predicted_max_total_num_tokens=None,
+            predicted_gain=None,
+            risk="none",
+            reasons=[
+                f"{rpm:.1f} retractions/min, but schedule_conservativeness {current:g} already "
+                f"reserves all of running requests' remaining output at first (the initial "
+                f"new_token_ratio is min(0.7 x value, 1.0), saturated from "
+                f"{CONSERVATIVENESS_SATURATION:.2f}): raising it changes nothing"
+            ],
+        )
     return _conservativeness(ctx, MORE_CAUTIOUS, bottleneck)
 
 
 def eager_admission(ctx: Context, bottleneck: Bottleneck) -> Option | None:
-    if bottleneck != "unknown":
+    """Lower conservativeness where admission is the suspect, or where the ratio's reservation,
+    not the tokens held, fills the pool of a server that does not retract; never for
+    fixed-length requests (0.5.23 does not apply the ratio to them) or for a grammar queue."""
+    if grammar_waiting(ctx.m):
+        return None
+    if bottleneck == "kv_cache":
+        s = signals(ctx)
+        r = s.reservation
+        if kv_bound(s) is not None or s.retracting or r is None or r.fixed_length:
+            return None
+    elif bottleneck != "unknown":
         return None
     return _conservativeness(ctx, MORE_EAGER, bottleneck)
 

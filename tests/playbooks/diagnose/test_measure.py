@@ -68,6 +68,8 @@ class Scripted:
             f"sglang:prompt_tokens_total {100 * base}\n"
             "# TYPE sglang:num_requests counter\n"
             f"sglang:num_requests_total {base / 4}\n"
+            f"# TYPE sglang:new_token_ratio gauge\nsglang:new_token_ratio {0.2 + t / 600}\n"
+            "# TYPE sglang:num_grammar_queue_reqs gauge\nsglang:num_grammar_queue_reqs 2\n"
         )
         return httpx.Response(200, text=text + self.extra)
 
@@ -161,3 +163,13 @@ def test_ttft_quantile_from_histogram_deltas() -> None:
     assert ttft_quantile(a, b, 0.95) == 10.0
     assert ttft_quantile(a, b, 0.05) == 1.0
     assert ttft_quantile(b, b, 0.95) is None
+
+
+def test_admission_gauges_are_window_means() -> None:
+    clock = ManualClock()
+    m = measure(Scripted(clock).client(), clock, MeasurePlan(fixed_window_s=60))
+    # scrapes at 5, 10, ... 60 s after the first: the ratio's mean is at 32.5 s
+    assert m.new_token_ratio == pytest.approx(0.2 + 32.5 / 600)
+    assert m.grammar_queued == pytest.approx(2.0)
+    loads = measure(Scripted(clock, metrics=False).client(), clock, MeasurePlan(fixed_window_s=60))
+    assert loads.new_token_ratio is None and loads.grammar_queued is None

@@ -43,3 +43,48 @@ def test_evidence_states_the_numbers_before_the_conclusion() -> None:
     assert "rose from 0.50 to 0.90" in evidence[2]
     assert evidence[3] == "30 retractions in 10.0 min (3.0/min)"
     assert len(evidence) == 5
+
+
+# 50 running requests of 400 + 3,500 tokens on the 116,171-token pool, half of it held
+HALF_HELD = {**ROOMY, "prompt_tokens_per_s": 100}
+GRAMMAR = {**HALF_HELD, "grammar_queued": 120.0}
+
+# measurement overrides, SGLang version, bottleneck, words in the deciding (last) sentence
+ADMISSION_ROWS = [
+    # 0.5.23 reserves all that is left of fixed-length requests: the pool is full of reservations
+    (HALF_HELD, "0.5.23", "kv_cache", "full of reservations although only 50% is in use"),
+    (HALF_HELD, "0.5.23", "kv_cache", "~87,500 tokens for their remaining output"),
+    # 0.5.10 applies the settled ratio to every request: room is left, admission is suspect
+    (HALF_HELD, "0.5.10", "unknown", "admission looks too conservative"),
+    # an exported ratio that binds, on either version
+    ({**HALF_HELD, "new_token_ratio": 0.7}, "0.5.10", "kv_cache", "0.70 of it each"),
+    # a full pool is named as such, and the running-request cap is checked first by SGLang
+    ({**HALF_HELD, "token_usage": 0.9}, "0.5.23", "kv_cache", "90% used: admission"),
+    ({**HALF_HELD, "running": 2048}, "0.5.23", "compute", "max_running_requests (2048)"),
+    # more requests wait for a grammar than for KV: no KV change helps
+    (GRAMMAR, "0.5.23", "unknown", "grammar compilation is CPU work"),
+    ({**GRAMMAR, **IDLE}, "0.5.10", "unknown", "120.0 requests waited for their grammar"),
+    ({**GRAMMAR, "grammar_queued": 20.0}, "0.5.23", "kv_cache", "full of reservations"),
+]
+
+
+@pytest.mark.parametrize(("over", "version", "bottleneck", "words"), ADMISSION_ROWS)
+def test_admission_rules(
+    over: dict[str, Any], version: str, bottleneck: Bottleneck, words: str
+) -> None:
+    found, evidence = analyse(context(measurement(**over), version=version))
+    assert found == bottleneck
+    assert words in evidence[-1]
+    assert ("schedule-conservativeness" in evidence[-1]) is (words.startswith("admission"))
+
+
+def test_exported_admission_signals_are_evidence() -> None:
+    m = measurement(**HALF_HELD, new_token_ratio=0.098, grammar_queued=2.0)
+    _found, evidence = analyse(context(m, version="0.5.23"))
+    assert any(
+        "reserved 0.10 of running requests' remaining output" in e and "settling to 0.098" in e
+        for e in evidence
+    )
+    assert any(
+        "2.0 requests on average waited for a structured-output grammar" in e for e in evidence
+    )

@@ -222,3 +222,56 @@ def test_only_capacity_changes_predict_throughput() -> None:
     assert evaluate({"mem_fraction_static": 0.92}, ctx, "kv_cache").predicted_gain is not None
     for change in ({"max_running_requests": 4096}, HICACHE, {"chunked_prefill_size": 4096}):
         assert evaluate(change, ctx, "kv_cache").predicted_gain is None, change
+
+
+HALF_HELD = {**UNDER_USED, "prompt_tokens_per_s": 100}  # 50 running, 400 + 3,500 tokens
+
+# change, server arguments, version, measurement, verdict, words in its reasons
+CONSERVATIVENESS = [
+    # the initial ratio min(0.7 x value, 1.0) is 1.0 from ~1.43 on: nothing changes above it
+    (
+        {"schedule_conservativeness": 2.0},
+        {"schedule_conservativeness": 1.5},
+        "0.5.10",
+        RETRACTING,
+        "not_useful",
+        "values above 1.43 change nothing",
+    ),
+    (
+        {"schedule_conservativeness": 1.45},
+        {"schedule_conservativeness": 2.0},
+        "0.5.10",
+        HALF_HELD,
+        "not_useful",
+        "both start admission at new_token_ratio 1.00",
+    ),
+    ({"schedule_conservativeness": 1.3}, {}, "0.5.10", RETRACTING, "possible", "retractions"),
+    # 0.5.23 reserves fixed-length requests in full: a lower value admits none more
+    ({"schedule_conservativeness": 0.5}, {}, "0.5.23", HALF_HELD, "not_useful", "fixed-length"),
+    ({"schedule_conservativeness": 0.5}, {}, "0.5.10", HALF_HELD, "possible", "more eagerly"),
+    (
+        {"schedule_conservativeness": 0.5},
+        {},
+        "0.5.10",
+        {**HALF_HELD, "grammar_queued": 200.0},
+        "not_useful",
+        "grammar",
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "args", "version", "m", "verdict", "words"), CONSERVATIVENESS)
+def test_conservativeness_usefulness(
+    change: dict[str, Any],
+    args: dict[str, Any],
+    version: str,
+    m: dict[str, Any],
+    verdict: Verdict,
+    words: str,
+) -> None:
+    ctx = context(measurement(**m), version=version, **args)
+    proposed = Change.of(ctx.server, change)
+    check = CHECKS["schedule_conservativeness"]
+    found = check.usefulness(proposed, check.value(proposed), Observed(ctx.m, "kv_cache"))
+    assert found.verdict == verdict
+    assert words in " ".join(found.reasons)

@@ -59,3 +59,41 @@ def test_a_host_pool_that_cannot_fit_is_refused(
     options = propose(context(host_gib=host_gib, version=version), "kv_cache")
     refused = next(o for o in options if o.title == "hierarchical cache (host RAM)")
     assert refused.verdict == "unsafe" and words in refused.reasons[0]
+
+
+HALF_HELD = {"token_usage": 0.5, "retractions_seen_in_gauge": 0}  # 50 running, 400 + 3,500
+CONSERVATIVENESS = "schedule_conservativeness"
+
+# measurement, server arguments, version, bottleneck, the conservativeness titles proposed
+ADMISSION_ROWS: list[tuple[dict[str, Any], dict[str, Any], str, Bottleneck, list[str]]] = [
+    # raising it stops at the saturation 1.42 (1.2 x 1.3 = 1.56 would change nothing more)
+    ({"retractions": 30}, {CONSERVATIVENESS: 1.2}, "0.5.10", "kv_cache", ["=1.42"]),
+    # already saturated: the option says so rather than proposing more
+    ({"retractions": 30}, {CONSERVATIVENESS: 1.5}, "0.5.10", "kv_cache", ["above 1.5"]),
+    # a pool full of fixed-length reservations (0.5.23): the ratio is not theirs to lower
+    (HALF_HELD, {}, "0.5.23", "kv_cache", []),
+    # the exported ratio's reservation fills the pool: lowering it is an option
+    ({**HALF_HELD, "new_token_ratio": 0.7}, {}, "0.5.10", "kv_cache", ["=0.5"]),
+    # a full pool that retracts: admitting more eagerly would retract more
+    ({"retractions_seen_in_gauge": 5}, {}, "0.5.10", "kv_cache", []),
+    # requests wait for a grammar: no admission change helps
+    ({**HALF_HELD, "grammar_queued": 200.0}, {}, "0.5.10", "unknown", []),
+]
+
+
+@pytest.mark.parametrize(("over", "args", "version", "bottleneck", "titles"), ADMISSION_ROWS)
+def test_conservativeness_proposals(
+    over: dict[str, Any],
+    args: dict[str, Any],
+    version: str,
+    bottleneck: Bottleneck,
+    titles: list[str],
+) -> None:
+    options = propose(context(measurement(**over), version=version, **args), bottleneck)
+    found = [o for o in options if CONSERVATIVENESS in o.title]
+    assert len(found) == len(titles), [o.title for o in found]
+    for option, title in zip(found, titles, strict=True):
+        assert title in option.title
+    if titles == ["above 1.5"]:
+        assert found[0].verdict == "not_useful"
+        assert "changes nothing" in found[0].reasons[0]

@@ -160,3 +160,24 @@ def test_a_hybrid_reading_survives_storage_and_older_rows_still_read() -> None:
         None,
         None,
     )
+
+
+@pytest.mark.parametrize(
+    ("source", "ratio"),
+    [
+        ("real-0.5.23", 0.098),
+        ("twin-0.5.5", 0.5037),
+        ("twin-0.5.10", 0.5337),
+        ("twin-0.5.23", 0.3504),
+    ],
+)
+def test_admission_gauges_are_read(source: str, ratio: float) -> None:
+    snap = ENGINE.snapshot(scrape(source, 2))
+    assert snap.new_token_ratio == pytest.approx(ratio, abs=1e-4)
+    assert snap.grammar_queued == 0.0  # exported, nothing waiting: 0, not None
+
+
+def test_admission_gauges_survive_storage() -> None:
+    snap = ENGINE.snapshot(scrape("real-0.5.23", 2))
+    back = restore_snapshot(json.loads(json.dumps(snap.to_json())))
+    assert (back.new_token_ratio, back.grammar_queued) == (snap.new_token_ratio, 0.0)

@@ -1,0 +1,134 @@
+"""The KV that SGLang's admission sets aside for running requests' remaining output.
+
+SGLang admits a waiting request only if its prompt and its whole output fit in what the pool has
+left once every running request's remaining output is reserved (`managers/schedule_policy.py`
+`PrefillAdder.__init__` adds `_get_running_request_total_token_offset` per running request to
+`memory_budget.total_offset`; `mem_cache/prefill_budget.py` `PrefillBudget.remaining_total` is
+available + evictable - that offset, and `add_one_req` needs prompt + min(max_new, clip) + one
+page below it). Each running request reserves `min(max_new - output so far, clip) x ratio`:
+
+* the ratio is `new_token_ratio` (`managers/scheduler_components/new_token_ratio_tracker.py`):
+  `min(0.7 x schedule_conservativeness, 1.0)` after an idle spell, decaying over 600 decode
+  steps to 14% of that, and re-estimated after a retraction;
+* SGLang 0.5.23 uses 1.0 instead for a fixed-length request (`ignore_eos` with `max_tokens`,
+  as synthetic-data jobs send): it reserves all that is left of it. 0.5.5 and 0.5.10 apply the
+  ratio to every request;
+* the clip is `SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION` (4096 by default, `environ.py`).
+
+With long fixed-length generations the pool is then full of reservations while `token_usage`
+(the tokens actually held) sits near one half. kvpilot sees neither `max_tokens` nor
+`ignore_eos`, so it takes a running request to be half-way through an answer of the completed
+requests' mean length, as `facts.resident_tokens` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from playbooks.diagnose.measure import Measurement
+
+INIT_NEW_TOKEN_RATIO = 0.7  # environ.py SGLANG_INIT_NEW_TOKEN_RATIO
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # environ.py SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+CLIP_MAX_NEW_TOKENS = 4096  # environ.py SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+# Conservativeness past which the initial ratio is already 1.0: raising it changes nothing.
+CONSERVATIVENESS_SATURATION = 1.0 / INIT_NEW_TOKEN_RATIO
+FIXED_LENGTH_FULL_RESERVE = (0, 5, 23)  # `ratio = 1.0 if ignore_eos` from this version on
+# Held + reserved + the next request's need above this share of the pool: admission is refused
+# for lack of room (a margin for the averages standing in for each request's own numbers).
+FULL_OF_RESERVATIONS = 0.9
+
+
+def initial_ratio(conservativeness: float) -> float:
+    """The ratio after an idle spell (`NewTokenRatioTracker.from_config`)."""
+    return min(INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)
+
+
+def floor_ratio(conservativeness: float) -> float:
+    """Where the ratio settles after 600 decode steps without a retraction."""
+    return min(initial_ratio(conservativeness) * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What the running requests hold and reserve, against the pool, in tokens."""
+
+    running: float
+    pool: int
+    held: float  # tokens in use (token_usage x pool)
+    reserved: float  # running requests' remaining output, reserved
+    next_need: float  # what the next waiting request needs: prompt + output + a page
+    ratio: float  # the share of remaining output reserved
+    ratio_source: str  # where the ratio comes from, for the evidence
+    fixed_length: bool  # reserved in full, as 0.5.23 does for fixed-length requests
+
+    @property
+    def full(self) -> bool:
+        """Whether admission would refuse the next request for want of room."""
+        return self.held + self.reserved + self.next_need >= FULL_OF_RESERVATIONS * self.pool
+
+    @property
+    def usage(self) -> float:
+        return self.held / self.pool
+
+
+def ratio_in_use(m: Measurement, conservativeness: float, retracting: bool) -> tuple[float, str]:
+    """The ratio admission applies: exported, else where SGLang's tracker would have it."""
+    if m.new_token_ratio is not None:
+        return m.new_token_ratio, "sglang:new_token_ratio"
+    if retracting:
+        # A retraction re-estimates the ratio upwards; its initial value is the likelier bound.
+        return initial_ratio(conservativeness), "assumed: the initial ratio, with retractions"
+    return floor_ratio(conservativeness), "assumed: the settled ratio, without retractions"
+
+
+def reservation_of(
+    m: Measurement,
+    pool: int,
+    *,
+    ratio: tuple[float, str],
+    fixed_length: bool,
+    page_size: int = 1,
+) -> Reservation | None:
+    """The reservation of the measured running requests, None without the numbers for it."""
+    if (
+        m.token_usage is None
+        or m.avg_output_tokens is None
+        or m.avg_prompt_tokens is None
+        or m.running <= 0
+        or pool <= 0
+    ):
+        return None
+    remaining = min(m.avg_output_tokens / 2, CLIP_MAX_NEW_TOKENS)
+    share = 1.0 if fixed_length else ratio[0]
+    source = "fixed-length requests, reserved in full" if fixed_length else ratio[1]
+    return Reservation(
+        running=m.running,
+        pool=pool,
+        held=m.token_usage * pool,
+        reserved=m.running * remaining * share,
+        next_need=m.avg_prompt_tokens + min(m.avg_output_tokens, CLIP_MAX_NEW_TOKENS) + page_size,
+        ratio=share,
+        ratio_source=source,
+        fixed_length=fixed_length,
+    )
+
+
+def binding_reservation(
+    m: Measurement,
+    pool: int,
+    version: tuple[int, int, int],
+    conservativeness: float,
+    *,
+    retracting: bool = False,
+    page_size: int = 1,
+) -> Reservation | None:
+    """The reservation that fills the pool, if one does: by the ratio first, then (0.5.23) as
+    fixed-length requests reserved in full. None when neither explains a refused admission."""
+    ratio = ratio_in_use(m, conservativeness, retracting)
+    by_ratio = reservation_of(m, pool, ratio=ratio, fixed_length=False, page_size=page_size)
+    if by_ratio is None or by_ratio.full:
+        return by_ratio
+    if version < FIXED_LENGTH_FULL_RESERVE:
+        return None
+    in_full = reservation_of(m, pool, ratio=ratio, fixed_length=True, page_size=page_size)
+    return in_full if in_full is not None and in_full.full else None

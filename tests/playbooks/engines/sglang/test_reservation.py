@@ -1,0 +1,132 @@
+"""The reservation SGLang's admission makes for running requests, table-style."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from playbooks.engines.sglang.facts import is_retracting
+from playbooks.engines.sglang.reservation import (
+    CONSERVATIVENESS_SATURATION,
+    binding_reservation,
+    floor_ratio,
+    initial_ratio,
+    ratio_in_use,
+    reservation_of,
+)
+from tests.playbooks.engines.sglang.test_rules import measurement
+
+POOL = 16_000
+# The real 0.5.23 server on a 16,000-token pool, 48 clients of 200 + 1,000 fixed-length tokens.
+SMALL_POOL = {
+    "avg_prompt_tokens": 200,
+    "avg_output_tokens": 1000,
+    "running": 13,
+    "queued": 35,
+    "token_usage": 0.73,
+    "retractions_seen_in_gauge": 0,
+    "retractions": 0,
+}
+OLD, NEW = (0, 5, 10), (0, 5, 23)
+
+
+@pytest.mark.parametrize(
+    ("conservativeness", "initial", "floor"),
+    [(1.0, 0.7, 0.098), (0.5, 0.35, 0.049), (1.0 / 0.7, 1.0, 0.14), (2.0, 1.0, 0.14)],
+)
+def test_the_ratio_saturates_at_one(conservativeness: float, initial: float, floor: float) -> None:
+    assert initial_ratio(conservativeness) == pytest.approx(initial)
+    assert floor_ratio(conservativeness) == pytest.approx(floor)
+
+
+def test_conservativeness_saturates_near_1_43() -> None:
+    assert initial_ratio(CONSERVATIVENESS_SATURATION) == 1.0
+    assert initial_ratio(1.42) < 1.0
+    assert round(CONSERVATIVENESS_SATURATION, 2) == 1.43
+
+
+# measurement overrides, conservativeness, the ratio admission applies and where it comes from
+RATIOS: list[tuple[dict[str, Any], float, float, str]] = [
+    ({"new_token_ratio": 0.45}, 1.0, 0.45, "sglang:new_token_ratio"),
+    ({"retractions_seen_in_gauge": 0}, 1.0, 0.098, "settled"),
+    ({"retractions_seen_in_gauge": 0}, 2.0, 0.14, "settled"),
+    ({"retractions_seen_in_gauge": 3}, 1.0, 0.7, "initial"),
+    ({"retractions": 4, "retractions_seen_in_gauge": 0}, 0.5, 0.35, "initial"),
+]
+
+
+@pytest.mark.parametrize(("over", "c", "ratio", "words"), RATIOS)
+def test_ratio_in_use(over: dict[str, Any], c: float, ratio: float, words: str) -> None:
+    m = measurement(**over)
+    found, source = ratio_in_use(m, c, is_retracting(m))
+    assert found == pytest.approx(ratio)
+    assert words in source
+
+
+# measurement overrides, fixed length, reserved, next request's need, full
+RESERVED: list[tuple[dict[str, Any], bool, float, float, bool]] = [
+    (SMALL_POOL, True, 13 * 500, 1201, True),
+    (SMALL_POOL, False, 13 * 500 * 0.098, 1201, False),
+    ({**SMALL_POOL, "avg_output_tokens": 20_000}, True, 13 * 4096, 200 + 4096 + 1, True),  # clip
+    ({**SMALL_POOL, "token_usage": 0.2, "running": 4}, True, 2000, 1201, False),
+]
+
+
+@pytest.mark.parametrize(("over", "fixed", "reserved", "need", "full"), RESERVED)
+def test_reservation_of(
+    over: dict[str, Any], fixed: bool, reserved: float, need: float, full: bool
+) -> None:
+    r = reservation_of(measurement(**over), POOL, ratio=(0.098, "test"), fixed_length=fixed)
+    assert r is not None
+    assert r.reserved == pytest.approx(reserved)
+    assert r.next_need == pytest.approx(need)
+    assert r.held == pytest.approx(over["token_usage"] * POOL)
+    assert r.full is full
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"token_usage": None},
+        {"avg_output_tokens": None},
+        {"avg_prompt_tokens": None},
+        {"running": 0},
+    ],
+)
+def test_no_reservation_without_the_numbers(over: dict[str, Any]) -> None:
+    m = measurement(**{**SMALL_POOL, **over})
+    assert reservation_of(m, POOL, ratio=(0.1, "test"), fixed_length=True) is None
+
+
+# measurement overrides, version, conservativeness, None or (fixed length, ratio)
+BINDING: list[tuple[dict[str, Any], tuple[int, int, int], float, tuple[bool, float] | None]] = [
+    (SMALL_POOL, NEW, 1.0, (True, 1.0)),  # 0.5.23: fixed-length requests reserve in full
+    (SMALL_POOL, OLD, 1.0, None),  # 0.5.10 applies the settled ratio: room left
+    ({**SMALL_POOL, "new_token_ratio": 0.7}, OLD, 1.0, (False, 0.7)),  # the ratio binds
+    ({**SMALL_POOL, "new_token_ratio": 0.7}, NEW, 1.0, (False, 0.7)),  # by the ratio first
+    ({**SMALL_POOL, "retractions_seen_in_gauge": 2}, OLD, 1.0, (False, 0.7)),
+    ({**SMALL_POOL, "token_usage": 0.3, "running": 5}, NEW, 1.0, None),  # room either way
+]
+
+
+@pytest.mark.parametrize(("over", "version", "c", "expected"), BINDING)
+def test_binding_reservation(
+    over: dict[str, Any],
+    version: tuple[int, int, int],
+    c: float,
+    expected: tuple[bool, float] | None,
+) -> None:
+    r = binding_reservation(
+        measurement(**over),
+        POOL,
+        version,
+        c,
+        retracting=bool(over.get("retractions_seen_in_gauge")),
+    )
+    if expected is None:
+        assert r is None
+        return
+    assert r is not None and r.full
+    assert r.fixed_length is expected[0]
+    assert r.ratio == pytest.approx(expected[1])
