@@ -74,7 +74,7 @@ def _speculative_with_dcp(s: Settings) -> bool:
 
 
 def _kernel_io(s: Settings) -> bool:
-    return s.get("hicache_io_backend", "kernel") == "kernel"
+    return bool(s.get("hicache_io_backend", "kernel") == "kernel")
 
 
 def _decode_backend(s: Settings) -> Any:
