@@ -9,7 +9,7 @@ use `retried_get`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import httpx
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
@@ -78,7 +78,17 @@ def retried_get(
 
 def answers_ok(url: str, path: str, timeout_s: float = 5.0) -> bool:
     """One readiness probe: does `url` + `path` answer 200 now? (Never retried: callers poll.)"""
-    try:
-        return httpx.get(url.rstrip("/") + path, timeout=timeout_s).status_code == 200
-    except httpx.HTTPError:
-        return False
+    return first_answer_ok(url, (path,), timeout_s)
+
+
+def first_answer_ok(url: str, paths: Sequence[str], timeout_s: float = 5.0) -> bool:
+    """One readiness probe over `paths`, newest first: a 404 means the server predates that
+    path, so the next is asked; the first path it has decides (200: ready)."""
+    for path in paths:
+        try:
+            status = httpx.get(url.rstrip("/") + path, timeout=timeout_s).status_code
+        except httpx.HTTPError:
+            return False
+        if status != 404:
+            return status == 200
+    return False

@@ -369,8 +369,9 @@ class Engine(Protocol):
     def metrics(self) -> MetricsSpec: ...
 
     @property
-    def readiness_path(self) -> str:
-        """The HTTP path that answers 200 once the server serves requests."""
+    def readiness_paths(self) -> tuple[str, ...]:
+        """The HTTP paths, newest first, that answer 200 once the server serves requests; a
+        404 means the server predates that path and the next is asked."""
         ...
 
     # connect

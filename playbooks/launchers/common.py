@@ -13,7 +13,7 @@ from typing import Protocol
 
 from playbooks.clock import Clock
 from playbooks.engines.base import Engine
-from playbooks.http import answers_ok
+from playbooks.http import first_answer_ok
 from playbooks.launchers.base import Launcher
 
 
@@ -43,7 +43,7 @@ def split_command(command: list[str]) -> tuple[list[str], list[str]]:
 
 def health_ok(url: str, engine: Engine, timeout_s: float = 5.0) -> bool:
     """The engine's readiness path answers 200 (SGLang: 503 while it is still starting)."""
-    return answers_ok(url, engine.readiness_path, timeout_s)
+    return first_answer_ok(url, engine.readiness_paths, timeout_s)
 
 
 def poll_interval(ready_timeout_s: float) -> float:

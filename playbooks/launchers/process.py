@@ -23,8 +23,8 @@ from pathlib import Path
 from playbooks.clock import Clock, WallClock
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
-from playbooks.http import answers_ok
 from playbooks.launchers.base import LaunchError, ServerState
+from playbooks.launchers.common import health_ok
 
 
 @dataclass
@@ -122,7 +122,7 @@ class ProcessLauncher:
         return code if isinstance(code, int) else None
 
     def healthy(self) -> bool:
-        return answers_ok(self.spec.url, self.spec.engine.readiness_path)
+        return health_ok(self.spec.url, self.spec.engine)
 
     def state(self) -> ServerState:
         pid = self._pid()

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from playbooks.http import answers_ok, http_client, http_retrying, retried_get
+from playbooks.http import answers_ok, first_answer_ok, http_client, http_retrying, retried_get
 
 
 class Scripted(ThreadingHTTPServer):
@@ -101,3 +101,11 @@ def test_a_readiness_probe_is_one_look(server: Scripted) -> None:
     assert not answers_ok(server.url, "/health")
     assert answers_ok(server.url, "/health")
     assert not answers_ok("http://127.0.0.1:9", "/health", timeout_s=1.0)
+
+
+def test_a_probe_over_paths_falls_back_on_404_only(server: Scripted) -> None:
+    server.script = [404, 200]  # an old server: no /ready, /health answers
+    assert first_answer_ok(server.url, ("/ready", "/health"))
+    server.script = [503]  # a new server still starting: /ready decides, /health is not asked
+    assert not first_answer_ok(server.url, ("/ready", "/health"))
+    assert server.script == []

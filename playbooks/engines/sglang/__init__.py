@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 METRICS_FLAG = "--enable-metrics"  # kvpilot reads nothing without it
 # Endpoints kvpilot calls: both dialects' info and load paths, readiness, metrics.
-ENDPOINTS = (*(path for paths in _client.PATHS.values() for path in paths), "/health", "/metrics")
+ENDPOINTS = (*(path for paths in _client.PATHS.values() for path in paths), "/metrics")
 
 
 def _info(info: ServerSettings) -> ServerInfo:
@@ -43,7 +43,7 @@ class SGLang:
     name = "sglang"
     label = "SGLang"
     metrics: MetricsSpec = _metrics.SPEC
-    readiness_path = "/health"
+    readiness_paths = _client.PATHS["ready"]
 
     def connect(
         self,

@@ -1,9 +1,10 @@
 """Read-only client for SGLang's HTTP API (both endpoint dialects), on httpx.
 
 Paths live in one place (`PATHS`), because SGLang renamed them in 0.5.10 (`/get_server_info` ->
-`/server_info`, `/get_model_info` -> `/model_info`, `/get_load` -> `/v1/loads`) and removed the old
-load path in 0.5.23. The client tries the new name first and falls back on 404, then remembers which
-dialect answered.
+`/server_info`, `/get_model_info` -> `/model_info`, `/get_load` -> `/v1/loads`), added `/ready` in
+0.5.20 and removed the old load path in 0.5.21 (read in the released wheels'
+`entrypoints/http_server.py`). The client tries the new name first and falls back on 404, then
+remembers which dialect answered.
 
 Only idempotent GETs are retried (tenacity), and only on transport errors and 502/503/504. A 401 is
 "unauthorised", a 404 on every info path is "not SGLang", a 404 on `/metrics` means the server runs
@@ -35,6 +36,9 @@ PATHS = {
     "server_info": ("/server_info", "/get_server_info"),
     "model_info": ("/model_info", "/get_model_info"),
     "loads": ("/v1/loads", "/get_load"),
+    # `/ready` since 0.5.20 (entrypoints/http_server.py `ready`: tokenizer_manager.is_ready(),
+    # no generation); `/health` before, which runs a one-token generation on an idle server.
+    "ready": ("/ready", "/health"),
 }
 SGLangError = EngineError  # the errors below are the engine seam's own
 
@@ -198,10 +202,18 @@ class SGLangClient:
 
     # ----------------------------------------------------------------- reads
     def health(self) -> bool:
+        """Ready for requests: `/ready` where the server has it, `/health` on older ones."""
+        paths = PATHS["ready"]
+        order = [self._dialect["ready"]] if "ready" in self._dialect else list(paths)
         try:
-            return self._get("/health").status_code == 200
+            for path in order:
+                status = self._get(path).status_code
+                if status != 404:
+                    self._dialect["ready"] = path
+                    return status == 200
         except Unreachable:
             return False
+        return False
 
     def server_info(self) -> ServerInfo:
         data = self._json("server_info")

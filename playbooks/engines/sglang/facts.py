@@ -17,6 +17,14 @@ from playbooks.engines.sglang.reservation import Reservation, binding_reservatio
 from playbooks.sources.host import HostMemory
 from playbooks.types import Bottleneck
 
+# The first SGLang release with each host-pool behaviour, read in the released wheels.
+# mem_cache/pool_host/base.py host_memory_budget_bytes: available // ranks_per_host().
+PER_RANK_HOST_BUDGET = (0, 5, 19)
+# mem_cache/pool_host/base.py HostKVCache.__init__ warns on a host pool no larger than the
+# device pool; up to 0.5.14 mem_cache/memory_pool_host.py HostKVCache.__init__ asserted.
+SMALL_HOST_POOL_WARNS = (0, 5, 15)
+# mem_cache/host_memory.py _cgroup_memory_headroom bounds the budget by memory.max/high.
+CGROUP_HOST_BUDGET = (0, 5, 21)
 SATURATED_USAGE = 0.85  # token usage above this with a queue: the KV pool is the limit
 RETRACTIONS_PER_MIN_HIGH = 1.0  # SGLang's guide: about one retraction a minute is acceptable
 
@@ -37,8 +45,18 @@ class Server:
 
     @property
     def per_rank_checked(self) -> bool:
-        """SGLang 0.5.23 splits the host budget per rank; older versions do not."""
-        return self.version >= (0, 5, 23)
+        """SGLang 0.5.19 and later split the host budget per rank; older versions do not."""
+        return self.version >= PER_RANK_HOST_BUDGET
+
+    @property
+    def host_pool_may_be_smaller(self) -> bool:
+        """Since 0.5.15 a host pool no larger than the GPU pool is a warning, not a refusal."""
+        return self.version >= SMALL_HOST_POOL_WARNS
+
+    @property
+    def container_limit_checked(self) -> bool:
+        """Since 0.5.21 SGLang bounds the host budget by the container's memory cgroup."""
+        return self.version >= CGROUP_HOST_BUDGET
 
 
 @dataclass(frozen=True)
@@ -63,6 +81,10 @@ class Context:
     @property
     def per_rank_checked(self) -> bool:
         return self.server.per_rank_checked
+
+    @property
+    def host_pool_may_be_smaller(self) -> bool:
+        return self.server.host_pool_may_be_smaller
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ def hicache_proposal(ctx: Context, bottleneck: Bottleneck) -> Option | None:
     device_gb = ctx.info.max_total_num_tokens * ctx.cap.bytes_per_token / 1e9
     per_rank_gb = min(budget.per_rank_budget_gib * GIB / 1e9, 2 * device_gb)
     size_gb = math.floor(per_rank_gb)
-    if size_gb <= 0 or (not ctx.per_rank_checked and size_gb <= device_gb):
+    if size_gb <= 0 or (not ctx.host_pool_may_be_smaller and size_gb <= device_gb):
         return _hicache_refused(
             ctx,
             "host OOM",

@@ -1,0 +1,182 @@
+"""HiCache, table-style: version gates read from each release's server info, the combinations
+SGLang refuses (in its words), what else enabling it changes, and the container's memory."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from playbooks.engines.sglang.checks import Change, Finding
+from playbooks.engines.sglang.client import parse_server_info
+from playbooks.engines.sglang.facts import Server, parse_version
+from playbooks.engines.sglang.hicache import HostPoolCheck, refusals, side_effects
+from playbooks.sources.host import GIB, HostMemory
+from tests.paths import FIXTURES
+from tests.playbooks.engines.sglang.test_rules import context
+
+# version: (per-rank host budget, smaller host pool only warns, container limit, startup_available)
+GATES = {
+    "twin-0.5.5/get_server_info": (False, False, False, False),
+    "twin-0.5.10/server_info": (False, False, False, False),
+    "shape-0.5.14/server_info": (False, False, False, False),
+    "shape-0.5.15/server_info": (False, True, False, False),
+    "shape-0.5.18/server_info": (False, True, False, True),
+    "shape-0.5.19/server_info": (True, True, False, True),
+    "shape-0.5.20/server_info": (True, True, False, True),
+    "shape-0.5.21/server_info": (True, True, True, True),
+    "real-0.5.23/server_info": (True, True, True, True),
+}
+
+
+@pytest.mark.parametrize(("fixture", "expected"), GATES.items(), ids=list(GATES))
+def test_version_gates_from_each_release_s_server_info(
+    fixture: str, expected: tuple[bool, bool, bool, bool]
+) -> None:
+    info = parse_server_info(json.loads((FIXTURES / "sglang" / f"{fixture}.json").read_text()))
+    server = Server(info, context().cap, None, 8, parse_version(info.version))
+    gates = (server.per_rank_checked, server.host_pool_may_be_smaller)
+    assert (*gates, server.container_limit_checked) == expected[:3]
+    assert (info.memory.startup_available_gb is not None) is expected[3]
+    assert info.memory.graph_gb is not None  # one figure, or the sum over phases from 0.5.17
+
+
+def hicache_safety(
+    change: dict[str, Any], version: str, host: HostMemory | None = None, **args: Any
+) -> Finding:
+    server = context(version=version, **args).server
+    if host is not None:
+        server = replace(server, host=host)
+    proposed = Change.of(server, {"enable_hierarchical_cache": True, **change})
+    check = HostPoolCheck()
+    return check.safety(proposed, check.value(proposed))
+
+
+SMALL = {"hicache_size": 5}  # under the GPU pool's 7.6 GB per rank
+BIG = {"hicache_size": 30}  # 8 ranks x 30 GB = 240 GB, over 256 GiB less reserve and margin
+# change, version, verdict, words in the reasons
+POOL = [
+    (SMALL, "0.5.14", "unsafe", "must be larger than the GPU pool"),
+    (SMALL, "0.5.15", None, "SGLang only warns"),
+    (SMALL, "0.5.18", None, "SGLang only warns"),
+    (BIG, "0.5.18", "unsafe", "checks each rank against the whole host"),
+    (BIG, "0.5.19", "unsafe", "refuses to start (it splits the host budget per rank)"),
+    (BIG, "0.5.23", "unsafe", "refuses to start (it splits the host budget per rank)"),
+]
+
+
+@pytest.mark.parametrize(("change", "version", "verdict", "words"), POOL)
+def test_the_host_pool_is_judged_by_what_that_release_checks(
+    change: dict[str, Any], version: str, verdict: str | None, words: str
+) -> None:
+    found = hicache_safety(change, version)
+    assert found.verdict == verdict
+    assert words in " ".join(found.reasons)
+
+
+CONTAINER = HostMemory(64 * GIB, 48 * GIB, "test, bounded by memory.max", container_limited=True)
+# version, words: a pool that fits the host's 256 GiB but not a 48 GiB container
+CONTAINERS = [
+    ("0.5.20", "not the container's limit"),
+    ("0.5.21", "refuses to start"),
+]
+
+
+@pytest.mark.parametrize(("version", "words"), CONTAINERS)
+def test_the_budget_is_the_container_s_not_the_host_s(version: str, words: str) -> None:
+    found = hicache_safety({"hicache_size": 10}, version, CONTAINER)
+    assert found.verdict == "unsafe"
+    assert "the container may use 64 GiB" in found.reasons[0]
+    assert words in found.reasons[1]
+
+
+# settings on top of the incident server, version, SGLang's words in the refusal
+REFUSED = [
+    ({"disable_radix_cache": True}, "0.5.5", "mutually exclusive and cannot be used"),
+    ({"disable_radix_cache": True}, "0.5.23", "mutually exclusive and cannot be used"),
+    ({"enable_lmcache": True}, "0.5.21", "--enable-lmcache and --enable-hierarchical-cache"),
+    (
+        {"kv_cache_dtype": "nvfp4", "attention_backend": "trtllm_mha"},
+        "0.5.23",
+        "SM100 native NVFP4 with trtllm_mha",
+    ),
+    ({"dcp_size": 2, "attention_backend": "dsa"}, "0.5.23", "DSA DCP does not support"),
+    ({"dcp_size": 2, "speculative_algorithm": "EAGLE"}, "0.5.18", "only supports DSPARK"),
+    ({"enable_int8_mamba_checkpoint": True}, "0.5.14", "not int8-aware"),
+    ({"hicache_host_memory_mode": "buffer_only"}, "0.5.19", "requires a storage backend"),
+]
+
+
+@pytest.mark.parametrize(("settings", "version", "words"), REFUSED)
+def test_impossible_combinations_are_refused_in_sglang_s_words(
+    settings: dict[str, Any], version: str, words: str
+) -> None:
+    found = hicache_safety(settings, version)
+    assert found.verdict == "unsafe"
+    assert words in found.reasons[0]
+    assert "refuses to start" in found.reasons[0] and "Fix:" in found.reasons[0]
+
+
+# settings, version: what is not refused (the rule's version range or its condition)
+NOT_REFUSED = [
+    ({"enable_lmcache": True}, "0.5.20"),
+    ({"kv_cache_dtype": "nvfp4", "attention_backend": "flashinfer"}, "0.5.23"),
+    ({"dcp_size": 2, "speculative_algorithm": "DSPARK"}, "0.5.23"),
+    ({"dcp_size": 2, "speculative_algorithm": "EAGLE"}, "0.5.17"),
+    ({"enable_int8_mamba_checkpoint": True}, "0.5.13"),
+    ({"hicache_host_memory_mode": "buffer_only", "hicache_storage_backend": "file"}, "0.5.23"),
+]
+
+
+@pytest.mark.parametrize(("settings", "version"), NOT_REFUSED)
+def test_combinations_outside_a_refusal_pass(settings: dict[str, Any], version: str) -> None:
+    assert refusals(parse_version(version), settings) == []
+
+
+# settings, version, the risks enabling HiCache brings (beside the decode overhead)
+EFFECTS = [
+    ({"page_size": 64}, "0.5.5", {"decode attention backend changes"}),
+    ({"page_size": 64, "hicache_io_backend": "direct"}, "0.5.5", set()),
+    (
+        {"page_size": 64, "attention_backend": "fa3"},
+        "0.5.10",
+        {"decode attention backend changes", "no piecewise CUDA graphs"},
+    ),
+    ({"page_size": 64, "attention_backend": "flashinfer"}, "0.5.10", {"no piecewise CUDA graphs"}),
+    ({"page_size": 64, "disable_piecewise_cuda_graph": True}, "0.5.18", set()),
+    ({"page_size": 64}, "0.5.19", set()),
+    ({"page_size": 16}, "0.5.23", {"small pages"}),
+    (
+        {"page_size": 64, "model_path": "stepfun-ai/Step-3.5-Flash"},
+        "0.5.23",
+        {"fewer KV tokens (hybrid SWA pool off)"},
+    ),
+    (
+        {"page_size": 64, "model_path": "XiaomiMiMo/MiMo-V2-Flash"},
+        "0.5.20",
+        {"fewer KV tokens (hybrid SWA pool off)"},
+    ),
+    ({"page_size": 64, "model_path": "XiaomiMiMo/MiMo-V2-Flash"}, "0.5.21", set()),
+]
+
+
+@pytest.mark.parametrize(("settings", "version", "risks"), EFFECTS)
+def test_side_effects_of_enabling_hicache(
+    settings: dict[str, Any], version: str, risks: set[str]
+) -> None:
+    assert {rule.risk for rule in side_effects(parse_version(version), settings)} == risks
+
+
+def test_side_effects_reach_the_finding_and_the_decode_overhead_is_always_a_risk() -> None:
+    found = hicache_safety({"hicache_size": 20, "attention_backend": "fa3"}, "0.5.10")
+    assert found.verdict is None
+    assert "decode attention backend changes" in found.risks
+    assert any(r.startswith("per-step decode overhead") for r in found.risks)
+    assert any("_resolve_io_decode_attention_compatibility" in r for r in found.reasons)
+
+
+def test_a_server_with_hicache_on_is_not_told_its_side_effects_again() -> None:
+    found = hicache_safety({"hicache_size": 20}, "0.5.10", enable_hierarchical_cache=True)
+    assert found.risks == ()
