@@ -12,8 +12,9 @@ Per case, in a forked child (so no case sees globals another's resolution left):
 
 1. the command line goes through ``sglang serve``'s parser, ``ServerArgs.from_cli_args``,
    ``resolve_once()`` and ``check_server_args()`` on a simulated CUDA GPU of ``gpu_mib``
-   (``sglang_machine``); ``reserved_mem`` is read from the frame of
-   ``arg_groups/memory_hook.py::handle_gpu_memory_settings`` when SGLang derived the fraction;
+   (``sglang_machine``); ``reserved_mem`` of
+   ``arg_groups/memory_hook.py::handle_gpu_memory_settings`` is noted when SGLang derived
+   the fraction;
 2. the args are published as a scheduler's (``runtime_context.publish``) and the KV pool is
    sized by SGLang's configurator with free memory ``pre_gib`` before and
    ``pre_gib - weights_gib`` after the weights (``sglang_pools``);
@@ -88,20 +89,25 @@ def set_machine(case: dict[str, Any]) -> None:
     MACHINE.ranks_per_host = int(case.get("ranks_per_host", 1))
 
 
-@contextlib.contextmanager
-def reserved_mem_probe(out: dict[str, Any]) -> Any:
-    """Read ``reserved_mem`` from ``handle_gpu_memory_settings``'s frame as it returns."""
-    code = memory_hook.handle_gpu_memory_settings.__code__
+RESERVED: dict[str, float | None] = {"mib": None}
+_deepep_reserve = memory_hook.reserve_for_deepep_a2a_mb
 
-    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
-        if event == "return" and frame.f_code is code and "reserved_mem" in frame.f_locals:
-            out["reserved_mib"] = float(frame.f_locals["reserved_mem"])
 
-    sys.setprofile(profile)
-    try:
-        yield
-    finally:
-        sys.setprofile(None)
+def _reserve_for_deepep_a2a_mb(server_args: Any) -> float:
+    """memory_hook.reserve_for_deepep_a2a_mb, also noting ``reserved_mem`` of its caller.
+
+    ``handle_gpu_memory_settings`` ends its reserve with
+    ``reserved_mem += reserve_for_deepep_a2a_mb(server_args)`` (only the XPU term follows, and
+    the device is CUDA), so the caller's local plus this return value is SGLang's reserve.
+    """
+    extra = float(_deepep_reserve(server_args))
+    caller = sys._getframe(1)
+    if "reserved_mem" in caller.f_locals:
+        RESERVED["mib"] = float(caller.f_locals["reserved_mem"]) + extra
+    return extra
+
+
+memory_hook.reserve_for_deepep_a2a_mb = _reserve_for_deepep_a2a_mb
 
 
 def resolve(parser: argparse.ArgumentParser, case: dict[str, Any], out: dict[str, Any]) -> Any:
@@ -120,8 +126,9 @@ def resolve(parser: argparse.ArgumentParser, case: dict[str, Any], out: dict[str
     out["stage"] = "construct"
     server_args = ServerArgs.from_cli_args(namespace)
     out["stage"] = "resolve"
-    with reserved_mem_probe(out):
-        server_args.resolve_once()
+    RESERVED["mib"] = None
+    server_args.resolve_once()
+    out["reserved_mib"] = RESERVED["mib"]
     out["stage"] = "check"
     server_args.check_server_args()
     return server_args
@@ -153,6 +160,7 @@ def server_info(server_args: Any, case: dict[str, Any], result: dict[str, Any]) 
     rank; memory_usage in GB (2**30 bytes) as the scheduler logs it."""
     info: dict[str, Any] = json.loads(json.dumps(server_args.resolved_dict(), default=str))
     tokens = result["max_total_num_tokens"]
+    attn_dp_size = int(result["resolved"]["attn_dp_size"] or 1)
     kv_bytes = (result["cell_size_bytes"] or 0) * (result["full_max_total_num_tokens"] or tokens)
     if result["swa_max_total_num_tokens"] and result.get("swa_cell_size_bytes"):
         kv_bytes += result["swa_cell_size_bytes"] * result["swa_max_total_num_tokens"]
@@ -160,7 +168,8 @@ def server_info(server_args: Any, case: dict[str, Any], result: dict[str, Any]) 
         "memory_usage": {
             "weight": round(case["weights_gib"], 2),
             "kvcache": round(kv_bytes / GIB, 2),
-            "startup_available": round(case["pre_gib"] - case["weights_gib"], 2),
+            # Free memory once the weights and the KV pool are resident.
+            "startup_available": round(case["pre_gib"] - case["weights_gib"] - kv_bytes / GIB, 2),
             "token_capacity": tokens,
             "token_capacity_swa": result["swa_max_total_num_tokens"] or 0,
             "graph": {},
@@ -171,7 +180,8 @@ def server_info(server_args: Any, case: dict[str, Any], result: dict[str, Any]) 
     info.update(
         max_total_num_tokens=tokens,
         max_req_input_len=min(result["resolved"]["context_length_effective"] - 1, tokens - 1) - 5,
-        internal_states=[dict(state) for _ in range(max(1, server_args.dp_size))],
+        # One scheduler per DP rank (attention DP ranks under --enable-dp-attention).
+        internal_states=[dict(state) for _ in range(max(server_args.dp_size, attn_dp_size))],
         version="0.5.23",
     )
     return info
