@@ -33,24 +33,54 @@ GIB = 1 << 30
 PRE = 140.0  # free GiB before the weights load on an idle H200
 SPEC = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3"]
 SPEC += ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
-HICACHE_HOST = {"host_available_gib": 2000.0, "host_cgroup_limit_gib": 1000.0, "ranks_per_host": 8}
+
+
+def hicache_shape(name: str, flags: list[str]) -> Shape:
+    """Llama-8B at TP8 with HiCache, 8 ranks on a host of 2000 GiB free behind a 1000 GiB
+    cgroup limit."""
+    return Shape(
+        name, "llama-3.1-8b", ["--tp", "8", "--enable-hierarchical-cache", *flags], H200_MIB,
+        PRE, 2.0, host_available_gib=2000.0, host_cgroup_limit_gib=1000.0, ranks_per_host=8,
+    )  # fmt: skip
+
 
 NAMED = [
     Shape("llama-tp1", "llama-3.1-8b", [], H200_MIB, PRE, 15.0),
     Shape("llama-tp8", "llama-3.1-8b", ["--tp", "8"], H200_MIB, PRE, 2.0),
-    Shape("llama-tp1-no-prefill-graph", "llama-3.1-8b", ["--disable-prefill-cuda-graph"], H200_MIB, PRE, 15.0),  # noqa: E501
+    Shape(
+        "llama-tp1-no-prefill-graph",
+        "llama-3.1-8b",
+        ["--disable-prefill-cuda-graph"],
+        H200_MIB,
+        PRE,
+        15.0,
+    ),
     Shape("mla-bf16-tp8", "deepseek-v3-bf16", ["--tp", "8"], H200_MIB, PRE, 80.0),
     Shape("mla-fp8-tp8", "deepseek-v3-fp8", ["--tp", "8"], H200_MIB, PRE, 80.0),
     Shape("mla-fp8-kv-tp8", "deepseek-v3-fp8-kv", ["--tp", "8"], H200_MIB, PRE, 80.0),
-    Shape("mla-fp8-explicit-kv", "deepseek-v3-bf16", ["--tp", "8", "--kv-cache-dtype", "fp8_e4m3"], H200_MIB, PRE, 80.0),  # noqa: E501
-    Shape("mla-dp-attention", "deepseek-v3-fp8", ["--tp", "8", "--dp", "8", "--enable-dp-attention", "--max-running-requests", "512"], H200_MIB, PRE, 80.0),  # noqa: E501
+    Shape(
+        "mla-fp8-explicit-kv",
+        "deepseek-v3-bf16",
+        ["--tp", "8", "--kv-cache-dtype", "fp8_e4m3"],
+        H200_MIB,
+        PRE,
+        80.0,
+    ),
+    Shape(
+        "mla-dp-attention",
+        "deepseek-v3-fp8",
+        ["--tp", "8", "--dp", "8", "--enable-dp-attention", "--max-running-requests", "512"],
+        H200_MIB,
+        PRE,
+        80.0,
+    ),
     Shape("mla-mtp", "deepseek-v3-fp8", ["--tp", "8", *SPEC], H200_MIB, PRE, 80.0),
     Shape("gpt-oss-swa", "gpt-oss-120b", [], H200_MIB, PRE, 65.0),
     Shape("qwen3-next-mamba", "qwen3-next-80b", ["--tp", "4"], H200_MIB, PRE, 40.0),
     Shape("no-kv-room", "llama-3.1-8b", [], H200_MIB, PRE, 135.0),
-    Shape("hicache-ratio-2", "llama-3.1-8b", ["--tp", "8", "--enable-hierarchical-cache", "--hicache-ratio", "2"], H200_MIB, PRE, 2.0, **HICACHE_HOST),  # noqa: E501
-    Shape("hicache-ratio-1", "llama-3.1-8b", ["--tp", "8", "--enable-hierarchical-cache", "--hicache-ratio", "1"], H200_MIB, PRE, 2.0, **HICACHE_HOST),  # noqa: E501
-    Shape("hicache-auto", "llama-3.1-8b", ["--tp", "8", "--enable-hierarchical-cache"], H200_MIB, PRE, 2.0, **HICACHE_HOST),  # noqa: E501
+    hicache_shape("hicache-ratio-2", ["--hicache-ratio", "2"]),
+    hicache_shape("hicache-ratio-1", ["--hicache-ratio", "1"]),
+    hicache_shape("hicache-auto", []),
 ]
 GRID_GIB = (20, 48, 80, 120, 160, 200)
 GRID_FRACTIONS = (0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
@@ -97,7 +127,8 @@ def test_default_fraction_on_h200(judged: Any) -> None:
         result = accepted(judged, name)
         assert result["reserved_mib"] == reserved, name
         assert result["resolved"]["mem_fraction_static"] == fraction, name
-        assert result["resolved"]["mem_fraction_static"] == round((H200_MIB - reserved) / H200_MIB, 3)
+        derived = round((H200_MIB - reserved) / H200_MIB, 3)
+        assert result["resolved"]["mem_fraction_static"] == derived
         assert result["resolved"]["chunked_prefill_size"] == 8192
         assert result["resolved"]["cuda_graph_max_bs_decode"] == max_bs
 

@@ -18,7 +18,7 @@ import json
 import os
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,6 @@ class Shape:
     host_cgroup_limit_gib: float | None = None
     ranks_per_host: int = 1
     nnodes: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class JudgeError(RuntimeError):

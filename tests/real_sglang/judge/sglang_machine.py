@@ -54,7 +54,8 @@ def treat_device_as_cuda() -> None:
     calling ``is_cuda()`` (model_executor/cuda_graph_config.py: the breakable prefill graph)
     and those read through ``get_platform()`` (overridden by ``sglang_side``) are CUDA's.
     """
-    import sglang.srt.utils as utils  # type: ignore[import-not-found]
+    # Imported here, not at the top: common.get_device_memory_capacity must be replaced first.
+    import sglang.srt.utils as utils  # noqa: PLC0415
 
     common.is_cuda = lambda: True
     utils.is_cuda = common.is_cuda
@@ -69,7 +70,7 @@ def replace_copies() -> None:
         for attr, replacement in originals.items():
             if getattr(module, attr, None) is not None:
                 setattr(module, attr, replacement)
-    import sglang.srt.mem_cache.kv_cache_configurator as configurator  # type: ignore[import-not-found]
+    import sglang.srt.mem_cache.kv_cache_configurator as configurator  # type: ignore[import-not-found]  # noqa: PLC0415
 
     configurator.get_available_gpu_memory = available_gpu_memory
 
@@ -77,8 +78,8 @@ def replace_copies() -> None:
 def patch_host_probes() -> None:
     """Host RAM, cgroup headroom and ranks per host, as HiCache's budget reads them
     (mem_cache/host_memory.py::available_host_memory_bytes, pool_host/base.py::ranks_per_host)."""
-    import sglang.srt.mem_cache.host_memory as host_memory  # type: ignore[import-not-found]
-    import sglang.srt.mem_cache.pool_host.base as host_base  # type: ignore[import-not-found]
+    import sglang.srt.mem_cache.host_memory as host_memory  # type: ignore[import-not-found]  # noqa: PLC0415
+    import sglang.srt.mem_cache.pool_host.base as host_base  # type: ignore[import-not-found]  # noqa: PLC0415
 
     host_memory.psutil = types.SimpleNamespace(
         virtual_memory=lambda: types.SimpleNamespace(available=MACHINE.host_available_bytes)

@@ -17,7 +17,8 @@ from typing import Any
 import torch  # type: ignore[import-not-found]
 from sglang.srt.configs.load_config import LoadConfig  # type: ignore[import-not-found]
 from sglang.srt.configs.model_config import AttentionArch, ModelConfig  # type: ignore[import-not-found]
-from sglang.srt.mem_cache import kv_cache_configurator as kvc_module  # type: ignore[import-not-found]
+from sglang.srt.mem_cache import hicache_auto_size  # type: ignore[import-not-found]
+from sglang.srt.mem_cache import kv_cache_configurator as kvc_module
 from sglang.srt.mem_cache.kv_cache_dtype import configure_kv_cache_dtype  # type: ignore[import-not-found]
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # type: ignore[import-not-found]
 from sglang.srt.mem_cache.pool_host.base import (  # type: ignore[import-not-found]
@@ -190,8 +191,6 @@ def _device_pool_stand_in(use_mla: bool, device_bytes: int) -> Any:
 
 def auto_sized_ratio(pool: dict[str, Any]) -> float:
     """``--hicache-ratio`` after ``hicache_auto_size.auto_size_hicache`` (default sizing)."""
-    from sglang.srt.mem_cache import hicache_auto_size  # type: ignore[import-not-found]
-
     configurator = pool["configurator"]
     device_bytes = pool["cell_size_bytes"] * pool["max_total_num_tokens"]
     params = types.SimpleNamespace(

@@ -41,22 +41,21 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "shim"))
 sys.path.insert(0, str(HERE))
 
-from kvpilot_simshim import stubs  # noqa: E402  # type: ignore[import-not-found]
+from kvpilot_simshim import stubs  # type: ignore[import-not-found]  # noqa: E402
 
 stubs.install("sgl_kernel,torchvision")  # CUDA-linked packages this CPU box cannot import
 
-import sglang_machine  # noqa: E402  # type: ignore[import-not-found]
-from sglang.srt.arg_groups import memory_hook  # noqa: E402  # type: ignore[import-not-found]
-from sglang.srt.configs.model_config import ModelConfig  # noqa: E402  # type: ignore[import-not-found]
-from sglang.srt.runtime_context import (  # noqa: E402  # type: ignore[import-not-found]
+import sglang_machine  # type: ignore[import-not-found]  # noqa: E402
+import sglang_pools  # type: ignore[import-not-found]  # noqa: E402
+from sglang.srt.arg_groups import memory_hook  # type: ignore[import-not-found]  # noqa: E402
+from sglang.srt.configs.model_config import ModelConfig  # type: ignore[import-not-found]  # noqa: E402
+from sglang.srt.runtime_context import (  # type: ignore[import-not-found]  # noqa: E402
     SpawnRanks,
     get_parallel,
     override_platform,
     publish,
 )
-from sglang.srt.server_args import ServerArgs  # noqa: E402  # type: ignore[import-not-found]
-
-import sglang_pools  # noqa: E402  # type: ignore[import-not-found]
+from sglang.srt.server_args import ServerArgs  # type: ignore[import-not-found]  # noqa: E402
 
 GIB = 1 << 30
 MACHINE = sglang_machine.MACHINE
@@ -137,7 +136,9 @@ def resolve(parser: argparse.ArgumentParser, case: dict[str, Any], out: dict[str
 def publish_scheduler(server_args: Any) -> None:
     """The process config of DP rank 0's first scheduler (``runtime_context.publish``)."""
     dp_rank = 0 if server_args.dp_size > 1 else None
-    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=dp_rank, gpu_id=0))
+    publish(
+        server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=dp_rank, gpu_id=0)
+    )
     # FAKE: the WORLD process group. _profile_available_bytes only hands its cpu_group to
     # get_available_gpu_memory, which the simulated machine answers (already the minimum).
     get_parallel().override_permanently(
@@ -212,7 +213,9 @@ def judge_case(parser: argparse.ArgumentParser, case: dict[str, Any]) -> dict[st
             out.update(pool)
             out["server_info"] = server_info(server_args, case, out)
     except Exception as exc:
-        out.update(accepted=False, error=f"{type(exc).__name__}: {exc}", exc_type=type(exc).__name__)
+        out.update(
+            accepted=False, error=f"{type(exc).__name__}: {exc}", exc_type=type(exc).__name__
+        )
         return out
     out.update(accepted=True, stage="done", error=None, exc_type=None)
     return out
@@ -236,7 +239,12 @@ def in_child(parser: argparse.ArgumentParser, case: dict[str, Any]) -> dict[str,
         text = pipe.read()
     _, status = os.waitpid(pid, 0)
     if not text:
-        return {"name": case["name"], "accepted": False, "stage": "crash", "error": f"wait {status}"}
+        return {
+            "name": case["name"],
+            "accepted": False,
+            "stage": "crash",
+            "error": f"wait {status}",
+        }
     parsed: dict[str, Any] = json.loads(text)
     return parsed
 
