@@ -304,15 +304,19 @@ class DpAttentionCheck(Check):
         if reserve is None or ranks <= ctx.ranks_now:
             return NOTHING
         padding = dp_padding_gib(ctx, ranks)
-        room = ctx.cap.activation_room_gib(ctx.fraction, ctx.hicache) - padding
+        room = ctx.cap.activation_room_gib(ctx.fraction, ctx.hicache)
+        if room - padding >= ACTIVATION_FLOOR_GIB:
+            return Finding(reasons=(f"{room - padding:.2f} GiB stay for activations",))
         return Finding(
-            "possible" if room >= ACTIVATION_FLOOR_GIB else "unsafe",
+            "possible",
             (
-                f"DP attention over {ranks} ranks pads CUDA graphs by ~{padding:.1f} GiB "
-                f"(SGLang's reserve: 3 MB x decode batch x ranks), leaving {room:.2f} GiB for "
-                "activations",
+                f"DP attention over {ranks} ranks pads CUDA graphs: SGLang's own default keeps "
+                f"~{padding:.1f} GiB more outside the pool for it (3 MB x decode batch x ranks), "
+                f"which would leave {room - padding:.2f} GiB of today's {room:.2f} GiB for "
+                "activations; a lower mem_fraction_static or a smaller decode CUDA-graph batch "
+                "restores it",
             ),
-            ("GPU OOM under load" if room < ACTIVATION_FLOOR_GIB else "a restart of every rank",),
+            (f"GPU OOM at a peak: ~{padding:.1f} GiB of graph padding SGLang budgets for",),
         )
 
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:

@@ -66,13 +66,20 @@ class CapacityModel:
     geometry: Geometry | None = None  # from the model's config.json, where kvpilot can read it
     hicache_on: bool = False  # the hierarchical cache's GPU buffers are already taken
     mla: bool = False  # the KV cell is a latent held whole on every TP rank
+    # The share of a larger static budget the KV pool gets: hybrid mamba models give the rest
+    # to their state cache, r/(1+r) of it with r = --mamba-full-memory-ratio
+    # (`kv_cache_configurator.py::_handle_max_mamba_cache`).
+    kv_share: float = 1.0
 
     @property
     def static_gib(self) -> float:
         return self.mem_fraction_static * self.gpu.pre_gib - self.kv_gib
 
+    def budget_growth_gib(self, fraction: float) -> float:
+        return (fraction - self.mem_fraction_static) * self.gpu.pre_gib
+
     def tokens_at(self, fraction: float, bytes_per_token: float | None = None) -> int:
-        kv = self.kv_gib + (fraction - self.mem_fraction_static) * self.gpu.pre_gib
+        kv = self.kv_gib + self.budget_growth_gib(fraction) * self.kv_share
         if kv <= 0:
             return 0
         tokens = int(kv * GIB // (bytes_per_token or self.bytes_per_token))
@@ -96,7 +103,7 @@ class CapacityModel:
         pool = self.tokens_at(fraction, per) * per / GIB
         now = self.max_total_num_tokens * self.bytes_per_token / GIB
         extra = HICACHE_GPU_EXTRA_GIB if hicache and not self.hicache_on else 0.0
-        return self.outside_now_gib - (pool - now) - extra
+        return self.outside_now_gib - (pool - now) / self.kv_share - extra
 
     def activation_room_gib(
         self, fraction: float, hicache: bool = False, bytes_per_token: float | None = None
@@ -143,6 +150,7 @@ def build_model(
     reserve: Reserve | None = None,
     geometry: Geometry | None = None,
     hicache_on: bool = False,
+    kv_share: float = 1.0,
 ) -> CapacityModel:
     """Assemble the model; estimate GPU memory when no better source exists (and say so)."""
     tokens = token_capacity or max_total_num_tokens
@@ -178,6 +186,7 @@ def build_model(
         reserve=reserve,
         geometry=geometry,
         hicache_on=hicache_on,
+        kv_share=kv_share,
     )
 
 

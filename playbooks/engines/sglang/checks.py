@@ -14,7 +14,7 @@ from typing import Any
 
 from playbooks.engines.sglang.capacity import KV_DTYPE_BYTES, CapacityModel
 from playbooks.engines.sglang.deployment import attn_dp_size
-from playbooks.engines.sglang.facts import Observed, Server
+from playbooks.engines.sglang.facts import Observed, Server, context_len, running_cap_per_rank
 from playbooks.types import Verdict
 
 DEFAULT_DTYPE_BYTES = 2.0  # a dtype the table does not list is taken as 16-bit
@@ -64,6 +64,23 @@ class Change:
     @property
     def current(self) -> int:
         return self.server.info.max_total_num_tokens * self.ranks_now
+
+    @property
+    def running_cap_per_rank(self) -> int:
+        """The per-rank request cap SGLang will resolve after the change."""
+        info = self.server.info
+        user = self.values.get("max_running_requests", info.arg("max_running_requests"))
+        cap = running_cap_per_rank(
+            self.tokens // self.ranks, None if user is None else int(user), self.ranks,
+            context_len(info),
+        )  # fmt: skip
+        now = info.effective_max_running_requests
+        if self.cap.kv_share < 1 and now is not None:
+            # The mamba state cache caps requests too; it grows with the budget it shares.
+            rest = self.cap.kv_gib / self.cap.kv_share
+            grown = rest + self.cap.budget_growth_gib(self.fraction)
+            cap = min(cap, int(now * grown / rest))
+        return cap
 
     @classmethod
     def of(cls, server: Server, values: Mapping[str, Any]) -> Change:

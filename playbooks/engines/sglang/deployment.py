@@ -61,7 +61,7 @@ def decode_max_bs(info: ServerInfo, gpu_mib: float) -> int:
 
 
 def _graphs_on(info: ServerInfo, phase: str) -> bool:
-    if info.arg("disable_cuda_graph"):
+    if info.arg("disable_cuda_graph") or info.arg(f"disable_{phase}_cuda_graph"):
         return False
     return str(info.arg(f"cuda_graph_backend_{phase}") or "").lower() != "disabled"
 
@@ -77,14 +77,20 @@ def deployment_of(
     info: ServerInfo, gpu_mib: float, version: tuple[int, int, int], geometry: Geometry | None
 ) -> Deployment:
     chunk_default, _ = gpu_defaults(gpu_mib, info.tp_size)
+    ranks = attn_dp_size(info)
+    chunk = _int(info.arg("chunked_prefill_size"), chunk_default)
+    if ranks > 1 and chunk > 0:
+        # parallel_hook.py::_handle_data_parallelism divides the chunk by the attention-DP size
+        # after memory_hook.py has sized the reserve with the whole one.
+        chunk *= ranks
     return Deployment(
         gpu_mib=gpu_mib,
         tp=info.tp_size,
         pp=_int(info.arg("pp_size"), 1),
-        chunked_prefill_size=_int(info.arg("chunked_prefill_size"), chunk_default),
+        chunked_prefill_size=chunk,
         max_prefill_tokens=_int(info.arg("max_prefill_tokens"), 16384),
         decode_max_bs=decode_max_bs(info, gpu_mib),
-        attn_dp=attn_dp_size(info),
+        attn_dp=ranks,
         mla=is_mla(info, geometry),
         deepep=str(info.arg("moe_a2a_backend") or "") == "deepep",
         decode_graphs=_graphs_on(info, "decode"),

@@ -132,6 +132,36 @@ def running_cap_total(info: ServerInfo) -> int | None:
     return None if per_rank is None else per_rank * attn_dp_size(info)
 
 
+def context_len(info: ServerInfo) -> int | None:
+    """The model's context length: the user's `--context-length`, else what SGLang's
+    `max_req_input_len = min(context_len - 1, pool - 1) - 5` gives away when the pool is larger."""
+    value = info.arg("context_length")
+    if isinstance(value, int):
+        return value
+    limit = info.max_req_input_len
+    if limit is not None and limit + 6 < info.max_total_num_tokens:
+        return limit + 6
+    return None
+
+
+REQUEST_POOL_MIN, REQUEST_POOL_MAX = 2048, 4096  # the request table's size bounds
+
+
+def running_cap_per_rank(
+    tokens_per_rank: int, user_value: int | None, ranks: int, context_len: int | None
+) -> int:
+    """SGLang's running-request cap per attention-DP rank for a pool of `tokens_per_rank`
+    (0.5.23 `mem_cache/kv_cache_configurator.py::resolve_max_num_reqs`): the global user value
+    divided by the ranks, else the request table's size, and never above half the pool. Hybrid
+    mamba models are capped further by their state cache, which kvpilot reads, not predicts."""
+    if user_value is not None:
+        wanted = max(1, user_value // max(1, ranks))
+    else:
+        estimate = int(tokens_per_rank / max(1, context_len or tokens_per_rank) * 512)
+        wanted = max(min(estimate, REQUEST_POOL_MAX), REQUEST_POOL_MIN)
+    return min(wanted, tokens_per_rank // 2)
+
+
 def resident_tokens(info: ServerInfo, m: Measurement) -> float | None:
     """KV a running request holds on average: its prompt plus half its answer so far."""
     if m.avg_prompt_tokens is not None and m.avg_output_tokens is not None:

@@ -293,6 +293,21 @@ def over_budget_outcome(server: Server) -> str:
     )
 
 
+def host_pool_tokens(ctx: Change) -> int:
+    """One rank's host pool in tokens, as SGLang sizes it (`mem_cache/pool_host/base.py`
+    `HostKVCache.__init__`): `hicache_size` GB (decimal) over the bytes per token, else the GPU
+    pool times the ratio, then one page more than whole pages."""
+    size_gb = float(ctx.values.get("hicache_size") or ctx.server.info.arg("hicache_size") or 0)
+    per_rank = ctx.tokens // ctx.ranks
+    if size_gb > 0:
+        tokens = int(size_gb * 1e9 // ctx.bytes_per_token)
+    else:
+        ratio = ctx.values.get("hicache_ratio") or ctx.server.info.arg("hicache_ratio")
+        tokens = int(per_rank * float(ratio or DEFAULT_RATIO))
+    page = ctx.cap.page_size
+    return (tokens // page + 1) * page
+
+
 def pool_safety(ctx: Change, per_rank_gb: float) -> Finding:
     """Whether all ranks' pools fit, judged by what this SGLang version checks itself."""
     server, ranks = ctx.server, ctx.server.ranks_on_host
@@ -310,8 +325,8 @@ def pool_safety(ctx: Change, per_rank_gb: float) -> Finding:
     arithmetic = host_arithmetic(ctx, per_rank_gb, budget)
     if per_rank_gb * ranks > budget.per_rank_budget_gib * ranks * GIB / 1e9:
         return Finding("unsafe", (arithmetic, over_budget_outcome(server)), ("host OOM",))
-    host_tokens = int(per_rank_gb * 1e9 // ctx.cap.bytes_per_token)
-    if host_tokens > ctx.current:
+    host_tokens = host_pool_tokens(ctx)
+    if host_tokens > ctx.current // ctx.ranks:
         return Finding(reasons=(arithmetic + ": fits",))
     sizes = f"the host pool ({host_tokens:,} tokens) and the GPU pool ({ctx.current:,})"
     if not server.host_pool_may_be_smaller:

@@ -115,6 +115,18 @@ def effective_kv_dtype(info: ServerInfo, geometry: Geometry | None, bytes_per_to
     return named
 
 
+DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9  # fields/memory.py mamba_full_memory_ratio
+
+
+def kv_share(info: ServerInfo, geometry: Geometry | None) -> float:
+    """1 for attention-only models; 1/(1+r) where a mamba state cache takes r of every GiB."""
+    if geometry is None or not geometry.linear_layers or info.arg("max_mamba_cache_size"):
+        return 1.0
+    ratio = info.arg("mamba_full_memory_ratio")
+    r = float(ratio) if isinstance(ratio, (int, float)) else DEFAULT_MAMBA_FULL_MEMORY_RATIO
+    return 1 / (1 + r)
+
+
 def capacity_model(
     info: ServerInfo, fraction: float, gpu: GpuMemory | None, geometry: Geometry | None = None
 ) -> CapacityModel:
@@ -133,6 +145,7 @@ def capacity_model(
         free_now_gib=info.memory.startup_available_gb,
         geometry=geometry,
         hicache_on=bool(info.arg("enable_hierarchical_cache")),
+        kv_share=kv_share(info, geometry),
     )
     gpu_mib = cap.gpu.total_mib or (cap.gpu.pre_gib + CUDA_CONTEXT_GIB) * 1024
     deployment = deployment_of(info, gpu_mib, parse_version(info.version), geometry)
