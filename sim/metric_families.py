@@ -81,7 +81,7 @@ SCHEDULER_GAUGES: list[tuple[str, str, str | None]] = [
     ("kv_used_tokens", "0.5.23", None),
     ("kv_available_tokens", "0.5.23", None),
     ("kv_evictable_tokens", "0.5.23", None),
-    ("full_token_usage", "0.5.23", None),
+    ("full_token_usage", "0.5.10", None),  # observability/metrics_collector.py in 0.5.10
     ("max_total_num_tokens_swa", "0.5.23", None),
     ("kv_cache_memory_usage_gb", "0.5.23", None),
     ("weight_memory_usage_gb", "0.5.23", None),
@@ -90,8 +90,10 @@ SCHEDULER_GAUGES: list[tuple[str, str, str | None]] = [
     ("context_len", "0.5.23", None),
     ("startup_available_gpu_memory_gb", "0.5.23", None),
 ]
-# Gauges of the sliding-window pool, exported by the twin for hybrid SWA models only.
-SWA_GAUGES = ("swa_token_usage", "swa_used_tokens", "swa_available_tokens")
+# Gauges of the sliding-window pool, exported by the twin for hybrid SWA models only, with the
+# release that added each (swa_token_usage: 0.5.5 metrics/collector.py).
+SWA_GAUGES = (("swa_token_usage", "0.5.5"), ("swa_used_tokens", "0.5.23"),
+              ("swa_available_tokens", "0.5.23"))  # fmt: skip
 # Gauges SGLang 0.5.23 keeps per process (multiprocess mode "all"): they carry a `pid` label.
 PID_GAUGES = ("num_retracted_reqs", "num_paused_reqs")
 DISAGGREGATION_GAUGES = (

@@ -125,9 +125,10 @@ class TwinMetrics:
         for name in PID_GAUGES:
             labels = [*sched, "pid"] if new else sched
             self.gauges[name] = Gauge(f"sglang:{name}", _doc(name), labels, registry=r)
-        if self.hybrid_swa and new:
-            for name in SWA_GAUGES:
-                self.gauges[name] = Gauge(f"sglang:{name}", _doc(name), sched, registry=r)
+        if self.hybrid_swa:
+            for name, since in SWA_GAUGES:
+                if version.at_least(since):
+                    self.gauges[name] = Gauge(f"sglang:{name}", _doc(name), sched, registry=r)
         if self.hicache and version.new_endpoints:
             for name in ("hicache_host_used_tokens", "hicache_host_total_tokens"):
                 self.gauges[name] = Gauge(f"sglang:{name}", _doc(name), sched, registry=r)

@@ -21,6 +21,7 @@ from playbooks.launchers.process import ProcessLauncher, ProcessSpec
 from playbooks.sources.gpu import GpuReader, NvmlGpuReader
 from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
 from playbooks.sources.metrics_source import with_metrics_source
+from playbooks.sources.model_config import LocalModelConfigs
 from playbooks.sources.prometheus import DcgmGpuReader, PrometheusAPI, PrometheusMetrics
 from storage.db import open_db
 from storage.experiments import latest_transition_at
@@ -134,6 +135,7 @@ def diagnose_settings(server: ServerConfig) -> DiagnoseSettings:
         gpu_memory_gib=server.gpu_memory_gib,
         gpus=gpu_reader(server),
         host=host,
+        models=LocalModelConfigs(),
     )
 
 

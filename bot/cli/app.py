@@ -25,6 +25,7 @@ from playbooks.engines import detect, engine_named
 from playbooks.engines.base import ArgError, EngineError
 from playbooks.sources.gpu import NvmlGpuReader
 from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
+from playbooks.sources.model_config import LocalModelConfigs
 
 
 class Progress:
@@ -307,6 +308,7 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         gpu_memory_gib=ns.gpu_memory_gib,
         gpus=NvmlGpuReader() if ns.local_gpus else None,
         host=host,
+        models=LocalModelConfigs(),
     )
     progress = Progress(err)
     try:

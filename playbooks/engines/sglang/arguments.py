@@ -24,6 +24,7 @@ from playbooks.engines.sglang.facts import (
     running_cap_total,
 )
 from playbooks.engines.sglang.hicache import HostPoolCheck
+from playbooks.engines.sglang.metrics import binding_pool_of
 from playbooks.engines.sglang.reservation import CONSERVATIVENESS_SATURATION, initial_ratio
 from playbooks.engines.sglang.reserve import Deployment, sglang_reserve
 
@@ -192,9 +193,30 @@ class KvDtypeCheck(Check):
         )
 
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
-        if self.shrinks(ctx, value):
-            return NOTHING
-        return Finding("not_useful", (f"{value} does not shrink the KV cache",))
+        if not self.shrinks(ctx, value):
+            already = (
+                " (the checkpoint's `auto` is already FP8)"
+                if ctx.cap.kv_dtype != str(ctx.server.info.arg("kv_cache_dtype") or "auto")
+                else ""
+            )
+            return Finding("not_useful", (f"{value} does not shrink the KV cache{already}",))
+        if binding_pool_of(seen.m) == "mamba":
+            return Finding(
+                "not_useful",
+                (
+                    "the mamba state pool binds, and the KV dtype does not touch it (its state "
+                    "follows --mamba-ssm-dtype)",
+                ),
+            )
+        if ctx.cap.geometry is None and ctx.cap.kv_dtype == "auto":
+            return Finding(
+                reasons=(
+                    "the model's config.json could not be read, so kvpilot cannot rule out an "
+                    "FP8 checkpoint whose `auto` KV is already FP8 (kv_cache_quant_algo); the "
+                    "experiment measures the real gain",
+                )
+            )
+        return NOTHING
 
 
 class ConservativenessCheck(Check):

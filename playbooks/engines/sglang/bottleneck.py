@@ -26,6 +26,7 @@ from playbooks.engines.sglang.facts import (
     retraction_rate,
     running_cap_total,
 )
+from playbooks.engines.sglang.metrics import binding_pool_of
 from playbooks.engines.sglang.reservation import Reservation, floor_ratio, initial_ratio
 from playbooks.types import Bottleneck
 
@@ -88,6 +89,9 @@ def evidence(ctx: Context) -> list[str]:
             "window: the server is still filling up (recent restart or a new burst); measure "
             "again in a few minutes for a settled picture"
         )
+    pools = pools_evidence(m)
+    if pools is not None:
+        found.append(pools)
     rpm = retraction_rate(m)
     if rpm is not None:
         found.append(f"{m.retractions} retractions in {m.window_s / 60:.1f} min ({rpm:.1f}/min)")
@@ -145,6 +149,28 @@ def kv_bound(s: Signals) -> str | None:
         + (" and running requests are being retracted" if s.retracting else "")
         + ": admission is limited by KV-cache capacity"
     )
+
+
+POOL_NAMES = {
+    "full": "the full-attention pool",
+    "swa": "the sliding-window (SWA) pool",
+    "mamba": "the mamba state pool",
+}
+
+
+def pools_evidence(m: Measurement) -> str | None:
+    """For a hybrid model, each pool's share and which binds (0.5.23's token_usage is their
+    maximum, `scheduler_components/pool_stats_observer.py`)."""
+    if m.swa_usage is None and m.mamba_usage is None:
+        return None
+    shares = ", ".join(
+        f"{name} {value:.0%}"
+        for name, value in (("full", m.full_usage), ("SWA", m.swa_usage), ("mamba", m.mamba_usage))
+        if value is not None
+    )
+    pool = binding_pool_of(m)
+    verdict = f"{POOL_NAMES[pool]} binds" if pool is not None else "none of them is near full"
+    return f"hybrid model, pool usage {shares}: {verdict}"
 
 
 def reservation_bound(s: Signals) -> str | None:

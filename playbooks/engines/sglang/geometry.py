@@ -53,6 +53,18 @@ class Geometry:
     def hybrid(self) -> bool:
         return bool(self.sliding_layers or self.linear_layers)
 
+    def describe(self) -> str:
+        if self.mla:
+            shape = f"{self.kind.upper()}, latent {self.latent_dim} x {self.layers} layers"
+        else:
+            shape = f"{self.kv_heads} KV heads x {self.head_dim} x {self.layers} attention layers"
+        extras = [
+            *([f"{self.sliding_layers} sliding-window layers"] if self.sliding_layers else []),
+            *([f"{self.linear_layers} mamba/linear layers"] if self.linear_layers else []),
+            *(["FP8 KV under auto"] if self.kv_quant_fp8 else []),
+        ]
+        return shape + "".join(f", {e}" for e in extras)
+
     def elements_per_token(self, attn_tp: int = 1) -> float:
         """KV elements one token takes on one GPU (what `elem` multiplies)."""
         if self.mla:

@@ -228,6 +228,8 @@ def rules_for(
         except HostUnavailable as exc:
             notes.append(f"host memory unknown ({exc})")
     geometry = model_geometry(info, settings)
+    if geometry is not None:
+        notes.append(f"KV geometry from the model's config.json: {geometry.describe()}")
     cap = capacity_model(info, fraction, gpu, geometry)
     return ServerRules(info, cap, host, settings, notes)
 
