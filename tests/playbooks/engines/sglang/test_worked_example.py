@@ -1,0 +1,58 @@
+"""The worked example of docs/playbooks.md: which fractions are recommended on the incident's
+GPUs, which possible, which unsafe, from the server's own report (the twin's 0.5.10 reply)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from playbooks.diagnose.playbook import DiagnoseSettings
+from playbooks.engines.sglang.client import parse_server_info
+from playbooks.engines.sglang.rules import ServerRules, evaluate, propose, rules_for
+from tests.paths import FIXTURES
+from tests.playbooks.engines.sglang.test_rules import measurement
+
+INCIDENT = FIXTURES / "sglang" / "twin-0.5.10" / "server_info.json"
+
+# fraction -> (KV tokens, GiB outside the pool, GiB for activations, verdict), as the docs say
+TABLE = {
+    0.89: (174_617, 10.51, 8.51, "recommended"),
+    0.90: (189_228, 9.56, 7.56, "possible"),
+    0.92: (218_451, 7.65, 5.65, "possible"),
+    0.93: (233_063, 6.69, 4.69, "unsafe"),
+}
+
+
+@pytest.fixture
+def rules() -> ServerRules:
+    info = parse_server_info(json.loads(INCIDENT.read_text()))
+    return rules_for(info, DiagnoseSettings(gpu_memory_gib=95.59))
+
+
+@pytest.mark.parametrize("fraction", sorted(TABLE))
+def test_the_incidents_fractions(rules: ServerRules, fraction: float) -> None:
+    tokens, outside, room, verdict = TABLE[fraction]
+    ctx = rules.context(measurement())
+    option = evaluate({"mem_fraction_static": fraction}, ctx, "kv_cache")
+    assert option.verdict == verdict, option.reasons
+    assert option.predicted_max_total_num_tokens == tokens
+    assert rules.cap.outside_gib(fraction) == pytest.approx(outside, abs=0.005)
+    assert rules.cap.activation_room_gib(fraction) == pytest.approx(room, abs=0.005)
+
+
+def test_sglangs_own_reserve_for_the_incident(rules: ServerRules) -> None:
+    # 0.5.10: 512 + 1.5 x 8192 + 2 x 512 + 8/8 x 1024 = 14,848 MiB, floor 10 GiB
+    reserve = rules.cap.reserve
+    assert reserve is not None
+    assert reserve.total_mib == 14_848 and reserve.floor_gib == 10.0
+    assert rules.cap.recommended_max_fraction() == 0.89
+    assert rules.cap.safe_max_fraction() == 0.92
+
+
+def test_the_proposals_show_each_limit(rules: ServerRules) -> None:
+    ctx = rules.context(measurement())
+    titles = {o.title: o.verdict for o in propose(ctx, "kv_cache")}
+    assert titles["mem_fraction_static=0.89"] == "recommended"
+    assert titles["mem_fraction_static=0.92"] == "possible"
+    assert titles["mem_fraction_static=0.93"] == "unsafe"
