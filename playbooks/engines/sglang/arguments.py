@@ -59,6 +59,19 @@ def activation_room(ctx: Change) -> Finding:
     if room >= ACTIVATION_FLOOR_GIB or takes_no_more_memory(ctx):
         return NOTHING
     outside = cap.outside_gib(fraction, ctx.bytes_per_token, ctx.hicache)
+    if not cap.gpu.exact and cap.max_total_tokens_cap is not None:
+        # GPU memory estimated from the split, which a capped pool makes far too small: no
+        # evidence that the server lacks room, so kvpilot says what it does not know.
+        return Finding(
+            "possible",
+            (
+                f"GPU memory is not known and the pool is capped by --max-total-tokens, so the "
+                f"estimate from the server's split ({cap.gpu.pre_gib:.1f} GiB) is a lower bound "
+                f"and the {room:.2f} GiB it leaves for activations says nothing: set "
+                "gpu_memory_gib (or run SGLang 0.5.17+, which reports startup_available)",
+            ),
+            ("GPU OOM if the GPU really is that small",),
+        )
     return Finding(
         "unsafe",
         (

@@ -70,6 +70,7 @@ class CapacityModel:
     # to their state cache, r/(1+r) of it with r = --mamba-full-memory-ratio
     # (`kv_cache_configurator.py::_handle_max_mamba_cache`).
     kv_share: float = 1.0
+    graphs_inside: bool = False  # post-capture sizing: the graphs are part of the static pool
 
     @property
     def static_gib(self) -> float:
@@ -108,7 +109,8 @@ class CapacityModel:
     def activation_room_gib(
         self, fraction: float, hicache: bool = False, bytes_per_token: float | None = None
     ) -> float:
-        return self.outside_gib(fraction, bytes_per_token, hicache) - self.graph_gib
+        graphs = 0.0 if self.graphs_inside else self.graph_gib
+        return self.outside_gib(fraction, bytes_per_token, hicache) - graphs
 
     def _max_fraction(self, need_outside_gib: float, hicache: bool) -> float:
         """Highest fraction (two decimals) keeping `need_outside_gib` outside the pool; what
@@ -120,7 +122,8 @@ class CapacityModel:
 
     def safe_max_fraction(self, hicache: bool = False) -> float:
         """Highest fraction that leaves the activation floor after the CUDA graphs."""
-        need = self.graph_gib + ACTIVATION_FLOOR_GIB + SAFETY_MARGIN_GIB
+        graphs = 0.0 if self.graphs_inside else self.graph_gib
+        need = graphs + ACTIVATION_FLOOR_GIB + SAFETY_MARGIN_GIB
         return self._max_fraction(need, hicache)
 
     def recommended_max_fraction(self, hicache: bool = False) -> float:

@@ -73,6 +73,18 @@ def is_mla(info: ServerInfo, geometry: Geometry | None) -> bool:
     return backend in MLA_BACKENDS
 
 
+def post_capture_kv_sizing(info: ServerInfo) -> bool:
+    """Whether the server sizes its pool after capturing CUDA graphs. SGLang reports its own
+    environment only with SGLANG_EXPOSE_OWN_ENV_VARS=1 (`internal_state.py::_add_env_vars`);
+    without it the default (off) is assumed."""
+    states = info.raw.get("internal_states")
+    first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+    env = first.get("env_vars")
+    if not isinstance(env, dict):
+        return False
+    return str(env.get("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING", "")).lower() in ("1", "true")
+
+
 def deployment_of(
     info: ServerInfo, gpu_mib: float, version: tuple[int, int, int], geometry: Geometry | None
 ) -> Deployment:
@@ -97,4 +109,5 @@ def deployment_of(
         prefill_graphs=_graphs_on(info, "prefill"),
         speculative=info.arg("speculative_algorithm") or None,
         version=version,
+        post_capture=post_capture_kv_sizing(info),
     )

@@ -71,6 +71,11 @@ class Deployment:
     prefill_graph_max_bs: int | None = None  # defaults to the chunk (MLA: at most 8192)
     speculative: str | None = None  # algorithm name, None without speculation
     version: tuple[int, int, int] = (0, 5, 23)
+    # SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1 (0.5.23, not for MLA): the pool is sized after
+    # the CUDA graphs are captured, so the graphs sit inside the fraction and the reserve is
+    # only 1536 MiB plus the TP x PP slack (`memory_hook.py`, `overrides.py::
+    # post_capture_kv_sizing_planned`).
+    post_capture: bool = False
 
     @property
     def new_layout(self) -> bool:
@@ -129,8 +134,14 @@ def _beyond_floor_mib(d: Deployment) -> tuple[tuple[str, float], ...]:
     return tuple(parts)
 
 
+POST_CAPTURE_MIB = 1536
+
+
 def sglang_reserve(d: Deployment) -> Reserve:
     """SGLang's own default reserve for this deployment, term by term."""
+    if d.post_capture and d.new_layout and not d.mla:
+        total = POST_CAPTURE_MIB + d.tp * d.pp / 8 * MIB_PER_GIB
+        return Reserve(total, total, 0.0, 0.0, (("post-capture sizing floor and slack", total),))
     chunk = d.chunked_prefill_size if d.chunked_prefill_size > 0 else d.max_prefill_tokens
     activation = MIB_PER_ACTIVATION_TOKEN * max(chunk, MIN_ACTIVATION_TOKENS)
     scale_out = d.tp * d.pp / 8 * MIB_PER_GIB

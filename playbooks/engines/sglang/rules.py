@@ -86,11 +86,19 @@ def resolve_gpu_memory(
         try:
             gpus = settings.gpus.snapshot()
             total = min(g.memory_total_gib for g in gpus)
+            if info.tp_size > 1:
+                # SGLang measures free memory after the TP communicators are set up, which
+                # NVML's figure on an idle GPU does not see: the estimate is an upper bound.
+                notes.append(
+                    "GPU memory from NVML on an idle GPU overstates what SGLang measures at "
+                    f"TP{info.tp_size} (its communicators take some first): set gpu_memory_gib "
+                    "or run SGLang 0.5.17+ (startup_available) for exact predictions"
+                )
             return GpuMemory(
                 total - CUDA_CONTEXT_GIB,
                 f"NVML: {gpus[0].name}, {gpus[0].memory_total_mib} MiB, less "
                 f"{CUDA_CONTEXT_GIB} GiB for the CUDA context",
-                True,
+                info.tp_size == 1,
                 total_mib=min(g.memory_total_mib for g in gpus),
             ), notes
         except GpuUnavailable as exc:
@@ -153,6 +161,7 @@ def capacity_model(
         cap,
         reserve=sglang_reserve(deployment),
         mla=deployment.mla,
+        graphs_inside=deployment.post_capture and not deployment.mla,
         kv_dtype=effective_kv_dtype(info, geometry, cap.bytes_per_token),
     )
 
