@@ -145,6 +145,23 @@ SGLANG_0523: dict[str, Declared] = {
         "fields/schedule.py: page_size: A[Optional[int], Arg(resolvable=True)] = None; "
         "validation_hook.py check_server_args: chunked_prefill_size % page_size == 0",
     ),
+    "schedule_policy": Declared(
+        ("--schedule-policy",),
+        "str",
+        (
+            "lpm",
+            "random",
+            "fcfs",
+            "dfs-weight",
+            "lof",
+            "priority",
+            "routing-key",
+            "hrrn",
+            "shortest-prefill-first",
+        ),
+        "fcfs",
+        'fields/schedule.py: schedule_policy: A[str, Arg(choices=[...])] = "fcfs"',
+    ),
     "attn_dp_size": Declared(
         ("--attn-dp-size", "--attention-data-parallel-size"),
         "int",

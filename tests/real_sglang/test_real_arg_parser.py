@@ -130,6 +130,10 @@ EXPLAINED: dict[tuple[str, str], str] = {
     ("hicache_ratio", "at the open upper bound"): _RATIO_HIGH,
     ("hicache_ratio", "above the range"): _RATIO_HIGH,
     ("hicache_ratio", "not finite"): _NOT_FINITE,
+    ("schedule_policy", "SGLang-only choice"): "kvpilot proposes lpm for prefix-heavy work and "
+    "fcfs to go back; the others change fairness (random, dfs-weight, lof, hrrn, "
+    "shortest-prefill-first) or need other settings (priority needs "
+    "--enable-priority-scheduling, routing-key a router), and kvpilot has no rule for them",
     ("hicache_size", "negative"): "SGLang uses the size only when it is > 0 (hicache_hook.py), "
     "so a negative size silently means 'use the ratio'; kvpilot keeps 0 for that",
     ("hicache_size", "above the maximum"): "over 10 TB of host RAM per rank; SGLang finds out "

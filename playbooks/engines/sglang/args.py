@@ -267,6 +267,13 @@ ALLOWED: dict[str, ArgSpec] = {
             ChoiceValue(WRITE_POLICIES),
             "when KV is copied to host",
         ),
+        # schedule.py `schedule_policy: A[str, Arg(choices=[...])] = "fcfs"`. kvpilot offers
+        # the longest-prefix-match order for prefix-heavy work and the default to go back.
+        ArgSpec(
+            "schedule_policy",
+            ChoiceValue(("fcfs", "lpm")),
+            "the order waiting requests are admitted in",
+        ),
         # parallel.py `attn_dp_size: int = 1` (0.5.23; `--enable-dp-attention --dp-size N` is
         # the deprecated spelling it folds in). parallel_hook.py asserts tp_size % attn_dp_size
         # == 0, which kvpilot checks against the server's TP size before a restart.

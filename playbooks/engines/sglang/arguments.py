@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from playbooks.diagnose.measure import Measurement
 from playbooks.engines.sglang.capacity import ACTIVATION_FLOOR_GIB
 from playbooks.engines.sglang.checks import NOTHING, Change, Check, Finding, dtype_bytes
 from playbooks.engines.sglang.deployment import decode_max_bs
@@ -23,7 +24,7 @@ from playbooks.engines.sglang.facts import (
     retraction_rate,
     running_cap_total,
 )
-from playbooks.engines.sglang.hicache import HostPoolCheck
+from playbooks.engines.sglang.hicache import PROMPT_HEAVY, HostPoolCheck
 from playbooks.engines.sglang.metrics import binding_pool_of
 from playbooks.engines.sglang.reservation import CONSERVATIVENESS_SATURATION, initial_ratio
 from playbooks.engines.sglang.reserve import Deployment, sglang_reserve
@@ -412,6 +413,66 @@ class PrefillChunkCheck(Check):
         return Finding("not_useful", ("prefill does not limit this server",))
 
 
+LPM_QUEUE_LIMIT = 128  # managers/schedule_policy.py WAITING_QUEUE_PREFIX_MATCH_MAX
+PREFIX_SHARE = 0.2  # prompt tokens served from the cache beyond which prefixes are shared
+
+
+def prefix_heavy(m: Measurement) -> bool:
+    """Prompts that dominate the work and share prefixes: what the order of admission helps."""
+    prompt, output = m.avg_prompt_tokens, m.avg_output_tokens
+    heavy = prompt is not None and output is not None and prompt >= PROMPT_HEAVY * output
+    return heavy and (m.cached_fraction or 0.0) >= PREFIX_SHARE
+
+
+class SchedulePolicyCheck(Check):
+    """schedule_policy: `lpm` admits the waiting requests that share the longest cached
+    prefix first, so shared prefixes stay in the pool; it costs fairness, not memory."""
+
+    names = ("schedule_policy",)
+    predicts_gain = False
+
+    def safety(self, ctx: Change, value: Any) -> Finding:
+        if value == "lpm" and ctx.server.info.arg("disable_radix_cache"):
+            return Finding(
+                "not_useful",
+                ("without the radix cache SGLang falls back to fcfs (schedule_policy.py)",),
+            )
+        return NOTHING
+
+    def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
+        m = seen.m
+        shared = m.cached_fraction or 0.0
+        if value != "lpm":
+            return Finding("not_useful", ("fcfs admits in arrival order; it shares nothing more",))
+        if m.queued > LPM_QUEUE_LIMIT:
+            return Finding(
+                "not_useful",
+                (
+                    f"{m.queued:.0f} requests wait on average: above {LPM_QUEUE_LIMIT} SGLang "
+                    "turns prefix matching off and admits first come, first served "
+                    "(schedule_policy.py `_determine_active_policy`)",
+                ),
+            )
+        if not prefix_heavy(m) or seen.bottleneck not in ("kv_cache", "prefill"):
+            return Finding(
+                "not_useful",
+                (
+                    f"{shared:.0%} of prompt tokens came from the cache, prompts of "
+                    f"{m.avg_prompt_tokens or 0:,.0f} tokens for {m.avg_output_tokens or 0:,.0f} "
+                    "of output: not the prefix-heavy work an admission order helps",
+                ),
+            )
+        return Finding(
+            "possible",
+            (
+                f"{shared:.0%} of prompt tokens came from the cache and {m.queued:.0f} requests "
+                "wait: admitting those with the longest cached prefix first keeps shared "
+                "prefixes in the pool (fairness: a request with a new prefix may wait longer)",
+            ),
+            ("requests with uncommon prefixes wait longer",),
+        )
+
+
 class RideAlongCheck(Check):
     """An argument that does not raise KV capacity: it decides a verdict only on its own."""
 
@@ -452,6 +513,7 @@ CHECKS: dict[str, Check] = _table(
         ConservativenessCheck(),
         RunningCapCheck(),
         DpAttentionCheck(),
+        SchedulePolicyCheck(),
         PrefillChunkCheck(),
         RideAlongCheck("max_total_tokens"),
         RideAlongCheck("page_size"),

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from playbooks.engines.sglang.arguments import LPM_QUEUE_LIMIT, prefix_heavy
 from playbooks.engines.sglang.bottleneck import kv_bound, signals
 from playbooks.engines.sglang.capacity import GIB, HostBudget
 from playbooks.engines.sglang.checks import dtype_bytes
@@ -193,6 +194,18 @@ def larger_batch(ctx: Context, bottleneck: Bottleneck) -> Option | None:
     return evaluate(pinned(ctx, {"max_running_requests": limit * 2}), ctx, bottleneck)
 
 
+def prefix_order(ctx: Context, bottleneck: Bottleneck) -> Option | None:
+    """Longest-prefix-match admission where prefixes are shared and the queue is short enough
+    for SGLang to match them."""
+    if ctx.info.arg("schedule_policy") not in (None, "fcfs"):
+        return None
+    if bottleneck not in ("kv_cache", "prefill") or not prefix_heavy(ctx.m):
+        return None
+    if ctx.m.queued > LPM_QUEUE_LIMIT:
+        return None
+    return evaluate({"schedule_policy": "lpm"}, ctx, bottleneck)
+
+
 def dp_attention(ctx: Context, bottleneck: Bottleneck) -> Option | None:
     """MLA holds its whole latent on every TP rank: attention DP over the TP ranks turns one
     pool per TP group into one per rank (0.5.23's `--attn-dp-size`)."""
@@ -217,6 +230,7 @@ PROPOSALS: tuple[Proposal, ...] = (
     eager_admission,
     larger_batch,
     dp_attention,
+    prefix_order,
 )
 
 

@@ -219,3 +219,28 @@ def test_decode_graph_batch_in_each_spelling() -> None:
     nested = reply(cuda_graph_config={"decode": {"max_bs": 48}})
     nested.pop("cuda_graph_max_bs_decode")
     assert decode_max_bs(parse_server_info(nested), 143771) == 48
+
+
+@pytest.mark.parametrize(
+    ("over", "verdict"),
+    [
+        ({}, "possible"),  # long shared prompts, a short queue
+        ({"queued": 300}, "not_useful"),  # above 128 waiting SGLang matches no prefixes
+        ({"cached_fraction": 0.05}, "not_useful"),  # few shared prefixes
+        ({"avg_prompt_tokens": 400, "avg_output_tokens": 3500}, "not_useful"),  # generation
+    ],
+)
+def test_longest_prefix_match_for_prefix_heavy_work(over: dict[str, Any], verdict: str) -> None:
+    r = rules(reply())
+    base = {"avg_prompt_tokens": 6000, "avg_output_tokens": 300, "cached_fraction": 0.6,
+            "queued": 40}  # fmt: skip
+    ctx = r.context(measurement(**{**base, **over}))
+    option = evaluate({"schedule_policy": "lpm"}, ctx, "kv_cache")
+    assert option.verdict == verdict, option.reasons
+    proposed = [o for o in propose(ctx, "kv_cache") if "schedule_policy" in o.change]
+    assert bool(proposed) == (verdict == "possible")
+
+
+def test_lpm_without_the_radix_cache_is_not_useful() -> None:
+    r = rules(reply(disable_radix_cache=True))
+    assert r.judge({"schedule_policy": "lpm"}).verdict == "not_useful"
