@@ -342,6 +342,9 @@ def _server_args(ns: argparse.Namespace, r: _Resolved) -> dict[str, Any]:
         or ("page_first" if refactored else "layer_first"),
         "hicache_storage_backend": ns.hicache_storage_backend,
         "cuda_graph_max_bs": r.cuda_graph_max_bs,
+        # 0.5.23 reports the user's field (None when unset), the resolved value in
+        # cuda_graph_config.decode.max_bs
+        "cuda_graph_max_bs_decode": ns.cuda_graph_max_bs_decode,
         "disable_cuda_graph": ns.disable_cuda_graph,
         "enable_metrics": ns.enable_metrics,
         "decode_log_interval": ns.decode_log_interval,
@@ -365,7 +368,7 @@ def _derive(
     layout = _parallelism(parser, ns, preset, version.refactored)
     defaults = gpu_defaults(version, preset.memory.gpu_memory_mib, layout.tp)
     chunked = _chunked_prefill(parser, ns, defaults.chunked_prefill_size)
-    graph_bs = ns.cuda_graph_max_bs or defaults.cuda_graph_max_bs
+    graph_bs = ns.cuda_graph_max_bs_decode or ns.cuda_graph_max_bs or defaults.cuda_graph_max_bs
     mfs = _mem_fraction(ns, version, preset, layout, chunked, graph_bs)
     spec = speculation(parser, ns, preset)
     return _Resolved(version, preset, layout, mfs, chunked, ns.page_size or 1, graph_bs, spec)

@@ -177,6 +177,8 @@ SGLANG_FLAGS: tuple[Flag, ...] = (
     flag("--hicache-mem-layout", type=str, default=None),
     flag("--hicache-storage-backend", type=str, default=None),
     flag("--cuda-graph-max-bs", type=_positive_int, default=None),
+    # fields/exec_.py (0.5.23) `cuda_graph_max_bs_decode: Optional[int] = None`
+    flag("--cuda-graph-max-bs-decode", type=int, default=None),
     flag("--disable-cuda-graph", action="store_true"),
     flag("--enable-metrics", action="store_true"),
     flag("--decode-log-interval", type=_positive_int, default=40),

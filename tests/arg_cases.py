@@ -162,6 +162,13 @@ SGLANG_0523: dict[str, Declared] = {
         "fcfs",
         'fields/schedule.py: schedule_policy: A[str, Arg(choices=[...])] = "fcfs"',
     ),
+    "cuda_graph_max_bs_decode": Declared(
+        ("--cuda-graph-max-bs-decode",),
+        "int",
+        None,
+        None,
+        "fields/exec_.py: cuda_graph_max_bs_decode: A[Optional[int], ...] = None",
+    ),
     "attn_dp_size": Declared(
         ("--attn-dp-size", "--attention-data-parallel-size"),
         "int",
@@ -261,7 +268,7 @@ def accepted_edits(seed: int = SEED) -> list[Edit]:
         elif isinstance(v, FloatValue):
             texts = _float_texts(v, rng)
         elif isinstance(v, ChoiceValue):
-            texts = [*v.options, f" {v.options[-1]} "]
+            texts = [*v.options, f" {v.options[-1]} ", f"{v.options[0]} "]
         else:
             assert isinstance(v, BoolValue)
             texts = _bool_texts()

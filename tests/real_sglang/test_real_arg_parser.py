@@ -134,6 +134,12 @@ EXPLAINED: dict[tuple[str, str], str] = {
     "fcfs to go back; the others change fairness (random, dfs-weight, lof, hrrn, "
     "shortest-prefill-first) or need other settings (priority needs "
     "--enable-priority-scheduling, routing-key a router), and kvpilot has no rule for them",
+    ("cuda_graph_max_bs_decode", "zero"): "no decode batch would be captured; SGLang checks no "
+    "range here (memory_hook.py then sizes graphs and the reserve from it)",
+    ("cuda_graph_max_bs_decode", "negative"): "a negative batch size; SGLang checks no range",
+    ("cuda_graph_max_bs_decode", "above the maximum"): "graphs past 4,096 requests per rank: "
+    "kvpilot proposes graphs that cover the measured decode batch, and SGLang's own defaults "
+    "stop at 512",
     ("hicache_size", "negative"): "SGLang uses the size only when it is > 0 (hicache_hook.py), "
     "so a negative size silently means 'use the ratio'; kvpilot keeps 0 for that",
     ("hicache_size", "above the maximum"): "over 10 TB of host RAM per rank; SGLang finds out "

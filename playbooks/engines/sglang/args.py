@@ -274,6 +274,14 @@ ALLOWED: dict[str, ArgSpec] = {
             ChoiceValue(("fcfs", "lpm")),
             "the order waiting requests are admitted in",
         ),
+        # exec_.py `cuda_graph_max_bs_decode: A[Optional[int], ...] = None` (0.5.23; earlier
+        # releases spell it --cuda-graph-max-bs). kvpilot: up to 4096, the largest batch its
+        # proposals cover.
+        ArgSpec(
+            "cuda_graph_max_bs_decode",
+            IntValue(1, 4096, unit="requests"),
+            "largest decode batch captured as a CUDA graph",
+        ),
         # parallel.py `attn_dp_size: int = 1` (0.5.23; `--enable-dp-attention --dp-size N` is
         # the deprecated spelling it folds in). parallel_hook.py asserts tp_size % attn_dp_size
         # == 0, which kvpilot checks against the server's TP size before a restart.

@@ -413,6 +413,61 @@ class PrefillChunkCheck(Check):
         return Finding("not_useful", ("prefill does not limit this server",))
 
 
+GRAPH_MIB_PER_SLOT = 2.0  # memory_hook.py reserve_for_graph_mb: decode max_bs * 2 MiB
+
+
+class DecodeGraphCheck(Check):
+    """cuda_graph_max_bs_decode: decode batches up to it replay captured CUDA graphs; larger
+    ones run eagerly, slower per step. Capturing more takes GPU memory after the pool is
+    allocated, from the room activations have."""
+
+    names = ("cuda_graph_max_bs_decode",)
+    predicts_gain = False
+
+    def now(self, ctx: Change) -> int:
+        gpu_mib = ctx.cap.gpu.total_mib or ctx.cap.gpu.pre_gib * 1024
+        return decode_max_bs(ctx.server.info, gpu_mib)
+
+    def extra_gib(self, ctx: Change, value: int) -> float:
+        """More graph memory in proportion to the batch, from the server's own report where it
+        has one, else SGLang's own 2 MiB-per-slot estimate."""
+        now = self.now(ctx)
+        if ctx.cap.graph_gib > 0 and now > 0:
+            return ctx.cap.graph_gib * (value - now) / now
+        return GRAPH_MIB_PER_SLOT * (value - now) / 1024
+
+    def safety(self, ctx: Change, value: Any) -> Finding:
+        extra = self.extra_gib(ctx, int(value))
+        room = ctx.cap.activation_room_gib(ctx.fraction, ctx.hicache, ctx.bytes_per_token)
+        if extra <= 0 or room - extra >= ACTIVATION_FLOOR_GIB:
+            return NOTHING
+        return Finding(
+            "unsafe",
+            (
+                f"graphs up to a batch of {value} take ~{extra:.2f} GiB more, leaving "
+                f"{room - extra:.2f} GiB for activations, below the {ACTIVATION_FLOOR_GIB:g} GiB "
+                "SGLang needs",
+            ),
+            ("GPU OOM under load",),
+        )
+
+    def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
+        per_rank = seen.m.running / ctx.ranks
+        now = self.now(ctx)
+        if int(value) > now and per_rank > now:
+            return Finding(
+                "possible",
+                (
+                    f"~{per_rank:.0f} requests decode per rank, above the {now} the CUDA graphs "
+                    f"cover, so those steps run eagerly; graphs up to {value} cover them",
+                ),
+            )
+        return Finding(
+            "not_useful",
+            (f"the decode batch (~{per_rank:.0f} per rank) fits the graphs up to {now}",),
+        )
+
+
 LPM_QUEUE_LIMIT = 128  # managers/schedule_policy.py WAITING_QUEUE_PREFIX_MATCH_MAX
 PREFIX_SHARE = 0.2  # prompt tokens served from the cache beyond which prefixes are shared
 
@@ -514,6 +569,7 @@ CHECKS: dict[str, Check] = _table(
         RunningCapCheck(),
         DpAttentionCheck(),
         SchedulePolicyCheck(),
+        DecodeGraphCheck(),
         PrefillChunkCheck(),
         RideAlongCheck("max_total_tokens"),
         RideAlongCheck("page_size"),

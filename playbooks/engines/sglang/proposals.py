@@ -15,7 +15,7 @@ from playbooks.engines.sglang.arguments import LPM_QUEUE_LIMIT, prefix_heavy
 from playbooks.engines.sglang.bottleneck import kv_bound, signals
 from playbooks.engines.sglang.capacity import GIB, HostBudget
 from playbooks.engines.sglang.checks import dtype_bytes
-from playbooks.engines.sglang.deployment import attn_dp_size
+from playbooks.engines.sglang.deployment import attn_dp_size, decode_max_bs
 from playbooks.engines.sglang.facts import (
     RETRACTIONS_PER_MIN_HIGH,
     Context,
@@ -33,7 +33,9 @@ FRACTION_STEP = 0.004  # a safe fraction closer than this to the current one is 
 MORE_CAUTIOUS = 1.3  # schedule_conservativeness factor against frequent retractions
 MORE_EAGER = 0.5  # and against a queue beside an under-used pool
 # Arguments SGLang derives the default fraction from (memory_hook.py).
-COUPLED = frozenset({"chunked_prefill_size", "max_running_requests", "attn_dp_size"})
+COUPLED = frozenset(
+    {"chunked_prefill_size", "max_running_requests", "attn_dp_size", "cuda_graph_max_bs_decode"}
+)
 # The saturation rounded down to what a proposal spells: 1.42 x 0.7 = 0.994, still below 1.0.
 SATURATED_CONSERVATIVENESS = math.floor(CONSERVATIVENESS_SATURATION * 100) / 100
 
@@ -194,6 +196,25 @@ def larger_batch(ctx: Context, bottleneck: Bottleneck) -> Option | None:
     return evaluate(pinned(ctx, {"max_running_requests": limit * 2}), ctx, bottleneck)
 
 
+GRAPH_BATCH_STEP = 16
+
+
+def decode_graphs(ctx: Context, bottleneck: Bottleneck) -> Option | None:
+    """Graphs that cover the decode batch where it runs eagerly beyond them (0.5.23's
+    `--cuda-graph-max-bs-decode`; a busy server only)."""
+    info = ctx.info
+    if ctx.version < (0, 5, 23) or bottleneck not in ("compute", "kv_cache"):
+        return None
+    if info.arg("disable_cuda_graph") or str(info.arg("cuda_graph_backend_decode")) == "disabled":
+        return None
+    now = decode_max_bs(info, ctx.cap.gpu.total_mib or ctx.cap.gpu.pre_gib * 1024)
+    per_rank = ctx.m.running / attn_dp_size(info)
+    if per_rank <= now:
+        return None
+    wanted = min(4096, math.ceil(per_rank / GRAPH_BATCH_STEP) * GRAPH_BATCH_STEP)
+    return evaluate(pinned(ctx, {"cuda_graph_max_bs_decode": wanted}), ctx, bottleneck)
+
+
 def prefix_order(ctx: Context, bottleneck: Bottleneck) -> Option | None:
     """Longest-prefix-match admission where prefixes are shared and the queue is short enough
     for SGLang to match them."""
@@ -231,6 +252,7 @@ PROPOSALS: tuple[Proposal, ...] = (
     larger_batch,
     dp_attention,
     prefix_order,
+    decode_graphs,
 )
 
 

@@ -244,3 +244,18 @@ def test_longest_prefix_match_for_prefix_heavy_work(over: dict[str, Any], verdic
 def test_lpm_without_the_radix_cache_is_not_useful() -> None:
     r = rules(reply(disable_radix_cache=True))
     assert r.judge({"schedule_policy": "lpm"}).verdict == "not_useful"
+
+
+def test_decode_graphs_cover_a_batch_that_runs_eagerly() -> None:
+    data = reply(cuda_graph_max_bs_decode=64)
+    data["internal_states"][0]["memory_usage"]["graph"] = {"decode": 1.0}
+    r = rules(data)
+    ctx = r.context(measurement(running=150, queued=100, token_usage=0.95))
+    option = next(o for o in propose(ctx, "kv_cache") if "cuda_graph_max_bs_decode" in o.change)
+    assert option.change == {"cuda_graph_max_bs_decode": 160, "mem_fraction_static": 0.85}
+    assert option.verdict == "possible" and "run eagerly" in " ".join(option.reasons)
+    # 4096 would take 63 GiB more of graphs than today's 1 GiB at 64: no room is left
+    huge = evaluate({"cuda_graph_max_bs_decode": 4096}, ctx, "kv_cache")
+    assert huge.verdict == "unsafe" and "below the 5 GiB" in huge.reasons[0]
+    small = r.context(measurement(running=40, queued=100, token_usage=0.95))
+    assert not [o for o in propose(small, "kv_cache") if "cuda_graph_max_bs_decode" in o.change]
