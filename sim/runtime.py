@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import sys
 import time
 import uuid
 from collections import Counter
@@ -413,6 +414,13 @@ class Runtime:
         }
 
 
+# scheduler.py::_set_or_validate_priority: with priority scheduling on, a request sent without a
+# priority gets the lowest one (sys.maxsize with --schedule-low-priority-values-first).
+NO_PRIORITY = -sys.maxsize - 1
+
+
 def _by_priority(reqs: Iterable[Request]) -> dict[str, int]:
-    """metrics_collector.py::QueueCount.from_reqs: requests per priority (None -> "None")."""
-    return {str(k): v for k, v in Counter(r.priority for r in reqs).items()}
+    """metrics_collector.py::QueueCount.from_reqs: requests per priority, a request sent
+    without one counted under the priority the scheduler gave it."""
+    counts = Counter(NO_PRIORITY if r.priority is None else r.priority for r in reqs)
+    return {str(k): v for k, v in counts.items()}

@@ -26,8 +26,10 @@ GAUGES = ("sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usag
 
 def _label_sets(url: str) -> dict[str, set[tuple[tuple[str, str], ...]]]:
     """Per compared gauge, its series' labels with the values that do not name a process."""
-    for priority in (1, 2):
-        body = {"text": "a b c", "priority": priority, "sampling_params": {"max_new_tokens": 4}}
+    for priority in (1, 2, None):  # None: the scheduler gives it the lowest priority
+        body: dict[str, object] = {"text": "a b c", "sampling_params": {"max_new_tokens": 4}}
+        if priority is not None:
+            body["priority"] = priority
         httpx.post(url + "/generate", json=body, timeout=120)
     out: dict[str, set[tuple[tuple[str, str], ...]]] = {}
     for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
