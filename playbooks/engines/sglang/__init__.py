@@ -4,6 +4,9 @@ client.py      the HTTP API (both endpoint dialects): server info, loads, /metri
 metrics.py     SGLang's metric names and the mapping to `Snapshot`
 args.py        the launch arguments kvpilot may change: types, ranges, command-line spelling
 capacity.py    the KV-pool and memory arithmetic, the safety margins
+reserve.py     SGLang's own default reserve per GPU and deployment (the "recommended" floor)
+deployment.py  the deployment shape (TP, attention DP, CUDA graphs) from resolved arguments
+geometry.py    a model's KV cell from its config.json (GQA, MLA, DSA, hybrid, FP8 checkpoints)
 rules.py       what a bottleneck looks like and which changes address it (pure)
 signatures.py  what SGLang's exit status and log lines mean
 """
