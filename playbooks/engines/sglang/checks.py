@@ -89,6 +89,8 @@ class Change:
         dtype = str(values.get("kv_cache_dtype", cap.kv_dtype))
         hicache = bool(values.get("enable_hierarchical_cache", server.hicache_on))
         bytes_new = cell_after(cap, dtype)
+        if hicache and not server.hicache_on and swa_pool_off_with_hicache(server):
+            bytes_new = cell_without_swa_pool(cap, dtype, bytes_new)
         if fraction == cap.mem_fraction_static and bytes_new == cap.bytes_per_token:
             tokens = server.info.max_total_num_tokens
         else:
@@ -109,6 +111,40 @@ def attn_ranks_after(server: Server, values: Mapping[str, Any]) -> int:
     if values.get("enable_dp_attention") is False:
         return 1
     return attn_dp_size(server.info)
+
+
+# Models whose hybrid SWA pool SGLang turns off with HiCache (0.5.10 server_args.py
+# `_handle_model_specific_adjustments`, 0.5.23 `arg_groups/overrides.py`): model-path words and
+# the releases that do it, [since, until).
+Version = tuple[int, int, int]
+SWA_OFF_WITH_HICACHE: tuple[tuple[tuple[str, ...], Version, Version | None], ...] = (
+    (("step-3p5", "step3p5"), (0, 5, 10), None),
+    (("mimo-v2-flash",), (0, 5, 10), (0, 5, 21)),
+)
+
+
+def model_words(model_path: object) -> str:
+    return str(model_path or "").lower().replace("_", "-").replace(".", "p")
+
+
+def swa_pool_off_with_hicache(server: Server) -> bool:
+    model = model_words(server.info.arg("model_path"))
+    return any(
+        any(word in model for word in words)
+        and server.version >= since
+        and (until is None or server.version < until)
+        for words, since, until in SWA_OFF_WITH_HICACHE
+    )
+
+
+def cell_without_swa_pool(cap: CapacityModel, dtype: str, fallback: float) -> float:
+    """Bytes per token once the sliding-window layers keep full-length KV in the one pool:
+    every attention layer at the full layers' cost (kvpilot needs the model's geometry)."""
+    geometry = cap.geometry
+    if geometry is None or not geometry.sliding_layers:
+        return fallback
+    per_layer = geometry.cell_bytes(dtype_bytes(dtype)) / geometry.layers
+    return per_layer * (geometry.layers + geometry.sliding_layers)
 
 
 def cell_after(cap: CapacityModel, dtype: str) -> float:

@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from playbooks.engines.sglang.capacity import GIB, HostBudget
-from playbooks.engines.sglang.checks import Change, Check, Finding
+from playbooks.engines.sglang.checks import (
+    SWA_OFF_WITH_HICACHE,
+    Change,
+    Check,
+    Finding,
+    model_words,
+)
 from playbooks.engines.sglang.facts import Observed, Server
 
 DEFAULT_RATIO = 2.0  # SGLang's hicache_ratio when neither size nor ratio is given
@@ -83,7 +89,7 @@ def _decode_backend(s: Settings) -> Any:
 
 def _model_is(*names: str) -> Callable[[Settings], bool]:
     def matches(s: Settings) -> bool:
-        model = str(s.get("model_path") or "").lower().replace("_", "-").replace(".", "p")
+        model = model_words(s.get("model_path"))
         return any(name in model for name in names)
 
     return matches
@@ -212,7 +218,7 @@ SIDE_EFFECTS = (
     Rule(
         (0, 5, 10),
         None,
-        _model_is("step-3p5", "step3p5"),
+        _model_is(*SWA_OFF_WITH_HICACHE[0][0]),
         "Disable hybrid SWA memory for Step3p5ForCausalLM model with hierarchical cache "
         "(swa_full_tokens_ratio reset to 1.0)",
         SWA_OFF_COST,
@@ -223,7 +229,7 @@ SIDE_EFFECTS = (
     Rule(
         (0, 5, 10),
         (0, 5, 21),
-        _model_is("mimo-v2-flash"),
+        _model_is(*SWA_OFF_WITH_HICACHE[1][0]),
         "Disable hybrid SWA memory for MiMoV2FlashForCausalLM model with hierarchical cache "
         "(swa_full_tokens_ratio reset to 1.0)",
         SWA_OFF_COST,

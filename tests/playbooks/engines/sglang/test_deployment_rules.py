@@ -16,7 +16,7 @@ from playbooks.engines.sglang.reserve import sglang_reserve
 from playbooks.engines.sglang.rules import ServerRules, evaluate, propose, rules_for
 from playbooks.sources.gpu import FakeGpuReader, GpuState
 from playbooks.sources.host import HostMemory
-from tests.playbooks.engines.sglang.test_geometry import KIMI_K2, QWEN3_NEXT
+from tests.playbooks.engines.sglang.test_geometry import GPT_OSS, KIMI_K2, QWEN3_NEXT
 from tests.playbooks.engines.sglang.test_rules import measurement
 
 GIB = 1 << 30
@@ -259,3 +259,21 @@ def test_decode_graphs_cover_a_batch_that_runs_eagerly() -> None:
     assert huge.verdict == "unsafe" and "below the 5 GiB" in huge.reasons[0]
     small = r.context(measurement(running=40, queued=100, token_usage=0.95))
     assert not [o for o in propose(small, "kv_cache") if "cuda_graph_max_bs_decode" in o.change]
+
+
+def test_hicache_that_turns_the_swa_pool_off_predicts_fewer_tokens() -> None:
+    # SGLang turns Step-3.5's hybrid SWA pool off with HiCache: the sliding-window layers then
+    # keep full-length KV, every attention layer at the full layers' cost.
+    state = {"memory_usage": {"weight": 65.0, "kvcache": 54.0, "token_capacity": 873_813,
+             "token_capacity_swa": 699_050, "startup_available": 21.0},
+             "effective_max_running_requests_per_dp": 3413}  # fmt: skip
+    for model, off in (("stepfun-ai/Step-3.5-Flash", True), ("openai/gpt-oss-120b", False)):
+        data = reply(model_path=model, tp_size=1, max_total_num_tokens=873_813,
+                     internal_states=[state])  # fmt: skip
+        r = rules(data, config=GPT_OSS)
+        change = Change.of(r.server, {"enable_hierarchical_cache": True, "hicache_size": 100})
+        if off:
+            assert change.bytes_per_token == 2048 * 36  # 18 full + 18 sliding layers
+            assert change.tokens == int(54.0 * GIB // (2048 * 36))
+        else:
+            assert change.tokens == 873_813
