@@ -203,8 +203,10 @@ def test_hybrid_swa_and_label_sets() -> None:
     assert _labels(text, "sglang:max_total_num_tokens_swa")
     assert _labels(text, "sglang:swa_token_usage")
     queue = _labels(text, "sglang:num_queue_reqs")
-    # "None": the warm-up request carries no priority (metrics_collector.py::QueueCount notes it)
+    # the warm-up request carries no priority: the scheduler gives it the lowest
+    # (scheduler.py::_set_or_validate_priority), as the real server's scrape shows
+    lowest = str(-(2**63))
     assert {(x["tp_rank"], x["priority"]) for x in queue} == {
-        (tp, p) for tp in ("0", "1") for p in ("", "None", "1", "2")
+        (tp, p) for tp in ("0", "1") for p in ("", lowest, "1", "2")
     }
     assert all("dp_rank" not in x for x in queue)

@@ -80,8 +80,10 @@ def test_gpu_memory_from_nvml_when_local() -> None:
     info = parse_server_info(
         json.loads((FIXTURES / "twin-0.5.10" / "server_info.json").read_text())
     )
-    gpu, _ = resolve_gpu_memory(info, DiagnoseSettings(gpus=NvmlGpuReader(FakeNvml())))
-    assert gpu is not None and gpu.exact
+    gpu, notes = resolve_gpu_memory(info, DiagnoseSettings(gpus=NvmlGpuReader(FakeNvml())))
+    # at TP8 SGLang measures after its communicators take their share: NVML is an upper bound
+    assert gpu is not None and not gpu.exact and info.tp_size == 8
+    assert any("overstates" in note for note in notes)
     assert gpu.pre_gib == pytest.approx(150_754_820_096 / (1 << 30) - 0.5)
     assert "NVIDIA H200" in gpu.source
     gpu, notes = resolve_gpu_memory(
