@@ -18,6 +18,7 @@ from playbooks.engines.sglang.facts import (
     SATURATED_USAGE,
     Observed,
     conservativeness,
+    conservativeness_scale,
     grammar_waiting,
     requests_fitting,
     reservation_binding,
@@ -240,7 +241,8 @@ class ConservativenessCheck(Check):
     predicts_gain = False
 
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
-        new = float(value)
+        # compared as the scheduler uses them: under attention DP the flag is scaled by 0.3
+        new = float(value) * conservativeness_scale(ctx.server.info)
         now = conservativeness(ctx.server.info)
         idle = self.changes_nothing(ctx, new, now, seen)
         if idle is not None:

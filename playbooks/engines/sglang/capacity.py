@@ -92,7 +92,8 @@ class CapacityModel:
     def outside_now_gib(self) -> float:
         """GPU memory outside the weights and the pool now, CUDA graphs included."""
         if self.free_now_gib is not None:
-            return self.free_now_gib + self.graph_gib
+            # graphs captured inside the static pool (post-capture sizing) are not outside it
+            return self.free_now_gib + (0.0 if self.graphs_inside else self.graph_gib)
         return (1 - self.mem_fraction_static) * self.gpu.pre_gib
 
     def outside_gib(

@@ -191,9 +191,18 @@ def is_retracting(m: Measurement) -> bool:
     return bool((retraction_rate(m) or 0) > 0 or m.retractions_seen_in_gauge)
 
 
+DP_CONSERVATIVENESS = 0.3  # parallel_hook.py::_handle_data_parallelism (0.5.5 on: server_args)
+
+
 def conservativeness(info: ServerInfo) -> float:
-    """The server's --schedule-conservativeness (SGLang's default 1.0 when unreported)."""
+    """The conservativeness the scheduler uses, as the server reports it (SGLang's default 1.0
+    when unreported). Under attention DP SGLang has already multiplied the flag by 0.3."""
     return float(info.arg("schedule_conservativeness") or 1.0)
+
+
+def conservativeness_scale(info: ServerInfo) -> float:
+    """From the `--schedule-conservativeness` flag to the value the scheduler uses."""
+    return DP_CONSERVATIVENESS if attn_dp_size(info) > 1 else 1.0
 
 
 def reservation_binding(

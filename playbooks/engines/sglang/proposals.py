@@ -20,6 +20,7 @@ from playbooks.engines.sglang.facts import (
     RETRACTIONS_PER_MIN_HIGH,
     Context,
     conservativeness,
+    conservativeness_scale,
     grammar_waiting,
     requests_fitting,
     retraction_rate,
@@ -131,8 +132,10 @@ def hicache_proposal(ctx: Context, bottleneck: Bottleneck) -> Option | None:
 def _conservativeness(ctx: Context, factor: float, bottleneck: Bottleneck) -> Option:
     # Never past the saturation: the initial ratio is min(0.7 x value, 1.0), so more changes
     # nothing (new_token_ratio_tracker.py `NewTokenRatioTracker.from_config`).
-    value = min(round(conservativeness(ctx.info) * factor, 2), SATURATED_CONSERVATIVENESS)
-    return evaluate({"schedule_conservativeness": value}, ctx, bottleneck)
+    # The flag is what is spelt: under attention DP SGLang uses 0.3 x the flag.
+    scale = conservativeness_scale(ctx.info)
+    value = min(conservativeness(ctx.info) * factor, SATURATED_CONSERVATIVENESS)
+    return evaluate({"schedule_conservativeness": round(value / scale, 2)}, ctx, bottleneck)
 
 
 def fewer_retractions(ctx: Context, bottleneck: Bottleneck) -> Option | None:

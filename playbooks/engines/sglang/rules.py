@@ -26,7 +26,11 @@ from playbooks.engines.base import Assessment
 from playbooks.engines.sglang.bottleneck import analyse
 from playbooks.engines.sglang.capacity import CapacityModel, GpuMemory, build_model
 from playbooks.engines.sglang.client import ServerInfo
-from playbooks.engines.sglang.deployment import attn_dp_size, deployment_of
+from playbooks.engines.sglang.deployment import (
+    attn_dp_size,
+    deployment_of,
+    post_capture_kv_sizing,
+)
 from playbooks.engines.sglang.facts import (
     Context,
     Server,
@@ -70,7 +74,7 @@ def resolve_gpu_memory(
     sa = info.memory.startup_available_gb
     fraction = info.mem_fraction_static
     if sa is not None and fraction is not None and fraction < 1:
-        graph = info.memory.graph_gb or 0.0
+        graph = 0.0 if post_capture_kv_sizing(info) else info.memory.graph_gb or 0.0
         if info.arg("max_total_tokens") is None:
             # Uncapped, the pool takes f * pre - static, so what is left after start-up is
             # exactly (1 - f) * pre - graphs.

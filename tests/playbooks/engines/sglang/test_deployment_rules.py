@@ -178,12 +178,14 @@ def test_post_capture_sizing_keeps_the_graphs_inside_the_fraction() -> None:
              "effective_max_running_requests_per_dp": 4096,
              "env_vars": {"SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": "1"}}  # fmt: skip
     data = reply(model_path="meta-llama/Llama-3.1-8B-Instruct", tp_size=1,
-                 mem_fraction_static=0.92, internal_states=[state])  # fmt: skip
+                 mem_fraction_static=0.92, max_total_num_tokens=819_200,
+                 internal_states=[state])  # fmt: skip
     r = rules(data, config=llama)
     assert r.cap.graphs_inside
     assert r.cap.reserve is not None and r.cap.reserve.total_mib == 1536 + 128
-    # the 4 GiB of graphs are not taken from the activations a second time
-    assert r.cap.activation_room_gib(0.92) == pytest.approx(r.cap.outside_gib(0.92))
+    # the 4 GiB of graphs sit inside the pool: what is free after start-up is all there is
+    assert r.cap.outside_now_gib == 9.0
+    assert r.cap.activation_room_gib(0.92) == pytest.approx(r.cap.outside_gib(0.92)) == 9.0
 
 
 def test_a_mamba_pool_grows_by_its_share_only() -> None:
@@ -277,3 +279,15 @@ def test_hicache_that_turns_the_swa_pool_off_predicts_fewer_tokens() -> None:
             assert change.tokens == int(54.0 * GIB // (2048 * 36))
         else:
             assert change.tokens == 873_813
+
+
+def test_dp_attention_spells_the_flag_sglang_scales_by_three_tenths() -> None:
+    # SGLang reports 0.3 x the flag under attention DP (parallel_hook.py): 0.3 means flag 1.0.
+    data = dp_reply()
+    data["schedule_conservativeness"] = 0.3
+    r = rules(data)
+    m = measurement(retractions=60, window_s=600, token_usage=0.95)
+    option = next(
+        o for o in propose(r.context(m), "kv_cache") if "schedule_conservativeness" in o.change
+    )
+    assert option.change["schedule_conservativeness"] == 1.3  # the flag; SGLang will use 0.39
