@@ -22,7 +22,18 @@ GPU_TABLE = (
     (160 * 1024, 8192, 256, 512),
 )
 LARGE_GPU = (16384, 512, 512)
+OLD_BELOW_35_GIB = (2048, 24, 80)  # before 0.5.20 (server_args.py _handle_gpu_memory_settings)
 MLA_BACKENDS = ("flashmla", "cutlass_mla", "trtllm_mla", "flashinfer_mla", "triton_mla")
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    parts = []
+    for piece in text.lstrip("v").split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    while len(parts) < 3:
+        parts.append(0)
+    return (parts[0], parts[1], parts[2])
 
 
 def _int(value: object, default: int) -> int:
@@ -31,10 +42,14 @@ def _int(value: object, default: int) -> int:
     return default
 
 
-def gpu_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
+def gpu_defaults(
+    gpu_mib: float, tp: int, version: tuple[int, int, int] = (0, 5, 23)
+) -> tuple[int, int]:
     """SGLang's chunked prefill size and decode CUDA-graph max batch for this GPU."""
-    for limit, chunk, small, large in GPU_TABLE:
+    for limit, *row in GPU_TABLE:
         if gpu_mib < limit:
+            old = limit == 35 * 1024 and version < (0, 5, 20)
+            chunk, small, large = OLD_BELOW_35_GIB if old else row
             return chunk, small if tp < 4 else large
     return LARGE_GPU[0], LARGE_GPU[1]
 
@@ -57,10 +72,18 @@ def decode_max_bs(info: ServerInfo, gpu_mib: float) -> int:
         value = nested["decode"].get("max_bs")
         if isinstance(value, int):
             return value
-    return gpu_defaults(gpu_mib, info.tp_size)[1]
+    version = parse_version(info.version)
+    return gpu_defaults(gpu_mib, info.tp_size, version)[1]
 
 
 def _graphs_on(info: ServerInfo, phase: str) -> bool:
+    """0.5.23's resolved `cuda_graph_config.<phase>.backend` decides (the per-phase flags stay
+    None there); older releases have the flags only."""
+    nested = info.arg("cuda_graph_config")
+    if isinstance(nested, dict) and isinstance(nested.get(phase), dict):
+        backend = nested[phase].get("backend")
+        if backend is not None:
+            return str(backend).lower() != "disabled"
     if info.arg("disable_cuda_graph") or info.arg(f"disable_{phase}_cuda_graph"):
         return False
     return str(info.arg(f"cuda_graph_backend_{phase}") or "").lower() != "disabled"
@@ -88,7 +111,7 @@ def post_capture_kv_sizing(info: ServerInfo) -> bool:
 def deployment_of(
     info: ServerInfo, gpu_mib: float, version: tuple[int, int, int], geometry: Geometry | None
 ) -> Deployment:
-    chunk_default, _ = gpu_defaults(gpu_mib, info.tp_size)
+    chunk_default, _ = gpu_defaults(gpu_mib, info.tp_size, version)
     ranks = attn_dp_size(info)
     chunk = _int(info.arg("chunked_prefill_size"), chunk_default)
     if ranks > 1 and chunk > 0:

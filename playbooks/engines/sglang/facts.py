@@ -99,16 +99,6 @@ class Observed:
         return self.bottleneck == "kv_cache"
 
 
-def parse_version(text: str) -> tuple[int, int, int]:
-    parts = []
-    for piece in text.lstrip("v").split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    while len(parts) < 3:
-        parts.append(0)
-    return (parts[0], parts[1], parts[2])
-
-
 def ranks_on_host(info: ServerInfo) -> int:
     tp = int(info.arg("tp_size") or 1)
     pp = int(info.arg("pp_size") or 1)

@@ -11,8 +11,10 @@ total. In 0.5.23 (`sglang/srt/arg_groups/memory_hook.py::handle_gpu_memory_setti
            + 8 * len(prefill capture sizes) | 1536 for MLA            (prefill graphs on)
     R = max(R, 10240) on GPUs over 60 GiB;  R += 2048 with DeepEP all-to-all
 
-0.5.5 and 0.5.10 (`server_args.py::ServerArgs._handle_gpu_memory_settings`) have no prefill
-graph term and add 2048 MiB (6144 for STANDALONE) for speculative decoding after the floor.
+Earlier releases (`server_args.py::ServerArgs._handle_gpu_memory_settings`) differ in three
+terms: the prefill-graph term arrives in 0.5.10 (piecewise graphs, on by default); speculative
+decoding adds, after the floor, 2048 MiB before 0.5.10 and 4096 MiB in 0.5.10-0.5.13 (6144 for
+STANDALONE, nothing for NGRAM), and nothing from 0.5.14; DeepEP's 2048 MiB arrives in 0.5.16.
 
 kvpilot's rule: a fraction is *recommended* only where what stays outside the static pool
 covers `floor_mib` (the part of `R` SGLang never goes below: the 10 GiB floor or the fixed and
@@ -34,7 +36,8 @@ FLOOR_MIB = 10 * 1024  # on GPUs over 60 GiB
 FLOOR_ABOVE_MIB = 60 * 1024
 DEEPEP_MIB = 2 * 1024
 MLA_PREFILL_GRAPH_MIB = 1.5 * 1024
-SPECULATIVE_MIB_OLD = 2048  # 0.5.5/0.5.10: EAGLE, EAGLE3, NEXTN (MTP)
+SPECULATIVE_MIB_OLD = 2048  # before 0.5.10: EAGLE, EAGLE3, NEXTN (MTP)
+SPECULATIVE_MIB_0510 = 4096  # 0.5.10-0.5.13
 STANDALONE_MIB_OLD = 6144
 DP_LARGE_BS = 300
 
@@ -81,6 +84,9 @@ class Deployment:
     def new_layout(self) -> bool:
         return self.version >= (0, 5, 23)
 
+    def since(self, *version: int) -> bool:
+        return self.version >= version
+
 
 @dataclass(frozen=True)
 class Reserve:
@@ -114,7 +120,7 @@ def _dp_padding_mib(d: Deployment) -> float:
 
 
 def _prefill_graph_mib(d: Deployment) -> float:
-    if not (d.new_layout and d.prefill_graphs):
+    if not (d.since(0, 5, 10) and d.prefill_graphs):
         return 0.0
     if d.mla:
         return MLA_PREFILL_GRAPH_MIB
@@ -126,21 +132,27 @@ def _prefill_graph_mib(d: Deployment) -> float:
 def _beyond_floor_mib(d: Deployment) -> tuple[tuple[str, float], ...]:
     """Terms SGLang adds after the floor is applied."""
     parts: list[tuple[str, float]] = []
-    if d.new_layout and d.deepep and d.decode_graphs:
+    if d.since(0, 5, 16) and d.deepep and d.decode_graphs:
         parts.append(("DeepEP all-to-all buffers", DEEPEP_MIB))
-    if not d.new_layout and d.speculative:
-        extra = STANDALONE_MIB_OLD if d.speculative.upper() == "STANDALONE" else SPECULATIVE_MIB_OLD
+    algorithm = (d.speculative or "").upper()
+    if algorithm and algorithm != "NGRAM" and not d.since(0, 5, 14):
+        if algorithm == "STANDALONE":
+            extra = STANDALONE_MIB_OLD
+        else:
+            extra = SPECULATIVE_MIB_0510 if d.since(0, 5, 10) else SPECULATIVE_MIB_OLD
         parts.append((f"speculative decoding ({d.speculative})", extra))
     return tuple(parts)
 
 
-POST_CAPTURE_MIB = 1536
+POST_CAPTURE_MIB = 1536  # 0.5.18 on
+POST_CAPTURE_MIB_0516 = 512  # 0.5.16, 0.5.17
 
 
 def sglang_reserve(d: Deployment) -> Reserve:
     """SGLang's own default reserve for this deployment, term by term."""
-    if d.post_capture and d.new_layout and not d.mla:
-        total = POST_CAPTURE_MIB + d.tp * d.pp / 8 * MIB_PER_GIB
+    if d.post_capture and d.since(0, 5, 16) and not d.mla:
+        base = POST_CAPTURE_MIB if d.since(0, 5, 18) else POST_CAPTURE_MIB_0516
+        total = base + d.tp * d.pp / 8 * MIB_PER_GIB
         return Reserve(total, total, 0.0, 0.0, (("post-capture sizing floor and slack", total),))
     chunk = d.chunked_prefill_size if d.chunked_prefill_size > 0 else d.max_prefill_tokens
     activation = MIB_PER_ACTIVATION_TOKEN * max(chunk, MIN_ACTIVATION_TOKENS)
@@ -163,5 +175,5 @@ def sglang_reserve(d: Deployment) -> Reserve:
     )
     # The floor kvpilot holds a recommendation to: SGLang's floor, never below its fixed and
     # graph terms, with the DP padding and the terms beyond the floor on top.
-    rule_floor = max(floor, fixed - dp) + dp + extra
+    rule_floor = min(total, max(floor, fixed - dp) + dp + extra)  # never above SGLang's own
     return Reserve(total, rule_floor, activation, graph, parts)

@@ -29,12 +29,12 @@ from playbooks.engines.sglang.client import ServerInfo
 from playbooks.engines.sglang.deployment import (
     attn_dp_size,
     deployment_of,
+    parse_version,
     post_capture_kv_sizing,
 )
 from playbooks.engines.sglang.facts import (
     Context,
     Server,
-    parse_version,
     ranks_on_host,
     requests_fitting,
 )

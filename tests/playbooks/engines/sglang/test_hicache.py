@@ -11,7 +11,8 @@ import pytest
 
 from playbooks.engines.sglang.checks import Change, Finding
 from playbooks.engines.sglang.client import parse_server_info
-from playbooks.engines.sglang.facts import Server, parse_version
+from playbooks.engines.sglang.deployment import parse_version
+from playbooks.engines.sglang.facts import Server
 from playbooks.engines.sglang.hicache import HostPoolCheck, refusals, side_effects
 from playbooks.sources.host import GIB, HostMemory
 from tests.paths import FIXTURES

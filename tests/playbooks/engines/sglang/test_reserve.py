@@ -77,6 +77,43 @@ CASES = [
         512 + 64 + 128,
         0.833,
     ),
+    # Speculative decoding after the floor: 2048 MiB before 0.5.10, 4096 in 0.5.10-0.5.13
+    # (NGRAM nothing), nothing from 0.5.14.
+    Case(
+        "EAGLE, 0.5.10",
+        Deployment(
+            81559, decode_max_bs=256, speculative="EAGLE", prefill_graphs=False, version=(0, 5, 10)
+        ),
+        13440 + 4096,
+        10240 + 4096,
+        0.785,
+    ),
+    Case(
+        "NGRAM, 0.5.10",
+        Deployment(
+            81559, decode_max_bs=256, speculative="NGRAM", prefill_graphs=False, version=(0, 5, 10)
+        ),
+        13440,
+        10240,
+        0.835,
+    ),
+    Case(
+        "EAGLE, 0.5.14",
+        Deployment(
+            81559, decode_max_bs=256, speculative="EAGLE", prefill_graphs=False, version=(0, 5, 14)
+        ),
+        13440,
+        10240,
+        0.835,
+    ),
+    # DeepEP's 2048 MiB arrives in 0.5.16.
+    Case(
+        "DeepEP, 0.5.15",
+        Deployment(97887, tp=8, decode_max_bs=512, mla=True, deepep=True, version=(0, 5, 15)),
+        16384,
+        10240,
+        0.833,
+    ),
     # 0.5.5 adds 2048 MiB for EAGLE after the floor.
     Case(
         "EAGLE, 0.5.5",

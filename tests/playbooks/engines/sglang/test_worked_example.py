@@ -4,6 +4,7 @@ GPUs, which possible, which unsafe, from the server's own report (the twin's 0.5
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,7 @@ from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines.sglang.client import parse_server_info
 from playbooks.engines.sglang.rules import ServerRules, evaluate, propose, rules_for
 from tests.paths import FIXTURES
+from tests.playbooks.engines.sglang.test_geometry import KIMI_K2
 from tests.playbooks.engines.sglang.test_rules import measurement
 
 INCIDENT = FIXTURES / "sglang" / "twin-0.5.10" / "server_info.json"
@@ -24,10 +26,15 @@ TABLE = {
 }
 
 
+class KimiConfig:
+    def read(self, model_path: str) -> dict[str, Any]:
+        return KIMI_K2
+
+
 @pytest.fixture
 def rules() -> ServerRules:
     info = parse_server_info(json.loads(INCIDENT.read_text()))
-    return rules_for(info, DiagnoseSettings(gpu_memory_gib=95.59))
+    return rules_for(info, DiagnoseSettings(gpu_memory_gib=95.59, models=KimiConfig()))
 
 
 @pytest.mark.parametrize("fraction", sorted(TABLE))
@@ -42,10 +49,12 @@ def test_the_incidents_fractions(rules: ServerRules, fraction: float) -> None:
 
 
 def test_sglangs_own_reserve_for_the_incident(rules: ServerRules) -> None:
-    # 0.5.10: 512 + 1.5 x 8192 + 2 x 512 + 8/8 x 1024 = 14,848 MiB, floor 10 GiB
+    # 0.5.10, MLA: 512 + 1.5 x 8192 + 2 x 512 + 8/8 x 1024 + 1536 (piecewise prefill graphs)
+    # = 16,384 MiB, SGLang's default 0.833; its floor 10 GiB
     reserve = rules.cap.reserve
     assert reserve is not None
-    assert reserve.total_mib == 14_848 and reserve.floor_gib == 10.0
+    assert reserve.total_mib == 16_384 and reserve.floor_gib == 10.0
+    assert reserve.default_fraction(97_887) == 0.833
     assert rules.cap.recommended_max_fraction() == 0.89
     assert rules.cap.safe_max_fraction() == 0.92
 
