@@ -37,7 +37,14 @@ class LocalModelConfigs:
         found = [Path(model_path).expanduser() / "config.json"]
         if model_path.count("/") == 1 and not model_path.startswith(("/", ".")):
             repo = hub_cache(self.env) / ("models--" + model_path.replace("/", "--"))
-            found += sorted((repo / "snapshots").glob("*/config.json"), reverse=True)
+            # the revision refs/main names first (what a plain download serves), then any other
+            try:
+                main = (repo / "refs" / "main").read_text().strip()
+            except OSError:
+                main = ""
+            if main:
+                found.append(repo / "snapshots" / main / "config.json")
+            found += sorted((repo / "snapshots").glob("*/config.json"))
         return found
 
     def read(self, model_path: str) -> Mapping[str, Any] | None:

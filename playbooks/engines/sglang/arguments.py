@@ -338,6 +338,16 @@ class DpAttentionCheck(Check):
                 "unsafe",
                 (f"SGLang needs the TP size ({tp}) divisible by the attention-DP size ({ranks})",),
             )
+        replicas = int(ctx.server.info.arg("dp_size") or 1)
+        if ranks > 1 and replicas > 1 and not ctx.server.info.arg("enable_dp_attention"):
+            return Finding(
+                "unsafe",
+                (
+                    f"the server runs {replicas} data-parallel replicas (--dp-size), and SGLang "
+                    "refuses replicas with attention DP (parallel_hook.py "
+                    "`_handle_data_parallelism`)",
+                ),
+            )
         reserve = ctx.cap.reserve
         if reserve is None or ranks <= ctx.ranks_now:
             return NOTHING
@@ -369,6 +379,12 @@ class DpAttentionCheck(Check):
                 f"MLA keeps the whole latent on every rank, so {value} ranks hold {value} pools: "
                 f"{ctx.current:,} -> ~{ctx.tokens:,} tokens; attention weights are then "
                 "replicated instead of split, so each pool is somewhat smaller than today's",
+                "SGLang also divides the prefill chunk by the ranks and scales "
+                "schedule_conservativeness by 0.3 under attention DP (parallel_hook.py)",
+            ),
+            (
+                "smaller pools than predicted (attention weights replicated on every rank)",
+                "admission more eager (conservativeness x 0.3)",
             ),
         )
 
@@ -380,7 +396,10 @@ class PrefillChunkCheck(Check):
     predicts_gain = False
 
     def current(self, ctx: Change) -> int:
-        return int(ctx.server.info.arg("chunked_prefill_size") or DEFAULT_CHUNK)
+        """The flag's value: under attention DP SGLang reports the chunk divided by the ranks
+        (parallel_hook.py::_handle_data_parallelism)."""
+        reported = int(ctx.server.info.arg("chunked_prefill_size") or DEFAULT_CHUNK)
+        return reported * ctx.ranks_now if reported > 0 else reported
 
     def safety(self, ctx: Change, value: Any) -> Finding:
         size, now = int(value), self.current(ctx)
@@ -441,8 +460,10 @@ class DecodeGraphCheck(Check):
     def safety(self, ctx: Change, value: Any) -> Finding:
         extra = self.extra_gib(ctx, int(value))
         room = ctx.cap.activation_room_gib(ctx.fraction, ctx.hicache, ctx.bytes_per_token)
-        if extra <= 0 or room - extra >= ACTIVATION_FLOOR_GIB:
+        if extra <= 0:
             return NOTHING
+        if room - extra >= ACTIVATION_FLOOR_GIB:
+            return self.dp_padding(ctx, int(value), room - extra)
         return Finding(
             "unsafe",
             (
@@ -451,6 +472,27 @@ class DecodeGraphCheck(Check):
                 "SGLang needs",
             ),
             ("GPU OOM under load",),
+        )
+
+    def dp_padding(self, ctx: Change, value: int, room: float) -> Finding:
+        """Under attention DP SGLang budgets 3 MB x batch x ranks of graph padding (more above
+        a batch of 300); a larger batch that leaves less than that is only possible."""
+        if ctx.ranks <= 1:
+            return NOTHING
+        gpu_mib = ctx.cap.gpu.total_mib or ctx.cap.gpu.pre_gib * 1024
+        base = Deployment(gpu_mib=gpu_mib, attn_dp=ctx.ranks, prefill_graphs=False)
+        now = sglang_reserve(replace(base, decode_max_bs=self.now(ctx))).graph_mib
+        padding = (sglang_reserve(replace(base, decode_max_bs=value)).graph_mib - now) / 1024
+        if room - padding >= ACTIVATION_FLOOR_GIB:
+            return NOTHING
+        return Finding(
+            "possible",
+            (
+                f"with {ctx.ranks} attention-DP ranks SGLang budgets ~{padding:.1f} GiB more "
+                f"graph padding for a batch of {value}, which would leave {room - padding:.2f} "
+                "GiB for activations",
+            ),
+            (f"GPU OOM at a peak: ~{padding:.1f} GiB of graph padding SGLang budgets for",),
         )
 
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:

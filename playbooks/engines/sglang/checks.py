@@ -90,7 +90,8 @@ class Change:
         hicache = bool(values.get("enable_hierarchical_cache", server.hicache_on))
         bytes_new = cell_after(cap, dtype)
         if hicache and not server.hicache_on and swa_pool_off_with_hicache(server):
-            bytes_new = cell_without_swa_pool(cap, dtype, bytes_new)
+            attn_tp = max(1, server.info.tp_size // attn_dp_size(server.info))
+            bytes_new = cell_without_swa_pool(cap, dtype, bytes_new, attn_tp)
         if fraction == cap.mem_fraction_static and bytes_new == cap.bytes_per_token:
             tokens = server.info.max_total_num_tokens
         else:
@@ -137,13 +138,15 @@ def swa_pool_off_with_hicache(server: Server) -> bool:
     )
 
 
-def cell_without_swa_pool(cap: CapacityModel, dtype: str, fallback: float) -> float:
+def cell_without_swa_pool(
+    cap: CapacityModel, dtype: str, fallback: float, attn_tp: int = 1
+) -> float:
     """Bytes per token once the sliding-window layers keep full-length KV in the one pool:
     every attention layer at the full layers' cost (kvpilot needs the model's geometry)."""
     geometry = cap.geometry
     if geometry is None or not geometry.sliding_layers:
         return fallback
-    per_layer = geometry.cell_bytes(dtype_bytes(dtype)) / geometry.layers
+    per_layer = geometry.cell_bytes(dtype_bytes(dtype), attn_tp) / geometry.layers
     return per_layer * (geometry.layers + geometry.sliding_layers)
 
 

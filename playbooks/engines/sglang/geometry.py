@@ -91,13 +91,24 @@ class Geometry:
 
 def _layer_counts(config: Mapping[str, Any], layers: int) -> tuple[int, int, int]:
     """(full, sliding, linear) layer counts: `layer_types` where the config has it."""
+    pattern_list = config.get("hybrid_layer_pattern")  # MiMo-V2: 1 = SWA, 0 = full
+    if isinstance(pattern_list, list) and pattern_list:
+        sliding = sum(1 for x in pattern_list if x == 1)
+        return len(pattern_list) - sliding, sliding, 0
+    override = config.get("hybrid_override_pattern")  # Nemotron-H: M mamba, * attention, - MLP
+    if isinstance(override, str) and override:
+        return override.count("*"), 0, override.count("M")
     types = config.get("layer_types")
     if isinstance(types, list) and types:
         sliding = sum(1 for t in types if "sliding" in str(t))
         linear = sum(1 for t in types if "linear" in str(t) or "mamba" in str(t))
         return len(types) - sliding - linear, sliding, linear
+    if str(config.get("model_type", "")).startswith(("gemma2", "gemma3")):
+        # SGLang turns the hybrid SWA pool off for Gemma-2/3 (model_overrides/gemma2_gemma3.py):
+        # every layer keeps full-length KV in the one pool
+        return layers, 0, 0
     pattern = _first_int(config, "sliding_window_pattern")
-    if pattern and pattern > 1 and config.get("sliding_window"):  # Gemma-3: every Nth is full
+    if pattern and pattern > 1 and config.get("sliding_window"):  # every Nth layer is full
         full = layers // pattern
         return full, layers - full, 0
     interval = _first_int(config, "full_attention_interval")
@@ -114,15 +125,29 @@ def _kv_quant_fp8(config: Mapping[str, Any]) -> bool:
     algo = quant.get("kv_cache_quant_algo")
     if isinstance(algo, str):
         return algo.upper() in FP8_NAMES
-    scheme = quant.get("kv_cache_scheme")  # compressed-tensors checkpoints
-    return isinstance(scheme, Mapping) and scheme.get("num_bits") == 8
+    # compressed-tensors: SGLang takes FP8 KV only for a float, per-tensor, symmetric, static
+    # scheme (quantization/compressed_tensors.py)
+    scheme = quant.get("kv_cache_scheme")
+    return (
+        isinstance(scheme, Mapping)
+        and scheme.get("num_bits") == 8
+        and scheme.get("type", "float") == "float"
+        and scheme.get("strategy", "tensor") == "tensor"
+        and scheme.get("symmetric", True) is True
+        and not scheme.get("dynamic", False)
+    )
 
 
 def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
     """The geometry, or None for a config kvpilot cannot read (it then says it does not know)."""
     text = config.get("text_config")
     if isinstance(text, Mapping) and "num_hidden_layers" not in config:
-        config = {**text, "quantization_config": config.get("quantization_config")}
+        model_type = text.get("model_type") or config.get("model_type")
+        config = {
+            **text,
+            "model_type": model_type,
+            "quantization_config": config.get("quantization_config"),
+        }
     layers = _first_int(config, "num_hidden_layers", "n_layer", "num_layers")
     if not layers:
         return None
@@ -146,6 +171,8 @@ def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
     if not kv_heads or not head_dim:
         return None
     full, sliding, linear = _layer_counts(config, layers)
+    if full <= 0:
+        return None  # no full-attention layer kvpilot can size a cell from
     v_dim = _first_int(config, "v_head_dim") or head_dim
     return Geometry(
         "mha",

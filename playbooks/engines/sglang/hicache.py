@@ -332,16 +332,16 @@ def pool_safety(ctx: Change, per_rank_gb: float) -> Finding:
     if per_rank_gb * ranks > budget.per_rank_budget_gib * ranks * GIB / 1e9:
         return Finding("unsafe", (arithmetic, over_budget_outcome(server)), ("host OOM",))
     host_tokens = host_pool_tokens(ctx)
-    if host_tokens > ctx.current // ctx.ranks:
+    if host_tokens > ctx.tokens // ctx.ranks:
         return Finding(reasons=(arithmetic + ": fits",))
-    sizes = f"the host pool ({host_tokens:,} tokens) and the GPU pool ({ctx.current:,})"
+    sizes = f"the host pool ({host_tokens:,} tokens) and the GPU pool ({ctx.tokens // ctx.ranks:,})"
     if not server.host_pool_may_be_smaller:
         # mem_cache/memory_pool_host.py HostKVCache.__init__ asserts it up to 0.5.14
         return Finding(
             "unsafe",
             (
                 f"the host pool ({host_tokens:,} tokens) must be larger than the GPU pool "
-                f"({ctx.current:,}): SGLang {server.info.version} refuses to start",
+                f"({ctx.tokens // ctx.ranks:,}): SGLang {server.info.version} refuses to start",
             ),
         )
     # mem_cache/pool_host/base.py HostKVCache.__init__ only warns from 0.5.15
@@ -372,7 +372,8 @@ class HostPoolCheck(Check):
         if size_gb > 0:
             return size_gb
         ratio = float(change.values.get("hicache_ratio") or DEFAULT_RATIO)
-        return ratio * change.current * change.cap.bytes_per_token / 1e9
+        # each rank sizes its pool from its own GPU pool (pool_host/base.py)
+        return ratio * (change.tokens // change.ranks) * change.bytes_per_token / 1e9
 
     def safety(self, ctx: Change, value: Any) -> Finding:
         """Refused combinations first (in SGLang's words), then the pool, then side effects."""

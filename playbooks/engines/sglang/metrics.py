@@ -227,8 +227,8 @@ def snapshot_from_metrics(m: Metrics) -> Snapshot:
         aborted_requests=_counter(m, ABORTED_REQUESTS),
         preemptions=_counter(m, RETRACTED_REQUESTS),
         ttft_buckets=tuple(sorted(m.ttft_buckets.items())),
-        new_token_ratio=m.mean(NEW_TOKEN_RATIO),
-        grammar_queued=m.get(GRAMMAR_QUEUED),
+        new_token_ratio=combined(m, NEW_TOKEN_RATIO, "mean"),
+        grammar_queued=combined(m, GRAMMAR_QUEUED),
     )
 
 

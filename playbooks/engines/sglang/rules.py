@@ -122,7 +122,10 @@ def effective_kv_dtype(info: ServerInfo, geometry: Geometry | None, bytes_per_to
     if named != "auto" or geometry is None:
         return named
     attn_tp = max(1, info.tp_size // attn_dp_size(info))
-    if geometry.kv_quant_fp8 or geometry.pool_elem_bytes(bytes_per_token, attn_tp) < 1.5:
+    if geometry.kv_quant_fp8:
+        return "fp8_e4m3"
+    # A hybrid pool's bytes per token mix pools, so only a plain one says its element size.
+    if not geometry.hybrid and geometry.pool_elem_bytes(bytes_per_token, attn_tp) < 1.5:
         return "fp8_e4m3"
     return named
 

@@ -8,10 +8,12 @@ from typing import Any
 import pytest
 
 from playbooks.diagnose.playbook import DiagnoseSettings
+from playbooks.engines.sglang.arguments import PrefillChunkCheck
 from playbooks.engines.sglang.checks import Change
 from playbooks.engines.sglang.client import ServerInfo, parse_server_info
 from playbooks.engines.sglang.deployment import attn_dp_size, decode_max_bs, deployment_of
 from playbooks.engines.sglang.geometry import geometry_of
+from playbooks.engines.sglang.hicache import HostPoolCheck
 from playbooks.engines.sglang.reserve import sglang_reserve
 from playbooks.engines.sglang.rules import ServerRules, evaluate, propose, rules_for
 from playbooks.sources.gpu import FakeGpuReader, GpuState
@@ -291,3 +293,18 @@ def test_dp_attention_spells_the_flag_sglang_scales_by_three_tenths() -> None:
         o for o in propose(r.context(m), "kv_cache") if "schedule_conservativeness" in o.change
     )
     assert option.change["schedule_conservativeness"] == 1.3  # the flag; SGLang will use 0.39
+
+
+def test_attention_dp_is_refused_beside_replicas() -> None:
+    r = rules(reply(dp_size=2))
+    option = r.judge({"attn_dp_size": 8})
+    assert option.verdict == "unsafe" and "replicas" in option.reasons[0]
+
+
+def test_under_dp_the_chunk_and_the_host_pool_are_read_per_rank() -> None:
+    r = rules(dp_reply() | {"chunked_prefill_size": 1024})  # SGLang reports 8192 / 8
+    chunk = Change.of(r.server, {"chunked_prefill_size": 4096})
+    assert PrefillChunkCheck().current(chunk) == 8192  # so 4096 halves it, not quadruples it
+    change = Change.of(r.server, {"enable_hierarchical_cache": True, "hicache_ratio": 2})
+    per_rank_gb = 2 * 595_912 * change.bytes_per_token / 1e9
+    assert HostPoolCheck().value(change) == pytest.approx(per_rank_gb)

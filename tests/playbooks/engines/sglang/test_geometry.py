@@ -123,10 +123,47 @@ def test_configs_are_read_from_a_directory_or_the_hub_cache(tmp_path: Path) -> N
     snap = tmp_path / "hub" / "models--org--name" / "snapshots" / "abc123"
     snap.mkdir(parents=True)
     (snap / "config.json").write_text(json.dumps(KIMI_K2))
+    older = tmp_path / "hub" / "models--org--name" / "snapshots" / "000old"
+    older.mkdir(parents=True)
+    (older / "config.json").write_text(json.dumps(LLAMA_8B))
+    (tmp_path / "hub" / "models--org--name" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--name" / "refs" / "main").write_text("abc123\n")
     reader = LocalModelConfigs({"HF_HUB_CACHE": str(tmp_path / "hub")})
     assert reader.read(str(model)) == LLAMA_8B
-    assert reader.read("org/name") == KIMI_K2
+    assert reader.read("org/name") == KIMI_K2  # refs/main's revision, not the first by name
     assert reader.read("org/missing") is None
     (model / "config.json").write_text("{not json")
     assert reader.read(str(model)) is None
     assert LocalModelConfigs({"HF_HOME": "/x"}).candidates("a/b")[0].name == "config.json"
+
+
+@pytest.mark.parametrize(
+    ("config", "counts"),
+    [
+        # MiMo-V2: hybrid_layer_pattern, 1 = sliding window (configs/model_config.py)
+        ({**LLAMA_8B, "num_hidden_layers": 4, "hybrid_layer_pattern": [0, 1, 1, 1]}, (1, 3, 0)),
+        # Nemotron-H: M mamba, * attention, - MLP
+        ({**LLAMA_8B, "num_hidden_layers": 6, "hybrid_override_pattern": "M-M*-M"}, (1, 0, 3)),
+        # Gemma-3 as SGLang runs it: the hybrid SWA pool is off, every layer full
+        ({"model_type": "gemma3", **GEMMA_3}, (62, 0, 0)),
+    ],
+)
+def test_layer_patterns_as_sglang_reads_them(
+    config: dict[str, Any], counts: tuple[int, int, int]
+) -> None:
+    g = geometry_of(config)
+    assert g is not None and (g.layers, g.sliding_layers, g.linear_layers) == counts
+
+
+def test_only_a_static_float_tensor_scheme_is_fp8_kv() -> None:
+    def scheme(**over: Any) -> dict[str, Any]:
+        kv = {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True, **over}
+        return {**LLAMA_8B, "quantization_config": {"kv_cache_scheme": kv}}
+
+    assert geometry_of(scheme()).kv_quant_fp8  # type: ignore[union-attr]
+    for over in ({"type": "int"}, {"dynamic": True}, {"strategy": "channel"}):
+        assert not geometry_of(scheme(**over)).kv_quant_fp8  # type: ignore[union-attr]
+
+
+def test_a_model_without_full_attention_layers_has_no_cell() -> None:
+    assert geometry_of({**LLAMA_8B, "layer_types": ["sliding_attention"] * 32}) is None
