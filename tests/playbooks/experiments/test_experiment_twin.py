@@ -37,6 +37,7 @@ KEEPS = (
     "test_harmful_host_cache_is_reverted",
     "[approved]",
     "[deciding]",
+    "[reverting]",
 )
 
 
@@ -215,7 +216,8 @@ def test_bot_killed_in_each_state_recovers(ws: Workspace, tmp_path: Path, state:
     assert str(row.state) == state  # the crash left it there
     if resume_code is None:  # the code of the verdict recorded with the move into reverting
         cause = store.transitions(db, row.id)[-1].details["cause"]
-        assert cause in ("not_improved", "inconclusive", "drifted"), cause
+        # a revert the gate decided; on a starved machine it may not have been able to judge
+        assert cause in ("not_improved", "inconclusive", "drifted", "unjudgeable"), cause
         resume_code = exit_codes.BY_OUTCOME[CAUSES[cause]]
     code, _out, err = ws.cli("resume")
     assert code == resume_code, err
