@@ -161,7 +161,9 @@ POOL_NAMES = {
 def pools_evidence(m: Measurement) -> str | None:
     """For a hybrid model, each pool's share and which binds (0.5.23's token_usage is their
     maximum, `scheduler_components/pool_stats_observer.py`)."""
-    if m.swa_usage is None and m.mamba_usage is None:
+    # SGLang exports the SWA and mamba gauges for every model (0 for a plain one): a model is
+    # hybrid where it has an SWA pool or either gauge reads above zero
+    if not (m.swa_capacity_tokens or (m.swa_usage or 0) > 0 or (m.mamba_usage or 0) > 0):
         return None
     shares = ", ".join(
         f"{name} {value:.0%}"

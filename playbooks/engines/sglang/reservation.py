@@ -17,8 +17,11 @@ page below it). Each running request reserves `min(max_new - output so far, clip
 
 With long fixed-length generations the pool is then full of reservations while `token_usage`
 (the tokens actually held) sits near one half. kvpilot sees neither `max_tokens` nor
-`ignore_eos`, so it takes a running request to be half-way through an answer of the completed
-requests' mean length, as `facts.resident_tokens` does.
+`ignore_eos`, so it takes a running request's answer to be as long as the completed requests'
+mean, and how far it has got from the tokens held: held per running request less the mean
+prompt is the output so far (half the answer where that figure is out of range, as
+`facts.resident_tokens` assumes). A server measured soon after a burst is early in its answers
+and reserves more than half of each.
 """
 
 from __future__ import annotations
@@ -98,13 +101,17 @@ def reservation_of(
         or pool <= 0
     ):
         return None
-    remaining = min(m.avg_output_tokens / 2, CLIP_MAX_NEW_TOKENS)
+    held = m.token_usage * pool
+    so_far = held / m.running - m.avg_prompt_tokens
+    if not 0 <= so_far <= m.avg_output_tokens:
+        so_far = m.avg_output_tokens / 2
+    remaining = min(m.avg_output_tokens - so_far, CLIP_MAX_NEW_TOKENS)
     share = 1.0 if fixed_length else ratio[0]
     source = "fixed-length requests, reserved in full" if fixed_length else ratio[1]
     return Reservation(
         running=m.running,
         pool=pool,
-        held=m.token_usage * pool,
+        held=held,
         reserved=m.running * remaining * share,
         next_need=m.avg_prompt_tokens + min(m.avg_output_tokens, CLIP_MAX_NEW_TOKENS) + page_size,
         ratio=share,

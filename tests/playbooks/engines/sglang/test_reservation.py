@@ -65,11 +65,16 @@ def test_ratio_in_use(over: dict[str, Any], c: float, ratio: float, words: str) 
 
 
 # measurement overrides, fixed length, reserved, next request's need, full
+# 11,680 tokens held by 13 requests of 200-token prompts: 9,080 output tokens so far of their
+# 13,000, so 3,920 remain
 RESERVED: list[tuple[dict[str, Any], bool, float, float, bool]] = [
-    (SMALL_POOL, True, 13 * 500, 1201, True),
-    (SMALL_POOL, False, 13 * 500 * 0.098, 1201, False),
+    (SMALL_POOL, True, 3920, 1201, True),
+    (SMALL_POOL, False, 3920 * 0.098, 1201, False),
     ({**SMALL_POOL, "avg_output_tokens": 20_000}, True, 13 * 4096, 200 + 4096 + 1, True),  # clip
-    ({**SMALL_POOL, "token_usage": 0.2, "running": 4}, True, 2000, 1201, False),
+    # 3,200 held by 4: 600 out so far, 400 to go
+    ({**SMALL_POOL, "token_usage": 0.2, "running": 4}, True, 4 * 400, 1201, False),
+    # held per request below the prompt (shared prefixes): half the answer is assumed
+    ({**SMALL_POOL, "token_usage": 0.1}, True, 13 * 500, 1201, False),
 ]
 
 
