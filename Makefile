@@ -39,7 +39,8 @@ CHECK_TESTS := tests/storage tests/test_architecture.py tests/bot/app tests/bot/
 	tests/playbooks/diagnose/test_measure.py tests/playbooks/launchers/test_launcher_config.py \
 	tests/playbooks/experiments/test_outcome.py tests/playbooks/experiments/test_ownership.py \
 	tests/playbooks/experiments/test_restart_slots.py tests/playbooks/experiments/test_engine_slots.py \
-	tests/playbooks/experiments/test_lifecycle.py tests/sim/test_memory.py tests/sim/test_args.py
+	tests/playbooks/experiments/test_lifecycle.py tests/playbooks/experiments/test_steps.py \
+	tests/sim/test_memory.py tests/sim/test_args.py
 
 check: venv lint typecheck test-fast
 

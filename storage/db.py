@@ -24,13 +24,17 @@ BUSY_TIMEOUT_MS = 5000
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def open_db(path: str | Path) -> Database:
-    """Open (creating if needed) the database at ``path`` and bring its schema up to date."""
+def open_db(path: str | Path, *, any_thread: bool = False) -> Database:
+    """Open (creating if needed) the database at ``path`` and bring its schema up to date.
+
+    ``any_thread``: the connection may be used from any thread, one at a time (the scheduler
+    runs an experiment's steps on whichever of its threads is free, never two at once).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _refuse_foreign_file(path)
     try:
-        db = Database(path)
+        db = Database(sqlite3.connect(str(path), check_same_thread=not any_thread))
     except sqlite3.DatabaseError as exc:
         raise StorageError(f"cannot open {path} as a SQLite database: {exc}") from exc
     try:

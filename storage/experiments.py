@@ -49,19 +49,20 @@ class State(StrEnum):
     kept = "kept"  # terminal: the change stays and is the new configuration
     reverting = "reverting"  # restoring the last-known-good configuration
     reverted = "reverted"  # terminal: back on the old configuration
-    rejected = "rejected"  # terminal: a person declined the proposal
-    expired = "expired"  # terminal: the proposal or its plan went stale before it ran
+    # (A person declining a proposal is recorded on the proposal: storage/proposals.py.)
+    expired = "expired"  # terminal: the approved plan went stale (the server changed) before it ran
     cancelled = "cancelled"  # terminal: stopped before anything was changed
     failed = "failed"  # terminal: the revert itself failed and a person must look
 
 
 TERMINAL: frozenset[State] = frozenset(
-    {State.kept, State.reverted, State.rejected, State.expired, State.cancelled, State.failed}
+    {State.kept, State.reverted, State.expired, State.cancelled, State.failed}
 )
 ACTIVE: frozenset[State] = frozenset(set(State) - TERMINAL)
 
 TRANSITIONS: dict[State, frozenset[State]] = {
-    State.proposed: frozenset({State.approved, State.rejected, State.expired, State.cancelled}),
+    State.proposed: frozenset({State.approved, State.cancelled}),
+    # expired: the server no longer runs the configuration the plan was approved against
     State.approved: frozenset({State.baseline, State.cancelled, State.expired}),
     # cancelled from proposed/approved/baseline: nothing has been changed on the server yet
     State.baseline: frozenset({State.restarting, State.reverting, State.cancelled}),
@@ -69,8 +70,8 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.restarting: frozenset({State.warming_up, State.reverting}),
     State.warming_up: frozenset({State.trial, State.reverting}),
     State.trial: frozenset({State.deciding, State.reverting}),
-    # back to trial: the gate was inconclusive and wants more samples
-    State.deciding: frozenset({State.kept, State.reverting, State.trial}),
+    # the gate has decided in trial; deciding makes its decision durable (keep or revert)
+    State.deciding: frozenset({State.kept, State.reverting}),
     # failed means the revert did not work: the server may be on neither configuration
     State.reverting: frozenset({State.reverted, State.failed}),
     **{state: frozenset() for state in TERMINAL},
@@ -101,6 +102,7 @@ class ExperimentRow:
     deadline_at: datetime | None
     lease_owner: str | None
     lease_expires_at: datetime | None
+    progress: JSON  # what the steps of the current state have learnt (empty on entering it)
 
     @property
     def terminal(self) -> bool:
@@ -242,6 +244,7 @@ def transition(
     lease_owner: str | None = None,
     lease_now: datetime | None = None,
     deadline_at: datetime | None = None,
+    progress: JSON | None = None,
 ) -> ExperimentRow:
     """Move the experiment to ``to_state`` and return the updated row.
 
@@ -250,8 +253,9 @@ def transition(
     with ``LeaseNotHeld`` if ``lease_owner`` is given and does not hold a live lease at
     ``lease_now`` (leases are on the wall clock; ``now``, the time the move is stamped with, may
     be an accelerated twin's).
-    ``deadline_at`` is the new step's deadline (``None`` clears the old one). Reaching a
-    terminal state releases the lease.
+    ``deadline_at`` is the new step's deadline (``None`` clears the old one); ``progress`` is
+    the new state's starting progress (empty by default: progress belongs to one state).
+    Reaching a terminal state releases the lease.
     """
     to_state = State(to_state)
     details = details or {}
@@ -269,7 +273,7 @@ def transition(
         release = to_state in TERMINAL
         db.execute(
             "UPDATE experiments SET state = ?, updated_at = ?, step_started_at = ?,"
-            " deadline_at = ?,"
+            " deadline_at = ?, progress_json = ?,"
             " lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END,"
             " lease_expires_at = CASE WHEN ? THEN NULL ELSE lease_expires_at END"
             " WHERE id = ?",
@@ -278,6 +282,7 @@ def transition(
                 stamp,
                 stamp,
                 None if deadline_at is None else utc_iso(deadline_at),
+                dumps(progress or {}),
                 release,
                 release,
                 experiment_id,
@@ -298,6 +303,37 @@ def transition(
                 reason=reason,
                 details=details,
             ),
+        )
+        return get_experiment(db, experiment_id)
+
+
+def set_progress(
+    db: Database,
+    experiment_id: int,
+    progress: JSON,
+    *,
+    now: datetime,
+    expected_state: State,
+    lease_owner: str | None = None,
+    lease_now: datetime | None = None,
+) -> ExperimentRow:
+    """Record what a step learnt within the current state (replacing the earlier progress).
+
+    Refused like a transition (``StaleState``, ``LeaseNotHeld``) when the experiment has left
+    ``expected_state`` or the caller no longer holds its lease, so a step that lost the race
+    writes nothing.
+    """
+    with write_transaction(db):
+        current = get_experiment(db, experiment_id)
+        if current.state != expected_state:
+            raise StaleState(f"experiment {experiment_id} is {current.state}, not {expected_state}")
+        if lease_owner is not None and not _holds_lease(current, lease_owner, lease_now or now):
+            raise LeaseNotHeld(
+                f"experiment {experiment_id} is leased to {current.lease_owner}, not {lease_owner}"
+            )
+        db.execute(
+            "UPDATE experiments SET progress_json = ?, updated_at = ? WHERE id = ?",
+            [dumps(progress), utc_iso(now), experiment_id],
         )
         return get_experiment(db, experiment_id)
 
@@ -454,4 +490,5 @@ def _row(row: dict[str, Any]) -> ExperimentRow:
         deadline_at=_optional_time(row["deadline_at"]),
         lease_owner=row["lease_owner"],
         lease_expires_at=_optional_time(row["lease_expires_at"]),
+        progress=loads(row.get("progress_json") or "{}"),
     )

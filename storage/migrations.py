@@ -369,3 +369,27 @@ def m005b_report_runs(db: Database) -> None:
         """,
         "CREATE INDEX report_runs_report ON report_runs (report, scheduled_for)",
     )
+
+
+@_migration
+def m008_experiment_progress(db: Database) -> None:
+    """Where an experiment is inside its state, and the clock's time line across processes.
+
+    ``progress_json`` is what a bounded step has learnt within the current state (when the
+    restart was issued, which server instance is being measured, how many gate looks were
+    taken), so a restarted bot continues the step instead of starting the state again; a move
+    to a new state replaces it. ``clock_anchors`` holds, per time scale, one moment of the
+    scaled clock (its calendar time and the wall time then), so every process against an
+    accelerated twin continues the same time line rather than restarting it.
+    """
+    _run(
+        db,
+        "ALTER TABLE experiments ADD COLUMN progress_json TEXT NOT NULL DEFAULT '{}'",
+        """
+        CREATE TABLE clock_anchors (
+            scale REAL PRIMARY KEY,
+            wall_ts REAL NOT NULL,
+            calendar_ts REAL NOT NULL
+        ) STRICT
+        """,
+    )

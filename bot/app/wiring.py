@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,13 +24,15 @@ from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
 from playbooks.sources.metrics_source import with_metrics_source
 from playbooks.sources.model_config import LocalModelConfigs
 from playbooks.sources.prometheus import DcgmGpuReader, PrometheusAPI, PrometheusMetrics
+from storage.clock_anchors import Anchor, anchor_for, continued, record_anchor
 from storage.db import open_db
 from storage.experiments import latest_transition_at
 from storage.metric_samples import newest_sample_ts
 
 
-def database(config: Config) -> Database:
-    return open_db(config.database)
+def database(config: Config, *, any_thread: bool = False) -> Database:
+    """The configured database; `any_thread` for a connection the scheduler's threads share."""
+    return open_db(config.database, any_thread=any_thread)
 
 
 def launcher(config: Config, server: ServerConfig, clock: Clock) -> ManagedLauncher:
@@ -62,17 +65,23 @@ def make_clock(config: Config, db: Database | None = None) -> Clock:
     """The process's one clock, built once and passed to everything that waits or stamps.
 
     The wall clock; or, against an accelerated twin (`[kvpilot] time_scale`), a scaled clock
-    whose calendar time continues after the newest sample or experiment step stored in `db`, so
-    a restarted bot never writes time backwards and samples, experiments and reports agree.
+    that continues the time line of the processes before it (`storage.clock_anchors`): the
+    time a crashed bot was away passes on it as it passed on the twin, and it never goes
+    back behind the newest sample or experiment step stored in `db`.
     """
     start = datetime.now(UTC)
     if db is not None and config.time_scale != 1.0:
+        wall = time.time()
+        anchor = anchor_for(db, config.time_scale)
+        if anchor is not None:
+            start = max(start, datetime.fromtimestamp(continued(anchor, wall), UTC))
         newest = newest_sample_ts(db)
         if newest is not None:
             start = max(start, datetime.fromtimestamp(newest + 1.0, UTC))
         step = latest_transition_at(db)
         if step is not None:
             start = max(start, step + timedelta(seconds=1))
+        record_anchor(db, Anchor(config.time_scale, wall, start.timestamp()))
     return at_scale(config.time_scale, start)
 
 

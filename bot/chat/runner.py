@@ -1,8 +1,9 @@
 """Runs approved experiments in the background and reports on them in their thread.
 
-One thread per experiment (at most one per server, which storage enforces), holding the
-experiment's lease while it works, so another kvpilot process never carries it at the same
-time; one that another living process holds is left to that process. Progress goes
+Every experiment this process carries (at most one per server, which storage enforces) is
+advanced by the process's one scheduler (`bot.app.ticker`), a bounded step at a time, while
+this process holds the experiment's lease, so another kvpilot process never carries it at the
+same time; one that another living process holds is left to that process. Progress goes
 into one message that is edited in place, at most every `progress_every_s` and on every state
 change, so the channel is not flooded; the verdict follows as a reply with a before/after
 chart. Where that message is, is stored, so a restarted bot carries on editing it.
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sqlite_utils import Database
 
 from bot.app.config import Config
+from bot.app.ticker import Ticker
 from bot.app.wiring import experiment_deps
 from bot.chat.messages import Message
 from bot.reports.charts import verdict_chart
@@ -58,12 +60,17 @@ class ExperimentRunner:
         self.clock = clock
         self.now = now
         self.progress_every_s = progress_every_s
-        # Set when an experiment's thread is done. Waiting on these, not on Thread.join: a
-        # join interrupted by Ctrl-C leaves CPython believing the thread has stopped.
-        self._done: dict[int, threading.Event] = {}
+        self._ticker: Ticker | None = None
         self._lock = threading.Lock()
         # Set on shutdown: no new experiments start, and running ones stop at their next check.
         self.stopping = threading.Event()
+
+    @property
+    def ticker(self) -> Ticker:
+        with self._lock:
+            if self._ticker is None:
+                self._ticker = Ticker(self.clock)
+            return self._ticker
 
     def connect(self) -> Database:
         """A connection of its own, for a lease (which may outlive a thread's connection)."""
@@ -84,58 +91,57 @@ class ExperimentRunner:
                 reason=f"approved in chat (proposal {proposal.id})",
                 proposal_id=proposal.id,
                 owner=self.lease(),
+                plan=engine.ApprovedPlan.of_proposal(proposal.plan, proposal.plan_hash),
             )
         finally:
             deps.client.close()
 
     def start(self, exp_id: int, *, thread: MessageRef | None, resume: bool = False) -> None:
-        if self.stopping.is_set():
+        """Carry the experiment from now on (once: a second call while it runs does nothing)."""
+        if self.stopping.is_set() or exp_id in self.running():
             return
-        with self._lock:
-            done = self._done.get(exp_id)
-            if done is not None and not done.is_set():
-                return
-            self._done[exp_id] = threading.Event()
-            worker = threading.Thread(
-                target=self._run,
-                args=(exp_id, thread, resume),
-                name=f"experiment-{exp_id}",
-                daemon=True,
-            )
-
-            worker.start()
+        lease = self.lease(exp_id)
+        if not lease.acquire():
+            held_by, _ = lease.holder()
+            log.info("experiment %s is carried by %s; left to it", exp_id, held_by)
+            return
+        try:
+            self._carry(exp_id, thread, lease, resume)
+        except Exception:  # keep the bot alive; the state machine is persisted
+            log.exception("experiment %s could not be started", exp_id)
+            lease.release()
 
     def resume_all(self) -> list[int]:
         """After a bot restart: pick up every experiment that was running and that no other
         living kvpilot process carries."""
         return engine.resume_unfinished(self.db(), self.lease, self._resume)
 
-    def _resume(self, row: store.ExperimentRow, _lease: Lease) -> int:
+    def _resume(self, row: store.ExperimentRow, lease: Lease) -> int:
         thread = None
         if row.proposal_id is not None:
             thread = chat.find_message(self.db(), "proposal", row.proposal_id, "approval")
+        lease.release()  # `start` takes it again, as for a new experiment
         self.start(row.id, thread=thread, resume=True)
         return row.id
 
     def shutdown(self, *, grace_s: float = 10.0, why: str = "") -> list[dict[str, Any]]:
-        """Stop carrying experiments (SIGTERM): each stops at its next check, within `grace_s`
-        unless it is inside a restart; where each was left is audited. The next start
-        resumes them."""
+        """Stop carrying experiments (SIGTERM): each stops at its next step, within `grace_s`
+        (a step is short); where each was left is audited. The next start resumes them."""
         self.stopping.set()
-        with self._lock:
-            done = dict(self._done)
+        carried = self.running()
         deadline = time.monotonic() + grace_s
-        for event in done.values():
-            event.wait(max(0.0, deadline - time.monotonic()))
+        for exp_id in carried:
+            self.ticker.wait(exp_id, max(0.0, deadline - time.monotonic()))
+        still = set(self.running())
         left = [
             {
                 "id": row.id,
                 "server": row.server,
                 "state": str(row.state),
-                "stopped": done[row.id].is_set(),
+                "stopped": row.id not in still,
             }
             for row in store.active_experiments(self.db())
-            if row.id in done
+            if row.id in carried
         ]
         audit.record(
             self.db(),
@@ -154,44 +160,21 @@ class ExperimentRunner:
             self.start(exp_id, thread=None)  # nobody is carrying it: carry out the revert
 
     def join(self, timeout: float | None = None) -> None:
-        with self._lock:
-            events = list(self._done.values())
-        for event in events:
-            event.wait(timeout)
+        for exp_id in self.running():
+            self.ticker.wait(exp_id, timeout)
 
     def running(self) -> list[int]:
         """Experiments this process is carrying now."""
         with self._lock:
-            return [i for i, done in self._done.items() if not done.is_set()]
+            ticker = self._ticker
+        return [] if ticker is None else ticker.carrying()
 
     def busy(self) -> bool:
         return bool(self.running())
 
     # ------------------------------------------------------------------ the work
-    def _run(self, exp_id: int, thread: MessageRef | None, resume: bool) -> None:
-        try:
-            self._run_leased(exp_id, thread, resume)
-        finally:
-            with self._lock:
-                self._done[exp_id].set()
-
-    def _run_leased(self, exp_id: int, thread: MessageRef | None, resume: bool) -> None:
-        lease = self.lease(exp_id)
-        if not lease.acquire():
-            held_by, _ = lease.holder()
-            log.info("experiment %s is carried by %s; left to it", exp_id, held_by)
-            return
-        try:
-            self._carry(exp_id, thread, lease, resume)
-        except OwnershipLost as exc:
-            log.info("experiment %s: stopped carrying it: %s", exp_id, exc)
-        except Exception:  # keep the bot alive; the state machine is persisted
-            log.exception("experiment %s stopped with an error", exp_id)
-        finally:
-            lease.release()
-
     def _carry(self, exp_id: int, thread: MessageRef | None, lease: Lease, resume: bool) -> None:
-        db = self.db()
+        db = open_db(self.config.database, any_thread=True)  # the scheduler's threads share it
         row = store.get_experiment(db, exp_id)
         channel = thread.channel if thread else self._default_channel()
         surface = self.surface_for(channel) if channel else None
@@ -219,14 +202,48 @@ class ExperimentRunner:
         deps = experiment_deps(self.config, row.server, db, on_progress, clock=self.clock)
         lease.start()
         deps.lease = lease
+        if resume:
+            engine.resume_policy(deps, exp_id, actor="kvpilot")
+
+        def ended(final: store.ExperimentRow | None, error: BaseException | None) -> None:
+            try:
+                self._ended(exp_id, final, error, surface, progress_ref, thread)
+            finally:
+                lease.release()
+                deps.client.close()
+
+        self.ticker.carry(exp_id, deps, ended)
+
+    def _ended(
+        self,
+        exp_id: int,
+        final: store.ExperimentRow | None,
+        error: BaseException | None,
+        surface: Surface | None,
+        progress_ref: MessageRef | None,
+        thread: MessageRef | None,
+    ) -> None:
+        """How an experiment this process carried stopped: logged, or announced in chat."""
         try:
-            if resume:
-                engine.resume_policy(deps, exp_id, actor="kvpilot")
-            final = engine.run(deps, exp_id)
-        finally:
-            deps.client.close()
-        if surface is None or progress_ref is None:
-            return
+            if isinstance(error, OwnershipLost):
+                log.info("experiment %s: stopped carrying it: %s", exp_id, error)
+            elif error is not None:
+                log.error("experiment %s stopped with an error: %s", exp_id, error)
+            elif final is not None and surface is not None and progress_ref is not None:
+                self._announce(final, surface, progress_ref, thread)
+        except Exception:
+            log.exception("experiment %s: reporting its end failed", exp_id)
+
+    def _announce(
+        self,
+        final: store.ExperimentRow,
+        surface: Surface,
+        progress_ref: MessageRef,
+        thread: MessageRef | None,
+    ) -> None:
+        """The last progress edit, and the verdict with its chart (once)."""
+        db = self.db()
+        exp_id = final.id
         surface.update(progress_ref, self.progress_message(final, "finished"))
         if (
             final.state in TERMINAL

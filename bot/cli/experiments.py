@@ -19,6 +19,7 @@ from sqlite_utils import Database
 from bot.app.config import Config, ConfigError, load
 from bot.app.identity import terminal_actor
 from bot.app.interrupts import StopOnSignal
+from bot.app.ticker import Ticker
 from bot.app.wiring import database, diagnose_settings, experiment_deps, make_clock
 from bot.app.wiring import engine as engine_of
 from bot.app.wiring import launcher as wiring_launcher
@@ -51,7 +52,8 @@ def _printer(err: TextIO) -> Callable[[str], None]:
 def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
     try:
         config = load(ns.config)
-        db = database(config)
+        # the scheduler's threads take the steps of a foreground experiment on this connection
+        db = database(config, any_thread=True)
     except (ConfigError, StorageError) as exc:
         err.write(f"error: {exc}\n")
         return EXIT_USAGE
@@ -127,25 +129,38 @@ def _say_carried_elsewhere(lease: Lease, err: TextIO) -> None:
 def carry(deps: engine.Deps, lease: Lease, err: TextIO, *, resume: bool = False) -> bool:
     """Run the experiment to its end in the foreground, holding `lease` (already acquired).
 
-    Ctrl-C or SIGTERM aborts and reverts it. False when this process lost the experiment to
-    another (it then touched nothing more).
+    Its steps are taken by the process's scheduler (`bot.app.ticker`); this thread waits and
+    takes Ctrl-C or SIGTERM, which aborts and reverts it. False when this process lost the
+    experiment to another (it then touched nothing more).
     """
     lease.start()
     deps.lease = lease
     exp_id = lease.experiment_id
+    lost: list[BaseException] = []
+
+    def ended(_row: store.ExperimentRow | None, error: BaseException | None) -> None:
+        if error is not None:
+            lost.append(error)
+
+    ticker = Ticker(deps.clock)
     with StopOnSignal(terminal_actor(), err) as stop:
         stop.experiment_id = exp_id
         deps.interrupt = stop.take
         try:
             if resume:
                 engine.resume_policy(deps, exp_id, actor="kvpilot")
-            engine.run(deps, exp_id)
-        except OwnershipLost as exc:
-            err.write(f"experiment {exp_id}: this process stopped carrying it: {exc}\n")
-            return False
+            ticker.carry(exp_id, deps, ended)
+            while not ticker.wait(exp_id, timeout=0.2):
+                pass
         finally:
+            ticker.shutdown()
             lease.release()
             deps.client.close()
+    if lost and isinstance(lost[0], OwnershipLost):
+        err.write(f"experiment {exp_id}: this process stopped carrying it: {lost[0]}\n")
+        return False
+    if lost:
+        raise lost[0]
     return True
 
 
@@ -236,6 +251,7 @@ def cmd_experiment(
         approved_by=who,
         reason="approved with --yes" if ns.yes else "confirmed in the terminal",
         owner=lease,
+        plan=engine.ApprovedPlan(tuple(baseline), tuple(trial), vars(server.gate)),
     )
     if option.verdict == "unsafe":
         audit.record(

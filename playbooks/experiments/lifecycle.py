@@ -1,14 +1,15 @@
 """Starting and stopping an experiment, and the one way a step records a transition.
 
-`create` records the plan (and its approval), `abort` stops it from any process, `resume_policy`
-decides what a restarted bot does with an experiment it finds half-way. Every transition goes
-through `move`, which holds the carrying process to its lease, so a process that lost the
-experiment never records a step for it. Which state an abort or a resume leads to is decided by
-pure functions (`abort_target`, `resume_target`), tested table-style.
+`create` records the approved plan, `abort` stops it from any process, `resume_policy` records
+that a restarted bot picked it up. Every transition goes through `move`, which holds the
+carrying process to its lease, so a process that lost the experiment never records a step for
+it. Which state an abort leads to is decided by a pure function (`abort_target`), tested
+table-style.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from playbooks.experiments.deps import Deps, Interrupted
@@ -18,7 +19,6 @@ from storage import experiments as store
 from storage.errors import LeaseNotHeld, StaleState
 from storage.experiments import TERMINAL, State
 
-INTERRUPTED_ON_RESUME = frozenset({State.restarting, State.warming_up, State.trial})
 NOTHING_CHANGED_YET = frozenset({State.proposed, State.approved, State.baseline})
 
 
@@ -28,22 +28,6 @@ def abort_target(state: State) -> State | None:
     if state in TERMINAL or state == State.reverting:
         return None
     return State.cancelled if state in NOTHING_CHANGED_YET else State.reverting
-
-
-def resume_target(state: State) -> tuple[State, str] | None:
-    """Where a restarted bot takes an experiment it finds in `state`, and why; `None` when it
-    simply carries on (approved, deciding, reverting)."""
-    if state in INTERRUPTED_ON_RESUME:
-        return State.reverting, (
-            f"kvpilot restarted while the experiment was in {state}: the measurement was "
-            "interrupted, so the change is reverted to the last-known-good configuration"
-        )
-    if state == State.baseline:
-        return State.cancelled, (
-            "kvpilot restarted during the baseline measurement; nothing had been changed, so "
-            "the experiment is cancelled (run it again)"
-        )
-    return None
 
 
 def move(
@@ -56,6 +40,7 @@ def move(
     actor: str = "kvpilot",
     details: dict[str, Any] | None = None,
     leased: bool = True,
+    progress: dict[str, Any] | None = None,
 ) -> store.ExperimentRow:
     """Record `came_from -> to`; raises `StaleState` if the experiment moved meanwhile.
 
@@ -75,9 +60,33 @@ def move(
             expected_state=came_from,
             lease_owner=None if lease is None else lease.owner,
             lease_now=None if lease is None else lease.now(),
+            progress=progress,
         )
     except LeaseNotHeld as exc:
         raise OwnershipLost(str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class ApprovedPlan:
+    """What a person approved: the exact arguments before and after, and the gate's settings.
+
+    The experiment runs these, not a plan recomputed when it starts; `plan_hash` is the hash
+    the approval was recorded against (storage.proposals), kept with the experiment.
+    """
+
+    from_args: tuple[str, ...]
+    to_args: tuple[str, ...]
+    gate: dict[str, Any]
+    plan_hash: str | None = None
+
+    @classmethod
+    def of_proposal(cls, plan: dict[str, Any], plan_hash: str) -> ApprovedPlan:
+        return cls(
+            from_args=tuple(str(a) for a in plan["from_args"]),
+            to_args=tuple(str(a) for a in plan["to_args"]),
+            gate=dict(plan["gate"]),
+            plan_hash=plan_hash,
+        )
 
 
 def create(
@@ -89,13 +98,22 @@ def create(
     reason: str,
     proposal_id: int | None = None,
     owner: Lease | None = None,
+    plan: ApprovedPlan | None = None,
 ) -> int:
     """Record the plan (proposed) and, when someone approved it, the approval.
 
-    With `owner`, the new experiment is leased to that process from its first moment.
+    With `plan`, the experiment runs exactly the approved arguments and gate settings (its
+    first step refuses it as expired when the server no longer runs `plan.from_args`);
+    without, the plan is made now from the server's current arguments and `deps.plan`, for a
+    person approving it at this moment. With `owner`, the new experiment is leased to that
+    process from its first moment.
     """
-    baseline = deps.launcher.current_args()
-    trial = deps.client.engine.with_change(baseline, change)
+    current = deps.launcher.current_args()
+    if plan is None:
+        plan = ApprovedPlan(
+            tuple(current), tuple(deps.client.engine.with_change(current, change)), vars(deps.plan)
+        )
+    baseline, trial = list(plan.from_args), list(plan.to_args)
     servers.register_server(
         deps.db, deps.server, deps.client.base_url, deps.launcher.kind, actor=actor, now=deps.now()
     )
@@ -106,19 +124,22 @@ def create(
         config_id = servers.record_applied_config(
             deps.db,
             deps.server,
-            {"args": baseline},
+            {"args": current},
             actor=actor,
             now=deps.now(),
             note="configuration found running",
         )
         servers.mark_last_known_good(deps.db, config_id, now=deps.now())
+    settings = dict(plan.gate)
+    if plan.plan_hash is not None:
+        settings["plan_hash"] = plan.plan_hash
     exp_id = store.create_experiment(
         deps.db,
         server=deps.server,
         change=change,
         baseline_config={"args": baseline},
         trial_config={"args": trial},
-        settings=vars(deps.plan),
+        settings=settings,
         actor=actor,
         now=deps.now(),
         proposal_id=proposal_id,
@@ -166,16 +187,16 @@ def abort(deps: Deps, exp_id: int, *, actor: str, reason: str) -> store.Experime
 
 
 def resume_policy(deps: Deps, exp_id: int, *, actor: str) -> None:
-    """After a bot restart: continue where it is safe, revert where a measurement was cut."""
-    row = store.get_experiment(deps.db, exp_id)
+    """After a bot restart: record that this process picked the experiment up.
+
+    Nothing is reverted here: the experiment continues from its stored progress, and its next
+    step sees for itself whether the measurement was cut (the server restarted or went down,
+    or the gap since the last sample is longer than the gate can bridge) and only then
+    reverts (see `steps`).
+    """
     audit.record(
         deps.db, audit.BotResumed(actor=actor, created=deps.now(), active_experiment_ids=[exp_id])
     )
-    target = resume_target(row.state)
-    if target is None:
-        return
-    to, reason = target
-    move(deps, exp_id, row.state, to, reason, actor=actor, details={"cause": "interrupted"})
 
 
 def checkpoint(deps: Deps, exp_id: int, state: State) -> None:

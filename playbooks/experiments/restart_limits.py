@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 
 from sqlite_utils import Database
 
-from playbooks.clock import Clock
 from storage import audit
 from storage import restart_slots as slots
 from storage.restart_slots import Purpose, SlotHolder
@@ -59,48 +58,44 @@ class RestartLimiter:
             now=self.now(),
         )
 
-    def wait(
+    def request(
         self,
         experiment_id: int,
         server: str,
         purpose: Purpose,
         *,
-        clock: Clock,
-        poll_s: float,
+        waiting_since: float | None,
+        now_ts: float,
         say: Callable[[str], None],
-        still_wanted: Callable[[], bool],
     ) -> bool:
-        """Block until the experiment holds a slot (True) or no longer wants one (False)."""
-        waited_since: float | None = None
-        while True:
-            if not still_wanted():
-                return False
-            answer = self.try_acquire(experiment_id, server, purpose)
-            if answer.acquired:
-                if waited_since is not None:
-                    say(
-                        f"restart slot in group {self.group} taken after waiting "
-                        f"{clock.now() - waited_since:.0f} s"
-                    )
-                return True
-            if waited_since is None:
-                waited_since = clock.now()
-                message = (
-                    f"waiting for a restart slot in group {self.group} (at most {self.limit} "
-                    f"restarting at once): held by {describe_holders(answer.holders)}"
+        """Take a slot if one is free (True), without waiting: the experiment asks again at its
+        next step. The first refusal (`waiting_since` None) is said and audited, with who holds
+        the slots; a slot taken after waiting says how long it took."""
+        answer = self.try_acquire(experiment_id, server, purpose)
+        if answer.acquired:
+            if waiting_since is not None:
+                say(
+                    f"restart slot in group {self.group} taken after waiting "
+                    f"{now_ts - waiting_since:.0f} s"
                 )
-                say(message)
-                audit.record(
-                    self.db,
-                    audit.Note(
-                        actor="kvpilot",
-                        created=self.now(),
-                        server=server,
-                        experiment_id=experiment_id,
-                        text=message,
-                    ),
-                )
-            clock.sleep(poll_s)
+            return True
+        if waiting_since is None:
+            message = (
+                f"waiting for a restart slot in group {self.group} (at most {self.limit} "
+                f"restarting at once): held by {describe_holders(answer.holders)}"
+            )
+            say(message)
+            audit.record(
+                self.db,
+                audit.Note(
+                    actor="kvpilot",
+                    created=self.now(),
+                    server=server,
+                    experiment_id=experiment_id,
+                    text=message,
+                ),
+            )
+        return False
 
     def release(self, experiment_id: int) -> bool:
         return slots.release(self.db, experiment_id)

@@ -1,7 +1,8 @@
-"""Samples for the gate: scraped while a phase lasts, stored with the experiment, read back.
+"""Samples for the gate: each scrape stored with the experiment as it is taken, read back.
 
-`collect` is the only loop that waits during a measurement, so it is also where a stop, a lost
-lease or a dead server is noticed within one scrape.
+Samples carry calendar time (epoch seconds on the process's clock), the time line every
+process shares, so a measurement resumed by another process after a crash joins the earlier
+samples at their real distance.
 """
 
 from __future__ import annotations
@@ -11,57 +12,34 @@ from typing import Any
 
 from playbooks import gate as gate_mod
 from playbooks.engines import restore_snapshot
-from playbooks.engines.base import EngineError, Snapshot
-from playbooks.experiments.deps import Deps, Interrupted, ServerDown
-from playbooks.experiments.lifecycle import checkpoint
-from playbooks.experiments.ownership import OwnershipLost
-from storage import experiments as store
+from playbooks.engines.base import Snapshot
+from playbooks.experiments.deps import Deps
 from storage import samples as sample_store
 
 
-def collect(deps: Deps, exp_id: int, phase: sample_store.Phase, seconds: float) -> None:
-    """Scrape every `scrape_s` for `seconds`, storing samples; raise ServerDown if it dies."""
-    end = deps.clock.now() + seconds
-    rows: list[sample_store.Sample] = []
-    expected = store.get_experiment(deps.db, exp_id).state
-    while deps.clock.now() < end:
-        try:
-            checkpoint(deps, exp_id, expected)
-        except (Interrupted, OwnershipLost):
-            sample_store.add_samples(deps.db, rows)
-            raise
-        if store.get_experiment(deps.db, exp_id).state != expected:
-            sample_store.add_samples(deps.db, rows)
-            raise Interrupted(f"experiment {exp_id} left {expected}")
-        state = deps.launcher.state()
-        if not state.running:
-            sample_store.add_samples(deps.db, rows)
-            raise ServerDown(state.reason)
-        try:
-            snapshot = deps.client.snapshot()
-        except EngineError as exc:
-            if not deps.launcher.state().running:
-                sample_store.add_samples(deps.db, rows)
-                raise ServerDown(deps.launcher.state().reason) from exc
-            deps.clock.sleep(deps.plan.scrape_s)
-            continue
-        rows.append(
+def store_sample(
+    deps: Deps, exp_id: int, phase: sample_store.Phase, snapshot: Snapshot, ts: float
+) -> None:
+    sample_store.add_samples(
+        deps.db,
+        [
             sample_store.Sample(
                 server=deps.server,
                 phase=phase,
-                t=deps.clock.now(),
+                t=ts,
                 wall_time=deps.now(),
                 metrics=snapshot.to_json(),
                 experiment_id=exp_id,
             )
-        )
-        deps.clock.sleep(deps.plan.scrape_s)
-    sample_store.add_samples(deps.db, rows)
+        ],
+    )
 
 
-def gate_samples(deps: Deps, exp_id: int, phase: sample_store.Phase) -> list[Snapshot]:
+def gate_samples(
+    deps: Deps, exp_id: int, phase: sample_store.Phase, settings: gate_mod.GateSettings
+) -> list[Snapshot]:
     stored = sample_store.samples_for(deps.db, exp_id, phase)
-    per_batch = max(1, int(deps.plan.batch_s / deps.plan.scrape_s))
+    per_batch = max(1, int(settings.batch_s / settings.scrape_s))
     return gate_mod.with_ttft_p95(
         [restore_snapshot(s.metrics, float(s.t)) for s in stored], per_batch
     )

@@ -47,6 +47,9 @@ class GateSettings:
     drift_load_limit: float = 0.20  # relative change of mean running + queued
     drift_mix_limit: float = 0.20  # relative change of prompt or output tokens per request
     min_queue_fraction: float = 0.5  # share of scrapes with a non-empty queue
+    # resuming: the longest time without samples a resumed measurement may bridge (0: four
+    # batches); a longer gap means the measurement was cut and the change is reverted
+    max_gap_s: float = 0.0
 
     def __post_init__(self) -> None:
         for ok, message in self._checks():
@@ -84,7 +87,13 @@ class GateSettings:
             (self.drift_load_limit > 0, "drift_load_limit must be positive"),
             (self.drift_mix_limit > 0, "drift_mix_limit must be positive"),
             (0 <= self.min_queue_fraction <= 1, "min_queue_fraction must be in [0, 1]"),
+            (self.max_gap_s >= 0, "max_gap_s must be >= 0 (0: four batches)"),
         ]
+
+    @property
+    def gap_limit_s(self) -> float:
+        """The longest gap in a measurement that a resumed experiment bridges."""
+        return self.max_gap_s or 4.0 * self.batch_s
 
     @property
     def keep_z(self) -> float:

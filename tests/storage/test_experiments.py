@@ -103,8 +103,7 @@ def test_terminal_states_have_no_way_out(db: Database, terminal: State) -> None:
                      State.trial, State.deciding, State.kept],
         State.reverted: [State.approved, State.baseline, State.reverting, State.reverted],
         State.failed: [State.approved, State.baseline, State.reverting, State.failed],
-        State.rejected: [State.rejected],
-        State.expired: [State.expired],
+        State.expired: [State.approved, State.expired],
         State.cancelled: [State.approved, State.cancelled],
     }[terminal]  # fmt: skip
     for step in path:
@@ -123,8 +122,6 @@ def test_a_happy_path_is_recorded_row_transitions_and_audit(db: Database) -> Non
         State.warming_up,
         State.trial,
         State.deciding,
-        State.trial,
-        State.deciding,
         State.kept,
     ]
     for minute, step in enumerate(steps, start=1):
@@ -139,12 +136,12 @@ def test_a_happy_path_is_recorded_row_transitions_and_audit(db: Database) -> Non
     assert history[0].to_state == State.proposed
     assert [t.to_state for t in history[1:]] == steps
     assert [t.from_state for t in history[1:]] == [State.proposed, *steps[:-1]]
-    assert history[-1].details == {"minute": 9}
+    assert history[-1].details == {"minute": 7}
     audit = events(db, experiment_id=experiment_id)
-    assert [e["name"] for e in audit] == ["experiment_created"] + ["experiment_transitioned"] * 9
+    assert [e["name"] for e in audit] == ["experiment_created"] + ["experiment_transitioned"] * 7
     assert audit[-1]["properties"]["from_state"] == "deciding"
     assert audit[-1]["properties"]["to_state"] == "kept"
-    assert audit[-1]["properties"]["details"] == {"minute": 9}
+    assert audit[-1]["properties"]["details"] == {"minute": 7}
     final = get_experiment(db, experiment_id)
     assert final.terminal
     assert final.change == CHANGE
@@ -196,7 +193,7 @@ def test_transition_with_a_lease_owner_requires_the_lease(db: Database) -> None:
 def test_reaching_a_terminal_state_releases_the_lease(db: Database) -> None:
     experiment_id = new(db)
     assert acquire_lease(db, experiment_id, "bot-a", T0, ttl_s=30)
-    row = transition(db, experiment_id, State.rejected, actor="U1", reason="no", now=T0)
+    row = transition(db, experiment_id, State.cancelled, actor="U1", reason="no", now=T0)
     assert row.lease_owner is None
     assert row.lease_expires_at is None
 
@@ -218,7 +215,7 @@ def test_one_active_experiment_per_server(db: Database) -> None:
         new(db, server="gpu-1")
     assert info.value.experiment_id == first
     other = new(db, server="gpu-2")  # another server is independent
-    transition(db, first, State.rejected, actor="U1", reason="no", now=T0)
+    transition(db, first, State.cancelled, actor="U1", reason="no", now=T0)
     again = new(db, server="gpu-1")  # a finished experiment frees the server
     assert {e.id for e in active_experiments(db)} == {other, again}
     assert [e.id for e in list_experiments(db, server="gpu-1")] == [again, first]

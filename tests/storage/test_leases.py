@@ -61,7 +61,7 @@ def test_release_frees_the_lease_for_others(db: Database) -> None:
 
 def test_finished_experiments_cannot_be_leased(db: Database) -> None:
     experiment_id = new(db)
-    transition(db, experiment_id, State.rejected, actor="U1", reason="no", now=T0)
+    transition(db, experiment_id, State.cancelled, actor="U1", reason="no", now=T0)
     assert not acquire_lease(db, experiment_id, "bot-a", T0, ttl_s=30)
 
 

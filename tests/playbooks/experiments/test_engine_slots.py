@@ -15,7 +15,7 @@ from playbooks.experiments import machine as engine
 from playbooks.experiments.machine import Deps
 from playbooks.experiments.restart_limits import RestartLimiter
 from playbooks.gate import GateSettings
-from playbooks.launchers.base import LaunchError, ServerState
+from playbooks.launchers.base import LaunchError, ServerIdentity, ServerState
 from storage import audit, memory_db
 from storage import experiments as store
 from storage.experiments import State
@@ -34,15 +34,32 @@ class FakeLauncher:
     args: list[str] = field(default_factory=lambda: list(BASELINE))
     applied: list[tuple[list[str], list[int]]] = field(default_factory=list)
 
+    starts: int = 0
+    ready_timeout_s: float = 1800.0
+
     def current_args(self) -> list[str]:
         return list(self.args)
 
-    def apply(self, args: list[str]) -> None:
+    def issue(self, args: list[str]) -> None:
         self.applied.append((args, [h.experiment_id for h in self.limiter.holders()]))
-        if args == self.fail_on:
+        self.starts += 1
+        self.args = list(args)
+
+    def apply(self, args: list[str]) -> None:
+        self.issue(args)
+        self.poll_ready()
+
+    def poll_ready(self) -> bool:
+        if self.args == self.fail_on:
             self.args = []
             raise LaunchError("torch.OutOfMemoryError", "log tail")
-        self.args = list(args)
+        return bool(self.args)
+
+    def identity(self) -> ServerIdentity | None:
+        return ServerIdentity(f"start-{self.starts}", None, "") if self.args else None
+
+    def give_up(self) -> None:
+        self.args = []
 
     def state(self) -> ServerState:
         up = bool(self.args)
@@ -81,8 +98,11 @@ def restarting_experiment(deps: Deps) -> int:
 
 
 def step(deps: Deps, exp: int) -> State:
-    engine.step(deps, store.get_experiment(deps.db, exp))
-    return store.get_experiment(deps.db, exp).state
+    """Advance until the experiment leaves the state it is in."""
+    state = store.get_experiment(deps.db, exp).state
+    while (row := engine.advance(deps, exp).row).state == state:
+        pass
+    return row.state
 
 
 def test_a_successful_restart_holds_the_slot_until_ready() -> None:

@@ -32,13 +32,7 @@ SCALE = 200
 # as "cannot judge", not as "not improved"); at 100x they come every 10-15 s. A revert after a
 # failure needs no such evidence, so the others stay fast.
 MEASURING_SCALE = 100
-KEEPS = (
-    "test_raising_the_fraction_is_kept",
-    "test_harmful_host_cache_is_reverted",
-    "[approved]",
-    "[deciding]",
-    "[reverting]",
-)
+KEEPS = ("test_raising_the_fraction_is_kept", "test_harmful_host_cache_is_reverted", "anywhere")
 
 
 def scale_for(test_name: str) -> int:
@@ -165,73 +159,121 @@ def test_bad_input_is_refused(ws: Workspace) -> None:
 
 
 # --------------------------------------------------------------------------- crash tests
+# Where the bot is killed: paused before the first step of a state (`<state>`), or killed by
+# itself right after a step it persisted (`<state>:<step>`); then `kvpilot resume`. A killed bot
+# costs nothing when the server was untouched: the experiment continues where it was and ends
+# with the verdict an uninterrupted run gives. (change, terminal state, fraction after, exit)
+KEPT = ("mem_fraction_static=0.88", "kept", 0.88, 0)
 EXPECTED = {
-    # paused before handling: (change, terminal state after `kvpilot resume`, fraction after,
-    # resume's exit code)
-    "approved": ("mem_fraction_static=0.88", "kept", 0.88, 0),
-    "baseline": ("mem_fraction_static=0.88", "cancelled", 0.85, 6),
-    "restarting": ("mem_fraction_static=0.88", "reverted", 0.85, 6),
-    "warming_up": ("mem_fraction_static=0.88", "reverted", 0.85, 6),
-    "trial": ("mem_fraction_static=0.88", "reverted", 0.85, 6),
-    "deciding": ("mem_fraction_static=0.88", "kept", 0.88, 0),
+    "approved": KEPT,
+    "baseline": KEPT,
+    "baseline:scrape": KEPT,
+    "restarting": KEPT,
+    "restarting:issue": KEPT,
+    "warming_up": KEPT,
+    "trial": KEPT,
+    "trial:scrape": KEPT,
+    "trial:look": KEPT,
+    "deciding": KEPT,
     # the gate has judged before the crash: resume exits with that verdict's code (3 for "not
     # improved"; on a starved machine the twin's noise can make it "no verdict", 5)
     "reverting": ("enable_hierarchical_cache=true", "reverted", 0.85, None),
+    "reverting:issue": ("enable_hierarchical_cache=true", "reverted", 0.85, None),
 }
 
 
-@pytest.mark.parametrize("state", sorted(EXPECTED))
-def test_bot_killed_in_each_state_recovers(ws: Workspace, tmp_path: Path, state: str) -> None:
-    change, final, fraction, resume_code = EXPECTED[state]
+def fault_env(point: str, marker: Path) -> dict[str, str]:
+    if ":" in point:
+        return {"KVPILOT_FAULT_KILL_AFTER": point}
+    return {"KVPILOT_FAULT_PAUSE_BEFORE": point, "KVPILOT_FAULT_MARKER": str(marker)}
+
+
+def kill_at(ws: Workspace, tmp_path: Path, point: str, change: str) -> store.ExperimentRow:
+    """Run the experiment in a bot process and kill it at `point`; the row it left."""
     marker = tmp_path / "paused"
-    env = {**os.environ, "KVPILOT_FAULT_PAUSE_BEFORE": state, "KVPILOT_FAULT_MARKER": str(marker)}
     bot = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "bot.cli",
-            "experiment",
-            "--server",
-            "incident",
-            "--set",
-            change,
-            "--yes",
-            "--config",
-            str(ws.config),
+            *(sys.executable, "-m", "bot.cli", "experiment", "--server", "incident"),
+            *("--set", change, "--yes", "--config", str(ws.config)),
         ],
         cwd=REPO,
-        env=env,
+        env={**os.environ, **fault_env(point, marker)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 90
-    while not marker.exists():
-        assert bot.poll() is None, bot.stderr.read().decode() if bot.stderr else ""
-        assert time.monotonic() < deadline, "the bot never reached the state"
+    deadline = time.monotonic() + 120
+    while not marker.exists() and bot.poll() is None:
+        if time.monotonic() > deadline:
+            bot.kill()
+            _, log = bot.communicate()
+            raise AssertionError(f"the bot never reached {point}: {log.decode()[-3000:]}")
         time.sleep(0.05)
-    bot.send_signal(signal.SIGKILL)
+    if bot.poll() is None:
+        bot.send_signal(signal.SIGKILL)
     bot.wait(timeout=10)
+    assert bot.returncode == -signal.SIGKILL, bot.stderr.read().decode() if bot.stderr else ""
+    (row,) = store.list_experiments(open_db(ws.config.parent / "var" / "kvpilot.db"))
+    return row
+
+
+@pytest.mark.parametrize("point", sorted(EXPECTED))
+def test_bot_killed_anywhere_resumes_to_the_right_verdict(
+    ws: Workspace, tmp_path: Path, point: str
+) -> None:
+    change, final, fraction, resume_code = EXPECTED[point]
+    row = kill_at(ws, tmp_path, point, change)
+    state = point.split(":", maxsplit=1)[0]
+    assert str(row.state) in (state, *_next(state)), (point, row.state)
     db = open_db(ws.config.parent / "var" / "kvpilot.db")
-    (row,) = store.list_experiments(db)
-    assert str(row.state) == state  # the crash left it there
     if resume_code is None:  # the code of the verdict recorded with the move into reverting
-        cause = store.transitions(db, row.id)[-1].details["cause"]
+        cause = next(
+            t.details["cause"] for t in store.transitions(db, row.id) if t.to_state == "reverting"
+        )
         # a revert the gate decided; on a starved machine it may not have been able to judge
         assert cause in ("not_improved", "inconclusive", "drifted", "unjudgeable"), cause
         resume_code = exit_codes.BY_OUTCOME[CAUSES[cause]]
     code, _out, err = ws.cli("resume")
     assert code == resume_code, err
     row = store.get_experiment(db, row.id)
-    assert str(row.state) == final, (state, row.state, err)
+    assert str(row.state) == final, (point, row.state, err)
     assert ws.info()["mem_fraction_static"] == fraction
-    names = [e["name"] for e in audit.events(db, experiment_id=row.id)]
     moves = [(str(t.from_state), str(t.to_state)) for t in store.transitions(db, row.id)]
     assert moves[-1][1] == final
-    if state not in ("approved", "deciding", "baseline", "reverting"):
-        assert ("reverting", "reverted") in moves
+    if final == "kept":  # nothing was reverted, the change was measured once
+        assert not any(to == "reverting" for _, to in moves), moves
+        assert [m for m in moves if m[1] == "restarting"] == [("baseline", "restarting")]
+    names = [e["name"] for e in audit.events(db, experiment_id=row.id)]
+    assert names[0] == "experiment_created"
+    assert names.count("restart_started") == 1 or state == "reverting"
     resumed = audit.events(db, name="bot_resumed")
     assert resumed and row.id in resumed[-1]["properties"]["active_experiment_ids"]
-    assert names[0] == "experiment_created"
+
+
+def _next(state: str) -> tuple[str, ...]:
+    """Where a step taken in `state` may have led before the kill."""
+    order = ["approved", "baseline", "restarting", "warming_up", "trial", "deciding"]
+    if state in order[:-1]:
+        return (order[order.index(state) + 1], "reverting")
+    return ("reverting", "kept", "reverted")
+
+
+def test_a_measurement_cut_by_a_server_restart_is_reverted(ws: Workspace, tmp_path: Path) -> None:
+    """The bot dies in the trial, and meanwhile the server restarts (not by kvpilot): the
+    trial was cut, so the resumed experiment reverts instead of judging half a measurement."""
+    row = kill_at(ws, tmp_path, "trial:scrape", "mem_fraction_static=0.88")
+    assert row.state == "trial"
+    code, _, err = ws.cli("server", "stop", "--server", "incident")
+    assert code == 0, err
+    code, _, err = ws.cli("server", "start", "--server", "incident")
+    assert code == 0, err
+    code, _out, err = ws.cli("resume")
+    db = open_db(ws.config.parent / "var" / "kvpilot.db")
+    row = store.get_experiment(db, row.id)
+    assert row.state == "reverted", err
+    cut = next(t for t in store.transitions(db, row.id) if t.to_state == "reverting")
+    assert cut.details["cause"] == "interrupted" and "not by kvpilot" in cut.reason, cut
+    assert code == exit_codes.BY_OUTCOME[CAUSES["interrupted"]], err
+    assert ws.info()["mem_fraction_static"] == 0.85
 
 
 # --------------------------------------------------------------------------- interrupts

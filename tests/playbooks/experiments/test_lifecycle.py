@@ -1,5 +1,5 @@
-"""Where an abort or a restart takes an experiment (pure, table-style), and which unfinished
-experiments a restarted process picks up."""
+"""Where an abort takes an experiment (pure, table-style), and which unfinished experiments a
+restarted process picks up (what a resumed step does is in test_steps.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlite_utils import Database
 
-from playbooks.experiments.lifecycle import abort_target, resume_target
+from playbooks.experiments.lifecycle import abort_target
 from playbooks.experiments.ownership import Lease, Owner, start_mark
 from playbooks.experiments.resume import resume_unfinished
 from storage import acquire_lease, create_experiment, open_db, transition
@@ -48,30 +48,6 @@ def test_an_abort_cancels_before_the_change_and_reverts_after(
 ) -> None:
     assert abort_target(state) == to
     assert to is None or to in TRANSITIONS[state]
-
-
-@pytest.mark.parametrize(
-    ("state", "to", "why"),
-    [
-        (State.approved, None, ""),
-        (State.baseline, State.cancelled, "nothing had been changed"),
-        (State.restarting, State.reverting, "was in restarting"),
-        (State.warming_up, State.reverting, "was in warming_up"),
-        (State.trial, State.reverting, "the measurement was interrupted"),
-        (State.deciding, None, ""),
-        (State.reverting, None, ""),
-    ],
-)
-def test_a_restart_reverts_a_cut_measurement_and_carries_on_elsewhere(
-    state: State, to: State | None, why: str
-) -> None:
-    target = resume_target(state)
-    if to is None:
-        assert target is None
-        return
-    assert target is not None
-    assert target[0] == to and to in TRANSITIONS[state]
-    assert why in target[1]
 
 
 def _experiment(db: Database, server: str, state: State) -> int:

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from sqlite_utils import Database
 
-from playbooks.clock import ManualClock
 from playbooks.experiments.restart_limits import RestartLimiter
 from storage import audit, memory_db, open_db
 from storage import experiments as store
@@ -135,40 +134,15 @@ def test_a_waiting_experiment_says_so_and_takes_the_slot_when_it_is_free() -> No
     limiter = RestartLimiter(db, "kimi", 1, now=lambda: T0)
     assert limiter.try_acquire(a, "a", "restart").acquired
     said: list[str] = []
-    polls: list[int] = []
-
-    def still_wanted() -> bool:
-        polls.append(1)
-        if len(polls) == 4:
-            limiter.release(a)  # the other server is ready again
-        return True
-
-    clock = ManualClock()
-    assert limiter.wait(
-        b, "b", "restart", clock=clock, poll_s=5, say=said.append, still_wanted=still_wanted
-    )
+    ask = {"say": said.append}
+    assert not limiter.request(b, "b", "restart", waiting_since=None, now_ts=100.0, **ask)
+    assert not limiter.request(b, "b", "restart", waiting_since=100.0, now_ts=105.0, **ask)
+    limiter.release(a)  # the other server is ready again
+    assert limiter.request(b, "b", "restart", waiting_since=100.0, now_ts=115.0, **ask)
     assert said[0].startswith("waiting for a restart slot in group kimi (at most 1")
     assert "held by experiment" in said[0] and " on a (restart since" in said[0]
     assert said[-1] == "restart slot in group kimi taken after waiting 15 s"
+    assert len(said) == 2  # the refusal is said once, however often the experiment asks
     notes = [e for e in audit.events(db, experiment_id=b) if e["name"] == "note"]
     assert len(notes) == 1 and "waiting for a restart slot" in str(notes[0])
     assert [h.server for h in limiter.holders()] == ["b"]
-
-
-def test_an_aborted_experiment_stops_waiting() -> None:
-    db = memory_db()
-    a = experiment_in(db, "a", State.restarting)
-    b = experiment_in(db, "b", State.restarting)
-    limiter = RestartLimiter(db, "kimi", 1, now=lambda: T0)
-    assert limiter.try_acquire(a, "a", "restart").acquired
-    wanted = iter([True, True, False])
-    assert not limiter.wait(
-        b,
-        "b",
-        "restart",
-        clock=ManualClock(),
-        poll_s=5,
-        say=lambda _m: None,
-        still_wanted=lambda: next(wanted),
-    )
-    assert [h.server for h in limiter.holders()] == ["a"]

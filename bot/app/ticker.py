@@ -1,0 +1,126 @@
+"""The one scheduler that advances every experiment a process carries, a bounded step at a time.
+
+`serve`, the console and the command line all hand their experiments to a `Ticker` instead of
+running each in a thread of its own. Each experiment has one APScheduler job at a time: it
+takes the experiment's next step (`playbooks.experiments.machine.advance`; each step is short)
+and schedules the one after it by the delay the step asked for, on the experiment's clock, so
+one experiment never runs two steps at once and idle experiments cost nothing. When the
+experiment ends, waits for a person, or this process loses it, no job follows and `on_end` is
+told.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from playbooks.clock import Clock
+from playbooks.experiments import machine
+from playbooks.experiments.ownership import OwnershipLost
+from storage import experiments as store
+from storage.errors import IllegalTransition, StaleState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Carried:
+    """One experiment this process advances: its dependencies and when its next step is due."""
+
+    exp_id: int
+    deps: machine.Deps
+    on_end: Callable[[store.ExperimentRow | None, BaseException | None], None]
+    done: threading.Event = field(default_factory=threading.Event)
+    steps: int = 0
+    longest_step_s: float = 0.0  # wall seconds of the longest step so far (for benchmarks)
+
+
+class Ticker:
+    def __init__(self, clock: Clock, *, workers: int = 4) -> None:
+        self.clock = clock
+        self._carried: dict[int, Carried] = {}
+        self._lock = threading.Lock()
+        self._aps = BackgroundScheduler(
+            timezone=UTC, daemon=True, executors={"default": ThreadPoolExecutor(workers)}
+        )
+        self._aps.start()
+
+    def carry(
+        self,
+        exp_id: int,
+        deps: machine.Deps,
+        on_end: Callable[[store.ExperimentRow | None, BaseException | None], None],
+    ) -> Carried:
+        """Advance `exp_id` from now on; `on_end(row, error)` is called once when it stops."""
+        item = Carried(exp_id, deps, on_end)
+        with self._lock:
+            self._carried[exp_id] = item
+        self._schedule(exp_id, 0.0)
+        return item
+
+    def _schedule(self, exp_id: int, wall_delay_s: float) -> None:
+        """The experiment's next step as a one-off job, `wall_delay_s` from now."""
+        self._aps.add_job(
+            self._tick,
+            "date",
+            run_date=datetime.now(UTC) + timedelta(seconds=wall_delay_s),
+            args=[exp_id],
+            id=f"experiment-{exp_id}",
+            misfire_grace_time=None,
+            replace_existing=True,
+        )
+
+    def carrying(self) -> list[int]:
+        with self._lock:
+            return [i for i, c in self._carried.items() if not c.done.is_set()]
+
+    def wait(self, exp_id: int, timeout: float | None = None) -> bool:
+        with self._lock:
+            item = self._carried.get(exp_id)
+        return True if item is None else item.done.wait(timeout)
+
+    def shutdown(self) -> None:
+        self._aps.shutdown(wait=True)
+
+    def _tick(self, exp_id: int) -> None:
+        with self._lock:
+            item = self._carried.get(exp_id)
+        if item is None or item.done.is_set():
+            return
+        started = time.monotonic()
+        try:
+            step = machine.advance(item.deps, exp_id)
+        except (machine.Interrupted, IllegalTransition, StaleState):
+            self._schedule(exp_id, 0.0)  # someone moved it meanwhile: follow at once
+            return
+        except OwnershipLost as exc:
+            self._end(item, None, exc)
+            return
+        except Exception as exc:  # keep the scheduler alive; the experiment is persisted
+            log.exception("experiment %s: a step failed", exp_id)
+            self._end(item, None, exc)
+            return
+        took = time.monotonic() - started
+        item.steps += 1
+        item.longest_step_s = max(item.longest_step_s, took)
+        if step.delay_s is None:
+            self._end(item, step.row, None)
+            return
+        # the wait counts from the step's start: a slow step does not slow the scrape rhythm
+        wait = self.clock.wall_seconds(step.delay_s) - took
+        self._schedule(exp_id, max(0.0, wait))
+
+    def _end(
+        self, item: Carried, row: store.ExperimentRow | None, error: BaseException | None
+    ) -> None:
+        try:
+            item.on_end(row, error)
+        finally:
+            item.done.set()

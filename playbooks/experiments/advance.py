@@ -1,0 +1,346 @@
+"""One bounded step of an experiment: gather the facts, take the step `next_step` chose, persist.
+
+`advance(deps, exp_id)` does at most one short unit of work (one scrape, one restart issued,
+one readiness poll, one gate look, one move) and returns how long to wait before the next;
+what it learnt is in the database before it returns (samples as they are taken, progress
+within the state), so a bot killed between two steps, or inside one, continues from there.
+The scheduler (`bot/app/ticker.py`) calls it for every experiment a process carries.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from playbooks import gate as gate_mod
+from playbooks.engines.base import EngineError
+from playbooks.experiments import steps
+from playbooks.experiments.deps import Deps, args_of
+from playbooks.experiments.lifecycle import before_restart, checkpoint, move
+from playbooks.experiments.ownership import OwnershipLost
+from playbooks.experiments.sampling import gate_result, gate_samples, store_sample
+from playbooks.launchers.base import LaunchError, ServerState
+from storage import audit, servers
+from storage import experiments as store
+from storage import samples as sample_store
+from storage.errors import LeaseNotHeld
+from storage.experiments import TERMINAL, State
+
+
+@dataclass(frozen=True)
+class Advanced:
+    """Where the experiment is after one step, and when to take the next (None: never)."""
+
+    row: store.ExperimentRow
+    delay_s: float | None
+    step: str  # what was done, for benchmarks and logs
+
+
+def settings_of(row: store.ExperimentRow) -> gate_mod.GateSettings:
+    """The gate settings stored with the experiment (the approved plan's), not today's."""
+    known = {f.name for f in fields(gate_mod.GateSettings)}
+    return gate_mod.GateSettings(**{k: v for k, v in row.settings.items() if k in known})
+
+
+def view_of(row: store.ExperimentRow) -> steps.View:
+    return steps.View(
+        state=row.state,
+        settings=settings_of(row),
+        baseline_args=tuple(args_of(row.baseline_config)),
+        trial_args=tuple(args_of(row.trial_config)),
+        progress=dict(row.progress),
+        entered_ts=row.step_started_at.timestamp(),
+        result=row.result,
+    )
+
+
+def gather(deps: Deps) -> steps.Facts:
+    """What the step needs to see: the launcher's view of the server, and the time."""
+    state: ServerState = deps.launcher.state()
+    try:
+        current: tuple[str, ...] | None = tuple(deps.launcher.current_args())
+    except LaunchError:
+        current = None
+    identity = deps.launcher.identity() if state.running else None
+    return steps.Facts(
+        now_ts=deps.now().timestamp(),
+        running=state.running,
+        ready=state.ready,
+        reason=state.reason,
+        current_args=current,
+        instance=None if identity is None else identity.instance,
+        ready_timeout_s=deps.launcher.ready_timeout_s,
+    )
+
+
+def advance(deps: Deps, exp_id: int) -> Advanced:
+    """Take the experiment's next step (see the module docstring)."""
+    row = store.get_experiment(deps.db, exp_id)
+    if row.state in TERMINAL or row.state == State.proposed:
+        return Advanced(row, None, "none")
+    checkpoint(deps, row.id, row.state)
+    _fault("pause", row.state)
+    view = view_of(row)
+    facts = gather(deps)
+    step = steps.next_step(view, facts)
+    if step is None:
+        return Advanced(row, None, "none")
+    _take(deps, row, view, facts, step)
+    _fault("kill", row.state, type(step).__name__.lower())
+    after = store.get_experiment(deps.db, exp_id)
+    if after.state in TERMINAL:
+        return Advanced(after, None, type(step).__name__.lower())
+    delay = 0.0 if after.state != row.state else steps.delay_after(step, view)
+    return Advanced(after, delay, type(step).__name__.lower())
+
+
+def _take(
+    deps: Deps, row: store.ExperimentRow, view: steps.View, facts: steps.Facts, step: steps.Step
+) -> None:
+    if isinstance(step, steps.Move):
+        _move(deps, row, step)
+    elif isinstance(step, steps.Scrape):
+        _scrape(deps, row, view, facts, step.phase)
+    elif isinstance(step, steps.ChooseBaseline):
+        _choose_baseline(deps, row, view, facts)
+    elif isinstance(step, steps.Issue):
+        _issue(deps, row, view, facts, step)
+    elif isinstance(step, steps.Poll):
+        _poll(deps, row, view, facts)
+    elif isinstance(step, steps.Look):
+        _look(deps, row, view)
+    else:
+        _keep(deps, row, step)
+
+
+# ---------------------------------------------------------------------------------- records
+def _record(deps: Deps, row: store.ExperimentRow, event: Any, **fields_: Any) -> None:
+    audit.record(
+        deps.db,
+        event(
+            actor="kvpilot", created=deps.now(), server=deps.server, experiment_id=row.id, **fields_
+        ),
+    )
+
+
+def _move(deps: Deps, row: store.ExperimentRow, step: steps.Move) -> None:
+    details = {k: v for k, v in step.details.items() if k != "give_up"}
+    if step.details.get("give_up"):
+        deps.launcher.give_up()
+    if step.to in (State.reverted, State.failed, State.kept, State.cancelled, State.expired):
+        _give_back_slot(deps, row)
+    deps.say(f"{row.state} -> {step.to}: {step.reason}")
+    move(deps, row.id, row.state, step.to, step.reason, details=details, progress=step.progress)
+
+
+def _progress(deps: Deps, row: store.ExperimentRow, **changes: Any) -> None:
+    lease = deps.lease
+    try:
+        store.set_progress(
+            deps.db,
+            row.id,
+            {**row.progress, **changes},
+            now=deps.now(),
+            expected_state=row.state,
+            lease_owner=None if lease is None else lease.owner,
+            lease_now=None if lease is None else lease.now(),
+        )
+    except LeaseNotHeld as exc:
+        raise OwnershipLost(str(exc)) from exc
+
+
+# ---------------------------------------------------------------------------------- measuring
+def _scrape(
+    deps: Deps,
+    row: store.ExperimentRow,
+    view: steps.View,
+    facts: steps.Facts,
+    phase: sample_store.Phase,
+) -> None:
+    try:
+        snapshot = deps.client.snapshot()
+    except EngineError as exc:
+        deps.say(f"{row.state}: the server did not answer ({exc}); trying again")
+        return
+    store_sample(deps, row.id, phase, snapshot, facts.now_ts)
+    changes: dict[str, Any] = {"last_ts": facts.now_ts}
+    if "first_ts" not in row.progress:
+        changes["first_ts"] = facts.now_ts
+    if row.progress.get("instance") is None and facts.instance is not None:
+        changes["instance"] = facts.instance
+    _progress(deps, row, **changes)
+
+
+def _choose_baseline(
+    deps: Deps, row: store.ExperimentRow, view: steps.View, facts: steps.Facts
+) -> None:
+    """Measure the baseline for `baseline_s` from now (a stored window is looked up first)."""
+    seconds = view.settings.baseline_s
+    _progress(
+        deps,
+        row,
+        until=facts.now_ts + seconds,
+        instance=facts.instance,
+        source="measured",
+    )
+    deps.say(f"measuring the current configuration for {seconds:g} s")
+
+
+def _look(deps: Deps, row: store.ExperimentRow, view: steps.View) -> None:
+    settings = view.settings
+    baseline = gate_samples(deps, row.id, "baseline", settings)
+    trial = gate_samples(deps, row.id, "trial", settings)
+    looks = int(row.progress.get("looks", 0)) + 1
+    try:
+        decision = gate_mod.decide(baseline, trial, settings)
+    except ValueError as exc:
+        _move(
+            deps,
+            row,
+            steps.Move(
+                State.reverting,
+                f"the gate cannot judge this experiment ({exc}); reverting to be safe",
+                {"cause": "unjudgeable"},
+            ),
+        )
+        return
+    deps.say(f"trial {trial[-1].t - trial[0].t:.0f} s: {decision.rule}")
+    verdict = steps.after_look(decision)
+    if verdict is None:
+        _progress(deps, row, looks=looks)
+        return
+    result = gate_result(decision)
+    result["trial_s"] = round(trial[-1].t - float(row.progress.get("first_ts", trial[0].t)), 1)
+    result["baseline_s"] = round(baseline[-1].t - baseline[0].t, 1) if baseline else 0.0
+    result["baseline_source"] = str(row.progress.get("baseline_source", "measured"))
+    store.set_result(deps.db, row.id, result, now=deps.now())
+    _record(
+        deps, row, audit.VerdictReached, verdict=decision.verdict, summary=decision.rule,
+        evidence=result,
+    )  # fmt: skip
+    _move(deps, row, verdict)
+
+
+# ---------------------------------------------------------------------------------- restarts
+def _give_back_slot(deps: Deps, row: store.ExperimentRow) -> None:
+    if deps.restarts is not None:
+        deps.restarts.release(row.id)
+
+
+def _issue(
+    deps: Deps, row: store.ExperimentRow, view: steps.View, facts: steps.Facts, step: steps.Issue
+) -> None:
+    if deps.restarts is not None:
+        waiting = row.progress.get("waiting_since")
+        if not deps.restarts.request(
+            row.id,
+            deps.server,
+            step.purpose,
+            waiting_since=None if waiting is None else float(waiting),
+            now_ts=facts.now_ts,
+            say=deps.say,
+        ):
+            if waiting is None:
+                _progress(deps, row, waiting_since=facts.now_ts)
+            return
+    before_restart(deps)
+    # Recorded before the launcher is called: a bot killed inside `issue` finds it, sees
+    # what the system runs and issues again if the change never arrived.
+    _progress(deps, row, issued=facts.now_ts, before=facts.instance, waiting_since=None)
+    if step.purpose == "restart":
+        _record(deps, row, audit.RestartStarted, args=row.trial_config)
+    try:
+        deps.launcher.issue(list(step.args))
+    except LaunchError as exc:
+        _launch_failed(deps, row, step.purpose, exc)
+
+
+def _launch_failed(deps: Deps, row: store.ExperimentRow, purpose: str, exc: LaunchError) -> None:
+    fresh = store.get_experiment(deps.db, row.id)
+    if purpose == "restart":
+        _record(
+            deps, fresh, audit.RestartFinished, ok=False, duration_s=_since_issue(deps, fresh),
+            error=exc.reason,
+        )  # fmt: skip
+        # the slot stays taken: the server is down until the revert restores it
+        deps.say(f"{fresh.state} -> reverting: {exc.reason}")
+        move(
+            deps, fresh.id, fresh.state, State.reverting,
+            f"the changed server did not start: {exc.reason}",
+            details={"cause": "failed_start", "log_tail": exc.log_tail[-2000:]},
+        )  # fmt: skip
+        return
+    _record(deps, fresh, audit.RevertExecuted, ok=False, error=exc.reason)
+    _give_back_slot(deps, fresh)
+    deps.say(f"{fresh.state} -> failed: {exc.reason}")
+    move(
+        deps, fresh.id, fresh.state, State.failed,
+        f"the revert failed: {exc.reason}; a person must restore the server",
+        details={"log_tail": exc.log_tail[-2000:]},
+    )  # fmt: skip
+
+
+def _since_issue(deps: Deps, row: store.ExperimentRow) -> float:
+    issued = row.progress.get("issued")
+    return 0.0 if issued is None else round(deps.now().timestamp() - float(issued), 1)
+
+
+def _poll(deps: Deps, row: store.ExperimentRow, view: steps.View, facts: steps.Facts) -> None:
+    purpose = "restart" if row.state == State.restarting else "revert"
+    try:
+        ready = deps.launcher.poll_ready()
+    except LaunchError as exc:
+        _launch_failed(deps, row, purpose, exc)
+        return
+    identity = deps.launcher.identity() if ready else None
+    instance = None if identity is None else identity.instance
+    outcome = steps.after_poll(view, facts, ready, None, instance=instance)
+    if outcome is None:
+        return
+    if isinstance(outcome, steps.Issue):
+        _issue(deps, row, view, facts, outcome)
+        return
+    _give_back_slot(deps, row)
+    if purpose == "restart":
+        _record(deps, row, audit.RestartFinished, ok=True, duration_s=_since_issue(deps, row))
+    else:
+        _record(deps, row, audit.RevertExecuted, ok=True)
+        servers.record_applied_config(
+            deps.db, deps.server, row.baseline_config, actor="kvpilot", now=deps.now(),
+            note=f"reverted by experiment {row.id}", experiment_id=row.id,
+        )  # fmt: skip
+    _move(deps, row, outcome)
+
+
+def _keep(deps: Deps, row: store.ExperimentRow, step: steps.Keep) -> None:
+    config_id = servers.record_applied_config(
+        deps.db, deps.server, row.trial_config, actor="kvpilot", now=deps.now(),
+        note=f"kept by experiment {row.id}", experiment_id=row.id,
+    )  # fmt: skip
+    servers.mark_last_known_good(
+        deps.db, config_id, now=deps.now(), note=f"kept by experiment {row.id}"
+    )
+    _move(deps, row, steps.Move(State.kept, step.reason))
+
+
+# ---------------------------------------------------------------------------------- crash tests
+def _fault(kind: str, state: State, step: str = "") -> None:
+    """Fault injection for crash tests; never set in production.
+
+    KVPILOT_FAULT_PAUSE_BEFORE=<state>: stop dead before the first step in `state` (until
+    killed), touching KVPILOT_FAULT_MARKER=<file> when the pause begins.
+    KVPILOT_FAULT_KILL_AFTER=<state>:<step>: SIGKILL this process right after it took `step`
+    (scrape, issue, poll, look, move, ...) in `state`, with what the step learnt persisted.
+    """
+    if kind == "pause" and os.environ.get("KVPILOT_FAULT_PAUSE_BEFORE") == str(state):
+        marker = os.environ.get("KVPILOT_FAULT_MARKER")
+        if marker:
+            Path(marker).touch()
+        while True:
+            time.sleep(3600)
+    if kind == "kill" and os.environ.get("KVPILOT_FAULT_KILL_AFTER") == f"{state}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,305 @@
+"""Which move an experiment makes next: a pure function of the experiment and what is seen now.
+
+`next_step(view, facts)` answers with one `Step`, the smallest unit of work: scrape once, issue
+a restart, poll readiness once, look with the gate once, or move to another state. The engine
+(`machine.advance`) gathers the facts, performs the step and persists what it learnt, so no
+call blocks for a whole phase and a restarted bot continues from the stored progress. What a
+poll or a gate look found is turned into a move by `after_poll` and `after_look`, also pure.
+
+Progress keys, per state (stored on the experiment row, replaced on every move):
+- `until`: calendar time (epoch s) at which a timed measuring state is over;
+- `instance`: the server instance being measured (the launcher's identity), so a restart
+  that kvpilot did not make (a crash, someone else) is seen as the measurement being cut;
+- `last_ts`: when the newest sample of the state was taken, to see a gap the gate cannot span;
+- `issued`: when kvpilot issued the restart of restarting/reverting; `before`: the instance
+  that ran before it (a poll that still sees it has not seen the new server yet);
+- `looks`: how many gate looks the trial has had (one per complete batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from playbooks import gate as gate_mod
+from storage.experiments import State
+
+
+@dataclass(frozen=True)
+class View:
+    """The experiment as a step needs it."""
+
+    state: State
+    settings: gate_mod.GateSettings
+    baseline_args: tuple[str, ...]
+    trial_args: tuple[str, ...]
+    progress: dict[str, Any]
+    entered_ts: float  # when the current state was entered (epoch s)
+    result: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What is seen now, before the step: cheap reads of the launcher and the clock."""
+
+    now_ts: float
+    running: bool
+    ready: bool
+    reason: str  # why the server is down or not ready ("" when fine)
+    current_args: tuple[str, ...] | None  # None when the launcher cannot say
+    instance: str | None  # the launcher's identity of the server running now
+    ready_timeout_s: float = 1800.0
+
+
+@dataclass(frozen=True)
+class Move:
+    to: State
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+    progress: dict[str, Any] = field(default_factory=dict)  # the new state's first progress
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """Read the server once and store the sample in `phase`."""
+
+    phase: Literal["baseline", "warmup", "trial"]
+
+
+@dataclass(frozen=True)
+class ChooseBaseline:
+    """The baseline's first step: take a stored window if one is usable, else start measuring."""
+
+
+@dataclass(frozen=True)
+class Issue:
+    """Take a restart slot (if the group has limits) and have the launcher run `args`."""
+
+    args: tuple[str, ...]
+    purpose: Literal["restart", "revert"]
+
+
+@dataclass(frozen=True)
+class Poll:
+    """One readiness look at the server the restart started."""
+
+    purpose: Literal["restart", "revert"]
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look of the gate at the stored baseline and trial."""
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Make the trial configuration the server's last-known-good one, then move to kept."""
+
+    reason: str
+
+
+Step = Move | Scrape | ChooseBaseline | Issue | Poll | Look | Keep
+
+
+def gap_limit_s(settings: gate_mod.GateSettings) -> float:
+    """A gap longer than this cuts a measurement (`GateSettings.max_gap_s`, else four batches):
+    the gate's batch means and the noise it pools from the trial need scrapes in every batch,
+    and a longer absence is long enough for the load to have changed unseen."""
+    return settings.gap_limit_s
+
+
+def _cut(view: View, facts: Facts, what: str) -> Move | None:
+    """The measurement of `what` was cut: the server is down, was replaced, or went unread."""
+    if not facts.running:
+        return Move(
+            State.reverting, f"the server went down {what}: {facts.reason}", {"cause": "died"}
+        )
+    measured = view.progress.get("instance")
+    if measured is not None and facts.instance is not None and facts.instance != measured:
+        return Move(
+            State.reverting,
+            f"the server was restarted {what} (not by kvpilot): the measurement was cut",
+            {"cause": "interrupted"},
+        )
+    last = view.progress.get("last_ts")
+    if last is not None and facts.now_ts - float(last) > gap_limit_s(view.settings):
+        return Move(
+            State.reverting,
+            f"the server went unread for {facts.now_ts - float(last):.0f} s {what} (kvpilot was "
+            f"down; at most {gap_limit_s(view.settings):.0f} s can be bridged): the measurement "
+            "was cut",
+            {"cause": "interrupted"},
+        )
+    return None
+
+
+def _approved(view: View, facts: Facts) -> Step:
+    if facts.current_args is not None and facts.current_args != view.baseline_args:
+        return Move(
+            State.expired,
+            "the server's configuration changed since the approval (it runs "
+            f"`{' '.join(facts.current_args)}`; the plan was approved for "
+            f"`{' '.join(view.baseline_args)}`): nothing was changed, propose again",
+            {"cause": "stale_plan"},
+        )
+    if not facts.ready:
+        return Move(
+            State.cancelled,
+            f"the server is not healthy before the change ({facts.reason}): nothing changed",
+            {"cause": "not_ready"},
+        )
+    return Move(State.baseline, "approved plan checked against the server; baseline next")
+
+
+def _baseline(view: View, facts: Facts) -> Step:
+    if "until" not in view.progress:
+        return ChooseBaseline()
+    cut = _cut(view, facts, "during the baseline")
+    if cut is not None:
+        if cut.details.get("cause") == "interrupted":  # nothing was changed: nothing to revert
+            return Move(State.cancelled, cut.reason + "; nothing was changed", cut.details)
+        return cut
+    if facts.now_ts >= float(view.progress["until"]):
+        return Move(State.restarting, "baseline measured; restarting with the change")
+    return Scrape("baseline")
+
+
+def _restart_or_revert(
+    view: View, facts: Facts, target: tuple[str, ...], purpose: Literal["restart", "revert"]
+) -> Step:
+    issued = view.progress.get("issued")
+    if issued is None:
+        return Issue(target, purpose)
+    if facts.current_args is not None and facts.current_args != target:
+        # The issue never reached the system (kvpilot died between recording it and making
+        # it), or someone changed the server since: make it again.
+        return Issue(target, purpose)
+    if facts.now_ts - float(issued) > facts.ready_timeout_s:
+        if purpose == "restart":
+            return Move(
+                State.reverting,
+                f"the changed server did not start: not ready after {facts.ready_timeout_s:g} s",
+                {"cause": "failed_start", "give_up": True},
+            )
+        return Move(
+            State.failed,
+            f"the revert failed: not ready after {facts.ready_timeout_s:g} s; a person must "
+            "restore the server",
+            {"give_up": True},
+        )
+    return Poll(purpose)
+
+
+def _restarting(view: View, facts: Facts) -> Step:
+    return _restart_or_revert(view, facts, view.trial_args, "restart")
+
+
+def _warming_up(view: View, facts: Facts) -> Step:
+    cut = _cut(view, facts, "while warming up")
+    if cut is not None:
+        return cut
+    if facts.now_ts >= float(view.progress.get("until", view.entered_ts)):
+        return Move(
+            State.trial,
+            "warm-up over; measuring the change",
+            progress={"instance": view.progress.get("instance")},
+        )
+    return Scrape("warmup")
+
+
+def _trial(view: View, facts: Facts) -> Step:
+    cut = _cut(view, facts, "during the trial")
+    if cut is not None:
+        return cut
+    looks = int(view.progress.get("looks", 0))
+    last = view.progress.get("last_ts")
+    started = float(view.progress.get("first_ts", view.entered_ts))
+    if last is not None and float(last) - started >= (looks + 1) * view.settings.batch_s:
+        return Look()
+    return Scrape("trial")
+
+
+def _deciding(view: View, facts: Facts) -> Step:
+    result = view.result or {}
+    if result.get("action") == "keep":
+        return Keep(str(result.get("rule", "the gate kept the change")))
+    return Move(
+        State.reverting,
+        str(result.get("rule", "the gate reverted the change")),
+        {"cause": str(result.get("verdict") or "not_improved")},
+    )
+
+
+def _reverting(view: View, facts: Facts) -> Step:
+    if (
+        view.progress.get("issued") is None
+        and facts.ready
+        and facts.current_args == view.baseline_args
+    ):
+        return Move(State.reverted, "the server already runs the last-known-good configuration")
+    return _restart_or_revert(view, facts, view.baseline_args, "revert")
+
+
+_TABLE = {
+    State.approved: _approved,
+    State.baseline: _baseline,
+    State.restarting: _restarting,
+    State.warming_up: _warming_up,
+    State.trial: _trial,
+    State.deciding: _deciding,
+    State.reverting: _reverting,
+}
+
+
+def next_step(view: View, facts: Facts) -> Step | None:
+    """The one step to take now; None in a state that waits for a person or has ended."""
+    chooser = _TABLE.get(view.state)
+    return None if chooser is None else chooser(view, facts)
+
+
+def after_poll(
+    view: View, facts: Facts, ready: bool, failure: str | None, *, instance: str | None
+) -> Move | Issue | None:
+    """What one readiness poll means: a move, the restart again, or None to poll later."""
+    restart = view.state == State.restarting
+    target = view.trial_args if restart else view.baseline_args
+    if failure is not None:
+        if restart:
+            return Move(
+                State.reverting,
+                f"the changed server did not start: {failure}",
+                {"cause": "failed_start"},
+            )
+        return Move(State.failed, f"the revert failed: {failure}; a person must restore the server")
+    if not ready:
+        return None
+    before = view.progress.get("before")
+    if before is not None and instance == before:
+        # Ready, but it is the server from before the restart: the system has the new
+        # arguments and never restarted (kvpilot died in between). Restart it now.
+        return Issue(target, "restart" if restart else "revert")
+    took = facts.now_ts - float(view.progress.get("issued", facts.now_ts))
+    if restart:
+        return Move(
+            State.warming_up,
+            f"ready after {took:.0f} s; warming up for {view.settings.warmup_s:g} s",
+            {"ready_after_s": round(took, 1)},
+            {"until": facts.now_ts + view.settings.warmup_s, "instance": instance},
+        )
+    return Move(State.reverted, "back on the last-known-good configuration")
+
+
+def after_look(decision: gate_mod.GateDecision) -> Move | None:
+    """The gate's answer as a move: None to measure on."""
+    if decision.action == "continue":
+        return None
+    return Move(State.deciding, decision.rule, {"verdict": decision.verdict})
+
+
+def delay_after(step: Step, view: View) -> float:
+    """How long (on the experiment's clock) to wait before the next step."""
+    if isinstance(step, Scrape):
+        return view.settings.scrape_s
+    if isinstance(step, Poll | Issue):
+        return min(5.0, view.settings.scrape_s)
+    return 0.0

@@ -1,0 +1,203 @@
+"""Which step an experiment takes, from its state, its progress and what is seen (pure).
+
+Each row is one situation and the step it must lead to; the last test checks that every move
+of the transition table is made by some row, so the table and the engine cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from playbooks.experiments import steps
+from playbooks.experiments.steps import Facts, Issue, Look, Move, Poll, Scrape, View
+from playbooks.gate import GateSettings
+from storage.experiments import TERMINAL, TRANSITIONS, State
+
+BASE = ("--mem-fraction-static", "0.85")
+TRIAL = ("--mem-fraction-static", "0.88")
+T = 1_000_000.0
+SETTINGS = GateSettings(batch_s=60, scrape_s=10, baseline_s=600, warmup_s=30)
+
+
+def view(state: State, **progress: Any) -> View:
+    return View(state, SETTINGS, BASE, TRIAL, progress, entered_ts=T - 100)
+
+
+def seen(**changes: Any) -> Facts:
+    facts = Facts(
+        now_ts=T, running=True, ready=True, reason="", current_args=BASE, instance="i1",
+        ready_timeout_s=600,
+    )  # fmt: skip
+    return replace(facts, **changes)
+
+
+ON_TRIAL = {"current_args": TRIAL, "instance": "i2"}
+DOWN = {"running": False, "ready": False, "reason": "exited with status 1", "instance": None}
+CASES: list[tuple[str, View, Facts, object]] = [
+    # approved: the plan is checked against what the server runs
+    ("approved, healthy", view(State.approved), seen(), State.baseline),
+    ("approved, changed since", view(State.approved), seen(current_args=TRIAL), State.expired),
+    ("approved, unhealthy", view(State.approved), seen(ready=False), State.cancelled),
+    # baseline
+    ("baseline, first step", view(State.baseline), seen(), steps.ChooseBaseline),
+    ("baseline, measuring", view(State.baseline, until=T + 5, instance="i1"), seen(), Scrape),
+    ("baseline, over", view(State.baseline, until=T, instance="i1"), seen(), State.restarting),
+    ("baseline, server died", view(State.baseline, until=T + 5), seen(**DOWN), State.reverting),
+    (
+        "baseline, restarted by someone",
+        view(State.baseline, until=T + 5, instance="i0"),
+        seen(),
+        State.cancelled,
+    ),
+    (
+        "baseline, gap too long",
+        view(State.baseline, until=T + 5, instance="i1", last_ts=T - 241),
+        seen(),
+        State.cancelled,
+    ),
+    # restarting
+    ("restarting, first step", view(State.restarting), seen(), Issue),
+    (
+        "restarting, issued, waiting",
+        view(State.restarting, issued=T - 10, before="i1"),
+        seen(current_args=TRIAL, ready=False),
+        Poll,
+    ),
+    (
+        "restarting, issue never arrived",
+        view(State.restarting, issued=T - 10, before="i1"),
+        seen(),
+        Issue,
+    ),
+    (
+        "restarting, never ready",
+        view(State.restarting, issued=T - 601, before="i1"),
+        seen(current_args=TRIAL, ready=False),
+        State.reverting,
+    ),
+    # warming up
+    ("warming up", view(State.warming_up, until=T + 5, instance="i2"), seen(**ON_TRIAL), Scrape),
+    ("warm-up over", view(State.warming_up, until=T, instance="i2"), seen(**ON_TRIAL), State.trial),
+    ("warming up, died", view(State.warming_up, until=T + 5), seen(**DOWN), State.reverting),
+    # trial
+    ("trial, first scrape", view(State.trial, instance="i2"), seen(**ON_TRIAL), Scrape),
+    (
+        "trial, a batch complete",
+        view(State.trial, instance="i2", first_ts=T - 70, last_ts=T - 10, looks=0),
+        seen(**ON_TRIAL),
+        Look,
+    ),
+    (
+        "trial, within the next batch",
+        view(State.trial, instance="i2", first_ts=T - 70, last_ts=T - 10, looks=1),
+        seen(**ON_TRIAL),
+        Scrape,
+    ),
+    (
+        "trial, resumed after a short gap",
+        view(State.trial, instance="i2", first_ts=T - 300, last_ts=T - 200, looks=4),
+        seen(**ON_TRIAL),
+        Scrape,
+    ),
+    (
+        "trial, resumed after a long gap",
+        view(State.trial, instance="i2", first_ts=T - 400, last_ts=T - 241, looks=2),
+        seen(**ON_TRIAL),
+        State.reverting,
+    ),
+    (
+        "trial, server restarted while kvpilot was down",
+        view(State.trial, instance="i2", last_ts=T - 10),
+        seen(current_args=TRIAL, instance="i3"),
+        State.reverting,
+    ),
+    ("trial, died", view(State.trial, instance="i2"), seen(**DOWN), State.reverting),
+    # deciding
+    (
+        "deciding, keep",
+        replace(view(State.deciding), result={"action": "keep", "rule": "kept"}),
+        seen(**ON_TRIAL),
+        steps.Keep,
+    ),
+    (
+        "deciding, revert",
+        replace(view(State.deciding), result={"action": "revert", "verdict": "not_improved"}),
+        seen(**ON_TRIAL),
+        State.reverting,
+    ),
+    # reverting
+    ("reverting, already back", view(State.reverting), seen(), State.reverted),
+    ("reverting, first step", view(State.reverting), seen(**ON_TRIAL), Issue),
+    (
+        "reverting, issued",
+        view(State.reverting, issued=T - 10, before="i2"),
+        seen(ready=False),
+        Poll,
+    ),
+    (
+        "reverting, never ready",
+        view(State.reverting, issued=T - 601, before="i2"),
+        seen(ready=False),
+        State.failed,
+    ),
+]
+
+
+def _outcome(step: steps.Step | None) -> object:
+    return step.to if isinstance(step, Move) else type(step)
+
+
+@pytest.mark.parametrize(("name", "v", "facts", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_next_step(name: str, v: View, facts: Facts, expected: object) -> None:
+    step = steps.next_step(v, facts)
+    assert _outcome(step) == expected, (name, step)
+    if isinstance(step, Move):
+        assert step.to in TRANSITIONS[v.state], (v.state, step.to)
+        assert step.reason
+
+
+POLLS: list[tuple[str, View, bool, str | None, str | None, object]] = [
+    ("restart ready", view(State.restarting, issued=T - 40, before="i1"), True, None, "i2",
+     State.warming_up),
+    ("restart starting", view(State.restarting, issued=T - 40, before="i1"), False, None, None,
+     None),
+    ("restart failed", view(State.restarting, issued=T - 40), False, "OOM", None, State.reverting),
+    ("ready but the old server", view(State.restarting, issued=T - 40, before="i1"), True, None,
+     "i1", Issue),
+    ("revert ready", view(State.reverting, issued=T - 40, before="i2"), True, None, "i3",
+     State.reverted),
+    ("revert failed", view(State.reverting, issued=T - 40), False, "OOM", None, State.failed),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "v", "ready", "failure", "instance", "expected"), POLLS, ids=[p[0] for p in POLLS]
+)
+def test_after_poll(
+    name: str, v: View, ready: bool, failure: str | None, instance: str | None, expected: object
+) -> None:
+    outcome = steps.after_poll(v, seen(), ready, failure, instance=instance)
+    got = None if outcome is None else _outcome(outcome)
+    assert got == expected, (name, outcome)
+    if isinstance(outcome, Move) and outcome.to == State.warming_up:
+        assert outcome.progress == {"until": T + SETTINGS.warmup_s, "instance": "i2"}
+
+
+def test_every_move_of_the_table_is_made_by_some_step() -> None:
+    """Each edge of TRANSITIONS is taken by a step, an abort, a gate look or the keep."""
+    made = {(v.state, _outcome(steps.next_step(v, f))) for _, v, f, _ in CASES}
+    made |= {(v.state, e) for _, v, _, _, _, e in POLLS if isinstance(e, State)}
+    made |= {(State.trial, State.deciding), (State.deciding, State.kept)}  # after_look, Keep
+    made |= {(State.proposed, State.approved)}  # create, with the approval
+    made |= {  # an abort (lifecycle.abort_target)
+        (s, State.cancelled) for s in (State.proposed, State.approved, State.baseline)
+    } | {(s, State.reverting) for s in (State.restarting, State.warming_up, State.trial)}
+    made |= {(State.deciding, State.reverting)}
+    edges = {(a, b) for a, targets in TRANSITIONS.items() for b in targets}
+    assert edges - made == set()
+    entered = {b for _, b in edges}
+    assert entered | {State.proposed} == set(State)  # every state is reachable
+    assert all(not TRANSITIONS[s] for s in TERMINAL)
