@@ -1,4 +1,10 @@
-"""The launcher interface: start a server with given arguments, stop it, say how it is."""
+"""The launcher interface: start a server with given arguments, stop it, say how it is.
+
+A restart is two steps for the experiment engine, which works in bounded steps: `issue` makes
+the system run new arguments and returns at once, `poll_ready` looks once whether that server is
+ready. `identity` says which server process runs now, so a measurement interrupted by a bot crash
+is resumed only when the server was not replaced meanwhile.
+"""
 
 from __future__ import annotations
 
@@ -24,8 +30,22 @@ class ServerState:
     reason: str  # why it is down, from the exit status and the engine's log lines ("" when fine)
 
 
+@dataclass(frozen=True)
+class ServerIdentity:
+    """Which server runs now, as the system records it: equal while the same process serves."""
+
+    instance: str  # opaque; changes whenever the server process is replaced
+    started_at: float | None  # epoch seconds of the running server's start, when recorded
+    detail: str  # for people: pid, invocation, container, pods
+
+
 class Launcher(Protocol):
     kind: str
+
+    @property
+    def ready_timeout_s(self) -> float:
+        """How long a start may take (on the clock); whoever polls enforces it."""
+        ...
 
     def current_args(self) -> list[str]:
         """The server arguments of the running (or last started) server."""
@@ -33,6 +53,23 @@ class Launcher(Protocol):
 
     def apply(self, args: list[str]) -> None:
         """Stop the server, start it with `args`, wait until it is ready (raises LaunchError)."""
+        ...
+
+    def issue(self, args: list[str]) -> None:
+        """Make the system run `args` (the old server stops) without waiting for readiness."""
+        ...
+
+    def poll_ready(self) -> bool:
+        """One look: the server is ready (True) or still starting (False); LaunchError when it
+        failed. Works on a fresh launcher, from what the system says."""
+        ...
+
+    def give_up(self) -> None:
+        """The start took longer than `ready_timeout_s`: leave the system as `apply` would."""
+        ...
+
+    def identity(self) -> ServerIdentity | None:
+        """The running server's identity; None when no server runs."""
         ...
 
     def state(self) -> ServerState: ...

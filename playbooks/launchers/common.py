@@ -8,8 +8,10 @@ server arguments, which start at the first `--flag`; the executable part in fron
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Protocol
+from datetime import datetime
+from typing import Generic, Protocol, TypeVar
 
 from playbooks.clock import Clock
 from playbooks.engines.base import Engine
@@ -23,6 +25,39 @@ class ManagedLauncher(Launcher, Protocol):
     def start(self, args: list[str]) -> None: ...
 
     def wait_ready(self) -> None: ...
+
+
+class _ReadyDeadline(Protocol):
+    @property
+    def ready_timeout_s(self) -> float: ...
+
+
+Spec = TypeVar("Spec", bound=_ReadyDeadline)
+
+
+class StartThenWait(ABC, Generic[Spec]):
+    """A restart as every launcher does it: `issue` (the system runs the new server, not yet
+    ready), then `wait_ready`; the deadline is the spec's."""
+
+    spec: Spec
+
+    @property
+    def ready_timeout_s(self) -> float:
+        return self.spec.ready_timeout_s
+
+    @abstractmethod
+    def start(self, args: list[str]) -> None: ...
+
+    @abstractmethod
+    def wait_ready(self) -> None: ...
+
+    def issue(self, args: list[str]) -> None:
+        """`start` returns once the system runs the new server; readiness is polled apart."""
+        self.start(args)
+
+    def apply(self, args: list[str]) -> None:
+        self.issue(args)
+        self.wait_ready()
 
 
 def flag_index(command: list[str]) -> int | None:
@@ -65,6 +100,18 @@ def poll_until(clock: Clock, timeout_s: float, ready: Callable[[], bool]) -> boo
         if clock.now() > deadline:
             return False
         clock.sleep(step)
+
+
+def rfc3339_epoch(text: object) -> float | None:
+    """Epoch seconds of an RFC 3339 time as Docker (Go's RFC3339Nano, "...T10:21:03.123456789Z")
+    and Kubernetes (metav1.Time, "...T10:21:03Z") write it; None when absent, unparsable, or
+    Go's zero time ("0001-01-01T00:00:00Z", Docker's "never started")."""
+    if not isinstance(text, str) or not text or text.startswith("0001-"):
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()  # 3.11: "Z" and 9 fraction digits
+    except ValueError:
+        return None
 
 
 def tail(text: str, chars: int = 6000) -> str:

@@ -25,8 +25,15 @@ import httpx
 from playbooks.clock import Clock, WallClock
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
-from playbooks.launchers.base import LaunchError, ServerState
-from playbooks.launchers.common import flag_index, health_ok, poll_until, split_command
+from playbooks.launchers.base import LaunchError, ServerIdentity, ServerState
+from playbooks.launchers.common import (
+    StartThenWait,
+    flag_index,
+    health_ok,
+    poll_until,
+    rfc3339_epoch,
+    split_command,
+)
 
 API_VERSION = "v1.41"  # Docker Engine 20.10 and later
 NEXT_SUFFIX = "-kvpilot-next"
@@ -228,7 +235,22 @@ def exit_reason(st: dict[str, Any], log: str, engine: Engine) -> str:
     return f"{reason} ({error})" if error else reason
 
 
-class DockerLauncher:
+def container_identity(info: dict[str, Any]) -> ServerIdentity | None:
+    """A running container: its Id, and State.StartedAt, which its restart policy's restarts
+    (or `docker restart`) renew while the Id stays (Engine API, ContainerInspect: State)."""
+    st = info.get("State") or {}
+    if not st.get("Running") or st.get("Restarting"):
+        return None
+    ident, started = str(info.get("Id", "")), str(st.get("StartedAt", ""))
+    name = str(info.get("Name", "")).lstrip("/")
+    return ServerIdentity(
+        f"{ident}@{started}",
+        rfc3339_epoch(started),
+        f"container {name} {ident[:12]}, pid {st.get('Pid')}",
+    )
+
+
+class DockerLauncher(StartThenWait[DockerSpec]):
     kind = "docker"
 
     def __init__(
@@ -306,39 +328,57 @@ class DockerLauncher:
         self.engine.start(new_id)
         self._started = new_id
 
+    def _starting(self) -> str:
+        """The container being started: the last issued, or (a fresh launcher) the current."""
+        if self._started is None:
+            self._started = self.find()["Id"]
+        return self._started
+
+    def poll_ready(self) -> bool:
+        """One inspect: exited or restarting is a failure; ready removes the previous one."""
+        ident = self._starting()
+        info = self.engine.inspect(ident)
+        if info is None:
+            raise LaunchError(f"container {self.name} was removed while it started")
+        st = info.get("State") or {}
+        if st.get("Status") in ("exited", "dead") or st.get("Restarting"):
+            log = self._log(info)
+            if st.get("Restarting"):
+                self.engine.stop(ident, self.spec.stop_timeout_s)
+            raise LaunchError(
+                f"container {self.name} exited before it was ready: "
+                f"{exit_reason(st, log, self.spec.engine)}",
+                log,
+            )
+        ready = bool(st.get("Running")) and health_ok(self.spec.url, self.spec.engine)
+        if ready:
+            self.engine.remove(self.name + PREVIOUS_SUFFIX)
+        return ready
+
+    def give_up(self) -> None:
+        """Stopped, so that a start that never got ready frees the GPUs."""
+        self._give_up()
+
+    def _give_up(self) -> str:
+        """Stop the container that did not get ready; its log, for the error."""
+        ident = self._starting()
+        info = self.engine.inspect(ident)
+        log = self._log(info) if info else ""
+        self.engine.stop(ident, self.spec.stop_timeout_s)
+        return log
+
     def wait_ready(self) -> None:
-        ident = self._started or self.find()["Id"]
-
-        def ready() -> bool:
-            info = self.engine.inspect(ident)
-            if info is None:
-                raise LaunchError(f"container {self.name} was removed while it started")
-            st = info.get("State") or {}
-            if st.get("Status") in ("exited", "dead") or st.get("Restarting"):
-                log = self._log(info)
-                if st.get("Restarting"):
-                    self.engine.stop(ident, self.spec.stop_timeout_s)
-                raise LaunchError(
-                    f"container {self.name} exited before it was ready: "
-                    f"{exit_reason(st, log, self.spec.engine)}",
-                    log,
-                )
-            return bool(st.get("Running")) and health_ok(self.spec.url, self.spec.engine)
-
-        if not poll_until(self.clock, self.spec.ready_timeout_s, ready):
-            info = self.engine.inspect(ident)
-            log = self._log(info) if info else ""
-            self.engine.stop(ident, self.spec.stop_timeout_s)
+        if not poll_until(self.clock, self.spec.ready_timeout_s, self.poll_ready):
+            log = self._give_up()
             raise LaunchError(
                 f"container {self.name} was not ready after {self.spec.ready_timeout_s:g} s; "
                 "it was stopped",
                 log,
             )
-        self.engine.remove(self.name + PREVIOUS_SUFFIX)
 
-    def apply(self, args: list[str]) -> None:
-        self.start(args)
-        self.wait_ready()
+    def identity(self) -> ServerIdentity | None:
+        info = self.lookup()
+        return None if info is None else container_identity(info)
 
     def stop(self) -> None:
         info = self.find()

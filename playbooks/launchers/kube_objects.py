@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from playbooks.engines.base import Engine
-from playbooks.launchers.base import LaunchError
-from playbooks.launchers.common import flag_index, split_command
+from playbooks.launchers.base import LaunchError, ServerIdentity
+from playbooks.launchers.common import flag_index, rfc3339_epoch, split_command
 
 WORKLOADS = ("Deployment", "StatefulSet", "LeaderWorkerSet")
 LWS_GROUP = "leaderworkerset.x-k8s.io"
@@ -304,6 +304,34 @@ def container_status(pod: Obj, name: str) -> Obj | None:
 def container_running(pod: Obj, name: str) -> bool:
     st = container_status(pod, name)
     return st is not None and "running" in (st.get("state") or {})
+
+
+def pods_identity(current: list[tuple[Obj, Template]], want: int) -> ServerIdentity | None:
+    """The server made of the current template's pods, when all `want` run it.
+
+    A pod that is replaced gets a new `metadata.uid`; a container the kubelet restarts in place
+    keeps the uid but counts up `status.containerStatuses[].restartCount`, so both are in the
+    instance. The start is the earliest `state.running.startedAt` (the pod's `status.startTime`
+    without one): the whole server is up only from the last of them, but the first says when
+    this server began.
+    """
+    parts, starts = [], []
+    for pod, t in current:
+        st = container_status(pod, t.container) or {}
+        running = (st.get("state") or {}).get("running")
+        if running is None:
+            continue
+        meta = pod.get("metadata") or {}
+        parts.append(f"{meta.get('uid') or meta.get('name')}#{int(st.get('restartCount') or 0)}")
+        started = rfc3339_epoch(running.get("startedAt"))
+        if started is None:
+            started = rfc3339_epoch((pod.get("status") or {}).get("startTime"))
+        if started is not None:
+            starts.append(started)
+    if not parts or len(parts) < want:
+        return None
+    names = ", ".join(sorted(pod_name(p) for p, _ in current))
+    return ServerIdentity(",".join(sorted(parts)), min(starts, default=None), f"pods {names}")
 
 
 def failure(pod: Obj, name: str, strict: bool) -> Failure | None:

@@ -31,8 +31,8 @@ from urllib3.exceptions import HTTPError
 from playbooks.clock import Clock, WallClock
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
-from playbooks.launchers.base import LaunchError, ServerState
-from playbooks.launchers.common import health_ok, poll_until
+from playbooks.launchers.base import LaunchError, ServerIdentity, ServerState
+from playbooks.launchers.common import StartThenWait, health_ok, poll_until
 from playbooks.launchers.kube_objects import (
     LWS_GROUP,
     LWS_PLURAL,
@@ -55,6 +55,7 @@ from playbooks.launchers.kube_objects import (
     pod_name,
     pod_ready,
     pod_summary,
+    pods_identity,
     replicas,
     rollout_complete,
     server_args,
@@ -82,7 +83,7 @@ class KubernetesSpec:
     engine: Engine = field(default_factory=default_engine)  # whose signatures to read
 
 
-class KubernetesLauncher:
+class KubernetesLauncher(StartThenWait[KubernetesSpec]):
     kind = "kubernetes"
 
     def __init__(
@@ -290,48 +291,56 @@ class KubernetesLauncher:
         self._stamp = stamp
         self._forced = set()
 
-    def wait_ready(self) -> None:
+    def poll_ready(self) -> bool:
+        """One look at the rollout: a failed pod or a stalled rollout raises; StatefulSets and
+        LeaderWorkerSets get their stuck older pods deleted (`_force_rollback`)."""
         kind = self.spec.workload
+        obj = self.read()
+        ts = self._templates(obj)
+        pods = self.pods(obj)
+        current = self._current_pods(obj, ts, pods)
+        for pod, t in current:
+            why = failure(pod, t.container, strict=True)
+            if why is not None:
+                log = self.pod_log(pod_name(pod), t.container, why.previous)
+                raise LaunchError(
+                    f"pod {pod_name(pod)} of {self.what} failed before it was ready: "
+                    f"{why.describe(log, self.spec.engine)}",
+                    log,
+                )
+        problem = stalled(kind, obj)
+        if problem:
+            raise LaunchError(f"the rollout of {self.what} stalled: {problem}")
+        if kind in ("StatefulSet", "LeaderWorkerSet"):
+            self._force_rollback(pods, {pod_name(p) for p, _ in current})
+        live = [p for p in pods if not deleting(p)]
+        return (
+            rollout_complete(kind, obj)
+            and len(current) == expected_pods(kind, obj) == len(live)
+            and all(pod_ready(p) for p, _ in current)
+            and health_ok(self.spec.url, self.spec.engine)
+        )
 
-        def ready() -> bool:
-            obj = self.read()
-            ts = self._templates(obj)
-            pods = self.pods(obj)
-            current = self._current_pods(obj, ts, pods)
-            for pod, t in current:
-                why = failure(pod, t.container, strict=True)
-                if why is not None:
-                    log = self.pod_log(pod_name(pod), t.container, why.previous)
-                    raise LaunchError(
-                        f"pod {pod_name(pod)} of {self.what} failed before it was ready: "
-                        f"{why.describe(log, self.spec.engine)}",
-                        log,
-                    )
-            problem = stalled(kind, obj)
-            if problem:
-                raise LaunchError(f"the rollout of {self.what} stalled: {problem}")
-            if kind in ("StatefulSet", "LeaderWorkerSet"):
-                self._force_rollback(pods, {pod_name(p) for p, _ in current})
-            live = [p for p in pods if not deleting(p)]
-            return (
-                rollout_complete(kind, obj)
-                and len(current) == expected_pods(kind, obj) == len(live)
-                and all(pod_ready(p) for p, _ in current)
-                and health_ok(self.spec.url, self.spec.engine)
-            )
+    def give_up(self) -> None:
+        """Nothing to undo: the pods stay as the controller has them, for `kubectl describe`."""
 
-        if not poll_until(self.clock, self.spec.ready_timeout_s, ready):
+    def wait_ready(self) -> None:
+        if not poll_until(self.clock, self.spec.ready_timeout_s, self.poll_ready):
             obj = self.read()
             ts = self._templates(obj)
             summary = "; ".join(pod_summary(p, ts[0].container) for p in self.pods(obj))
+            self.give_up()
             raise LaunchError(
                 f"{self.what} was not ready after {self.spec.ready_timeout_s:g} s "
                 f"(pods: {summary or 'none'})"
             )
 
-    def apply(self, args: list[str]) -> None:
-        self.start(args)
-        self.wait_ready()
+    def identity(self) -> ServerIdentity | None:
+        obj = self.read()
+        if replicas(obj) == 0:
+            return None
+        current = self._current_pods(obj, self._templates(obj))
+        return pods_identity(current, expected_pods(self.spec.workload, obj))
 
     def stop(self) -> None:
         """Scale to zero, remembering the replica count for the next start."""

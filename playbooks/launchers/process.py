@@ -23,8 +23,8 @@ from pathlib import Path
 from playbooks.clock import Clock, WallClock
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
-from playbooks.launchers.base import LaunchError, ServerState
-from playbooks.launchers.common import health_ok
+from playbooks.launchers.base import LaunchError, ServerIdentity, ServerState
+from playbooks.launchers.common import StartThenWait, health_ok, poll_until
 
 
 @dataclass
@@ -46,7 +46,7 @@ class ProcessSpec:
         return list(self.command), []
 
 
-class ProcessLauncher:
+class ProcessLauncher(StartThenWait[ProcessSpec]):
     kind = "process"
 
     def __init__(self, spec: ProcessSpec, clock: Clock | None = None) -> None:
@@ -154,32 +154,45 @@ class ProcessLauncher:
             {"pid": self._proc.pid, "args": args, "log": str(log), "started_at": time.time()}
         )
 
-    def wait_ready(self) -> None:
-        deadline = self.clock.now() + self.spec.ready_timeout_s
-        pid = self._pid()
-        while True:
-            if not self._alive(pid):
-                code = self._exit_code()
-                tail = self.log_tail()
-                raise LaunchError(
-                    "the server exited before it was ready: "
-                    f"{self.spec.engine.classify_exit(code, tail)}",
-                    tail,
-                )
-            if self.healthy():
-                return
-            if self.clock.now() > deadline:
-                tail = self.log_tail()
-                self.stop()
-                raise LaunchError(
-                    f"the server was not ready after {self.spec.ready_timeout_s:g} s", tail
-                )
-            self.clock.sleep(min(5.0, self.spec.ready_timeout_s / 100))
-
-    def apply(self, args: list[str]) -> None:
+    def issue(self, args: list[str]) -> None:
+        """Stop the server (SIGTERM, up to `stop_timeout_s`) and start it with `args`."""
         self.stop()
         self.start(args)
-        self.wait_ready()
+
+    def poll_ready(self) -> bool:
+        """One look at the process of the state file: exited (LaunchError), or ready."""
+        pid = self._pid()
+        if not self._alive(pid):
+            code = self._exit_code()
+            tail = self.log_tail()
+            raise LaunchError(
+                "the server exited before it was ready: "
+                f"{self.spec.engine.classify_exit(code, tail)}",
+                tail,
+            )
+        return self.healthy()
+
+    def give_up(self) -> None:
+        """A server that never became ready is stopped, so it holds no GPU memory."""
+        self.stop()
+
+    def wait_ready(self) -> None:
+        if not poll_until(self.clock, self.spec.ready_timeout_s, self.poll_ready):
+            tail = self.log_tail()
+            self.give_up()
+            raise LaunchError(
+                f"the server was not ready after {self.spec.ready_timeout_s:g} s", tail
+            )
+
+    def identity(self) -> ServerIdentity | None:
+        """The pid with its start time from the state file: a reused pid is another server."""
+        state = self._read_state()
+        pid = self._pid()
+        if not self._alive(pid):
+            return None
+        started = state.get("started_at")
+        started_at = float(started) if isinstance(started, int | float) else None
+        return ServerIdentity(f"{pid}@{started_at}", started_at, f"pid {pid}")
 
     def stop(self) -> None:
         pid = self._pid()

@@ -19,14 +19,16 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import PurePosixPath
 
 from playbooks.clock import Clock, WallClock
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
-from playbooks.launchers.base import LaunchError, ServerState
-from playbooks.launchers.common import health_ok, poll_until, split_command, tail
+from playbooks.launchers.base import LaunchError, ServerIdentity, ServerState
+from playbooks.launchers.common import StartThenWait, health_ok, poll_until, split_command, tail
 from playbooks.launchers.systemd_unit import (
     ExecCommand,
     UnitFile,
@@ -49,6 +51,10 @@ STATE_PROPERTIES = (
     "ExecMainStatus",
     "NRestarts",
     "InvocationID",
+    # When the main process was spawned: local time as `format_timestamp` prints it
+    # ("Tue 2024-05-14 10:21:03 UTC"), and CLOCK_MONOTONIC in microseconds (0: never).
+    "ExecMainStartTimestamp",
+    "ExecMainStartTimestampMonotonic",
 )
 # ExecMainCode is the kernel's si_code for the main process: exited, killed, dumped core.
 CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
@@ -162,7 +168,7 @@ class Shell:
         return done.out
 
 
-class SystemdLauncher:
+class SystemdLauncher(StartThenWait[SystemdSpec]):
     kind = "systemd"
 
     def __init__(
@@ -323,30 +329,43 @@ class SystemdLauncher:
                 f"ExecStart= again ({', '.join(others) or 'see `systemctl cat`'})"
             )
 
-    def wait_ready(self) -> None:
-        started = self._started or self._invocation(self.properties())
-
-        def ready() -> bool:
-            props = self.properties()
-            if _ended(props, started):
-                log = self.journal(started.invocation_id)
-                reason = self.spec.engine.classify_exit(exit_code(props), log)
-                self._stop_quietly()
-                raise LaunchError(f"{self.spec.unit} exited before it was ready: {reason}", log)
-            return health_ok(self.spec.url, self.spec.engine)
-
-        if not poll_until(self.clock, self.spec.ready_timeout_s, ready):
+    def poll_ready(self) -> bool:
+        """One look at the invocation started last (on a fresh launcher: the one running now)."""
+        props = self.properties()
+        if self._started is None:
+            self._started = self._invocation(props)
+        started = self._started
+        if _ended(props, started):
             log = self.journal(started.invocation_id)
+            reason = self.spec.engine.classify_exit(exit_code(props), log)
             self._stop_quietly()
+            raise LaunchError(f"{self.spec.unit} exited before it was ready: {reason}", log)
+        return health_ok(self.spec.url, self.spec.engine)
+
+    def give_up(self) -> None:
+        """Stopped, so that `Restart=` does not keep a start that never got ready going."""
+        self._give_up()
+
+    def _give_up(self) -> str:
+        """Stop the unit that did not get ready; the journal of its invocation, for the error."""
+        started = self._started or self._invocation(self.properties())
+        log = self.journal(started.invocation_id)
+        self._stop_quietly()
+        return log
+
+    def wait_ready(self) -> None:
+        if not poll_until(self.clock, self.spec.ready_timeout_s, self.poll_ready):
+            log = self._give_up()
             raise LaunchError(
                 f"{self.spec.unit} was not ready after {self.spec.ready_timeout_s:g} s; "
                 "it was stopped",
                 log,
             )
 
-    def apply(self, args: list[str]) -> None:
-        self.start(args)
-        self.wait_ready()
+    def identity(self) -> ServerIdentity | None:
+        # A remote host's zone abbreviation may name another zone than ours ("CST").
+        zones = () if self.spec.ssh_host else tuple(time.tzname)
+        return unit_identity(self.properties(), zones)
 
     def stop(self) -> None:
         self._checked("stop", "--", self.spec.unit)
@@ -357,6 +376,50 @@ class SystemdLauncher:
 
     def _stop_quietly(self) -> None:
         self._systemctl("stop", "--", self.spec.unit)
+
+
+def unit_identity(props: dict[str, str], local_zones: tuple[str, ...]) -> ServerIdentity | None:
+    """The running main process: systemd gives every start (kvpilot's, an operator's, a
+    `Restart=` after a crash) a new InvocationID and a new ExecMainStartTimestampMonotonic."""
+    pid = _int(props.get("MainPID"))
+    if props.get("ActiveState") not in ("active", "reloading") or pid <= 0:
+        return None
+    invocation = props.get("InvocationID", "")
+    spawned = props.get("ExecMainStartTimestampMonotonic", "")
+    return ServerIdentity(
+        f"{invocation}/{spawned}",
+        systemd_timestamp(props.get("ExecMainStartTimestamp", ""), local_zones),
+        f"invocation {invocation}, MainPID {pid}",
+    )
+
+
+def systemd_timestamp(text: str, local_zones: tuple[str, ...]) -> float | None:
+    """Epoch seconds of a `systemctl show` timestamp, None when unset or its zone is unknown.
+
+    systemd prints local time with the zone's abbreviation (src/basic/time-util.c,
+    format_timestamp: "%a %Y-%m-%d %H:%M:%S %Z"), "@SECONDS" with `--timestamp=unix`, and
+    nothing for "never". An abbreviation is exact only for UTC and `local_zones` (this host's,
+    read as local time); the instance does not depend on it, so another zone leaves it None.
+    """
+    text = text.strip()
+    if text.startswith("@"):
+        try:
+            return float(text[1:])
+        except ValueError:
+            return None
+    words = text.split()
+    if len(words) != 4:
+        return None
+    _, day, clock, zone = words
+    try:
+        naive = datetime.strptime(f"{day} {clock}", "%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return None
+    if zone in ("UTC", "GMT"):
+        return naive.replace(tzinfo=UTC).timestamp()
+    if zone in local_zones:
+        return naive.timestamp()  # this host's local time
+    return None
 
 
 def exit_code(props: dict[str, str]) -> int | None:

@@ -15,7 +15,7 @@ from playbooks.experiments import machine as engine
 from playbooks.experiments.machine import Deps
 from playbooks.experiments.restart_limits import RestartLimiter
 from playbooks.gate import GateSettings
-from playbooks.launchers.base import LaunchError, ServerState
+from playbooks.launchers.base import LaunchError, ServerIdentity, ServerState
 from storage import audit, memory_db
 from storage import experiments as store
 from storage.experiments import State
@@ -33,6 +33,7 @@ class FakeLauncher:
     kind: str = "fake"
     args: list[str] = field(default_factory=lambda: list(BASELINE))
     applied: list[tuple[list[str], list[int]]] = field(default_factory=list)
+    ready_timeout_s: float = 60.0
 
     def current_args(self) -> list[str]:
         return list(self.args)
@@ -43,6 +44,18 @@ class FakeLauncher:
             self.args = []
             raise LaunchError("torch.OutOfMemoryError", "log tail")
         self.args = list(args)
+
+    def issue(self, args: list[str]) -> None:
+        self.apply(args)
+
+    def poll_ready(self) -> bool:
+        return bool(self.args)
+
+    def give_up(self) -> None:
+        self.stop()
+
+    def identity(self) -> ServerIdentity | None:
+        return ServerIdentity(" ".join(self.args), None, "fake") if self.args else None
 
     def state(self) -> ServerState:
         up = bool(self.args)

@@ -37,7 +37,12 @@ NEVER = "0001-01-01T00:00:00Z"
 
 
 def now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """Now as the Engine writes times: Go's RFC3339Nano in UTC, nanoseconds with trailing
+    zeros dropped ("2024-05-14T10:21:03.12345678Z")."""
+    ns = time.time_ns()
+    whole = datetime.fromtimestamp(ns // 10**9, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    fraction = f"{ns % 10**9:09d}".rstrip("0")
+    return f"{whole}.{fraction}Z" if fraction else f"{whole}Z"
 
 
 class EngineError(Exception):

@@ -48,6 +48,8 @@ IDLE = {
     "n_restarts": 0,
     "invocation": "",
     "supervisor": 0,
+    "start_realtime_us": 0,  # when the main process was spawned (CLOCK_REALTIME)
+    "start_monotonic_us": 0,  # the same on CLOCK_MONOTONIC, as systemd records both
 }
 
 
@@ -263,6 +265,8 @@ def supervise(root: Path, unit: str) -> int:
         update_state(
             root, unit, active="active", sub="running", result="success", main_pid=child.pid,
             code=0, status=0, invocation=invocation, supervisor=os.getpid(),
+            start_realtime_us=time.time_ns() // 1000,
+            start_monotonic_us=time.monotonic_ns() // 1000,
         )  # fmt: skip
         journal(root, unit, f"Started {unit}.", invocation, 1, True)
         assert child.stdout is not None
@@ -366,6 +370,14 @@ def start_unit(root: Path, unit: str) -> tuple[int, str]:
     return 1, f"Job for {unit} timed out.\n"
 
 
+def show_timestamp(usec: int) -> str:
+    """A timestamp as `systemctl show` prints it: local time with the zone's abbreviation
+    (format_timestamp, "Tue 2024-05-14 10:21:03 UTC"), nothing when it never happened."""
+    if not usec:
+        return ""
+    return time.strftime("%a %Y-%m-%d %H:%M:%S %Z", time.localtime(usec / 1e6))
+
+
 def show(root: Path, unit: str, props: list[str]) -> str:
     cfg = loaded(root, unit)
     state = get_state(root, unit)
@@ -386,6 +398,9 @@ def show(root: Path, unit: str, props: list[str]) -> str:
         "ExecMainStatus": state["status"],
         "NRestarts": state["n_restarts"],
         "InvocationID": state["invocation"],
+        # kept after the process exits, until the next spawn, as systemd's ExecStatus is
+        "ExecMainStartTimestamp": show_timestamp(int(state.get("start_realtime_us", 0))),
+        "ExecMainStartTimestampMonotonic": int(state.get("start_monotonic_us", 0)),
         "Restart": cfg["restart"] if cfg else "no",
         "NeedDaemonReload": "yes" if need_reload else "no",
         "FragmentPath": cfg["paths"][0] if cfg else "",
