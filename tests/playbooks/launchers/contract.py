@@ -7,23 +7,32 @@
 3. A server that dies later is seen by `state()`, with a reason.
 4. If the bot is killed in the middle of `apply`, a new launcher sees the truth (the new
    arguments, not ready) and rolling back works, leaving nothing behind.
+5. (below) However many kvpilot processes resume an experiment, the server restarts once.
+6. A restart in bounded steps: `issue` returns at once, `poll_ready` looks once (on a fresh
+   launcher too) and raises what `apply` raises; `identity` stays while the same server runs and
+   changes (or clears) whenever it is replaced, by kvpilot or by its death.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 
 from playbooks.engines.sglang.args import with_change
-from playbooks.launchers.base import LaunchError
+from playbooks.launchers.base import LaunchError, ServerIdentity
 from tests.playbooks.launchers.harness import Harness
 from tests.twin_process import REPO
+
+T = TypeVar("T")
 
 
 def set_flag(args: list[str], flag: str, value: str) -> list[str]:
@@ -192,3 +201,72 @@ def one_process_carries_an_experiment(h: Harness) -> None:
     assert h.launcher().current_args() == h.baseline
     assert sorted(code for code, _ in results) == [0, 6], results  # one did nothing, one reverted
     assert h.leftovers() == []
+
+
+STEP_S = 5.0  # the most one step of the experiment engine may take
+
+
+class Longest:
+    """The longest single call of each launcher method, in wall seconds."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def call(self, what: str, fn: Callable[[], T]) -> T:
+        start = time.monotonic()
+        try:
+            return fn()
+        finally:
+            took = time.monotonic() - start
+            self.seconds[what] = max(self.seconds.get(what, 0.0), took)
+            assert took < STEP_S, f"{what} took {took:.2f} s"
+
+
+def poll_fresh(h: Harness, longest: Longest, timeout: float = 30.0) -> None:
+    """Poll until ready, every look by a new launcher (a bot restarted between steps)."""
+    deadline = time.monotonic() + timeout
+    while not longest.call("poll_ready", h.launcher().poll_ready):
+        assert time.monotonic() < deadline, "timed out polling for readiness"
+        time.sleep(0.1)
+
+
+def identity(h: Harness, longest: Longest) -> ServerIdentity | None:
+    return longest.call("identity", h.launcher().identity)
+
+
+def without_pod_names(reason: str) -> str:
+    return re.sub(r"pod \S+ of", "pod of", reason)
+
+
+def issue_poll_and_identity(h: Harness) -> None:
+    """Clause 6."""
+    longest = Longest()
+    before = identity(h, longest)
+    assert before is not None and identity(h, longest) == before
+    trial = with_change(h.baseline, {"mem_fraction_static": 0.88})
+    longest.call("issue", lambda: h.launcher().issue(trial))
+    poll_fresh(h, longest)
+    assert h.info()["mem_fraction_static"] == 0.88
+    after = identity(h, longest)
+    assert after is not None and after != before, (before, after)
+    assert identity(h, longest) == after
+    assert after.started_at is not None and abs(after.started_at - time.time()) < 60, after
+
+    pid = h.server_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for("the identity to change", lambda: identity(h, longest) != after)
+
+    bad = with_change(h.baseline, {"mem_fraction_static": 0.99})
+    with pytest.raises(LaunchError) as applied:
+        h.launcher().apply(bad)
+    longest.call("issue", lambda: h.launcher().issue(bad))
+    with pytest.raises(LaunchError) as polled:
+        poll_fresh(h, longest)
+    assert without_pod_names(polled.value.reason) == without_pod_names(applied.value.reason)
+    assert "GPU out of memory" in polled.value.reason, polled.value.reason
+    assert "CUDA out of memory" in polled.value.log_tail
+    h.launcher().apply(h.baseline)
+    assert h.launcher().state().ready and h.leftovers() == []
+    figures = ", ".join(f"{k} {v:.3f} s" for k, v in sorted(longest.seconds.items()))
+    print(f"\n{h.kind}: longest single call: {figures}")
