@@ -33,8 +33,6 @@ class FakeLauncher:
     kind: str = "fake"
     args: list[str] = field(default_factory=lambda: list(BASELINE))
     applied: list[tuple[list[str], list[int]]] = field(default_factory=list)
-    ready_timeout_s: float = 60.0
-
     starts: int = 0
     ready_timeout_s: float = 1800.0
 
@@ -61,18 +59,6 @@ class FakeLauncher:
 
     def give_up(self) -> None:
         self.args = []
-
-    def issue(self, args: list[str]) -> None:
-        self.apply(args)
-
-    def poll_ready(self) -> bool:
-        return bool(self.args)
-
-    def give_up(self) -> None:
-        self.stop()
-
-    def identity(self) -> ServerIdentity | None:
-        return ServerIdentity(" ".join(self.args), None, "fake") if self.args else None
 
     def state(self) -> ServerState:
         up = bool(self.args)
