@@ -369,3 +369,19 @@ def m005b_report_runs(db: Database) -> None:
         """,
         "CREATE INDEX report_runs_report ON report_runs (report, scheduled_for)",
     )
+
+
+@_migration
+def m007_monitor_samples(db: Database) -> None:
+    """The time range a diagnosis measured, so an experiment can reuse it as its baseline.
+
+    The diagnosis's scrapes are stored as ``monitor`` samples (experiment_id NULL, ``t`` in epoch
+    seconds, as the sampler's); these columns say which range of them the diagnosis read. NULL
+    for diagnoses stored before, and for ones whose measurement was not kept.
+    """
+    _run(
+        db,
+        "ALTER TABLE diagnoses ADD COLUMN measured_from REAL",
+        "ALTER TABLE diagnoses ADD COLUMN measured_until REAL",
+        "CREATE INDEX diagnoses_server ON diagnoses (server, measured_until)",
+    )
