@@ -26,6 +26,18 @@ class DiagnosisRow:
     finding: dict[str, Any]
     created_by: str
     created_at: datetime
+    # the epoch-second range its measurement's scrapes cover (stored as monitor samples)
+    measured_from: float | None = None
+    measured_until: float | None = None
+
+
+@dataclass(frozen=True)
+class MeasuredRange:
+    """The range of monitor samples one diagnosis measured."""
+
+    diagnosis_id: int
+    start_ts: float
+    end_ts: float
 
 
 @dataclass(frozen=True)
@@ -43,13 +55,22 @@ class MessageRef:
 
 
 def save_diagnosis(
-    db: Database, server: str, finding: dict[str, Any], *, created_by: str, now: datetime
+    db: Database,
+    server: str,
+    finding: dict[str, Any],
+    *,
+    created_by: str,
+    now: datetime,
+    measured: tuple[float, float] | None = None,
 ) -> int:
+    """Store a diagnosis; ``measured`` is the epoch-second range of its stored scrapes, so a
+    proposal made from it can find them as a baseline."""
+    start, end = measured if measured is not None else (None, None)
     with write_transaction(db):
         cursor = db.execute(
-            "INSERT INTO diagnoses (server, finding_json, created_by, created_at)"
-            " VALUES (?, ?, ?, ?)",
-            [server, dumps(finding), created_by, utc_iso(now)],
+            "INSERT INTO diagnoses (server, finding_json, created_by, created_at,"
+            " measured_from, measured_until) VALUES (?, ?, ?, ?, ?, ?)",
+            [server, dumps(finding), created_by, utc_iso(now), start, end],
         )
     assert cursor.lastrowid is not None
     return cursor.lastrowid
@@ -66,7 +87,19 @@ def get_diagnosis(db: Database, diagnosis_id: int) -> DiagnosisRow:
         finding=loads(row["finding_json"]),
         created_by=row["created_by"],
         created_at=parse_iso(row["created_at"]),
+        measured_from=row["measured_from"],
+        measured_until=row["measured_until"],
     )
+
+
+def measured_ranges(db: Database, server: str, since: float, until: float) -> list[MeasuredRange]:
+    """The server's diagnoses whose measurement overlaps [since, until], oldest first."""
+    rows = db.query(
+        "SELECT id, measured_from, measured_until FROM diagnoses WHERE server = ?"
+        " AND measured_until >= ? AND measured_from <= ? ORDER BY measured_from, id",
+        [server, since, until],
+    )
+    return [MeasuredRange(r["id"], r["measured_from"], r["measured_until"]) for r in rows]
 
 
 def remember_message(

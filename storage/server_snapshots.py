@@ -76,3 +76,15 @@ def snapshots_between(db: Database, server: str, since: float, until: float) -> 
         [server, since, until],
     )
     return [_snapshot(row) for row in rows]
+
+
+def changes_between(db: Database, server: str, since: float, until: float) -> list[Snapshot]:
+    """Snapshots in [since, until] that changed the settings: each has an earlier snapshot (the
+    first one ever is the server first seen, not a change), oldest first."""
+    rows = db.query(
+        "SELECT * FROM server_snapshots AS s WHERE server = ? AND ts >= ? AND ts <= ?"
+        " AND EXISTS (SELECT 1 FROM server_snapshots AS e WHERE e.server = s.server"
+        " AND (e.ts < s.ts OR (e.ts = s.ts AND e.id < s.id))) ORDER BY ts, id",
+        [server, since, until],
+    )
+    return [_snapshot(row) for row in rows]

@@ -39,12 +39,28 @@ from playbooks.launchers.base import LaunchError
 from storage import audit, chat
 from storage import experiments as store
 from storage import proposals as proposal_store
+from storage import samples as sample_store
 from storage.chat import MessageRef
 from storage.errors import (
     NotFound,
 )
 
 log = logging.getLogger(__name__)
+
+
+def store_scrapes(db: Database, server: str, scrapes: list[Snapshot]) -> tuple[float, float] | None:
+    """Keep a diagnosis's scrapes as monitor samples, the only ones over the range they cover
+    (the sampler's there are replaced), so a proposal made from the diagnosis can take them as
+    its experiment's baseline; returns that range (None for fewer than two scrapes)."""
+    if len(scrapes) < 2:
+        return None
+    rows = [
+        sample_store.Sample(server, "monitor", s.t, datetime.fromtimestamp(s.t, UTC), s.to_json())
+        for s in scrapes
+    ]
+    start, end = scrapes[0].t, scrapes[-1].t
+    sample_store.replace_monitor_samples(db, server, rows, start, end)
+    return start, end
 
 
 class Kvpilot(Approvals):
@@ -196,10 +212,21 @@ class Kvpilot(Approvals):
                 ),
             )
 
+        scrapes: list[Snapshot] = []  # in epoch seconds, as the sampler stores them
+
+        def on_sample(scrape: Snapshot) -> None:
+            scrapes.append(scrape.at(clock.utcnow().timestamp()))
+
         try:
             client = engine_client(cfg)
             try:
-                finding = diagnose(client, clock, diagnose_settings(cfg), on_progress=on_progress)
+                finding = diagnose(
+                    client,
+                    clock,
+                    diagnose_settings(cfg),
+                    on_progress=on_progress,
+                    on_sample=on_sample,
+                )
             finally:
                 client.close()
         except (EngineError, MeasurementError, ValueError) as exc:
@@ -207,7 +234,10 @@ class Kvpilot(Approvals):
             return
         data = finding.to_json()
         data["server"] = server
-        diag_id = chat.save_diagnosis(self.db(), server, data, created_by=who.user, now=self.now())
+        measured = store_scrapes(self.db(), server, scrapes)
+        diag_id = chat.save_diagnosis(
+            self.db(), server, data, created_by=who.user, now=self.now(), measured=measured
+        )
         buttons = tuple(
             Button(f"{PROPOSE_OPTION}#{i}", f"{diag_id}:{i}", f"Propose: {o['title']}"[:75])
             for i, o in enumerate(data["options"])

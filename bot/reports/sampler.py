@@ -8,6 +8,11 @@ counter reset between two good scrapes is a ``restart`` gap, and time the sample
 not running is ``no_data``. Every few minutes it rolls samples up and drops what is past
 retention (``storage.metric_samples.compact``), so a year of samples stays a few megabytes.
 
+Each good scrape's full snapshot is also stored as a ``monitor`` sample (``storage.samples``,
+``t`` in epoch seconds), kept ``monitor_retention`` (2 hours by default): an approved experiment
+takes a recent, uninterrupted stretch of them as its baseline instead of measuring one
+(``playbooks.experiments.known_baseline``).
+
 The server's own settings (server info) are read when it is first seen and after every gap,
 and stored when they changed, for the report's "configuration now versus a day ago".
 
@@ -31,7 +36,7 @@ from bot.app.config import Config, ServerConfig
 from bot.app.wiring import engine_client
 from playbooks.clock import Clock
 from playbooks.engines.base import EngineClient, EngineError, MetricsDisabled, Snapshot
-from storage.db import open_db
+from storage.db import open_db, write_transaction
 from storage.metric_buckets import RawSample
 from storage.metric_samples import (
     Gap,
@@ -44,6 +49,7 @@ from storage.metric_samples import (
     last_sample,
     open_gap,
 )
+from storage.samples import Sample, add_samples, prune_monitor_samples
 from storage.server_snapshots import record_snapshot
 
 log = logging.getLogger(__name__)
@@ -149,6 +155,7 @@ class Sampler:
         self.retention = Retention(
             s.raw_retention_s, s.five_minute_retention_s, s.hourly_retention_s
         )
+        self.monitor_retention_s = s.monitor_retention_s
         self._client_factory = client_factory
         self._clients: dict[str, EngineClient] = {}
         self.states = {name: ServerState(name) for name in config.servers}
@@ -169,6 +176,7 @@ class Sampler:
         db = db or self.db
         now = self.clock.utcnow()
         compact(db, now.timestamp(), self.retention, settle_s=2 * self.interval_s)
+        prune_monitor_samples(db, now.timestamp() - self.monitor_retention_s)
         self._last_compact = now
 
     def _client(self, name: str) -> EngineClient:
@@ -203,7 +211,7 @@ class Sampler:
             log.exception("sampling %s failed", name)
             self._failed(db, state, t, f"{type(exc).__name__}: {exc}")
             return Outcome(name, False, str(exc))
-        self._succeeded(db, state, t, reading)
+        self._succeeded(db, state, now, reading)
         if state.need_snapshot:
             self._snapshot(db, state, t)
         return Outcome(name, True)
@@ -249,7 +257,8 @@ class Sampler:
         extend_gap(db, gap.id, t, detail=error)
         state.gap = Gap(gap.id, gap.server, gap.kind, gap.start_ts, t, True, False, error)
 
-    def _succeeded(self, db: Database, state: ServerState, t: float, r: Snapshot) -> None:
+    def _succeeded(self, db: Database, state: ServerState, now: datetime, r: Snapshot) -> None:
+        t = now.timestamp()
         last = state.last
         if last is not None and t <= last.ts:
             log.warning("sampler clock went back for %s (%.3f <= %.3f)", state.name, t, last.ts)
@@ -290,7 +299,10 @@ class Sampler:
             max_total_tokens=r.capacity_tokens or state.capacity,
             **inc,
         )
-        add_sample(db, sample)
+        with write_transaction(db):  # one transaction for both rows of the tick
+            add_sample(db, sample)
+            # the full snapshot too, for an experiment's baseline: one row per server per tick
+            add_samples(db, [Sample(state.name, "monitor", t, now, r.at(t).to_json())])
         state.last = sample
         state.last_error = ""
         state.samples += 1

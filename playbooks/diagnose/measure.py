@@ -108,6 +108,7 @@ class Measurement:
 
 
 ProgressFn = Callable[[float, float, str], None]
+SampleFn = Callable[[Snapshot], None]  # each scrape, as read (kept so a baseline can reuse it)
 
 
 def _bin_s(samples: Sequence[S], batch_s: float) -> float:
@@ -142,24 +143,31 @@ def _counter_interval(
     return window_interval(values, bin_s, batch_s, confidence) if values else None
 
 
+def _first_sample(client: EngineClient, clock: Clock, notes: list[str]) -> tuple[Snapshot, str]:
+    """The first scrape and where readings come from: metrics, or the load report without."""
+    try:
+        return client.snapshot().at(clock.now()), "metrics"
+    except MetricsDisabled as exc:
+        notes.append(
+            f"{exc}; falling back on the server's load report and settings: no "
+            "completed-request counters, so no effective throughput"
+        )
+        return client.load_snapshot().at(clock.now()), "loads"
+
+
 def measure(
     client: EngineClient,
     clock: Clock,
     plan: MeasurePlan = MeasurePlan(),
     on_progress: ProgressFn | None = None,
+    on_sample: SampleFn | None = None,
 ) -> Measurement:
-    """Scrape the server until the plan is satisfied; never mutates it."""
+    """Scrape the server until the plan is satisfied; never mutates it. `on_sample` gets each
+    scrape as it is taken, so the caller can store the window for an experiment's baseline."""
+    keep = on_sample or (lambda _: None)
     notes: list[str] = []
-    source = "metrics"
-    try:
-        sample = client.snapshot().at(clock.now())
-    except MetricsDisabled as exc:
-        source = "loads"
-        notes.append(
-            f"{exc}; falling back on the server's load report and settings: no "
-            "completed-request counters, so no effective throughput"
-        )
-        sample = client.load_snapshot().at(clock.now())
+    sample, source = _first_sample(client, clock, notes)
+    keep(sample)
     samples = [sample]
     t0 = sample.t
     batch_s = plan.batch_s
@@ -181,6 +189,7 @@ def measure(
                 )
         else:
             s = client.load_snapshot().at(now)
+        keep(s)
         samples.append(s)
         elapsed = now - t0
         interval = _gauge_interval(samples, t0, batch_s, lambda x: x.decode_rate, plan.confidence)

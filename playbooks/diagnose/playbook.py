@@ -17,7 +17,7 @@ from typing import Any
 
 from playbooks.clock import Clock
 from playbooks.diagnose.measure import MeasurePlan, measure
-from playbooks.engines.base import EngineClient, EngineError
+from playbooks.engines.base import EngineClient, EngineError, Snapshot
 from playbooks.sources.gpu import GpuReader
 from playbooks.sources.host import HostReader
 from playbooks.sources.model_config import ModelConfigReader
@@ -42,6 +42,7 @@ def diagnose(
     settings: DiagnoseSettings = DiagnoseSettings(),
     on_progress: Callable[[float, float, str], None] | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    on_sample: Callable[[Snapshot], None] | None = None,
 ) -> DiagnoseFinding:
     started = now()
     info = client.settings()
@@ -51,7 +52,7 @@ def diagnose(
         model_info = client.model_info()
     except EngineError:  # model info is decoration only
         model_info = {}
-    m = measure(client, clock, settings.plan, on_progress)
+    m = measure(client, clock, settings.plan, on_progress, on_sample)
     a = rules.assess(m)
     generation = (
         _rate(m.generation.mean, m.generation.low, m.generation.high) if m.generation else None

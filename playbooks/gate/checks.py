@@ -67,14 +67,24 @@ def completed_rate_fell(bf: WindowFacts, tf: WindowFacts, s: GateSettings) -> st
     return None
 
 
-def drift(bf: WindowFacts, tf: WindowFacts, rf: WindowFacts | None, s: GateSettings) -> list[str]:
-    """Requests in flight, and the request mix once completions can tell it, between windows."""
+def drift(
+    bf: WindowFacts,
+    tf: WindowFacts,
+    rf: WindowFacts | None,
+    s: GateSettings,
+    *,
+    names: tuple[str, str] = ("the baseline", "the trial"),
+) -> list[str]:
+    """Requests in flight, and the request mix once completions can tell it, between windows.
+
+    `names` say what the two windows are (a stored baseline is compared with the last minutes)."""
     out: list[str] = []
     change = ratio_change(bf.in_flight, tf.in_flight)
     if change is not None and abs(change) > s.drift_load_limit:
         out.append(
-            f"requests in flight (running + queued) averaged {bf.in_flight:.0f} in the baseline "
-            f"and {tf.in_flight:.0f} in the trial ({change:+.0%}; limit ±{s.drift_load_limit:.0%})"
+            f"requests in flight (running + queued) averaged {bf.in_flight:.0f} in {names[0]} "
+            f"and {tf.in_flight:.0f} in {names[1]} ({change:+.0%}; "
+            f"limit ±{s.drift_load_limit:.0%})"
         )
     if rf is not None and (bf.completed or 0) >= s.min_requests_for_rates:
         for what, a, b in (
@@ -97,11 +107,15 @@ def drift(bf: WindowFacts, tf: WindowFacts, rf: WindowFacts | None, s: GateSetti
 
 def saturation(bf: WindowFacts, tf: WindowFacts, s: GateSettings) -> list[str]:
     """Windows whose queue was mostly empty: throughput then only shows the offered load."""
-    out: list[str] = []
-    for name, f in (("baseline", bf), ("trial", tf)):
-        if f.queue_fraction < s.min_queue_fraction:
-            out.append(
-                f"the {name} was not saturated: the queue was non-empty in only "
-                f"{f.queue_fraction:.0%} of scrapes (need {s.min_queue_fraction:.0%})"
-            )
-    return out
+    found = (unsaturated("baseline", bf, s), unsaturated("trial", tf, s))
+    return [m for m in found if m is not None]
+
+
+def unsaturated(name: str, f: WindowFacts, s: GateSettings) -> str | None:
+    """One window's saturation check (a stored baseline is judged alone, before any trial)."""
+    if f.queue_fraction >= s.min_queue_fraction:
+        return None
+    return (
+        f"the {name} was not saturated: the queue was non-empty in only "
+        f"{f.queue_fraction:.0%} of scrapes (need {s.min_queue_fraction:.0%})"
+    )

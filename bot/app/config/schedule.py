@@ -22,6 +22,13 @@ class SamplerConfig:
     five_minute_retention_s: float = 35 * 86400.0
     hourly_retention_s: float = 400 * 86400.0
     enabled: bool = True
+    # full snapshots (monitor samples) an experiment may take as its baseline
+    monitor_retention_s: float = 2 * 3600.0
+
+
+# A stored baseline reaches 30 min back from a window that ended up to 15 min ago
+# (playbooks/experiments/known_baseline.py MAX_WINDOW_S, DEFAULT_MAX_AGE_S).
+MIN_MONITOR_RETENTION_S = 45 * 60.0
 
 
 @dataclass(frozen=True)
@@ -43,7 +50,14 @@ def sampler(table: Any) -> SamplerConfig:
         return SamplerConfig()
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: expected a table")
-    keys = {"interval_s", "raw_retention", "five_minute_retention", "hourly_retention", "enabled"}
+    keys = {
+        "interval_s",
+        "raw_retention",
+        "five_minute_retention",
+        "hourly_retention",
+        "monitor_retention",
+        "enabled",
+    }
     check_keys(table, keys, where)
     interval = number(table, "interval_s", where, 15.0)
     assert interval is not None
@@ -62,10 +76,16 @@ def sampler(table: Any) -> SamplerConfig:
         raise ConfigError(f"{where}.five_minute_retention: must be at least raw_retention")
     if hourly < five:
         raise ConfigError(f"{where}.hourly_retention: must be at least five_minute_retention")
+    monitor = duration(table, "monitor_retention", where, d.monitor_retention_s)
+    if monitor < MIN_MONITOR_RETENTION_S:
+        raise ConfigError(
+            f'{where}.monitor_retention: at least "45m": an experiment\'s stored baseline '
+            "reaches 30 minutes back from a window that ended up to 15 minutes ago"
+        )
     enabled = table.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigError(f"{where}.enabled: expected true or false, got {enabled!r}")
-    return SamplerConfig(interval, raw, five, hourly, enabled)
+    return SamplerConfig(interval, raw, five, hourly, enabled, monitor)
 
 
 def _timezone(name: str, where: str) -> None:

@@ -25,6 +25,7 @@ def test_defaults() -> None:
     assert config.sampler.interval_s == 15 and config.sampler.enabled
     assert config.sampler.raw_retention_s == 3 * 86400
     assert config.sampler.hourly_retention_s == 400 * 86400
+    assert config.sampler.monitor_retention_s == 2 * 3600
     (r,) = config.reports
     assert r.timezone == "UTC" and r.servers == ("a", "b")  # every server by default
     assert r.window_s == 86400 and r.grace_s == 6 * 3600 and r.name == "C0OPS 0 9 * * *"
@@ -33,13 +34,19 @@ def test_defaults() -> None:
 
 def test_a_full_entry() -> None:
     config = load(
-        sampler={"interval_s": 30, "raw_retention": "2d", "five_minute_retention": "60d"},
+        sampler={
+            "interval_s": 30,
+            "raw_retention": "2d",
+            "five_minute_retention": "60d",
+            "monitor_retention": "6h",
+        },
         reports=[
             report(name="morning", timezone="Europe/Berlin", servers=["b"], grace="2h"),
             report(name="weekly", cron="0 8 * * mon", window="7d"),
         ],
     )
     assert config.sampler.interval_s == 30 and config.sampler.raw_retention_s == 2 * 86400
+    assert config.sampler.monitor_retention_s == 6 * 3600
     morning, weekly = config.reports
     assert morning.servers == ("b",) and morning.grace_s == 7200
     assert weekly.window_s == 7 * 86400
@@ -83,6 +90,8 @@ def test_a_group_of_servers() -> None:
             "five_minute_retention: must be at least raw_retention",
         ),
         ({"sampler": {"enabled": "yes"}}, "sampler.enabled: expected true or false"),
+        ({"sampler": {"monitor_retention": "30m"}}, 'sampler.monitor_retention: at least "45m"'),
+        ({"sampler": {"monitor_retention": "often"}}, "'often' is not a duration"),
     ],
 )
 def test_mistakes_are_named(tables: dict[str, Any], message: str) -> None:

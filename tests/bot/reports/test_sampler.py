@@ -14,10 +14,12 @@ from sqlite_utils import Database
 from bot.app.config import Config, parse
 from bot.reports.sampler import Sampler, default_client
 from playbooks.clock import ManualClock
+from playbooks.engines import restore_snapshot
 from playbooks.engines.sglang.client import stored_settings as observed_settings
 from playbooks.sources.metrics_source import SourcedClient
 from storage.db import memory_db, open_db
 from storage.metric_samples import gaps_between, samples_between
+from storage.samples import monitor_samples
 from storage.server_snapshots import snapshots_between
 from tests.bot.reports.fake_sglang import FakeSGLang, fake_sglang
 
@@ -302,3 +304,29 @@ def test_two_samplers_on_one_database_do_not_count_twice(
     assert len(rows) == 7 and all(r.dt == 7.5 for r in rows[1:])
     assert sum(r.gen_tokens or 0 for r in rows) == 6 * 7.5 * 800  # each token once
     other_db.close()
+
+
+def test_each_good_scrape_is_a_monitor_sample_kept_for_its_retention(
+    tmp_path: Path, db: Database, fake: FakeSGLang
+) -> None:
+    clock = ManualTime()
+    sampler = Sampler(make_config(tmp_path, fake.url, monitor_retention="1h"), db, clock)
+    sampler.sample_once()
+    tick(sampler, clock, fake)
+    fake.state.failing = True
+    assert not tick(sampler, clock, fake)  # a failed scrape stores no snapshot
+    fake.state.failing = False
+    assert tick(sampler, clock, fake)
+    rows = monitor_samples(db, "s", 0, 1e12)
+    start = T0.timestamp()
+    assert [r.t for r in rows] == [start, start + 15, start + 45]  # epoch seconds
+    assert all(r.phase == "monitor" and r.experiment_id is None for r in rows)
+    assert rows[-1].wall_time == T0 + timedelta(seconds=45)
+    restored = restore_snapshot(rows[1].metrics, rows[1].t)
+    assert restored.queued == 100.0 and restored.generated_tokens == 12000.0
+    assert restored.t == start + 15
+    # compaction drops monitor samples older than the retention, and only those
+    clock.advance(3600 - 30)
+    sampler.compact()
+    assert [r.t for r in monitor_samples(db, "s", 0, 1e12)] == [start + 15, start + 45]
+    assert len(all_samples(db)) == 3  # raw samples have their own, longer retention

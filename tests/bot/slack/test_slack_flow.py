@@ -16,7 +16,9 @@ from playbooks.clock import ScaledClock
 from playbooks.engines.sglang.args import with_change
 from storage import audit
 from storage import experiments as store
+from storage.chat import get_diagnosis
 from storage.db import open_db
+from storage.samples import monitor_samples
 from tests.bot.harness import CHANNEL, FakeNow, buttons, running_bot, twin_config, wait_until
 from tests.slackfake import FakeSlack
 from tests.twin_process import free_port
@@ -124,6 +126,10 @@ def test_diagnose_propose_approve_experiment_verdict_and_chart(
         assert len(edits) >= 3
         assert [c.method for c in slack.calls("files.getUploadURLExternal")]
     db = open_db(config.parent / "var" / "kvpilot.db")
+    # the diagnosis's scrapes were kept for the experiment's baseline, with their range
+    measured = get_diagnosis(db, int(propose_value.split(":")[0]))
+    assert measured.measured_from is not None and measured.measured_until is not None
+    assert len(monitor_samples(db, "incident", measured.measured_from, measured.measured_until)) > 2
     row = store.list_experiments(db)[0]
     assert str(row.state) in ("kept", "reverted")
     assert [e["actor"] for e in audit.events(db, name="proposal_approved")] == ["U7"]
