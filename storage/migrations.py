@@ -372,6 +372,22 @@ def m005b_report_runs(db: Database) -> None:
 
 
 @_migration
+def m007_monitor_samples(db: Database) -> None:
+    """The time range a diagnosis measured, so an experiment can reuse it as its baseline.
+
+    The diagnosis's scrapes are stored as ``monitor`` samples (experiment_id NULL, ``t`` in epoch
+    seconds, as the sampler's); these columns say which range of them the diagnosis read. NULL
+    for diagnoses stored before, and for ones whose measurement was not kept.
+    """
+    _run(
+        db,
+        "ALTER TABLE diagnoses ADD COLUMN measured_from REAL",
+        "ALTER TABLE diagnoses ADD COLUMN measured_until REAL",
+        "CREATE INDEX diagnoses_server ON diagnoses (server, measured_until)",
+    )
+
+
+@_migration
 def m008_experiment_progress(db: Database) -> None:
     """Where an experiment is inside its state, and the clock's time line across processes.
 
@@ -392,16 +408,4 @@ def m008_experiment_progress(db: Database) -> None:
             calendar_ts REAL NOT NULL
         ) STRICT
         """,
-def m007_monitor_samples(db: Database) -> None:
-    """The time range a diagnosis measured, so an experiment can reuse it as its baseline.
-
-    The diagnosis's scrapes are stored as ``monitor`` samples (experiment_id NULL, ``t`` in epoch
-    seconds, as the sampler's); these columns say which range of them the diagnosis read. NULL
-    for diagnoses stored before, and for ones whose measurement was not kept.
-    """
-    _run(
-        db,
-        "ALTER TABLE diagnoses ADD COLUMN measured_from REAL",
-        "ALTER TABLE diagnoses ADD COLUMN measured_until REAL",
-        "CREATE INDEX diagnoses_server ON diagnoses (server, measured_until)",
     )
