@@ -20,11 +20,16 @@ from playbooks import gate as gate_mod
 from playbooks.engines.base import EngineError
 from playbooks.experiments import steps
 from playbooks.experiments.deps import Deps, args_of
-from playbooks.experiments.lifecycle import before_restart, checkpoint, move
+from playbooks.experiments.known_baseline import (
+    KnownBaseline,
+    NoKnownBaseline,
+    find_known_baseline,
+)
+from playbooks.experiments.lifecycle import FOUND_RUNNING, before_restart, checkpoint, move
 from playbooks.experiments.ownership import OwnershipLost
 from playbooks.experiments.sampling import gate_result, gate_samples, store_sample
 from playbooks.launchers.base import LaunchError, ServerState
-from storage import audit, servers
+from storage import audit, proposals, servers
 from storage import experiments as store
 from storage import samples as sample_store
 from storage.errors import LeaseNotHeld
@@ -178,16 +183,56 @@ def _scrape(
 def _choose_baseline(
     deps: Deps, row: store.ExperimentRow, view: steps.View, facts: steps.Facts
 ) -> None:
-    """Measure the baseline for `baseline_s` from now (a stored window is looked up first)."""
+    """A usable stored window becomes the baseline and the restart follows at once; without
+    one, the baseline is measured for `baseline_s` from now, and the reason is kept."""
+    known = _known_baseline(deps, row, view, facts)
+    if isinstance(known, KnownBaseline):
+        for snapshot in known.samples:
+            store_sample(deps, row.id, "baseline", snapshot, snapshot.t)
+        minutes = (known.end_ts - known.start_ts) / 60
+        _move(
+            deps,
+            row,
+            steps.Move(
+                State.restarting,
+                f"baseline from {known.source} ({minutes:.0f} min, not measured again); "
+                "restarting with the change",
+                {"baseline": "stored", "baseline_source": known.source},
+            ),
+        )
+        return
     seconds = view.settings.baseline_s
     _progress(
         deps,
         row,
         until=facts.now_ts + seconds,
         instance=facts.instance,
-        source="measured",
+        measured_because=known.reason,
     )
-    deps.say(f"measuring the current configuration for {seconds:g} s")
+    deps.say(f"measuring the current configuration for {seconds:g} s ({known.reason})")
+
+
+def _known_baseline(
+    deps: Deps, row: store.ExperimentRow, view: steps.View, facts: steps.Facts
+) -> KnownBaseline | NoKnownBaseline:
+    identity = deps.launcher.identity()
+    applied = servers.current_config(deps.db, deps.server)
+    changed = None
+    if applied is not None and not (applied.note or "").startswith(FOUND_RUNNING):
+        changed = applied.created_at.timestamp()
+    diagnosis = None
+    if row.proposal_id is not None:
+        snapshot = proposals.get_proposal(deps.db, row.proposal_id).snapshot
+        diagnosis = snapshot.get("diagnosis_id")
+    return find_known_baseline(
+        deps.db,
+        deps.server,
+        now_ts=facts.now_ts,
+        settings=view.settings,
+        server_started_ts=None if identity is None else identity.started_at,
+        config_changed_ts=changed,
+        diagnosis_id=int(diagnosis) if isinstance(diagnosis, int) else None,
+    )
 
 
 def _look(deps: Deps, row: store.ExperimentRow, view: steps.View) -> None:
@@ -216,13 +261,25 @@ def _look(deps: Deps, row: store.ExperimentRow, view: steps.View) -> None:
     result = gate_result(decision)
     result["trial_s"] = round(trial[-1].t - float(row.progress.get("first_ts", trial[0].t)), 1)
     result["baseline_s"] = round(baseline[-1].t - baseline[0].t, 1) if baseline else 0.0
-    result["baseline_source"] = str(row.progress.get("baseline_source", "measured"))
+    result.update(_baseline_source(deps, row.id))
     store.set_result(deps.db, row.id, result, now=deps.now())
     _record(
         deps, row, audit.VerdictReached, verdict=decision.verdict, summary=decision.rule,
         evidence=result,
     )  # fmt: skip
     _move(deps, row, verdict)
+
+
+def _baseline_source(deps: Deps, exp_id: int) -> dict[str, Any]:
+    """Whether the baseline was measured or taken from stored samples, as the move out of
+    the baseline recorded it (for the verdict)."""
+    for t in store.transitions(deps.db, exp_id):
+        if t.from_state == State.baseline and t.to_state == State.restarting:
+            if t.details.get("baseline") == "stored":
+                return {"baseline_source": str(t.details.get("baseline_source", "stored samples"))}
+            why = t.details.get("measured_because")
+            return {"baseline_source": "measured" + (f" ({why})" if why else "")}
+    return {"baseline_source": "measured"}
 
 
 # ---------------------------------------------------------------------------------- restarts

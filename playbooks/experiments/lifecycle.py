@@ -19,6 +19,7 @@ from storage import experiments as store
 from storage.errors import LeaseNotHeld, StaleState
 from storage.experiments import TERMINAL, State
 
+FOUND_RUNNING = "configuration found running"  # the note on a configuration kvpilot found
 NOTHING_CHANGED_YET = frozenset({State.proposed, State.approved, State.baseline})
 
 
@@ -127,7 +128,7 @@ def create(
             {"args": current},
             actor=actor,
             now=deps.now(),
-            note="configuration found running",
+            note=FOUND_RUNNING,
         )
         servers.mark_last_known_good(deps.db, config_id, now=deps.now())
     settings = dict(plan.gate)

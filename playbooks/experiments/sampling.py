@@ -14,6 +14,7 @@ from playbooks import gate as gate_mod
 from playbooks.engines import restore_snapshot
 from playbooks.engines.base import Snapshot
 from playbooks.experiments.deps import Deps
+from playbooks.stats.batch_means import scrape_spacing
 from storage import samples as sample_store
 
 
@@ -39,10 +40,11 @@ def gate_samples(
     deps: Deps, exp_id: int, phase: sample_store.Phase, settings: gate_mod.GateSettings
 ) -> list[Snapshot]:
     stored = sample_store.samples_for(deps.db, exp_id, phase)
-    per_batch = max(1, int(settings.batch_s / settings.scrape_s))
-    return gate_mod.with_ttft_p95(
-        [restore_snapshot(s.metrics, float(s.t)) for s in stored], per_batch
-    )
+    snapshots = [restore_snapshot(s.metrics, float(s.t)) for s in stored]
+    # a stored baseline was scraped at the sampler's interval, not the experiment's
+    spacing = scrape_spacing(snapshots) if len(snapshots) > 1 else settings.scrape_s
+    per_batch = max(1, round(settings.batch_s / max(spacing, 1e-9)))
+    return gate_mod.with_ttft_p95(snapshots, per_batch)
 
 
 def gate_result(decision: gate_mod.GateDecision) -> dict[str, Any]:

@@ -160,7 +160,12 @@ def _baseline(view: View, facts: Facts) -> Step:
             return Move(State.cancelled, cut.reason + "; nothing was changed", cut.details)
         return cut
     if facts.now_ts >= float(view.progress["until"]):
-        return Move(State.restarting, "baseline measured; restarting with the change")
+        why = view.progress.get("measured_because")
+        return Move(
+            State.restarting,
+            "baseline measured; restarting with the change",
+            {"baseline": "measured", **({"measured_because": why} if why else {})},
+        )
     return Scrape("baseline")
 
 
