@@ -27,7 +27,12 @@ from playbooks.experiments.known_baseline import (
 )
 from playbooks.experiments.lifecycle import FOUND_RUNNING, before_restart, checkpoint, move
 from playbooks.experiments.ownership import OwnershipLost
-from playbooks.experiments.sampling import gate_result, gate_samples, store_sample
+from playbooks.experiments.sampling import (
+    gate_result,
+    gate_samples,
+    store_sample,
+    store_samples,
+)
 from playbooks.launchers.base import LaunchError, ServerState
 from storage import audit, proposals, servers
 from storage import experiments as store
@@ -63,22 +68,35 @@ def view_of(row: store.ExperimentRow) -> steps.View:
     )
 
 
-def gather(deps: Deps) -> steps.Facts:
+# While it measures, an experiment needs to know the server is the one it measures, not that
+# it is ready: SGLang's readiness check runs a generation, which waits behind the load being
+# measured (most of a second under the incident's 150 clients), so it is asked only when needed.
+MEASURING = frozenset({State.baseline, State.warming_up, State.trial})
+
+
+def gather(deps: Deps, state: State) -> steps.Facts:
     """What the step needs to see: the launcher's view of the server, and the time."""
-    state: ServerState = deps.launcher.state()
+    identity = deps.launcher.identity()
+    if state in MEASURING and identity is not None:
+        running, ready, reason = True, True, ""
+    else:
+        seen: ServerState = deps.launcher.state()
+        running, ready, reason = seen.running, seen.ready, seen.reason
+        if not running:
+            identity = None
     try:
         current: tuple[str, ...] | None = tuple(deps.launcher.current_args())
     except LaunchError:
         current = None
-    identity = deps.launcher.identity() if state.running else None
     return steps.Facts(
         now_ts=deps.now().timestamp(),
-        running=state.running,
-        ready=state.ready,
-        reason=state.reason,
+        running=running,
+        ready=ready,
+        reason=reason,
         current_args=current,
         instance=None if identity is None else identity.instance,
         ready_timeout_s=deps.launcher.ready_timeout_s,
+        carrier=None if deps.lease is None else deps.lease.owner,
     )
 
 
@@ -90,7 +108,7 @@ def advance(deps: Deps, exp_id: int) -> Advanced:
     checkpoint(deps, row.id, row.state)
     _fault("pause", row.state)
     view = view_of(row)
-    facts = gather(deps)
+    facts = gather(deps, row.state)
     step = steps.next_step(view, facts)
     if step is None:
         return Advanced(row, None, "none")
@@ -169,10 +187,22 @@ def _scrape(
     try:
         snapshot = deps.client.snapshot()
     except EngineError as exc:
+        since = float(row.progress.get("last_ts", view.entered_ts))
+        if facts.now_ts - since > view.settings.gap_limit_s:
+            _move(
+                deps,
+                row,
+                steps.Move(
+                    State.reverting if row.state != State.baseline else State.cancelled,
+                    f"the server stopped answering for {facts.now_ts - since:.0f} s: {exc}",
+                    {"cause": "died"},
+                ),
+            )
+            return
         deps.say(f"{row.state}: the server did not answer ({exc}); trying again")
         return
     store_sample(deps, row.id, phase, snapshot, facts.now_ts)
-    changes: dict[str, Any] = {"last_ts": facts.now_ts}
+    changes: dict[str, Any] = {"last_ts": facts.now_ts, "by": facts.carrier}
     if "first_ts" not in row.progress:
         changes["first_ts"] = facts.now_ts
     if row.progress.get("instance") is None and facts.instance is not None:
@@ -187,8 +217,7 @@ def _choose_baseline(
     one, the baseline is measured for `baseline_s` from now, and the reason is kept."""
     known = _known_baseline(deps, row, view, facts)
     if isinstance(known, KnownBaseline):
-        for snapshot in known.samples:
-            store_sample(deps, row.id, "baseline", snapshot, snapshot.t)
+        store_samples(deps, row.id, "baseline", known.samples)
         minutes = (known.end_ts - known.start_ts) / 60
         _move(
             deps,

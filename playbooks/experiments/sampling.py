@@ -8,6 +8,7 @@ samples at their real distance.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from playbooks import gate as gate_mod
@@ -21,17 +22,25 @@ from storage import samples as sample_store
 def store_sample(
     deps: Deps, exp_id: int, phase: sample_store.Phase, snapshot: Snapshot, ts: float
 ) -> None:
+    store_samples(deps, exp_id, phase, [replace(snapshot, t=ts)])
+
+
+def store_samples(
+    deps: Deps, exp_id: int, phase: sample_store.Phase, snapshots: list[Snapshot]
+) -> None:
+    """Store snapshots (each at its own `t`, epoch seconds) in one transaction."""
     sample_store.add_samples(
         deps.db,
         [
             sample_store.Sample(
                 server=deps.server,
                 phase=phase,
-                t=ts,
+                t=s.t,
                 wall_time=deps.now(),
-                metrics=snapshot.to_json(),
+                metrics=s.to_json(),
                 experiment_id=exp_id,
             )
+            for s in snapshots
         ],
     )
 

@@ -10,7 +10,8 @@ Progress keys, per state (stored on the experiment row, replaced on every move):
 - `until`: calendar time (epoch s) at which a timed measuring state is over;
 - `instance`: the server instance being measured (the launcher's identity), so a restart
   that kvpilot did not make (a crash, someone else) is seen as the measurement being cut;
-- `last_ts`: when the newest sample of the state was taken, to see a gap the gate cannot span;
+- `last_ts`, `by`: when the newest sample of the state was taken, and by which process, to see
+  the gap a crash left (a process that carried the experiment all along only scraped late);
 - `issued`: when kvpilot issued the restart of restarting/reverting; `before`: the instance
   that ran before it (a poll that still sees it has not seen the new server yet);
 - `looks`: how many gate looks the trial has had (one per complete batch).
@@ -49,6 +50,7 @@ class Facts:
     current_args: tuple[str, ...] | None  # None when the launcher cannot say
     instance: str | None  # the launcher's identity of the server running now
     ready_timeout_s: float = 1800.0
+    carrier: str | None = None  # the process taking the step (its lease owner)
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,8 @@ def _cut(view: View, facts: Facts, what: str) -> Move | None:
             {"cause": "interrupted"},
         )
     last = view.progress.get("last_ts")
-    if last is not None and facts.now_ts - float(last) > gap_limit_s(view.settings):
+    resumed = view.progress.get("by") != facts.carrier
+    if resumed and last is not None and facts.now_ts - float(last) > gap_limit_s(view.settings):
         return Move(
             State.reverting,
             f"the server went unread for {facts.now_ts - float(last):.0f} s {what} (kvpilot was "

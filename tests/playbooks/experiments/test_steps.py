@@ -29,7 +29,7 @@ def view(state: State, **progress: Any) -> View:
 def seen(**changes: Any) -> Facts:
     facts = Facts(
         now_ts=T, running=True, ready=True, reason="", current_args=BASE, instance="i1",
-        ready_timeout_s=600,
+        ready_timeout_s=600, carrier="bot-2",
     )  # fmt: skip
     return replace(facts, **changes)
 
@@ -99,6 +99,12 @@ CASES: list[tuple[str, View, Facts, object]] = [
     (
         "trial, resumed after a short gap",
         view(State.trial, instance="i2", first_ts=T - 300, last_ts=T - 200, looks=4),
+        seen(**ON_TRIAL),
+        Scrape,
+    ),
+    (
+        "trial, carried all along, scraped late",
+        view(State.trial, instance="i2", first_ts=T - 400, last_ts=T - 241, looks=2, by="bot-2"),
         seen(**ON_TRIAL),
         Scrape,
     ),

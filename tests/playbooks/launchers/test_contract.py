@@ -25,6 +25,7 @@ CLAUSES: list[Any] = [  # clauses, or clauses wrapped in pytest.param with marks
     contract.failure_rollback_and_bot_crash,
     contract.issue_poll_and_identity,
     pytest.param(contract.one_process_carries_an_experiment, marks=pytest.mark.serial),
+    contract.killed_in_every_state,
 ]
 
 
