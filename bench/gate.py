@@ -1,6 +1,7 @@
 """How often the improve-or-revert gate decides wrongly, and how fast, against a fixed window.
 
     python -m bench.gate [--runs 60] [--workers 2] [--seed 1] [--baseline-s 1200]
+    python -m bench.gate --stored [--baseline-s 1800] [--gap-s 300] ...
 
 Each run is one experiment on the in-process twin (incident preset at `--mem-fraction-static
 0.85`, 150 closed-loop clients, `incident` workload): a server that has been up for a while
@@ -18,6 +19,10 @@ from 2 to 30 minutes) whose wrong-decision rates are, in every scenario, no wors
 gate's or the targets (2% wrong keeps, 10% wrong reverts), whichever is higher: a fixed test of
 the same power. Wrong = a keep at 0%, -10% or under drift; a revert at +10%; +3% (the
 `min_effect`) has no wrong answer.
+
+`--stored`: the baseline is not measured for the experiment but read from what the sampler
+stored (one scrape every 15 s, all the time): a longer window at no cost, which ended `--gap-s`
+before the restart while the operator diagnosed and approved. The trial is scraped as before.
 """
 
 from __future__ import annotations
@@ -43,7 +48,10 @@ PROFILE = "incident"
 CONCURRENCY = 150
 DRIFT_CONCURRENCY = 80
 WARM_S = 600.0
-SAMPLE_S = 5.0
+SAMPLE_S = 5.0  # an experiment's own scrapes (GateSettings.scrape_s)
+STORED_SAMPLE_S = 15.0  # the sampler's interval: what a stored baseline is made of
+STORED_BASELINE_S = 1800.0
+STORED_GAP_S = 300.0  # diagnosis and approval between the stored window and the restart
 FIXED_WINDOWS_S = [float(s) for s in range(120, 1801, 30)]
 WRONG_KEEP_TARGET = 0.02
 WRONG_REVERT_TARGET = 0.10
@@ -60,9 +68,15 @@ SCENARIOS: list[tuple[str, float | None, float, int]] = [
 
 
 def run_window(
-    factor: float, concurrency: int, seed: int, duration: float, skip: float = 0.0
+    factor: float,
+    concurrency: int,
+    seed: int,
+    duration: float,
+    skip: float = 0.0,
+    sample_s: float = SAMPLE_S,
 ) -> list[Snapshot]:
-    """Drive a fresh engine for `skip + duration` s; return the scrapes after `skip`."""
+    """Drive a fresh engine for `skip + duration` s; return the scrapes (every `sample_s`) after
+    `skip`."""
     argv = [*PRESET_ARGS]
     if factor != 1.0:
         argv += ["--sim-step-time-factor", repr(factor)]
@@ -108,7 +122,7 @@ def run_window(
         make_profile(PROFILE, seed),
         concurrency=concurrency,
         until=skip + duration,
-        sample_every=SAMPLE_S,
+        sample_every=sample_s,
         on_finish=finished,
         on_sample=sample,
         request_prefix=f"r{seed}",
@@ -156,9 +170,50 @@ def judge(
     return Outcome(name, decision.action, decision.verdict, when, fixed, decision.rule, planned)
 
 
-def one_seed(seed: int, baseline_s: float = 1200.0) -> list[Outcome]:
-    settings = GateSettings()
-    baseline = run_window(1.0, CONCURRENCY, seed, baseline_s, skip=WARM_S)
+@dataclass(frozen=True)
+class BaselineSource:
+    """Where an experiment's baseline comes from.
+
+    Fresh (today's experiments): `seconds` of 5 s scrapes measured just before the restart.
+    Stored: `seconds` of the sampler's 15 s scrapes, read from the database, of a window that
+    ended `gap_s` before the restart (the server ran unchanged in between, through diagnosis and
+    approval). The twin's load is stationary, so the gap only delays the restart here; on a real
+    server it is what lets the load drift away from the baseline.
+    """
+
+    seconds: float
+    stored: bool = False
+    gap_s: float = 0.0
+
+    @property
+    def sample_s(self) -> float:
+        return STORED_SAMPLE_S if self.stored else SAMPLE_S
+
+    def describe(self) -> str:
+        if not self.stored:
+            return f"baseline {self.seconds:g} s after {WARM_S:g} s up"
+        return (
+            f"stored baseline {self.seconds:g} s of {self.sample_s:g} s scrapes after "
+            f"{WARM_S:g} s up, ending {self.gap_s:g} s before the restart"
+        )
+
+
+def baseline_window(seed: int, source: BaselineSource) -> list[Snapshot]:
+    """The old configuration's window: the server runs on through the gap, then restarts."""
+    samples = run_window(
+        1.0, CONCURRENCY, seed, source.seconds + source.gap_s, WARM_S, source.sample_s
+    )
+    return [x for x in samples if x.t <= source.seconds + 1e-9]
+
+
+def settings_for(source: BaselineSource) -> GateSettings:
+    """The gate's settings for an experiment with this baseline."""
+    return GateSettings()
+
+
+def one_seed(seed: int, source: BaselineSource) -> list[Outcome]:
+    settings = settings_for(source)
+    baseline = baseline_window(seed, source)
     out: list[Outcome] = []
     for i, (name, _, factor, clients) in enumerate(SCENARIOS):
         trial = run_window(factor, clients, 10_000 + 10 * seed + i, settings.max_trial_s)
@@ -203,14 +258,14 @@ def comparison_window(by: dict[str, list[Outcome]]) -> float | None:
     return None
 
 
-def report(by: dict[str, list[Outcome]], runs: int, baseline_s: float, wall: float) -> str:
+def report(by: dict[str, list[Outcome]], runs: int, source: BaselineSource, wall: float) -> str:
     """The benchmark's table and its findings against the targets, as Markdown."""
-    settings = GateSettings()
+    settings = settings_for(source)
     chosen = comparison_window(by)
     fixed_min = None if chosen is None else chosen / 60
     header = [
         f"{runs} runs per scenario; incident preset at --mem-fraction-static 0.85, "
-        f"{CONCURRENCY} clients, baseline {baseline_s:g} s after {WARM_S:g} s up, trial cap "
+        f"{CONCURRENCY} clients, {source.describe()}, trial cap "
         f"{settings.max_trial_s:g} s from the restart, a look every {settings.batch_s:g} s; "
         + (
             f"fixed-window test of the same power: {fixed_min:g} min"
@@ -308,7 +363,7 @@ def _findings(
     return lines
 
 
-def _one(args: tuple[int, float]) -> list[Outcome]:
+def _one(args: tuple[int, BaselineSource]) -> list[Outcome]:
     return one_seed(*args)
 
 
@@ -317,12 +372,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=60, help="experiments per scenario")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--baseline-s", type=float, default=1200.0, help="baseline window, seconds")
+    p.add_argument(
+        "--baseline-s",
+        type=float,
+        default=None,
+        help="baseline window, seconds (1200 fresh, 1800 stored)",
+    )
+    p.add_argument(
+        "--stored",
+        action="store_true",
+        help=f"the baseline is the sampler's stored {STORED_SAMPLE_S:g} s scrapes, not a fresh "
+        "window ending at the restart",
+    )
+    p.add_argument(
+        "--gap-s",
+        type=float,
+        default=STORED_GAP_S,
+        help="stored mode: seconds between the window's end and the restart",
+    )
     ns = p.parse_args(argv)
-    if ns.runs < 1 or ns.workers < 1 or ns.baseline_s < 300:
-        p.error("--runs and --workers must be at least 1, --baseline-s at least 300")
+    baseline_s = ns.baseline_s
+    if baseline_s is None:
+        baseline_s = STORED_BASELINE_S if ns.stored else 1200.0
+    if ns.runs < 1 or ns.workers < 1 or baseline_s < 300 or ns.gap_s < 0:
+        p.error("--runs and --workers must be at least 1, --baseline-s at least 300, --gap-s >= 0")
+    source = BaselineSource(baseline_s, ns.stored, ns.gap_s if ns.stored else 0.0)
     start = time.perf_counter()
-    jobs = [(s, ns.baseline_s) for s in range(ns.seed, ns.seed + ns.runs)]
+    jobs = [(s, source) for s in range(ns.seed, ns.seed + ns.runs)]
     if ns.workers > 1:
         with multiprocessing.get_context("fork").Pool(ns.workers) as pool:
             results = pool.map(_one, jobs, chunksize=1)
@@ -332,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     for rs in results:
         for o in rs:
             by[o.scenario].append(o)
-    print(report(by, ns.runs, ns.baseline_s, time.perf_counter() - start))
+    print(report(by, ns.runs, source, time.perf_counter() - start))
     return 0
 
 
