@@ -4,13 +4,15 @@
 running each in a thread of its own. Each experiment has one APScheduler job at a time: it
 takes the experiment's next step (`playbooks.experiments.machine.advance`; each step is short)
 and schedules the one after it by the delay the step asked for, on the experiment's clock, so
-one experiment never runs two steps at once and idle experiments cost nothing. When the
+one experiment never runs two steps at once and idle experiments cost nothing; another job
+renews each carried experiment's lease. When the
 experiment ends, waits for a person, or this process loses it, no job follows and `on_end` is
 told.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from playbooks.clock import Clock
@@ -62,6 +65,17 @@ class Ticker:
         item = Carried(exp_id, deps, on_end)
         with self._lock:
             self._carried[exp_id] = item
+        lease = deps.lease
+        if lease is not None:  # the experiment's lease is renewed here, not by a thread of its own
+            self._aps.add_job(
+                lease.renew,
+                "interval",
+                seconds=lease.renew_every_s,
+                id=f"lease-{exp_id}",
+                max_instances=1,
+                coalesce=True,
+                replace_existing=True,
+            )
         self._schedule(exp_id, 0.0)
         return item
 
@@ -120,6 +134,8 @@ class Ticker:
     def _end(
         self, item: Carried, row: store.ExperimentRow | None, error: BaseException | None
     ) -> None:
+        with contextlib.suppress(JobLookupError):
+            self._aps.remove_job(f"lease-{item.exp_id}")
         try:
             item.on_end(row, error)
         finally:

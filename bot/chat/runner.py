@@ -200,7 +200,6 @@ class ExperimentRunner:
                 log.exception("progress update failed")
 
         deps = experiment_deps(self.config, row.server, db, on_progress, clock=self.clock)
-        lease.start()
         deps.lease = lease
         if resume:
             engine.resume_policy(deps, exp_id, actor="kvpilot")

@@ -41,6 +41,8 @@ def summarise(db: Database, row: store.ExperimentRow) -> dict[str, Any]:
         "change": row.change,
         "verdict": result.get("verdict"),
         "baseline": result.get("baseline"),
+        # measured, or which stored window (the sampler's, a diagnosis's) it was taken from
+        "baseline_source": result.get("baseline_source"),
         "trial": result.get("trial"),
         "effect": result.get("effect"),
         "rule": result.get("rule"),
@@ -91,7 +93,8 @@ def render_summary(s: dict[str, Any]) -> str:
         lines.append(f"  then      {s['then']}")
     lines += [
         f"  change    {s['change']}",
-        f"  baseline  {_interval(s['baseline'])}",
+        f"  baseline  {_interval(s['baseline'])}"
+        + (f", {s['baseline_source']}" if s.get("baseline_source") else ""),
         f"  trial     {_interval(s['trial'])}",
         f"  effect    {_interval(s['effect'], pct=True)}",
         f"  took      {s['took_s']} s (trial {s['trial_s']} s)",

@@ -133,7 +133,6 @@ def carry(deps: engine.Deps, lease: Lease, err: TextIO, *, resume: bool = False)
     takes Ctrl-C or SIGTERM, which aborts and reverts it. False when this process lost the
     experiment to another (it then touched nothing more).
     """
-    lease.start()
     deps.lease = lease
     exp_id = lease.experiment_id
     lost: list[BaseException] = []

@@ -268,7 +268,7 @@ def _look(deps: Deps, row: store.ExperimentRow, view: steps.View) -> None:
     settings = view.settings
     baseline = gate_samples(deps, row.id, "baseline", settings)
     trial = gate_samples(deps, row.id, "trial", settings)
-    looks = int(row.progress.get("looks", 0)) + 1
+    looks = steps.complete_batches(view)
     try:
         decision = gate_mod.decide(baseline, trial, settings)
     except ValueError as exc:

@@ -38,6 +38,7 @@ CAUSES: dict[str, Outcome] = {
     "aborted": Outcome.cancelled,
     "interrupted": Outcome.cancelled,
     "not_ready": Outcome.cancelled,
+    "stale_plan": Outcome.cancelled,  # the server changed since the approval: nothing touched
 }
 
 DESCRIPTIONS: dict[Outcome, str] = {
@@ -64,9 +65,9 @@ class Ending:
 
 
 def _deciding_move(moves: list[TransitionRow]) -> TransitionRow | None:
-    """The move that sent the experiment off its course: into reverting or cancelled."""
+    """The move that sent the experiment off its course: into reverting, cancelled or expired."""
     for move in reversed(moves):
-        if move.to_state in (State.reverting, State.cancelled):
+        if move.to_state in (State.reverting, State.cancelled, State.expired):
             return move
     return None
 
@@ -89,7 +90,7 @@ def ending(row: ExperimentRow, moves: list[TransitionRow]) -> Ending:
     last = moves[-1].reason if moves else ""
     if row.state == State.kept:
         return Ending(Outcome.kept, last, "", "improved")
-    if row.state not in (State.reverted, State.failed, State.cancelled):
+    if row.state not in (State.reverted, State.failed, State.cancelled, State.expired):
         return Ending(Outcome.unfinished, last, "", "")
     move = _deciding_move(moves)
     if move is None:  # failed or reverted with no recorded way in (cannot happen today)

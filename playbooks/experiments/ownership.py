@@ -119,9 +119,10 @@ def wall_now() -> datetime:
 class Lease:
     """This process's claim on one experiment.
 
-    `acquire()` takes it (or says who has it); `start()` begins renewing it in a thread with
-    its own database connection; `check()` raises `OwnershipLost` once it is gone, and, with
-    `sync=True`, first renews it in the database, which is what a restart is preceded by;
+    `acquire()` takes it (or says who has it); `renew()` renews it once (the scheduler calls
+    it for the experiments it carries), `start()` renews it in a thread of its own instead;
+    `check()` raises `OwnershipLost` once it is gone, and, with `sync=True`, first renews it
+    in the database, which is what a restart is preceded by;
     `release()` gives it up. Each database call opens its own short-lived connection, so a
     lease can be taken in one thread and used in another.
     """
@@ -195,21 +196,27 @@ class Lease:
         self._thread.start()
 
     def _renew_loop(self) -> None:
-        db = self.connect()
+        while not self._done.wait(self.renew_every_s):
+            if not self.renew():
+                return
+
+    def renew(self) -> bool:
+        """Renew the lease once (the scheduler does it for the experiments it carries); False
+        once it is lost. While stopping, the lease is kept until the work has stopped."""
+        if self._lost.is_set():
+            return False
+        if self.stopping.is_set():
+            return True
         try:
-            while not self._done.wait(self.renew_every_s):
-                if self.stopping.is_set():
-                    continue  # stop work, but keep the lease until the work has stopped
-                try:
-                    if not store.acquire_lease(
-                        db, self.experiment_id, self.owner, self.now(), self.ttl_s
-                    ):
-                        self._lose("another kvpilot process took the experiment over")
-                        return
-                except Exception as exc:  # the database is unreachable: stop acting
-                    log.warning("renewing the lease of %s failed: %s", self.experiment_id, exc)
-        finally:
-            db.close()
+            with self._db() as db:
+                if not store.acquire_lease(
+                    db, self.experiment_id, self.owner, self.now(), self.ttl_s
+                ):
+                    self._lose("another kvpilot process took the experiment over")
+                    return False
+        except Exception as exc:  # the database is unreachable: stop acting
+            log.warning("renewing the lease of %s failed: %s", self.experiment_id, exc)
+        return True
 
     def _lose(self, why: str) -> None:
         self._lost_why = why

@@ -219,12 +219,18 @@ def _trial(view: View, facts: Facts) -> Step:
     cut = _cut(view, facts, "during the trial")
     if cut is not None:
         return cut
-    looks = int(view.progress.get("looks", 0))
-    last = view.progress.get("last_ts")
-    started = float(view.progress.get("first_ts", view.entered_ts))
-    if last is not None and float(last) - started >= (looks + 1) * view.settings.batch_s:
+    if complete_batches(view) > int(view.progress.get("looks", 0)):
         return Look()
     return Scrape("trial")
+
+
+def complete_batches(view: View) -> int:
+    """Complete gate batches the trial's stored samples span (one look per new batch)."""
+    last = view.progress.get("last_ts")
+    if last is None:
+        return 0
+    started = float(view.progress.get("first_ts", view.entered_ts))
+    return int((float(last) - started) / view.settings.batch_s + 1e-9)
 
 
 def _deciding(view: View, facts: Facts) -> Step:

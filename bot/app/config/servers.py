@@ -22,7 +22,10 @@ GATE_KEYS = (
     "batch_s",
     "scrape_s",
     "warmup_floor_s",
+    "max_gap_s",
 )
+# keys that may be 0 (for max_gap_s: four batches)
+ZERO_ALLOWED = ("warmup_s", "warmup_floor_s", "max_gap_s")
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,7 @@ def gate_settings(table: Any, where: str, base: GateSettings) -> GateSettings:
         raise ConfigError(f"{where}: expected a table")
     check_keys(table, set(GATE_KEYS), where)
     values = {
-        k: number(
-            table, k, where, getattr(base, k), positive=k not in ("warmup_s", "warmup_floor_s")
-        )
+        k: number(table, k, where, getattr(base, k), positive=k not in ZERO_ALLOWED)
         for k in GATE_KEYS
     }
     numbers = {k: float(v) for k, v in values.items() if v is not None}

@@ -291,7 +291,7 @@ KILL_POINTS = (
 # The twin of these harnesses has no load, so the gate cannot judge the change and reverts it:
 # the verdict an uninterrupted run gives. The bot's restarts take ~1 s of wall time (40 s on
 # the clock) here; the gap limit is raised so that every resume continues the measurement.
-CRASH_GATE = "\n[gate]\nbaseline_s = 30\nscrape_s = 2\nbatch_s = 10\nmax_gap_s = 600\n"
+CRASH_GATE = "\n[gate]\nbaseline_s = 60\nscrape_s = 2\nbatch_s = 10\nmax_gap_s = 600\n"
 
 
 def killed_in_every_state(h: Harness) -> None:
