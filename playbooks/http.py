@@ -9,8 +9,11 @@ use `retried_get`.
 
 from __future__ import annotations
 
+import functools
+import ssl
 from collections.abc import Callable, Sequence
 
+import certifi
 import httpx
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
@@ -48,7 +51,9 @@ def http_client(
 ) -> httpx.Client:
     """A client for one server: its base URL, its bearer token if any, one timeout."""
     headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
-    return httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+    return httpx.Client(
+        base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, verify=tls_context()
+    )
 
 
 def retried_get(
@@ -81,12 +86,21 @@ def answers_ok(url: str, path: str, timeout_s: float = 5.0) -> bool:
     return first_answer_ok(url, (path,), timeout_s)
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """One TLS context for the process: building one loads the CA bundle (~50 ms), which a
+    probe taken at every experiment step cannot afford each time (httpx's default bundle)."""
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 def first_answer_ok(url: str, paths: Sequence[str], timeout_s: float = 5.0) -> bool:
     """One readiness probe over `paths`, newest first: a 404 means the server predates that
     path, so the next is asked; the first path it has decides (200: ready)."""
     for path in paths:
         try:
-            status = httpx.get(url.rstrip("/") + path, timeout=timeout_s).status_code
+            status = httpx.get(
+                url.rstrip("/") + path, timeout=timeout_s, verify=tls_context()
+            ).status_code
         except httpx.HTTPError:
             return False
         if status != 404:

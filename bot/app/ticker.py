@@ -89,6 +89,9 @@ class Ticker:
             id=f"experiment-{exp_id}",
             misfire_grace_time=None,
             replace_existing=True,
+            # the step that schedules this one is still returning when it may start; steps
+            # never overlap, since each schedules its one successor only when it is done
+            max_instances=2,
         )
 
     def carrying(self) -> list[int]:

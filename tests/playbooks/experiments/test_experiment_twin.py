@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from bot.cli import exit_codes, main
-from playbooks.experiments.outcome import CAUSES
+from playbooks.experiments.outcome import CAUSES, ending
 from storage import audit
 from storage import experiments as store
 from storage.db import open_db
@@ -161,25 +161,29 @@ def test_bad_input_is_refused(ws: Workspace) -> None:
 # --------------------------------------------------------------------------- crash tests
 # Where the bot is killed: paused before the first step of a state (`<state>`), or killed by
 # itself right after a step it persisted (`<state>:<step>`); then `kvpilot resume`. A killed bot
-# costs nothing when the server was untouched: the experiment continues where it was and ends
-# with the verdict an uninterrupted run gives. (change, terminal state, fraction after, exit)
-KEPT = ("mem_fraction_static=0.88", "kept", 0.88, 0)
-EXPECTED = {
-    "approved": KEPT,
-    "baseline": KEPT,
-    "baseline:scrape": KEPT,
-    "restarting": KEPT,
-    "restarting:issue": KEPT,
-    "warming_up": KEPT,
-    "trial": KEPT,
-    "trial:scrape": KEPT,
-    "trial:look": KEPT,
-    "deciding": KEPT,
-    # the gate has judged before the crash: resume exits with that verdict's code (3 for "not
-    # improved"; on a starved machine the twin's noise can make it "no verdict", 5)
-    "reverting": ("enable_hierarchical_cache=true", "reverted", 0.85, None),
-    "reverting:issue": ("enable_hierarchical_cache=true", "reverted", 0.85, None),
+# costs nothing when the server was untouched: the experiment continues where it was, measures
+# the change once, and ends with the gate's verdict, not a revert for the crash. (The incident's
+# 0.85 -> 0.88 is a +19% gain the gate keeps; on a starved machine the twin's noise can make the
+# gate revert it instead, as it would without the crash, so either verdict of the gate passes and
+# the server must be on the configuration that verdict names.)
+RAISE = "mem_fraction_static=0.88"
+HARMFUL = "enable_hierarchical_cache=true"
+POINTS = {
+    "approved": RAISE,
+    "baseline": RAISE,
+    "baseline:scrape": RAISE,
+    "restarting": RAISE,
+    "restarting:issue": RAISE,
+    "warming_up": RAISE,
+    "trial": RAISE,
+    "trial:scrape": RAISE,
+    "trial:look": RAISE,
+    "deciding": RAISE,
+    # the gate has judged before the crash; the revert is carried out
+    "reverting": HARMFUL,
+    "reverting:issue": HARMFUL,
 }
+GATE_REVERTS = ("not_improved", "guardrail", "inconclusive", "drifted", "unjudgeable")
 
 
 def fault_env(point: str, marker: Path) -> dict[str, str]:
@@ -216,35 +220,33 @@ def kill_at(ws: Workspace, tmp_path: Path, point: str, change: str) -> store.Exp
     return row
 
 
-@pytest.mark.parametrize("point", sorted(EXPECTED))
-def test_bot_killed_anywhere_resumes_to_the_right_verdict(
+@pytest.mark.parametrize("point", sorted(POINTS))
+def test_bot_killed_anywhere_resumes_to_the_gates_verdict(
     ws: Workspace, tmp_path: Path, point: str
 ) -> None:
-    change, final, fraction, resume_code = EXPECTED[point]
+    change = POINTS[point]
     row = kill_at(ws, tmp_path, point, change)
     state = point.split(":", maxsplit=1)[0]
     assert str(row.state) in (state, *_next(state)), (point, row.state)
     db = open_db(ws.config.parent / "var" / "kvpilot.db")
-    if resume_code is None:  # the code of the verdict recorded with the move into reverting
-        cause = next(
-            t.details["cause"] for t in store.transitions(db, row.id) if t.to_state == "reverting"
-        )
-        # a revert the gate decided; on a starved machine it may not have been able to judge
-        assert cause in ("not_improved", "inconclusive", "drifted", "unjudgeable"), cause
-        resume_code = exit_codes.BY_OUTCOME[CAUSES[cause]]
     code, _out, err = ws.cli("resume")
-    assert code == resume_code, err
     row = store.get_experiment(db, row.id)
-    assert str(row.state) == final, (point, row.state, err)
+    moves = store.transitions(db, row.id)
+    end = ending(row, moves)
+    assert code == exit_codes.BY_OUTCOME[end.outcome], err
+    assert str(row.state) in ("kept", "reverted"), (point, row.state, err)
+    if row.state == "reverted":  # by the gate's verdict, never for the crash
+        assert end.cause_code in GATE_REVERTS, (point, end.cause, err)
+    if change == HARMFUL:
+        assert row.state == "reverted"
+    fraction = 0.88 if row.state == "kept" else 0.85
     assert ws.info()["mem_fraction_static"] == fraction
-    moves = [(str(t.from_state), str(t.to_state)) for t in store.transitions(db, row.id)]
-    assert moves[-1][1] == final
-    if final == "kept":  # nothing was reverted, the change was measured once
-        assert not any(to == "reverting" for _, to in moves), moves
-        assert [m for m in moves if m[1] == "restarting"] == [("baseline", "restarting")]
+    path = [str(m.to_state) for m in moves]
+    assert path.count("restarting") == 1 and path.count("trial") == 1, path  # measured once
+    assert (row.result or {}).get("verdict"), row.result  # the gate judged it
     names = [e["name"] for e in audit.events(db, experiment_id=row.id)]
     assert names[0] == "experiment_created"
-    assert names.count("restart_started") == 1 or state == "reverting"
+    assert names.count("restart_started") == 1
     resumed = audit.events(db, name="bot_resumed")
     assert resumed and row.id in resumed[-1]["properties"]["active_experiment_ids"]
 
