@@ -24,6 +24,7 @@ baseline, and how long its longest single step takes behind each launcher.
 from __future__ import annotations
 
 import argparse
+import io
 import statistics
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from sqlite_utils import Database
@@ -42,6 +44,7 @@ from bot.app.config import Config, load
 from bot.app.ticker import Carried, Ticker
 from bot.app.wiring import database, experiment_deps, make_clock
 from bot.app.wiring import launcher as build_launcher
+from bot.cli import experiments as cli_experiments
 from bot.reports.sampler import Sampler
 from playbooks.clock import Clock
 from playbooks.experiments import machine
@@ -168,9 +171,25 @@ def result_of(
 
 
 # ------------------------------------------------------------------------------ one experiment
+class RecordingTicker(Ticker):
+    """The product's scheduler, keeping what it carried (its step count and longest step)."""
+
+    carried: ClassVar[list[Carried]] = []
+
+    def carry(
+        self,
+        exp_id: int,
+        deps: machine.Deps,
+        on_end: Callable[[store.ExperimentRow | None, BaseException | None], None],
+    ) -> Carried:
+        item = super().carry(exp_id, deps, on_end)
+        RecordingTicker.carried.append(item)
+        return item
+
+
 def carry_to_end(config: Config, server: str, db: Database, clock: Clock) -> tuple[int, Carried]:
-    """Approve the change at once and let the process's scheduler take every step to the end,
-    as `kvpilot experiment --yes` does (`bot/cli/experiments.py` cmd_experiment and carry)."""
+    """Approve the change at once and carry it to its end in the foreground, as
+    `kvpilot experiment --yes` does (`bot/cli/experiments.py` cmd_experiment and carry)."""
     deps = experiment_deps(config, server, db, clock=clock)
     lease = Lease(lambda: database(config))
     baseline = deps.launcher.current_args()
@@ -184,20 +203,12 @@ def carry_to_end(config: Config, server: str, db: Database, clock: Clock) -> tup
         owner=lease,
         plan=machine.ApprovedPlan(tuple(baseline), tuple(trial), vars(config.server(server).gate)),
     )
-    lease.start()
-    deps.lease = lease
-    errors: list[BaseException] = []
-    ticker = Ticker(deps.clock)
-    try:
-        carried = ticker.carry(exp_id, deps, lambda _row, exc: errors.extend([exc] if exc else []))
-        while not ticker.wait(exp_id, timeout=0.2):
-            pass
-    finally:
-        ticker.shutdown()
-        lease.release()
-        deps.client.close()
-    if errors:
-        raise errors[0]
+    RecordingTicker.carried.clear()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli_experiments, "Ticker", RecordingTicker)
+        if not cli_experiments.carry(deps, lease, io.StringIO()):
+            raise RuntimeError(f"experiment {exp_id}: another process took it over")
+    (carried,) = RecordingTicker.carried
     return exp_id, carried
 
 
