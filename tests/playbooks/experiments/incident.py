@@ -1,0 +1,94 @@
+"""The incident twin behind kvpilot's process launcher, for the experiment tests on the twin."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bot.cli import main
+from tests.twin_process import free_port
+
+SCALE = 200
+# A test whose outcome needs the gate to *judge* a change measures at half that speed: at 200x
+# two twins on two cores fall behind their clocks and the bot's scrapes come ~50 simulated
+# seconds apart, too sparse and too skewed to show a +20% effect reliably, and a loaded machine
+# can leave the baseline with fewer complete 60 s batches than the gate needs (it then reverts
+# as "cannot judge", not as "not improved"); at 100x they come every 10-15 s. A revert after a
+# failure needs no such evidence, so the others stay fast.
+MEASURING_SCALE = 100
+KEEPS = ("test_raising_the_fraction_is_kept", "test_harmful_host_cache_is_reverted", "anywhere")
+
+
+def scale_for(test_name: str) -> int:
+    return MEASURING_SCALE if any(k in test_name for k in KEEPS) else SCALE
+
+
+@dataclass
+class Workspace:
+    config: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def info(self) -> dict[str, Any]:
+        return dict(httpx.get(self.url + "/server_info", timeout=10).json())
+
+    def cli(self, *args: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        code = main(
+            [*args[:1], *args[1:], "--config", str(self.config)]
+            if args[0] != "experiments"
+            else [*args, "--config", str(self.config)],
+            out=out,
+            err=err,
+        )
+        return code, out.getvalue(), err.getvalue()
+
+
+@contextmanager
+def incident_workspace(tmp_path: Path, scale: int) -> Iterator[Workspace]:
+    """The incident twin behind the process launcher, started, and its kvpilot.toml."""
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "sim.launch_server",
+        "--preset",
+        "kimi-k2.5-rtxpro6000-tp8",
+        "--port",
+        str(port),
+        "--mem-fraction-static",
+        "0.85",
+        "--enable-metrics",
+        "--time-scale",
+        str(scale),
+        "--workload",
+        "incident",
+        "--concurrency",
+        "150",
+    ]
+    config = tmp_path / "kvpilot.toml"
+    config.write_text(
+        f"[kvpilot]\ntime_scale = {scale}\n\n[gate]\nscrape_s = 10\nbatch_s = 60\n\n"
+        f'[servers.incident]\nurl = "http://127.0.0.1:{port}"\n'
+        "gpu_memory_gib = 95.59\nhost_ram_gib = 256\n"
+        '[servers.incident.launcher]\nkind = "process"\n'
+        f"command = {json.dumps(command)}\n"
+    )
+    w = Workspace(config, port)
+    code, _, err = w.cli("server", "start", "--server", "incident")
+    assert code == 0, err
+    try:
+        yield w
+    finally:
+        w.cli("server", "stop", "--server", "incident")
