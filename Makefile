@@ -60,7 +60,7 @@ typecheck: venv
 # cores finish in about half the time; a file's tests stay on one worker (shared servers). The
 # coverage of bot/, playbooks/ and storage/ is measured here, against the floor in pyproject.toml
 # (`fail_under`; the figure is in BENCHMARKS.md).
-PYTEST_ARGS ?= -n 4 --dist loadfile
+PYTEST_ARGS ?= -n 4 --dist loadfile --durations=15
 
 test-twin: venv
 	$(BIN)/pytest -q $(PYTEST_ARGS) -m "not real_sglang and not serial" --cov --cov-report=term:skip-covered

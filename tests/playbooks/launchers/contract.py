@@ -204,11 +204,9 @@ def one_process_carries_an_experiment(h: Harness) -> None:
     assert h.leftovers() == []
 
 
-STEP_S = 5.0  # the most one step of the experiment engine may take
-
-
 class Longest:
-    """The longest single call of each launcher method, in wall seconds."""
+    """The longest single call of each launcher method, in wall seconds, printed (with `-s`)
+    for BENCHMARKS.md: speed is benchmarked (bench/experiment.py), never asserted in a test."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -220,7 +218,6 @@ class Longest:
         finally:
             took = time.monotonic() - start
             self.seconds[what] = max(self.seconds.get(what, 0.0), took)
-            assert took < STEP_S, f"{what} took {took:.2f} s"
 
 
 def poll_fresh(h: Harness, longest: Longest, timeout: float = 30.0) -> None:
@@ -289,9 +286,11 @@ KILL_POINTS = (
 )
 # The twin of these harnesses has no load, so the gate cannot judge the change and reverts it:
 # the verdict an uninterrupted run gives. The bot's restarts take seconds of wall time (minutes
-# on this clock) here: every point is one a resumed process reaches whatever the delay, and the
-# gap limit is raised so that every resume continues the measurement.
-CRASH_GATE = "\n[gate]\nbaseline_s = 60\nscrape_s = 2\nbatch_s = 10\nmax_gap_s = 600\n"
+# on this clock), and on a loaded machine a Kubernetes client's start alone can pass the default
+# gap limit: every point is one a resumed process reaches whatever the delay, and the gap limit
+# is lifted so that every resume continues the measurement (a measurement cut by a gap or a
+# restart is tested in tests/playbooks/experiments/: test_steps.py, test_crash_twin.py).
+CRASH_GATE = "\n[gate]\nbaseline_s = 60\nscrape_s = 2\nbatch_s = 10\nmax_gap_s = 86400\n"
 
 
 def killed_in_every_state(h: Harness) -> None:
@@ -311,8 +310,14 @@ def killed_in_every_state(h: Harness) -> None:
         bot = _kvpilot(
             h, *(first if i == 0 else ("resume",)), env={"KVPILOT_FAULT_KILL_AFTER": point}
         )
-        _, err = bot.communicate(timeout=120)
-        assert bot.returncode == -signal.SIGKILL, (point, bot.returncode, err[-3000:])
+        out, err = bot.communicate(timeout=120)
+        if bot.returncode != -signal.SIGKILL:
+            db = open_db(h.config.parent / "var" / "kvpilot.db")
+            moves = [
+                (str(t.to_state), t.reason) for r in store.list_experiments(db)
+                for t in store.transitions(db, r.id)
+            ]  # fmt: skip
+            raise AssertionError((point, bot.returncode, out[-1000:], err[-3000:], moves))
     last = _kvpilot(h, "resume")
     _, err = last.communicate(timeout=120)
     db = open_db(h.config.parent / "var" / "kvpilot.db")

@@ -1,31 +1,21 @@
-"""The process, systemd, docker and kubernetes launchers pass one contract (contract.py)."""
+"""The process, systemd, docker and kubernetes launchers pass one contract (contract.py); the
+`system` fixture, one harness per launcher, is in conftest.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests.playbooks.launchers import contract
-from tests.playbooks.launchers.harness import HARNESSES, Harness
-
-
-@pytest.fixture(params=sorted(HARNESSES))
-def system(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Harness]:
-    with HARNESSES[request.param](tmp_path, monkeypatch) as h:
-        yield h
-
+from tests.playbooks.launchers.harness import Harness
 
 CLAUSES: list[Any] = [  # clauses, or clauses wrapped in pytest.param with marks
     contract.apply_death_stop_and_start,
     contract.failure_rollback_and_bot_crash,
     contract.issue_poll_and_identity,
     pytest.param(contract.one_process_carries_an_experiment, marks=pytest.mark.serial),
-    contract.killed_in_every_state,
 ]
 
 
