@@ -26,7 +26,7 @@ from playbooks.engines.sglang.facts import (
     retraction_rate,
     running_cap_total,
 )
-from playbooks.engines.sglang.metrics import binding_pool_of
+from playbooks.engines.sglang.metrics import binding_pool
 from playbooks.engines.sglang.reservation import Reservation, floor_ratio, initial_ratio
 from playbooks.types import Bottleneck
 
@@ -170,7 +170,10 @@ def pools_evidence(m: Measurement) -> str | None:
         for name, value in (("full", m.full_usage), ("SWA", m.swa_usage), ("mamba", m.mamba_usage))
         if value is not None
     )
-    pool = binding_pool_of(m)
+    # near full as the KV rule reads it: with retractions a pool this full already limits
+    # admission (`kv_bound`), so the evidence names the same pool the bottleneck was read from
+    near_top = RETRACTING_USAGE if is_retracting(m) else SATURATED_USAGE
+    pool = binding_pool(m.full_usage, m.swa_usage, m.mamba_usage, near_top)
     verdict = f"{POOL_NAMES[pool]} binds" if pool is not None else "none of them is near full"
     return f"hybrid model, pool usage {shares}: {verdict}"
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from playbooks.diagnose.measure import Measurement
+from playbooks.engines.sglang.bottleneck import pools_evidence
 from playbooks.engines.sglang.capacity import GpuMemory, build_model
 from playbooks.engines.sglang.client import MemoryReport, ServerInfo
 from playbooks.engines.sglang.rules import Context, analyse, evaluate, propose
@@ -196,3 +197,25 @@ def test_larger_prefill_chunks_need_headroom() -> None:
     tight = context(mem_fraction_static=0.92)
     option = evaluate({"chunked_prefill_size": 32768}, tight, "prefill")
     assert option.verdict == "unsafe"
+
+
+@pytest.mark.parametrize(
+    ("full", "retracting", "verdict"),
+    [
+        (0.83, True, "the full-attention pool binds"),  # KV-bound through retractions at 83%
+        (0.83, False, "none of them is near full"),
+        (0.90, False, "the full-attention pool binds"),
+    ],
+)
+def test_the_hybrid_pool_evidence_names_the_pool_the_kv_rule_read(
+    full: float, retracting: bool, verdict: str
+) -> None:
+    m = measurement(
+        token_usage=full,
+        full_usage=full,
+        swa_usage=0.08,
+        swa_capacity_tokens=400_000,
+        retractions_seen_in_gauge=5 if retracting else 0,
+    )
+    evidence = pools_evidence(m)
+    assert evidence is not None and evidence.endswith(verdict), evidence
