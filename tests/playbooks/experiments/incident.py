@@ -56,8 +56,9 @@ class Workspace:
 
 
 @contextmanager
-def incident_workspace(tmp_path: Path, scale: int) -> Iterator[Workspace]:
-    """The incident twin behind the process launcher, started, and its kvpilot.toml."""
+def incident_workspace(tmp_path: Path, scale: int, gate: str = "") -> Iterator[Workspace]:
+    """The incident twin behind the process launcher, started, and its kvpilot.toml (`gate`:
+    more `[gate]` lines)."""
     port = free_port()
     command = [
         sys.executable,
@@ -79,7 +80,7 @@ def incident_workspace(tmp_path: Path, scale: int) -> Iterator[Workspace]:
     ]
     config = tmp_path / "kvpilot.toml"
     config.write_text(
-        f"[kvpilot]\ntime_scale = {scale}\n\n[gate]\nscrape_s = 10\nbatch_s = 60\n\n"
+        f"[kvpilot]\ntime_scale = {scale}\n\n[gate]\nscrape_s = 10\nbatch_s = 60\n{gate}\n"
         f'[servers.incident]\nurl = "http://127.0.0.1:{port}"\n'
         "gpu_memory_gib = 95.59\nhost_ram_gib = 256\n"
         '[servers.incident.launcher]\nkind = "process"\n'

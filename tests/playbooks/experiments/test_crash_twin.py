@@ -26,7 +26,9 @@ from tests.twin_process import REPO
 
 @pytest.fixture
 def ws(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Workspace]:
-    with incident_workspace(tmp_path, scale_for(request.node.name)) as w:
+    # the shortest baseline the configuration accepts (six 60 s batches): the crash, not the
+    # gate's precision, is under test here
+    with incident_workspace(tmp_path, scale_for(request.node.name), "baseline_s = 360\n") as w:
         yield w
 
 

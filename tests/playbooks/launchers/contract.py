@@ -271,17 +271,16 @@ def issue_poll_and_identity(h: Harness) -> None:
 
 
 # Where the chain below kills the bot: after the step named, in the state named, with what the
-# step learnt persisted. Each is a separate bot process (`kvpilot experiment`, then `kvpilot
+# step learnt persisted: one point in every state an idle server's experiment passes through
+# (`deciding` needs a verdict of the gate: tests/playbooks/experiments/test_crash_twin.py).
+# Each is a separate bot process (`kvpilot experiment`, then `kvpilot
 # resume`s), killed by itself with SIGKILL; the next one resumes where it died.
 KILL_POINTS = (
     "approved:move",
     "baseline:scrape",  # the baseline starts afresh in this process, so a scrape follows
-    "baseline:move",
     "restarting:issue",
-    "restarting:poll",
     "warming_up:move",
     "trial:scrape",
-    "trial:look",
     "reverting:issue",
 )
 # The twin of these harnesses has no load, so the gate cannot judge the change and reverts it:
