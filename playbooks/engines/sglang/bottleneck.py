@@ -89,7 +89,7 @@ def evidence(ctx: Context) -> list[str]:
             "window: the server is still filling up (recent restart or a new burst); measure "
             "again in a few minutes for a settled picture"
         )
-    pools = pools_evidence(m)
+    pools = pools_evidence(m, reserved=reservation_binding(ctx.info, ctx.version, m) is not None)
     if pools is not None:
         found.append(pools)
     rpm = retraction_rate(m)
@@ -158,7 +158,7 @@ POOL_NAMES = {
 }
 
 
-def pools_evidence(m: Measurement) -> str | None:
+def pools_evidence(m: Measurement, *, reserved: bool = False) -> str | None:
     """For a hybrid model, each pool's share and which binds (0.5.23's token_usage is their
     maximum, `scheduler_components/pool_stats_observer.py`)."""
     # SGLang exports the SWA and mamba gauges for every model (0 for a plain one): a model is
@@ -172,9 +172,13 @@ def pools_evidence(m: Measurement) -> str | None:
     )
     # near full as the KV rule reads it: with retractions a pool this full already limits
     # admission (`kv_bound`), so the evidence names the same pool the bottleneck was read from
+    # `reserved`: the running requests' reservations fill the pool (`reservation_bound`), so
+    # the fullest pool binds however much of it is in use
     near_top = RETRACTING_USAGE if is_retracting(m) else SATURATED_USAGE
-    pool = binding_pool(m.full_usage, m.swa_usage, m.mamba_usage, near_top)
+    pool = binding_pool(m.full_usage, m.swa_usage, m.mamba_usage, 0.0 if reserved else near_top)
     verdict = f"{POOL_NAMES[pool]} binds" if pool is not None else "none of them is near full"
+    if pool is not None and reserved:
+        verdict += " (by its reservations)"
     return f"hybrid model, pool usage {shares}: {verdict}"
 
 

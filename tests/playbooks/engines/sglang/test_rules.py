@@ -219,3 +219,8 @@ def test_the_hybrid_pool_evidence_names_the_pool_the_kv_rule_read(
     )
     evidence = pools_evidence(m)
     assert evidence is not None and evidence.endswith(verdict), evidence
+    if not retracting:  # reservations that fill the pool make the fullest one bind
+        held = pools_evidence(m, reserved=True)
+        assert held is not None and held.endswith(
+            "the full-attention pool binds (by its reservations)"
+        )
