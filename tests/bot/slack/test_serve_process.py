@@ -185,7 +185,12 @@ def _sigterm_then_resume(
         deadline = time.monotonic() + 90
         while str(store.get_experiment(db, row.id).state) != state:
             assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, f"never reached {state}"
+            if time.monotonic() > deadline:
+                proc.kill()
+                moves = [(str(t.to_state), t.reason) for t in store.transitions(db, row.id)]
+                raise AssertionError(
+                    f"never reached {state}: {moves} {proc.communicate()[1][-3000:]}"
+                )
             time.sleep(0.05)
 
     serve = spawn_serve(config, free_port(), env)

@@ -43,6 +43,16 @@ from tests.twin_process import TwinProcess, free_port, spawn, wait_healthy
 # by other tests loses scrapes: the module runs in the serial tier, on a quiet machine.
 pytestmark = pytest.mark.serial
 
+
+def calendar_timeline(api: PrometheusAPI, clock: Clock, scale: float) -> Timeline:
+    """Prometheus' clock against the bot clock's calendar time (epoch seconds), the time line
+    an experiment's samples are stored on."""
+    before = clock.utcnow().timestamp()
+    prometheus_now = api.now()
+    after = clock.utcnow().timestamp()
+    return Timeline(prometheus_now, (before + after) / 2, scale)
+
+
 SCALE = 100
 INTERVAL = "100ms"  # 10 simulated seconds at SCALE: the gate's scrape interval below
 KIMI = ["--mem-fraction-static", "0.85", "--enable-metrics", "--time-scale", str(SCALE)]
@@ -182,7 +192,8 @@ class DirectSampler:
     def _run(self) -> None:
         while not self.stop.is_set():
             with contextlib.suppress(SGLangError):  # down while restarting
-                self.samples.append((self.clock.now(), self.client.metrics()))
+                # calendar time, the time line the experiment's own samples carry
+                self.samples.append((self.clock.utcnow().timestamp(), self.client.metrics()))
             self.clock.sleep(self.every_s)
 
     def window(self, start: float, end: float) -> Timed:
@@ -219,7 +230,7 @@ def test_the_gate_gives_the_same_verdict(stack: Stack) -> None:
         closing.callback(deps.client.close)
         assert isinstance(deps.client, SourcedClient)  # the engine measures through Prometheus
         api = closing.enter_context(contextlib.closing(PrometheusAPI.connect(stack.prometheus.url)))
-        timeline = Timeline.capture(api, deps.clock, SCALE)
+        timeline = calendar_timeline(api, deps.clock, SCALE)
         direct = DirectSampler(server.url, deps.clock, deps.plan.scrape_s)
         closing.callback(direct.client.close)
         closing.callback(direct.stop.set)  # runs first: the thread stops using the client
