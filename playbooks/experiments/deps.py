@@ -54,9 +54,5 @@ class StopRequest:
     reason: str
 
 
-class ServerDown(Exception):
-    pass
-
-
 class Interrupted(Exception):
     """The experiment left the state being measured (an operator aborted it)."""

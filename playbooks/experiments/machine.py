@@ -30,7 +30,7 @@ gate's samples). Callers import them from here.
 from __future__ import annotations
 
 from playbooks.experiments.advance import Advanced, advance
-from playbooks.experiments.deps import Deps, Interrupted, ServerDown, StopRequest, args_of
+from playbooks.experiments.deps import Deps, Interrupted, StopRequest, args_of
 from playbooks.experiments.lifecycle import ApprovedPlan, abort, create, resume_policy
 from playbooks.experiments.resume import resume_unfinished
 from playbooks.experiments.sampling import gate_result
@@ -42,7 +42,6 @@ __all__ = [
     "ApprovedPlan",
     "Deps",
     "Interrupted",
-    "ServerDown",
     "StopRequest",
     "abort",
     "advance",
