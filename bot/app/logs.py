@@ -258,6 +258,11 @@ def parse_level(level: int | str) -> int:
     return int(logging.getLevelName(name))
 
 
+# Libraries that log a line per routine event at INFO: APScheduler three per experiment step,
+# httpx and httpcore one per request (a scrape every few seconds per server).
+CHATTY = ("apscheduler", "httpx", "httpcore")
+
+
 def configure(
     level: int | str = "INFO",
     json: bool = True,
@@ -290,6 +295,8 @@ def configure(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
+    for name in CHATTY:  # their routine lines only at DEBUG; their warnings always
+        logging.getLogger(name).setLevel(logging.WARNING if numeric > logging.DEBUG else numeric)
     logging.captureWarnings(True)
     if catch_uncaught:
         _install_uncaught_hooks()
@@ -327,6 +334,8 @@ def reset() -> None:
     for old in list(root.handlers):
         root.removeHandler(old)
     root.setLevel(logging.WARNING)
+    for name in CHATTY:
+        logging.getLogger(name).setLevel(logging.NOTSET)
     logging.captureWarnings(False)
     sys.excepthook = sys.__excepthook__
     threading.excepthook = threading.__excepthook__

@@ -235,3 +235,25 @@ def test_a_record_that_cannot_be_checked_is_replaced_not_leaked(out: io.StringIO
     (record,) = lines(out)
     assert record["message"].startswith("a log record could not be checked for secrets")
     assert "test_logs.py" in record["message"] and "token_holder" not in record
+
+
+def test_libraries_say_only_what_matters_at_info() -> None:
+    """At INFO a scheduler line for every experiment step and an HTTP line for every scrape would
+    bury kvpilot's own lines (and fill a pipe nobody drains); they come back at DEBUG."""
+    stream = io.StringIO()
+    try:
+        logs.configure("INFO", json=True, env=ENV, stream=stream)
+        logging.getLogger("apscheduler.executors.default").info('Running job "tick"')
+        logging.getLogger("httpx").info("HTTP Request: GET http://127.0.0.1/metrics")
+        logging.getLogger("apscheduler.scheduler").warning("job missed")
+        logging.getLogger("playbooks.experiments").info("baseline -> restarting")
+        assert [r["message"] for r in lines(stream)] == ["job missed", "baseline -> restarting"]
+        stream.seek(0)
+        stream.truncate()
+        logs.configure("DEBUG", json=True, env=ENV, stream=stream)
+        logging.getLogger("httpx").info("HTTP Request: GET http://127.0.0.1/metrics")
+        assert [r["message"] for r in lines(stream)] == [
+            "HTTP Request: GET http://127.0.0.1/metrics"
+        ]
+    finally:
+        logs.reset()

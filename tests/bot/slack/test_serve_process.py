@@ -45,20 +45,25 @@ def serve_env(slack: FakeSlack, *, socket_mode: bool) -> dict[str, str]:
     return env
 
 
-def spawn_serve(config: Path, port: int, env: dict[str, str]) -> subprocess.Popen[str]:
+def spawn_serve(
+    config: Path, port: int, env: dict[str, str], *, log: Path | None = None
+) -> subprocess.Popen[str]:
+    """`kvpilot serve` on `port`; its stderr to `log` when given (a process that runs for
+    long must not block on a pipe the test reads only at the end), else to a pipe."""
+    command = [
+        *(sys.executable, "-m", "bot.cli", "serve", "--config", str(config)),
+        *("--host", "127.0.0.1", "--port", str(port)),
+    ]
+    if log is not None:
+        with log.open("a") as sink:  # the child keeps its own descriptor
+            return subprocess.Popen(
+                command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
+                text=True, start_new_session=True,
+            )  # fmt: skip
     return subprocess.Popen(
-        [
-            *(sys.executable, "-m", "bot.cli", "serve", "--config", str(config)),
-            *("--host", "127.0.0.1", "--port", str(port)),
-        ],
-        cwd=REPO,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+        command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
@@ -135,8 +140,10 @@ def test_sigterm_leaves_experiments_recorded_and_the_next_start_resumes_them(
     the experiment was, and the next start carries it on (reverting the interrupted trial)."""
 
     twin_port = free_port()
-    # a long warm-up (30 s of wall time at 200x) keeps the experiment in a measuring state
-    gate = "scrape_s = 10\nbatch_s = 60\nwarmup_s = 6000\n"
+    # a long warm-up (30 s of wall time at 200x) keeps the experiment in a measuring state; a
+    # gap of 20 simulated seconds (0.1 s of wall time) cuts it, so the bot's restart always
+    # interrupts the measurement (`test_crash_twin` resumes untouched measurements instead)
+    gate = "scrape_s = 10\nbatch_s = 60\nwarmup_s = 6000\nmax_gap_s = 20\n"
     config = twin_config(tmp_path, twin_port, slack=SLACK, gate=gate)
     env = serve_env(slack, socket_mode=False)
     cli = [sys.executable, "-m", "bot.cli"]
@@ -181,19 +188,22 @@ def _sigterm_then_resume(
     db = open_db(tmp_path / "var" / "kvpilot.db")
     (row,) = store.list_experiments(db)
 
+    log = tmp_path / "serve.log"
+
     def wait_state(state: str, proc: subprocess.Popen[str]) -> None:
         deadline = time.monotonic() + 90
         while str(store.get_experiment(db, row.id).state) != state:
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert proc.poll() is None, log.read_text()[-3000:]
             if time.monotonic() > deadline:
                 proc.kill()
                 moves = [(str(t.to_state), t.reason) for t in store.transitions(db, row.id)]
+                progress = store.get_experiment(db, row.id).progress
                 raise AssertionError(
-                    f"never reached {state}: {moves} {proc.communicate()[1][-3000:]}"
+                    f"never reached {state}: {moves} {progress} {log.read_text()[-3000:]}"
                 )
             time.sleep(0.05)
 
-    serve = spawn_serve(config, free_port(), env)
+    serve = spawn_serve(config, free_port(), env, log=log)
     try:
         wait_state("warming_up", serve)  # the bot took it over and restarted with 0.88
         assert (
@@ -206,7 +216,7 @@ def _sigterm_then_resume(
         took = time.monotonic() - began
     finally:
         stop(serve)
-    err = serve.communicate()[1]
+    err = log.read_text()
     assert took < 20, took  # it stopped at the next scrape, not at the end of the trial
     assert "Traceback" not in err, err[-3000:]
     left = store.get_experiment(db, row.id)
@@ -217,7 +227,7 @@ def _sigterm_then_resume(
         {"id": row.id, "server": "incident", "state": "warming_up", "stopped": True}
     ]
     # the next start resumes it: the interrupted measurement is reverted
-    again = spawn_serve(config, free_port(), env)
+    again = spawn_serve(config, free_port(), env, log=log)
     try:
         wait_state("reverted", again)
         info = httpx.get(f"http://127.0.0.1:{twin_port}/server_info", timeout=10).json()
@@ -228,3 +238,5 @@ def _sigterm_then_resume(
         stop(again)
     moves = [(str(t.from_state), str(t.to_state)) for t in store.transitions(db, row.id)]
     assert ("warming_up", "reverting") in moves and moves[-1] == ("reverting", "reverted")
+    (cut,) = [t for t in store.transitions(db, row.id) if str(t.to_state) == "reverting"]
+    assert "went unread" in cut.reason and cut.details["cause"] == "interrupted", cut
