@@ -137,7 +137,8 @@ def test_sigterm_leaves_experiments_recorded_and_the_next_start_resumes_them(
     tmp_path: Path, slack: FakeSlack
 ) -> None:
     """`systemctl restart kvpilot` during an experiment: the bot stops at once, records where
-    the experiment was, and the next start carries it on (reverting the interrupted trial)."""
+    the experiment was, and the next start carries it on (here the bot was away longer than the
+    gate can bridge, so the interrupted warm-up is reverted)."""
 
     twin_port = free_port()
     # a long warm-up (30 s of wall time at 200x) keeps the experiment in a measuring state; a
@@ -226,7 +227,7 @@ def _sigterm_then_resume(
     assert stopped["properties"]["experiments"] == [
         {"id": row.id, "server": "incident", "state": "warming_up", "stopped": True}
     ]
-    # the next start resumes it: the interrupted measurement is reverted
+    # the next start resumes it: the measurement was cut by the gap, so it is reverted
     again = spawn_serve(config, free_port(), env, log=log)
     try:
         wait_state("reverted", again)
