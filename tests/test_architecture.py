@@ -6,7 +6,8 @@
    engine package's own modules, so nothing re-exported from one slips through.
 3. The engine's words: outside the engine packages, no product module spells an engine's metric
    names, launch flags or endpoints (each engine lists them: `Engine.vocabulary()`), nor any
-   `sglang:` series at all. Argument names such as `mem_fraction_static` may pass through as data.
+   `sglang:` or `vllm:` series at all. Argument names such as `mem_fraction_static` may pass
+   through as data.
 4. Slack stays in `bot/slack/`: no other product module imports `slack_sdk` or `slack_bolt`.
 5. The chat core is transport-neutral: `bot/chat/` (and the reports it posts, `bot/reports/`)
    imports no front end (`bot.slack`, `bot.console`, `bot.cli`); a front end implements
@@ -39,7 +40,7 @@ SLACK_PACKAGES = ("slack_sdk", "slack_bolt")
 SLACK_FRONT_END = "bot/slack/"
 FRONT_ENDS = ("bot.slack", "bot.console", "bot.cli")
 TRANSPORT_NEUTRAL = ("bot/chat/", "bot/reports/")
-METRIC_PREFIX = re.compile(r"\bsglang:[a-z_]")
+METRIC_PREFIX = re.compile(r"\b(sglang|vllm):[a-z_]")
 
 
 def imported_modules(tree: ast.AST) -> set[str]:
@@ -124,7 +125,7 @@ def engine_words(rel: str, text: str, words: dict[str, str]) -> list[str]:
     bad = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if METRIC_PREFIX.search(line):
-            bad.append(f"{rel}:{lineno} spells an SGLang series: {line.strip()}")
+            bad.append(f"{rel}:{lineno} spells an engine's series: {line.strip()}")
             continue
         for word, engine in words.items():
             if re.search(rf"(?<![\w/-]){re.escape(word)}(?![\w-])", line):
@@ -164,10 +165,21 @@ def test_the_chat_core_imports_no_front_end() -> None:
 
 
 # ----------------------------------------------------------------------------- the rules bite
-def test_the_vocabulary_holds_what_it_must() -> None:
-    words = vocabulary()
-    for word in ("sglang:gen_throughput", "--mem-fraction-static", "--hicache-size", "/v1/loads"):
-        assert words.get(word) == "sglang", word
+@pytest.mark.parametrize(
+    ("engine", "words"),
+    [
+        (
+            "sglang",
+            ("sglang:gen_throughput", "--mem-fraction-static", "--hicache-size", "/v1/loads"),
+        ),
+        ("vllm", ("vllm:kv_cache_usage_perc", "--gpu-memory-utilization", "--no-enforce-eager")),
+        ("vllm", ("vllm:cache_config_info", "--device-memory-utilization", "/version")),
+    ],
+)
+def test_the_vocabulary_holds_what_it_must(engine: str, words: tuple[str, ...]) -> None:
+    vocabulary = engine_named(engine).vocabulary()
+    for word in words:
+        assert word in vocabulary, word
 
 
 @pytest.mark.parametrize(
@@ -177,6 +189,9 @@ def test_the_vocabulary_holds_what_it_must() -> None:
         'args += ["--mem-fraction-static", "0.9"]',
         '    return http.get("/get_server_info")',
         "# read sglang:token_usage here",
+        'usage = metrics.get("vllm:kv_cache_usage_perc")',
+        'args += ["--gpu-memory-utilization", "0.95"]',
+        "# vllm:num_preemptions_total counts them",
     ],
 )
 def test_an_engines_word_in_bot_is_caught(line: str) -> None:

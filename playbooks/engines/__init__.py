@@ -12,7 +12,7 @@ from typing import Any
 from playbooks.engines.base import Engine, EngineClient, Snapshot, WrongEngine
 
 DEFAULT = "sglang"
-NAMES = ("sglang",)
+NAMES = ("sglang", "vllm")  # detect() asks them in this order
 
 
 class UnknownEngine(ValueError):
@@ -25,6 +25,10 @@ def engine_named(name: str) -> Engine:
         from playbooks.engines.sglang import ENGINE  # noqa: PLC0415 - loaded when first asked
 
         return ENGINE
+    if name == "vllm":
+        from playbooks.engines.vllm import ENGINE as VLLM_ENGINE  # noqa: PLC0415 - as above
+
+        return VLLM_ENGINE
     raise UnknownEngine(f"unknown engine {name!r}; kvpilot drives: {', '.join(NAMES)}")
 
 

@@ -16,12 +16,38 @@ kvpilot is stricter than SGLang the reason is given next to the range;
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from playbooks.engines.base import ArgError
+from playbooks.engines.launch_args import (
+    ArgSpec,
+    BoolValue,
+    ChoiceValue,
+    FloatValue,
+    IntValue,
+    normalise_key,
+    split_assignment,
+    value_of,
+    without,
+)
+
+# The value types live in the engine-neutral module; they are named here too, where the
+# allow-list's users have always found them.
+__all__ = [
+    "ALLOWED",
+    "ArgSpec",
+    "BoolValue",
+    "ChoiceValue",
+    "FloatValue",
+    "IntValue",
+    "arg_value",
+    "normalise_key",
+    "parse_assignment",
+    "parse_change",
+    "spec_of",
+    "with_change",
+]
 
 # fields/model.py `kv_cache_dtype: A[str, Arg(choices=[...])] = "auto"`. 0.5.23 offers auto,
 # fp8_e5m2, fp8_e4m3, mxfp8, bf16, bfloat16, nvfp4, fp4_mx_block16; 0.5.5 offers fp4_e2m1 in
@@ -40,168 +66,6 @@ INT32_MAX = 2**31 - 1
 # SGLang picks by itself are powers of two from 2048 (memory_hook.py
 # `handle_gpu_memory_settings`), so a power-of-two page size up to this always divides them.
 PAGE_SIZE_MAX = 2048
-
-
-@dataclass(frozen=True)
-class IntValue:
-    """An SGLang `type=int` (or `human_readable_int`) flag: held as int, spelt as digits."""
-
-    lo: int
-    hi: int
-    allow: tuple[int, ...] = ()  # accepted below `lo` (-1 = off)
-    unit: str = ""
-    power_of_two: bool = False
-
-    def check(self, raw: object) -> int:
-        """The value as an int; integral floats (40.0 from JSON or arithmetic) are accepted."""
-        if isinstance(raw, bool):
-            raise ArgError(f"expected a whole number{self._of()}, got {raw}")
-        if isinstance(raw, str):
-            return self.parse(raw)
-        if isinstance(raw, float):
-            if not math.isfinite(raw) or not raw.is_integer():
-                raise ArgError(f"must be a whole number{self._of()}, got {raw:g}")
-            raw = int(raw)
-        if not isinstance(raw, int):
-            raise ArgError(f"expected a whole number{self._of()}, got {raw!r}")
-        if raw in self.allow:
-            return raw
-        if raw < self.lo:
-            extra = f" (or {', '.join(map(str, self.allow))})" if self.allow else ""
-            raise ArgError(f"must be at least {self.lo}{extra}, got {raw}")
-        if raw > self.hi:
-            raise ArgError(f"must be at most {self.hi}, got {raw}")
-        if self.power_of_two and raw & (raw - 1):
-            raise ArgError(f"must be a power of two (1, 2, 4, ... {self.hi}), got {raw}")
-        return raw
-
-    def parse(self, text: str) -> int:
-        text = text.strip()
-        number: int | float
-        try:
-            number = int(text)
-        except ValueError:
-            try:
-                number = float(text)
-            except ValueError:
-                raise ArgError(f"expected a whole number{self._of()}, got {text!r}") from None
-        return self.check(number)
-
-    def spell(self, value: int) -> str:
-        return str(value)
-
-    def _of(self) -> str:
-        return f" of {self.unit}" if self.unit else ""
-
-
-@dataclass(frozen=True)
-class FloatValue:
-    """An SGLang `type=float` flag: held as a finite float, spelt as Python's shortest repr."""
-
-    lo: float
-    hi: float
-    lo_open: bool = True
-    hi_open: bool = True
-
-    def check(self, raw: object) -> float:
-        if isinstance(raw, str):
-            return self.parse(raw)
-        if isinstance(raw, bool) or not isinstance(raw, int | float):
-            raise ArgError(f"expected a number, got {raw!r}")
-        value = float(raw)
-        below = value <= self.lo if self.lo_open else value < self.lo
-        above = value >= self.hi if self.hi_open else value > self.hi
-        if not math.isfinite(value) or below or above:
-            lo_b = "(" if self.lo_open else "["
-            hi_b = ")" if self.hi_open else "]"
-            raise ArgError(f"must be in {lo_b}{self.lo:g}, {self.hi:g}{hi_b}, got {raw}")
-        return value
-
-    def parse(self, text: str) -> float:
-        try:
-            number = float(text)
-        except ValueError:
-            raise ArgError(f"expected a number, got {text!r}") from None
-        return self.check(number)
-
-    def spell(self, value: float) -> str:
-        return repr(value)
-
-
-@dataclass(frozen=True)
-class ChoiceValue:
-    """An SGLang `choices=[...]` flag: one of the listed words, spelt as is."""
-
-    options: tuple[str, ...]
-
-    def check(self, raw: object) -> str:
-        if not isinstance(raw, str) or raw not in self.options:
-            raise ArgError(f"must be one of {', '.join(self.options)}, got {raw!r}")
-        return raw
-
-    def parse(self, text: str) -> str:
-        return self.check(text.strip())
-
-    def spell(self, value: str) -> str:
-        return value
-
-
-@dataclass(frozen=True)
-class BoolValue:
-    """An SGLang `store_true` flag: on is the bare flag, off is its absence."""
-
-    def check(self, raw: object) -> bool:
-        if isinstance(raw, bool):
-            return raw
-        if isinstance(raw, str):
-            return self.parse(raw)
-        raise ArgError(f"expected true or false, got {raw!r}")
-
-    def parse(self, text: str) -> bool:
-        lowered = text.strip().lower()
-        if lowered in ("true", "1", "yes", "on"):
-            return True
-        if lowered in ("false", "0", "no", "off"):
-            return False
-        raise ArgError(f"expected true or false, got {text!r}")
-
-    def spell(self, value: bool) -> str:
-        raise AssertionError("a store_true flag has no value to spell")
-
-
-Value = IntValue | FloatValue | ChoiceValue | BoolValue
-
-
-@dataclass(frozen=True)
-class ArgSpec:
-    name: str
-    value: Value
-    meaning: str
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    def parse(self, text: str) -> Any:
-        """Operator text to the value SGLang's type gives (raises ArgError naming the key)."""
-        try:
-            return self.value.parse(text)
-        except ArgError as exc:
-            raise ArgError(f"{self.name}: {exc}") from None
-
-    def check(self, raw: object) -> Any:
-        """Any value (parsed, stored as JSON, computed) to its checked, canonical form."""
-        try:
-            return self.value.check(raw)
-        except ArgError as exc:
-            raise ArgError(f"{self.name}: {exc}") from None
-
-    def cli(self, raw: object) -> list[str]:
-        """The command-line tokens for the value: `[flag, text]`, `[flag]` or `[]` (flag off)."""
-        value = self.check(raw)
-        if isinstance(self.value, BoolValue):
-            return [self.flag] if value else []
-        return [self.flag, self.value.spell(value)]
 
 
 # Sources are SGLang 0.5.23 `sglang/srt/arg_groups/fields/<file>.py`, the field of the same name.
@@ -301,10 +165,6 @@ ALLOWED: dict[str, ArgSpec] = {
 }
 
 
-def normalise_key(key: str) -> str:
-    return key.strip().lstrip("-").replace("-", "_")
-
-
 def spec_of(key: str) -> ArgSpec:
     name = normalise_key(key)
     spec = ALLOWED.get(name)
@@ -316,9 +176,7 @@ def spec_of(key: str) -> ArgSpec:
 
 def parse_assignment(text: str) -> tuple[str, Any]:
     """Parse `KEY=VALUE` (`mem_fraction_static=0.9` or `--mem-fraction-static=0.9`)."""
-    key, eq, value = text.partition("=")
-    if not eq or not key.strip() or not value.strip():
-        raise ArgError(f"{text!r} is not KEY=VALUE (for example mem_fraction_static=0.9)")
+    key, value = split_assignment(text, "mem_fraction_static=0.9")
     spec = spec_of(key)
     return spec.name, spec.parse(value)
 
@@ -359,7 +217,7 @@ def with_change(args: Sequence[str], change: Mapping[str, Any]) -> list[str]:
     out = list(args)
     for key, value in change.items():
         spec = spec_of(key)
-        out = _without(out, spec.flag)
+        out = without(out, (spec.flag,))
         if value is not None:
             out += spec.cli(value)
     if {"page_size", "chunked_prefill_size"} & {normalise_key(k) for k in change}:
@@ -377,29 +235,7 @@ def _int_or_none(text: str | None) -> int | None:
         return None
 
 
-def _without(args: list[str], flag: str) -> list[str]:
-    out: list[str] = []
-    i = 0
-    while i < len(args):
-        tok = args[i]
-        if tok == flag:
-            # skip the flag and its value, if the next token is one
-            if i + 1 < len(args) and not args[i + 1].startswith("--"):
-                i += 1
-        elif not tok.startswith(flag + "="):
-            out.append(tok)
-        i += 1
-    return out
-
-
 def arg_value(args: Sequence[str], name: str) -> str | None:
     """The value of `--name` in an argument list (True for a bare flag as "true")."""
     flag = "--" + normalise_key(name).replace("_", "-")
-    for i, tok in enumerate(args):
-        if tok == flag:
-            if i + 1 < len(args) and not args[i + 1].startswith("--"):
-                return args[i + 1]
-            return "true"
-        if tok.startswith(flag + "="):
-            return tok.split("=", 1)[1]
-    return None
+    return value_of(args, (flag,))

@@ -2,8 +2,8 @@
 
 Safety (will it start, will it run out of GPU or host memory, does it cost accuracy) needs only
 the server's facts, so a change can be judged before anything is measured. Usefulness (does it
-address the bottleneck) reads a measurement. Each half answers with a `Finding`; `verdicts.py`
-combines them.
+address the bottleneck) reads a measurement. Each half answers with a `Finding` (engine-neutral:
+`playbooks.engines.findings`); `verdicts.py` combines them.
 """
 
 from __future__ import annotations
@@ -12,28 +12,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from playbooks.engines.findings import NOTHING, Finding
 from playbooks.engines.sglang.capacity import KV_DTYPE_BYTES, CapacityModel
 from playbooks.engines.sglang.deployment import attn_dp_size
 from playbooks.engines.sglang.facts import Observed, Server, context_len, running_cap_per_rank
-from playbooks.types import Verdict
+
+# The checks import a finding's type from here, beside the rest.
+__all__ = [
+    "DEFAULT_DTYPE_BYTES",
+    "NOTHING",
+    "SWA_OFF_WITH_HICACHE",
+    "Change",
+    "Check",
+    "Finding",
+    "attn_ranks_after",
+    "cell_after",
+    "cell_without_swa_pool",
+    "dtype_bytes",
+    "model_words",
+    "swa_pool_off_with_hicache",
+]
 
 DEFAULT_DTYPE_BYTES = 2.0  # a dtype the table does not list is taken as 16-bit
 
 
 def dtype_bytes(dtype: str) -> float:
     return KV_DTYPE_BYTES.get(dtype, DEFAULT_DTYPE_BYTES)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One half's answer: a verdict where it has one, and the sentences and risks behind it."""
-
-    verdict: Verdict | None = None
-    reasons: tuple[str, ...] = ()
-    risks: tuple[str, ...] = ()
-
-
-NOTHING = Finding()
 
 
 @dataclass(frozen=True)

@@ -19,17 +19,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from playbooks.engines.hf_config import (
+    HEADS,
+    KV_HEADS,
+    LAYERS,
+    first_int,
+    head_dim,
+    language_model,
+)
+
 Kind = Literal["mha", "mla", "dsa"]
 DSA_QUANT_BLOCK = 128  # the indexer's fp8 keys carry one 4-byte scale per 128 elements
 FP8_NAMES = ("FP8",)
-
-
-def _first_int(config: Mapping[str, Any], *names: str) -> int | None:
-    for name in names:
-        value = config.get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
 
 
 @dataclass(frozen=True)
@@ -107,11 +108,11 @@ def _layer_counts(config: Mapping[str, Any], layers: int) -> tuple[int, int, int
         # SGLang turns the hybrid SWA pool off for Gemma-2/3 (model_overrides/gemma2_gemma3.py):
         # every layer keeps full-length KV in the one pool
         return layers, 0, 0
-    pattern = _first_int(config, "sliding_window_pattern")
+    pattern = first_int(config, "sliding_window_pattern")
     if pattern and pattern > 1 and config.get("sliding_window"):  # every Nth layer is full
         full = layers // pattern
         return full, layers - full, 0
-    interval = _first_int(config, "full_attention_interval")
+    interval = first_int(config, "full_attention_interval")
     if interval and interval > 1:  # Qwen3-Next: every Nth layer is full attention
         full = layers // interval
         return full, 0, layers - full
@@ -140,45 +141,31 @@ def _kv_quant_fp8(config: Mapping[str, Any]) -> bool:
 
 def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
     """The geometry, or None for a config kvpilot cannot read (it then says it does not know)."""
-    text = config.get("text_config")
-    if isinstance(text, Mapping) and "num_hidden_layers" not in config:
-        model_type = text.get("model_type") or config.get("model_type")
-        config = {
-            **text,
-            "model_type": model_type,
-            "quantization_config": config.get("quantization_config"),
-        }
-    layers = _first_int(config, "num_hidden_layers", "n_layer", "num_layers")
+    config = language_model(config)
+    layers = first_int(config, *LAYERS)
     if not layers:
         return None
     fp8 = _kv_quant_fp8(config)
-    lora, rope = _first_int(config, "kv_lora_rank"), _first_int(config, "qk_rope_head_dim")
+    lora, rope = first_int(config, "kv_lora_rank"), first_int(config, "qk_rope_head_dim")
     if lora and rope is not None:
-        index = _first_int(config, "index_head_dim") or 0
+        index = first_int(config, "index_head_dim") or 0
         kind: Kind = "dsa" if index else "mla"
         return Geometry(
             kind, layers, latent_dim=lora + rope, index_head_dim=index, kv_quant_fp8=fp8
         )
-    heads = _first_int(config, "num_attention_heads", "n_head")
-    kv_heads = _first_int(
-        config, "num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num"
-    )
-    kv_heads = kv_heads or heads
-    head_dim = _first_int(config, "head_dim")
-    hidden = _first_int(config, "hidden_size", "n_embd")
-    if head_dim is None and hidden and heads:
-        head_dim = hidden // heads
-    if not kv_heads or not head_dim:
+    kv_heads = first_int(config, *KV_HEADS) or first_int(config, *HEADS)
+    dim = head_dim(config)
+    if not kv_heads or not dim:
         return None
     full, sliding, linear = _layer_counts(config, layers)
     if full <= 0:
         return None  # no full-attention layer kvpilot can size a cell from
-    v_dim = _first_int(config, "v_head_dim") or head_dim
+    v_dim = first_int(config, "v_head_dim") or dim
     return Geometry(
         "mha",
         full,
         kv_heads,
-        head_dim,
+        dim,
         v_dim,
         sliding_layers=sliding,
         linear_layers=linear,

@@ -7,22 +7,24 @@ is unsafe is not asked whether it would also be useful.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from typing import Any
 
+from playbooks.engines.findings import (
+    NOTHING_AGAINST,
+    RESTART_RISK,
+    Finding,
+    kv_capacity_gain,
+    title,
+    worst,
+)
 from playbooks.engines.sglang.arguments import checks_for
-from playbooks.engines.sglang.checks import Change, Finding
+from playbooks.engines.sglang.checks import Change
 from playbooks.engines.sglang.facts import Context, Observed, Server
-from playbooks.types import VERDICT_ORDER, Bottleneck, Option, Verdict
+from playbooks.types import Bottleneck, Option, Verdict
 
-RESTART_RISK = "restart: the server is down while it reloads the model"
-NOTHING_AGAINST = "no safety check objects to it; the experiment measures whether it helps"
-
-
-def worst(findings: Iterable[Finding], default: Verdict) -> Verdict:
-    """The combined verdict: the worst of the parts', `default` where no part has one."""
-    verdicts = [f.verdict for f in findings if f.verdict is not None]
-    return min(verdicts, key=lambda v: VERDICT_ORDER[v]) if verdicts else default
+__all__ = ["NOTHING_AGAINST", "RESTART_RISK", "evaluate", "judge_change", "worst"]
+# The hierarchical cache is switched on with its size: the title names the size alone.
+IMPLIED = frozenset({"enable_hierarchical_cache"})
 
 
 def findings_of(change: Change, seen: Observed | None) -> list[Finding]:
@@ -41,35 +43,12 @@ def findings_of(change: Change, seen: Observed | None) -> list[Finding]:
 
 
 def capacity_gain(change: Change, seen: Observed) -> tuple[float, float] | None:
-    """Throughput change from more KV room: linear in running requests at best, half at worst.
-
-    None where an argument changes something the capacity model cannot predict throughput for.
-    """
+    """Throughput change from more KV room (`kv_capacity_gain`); None where an argument changes
+    something the capacity model cannot predict throughput for."""
     if not all(check.predicts_gain for check in checks_for(change)):
         return None
     m = seen.m
-    if not seen.kv_bound or m.running <= 0:
-        return (0.0, 0.0)
-    running_new = min(m.running + m.queued, m.running * change.tokens / change.current)
-    high = max(0.0, running_new / m.running - 1)
-    return (high / 2, high)
-
-
-def title(change: Mapping[str, Any]) -> str:
-    if not change:
-        return "no server change"
-    parts = []
-    for k, v in change.items():
-        if k == "enable_hierarchical_cache" and v is True and len(change) > 1:
-            continue
-        if isinstance(v, bool):
-            text = str(v).lower()
-        elif isinstance(v, float):
-            text = f"{v:g}"
-        else:
-            text = str(v)
-        parts.append(f"{k}={text}")
-    return ", ".join(parts)
+    return kv_capacity_gain(m.running, m.queued, change.current, change.tokens, seen.kv_bound)
 
 
 def option(
@@ -81,7 +60,7 @@ def option(
 ) -> Option:
     risks = [risk for f in found for risk in f.risks] + [RESTART_RISK]
     return Option(
-        title=title(change.values),
+        title=title(change.values, IMPLIED),
         change=dict(change.values),
         verdict=verdict,
         predicted_max_total_num_tokens=change.tokens,

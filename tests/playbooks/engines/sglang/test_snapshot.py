@@ -134,16 +134,6 @@ def test_a_restart_shows_as_counters_going_back() -> None:
     assert not Snapshot(completed_requests=11.0, generated_tokens=600.0).counters_went_back(before)
 
 
-def test_detection_with_one_engine_spends_no_request() -> None:
-    from playbooks.engines import detect  # noqa: PLC0415
-
-    client = detect("http://127.0.0.1:9")  # nothing listens there: no request is made
-    try:
-        assert client.engine.name == "sglang"
-    finally:
-        client.close()
-
-
 def test_a_hybrid_reading_survives_storage_and_older_rows_still_read() -> None:
     hybrid = Snapshot(
         running=3.0, kv_usage=0.93, full_usage=0.41, swa_usage=0.93, swa_capacity_tokens=8000

@@ -1,0 +1,72 @@
+"""How an engine's checks of a change answer and combine, whatever the engine.
+
+Every engine judges a change the same way: each launch argument's check has a safety half (will
+it start, will it run out of memory, does it cost accuracy: the server's facts suffice, so an
+experiment's pre-flight can ask it) and a usefulness half (does it address what a measurement
+shows). Each half answers with a `Finding`; the worst verdict of the parts wins. What the checks
+*are* is the engine's; the answer type, the combination, the title of an option and the
+throughput a larger KV pool may buy are the same for all, so they live here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from playbooks.types import VERDICT_ORDER, Verdict
+
+RESTART_RISK = "restart: the server is down while it reloads the model"
+NOTHING_AGAINST = "no safety check objects to it; the experiment measures whether it helps"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One half's answer: a verdict where it has one, and the sentences and risks behind it."""
+
+    verdict: Verdict | None = None
+    reasons: tuple[str, ...] = ()
+    risks: tuple[str, ...] = ()
+
+
+NOTHING = Finding()
+
+
+def worst(findings: Iterable[Finding], default: Verdict) -> Verdict:
+    """The combined verdict: the worst of the parts', `default` where no part has one."""
+    verdicts = [f.verdict for f in findings if f.verdict is not None]
+    return min(verdicts, key=lambda v: VERDICT_ORDER[v]) if verdicts else default
+
+
+def title(change: Mapping[str, Any], implied: frozenset[str] = frozenset()) -> str:
+    """An option's title: the change as `key=value` pairs. `implied` names on/off arguments an
+    engine switches on together with another one, left out of the title when set alongside."""
+    if not change:
+        return "no server change"
+    parts = []
+    for k, v in change.items():
+        if k in implied and v is True and len(change) > 1:
+            continue
+        if isinstance(v, bool):
+            text = str(v).lower()
+        elif isinstance(v, float):
+            text = f"{v:g}"
+        else:
+            text = str(v)
+        parts.append(f"{k}={text}")
+    return ", ".join(parts)
+
+
+def kv_capacity_gain(
+    running: float, queued: float, tokens_now: int, tokens_new: int, kv_bound: bool
+) -> tuple[float, float]:
+    """Throughput change from more KV room: linear in running requests at best, half at worst.
+
+    Where the KV cache is not what limits the server, more of it buys nothing; where it is, the
+    batch grows with the pool until the queue is empty.
+    """
+    if not kv_bound or running <= 0 or tokens_now <= 0:
+        return (0.0, 0.0)
+    running_new = min(running + queued, running * tokens_new / tokens_now)
+    high = max(0.0, running_new / running - 1)
+    return (high / 2, high)

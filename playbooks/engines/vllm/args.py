@@ -1,0 +1,318 @@
+"""The vLLM launch arguments kvpilot may reason about or change, with validation.
+
+One allow-list serves `diagnose --consider`, proposals and the launchers: a key outside it is
+refused, and every value is parsed and range-checked here, never passed through as text.
+
+vLLM builds its flags from typed config dataclasses (`vllm/engine/arg_utils.py`,
+`_compute_kwargs`: `bool` -> `argparse.BooleanOptionalAction`, so each on/off flag also has a
+`--no-` form; `Literal[...]` -> `choices`; `int` -> `type=int`, or `human_readable_int` for the
+token and byte counts listed there; `float` -> `type=float`), and pydantic checks the ranges
+(`Field(gt=..., ge=..., le=...)`) when the config is built, where a refusal is a
+`ValidationError` and exit status 1 rather than argparse's 2. The types, choices and ranges below
+are those of vLLM 0.32 (`vllm/config/cache.py`, `scheduler.py`, `model.py`, `compilation.py`);
+where kvpilot is stricter the reason is next to the entry. vLLM's parser
+(`FlexibleArgumentParser`) also reads `--max_num_seqs` for `--max-num-seqs`, so edits find and
+remove both spellings, and every alias of a flag.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from playbooks.engines.base import ArgError
+from playbooks.engines.launch_args import (
+    ArgSpec,
+    BoolValue,
+    ChoiceValue,
+    FloatValue,
+    IntValue,
+    normalise_key,
+    split_assignment,
+    value_of,
+    without,
+)
+
+# Token, request and byte counts: vLLM keeps block tables and token positions in int32 tensors,
+# so a count beyond one is never meaningful (kvpilot's bound; vLLM sets none).
+INT32_MAX = 2**31 - 1
+GIB = 1 << 30
+# `human_readable_int` (vllm/utils/argparse_utils.py:29-73): k/m/g/t are decimal, K/M/G/T binary
+# (and take no decimals); a plain integer is read as is.
+_HUMAN = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+AUTO = -1  # `--max-model-len auto` (or -1): the longest length that fits the KV cache
+
+
+def human_readable_int(text: str) -> int:
+    """vLLM's own reading of `4k`, `64M`, `1.5g` (utils/argparse_utils.py `human_readable_int`)."""
+    text = text.strip()
+    match = _HUMAN.fullmatch(text)
+    if match is None:
+        try:
+            return int(text)
+        except ValueError:
+            raise ArgError(f"expected a whole number (or 4k, 64M, 1.5g), got {text!r}") from None
+    number, suffix = match.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    if "." in number:
+        raise ArgError(
+            f"decimals are not allowed with the binary suffix {suffix} (vLLM refuses "
+            f"{text!r}); use {number}{suffix.lower()} for decimal units"
+        )
+    return int(number) * _BINARY[suffix]
+
+
+@dataclass(frozen=True)
+class HumanInt(IntValue):
+    """A `human_readable_int` flag: held as int, read from `4k`/`64M` too, spelt as digits."""
+
+    auto: bool = False  # `human_readable_int_or_auto`: `auto` and -1 mean AUTO
+
+    def parse(self, text: str) -> int:
+        if self.auto and text.strip().lower() in ("auto", "-1"):
+            return AUTO
+        return self.check(human_readable_int(text))
+
+    def spell(self, value: int) -> str:
+        return "auto" if self.auto and value == AUTO else str(value)
+
+
+@dataclass(frozen=True)
+class IntChoice(IntValue):
+    """An int flag kvpilot allows only a few values of."""
+
+    options: tuple[int, ...] = ()
+
+    def check(self, raw: object) -> int:
+        value = super().check(raw)
+        if value not in self.options:
+            allowed = ", ".join(map(str, self.options))
+            raise ArgError(f"must be one of {allowed}, got {value}")
+        return value
+
+
+# config/cache.py:39-59 `CacheDType` (the argparse choices). kvpilot keeps the per-tensor
+# 1- and 2-byte element types a Hopper-class GPU runs and its capacity arithmetic knows:
+# `fp8` is `fp8_e4m3` on CUDA; fp8_inc is Gaudi's, fp8_ds_mla and nvfp4_ds_mla DeepSeek's
+# sparse-MLA packing, nvfp4 needs Blackwell, and the turboquant, int4/int8/fp8 per-token-head
+# layouts pack scales beside the cache, which the byte arithmetic here does not model.
+KV_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
+FP8_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2"})
+# config/cache.py `KVOffloadingBackend = Literal["native", "lmcache"]`.
+OFFLOADING_BACKENDS = ("native", "lmcache")
+# config/cache.py:75 `block_size: int = Field(default=None, gt=0)`: any positive int parses,
+# but the engine then refuses a size its attention backend does not take (v1/worker/utils.py
+# `select_common_block_size`; recorded: 7 fails with "No common block size for 7 (CPU_ATTN:
+# [MultipleOf(32)])"): FlashAttention takes multiples of 16, the CPU backend multiples of 32.
+# Releases before the field became free-form offered the choices 1, 8, 16, 32, 64, 128. kvpilot
+# allows the powers of two from 16 to 128 (16 is the GPU default, 128 the CPU one).
+BLOCK_SIZES = (16, 32, 64, 128)
+
+ALLOWED: dict[str, ArgSpec] = {
+    spec.name: spec
+    for spec in (
+        # config/cache.py:102 `gpu_memory_utilization: float = Field(default=0.92, gt=0, le=1)`;
+        # arg_utils.py:1356-1361 adds the alias --device-memory-utilization (same dest).
+        ArgSpec(
+            "gpu_memory_utilization",
+            FloatValue(0.0, 1.0, hi_open=False),
+            "share of the GPU's total memory the whole instance may use (weights, activations, "
+            "CUDA graphs and KV cache)",
+            aliases=("--device-memory-utilization",),
+        ),
+        ArgSpec("kv_cache_dtype", ChoiceValue(KV_DTYPES), "KV cache element type"),
+        # config/scheduler.py:62 `max_num_seqs: int = Field(..., ge=1)`; type=int.
+        ArgSpec(
+            "max_num_seqs",
+            IntValue(1, INT32_MAX, unit="requests"),
+            "cap on requests running at once",
+        ),
+        # config/scheduler.py:48 `max_num_batched_tokens: int = Field(..., ge=1)`;
+        # arg_utils.py:391-403 reads it with human_readable_int.
+        ArgSpec(
+            "max_num_batched_tokens",
+            HumanInt(1, INT32_MAX, unit="tokens"),
+            "tokens one engine step may schedule (decodes and prefill chunks together)",
+        ),
+        ArgSpec(
+            "block_size",
+            IntChoice(1, INT32_MAX, unit="tokens", options=BLOCK_SIZES),
+            "KV block (page) size in tokens",
+        ),
+        # config/model.py:245 `max_model_len: int = Field(default=None, ge=-1)`; read with
+        # human_readable_int_or_auto (arg_utils.py:397-400; `auto`/-1: fit to the KV cache).
+        ArgSpec(
+            "max_model_len",
+            HumanInt(1, INT32_MAX, allow=(AUTO,), unit="tokens", auto=True),
+            "longest request (prompt and output) in tokens; auto fits it to the KV cache",
+        ),
+        # config/cache.py `enable_prefix_caching: bool = True`; the flag's default is None
+        # (arg_utils.py:1369-1375), resolved from the model's support.
+        ArgSpec(
+            "enable_prefix_caching",
+            BoolValue(negatable=True),
+            "automatic prefix caching",
+        ),
+        # config/model.py:272 `enforce_eager: bool = False` (0.32: no torch.compile either).
+        ArgSpec(
+            "enforce_eager",
+            BoolValue(negatable=True),
+            "run eagerly: no CUDA graphs, no torch.compile",
+        ),
+        # config/compilation.py:695 `max_cudagraph_capture_size: int = None`; type=int, no
+        # range. kvpilot: up to 4096, the largest decode batch its proposals cover.
+        ArgSpec(
+            "max_cudagraph_capture_size",
+            IntValue(1, 4096, unit="requests"),
+            "largest decode batch captured as a CUDA graph",
+        ),
+        # config/cache.py `kv_offloading_size: float | None = None` (GiB, the total over TP
+        # ranks); type=float. kvpilot: a positive size up to 4 TiB of host memory.
+        ArgSpec(
+            "kv_offloading_size",
+            FloatValue(0.0, 4096.0, hi_open=False),
+            "host (CPU) memory for offloaded KV blocks, GiB over all TP ranks",
+        ),
+        ArgSpec(
+            "kv_offloading_backend",
+            ChoiceValue(OFFLOADING_BACKENDS),
+            "where offloaded KV blocks go (vLLM's own CPU tier, or LMCache)",
+        ),
+        # config/cache.py `kv_cache_memory_bytes: int | None = None` (per GPU); read with
+        # human_readable_int. kvpilot: at least 1 MiB, at most 16 TiB.
+        ArgSpec(
+            "kv_cache_memory_bytes",
+            HumanInt(1 << 20, 1 << 44, unit="bytes"),
+            "KV cache size per GPU in bytes; overrides gpu_memory_utilization's sizing",
+        ),
+    )
+}
+# An alias's name -> the argument it sets (`device_memory_utilization=0.9` is accepted too).
+ALIASES = {normalise_key(a): name for name, spec in ALLOWED.items() for a in spec.aliases}
+
+
+def _spec(key: str) -> ArgSpec | None:
+    name = normalise_key(key)
+    return ALLOWED.get(ALIASES.get(name, name))
+
+
+def spec_of(key: str) -> ArgSpec:
+    spec = _spec(key)
+    if spec is None:
+        name = normalise_key(key)
+        known = ", ".join(sorted(ALLOWED))
+        raise ArgError(f"{name!r} is not a vLLM argument kvpilot can change; known: {known}")
+    return spec
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """Parse `KEY=VALUE` (`gpu_memory_utilization=0.95` or `--max-num-seqs=512`)."""
+    key, value = split_assignment(text, "gpu_memory_utilization=0.95")
+    spec = spec_of(key)
+    return spec.name, spec.parse(value)
+
+
+def check_budget_covers_seqs(seqs: object, tokens: object) -> None:
+    """vLLM refuses a token budget below the running-request cap (config/scheduler.py:328
+    "max_num_batched_tokens (X) must be greater than or equal to max_num_seqs (Y)")."""
+    if isinstance(seqs, int) and isinstance(tokens, int) and tokens < seqs:
+        raise ArgError(
+            f"max_num_batched_tokens ({tokens}) must be at least max_num_seqs ({seqs}); "
+            "vLLM refuses to start otherwise"
+        )
+
+
+def parse_change(items: list[str]) -> dict[str, Any]:
+    change: dict[str, Any] = {}
+    for item in items:
+        name, value = parse_assignment(item)
+        if name in change and change[name] != value:
+            raise ArgError(f"{name} is given twice with different values")
+        change[name] = value
+    check_budget_covers_seqs(change.get("max_num_seqs"), change.get("max_num_batched_tokens"))
+    return change
+
+
+# ----------------------------------------------------------------------------- command lines
+def with_change(args: Sequence[str], change: Mapping[str, Any]) -> list[str]:
+    """Apply allowed changes to a vLLM argument list (never a shell string).
+
+    Every spelling of a changed argument is removed first (`--flag value`, `--flag=value`, the
+    underscore form, aliases, and `--flag`/`--no-flag` of an on/off flag, which take no value,
+    so a positional model path after one stays put), then the new value is appended, checked and
+    spelt as vLLM's parser reads it: ints as digits, `auto` for an automatic model length,
+    `--no-FLAG` for off; `None` removes the argument, leaving vLLM's default.
+    """
+    out = list(args)
+    for key, value in change.items():
+        spec = spec_of(key)
+        out = without(out, spec.spellings, takes_value=spec.takes_value, underscores=True)
+        if value is not None:
+            out += spec.cli(value)
+    names = {normalise_key(k) for k in change}
+    if {"max_num_seqs", "max_num_batched_tokens"} & names:
+        check_budget_covers_seqs(
+            _int_or_none(arg_value(out, "max_num_seqs")),
+            _int_or_none(arg_value(out, "max_num_batched_tokens")),
+        )
+    return out
+
+
+def _int_or_none(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return human_readable_int(text)
+    except ArgError:
+        return None
+
+
+def arg_value(args: Sequence[str], name: str) -> str | None:
+    """The value of an argument in an argument list, under any spelling vLLM reads (a later
+    one wins); an on/off flag reads "true", or "false" where its `--no-` form came last."""
+    spec = _spec(name)
+    if spec is None:
+        key = normalise_key(name)
+        return value_of(args, ("--" + key.replace("_", "-"),), underscores=True)
+    negated = spec.negated
+    if negated is not None:
+        state: str | None = None
+        for tok in args:
+            if tok in (spec.flag, "--" + spec.name):
+                state = "true"
+            elif tok in (negated, "--no_" + spec.name, "--no-" + spec.name):
+                state = "false"
+        return state
+    return value_of(args, (spec.flag, *spec.aliases), underscores=True)
+
+
+def launch_settings(args: Sequence[str]) -> dict[str, Any]:
+    """The allowed arguments an argument list sets, typed (what kvpilot knows of a server it
+    launched when the server itself does not say). Values vLLM would refuse are left out."""
+    found: dict[str, Any] = {}
+    for name, spec in ALLOWED.items():
+        text = arg_value(args, name)
+        if text is None:
+            continue
+        try:
+            found[name] = spec.parse(text)
+        except ArgError:
+            continue
+    for name, flags in PARALLEL_FLAGS.items():
+        text = value_of(args, flags, underscores=True)
+        if text is not None and text.isdigit():
+            found[name] = int(text)
+    return found
+
+
+# Parallelism kvpilot reads but does not edit (arg_utils.py: `--tensor-parallel-size/-tp`,
+# `--data-parallel-size/-dp`).
+PARALLEL_FLAGS = {
+    "tensor_parallel_size": ("--tensor-parallel-size", "-tp"),
+    "data_parallel_size": ("--data-parallel-size", "-dp"),
+}

@@ -1,0 +1,192 @@
+"""What limits a vLLM server: the measured evidence, then an ordered table of bottleneck rules.
+
+The first rule that matches names the bottleneck, so the order is the priority. vLLM's scheduler
+(v1/core/sched/scheduler.py `Scheduler.schedule`) serves running requests first and preempts the
+newest when a running request needs a block it cannot get; it admits waiting requests only while
+nothing was preempted in the step, fewer than `max_num_seqs` run, the step's token budget
+(`max_num_batched_tokens`) has room and the prompt's blocks fit. So:
+
+1. nobody waits: the clients are the limit;
+2. the block pool is (nearly) full, or requests are being preempted with a full-ish pool: KV;
+3. the batch is at `max_num_seqs` while blocks are free: the sequence cap (compute);
+4. a waiting prompt does not fit the free blocks (admission needs the whole prompt): KV;
+5. prompts dominate the work: prefill (the token budget);
+6. otherwise the wait is not explained by what vLLM exports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from playbooks.diagnose.measure import Measurement
+from playbooks.engines.vllm.facts import (
+    PREEMPTING_USAGE,
+    PROMPT_HEAVY,
+    SATURATED_USAGE,
+    Context,
+    free_tokens_per_engine,
+    is_preempting,
+    preemption_rate,
+    prompt_waits_for_blocks,
+    requests_fitting,
+    resident_tokens,
+    seq_cap_total,
+)
+from playbooks.types import Bottleneck
+
+FILLING_RISE = 0.15  # usage rising by more than this over the window: the server is filling up
+
+
+@dataclass(frozen=True)
+class Signals:
+    """The measured numbers the bottleneck rules compare, read once."""
+
+    m: Measurement
+    usage: float | None  # where usage got to: a filling server is judged by its end
+    usage_text: str
+    preempting: bool
+    seq_cap: int | None
+    prompt_waits: bool  # a waiting prompt is larger than the free blocks
+    free_tokens: float | None  # per engine
+
+
+def signals(ctx: Context) -> Signals:
+    m = ctx.m
+    usage = m.token_usage
+    usage_text = "unknown" if usage is None else f"{usage:.2f}"
+    if usage is not None and m.usage_trend is not None and m.usage_trend[1] > usage:
+        usage = m.usage_trend[1]
+    return Signals(
+        m,
+        usage,
+        usage_text,
+        is_preempting(m),
+        seq_cap_total(ctx.info),
+        prompt_waits_for_blocks(ctx.info, m),
+        free_tokens_per_engine(ctx.info, m),
+    )
+
+
+def evidence(ctx: Context) -> list[str]:
+    """What was measured, in the operator's words, before any conclusion."""
+    m, info = ctx.m, ctx.info
+    cap = info.capacity_tokens
+    usage = "unknown" if m.token_usage is None else f"{m.token_usage:.2f}"
+    split = f" ({info.engines} data-parallel engines)" if info.engines > 1 else ""
+    found = [
+        f"on average {m.running:.1f} requests ran and {m.queued:.1f} waited "
+        f"(queue non-empty {m.queue_nonempty_fraction:.0%} of the time, at most "
+        f"{m.queued_max:.0f}); KV cache usage {usage} of {cap:,} tokens{split}"
+    ]
+    per = resident_tokens(info, m)
+    if per is not None and m.avg_output_tokens is not None and m.avg_prompt_tokens is not None:
+        fit = requests_fitting(info, m) or 0.0
+        found.append(
+            f"completed requests averaged {m.avg_prompt_tokens:,.0f} prompt + "
+            f"{m.avg_output_tokens:,.0f} output tokens; a running request holds ~{per:,.0f} "
+            f"tokens of KV, so ~{fit:.0f} fit in {cap:,} tokens"
+        )
+    if m.usage_trend is not None and m.usage_trend[1] - m.usage_trend[0] > FILLING_RISE:
+        found.append(
+            f"KV usage rose from {m.usage_trend[0]:.2f} to {m.usage_trend[1]:.2f} during the "
+            "window: the server is still filling up (recent restart or a new burst); measure "
+            "again in a few minutes for a settled picture"
+        )
+    rpm = preemption_rate(m)
+    if rpm is not None:
+        found.append(
+            f"{m.retractions} preemptions in {m.window_s / 60:.1f} min ({rpm:.1f}/min): vLLM "
+            "frees a preempted request's blocks and computes it again from the start"
+        )
+    cap_now = seq_cap_total(info)
+    if cap_now is None:
+        found.append(
+            "max_num_seqs is not known (vLLM exports no scheduler settings without "
+            "VLLM_SERVER_DEV_MODE=1 and kvpilot did not launch it), so the sequence cap is "
+            "not judged"
+        )
+    return found
+
+
+def client_bound(s: Signals) -> str | None:
+    if s.m.queue_nonempty_fraction < 0.2 and s.m.queued < 1:
+        return (
+            "nothing waits: the server takes every request the clients send, so "
+            "throughput equals the offered load and no server change can raise it"
+        )
+    return None
+
+
+def kv_bound(s: Signals) -> str | None:
+    usage = s.usage
+    if usage is None or not (
+        usage >= SATURATED_USAGE or (s.preempting and usage >= PREEMPTING_USAGE)
+    ):
+        return None
+    return (
+        f"requests wait while the KV cache is {usage:.0%} used"
+        + (" and running requests are being preempted" if s.preempting else "")
+        + ": admission is limited by KV-cache capacity"
+    )
+
+
+def seq_cap_bound(s: Signals) -> str | None:
+    if s.seq_cap and s.m.running >= 0.95 * s.seq_cap:
+        return (
+            f"the batch is at max_num_seqs ({s.seq_cap}) while the KV cache has room: the "
+            "sequence cap limits the batch"
+        )
+    return None
+
+
+def prompt_bound(s: Signals) -> str | None:
+    if not s.prompt_waits or s.free_tokens is None or s.m.avg_prompt_tokens is None:
+        return None
+    return (
+        f"a waiting prompt (~{s.m.avg_prompt_tokens:,.0f} tokens) is larger than the "
+        f"~{s.free_tokens:,.0f} free tokens of KV cache: vLLM admits a request only when its "
+        "whole prompt fits, and none behind it (first come, first served), so admission is "
+        "limited by KV-cache capacity although usage is below the top"
+    )
+
+
+def prefill_bound(s: Signals) -> str | None:
+    prompt, output = s.m.prompt_tokens_per_s, s.m.effective
+    if prompt and output and output.mean > 0 and prompt > PROMPT_HEAVY * output.mean:
+        return (
+            f"prompts dominate ({prompt:,.0f} prompt tok/s vs {output.mean:,.0f} output tok/s) "
+            "while the KV cache has room: prefill, within each step's token budget "
+            "(max_num_batched_tokens), limits"
+        )
+    return None
+
+
+def unexplained(s: Signals) -> str:
+    """What is left when requests wait and nothing above explains it."""
+    return (
+        f"requests wait although the KV cache is only {s.usage_text} used and no rule above "
+        "explains it: check max_num_seqs and the waiting queue's reasons "
+        "(num_requests_waiting_by_reason) on the server"
+    )
+
+
+# In priority order: the first rule that matches names the bottleneck.
+BOTTLENECK_RULES: tuple[tuple[Bottleneck, Callable[[Signals], str | None]], ...] = (
+    ("client", client_bound),
+    ("kv_cache", kv_bound),
+    ("compute", seq_cap_bound),
+    ("kv_cache", prompt_bound),
+    ("prefill", prefill_bound),
+)
+
+
+def analyse(ctx: Context) -> tuple[Bottleneck, list[str]]:
+    """The bottleneck and the evidence for it, the deciding sentence last."""
+    found = evidence(ctx)
+    s = signals(ctx)
+    for bottleneck, rule in BOTTLENECK_RULES:
+        because = rule(s)
+        if because is not None:
+            return bottleneck, [*found, because]
+    return "unknown", [*found, unexplained(s)]

@@ -1,0 +1,557 @@
+"""Read-only client for vLLM's HTTP API (the OpenAI-compatible server), on httpx.
+
+What a vLLM server says about itself, and where (vLLM 0.32, `vllm/entrypoints/serve/`):
+
+* `GET /version` answers `{"version": "0.32.0"}`: how kvpilot tells a vLLM server, together with
+  its `vllm:` metric families (or, with metrics off, `/v1/models` entries `owned_by` vLLM).
+* `GET /metrics` always answers; its `vllm:cache_config_info` gauge carries the whole
+  CacheConfig as labels (block size, utilization, KV dtype, blocks, the KV bytes flag, offload
+  size): the only live source of the KV settings and capacity on a standard server.
+* `GET /v1/models` gives the served name, the model path (`root`) and `max_model_len`.
+* `GET /server_info` exists only with `VLLM_SERVER_DEV_MODE=1`; it has the scheduler and
+  parallel settings (`max_num_seqs`, `max_num_batched_tokens`, TP, DP) that nothing else exports.
+  Without it those come from the launch arguments, where kvpilot knows them.
+* `GET /health` is 200 once the engine serves and 503 once it has died.
+
+`--api-key` guards only paths under `/v1`, `/v2`, `/inference` and `/cohere`
+(`serve/middleware/authenticate.py`): `/metrics`, `/health`, `/version` and `/server_info` stay
+readable without the key. So a 401 on `/v1/models` says only that kvpilot lacks the key: the
+model's length is then unknown and said so, not a failure to read the server.
+
+Only idempotent GETs are retried (tenacity), on transport errors and 502/503/504.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from playbooks.engines.base import (
+    Engine,
+    EngineError,
+    Metrics,
+    MetricsDisabled,
+    Snapshot,
+    Unauthorized,
+    Unreachable,
+    WrongEngine,
+)
+from playbooks.engines.vllm import metrics as _m
+from playbooks.engines.vllm.args import launch_settings
+from playbooks.http import http_client, http_retrying, is_http_url, retried_get
+
+VERSION = "/version"
+MODELS = "/v1/models"
+METRICS = "/metrics"
+HEALTH = "/health"
+SERVER_INFO = "/server_info"  # VLLM_SERVER_DEV_MODE=1 only
+ENDPOINTS = (VERSION, MODELS, METRICS, HEALTH, SERVER_INFO)
+KEY_HINT = (
+    "the server runs with --api-key, which guards its /v1 API: configure the same key for "
+    "this server"
+)
+
+
+class NotVLLM(WrongEngine):
+    """Something answered that is not vLLM (or a vLLM older than kvpilot knows)."""
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """What kvpilot knows of a vLLM server's settings, by vLLM's argument names.
+
+    Built from a flat dict (`raw`, also what is stored), so a stored copy reads back the same.
+    `capacity_tokens` is 0 where nothing said it (metrics off, no dev mode).
+    """
+
+    version: str
+    model: str
+    capacity_tokens: int
+    engines: int
+    args: dict[str, Any]
+    sources: tuple[str, ...]
+    raw: dict[str, Any] = field(repr=False)
+    notes: tuple[str, ...] = ()  # what could not be read, for the diagnosis's notes
+
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        return self.args
+
+    def arg(self, name: str, default: Any = None) -> Any:
+        value = self.args.get(name)
+        return default if value is None else value
+
+    @property
+    def blocks_per_engine(self) -> int | None:
+        value = self.raw.get("num_gpu_blocks")
+        return value if isinstance(value, int) else None
+
+    @property
+    def utilization(self) -> float | None:
+        value = self.args.get("gpu_memory_utilization")
+        return float(value) if isinstance(value, (int, float)) else None
+
+    @property
+    def tp_size(self) -> int:
+        return int(self.arg("tensor_parallel_size", 1))
+
+
+# Flat keys: vLLM's argument names kvpilot keeps as settings, and the state beside them.
+SETTING_KEYS = (
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "kv_cache_dtype",
+    "block_size",
+    "enable_prefix_caching",
+    "num_gpu_blocks_override",
+    "kv_offloading_size",
+    "kv_offloading_backend",
+    "sliding_window",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_chunked_prefill",
+    "enforce_eager",
+    "max_cudagraph_capture_size",
+    "tensor_parallel_size",
+    "data_parallel_size",
+)
+STATE_KEYS = ("num_gpu_blocks", "kv_cache_size_tokens", "capacity_tokens", "engines")
+# The settings a report shows for the configuration now.
+KEY_SETTINGS = (
+    "version",
+    "model",
+    "tensor_parallel_size",
+    "data_parallel_size",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "capacity_tokens",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_cache_dtype",
+    "block_size",
+    "max_model_len",
+    "enable_prefix_caching",
+    "enforce_eager",
+    "max_cudagraph_capture_size",
+    "kv_offloading_size",
+)
+NOT_COMPARED = frozenset({"settings_from", "settings_notes"})  # provenance, not a setting
+_SECRET_SUFFIXES = ("_key", "_token", "_secret", "_password")
+
+
+def parse_settings(raw: Mapping[str, Any]) -> VLLMSettings:
+    """A flat settings dict (as the client assembles it, or as stored) read back."""
+    data = dict(raw)
+    sources = data.get("settings_from") or ()
+    notes = data.get("settings_notes") or ()
+    return VLLMSettings(
+        version=str(data.get("version", "unknown")),
+        model=str(data.get("model") or "unknown"),
+        capacity_tokens=int(data.get("capacity_tokens") or 0),
+        engines=int(data.get("engines") or 1),
+        args={k: data[k] for k in SETTING_KEYS if data.get(k) is not None},
+        sources=tuple(str(s) for s in sources),
+        raw=data,
+        notes=tuple(str(n) for n in notes),
+    )
+
+
+def stored_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """What to keep of the settings: scalars and the list of sources, never a secret."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "api_key" or key.endswith(_SECRET_SUFFIXES):
+            continue
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            out[key] = value
+        elif key in NOT_COMPARED and isinstance(value, (list, tuple)):
+            out[key] = [str(v) for v in value]
+    return out
+
+
+# ----------------------------------------------------------------------------- the sources
+def _value(text: str | None) -> Any:
+    """A CacheConfig label's value as Python (labels are `str(value)`, None as "None")."""
+    if text is None or text == "None":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+# `vllm:cache_config_info` label -> kvpilot's key (vLLM's argument name)
+CACHE_LABELS = {
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "kv_cache_memory_bytes": "kv_cache_memory_bytes",
+    "cache_dtype": "kv_cache_dtype",
+    "block_size": "block_size",
+    "enable_prefix_caching": "enable_prefix_caching",
+    "num_gpu_blocks_override": "num_gpu_blocks_override",
+    "kv_offloading_size": "kv_offloading_size",
+    "kv_offloading_backend": "kv_offloading_backend",
+    "sliding_window": "sliding_window",
+    "kv_cache_size_tokens": "kv_cache_size_tokens",
+}
+
+
+def from_metrics(m: Metrics) -> dict[str, Any]:
+    """The cache settings, engines and capacity from one metrics reading."""
+    configs = _m.cache_configs(m)
+    if not configs:
+        return {}
+    labels = configs[0]
+    out: dict[str, Any] = {key: _value(labels.get(label)) for label, key in CACHE_LABELS.items()}
+    out.update(_pool(labels, max(1, len(configs))))
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _pool(labels: Mapping[str, str], engines: int) -> dict[str, Any]:
+    """Engines, one engine's blocks and the usable capacity, from CacheConfig's fields."""
+    out: dict[str, Any] = {"engines": engines}
+    blocks = _value(labels.get("num_gpu_blocks"))
+    if isinstance(blocks, int):
+        out["num_gpu_blocks"] = blocks // engines  # the API process sums them over engines
+    capacity = _m.capacity_tokens(labels, engines)
+    if capacity is not None:
+        out["capacity_tokens"] = capacity
+    return out
+
+
+def from_models(data: Any) -> dict[str, Any]:
+    """The model path, served name and length from `/v1/models`."""
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries or not isinstance(entries[0], dict):
+        return {}
+    first = entries[0]
+    out: dict[str, Any] = {"served_model_name": first.get("id"), "model": first.get("root")}
+    if isinstance(first.get("max_model_len"), int):
+        out["max_model_len"] = first["max_model_len"]
+    return {k: v for k, v in out.items() if v is not None}
+
+
+# /server_info's vllm_config section -> (kvpilot's key, the section's field)
+SERVER_INFO_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "cache_config": (
+        ("gpu_memory_utilization", "gpu_memory_utilization"),
+        ("kv_cache_memory_bytes", "kv_cache_memory_bytes"),
+        ("kv_cache_dtype", "cache_dtype"),
+        ("block_size", "block_size"),
+        ("enable_prefix_caching", "enable_prefix_caching"),
+        ("kv_offloading_size", "kv_offloading_size"),
+        ("kv_offloading_backend", "kv_offloading_backend"),
+    ),
+    "scheduler_config": (
+        ("max_num_seqs", "max_num_seqs"),
+        ("max_num_batched_tokens", "max_num_batched_tokens"),
+        ("enable_chunked_prefill", "enable_chunked_prefill"),
+    ),
+    "model_config": (
+        ("max_model_len", "max_model_len"),
+        ("enforce_eager", "enforce_eager"),
+        ("model", "model"),
+    ),
+    "parallel_config": (
+        ("tensor_parallel_size", "tensor_parallel_size"),
+        ("data_parallel_size", "data_parallel_size"),
+    ),
+    "compilation_config": (("max_cudagraph_capture_size", "max_cudagraph_capture_size"),),
+}
+# The text form (`VllmConfig.__str__`, `config_format=text`): `key=value, key=value, ...`.
+TEXT_FIELDS = {
+    "max_model_len": r"max_seq_len=(\d+)",
+    "enforce_eager": r"enforce_eager=(True|False)",
+    "tensor_parallel_size": r"tensor_parallel_size=(\d+)",
+    "data_parallel_size": r"data_parallel_size=(\d+)",
+    "kv_cache_dtype": r"kv_cache_dtype=([\w]+)",
+}
+
+
+def from_server_info(data: Any) -> dict[str, Any]:
+    """The settings `/server_info` holds (dev mode), in either of its formats; with the JSON
+    one also the blocks and capacity, the same way the metrics' cache config gives them."""
+    config = data.get("vllm_config") if isinstance(data, dict) else None
+    out: dict[str, Any] = {}
+    if isinstance(config, dict):
+        for section, pairs in SERVER_INFO_FIELDS.items():
+            part = config.get(section)
+            if not isinstance(part, dict):
+                continue
+            for key, name in pairs:
+                if part.get(name) is not None:
+                    out[key] = part[name]
+        cache = config.get("cache_config")
+        if isinstance(cache, dict):
+            engines = int(out.get("data_parallel_size") or 1)
+            labels = {k: str(v) for k, v in cache.items() if not isinstance(v, (dict, list))}
+            out.update(_pool(labels, engines))
+    elif isinstance(config, str):
+        for key, pattern in TEXT_FIELDS.items():
+            match = re.search(pattern, config)
+            if match:
+                out[key] = _value(match.group(1))
+    return out
+
+
+def assemble(
+    version: str,
+    metrics: Metrics | None,
+    models: Any,
+    server_info: Any,
+    launch_args: Sequence[str] | None,
+    notes: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The flat settings, each key from the best source that has it: the server's dev-mode
+    config, then its metrics and `/v1/models`, then the launch arguments kvpilot issued."""
+    flat: dict[str, Any] = {"version": version}
+    sources: list[str] = []
+    layers = (
+        ("launch arguments", launch_settings(launch_args) if launch_args else {}),
+        (MODELS, from_models(models) if models is not None else {}),
+        (METRICS, from_metrics(metrics) if metrics is not None else {}),
+        (SERVER_INFO, from_server_info(server_info) if server_info is not None else {}),
+    )
+    for name, found in layers:  # later layers win
+        if found:
+            sources.append(name)
+            flat.update(found)
+    flat["settings_from"] = list(reversed(sources))
+    if notes:
+        flat["settings_notes"] = list(notes)
+    return flat
+
+
+# ----------------------------------------------------------------------------- the client
+class VLLMClient:
+    """Reads vLLM state. Never mutates the server.
+
+    Keeps its previous metrics reading, so each `snapshot()` carries the decode rate and the
+    prefix-cache hit rate over the interval since the one before (vLLM exports counters only).
+    """
+
+    def __init__(
+        self,
+        http: httpx.Client,
+        *,
+        attempts: int = 3,
+        wait: Callable[..., float] | None = None,
+        launch_args: Sequence[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.http = http
+        self._retry = http_retrying(attempts, wait)
+        self.launch_args = list(launch_args) if launch_args is not None else None
+        self._clock = clock
+        self._last: _m.Reading | None = None
+        self._dev_mode: bool | None = None  # whether /server_info answers; None: not asked
+        self.notes: list[str] = []
+
+    @classmethod
+    def connect(
+        cls,
+        url: str,
+        api_key: str | None = None,
+        timeout: float = 10.0,
+        *,
+        attempts: int = 3,
+        wait: Callable[..., float] | None = None,
+        launch_args: Sequence[str] | None = None,
+    ) -> VLLMClient:
+        if not is_http_url(url):
+            raise EngineError(
+                f"invalid server URL {url!r}",
+                "Use the form http://HOST:PORT (for example http://127.0.0.1:8000).",
+            )
+        http = http_client(url, bearer_token=api_key, timeout_s=timeout)
+        return cls(http, attempts=attempts, wait=wait, launch_args=launch_args)
+
+    @property
+    def engine(self) -> Engine:
+        from playbooks.engines.vllm import ENGINE  # noqa: PLC0415 - the package imports us
+
+        return ENGINE
+
+    @property
+    def base_url(self) -> str:
+        return str(self.http.base_url).rstrip("/")
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    # ----------------------------------------------------------------- transport
+    def _get(self, path: str, params: dict[str, str] | None = None) -> httpx.Response:
+        try:
+            return retried_get(self.http, self._retry, path, params)
+        except httpx.TransportError as exc:
+            raise Unreachable(
+                f"cannot reach vLLM at {self.base_url}: {exc.__class__.__name__}: {exc}",
+                "Is the server running, and is the URL (host and port) right?",
+            ) from exc
+
+    def _unauthorized(self, path: str) -> Unauthorized:
+        return Unauthorized(
+            f"{self.base_url}{path} refused the request as unauthorised (401)", KEY_HINT
+        )
+
+    def _json(self, path: str, params: dict[str, str] | None = None) -> Any:
+        """A JSON answer; None on 404 (the server has no such path)."""
+        response = self._get(path, params)
+        if response.status_code == 404:
+            return None
+        if response.status_code == 401:
+            raise self._unauthorized(path)
+        if response.status_code != 200:
+            raise EngineError(
+                f"{self.base_url}{path} answered HTTP {response.status_code}",
+                "The server may be starting or overloaded; try again shortly.",
+            )
+        try:
+            return response.json()
+        except ValueError:
+            raise NotVLLM(
+                f"{self.base_url}{path} did not return JSON",
+                "Is this a vLLM server? Check the URL and port.",
+            ) from None
+
+    # ----------------------------------------------------------------- reads
+    def health(self) -> bool:
+        """200 once the engine serves requests; 503 after the engine died."""
+        try:
+            return self._get(HEALTH).status_code == 200
+        except Unreachable:
+            return False
+
+    def version(self) -> str:
+        data = self._json(VERSION)
+        if not isinstance(data, dict) or not isinstance(data.get("version"), str):
+            raise NotVLLM(
+                f"{self.base_url} has no {VERSION} answering a version",
+                "This does not look like a vLLM server.",
+            )
+        return str(data["version"])
+
+    def models(self) -> Any:
+        """`/v1/models`, or None where it needs the API key kvpilot lacks (noted)."""
+        try:
+            return self._json(MODELS)
+        except Unauthorized:
+            self._note(
+                f"{MODELS} needs the API key (vLLM's --api-key guards only its /v1 API), so "
+                "the model's path and length are unknown: configure the key"
+            )
+            return None
+
+    def server_info(self) -> Any:
+        """`/server_info?config_format=json` where dev mode serves it, else None (remembered)."""
+        if self._dev_mode is False:
+            return None
+        data = self._json(SERVER_INFO, {"config_format": "json"})
+        self._dev_mode = data is not None
+        return data
+
+    def model_info(self) -> dict[str, Any]:
+        data = self._json(MODELS)
+        found = from_models(data)
+        if not found:
+            raise NotVLLM(f"{self.base_url}{MODELS} lists no model")
+        return {"model_path": found.get("model"), **found}
+
+    def metrics(self) -> Metrics:
+        response = self._get(METRICS)
+        if response.status_code == 404:
+            raise MetricsDisabled(f"{self.base_url}{METRICS} is not served", _m.SPEC.how_to_enable)
+        if response.status_code == 401:
+            raise self._unauthorized(METRICS)
+        if response.status_code != 200:
+            raise EngineError(f"{self.base_url}{METRICS} answered HTTP {response.status_code}")
+        m = parse_metrics(response.text)
+        if not m.families:
+            raise MetricsDisabled(
+                f"{self.base_url}{METRICS} has no vLLM metrics", _m.SPEC.how_to_enable
+            )
+        return m
+
+    def settings(self) -> VLLMSettings:
+        """The server's settings and capacity; raises NotVLLM where the server is not vLLM."""
+        version = self.version()
+        try:
+            m: Metrics | None = self.metrics()
+        except MetricsDisabled:
+            m = None
+        models = self.models()
+        if m is None:
+            owners = [
+                e.get("owned_by") for e in (models or {}).get("data", []) if isinstance(e, dict)
+            ]
+            if models is None:
+                raise Unauthorized(
+                    f"{self.base_url} answers {VERSION} but exports no vLLM metrics, and its "
+                    f"{MODELS} needs the API key, so kvpilot cannot tell that it is vLLM",
+                    KEY_HINT,
+                )
+            if "vllm" not in owners:
+                raise NotVLLM(
+                    f"{self.base_url} exports no vLLM metrics and its models are not vLLM's",
+                    "This does not look like a vLLM server.",
+                )
+            self._note(
+                f"{self.base_url} exports no vLLM metrics (--disable-log-stats): its KV capacity "
+                "is unknown and kvpilot cannot measure it"
+            )
+        info = self.server_info()
+        return parse_settings(assemble(version, m, models, info, self.launch_args, self.notes))
+
+    def snapshot(self) -> Snapshot:
+        m, now = self.metrics(), self._clock()
+        snap = _m.snapshot_from_metrics(m, self._last, now)
+        self._last = _m.reading_of(m, now)
+        return snap
+
+    def load_snapshot(self) -> Snapshot:
+        raise MetricsDisabled(
+            "vLLM reports its load only through its metrics (its /load counts in-flight "
+            "requests only with --enable-server-load-tracking, and not which of them wait)",
+            _m.SPEC.how_to_enable,
+        )
+
+    def describe_metrics(self) -> str:
+        return f"{self.base_url}{METRICS} (scraped directly)"
+
+    @property
+    def dialect(self) -> str:
+        """`dev mode` where /server_info answered, else `standard` (metrics and /v1/models)."""
+        return "dev mode" if self._dev_mode else "standard"
+
+
+def parse_metrics(text: str) -> Metrics:
+    """Every `vllm:` sample with its label set; how label sets combine is `metrics.py`'s.
+
+    Raises NotVLLM where the exposition is SGLang's (or not Prometheus text at all).
+    """
+    try:
+        parsed = list(text_string_to_metric_families(text))
+    except ValueError as exc:
+        raise NotVLLM(f"{METRICS} is not Prometheus text: {exc}") from None
+    families = [f for f in parsed if f.name.startswith(_m.PREFIX)]
+    if not families and any(f.name.startswith("sglang:") for f in parsed):
+        raise NotVLLM(f"{METRICS} is SGLang's", "This is an SGLang server.")
+    return Metrics.read(
+        ((sample.name, sample.labels, sample.value) for f in families for sample in f.samples),
+        (f.name for f in families),
+        ttft_histogram=_m.TTFT_BUCKET,
+    )

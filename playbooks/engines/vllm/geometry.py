@@ -1,0 +1,152 @@
+"""A model's KV page from its Hugging Face config, the way vLLM's v1 engine sizes one.
+
+vLLM allocates KV in blocks of `block_size` tokens; one layer's page is (v1/kv_cache_interface.py,
+`FullAttentionSpec.real_page_size_bytes` and `MLAAttentionSpec.real_page_size_bytes`):
+
+    GQA/MHA: block_size * kv_heads_per_rank * (head_size + head_size_v) * dtype_bytes
+    MLA:     block_size * 1 * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes
+
+with `kv_heads_per_rank = max(1, kv_heads // tensor_parallel_size)` (config/model.py
+`get_num_kv_heads`: heads are split over TP ranks, replicated where there are fewer heads than
+ranks) and `head_size_v = head_size` unless the model says otherwise; an MLA latent is not split
+by TP, every rank holds it whole. A plain model's block is one page per attention layer, so a
+block costs `layers * page` bytes on each GPU (kv_cache_utils.py, `get_num_blocks`:
+`available_memory // page_size // num_layers`).
+
+Sliding-window and state-space (hybrid) models keep several layer groups in one shared block
+pool whose page size vLLM unifies across groups; kvpilot reads how many layers of each kind a
+model has, but does not model that unification: for them the bytes per block are left unknown
+and capacity is predicted by scaling the server's own figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from playbooks.engines.hf_config import (
+    HEADS,
+    KV_HEADS,
+    LAYERS,
+    first_int,
+    head_dim,
+    language_model,
+)
+
+Kind = Literal["mha", "mla"]
+
+
+@dataclass(frozen=True)
+class Geometry:
+    kind: Kind
+    layers: int  # full-attention layers (all attention layers of a plain model)
+    kv_heads: int = 0
+    head_size: int = 0
+    head_size_v: int = 0
+    latent: int = 0  # MLA: kv_lora_rank + qk_rope_head_dim
+    sliding_layers: int = 0
+    linear_layers: int = 0  # mamba / linear attention: state, not KV
+    kv_quant_fp8: bool = False  # the checkpoint declares an FP8 KV scheme, which `auto` takes
+    # The model's own context length (`max_position_embeddings`), above which vLLM refuses a
+    # --max-model-len (config/model.py `get_and_verify_max_len`) unless told otherwise.
+    max_positions: int | None = None
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.sliding_layers or self.linear_layers)
+
+    def kv_heads_per_rank(self, tp: int = 1) -> int:
+        return max(1, self.kv_heads // max(1, tp))
+
+    def token_bytes_per_layer(self, dtype_bytes: float, tp: int = 1) -> float:
+        """One token of one layer's page on one GPU."""
+        if self.kind == "mla":
+            return self.latent * dtype_bytes
+        return self.kv_heads_per_rank(tp) * (self.head_size + self.head_size_v) * dtype_bytes
+
+    def block_bytes(self, block_size: int, dtype_bytes: float, tp: int = 1) -> float | None:
+        """Bytes one KV block takes on one GPU; None for a hybrid model (module docstring)."""
+        if self.hybrid:
+            return None
+        return block_size * self.layers * self.token_bytes_per_layer(dtype_bytes, tp)
+
+    def describe(self) -> str:
+        if self.kind == "mla":
+            shape = f"MLA, latent {self.latent} x {self.layers} layers"
+        else:
+            shape = (
+                f"{self.kv_heads} KV heads x ({self.head_size} + {self.head_size_v}) x "
+                f"{self.layers} attention layers"
+            )
+        extras = [
+            *([f"{self.sliding_layers} sliding-window layers"] if self.sliding_layers else []),
+            *([f"{self.linear_layers} mamba/linear layers"] if self.linear_layers else []),
+            *(["FP8 KV under auto"] if self.kv_quant_fp8 else []),
+        ]
+        return shape + "".join(f", {e}" for e in extras)
+
+
+def _layer_kinds(config: Mapping[str, Any], layers: int) -> tuple[int, int, int]:
+    """(full, sliding, linear) attention layers: `layer_types` where the config lists them."""
+    types = config.get("layer_types")
+    if isinstance(types, list) and types:
+        sliding = sum(1 for t in types if "sliding" in str(t))
+        linear = sum(1 for t in types if "linear" in str(t) or "mamba" in str(t))
+        return len(types) - sliding - linear, sliding, linear
+    pattern = first_int(config, "sliding_window_pattern")
+    if pattern and pattern > 1 and config.get("sliding_window"):  # every Nth layer is full
+        full = layers // pattern
+        return full, layers - full, 0
+    return layers, 0, 0
+
+
+def _kv_quant_fp8(config: Mapping[str, Any]) -> bool:
+    """Whether `auto` resolves to FP8 for this checkpoint: a ModelOpt `kv_cache_quant_algo` or
+    an llm-compressor `kv_cache_scheme` of 8-bit floats (vllm/utils/torch_utils.py, the
+    checkpoint's KV scheme read before `auto` falls back to the model's dtype)."""
+    quant = config.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return False
+    algo = quant.get("kv_cache_quant_algo")
+    if isinstance(algo, str):
+        return algo.upper().startswith("FP8")
+    scheme = quant.get("kv_cache_scheme")
+    return (
+        isinstance(scheme, Mapping)
+        and scheme.get("num_bits") == 8
+        and scheme.get("type", "float") == "float"
+    )
+
+
+def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
+    """The geometry, or None for a config kvpilot cannot read (it then says it does not know)."""
+    config = language_model(config)
+    layers = first_int(config, *LAYERS)
+    if not layers:
+        return None
+    fp8 = _kv_quant_fp8(config)
+    positions = first_int(config, "max_position_embeddings")
+    lora, rope = first_int(config, "kv_lora_rank"), first_int(config, "qk_rope_head_dim")
+    if lora and rope is not None:
+        return Geometry(
+            "mla", layers, latent=lora + rope, kv_quant_fp8=fp8, max_positions=positions
+        )
+    kv_heads = first_int(config, *KV_HEADS) or first_int(config, *HEADS)
+    size = head_dim(config)
+    if not kv_heads or not size:
+        return None
+    full, sliding, linear = _layer_kinds(config, layers)
+    if full <= 0:
+        return None
+    return Geometry(
+        "mha",
+        full,
+        kv_heads,
+        size,
+        first_int(config, "v_head_dim") or size,
+        sliding_layers=sliding,
+        linear_layers=linear,
+        kv_quant_fp8=fp8,
+        max_positions=positions,
+    )

@@ -1,0 +1,88 @@
+"""A change's verdict from its checks: `evaluate` with a measurement, `judge_change` without.
+
+Both run the same safety halves, so `--consider KEY=VALUE`, the bot's own proposals and an
+experiment's pre-flight agree on what is unsafe. The worst verdict of the parts wins; a part that
+is unsafe is not asked whether it would also be useful (`playbooks.engines.findings`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from playbooks.engines.findings import (
+    NOTHING_AGAINST,
+    RESTART_RISK,
+    Finding,
+    kv_capacity_gain,
+    title,
+    worst,
+)
+from playbooks.engines.vllm.checks import Change, checks_for
+from playbooks.engines.vllm.facts import Context, Observed, Server
+from playbooks.types import Bottleneck, Option, Verdict
+
+
+def findings_of(change: Change, seen: Observed | None) -> list[Finding]:
+    """Each check's safety half, then its usefulness half where there is a measurement and the
+    part is not unsafe; a ride-along argument speaks only while no part has a verdict."""
+    found: list[Finding] = []
+    for check in checks_for(change):
+        if check.fallback and any(f.verdict is not None for f in found):
+            continue
+        value = check.value(change)
+        safety = check.safety(change, value)
+        found.append(safety)
+        if seen is not None and safety.verdict != "unsafe":
+            found.append(check.usefulness(change, value, seen))
+    return found
+
+
+def capacity_gain(change: Change, seen: Observed) -> tuple[float, float] | None:
+    """Throughput change from more KV room; None where kvpilot cannot predict it (the capacity
+    is not predicted, or an argument changes more than the KV pool)."""
+    if change.tokens is None or not all(c.predicts_gain for c in checks_for(change)):
+        return None
+    m = seen.m
+    return kv_capacity_gain(m.running, m.queued, change.current, change.tokens, seen.kv_bound)
+
+
+def option(
+    change: Change,
+    found: list[Finding],
+    verdict: Verdict,
+    gain: tuple[float, float] | None,
+    considered: bool,
+) -> Option:
+    risks = [risk for f in found for risk in f.risks] + [RESTART_RISK]
+    return Option(
+        title=title(change.values),
+        change=dict(change.values),
+        verdict=verdict,
+        predicted_max_total_num_tokens=change.tokens,
+        predicted_gain=gain if verdict != "unsafe" else None,
+        risk="; ".join(dict.fromkeys(risks)),
+        reasons=[reason for f in found for reason in f.reasons],
+        considered=considered,
+    )
+
+
+def evaluate(
+    change: dict[str, Any], ctx: Context, bottleneck: Bottleneck, considered: bool = False
+) -> Option:
+    """Judge one change against a measured server: safe, and does it address the bottleneck."""
+    proposed = Change.of(ctx.server, change)
+    seen = Observed(ctx.m, bottleneck)
+    found = findings_of(proposed, seen)
+    verdict = worst(found, "not_useful")
+    return option(proposed, found, verdict, capacity_gain(proposed, seen), considered)
+
+
+def judge_change(server: Server, change: dict[str, Any]) -> Option:
+    """The safety verdict for one change, before anything is measured (an experiment's check):
+    `unsafe` or `needs_opt_in` where a check says so, otherwise `possible`."""
+    proposed = Change.of(server, change)
+    found = findings_of(proposed, None)
+    verdict = worst(found, "possible")
+    if not any(f.verdict is not None for f in found):
+        found.append(Finding(reasons=(NOTHING_AGAINST,)))
+    return option(proposed, found, verdict, None, considered=True)
