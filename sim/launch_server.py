@@ -5,6 +5,8 @@ summary, HTTP server, warm-up request, "The server is fired up and ready to roll
 preset's startup time in simulated seconds. Configurations SGLang refuses fail the way SGLang
 fails: the scheduler's exception, "Received sigquit from a child process...", and the process
 killing itself. Runtime OOMs (GPU activations, host RAM) end the process under load.
+
+`--engine vllm` hands the other flags to the vLLM twin (`sim.vllm.launch`, `vllm serve`'s flags).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sim.logfmt import SimLog, rank_prefix
 from sim.memory import Headroom, StartupFailure, headroom
 from sim.runtime import Runtime, SimClock
 from sim.server import TwinApp
+from sim.vllm import launch as vllm_launch
 
 WARMUP_TEXT = "The capital city of France is"
 TORCH_DTYPES = {
@@ -329,8 +332,28 @@ async def serve(cfg: TwinConfig) -> int:
     return 0
 
 
+def split_engine(args: list[str]) -> tuple[str, list[str]]:
+    """`--engine sglang|vllm` (default sglang) picks the dialect; the other flags are its own."""
+    rest: list[str] = []
+    engine = "sglang"
+    it = iter(args)
+    for arg in it:
+        if arg == "--engine":
+            engine = next(it, "")
+        elif arg.startswith("--engine="):
+            engine = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return engine, rest
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    engine, args = split_engine(list(sys.argv[1:] if argv is None else argv))
+    if engine == "vllm":
+        return vllm_launch.main(args)
+    if engine != "sglang":
+        sys.stderr.write(f"--engine: choose sglang or vllm, not {engine!r}\n")
+        return 2
     cfg = resolve(args, prog="python -m sim.launch_server")
     try:
         return asyncio.run(serve(cfg))

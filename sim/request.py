@@ -72,6 +72,11 @@ def synthetic_output(rid: str, n: int, vocab: int = 1024, offset: int = 1000) ->
     return [offset + (base + i * 7919) % vocab for i in range(n)]
 
 
+def synthetic_token(rid: str, i: int, vocab: int = 1024, offset: int = 1000) -> int:
+    """`synthetic_output(rid, i + 1)[i]` without building the list."""
+    return offset + (_stable_hash(rid) + i * 7919) % vocab
+
+
 def natural_answer_length(input_ids: Tokens, seed: int, mean_tokens: int) -> int:
     """Where the simulated model would stop on its own (EOS), deterministic per prompt.
 

@@ -69,6 +69,98 @@ class Pending:
     first_visible_at: float | None = None
 
 
+class PacedRuntime:
+    """Engine-neutral pacing: step engines against the scaled clock, deliver results when the
+    clock reaches them. A dialect's runtime sets `engines` (anything with `now`, `idle`,
+    `step()` and `advance_idle()`) and implements `_record_finish`."""
+
+    def __init__(self, clock: SimClock, log: SimLog) -> None:
+        self.clock = clock
+        self.log = log
+        self.engines: list[Any] = []
+        self.status = "starting"
+        self._deferred: list[tuple[float, int, Pending]] = []
+        self._tie = itertools.count()
+        self._pending: dict[str, Pending] = {}
+        self._wake = asyncio.Event()
+        self._lag_warned = False
+        self.fatal: BaseException | None = None
+        self.on_fatal: Callable[[BaseException], None] | None = None
+
+    def _record_finish(self, req: Request, dp_rank: int = 0) -> None:
+        raise NotImplementedError
+
+    def _defer(self, at: float, pending: Pending) -> None:
+        heapq.heappush(self._deferred, (at, next(self._tie), pending))
+
+    def _finished(self, req: Request, pending: Pending) -> None:
+        assert req.finished_at is not None
+        self._defer(req.finished_at, pending)
+
+    def _deliver_due(self) -> None:
+        now = self.clock.now()
+        while self._deferred and self._deferred[0][0] <= now:
+            _, _, pending = heapq.heappop(self._deferred)
+            req = pending.req
+            if pending.done:
+                continue
+            pending.delivered_out = (
+                req.last_progress_out if req.finished_at is None else req.out_len
+            )
+            if req.finished_at is not None and req.finished_at <= now:
+                pending.done = True
+                pending.delivered_out = req.out_len
+                self._pending.pop(req.rid, None)
+                self._record_finish(req, pending.dp_rank)
+            pending.event.set()
+
+    # ----------------------------------------------------------------- the loop
+    async def drive(self) -> None:
+        """Step the engines in simulated time until cancelled or a fatal failure."""
+        try:
+            while True:
+                target = self.clock.now()
+                for engine in self.engines:
+                    steps = 0
+                    while engine.now < target and steps < 256:
+                        if engine.step() == 0.0:
+                            engine.advance_idle(target)
+                            break
+                        steps += 1
+                self._deliver_due()
+                busy = [e.now for e in self.engines if not e.idle]
+                lagging = [t for t in busy if t < target]
+                if lagging:
+                    behind = target - min(lagging)
+                    if behind > max(2.0, 0.5 * self.clock.scale):
+                        self.clock.rebase(min(lagging))
+                        if not self._lag_warned:
+                            self._lag_warned = True
+                            self.log.line(
+                                "twin: the CPU cannot keep up with --time-scale "
+                                f"{self.clock.scale:g}; simulated time is slowed to match"
+                            )
+                    await asyncio.sleep(0)
+                    continue
+                due = list(busy)
+                if self._deferred:
+                    due.append(self._deferred[0][0])
+                wait = 0.05
+                if due:
+                    wait = min(wait, self.clock.wall_seconds(min(due) - self.clock.now()))
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.0005))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # GPU or host OOM from the engine: the process dies
+            self.fatal = exc
+            self.status = "dead"
+            if self.on_fatal is not None:
+                self.on_fatal(exc)
+            raise
+
+
 class _Observer:
     def __init__(self, rt: Runtime, dp_rank: int) -> None:
         self.rt = rt
@@ -98,17 +190,16 @@ class _Observer:
         self.rt.metrics.retracted(count, self.dp_rank)
 
 
-class Runtime:
+class Runtime(PacedRuntime):
     def __init__(self, cfg: TwinConfig, log: SimLog | None = None, clock: SimClock | None = None):
         self.cfg = cfg
-        self.clock = clock or SimClock(cfg.time_scale)
-        self.log = log or SimLog(datetime.now(), self.clock.now)
+        clock = clock or SimClock(cfg.time_scale)
+        super().__init__(clock, log or SimLog(datetime.now(), clock.now))
         sa = cfg.server_args
         # One scheduler per replica and attention-DP group, each with its own KV pool.
         self.dp_size = cfg.layout.schedulers
         self.host_pool: HostPool | None = None
         self.engines: list[Engine] = []
-        self.status = "starting"  # starting | up | dead
         self.started_at_sim = 0.0
         self.startup_time = 0.0
         self.startup_available_gib = 0.0  # free GPU memory once start-up is done
@@ -128,14 +219,7 @@ class Runtime:
             ),
             hybrid_swa=cfg.capacity.swa_tokens is not None,
         )
-        self._deferred: list[tuple[float, int, Pending]] = []
-        self._tie = itertools.count()
         self._rr = itertools.count()
-        self._pending: dict[str, Pending] = {}
-        self._wake = asyncio.Event()
-        self._lag_warned = False
-        self.fatal: BaseException | None = None
-        self.on_fatal: Callable[[BaseException], None] | None = None
         self.workload: Profile | None = None
         self.workload_completed = 0
 
@@ -287,30 +371,6 @@ class Runtime:
             return False
         return self.engines[pending.dp_rank].abort(rid)
 
-    def _defer(self, at: float, pending: Pending) -> None:
-        heapq.heappush(self._deferred, (at, next(self._tie), pending))
-
-    def _finished(self, req: Request, pending: Pending) -> None:
-        assert req.finished_at is not None
-        self._defer(req.finished_at, pending)
-
-    def _deliver_due(self) -> None:
-        now = self.clock.now()
-        while self._deferred and self._deferred[0][0] <= now:
-            _, _, pending = heapq.heappop(self._deferred)
-            req = pending.req
-            if pending.done:
-                continue
-            pending.delivered_out = (
-                req.last_progress_out if req.finished_at is None else req.out_len
-            )
-            if req.finished_at is not None and req.finished_at <= now:
-                pending.done = True
-                pending.delivered_out = req.out_len
-                self._pending.pop(req.rid, None)
-                self._record_finish(req, pending.dp_rank)
-            pending.event.set()
-
     def _record_finish(self, req: Request, dp_rank: int = 0) -> None:
         assert req.finished_at is not None
         self.metrics.request_finished(
@@ -354,52 +414,6 @@ class Runtime:
 
         req.on_finish = done
         engine.submit(req)
-
-    # ----------------------------------------------------------------- the loop
-    async def drive(self) -> None:
-        """Step the engines in simulated time until cancelled or a fatal failure."""
-        try:
-            while True:
-                target = self.clock.now()
-                for engine in self.engines:
-                    steps = 0
-                    while engine.now < target and steps < 256:
-                        if engine.step() == 0.0:
-                            engine.advance_idle(target)
-                            break
-                        steps += 1
-                self._deliver_due()
-                busy = [e.now for e in self.engines if not e.idle]
-                lagging = [t for t in busy if t < target]
-                if lagging:
-                    behind = target - min(lagging)
-                    if behind > max(2.0, 0.5 * self.clock.scale):
-                        self.clock.rebase(min(lagging))
-                        if not self._lag_warned:
-                            self._lag_warned = True
-                            self.log.line(
-                                "twin: the CPU cannot keep up with --time-scale "
-                                f"{self.clock.scale:g}; simulated time is slowed to match"
-                            )
-                    await asyncio.sleep(0)
-                    continue
-                due = list(busy)
-                if self._deferred:
-                    due.append(self._deferred[0][0])
-                wait = 0.05
-                if due:
-                    wait = min(wait, self.clock.wall_seconds(min(due) - self.clock.now()))
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.0005))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # GPU or host OOM from the engine: the process dies
-            self.fatal = exc
-            self.status = "dead"
-            if self.on_fatal is not None:
-                self.on_fatal(exc)
-            raise
 
     # ----------------------------------------------------------------- views
     @property

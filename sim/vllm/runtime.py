@@ -1,0 +1,176 @@
+"""The vLLM twin's runtime: one v1 scheduler paced by `sim.runtime.PacedRuntime` (the scaled
+clock and delivery the SGLang twin uses), vLLM's metrics and periodic stats line."""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from datetime import datetime
+from typing import Any
+
+from sim.request import Request, natural_answer_length
+from sim.runtime import PacedRuntime, Pending, SimClock
+from sim.vllm.args import VllmConfig
+from sim.vllm.logfmt import SITE_STATS, IntervalStats, VllmLog, stats_line
+from sim.vllm.memory import KvPlan
+from sim.vllm.metrics import VllmMetrics
+from sim.vllm.scheduler import Scheduler, SchedulerConfig, StepStats
+from sim.workload import Profile, make_profile
+
+# stats.py:47: the logged prefix-cache hit rate covers the last 1000 requests (here: the last
+# 1000 intervals' lookups, a close stand-in)
+PREFIX_RATE_WINDOW = 1000
+
+
+def scheduler_config(cfg: VllmConfig, plan: KvPlan) -> SchedulerConfig:
+    return SchedulerConfig(
+        preset=cfg.preset.base,
+        num_gpu_blocks=plan.num_gpu_blocks,
+        block_size=cfg.block_size,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_model_len=cfg.max_model_len,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        kv_bytes_per_token=plan.bytes_per_block // cfg.block_size,
+        tp_size=cfg.tensor_parallel_size,
+        enforce_eager=cfg.enforce_eager,
+    )
+
+
+class VllmRuntime(PacedRuntime):
+    def __init__(
+        self, cfg: VllmConfig, plan: KvPlan, log: VllmLog, clock: SimClock | None = None
+    ) -> None:
+        clock = clock or SimClock(cfg.time_scale)
+        super().__init__(clock, log)
+        self.vlog = log
+        self.cfg = cfg
+        self.plan = plan
+        self.scheduler = Scheduler(scheduler_config(cfg, plan), on_step=self._on_step)
+        self.scheduler.now = clock.now()
+        self.engines = [self.scheduler]
+        self.metrics = VllmMetrics(cfg, plan)
+        self.workload: Profile | None = None
+        self.workload_completed = 0
+        # the periodic log's interval accumulators
+        self._last_log_at = self.scheduler.now
+        self._prompt_since = 0
+        self._gen_since = 0
+        self._preempt_since = 0
+        self._last_was_idle = True
+        # (queries, hits) at each admission, for the rolling hit rate of the periodic line
+        self._prefix_window: deque[tuple[int, int]] = deque(maxlen=PREFIX_RATE_WINDOW)
+        self._prefix_seen = (0, 0)
+
+    # ----------------------------------------------------------------- requests
+    def stop_at(self, input_ids: tuple[int, ...], ignore_eos: bool) -> int | None:
+        if ignore_eos:
+            return None
+        return natural_answer_length(input_ids, self.cfg.seed, self.cfg.preset.base.answer_tokens)
+
+    def submit(self, input_ids: tuple[int, ...], max_tokens: int, *, ignore_eos: bool) -> Pending:
+        sched = self.scheduler
+        if sched.idle:
+            sched.advance_idle(self.clock.now())
+        req = Request(
+            f"cmpl-{uuid.uuid4().hex}",
+            input_ids,
+            max_tokens,
+            sched.now,
+            stop_at=self.stop_at(input_ids, ignore_eos),
+        )
+        pending = Pending(req, 0, sched.now)
+        req.on_finish = lambda r, p=pending: self._finished(r, p)
+        self._pending[req.rid] = pending
+        sched.submit(req)
+        self._wake.set()
+        return pending
+
+    def _record_finish(self, req: Request, dp_rank: int = 0) -> None:
+        assert req.finished_at is not None
+        self.metrics.request_finished(
+            req.finish_reason,
+            None if req.first_token_at is None else req.first_token_at - req.arrival,
+            req.finished_at - req.arrival,
+            None if req.admitted_at is None else req.admitted_at - req.arrival,
+            req.retractions,
+        )
+
+    # ----------------------------------------------------------------- built-in workload
+    def start_workload(self, profile_name: str, concurrency: int) -> None:
+        self.workload = make_profile(profile_name, self.cfg.seed)
+        for user in range(concurrency):
+            self._workload_next(user)
+
+    def _workload_next(self, user: int) -> None:
+        assert self.workload is not None
+        spec = self.workload.next_request(user)
+        sched = self.scheduler
+        max_tokens = min(spec.max_new_tokens, self.cfg.max_model_len - len(spec.input_ids))
+        req = Request(
+            f"wl-{uuid.uuid4().hex[:12]}",
+            spec.input_ids,
+            max(1, max_tokens),
+            sched.now,
+            stop_at=self.stop_at(spec.input_ids, spec.ignore_eos),
+        )
+
+        def done(r: Request, spec: Any = spec, user: int = user) -> None:
+            assert self.workload is not None
+            self.workload_completed += 1
+            self._record_finish(r)
+            self.workload.completed(user, spec, r.output_ids)
+            self._workload_next(user)
+
+        req.on_finish = done
+        sched.submit(req)
+
+    # ----------------------------------------------------------------- the periodic line
+    def _prefix_rate(self, sched: Scheduler) -> tuple[int, int]:
+        """Queried and hit tokens of the last PREFIX_RATE_WINDOW lookups (stats.py:47)."""
+        c = sched.counters
+        seen_q, seen_h = self._prefix_seen
+        if c.prefix_queries > seen_q:
+            self._prefix_window.append((c.prefix_queries - seen_q, c.prefix_hits - seen_h))
+            self._prefix_seen = (c.prefix_queries, c.prefix_hits)
+        return sum(q for q, _ in self._prefix_window), sum(h for _, h in self._prefix_window)
+
+    def _on_step(self, sched: Scheduler, stats: StepStats) -> None:
+        if not self.cfg.disable_log_stats:
+            self.metrics.step(stats.scheduled_tokens)
+        self._prompt_since += stats.prompt_computed
+        self._gen_since += stats.generated
+        self._preempt_since += stats.preempted
+        elapsed = sched.now - self._last_log_at
+        if self.cfg.disable_log_stats or elapsed < self.cfg.log_stats_interval:
+            return
+        prompt_tp = self._prompt_since / elapsed
+        gen_tp = self._gen_since / elapsed
+        idle = not (prompt_tp or gen_tp)
+        # loggers.py:261-280: at DEBUG when this and the previous interval were both idle
+        if not (idle and self._last_was_idle):
+            queries, hits = self._prefix_rate(sched)
+            line = stats_line(
+                IntervalStats(
+                    prompt_throughput=prompt_tp,
+                    generation_throughput=gen_tp,
+                    running=len(sched.running),
+                    waiting=len(sched.waiting),
+                    preemptions=self._preempt_since,
+                    kv_usage=sched.kv_usage,
+                    prefix_hit_rate=(
+                        hits / queries if queries and self.cfg.enable_prefix_caching else None
+                    ),
+                )
+            )
+            self.vlog.emit(line, SITE_STATS, at=sched.now)
+        self._last_was_idle = idle
+        self._last_log_at = sched.now
+        self._prompt_since = self._gen_since = self._preempt_since = 0
+
+
+def make_log(clock: SimClock) -> VllmLog:
+    return VllmLog(datetime.now(), clock.now)
+
+
+__all__ = ["VllmRuntime", "make_log", "scheduler_config"]

@@ -1,0 +1,400 @@
+"""vLLM's v1 scheduler (vllm/v1/core/sched/scheduler.py, `Scheduler.schedule`) in simulated time.
+
+One step:
+
+* one token budget, `max_num_batched_tokens`, shared by everything scheduled in the step;
+* RUNNING first: each running request gets `min(tokens it lacks, budget left)` tokens (one for a
+  decode, a chunk for an unfinished prefill) and the KV blocks they need; when the blocks are
+  missing the newest running request is preempted (recompute: its blocks are freed, it goes to
+  the FRONT of the waiting queue with nothing computed), repeatedly, until the request fits or
+  preempts itself (scheduler.py:760-845, `_preempt_request` :1571-1614);
+* WAITING next, only if nothing was preempted in the step (:900), while budget remains and fewer
+  than `max_num_seqs` run: prefix-cache lookup over full blocks, then the rest of the prompt in a
+  chunk that fits the budget; the whole uncached prompt must fit the free blocks
+  (`scheduler_reserve_full_isl=True`, config/scheduler.py:190), else the loop stops (FCFS);
+* blocks of `block_size` tokens from one pool with a permanent null block; full blocks are
+  hashed and stay cached after their requests let go, counted as free and evicted LRU on demand
+  (v1/core/block_pool.py, kv_cache_utils.py:246).
+
+The step's duration comes from the preset's step model, the one the SGLang engine uses: the
+decoding requests cost a decode step (weights, per-sequence cost, their KV read, routed experts)
+and the prefill tokens cost prefill time. Nothing sleeps: `step()` advances `now`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sim.presets import Preset
+from sim.request import Request, synthetic_output, synthetic_token
+
+# Decode steps without CUDA graphs pay the kernel launches again [twin's estimate].
+EAGER_DECODE_FACTOR = 1.3
+
+
+@dataclass
+class SchedulerConfig:
+    preset: Preset
+    num_gpu_blocks: int  # including the null block
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enable_prefix_caching: bool
+    kv_bytes_per_token: int
+    tp_size: int = 1
+    enforce_eager: bool = False
+
+
+@dataclass
+class StepStats:
+    """What one step did, for the logs and metrics."""
+
+    duration: float
+    scheduled_tokens: int
+    prompt_computed: int
+    generated: int
+    preempted: int
+
+
+@dataclass
+class Counters:
+    """The scheduler's monotonic counters (the Prometheus counters read them)."""
+
+    preemptions: int = 0
+    prompt_tokens: int = 0
+    prompt_computed: int = 0
+    generation_tokens: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Seq:
+    """The block table and hashes of one request."""
+
+    blocks: list[int] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks
+    cached: int = 0  # leading blocks already offered to the prefix cache
+    counted_prompt: bool = False
+
+
+class BlockPool:
+    """Free blocks plus a prefix cache of full blocks by chained hash."""
+
+    def __init__(self, num_blocks: int, caching: bool) -> None:
+        self.num_blocks = num_blocks
+        self.usable = max(0, num_blocks - 1)  # block 0 is the null block
+        self.caching = caching
+        self._free_ids = list(range(num_blocks - 1, 0, -1))
+        self.ref: dict[int, int] = {}
+        self.by_hash: dict[int, int] = {}
+        self.hash_of: dict[int, int] = {}
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced, LRU first
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free_ids) + len(self.evictable)
+
+    @property
+    def usage(self) -> float:
+        """block_pool.py:877-888: 1 - free / (num_gpu_blocks - 1)."""
+        if not self.usable:
+            return 0.0
+        return 1.0 - self.num_free / self.usable
+
+    def allocate(self) -> int:
+        if self._free_ids:
+            block = self._free_ids.pop()
+        else:
+            block, _ = self.evictable.popitem(last=False)
+            h = self.hash_of.pop(block)
+            self.by_hash.pop(h, None)
+        self.ref[block] = 1
+        return block
+
+    def touch(self, block: int) -> None:
+        """A cache hit: take a reference on a cached block."""
+        if self.ref.get(block, 0) == 0:
+            self.evictable.pop(block, None)
+        self.ref[block] = self.ref.get(block, 0) + 1
+
+    def release(self, block: int) -> None:
+        self.ref[block] -= 1
+        if self.ref[block] > 0:
+            return
+        del self.ref[block]
+        if block in self.hash_of:
+            self.evictable[block] = None
+        else:
+            self._free_ids.append(block)
+
+    def cache(self, block: int, h: int) -> None:
+        if not self.caching or block in self.hash_of:
+            return
+        if h in self.by_hash:
+            return  # an identical block is already cached; this one stays private
+        self.by_hash[h] = block
+        self.hash_of[block] = h
+
+    def lookup(self, h: int) -> int | None:
+        return self.by_hash.get(h) if self.caching else None
+
+    def reset(self) -> bool:
+        if self.ref:
+            return False
+        for block in list(self.evictable):
+            self._free_ids.append(block)
+        self.evictable.clear()
+        self.by_hash.clear()
+        self.hash_of.clear()
+        return True
+
+
+def token_at(req: Request, i: int) -> int:
+    n_in = len(req.input_ids)
+    if i < n_in:
+        return req.input_ids[i]
+    return synthetic_token(req.rid, i - n_in)
+
+
+class Scheduler:
+    def __init__(
+        self, cfg: SchedulerConfig, on_step: Callable[[Scheduler, StepStats], None] | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.pool = BlockPool(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
+        self.now = 0.0
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.seqs: dict[str, _Seq] = {}
+        self.counters = Counters()
+        self.on_step = on_step
+        self.steps = 0
+
+    # ----------------------------------------------------------------- public API
+    def submit(self, req: Request) -> None:
+        req.last_progress_at = self.now
+        self.seqs[req.rid] = _Seq()
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> bool:
+        for req in list(self.waiting) + self.running:
+            if req.rid == rid and req.finished_at is None:
+                req.aborted = True
+                if req in self.waiting:
+                    self.waiting.remove(req)
+                    self._finish(req, "abort")
+                return True
+        return False
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def advance_idle(self, until: float) -> None:
+        self.now = max(self.now, until)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.pool.usage
+
+    def reset_prefix_cache(self) -> bool:
+        return self.pool.reset()
+
+    # ----------------------------------------------------------------- one step
+    def step(self) -> float:
+        """Schedule and run one step; return its duration (0.0 when there is nothing to do)."""
+        budget = self.cfg.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preempted = 0
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            need = req.seq_len - req.prefilled
+            n = min(need, budget)
+            if n <= 0:
+                i += 1
+                continue
+            fits = True
+            while not self._grow(req, req.prefilled + n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted += 1
+                if victim is req:
+                    fits = False
+                    break
+            if not fits:
+                break
+            scheduled.append((req, n))
+            budget -= n
+            i += 1
+        if not preempted:
+            budget = self._admit(budget, scheduled)
+        if not scheduled:
+            return 0.0
+        return self._run(scheduled, preempted)
+
+    def _admit(self, budget: int, scheduled: list[tuple[Request, int]]) -> int:
+        bs = self.cfg.block_size
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            req = self.waiting[0]
+            seq = self.seqs[req.rid]
+            total = req.seq_len
+            hits: list[int] = []
+            if self.pool.caching:
+                # At least one token is always computed: hits stop before the last token.
+                for k in range((total - 1) // bs):
+                    block = self.pool.lookup(self._hash(req, seq, k))
+                    if block is None:
+                        break
+                    hits.append(block)
+            hit_tokens = len(hits) * bs
+            # scheduler_reserve_full_isl: the whole uncached sequence must fit the free blocks,
+            # hit blocks sitting in the evictable queue included in what they take.
+            need_blocks = math.ceil(total / bs) - len(hits)
+            reviving = sum(1 for b in hits if self.pool.ref.get(b, 0) == 0)
+            if need_blocks + reviving > self.pool.num_free:
+                break
+            self.waiting.popleft()
+            for b in hits:
+                self.pool.touch(b)
+            seq.blocks = list(hits)
+            seq.cached = len(hits)
+            req.prefilled = hit_tokens
+            if req.admitted_at is None:
+                req.admitted_at = self.now
+                req.cached_tokens = hit_tokens
+                self.counters.prefix_queries += total
+                self.counters.prefix_hits += hit_tokens
+            n = min(total - hit_tokens, budget)
+            if not self._grow(req, hit_tokens + n):  # pragma: no cover - checked above
+                raise RuntimeError("admission allocation failed")
+            self.running.append(req)
+            scheduled.append((req, n))
+            budget -= n
+        return budget
+
+    def _run(self, scheduled: list[tuple[Request, int]], preempted: int) -> float:
+        st = self.cfg.preset.step
+        model = self.cfg.preset.model
+        decodes = [(r, n) for r, n in scheduled if r.seq_len - r.prefilled == 1 and r.out_len > 0]
+        prefill_tokens = sum(n for r, n in scheduled) - len(decodes)
+        duration = 0.0
+        tokens = sum(n for _, n in scheduled)
+        base = st.decode_base_s * (EAGER_DECODE_FACTOR if self.cfg.enforce_eager else 1.0)
+        kv = sum(r.seq_len for r, _ in decodes)
+        duration = base + st.per_seq_s * len(decodes)
+        duration += kv * self.cfg.kv_bytes_per_token / st.mem_bw_bytes_per_s
+        if model.is_moe:
+            touched = 1 - (1 - model.experts_per_token / model.num_experts) ** tokens
+            duration += (
+                self.cfg.preset.expert_bytes_per_gpu(self.cfg.tp_size)
+                * touched
+                / st.mem_bw_bytes_per_s
+            )
+        if prefill_tokens:
+            duration += st.prefill_base_s + prefill_tokens / st.prefill_tokens_per_s
+        self.now += duration
+        self.steps += 1
+        generated = 0
+        for req, n in scheduled:
+            seq = self.seqs[req.rid]
+            req.prefilled += n
+            self._cache_full_blocks(req, seq)
+            if req.prefilled < req.seq_len:
+                continue  # a prefill chunk; no token sampled
+            if not seq.counted_prompt:
+                # prompt tokens count once, not again after a preemption (scheduler.py:1074)
+                seq.counted_prompt = True
+                self.counters.prompt_tokens += len(req.input_ids)
+            if req.first_token_at is None:
+                req.first_token_at = self.now
+            req.out_len += 1
+            generated += 1
+            if req.stream:
+                self._notify(req)
+        self.counters.generation_tokens += generated
+        self.counters.prompt_computed += prefill_tokens
+        self._finish_completed()
+        stats = StepStats(duration, tokens, prefill_tokens, generated, preempted)
+        if self.on_step is not None:
+            self.on_step(self, stats)
+        return duration
+
+    # ----------------------------------------------------------------- blocks
+    def _grow(self, req: Request, num_tokens: int) -> bool:
+        """allocate_slots: blocks for `num_tokens` computed tokens, or False (nothing taken)."""
+        seq = self.seqs[req.rid]
+        need = math.ceil(num_tokens / self.cfg.block_size) - len(seq.blocks)
+        if need <= 0:
+            return True
+        if need > self.pool.num_free:
+            return False
+        seq.blocks.extend(self.pool.allocate() for _ in range(need))
+        return True
+
+    def _hash(self, req: Request, seq: _Seq, k: int) -> int:
+        bs = self.cfg.block_size
+        while len(seq.hashes) <= k:
+            j = len(seq.hashes)
+            parent = seq.hashes[-1] if seq.hashes else 0
+            if (j + 1) * bs <= len(req.input_ids):
+                chunk = req.input_ids[j * bs : (j + 1) * bs]
+            else:
+                chunk = tuple(token_at(req, t) for t in range(j * bs, (j + 1) * bs))
+            seq.hashes.append(hash((parent, chunk)))
+        return seq.hashes[k]
+
+    def _cache_full_blocks(self, req: Request, seq: _Seq) -> None:
+        if not self.pool.caching:
+            return
+        full = min(req.prefilled // self.cfg.block_size, len(seq.blocks))
+        for k in range(seq.cached, full):
+            self.pool.cache(seq.blocks[k], self._hash(req, seq, k))
+        seq.cached = max(seq.cached, full)
+
+    def _free(self, req: Request) -> None:
+        seq = self.seqs[req.rid]
+        # block_pool.free_blocks: the tail first, so the LRU queue evicts a request's end first
+        for block in reversed(seq.blocks):
+            self.pool.release(block)
+        seq.blocks = []
+        seq.cached = 0
+
+    def _preempt(self, req: Request) -> None:
+        self._free(req)
+        req.prefilled = 0
+        req.retractions += 1  # num_preemptions of the request
+        self.counters.preemptions += 1
+        self.waiting.appendleft(req)
+
+    # ----------------------------------------------------------------- finishing
+    def _finish_completed(self) -> None:
+        done = [r for r in self.running if r.out_len >= r.target or r.aborted]
+        if not done:
+            return
+        self.running = [r for r in self.running if r not in done]
+        for r in done:
+            self._free(r)
+            reason = "abort" if r.aborted else "length" if r.out_len >= r.max_new_tokens else "stop"
+            self._finish(r, reason)
+
+    def _finish(self, req: Request, reason: str) -> None:
+        req.finished_at = self.now
+        req.finish_reason = reason
+        req.output_ids = synthetic_output(req.rid, req.out_len)
+        self.seqs.pop(req.rid, None)
+        self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
+        if req.on_finish is not None:
+            req.on_finish(req)
+
+    def _notify(self, req: Request) -> None:
+        req.last_progress_out = req.out_len
+        req.last_progress_at = self.now
+        if req.on_progress is not None:
+            req.on_progress(req)
