@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from playbooks.types import VERDICT_ORDER, Verdict
+from playbooks.types import VERDICT_ORDER, Option, Verdict
 
 RESTART_RISK = "restart: the server is down while it reloads the model"
 NOTHING_AGAINST = "no safety check objects to it; the experiment measures whether it helps"
@@ -70,3 +70,27 @@ def kv_capacity_gain(
     running_new = min(running + queued, running * tokens_new / tokens_now)
     high = max(0.0, running_new / running - 1)
     return (high / 2, high)
+
+
+def option_of(
+    change: Mapping[str, Any],
+    tokens: int | None,
+    found: list[Finding],
+    verdict: Verdict,
+    gain: tuple[float, float] | None,
+    considered: bool,
+    implied: frozenset[str] = frozenset(),
+) -> Option:
+    """The option a judged change becomes: its title, the predicted capacity (`tokens`), every
+    part's reasons and risks (a restart's always), and a gain only where it is not unsafe."""
+    risks = [risk for f in found for risk in f.risks] + [RESTART_RISK]
+    return Option(
+        title=title(change, implied),
+        change=dict(change),
+        verdict=verdict,
+        predicted_max_total_num_tokens=tokens,
+        predicted_gain=gain if verdict != "unsafe" else None,
+        risk="; ".join(dict.fromkeys(risks)),
+        reasons=[reason for f in found for reason in f.reasons],
+        considered=considered,
+    )

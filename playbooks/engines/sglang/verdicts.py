@@ -14,7 +14,7 @@ from playbooks.engines.findings import (
     RESTART_RISK,
     Finding,
     kv_capacity_gain,
-    title,
+    option_of,
     worst,
 )
 from playbooks.engines.sglang.arguments import checks_for
@@ -58,17 +58,7 @@ def option(
     gain: tuple[float, float] | None,
     considered: bool,
 ) -> Option:
-    risks = [risk for f in found for risk in f.risks] + [RESTART_RISK]
-    return Option(
-        title=title(change.values, IMPLIED),
-        change=dict(change.values),
-        verdict=verdict,
-        predicted_max_total_num_tokens=change.tokens,
-        predicted_gain=gain if verdict != "unsafe" else None,
-        risk="; ".join(dict.fromkeys(risks)),
-        reasons=[reason for f in found for reason in f.reasons],
-        considered=considered,
-    )
+    return option_of(change.values, change.tokens, found, verdict, gain, considered, IMPLIED)
 
 
 def evaluate(
