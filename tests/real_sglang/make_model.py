@@ -14,20 +14,17 @@ run with the same version is a no-op.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import importlib
-import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+if not __package__:  # run as a script, by the SGLang environment's python
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests import local_model
+from tests.local_model import BOS, IM_END
+
 # Bump when anything below changes the produced files.
 RECIPE_VERSION = "2"
-VERSION_FILE = ".kvpilot-model-version"
 
 # Llama-3.1-8B attention shape: 32 layers x 8 KV heads x head_dim 128.
 NUM_LAYERS = 32
@@ -41,16 +38,6 @@ VOCAB_SIZE = 128256
 CONTEXT_LENGTH = 131072
 
 TOKENIZER_VOCAB = 400
-SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
-BOS, EOS_TEXT, IM_START, IM_END, PAD = SPECIAL_TOKENS
-
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
 _WORDS = [
     "the",
     "a",
@@ -149,19 +136,8 @@ _WORDS = [
 ]
 
 
-def _corpus() -> list[str]:
-    """A fixed pseudo-random text corpus (a linear congruential generator keeps it stable)."""
-    state = 12345
-    lines: list[str] = []
-    for _ in range(600):
-        words: list[str] = []
-        for _ in range(12):
-            state = (1103515245 * state + 12345) % (2**31)
-            words.append(_WORDS[state % len(_WORDS)])
-        state = (1103515245 * state + 12345) % (2**31)
-        words.append(str(state % 10000))
-        lines.append(" ".join(words).capitalize() + ".")
-    return lines
+# A fixed pseudo-random text corpus for the tokenizer.
+CORPUS = local_model.Corpus(_WORDS, seed=12345, lines=600, per_line=12, modulo=10000)
 
 
 def _model_config(vocab_size: int, bos_id: int, eos_id: int, sample_id: int) -> dict[str, Any]:
@@ -192,108 +168,33 @@ def _model_config(vocab_size: int, bos_id: int, eos_id: int, sample_id: int) -> 
     }
 
 
-def _train_tokenizer() -> Any:
-    # Single-threaded training keeps the merge order stable.
-    os.environ.setdefault("RAYON_NUM_THREADS", "1")
-    # Imported here: only the SGLang venv has `tokenizers`; this file is also type-checked and
-    # imported (for default_dir) from the main venv.
-    tk = importlib.import_module("tokenizers")
-    decoders, models, pre_tokenizers = tk.decoders, tk.models, tk.pre_tokenizers
-    processors, trainers = tk.processors, tk.trainers
-
-    tok = tk.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB,
-        min_frequency=2,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
-    return tok
-
-
-def build(out_dir: Path) -> Path:
-    """Write the model directory to ``out_dir`` (atomically) unless it is already current."""
-    out_dir = out_dir.resolve()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = out_dir.parent / f".{out_dir.name}.lock"
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent launches build once
-        if is_current(out_dir):
-            return out_dir
-        _build_unlocked(out_dir)
-    return out_dir
-
-
-def is_current(out_dir: Path) -> bool:
-    marker = out_dir / VERSION_FILE
-    return marker.is_file() and marker.read_text().strip() == RECIPE_VERSION
-
-
-def _build_unlocked(out_dir: Path) -> None:
-    tok = _train_tokenizer()
+def _write(folder: Path) -> None:
+    tok = local_model.train_tokenizer(CORPUS, TOKENIZER_VOCAB)
     vocab = tok.get_vocab()
     bos_id, eos_id = vocab[BOS], vocab[IM_END]
     # " token" in byte-level BPE spelling; generated text reads " token token token ...".
     sample_id = vocab.get("\u0120token", vocab["t"])
-
-    tmp = Path(tempfile.mkdtemp(prefix=".kvpilot-model-", dir=out_dir.parent))
-    try:
-        tok.save(str(tmp / "tokenizer.json"))
-        (tmp / "config.json").write_text(
-            json.dumps(_model_config(VOCAB_SIZE, bos_id, eos_id, sample_id), indent=2) + "\n"
-        )
-        tokenizer_config = {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "model_max_length": CONTEXT_LENGTH,
-            "bos_token": BOS,
-            "eos_token": IM_END,
-            "pad_token": PAD,
-            "add_bos_token": False,
-            "add_eos_token": False,
-            "clean_up_tokenization_spaces": False,
-            "chat_template": CHAT_TEMPLATE,
-        }
-        (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
-        (tmp / "special_tokens_map.json").write_text(
-            json.dumps({"bos_token": BOS, "eos_token": IM_END, "pad_token": PAD}, indent=2) + "\n"
-        )
-        (tmp / "generation_config.json").write_text(
-            json.dumps({"bos_token_id": bos_id, "eos_token_id": eos_id}, indent=2) + "\n"
-        )
-        (tmp / VERSION_FILE).write_text(RECIPE_VERSION + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+    local_model.write_json(
+        folder / "config.json", _model_config(VOCAB_SIZE, bos_id, eos_id, sample_id)
+    )
+    local_model.write_tokenizer(
+        folder, tok, CONTEXT_LENGTH, {"bos_token_id": bos_id, "eos_token_id": eos_id}
+    )
 
 
-def digest(model_dir: Path) -> str:
-    """SHA-256 over the files of a model directory (used to check determinism)."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in model_dir.iterdir() if p.is_file()):
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
+def build(out_dir: Path) -> Path:
+    """Write the model directory to ``out_dir`` (atomically) unless it is already current."""
+    return local_model.build(out_dir, RECIPE_VERSION, _write)
 
 
 def default_dir() -> Path:
-    venv = os.environ.get("KVPILOT_SGLANG_VENV") or str(
-        Path(__file__).resolve().parents[2] / ".venv-sglang"
-    )
-    return Path(venv) / "kvpilot-model"
+    return local_model.venv_dir("KVPILOT_SGLANG_VENV", ".venv-sglang") / "kvpilot-model"
 
 
 def main(argv: list[str]) -> int:
     out = Path(argv[0]) if argv else default_dir()
     path = build(out)
-    print(f"{path} sha256={digest(path)}")
+    print(f"{path} sha256={local_model.digest(path)}")
     return 0
 
 

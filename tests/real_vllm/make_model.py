@@ -27,20 +27,18 @@ Shape and why:
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import importlib
-import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+if not __package__:  # run as a script, by the vLLM environment's python
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests import local_model
+from tests.local_model import BOS, IM_END, PAD
+
 # Bump when anything below changes the produced files.
 RECIPE_VERSION = "1"
-VERSION_FILE = ".kvpilot-model-version"
 WEIGHTS_SEED = 20260101
 INIT_STD = 0.02
 
@@ -55,16 +53,6 @@ ROPE_THETA = 10000.0
 RMS_EPS = 1e-5
 
 TOKENIZER_VOCAB = 1024
-SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
-BOS, EOS_TEXT, IM_START, IM_END, PAD = SPECIAL_TOKENS
-
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
 _WORDS_TEXT = (
     "the a an of to in for on with by is are was be as at from this that it its and or not "
     "server request requests token tokens cache prefix block blocks memory pool batch decode "
@@ -78,42 +66,8 @@ _WORDS_TEXT = (
 _WORDS = _WORDS_TEXT.split()
 
 
-def _corpus() -> list[str]:
-    """A fixed pseudo-random text corpus (a linear congruential generator keeps it stable)."""
-    state = 424242
-    lines: list[str] = []
-    for _ in range(2000):
-        words: list[str] = []
-        for _ in range(14):
-            state = (1103515245 * state + 12345) % (2**31)
-            words.append(_WORDS[state % len(_WORDS)])
-        state = (1103515245 * state + 12345) % (2**31)
-        words.append(str(state % 100000))
-        lines.append(" ".join(words).capitalize() + ".")
-    return lines
-
-
-def _train_tokenizer() -> Any:
-    # Single-threaded training keeps the merge order stable.
-    os.environ.setdefault("RAYON_NUM_THREADS", "1")
-    # Imported here so this file can be imported (for default_dir) without `tokenizers`.
-    tk = importlib.import_module("tokenizers")
-    decoders, models, pre_tokenizers = tk.decoders, tk.models, tk.pre_tokenizers
-    processors, trainers = tk.processors, tk.trainers
-
-    tok = tk.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB,
-        min_frequency=2,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
-    return tok
+# A fixed pseudo-random text corpus for the tokenizer.
+CORPUS = local_model.Corpus(_WORDS, seed=424242, lines=2000, per_line=14, modulo=100000)
 
 
 def _model_config(vocab_size: int, bos_id: int, eos_id: int, pad_id: int) -> dict[str, Any]:
@@ -175,92 +129,37 @@ def _weights(vocab_size: int) -> dict[str, Any]:
     return tensors
 
 
-def build(out_dir: Path) -> Path:
-    """Write the model directory to ``out_dir`` (atomically) unless it is already current."""
-    out_dir = out_dir.resolve()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = out_dir.parent / f".{out_dir.name}.lock"
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent launches build once
-        if is_current(out_dir):
-            return out_dir
-        _build_unlocked(out_dir)
-    return out_dir
-
-
-def is_current(out_dir: Path) -> bool:
-    marker = out_dir / VERSION_FILE
-    return marker.is_file() and marker.read_text().strip() == RECIPE_VERSION
-
-
-def _build_unlocked(out_dir: Path) -> None:
+def _write(folder: Path) -> None:
     save_file = importlib.import_module("safetensors.torch").save_file
-    tok = _train_tokenizer()
+    tok = local_model.train_tokenizer(CORPUS, TOKENIZER_VOCAB)
     vocab = tok.get_vocab()
     vocab_size = tok.get_vocab_size()
     bos_id, eos_id, pad_id = vocab[BOS], vocab[IM_END], vocab[PAD]
-
-    tmp = Path(tempfile.mkdtemp(prefix=".kvpilot-model-", dir=out_dir.parent))
-    try:
-        tok.save(str(tmp / "tokenizer.json"))
-        (tmp / "config.json").write_text(
-            json.dumps(_model_config(vocab_size, bos_id, eos_id, pad_id), indent=2) + "\n"
-        )
-        tokenizer_config = {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "model_max_length": MAX_POSITIONS,
-            "bos_token": BOS,
-            "eos_token": IM_END,
-            "pad_token": PAD,
-            "add_bos_token": False,
-            "add_eos_token": False,
-            "clean_up_tokenization_spaces": False,
-            "chat_template": CHAT_TEMPLATE,
-        }
-        (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
-        (tmp / "special_tokens_map.json").write_text(
-            json.dumps({"bos_token": BOS, "eos_token": IM_END, "pad_token": PAD}, indent=2) + "\n"
-        )
-        (tmp / "generation_config.json").write_text(
-            json.dumps(
-                {"bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": pad_id}, indent=2
-            )
-            + "\n"
-        )
-        save_file(_weights(vocab_size), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / VERSION_FILE).write_text(RECIPE_VERSION + "\n")
-        # mkdtemp makes the folder 0700 and safetensors writes 0600; make them readable.
-        tmp.chmod(0o755)
-        for f in tmp.iterdir():
-            f.chmod(0o644)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+    local_model.write_json(
+        folder / "config.json", _model_config(vocab_size, bos_id, eos_id, pad_id)
+    )
+    local_model.write_tokenizer(
+        folder,
+        tok,
+        MAX_POSITIONS,
+        {"bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": pad_id},
+    )
+    save_file(_weights(vocab_size), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
-def digest(model_dir: Path) -> str:
-    """SHA-256 over the files of a model directory (used to check determinism)."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in model_dir.iterdir() if p.is_file()):
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
+def build(out_dir: Path) -> Path:
+    """Write the model directory to ``out_dir`` (atomically) unless it is already current."""
+    return local_model.build(out_dir, RECIPE_VERSION, _write)
 
 
 def default_dir() -> Path:
-    venv = os.environ.get("KVPILOT_VLLM_VENV") or str(
-        Path(__file__).resolve().parents[2] / ".venv-vllm"
-    )
-    return Path(venv) / "kvpilot-model"
+    return local_model.venv_dir("KVPILOT_VLLM_VENV", ".venv-vllm") / "kvpilot-model"
 
 
 def main(argv: list[str]) -> int:
     out = Path(argv[0]) if argv else default_dir()
     path = build(out)
-    print(f"{path} sha256={digest(path)}")
+    print(f"{path} sha256={local_model.digest(path)}")
     return 0
 
 
