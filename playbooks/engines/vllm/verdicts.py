@@ -16,7 +16,8 @@ from playbooks.engines.findings import (
     option_of,
     worst,
 )
-from playbooks.engines.vllm.checks import Change, checks_for
+from playbooks.engines.vllm.arguments import checks_for
+from playbooks.engines.vllm.checks import Change
 from playbooks.engines.vllm.facts import Context, Observed, Server
 from playbooks.types import Bottleneck, Option, Verdict
 
