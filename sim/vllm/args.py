@@ -88,25 +88,28 @@ class VllmConfig:
 
 def build_parser(prog: str = "vllm serve") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, allow_abbrev=True)
+    # vLLM's order (the "non-default args" line lists flags in it: model_tag, the frontend's
+    # host and port, then the engine's model, max_model_len, enforce_eager, served_model_name,
+    # ..., kv_cache_memory_bytes, num_gpu_blocks_override; startup_log_capped.txt)
     p.add_argument("model_tag", nargs="?", default=None)
-    p.add_argument("--model", default=None)
-    p.add_argument("--served-model-name", nargs="+", default=None)
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", nargs="+", default=None)
+    p.add_argument("--model", default=None)
+    p.add_argument("--max-model-len", type=parse_len, default=None)
+    p.add_argument("--enforce-eager", action="store_true", default=False)
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=None)
     p.add_argument(
         "--gpu-memory-utilization", "--device-memory-utilization", type=float, default=0.92
     )
-    p.add_argument("--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES), default="auto")
     p.add_argument("--kv-cache-memory-bytes", type=parse_bytes, default=None)
+    p.add_argument("--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES), default="auto")
     p.add_argument("--num-gpu-blocks-override", type=int, default=None)
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--max-model-len", type=parse_len, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=parse_bytes, default=None)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--enforce-eager", action="store_true", default=False)
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=parse_bytes, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--disable-log-stats", action="store_true", default=False)
     # The twin's own flags.
     p.add_argument("--preset", default=DEFAULT_VLLM_PRESET)
@@ -139,12 +142,11 @@ def resolve(argv: list[str], prog: str = "vllm serve") -> VllmConfig:
     except ValueError as exc:
         parser.error(str(exc))
     model = ns.model_tag or ns.model or preset.model.name
+    ns.model = model  # vLLM: a positional model_tag becomes --model; both are listed
+    twin_flags = ("preset", "time_scale", "seed", "workload", "concurrency")
     non_default = {
-        k: v
-        for k, v in vars(ns).items()
-        if v != parser.get_default(k) and k not in ("preset", "time_scale", "seed", "model_tag")
+        k: v for k, v in vars(ns).items() if v != parser.get_default(k) and k not in twin_flags
     }
-    non_default["model"] = model
     if ns.api_key:
         non_default["api_key"] = "[REDACTED]"
     spec = preset.model

@@ -13,6 +13,10 @@ import logging
 import sys
 
 import uvicorn
+from prometheus_client import enable_created_metrics
+from starlette.applications import Starlette
+from starlette.routing import Route
+from uvicorn.logging import AccessFormatter, DefaultFormatter
 
 from sim.runtime import SimClock
 from sim.vllm import logfmt as lf
@@ -25,26 +29,44 @@ from sim.vllm.server import VLLM_VERSION, VllmApp
 PROG = "vllm serve"
 
 
-class _UvicornFormatter(logging.Formatter):
-    def __init__(self, log: VllmLog) -> None:
-        super().__init__()
-        self.vlog = log
+class _NoBindLine(logging.Filter):
+    """vLLM hands uvicorn a bound socket, so the real log has no "Uvicorn running on" line
+    (tests/real_vllm/fixtures/server_log_default.txt)."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        return (
-            f"(APIServer pid={self.vlog.api_pid}) {record.levelname} {self.vlog.timestamp()} "
-            f"[{record.filename}:{record.lineno}] {record.getMessage()}"
-        )
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Uvicorn running on")
 
 
 def _configure_uvicorn_logging(log: VllmLog) -> None:
-    handler = logging.StreamHandler(log.stream)
-    handler.setFormatter(_UvicornFormatter(log))
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+    """uvicorn's own layout, as vLLM leaves it: `INFO:     Started server process [N]`,
+    `INFO:     Application startup complete.` and access lines
+    `INFO:     127.0.0.1:N - "GET /health HTTP/1.1" 200 OK` (server_log_default.txt)."""
+    plain = logging.StreamHandler(log.stream)
+    plain.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s", use_colors=False))
+    plain.addFilter(_NoBindLine())
+    access = logging.StreamHandler(log.stream)
+    access.setFormatter(
+        AccessFormatter(
+            '%(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s',
+            use_colors=False,
+        )
+    )
+    for name, handler in (("uvicorn", plain), ("uvicorn.error", plain), ("uvicorn.access", access)):
         logger = logging.getLogger(name)
-        logger.handlers = [handler]
+        logger.handlers = [handler] if name != "uvicorn.error" else []
         logger.setLevel(logging.INFO)
-        logger.propagate = False
+        logger.propagate = name == "uvicorn.error"
+
+
+def log_routes(log: VllmLog, app: Starlette) -> None:
+    """`Available routes are:` and one `Route: PATH, Methods: M` line per route and method
+    (startup_log_default.txt; `GET, HEAD` only for FastAPI's documentation routes, which the
+    twin does not serve)."""
+    log.emit("Available routes are:", lf.SITE_ROUTES_HEADER)
+    for route in app.routes:
+        if isinstance(route, Route):
+            for method in sorted(route.methods or ()):
+                log.emit(f"Route: {route.path}, Methods: {method}", lf.SITE_ROUTE)
 
 
 def engine_failed(log: VllmLog, exc_type: str, message: str) -> None:
@@ -108,17 +130,18 @@ async def startup(cfg: VllmConfig, log: VllmLog, clock: SimClock) -> KvPlan:
 
 
 async def serve(cfg: VllmConfig) -> int:
+    # vLLM's exposition has a `_created` gauge per counter and histogram
+    # (tests/real_vllm/fixtures/metric_families.txt); sim.metrics switches those off
+    # process-wide for the SGLang twin, and this process serves only vLLM.
+    enable_created_metrics()  # type: ignore[no-untyped-call]
     clock = SimClock(cfg.time_scale)
     log = make_log(clock)
-    log.emit(
-        f"vLLM server version {VLLM_VERSION}, serving model {cfg.served_model_name}",
-        lf.SITE_VERSION,
-    )
+    # the banner names the model path, not the served name (startup_log_default.txt)
+    for row in lf.banner_rows(VLLM_VERSION, cfg.model):
+        log.emit(row, lf.SITE_VERSION)
     log.emit(f"non-default args: {cfg.non_default}", lf.SITE_ARGS)
-    log.emit(
-        f"Chunked prefill is enabled with max_num_batched_tokens={cfg.max_num_batched_tokens}.",
-        lf.SITE_CHUNKED,
-    )
+    # No "Chunked prefill is enabled with max_num_batched_tokens=N." line: 0.32 does not log it
+    # at INFO (absent from tests/real_vllm/fixtures/startup_log_*.txt, chunked prefill on).
     try:
         plan = await startup(cfg, log, clock)
     except StartupError as exc:
@@ -134,15 +157,19 @@ async def serve(cfg: VllmConfig) -> int:
             level="WARNING",
         )
     log.emit(f"Starting vLLM server on http://{host}:{cfg.port}", lf.SITE_START)
+    app = VllmApp(rt).build()
+    log_routes(log, app)
     _configure_uvicorn_logging(log)
     config = uvicorn.Config(
-        VllmApp(rt).build(),
+        app,
         host=host,
         port=cfg.port,
         log_config=None,
         access_log=True,
         timeout_keep_alive=5,
-        lifespan="off",
+        # lifespan on: uvicorn logs "Application startup complete.", the line kvpilot waits
+        # for (startup_log_default.txt: the first /health 200 comes after it)
+        lifespan="on",
     )
     server = uvicorn.Server(config)
     rt.status = "up"

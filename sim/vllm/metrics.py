@@ -1,14 +1,27 @@
 """vLLM's Prometheus families (vllm/v1/metrics/loggers.py, PrometheusStatLogger), 0.32 names.
 
 Labels `model_name` and `engine` (loggers.py:499); `vllm:cache_config_info` carries the cache
-config's fields and `engine`, no `model_name` (loggers.py:1114-1137). Values are synced from the
-scheduler when scraped.
+config's fields and `engine`, no `model_name` (loggers.py:1114-1137);
+`vllm:admission_rejections` carries `model_name` and `reason`, no `engine`. Values are synced
+from the scheduler when scraped. The family set, label names and buckets are those of the real
+0.32.0 server (tests/real_vllm/fixtures/metric_families.txt, metrics_after_load.txt), plus the
+process, platform and GC collectors every prometheus_client default registry has.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
+from sim.request import Request
 from sim.vllm.args import VllmConfig
 from sim.vllm.memory import KvPlan
 from sim.vllm.scheduler import Scheduler
@@ -23,15 +36,48 @@ REQUEST_LATENCY_BUCKETS = (
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# build_1_2_5_buckets(max_model_len) (loggers.py); 1..2000 for the recorded max_model_len 4096
+TOKEN_BUCKETS_STEPS = (1, 2, 5)
+PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
 REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+LABEL_NAMES = ["model_name", "engine"]
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # v1/engine/__init__.py:62-66
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHED_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+
+
+def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
+    """vllm/v1/metrics/loggers.py build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... <= max_value."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for m in TOKEN_BUCKETS_STEPS:
+            value = m * 10**exponent
+            if value > max_value:
+                return tuple(out)
+            out.append(value)
+        exponent += 1
 
 
 def cache_config_labels(cfg: VllmConfig, plan: KvPlan) -> dict[str, str]:
     """CacheConfig.metrics_info(): every field stringified (vllm/config/cache.py:322-325)."""
-    fields: dict[str, object] = {
+    return {k: str(v) for k, v in cache_config_fields(cfg, plan).items()}
+
+
+def cache_config_fields(cfg: VllmConfig, plan: KvPlan) -> dict[str, object]:
+    """CacheConfig's fields in vLLM 0.32's order, with the values the twin's features give
+    (tests/real_vllm/fixtures/server_info.json `cache_config`: the same keys)."""
+    return {
         "block_size": cfg.block_size,
         "user_specified_block_size": cfg.block_size != cfg.preset.block_size,
+        "kv_cache_layout": None,
+        "prefix_match_unit": None,
         "gpu_memory_utilization": cfg.gpu_memory_utilization,
         "cache_dtype": cfg.kv_cache_dtype,
         "is_attention_free": False,
@@ -39,139 +85,269 @@ def cache_config_labels(cfg: VllmConfig, plan: KvPlan) -> dict[str, str]:
         "sliding_window": None,
         "enable_prefix_caching": cfg.enable_prefix_caching,
         "prefix_caching_hash_algo": "sha256",
+        "prefix_cache_retention_interval": 0,
+        "kv_cache_dtype_skip_layers": [],
+        "mamba_page_size_padded": None,
+        "skip_page_size_padded": None,
+        "mamba_block_size": None,
+        "mamba_cache_dtype": "auto",
+        "mamba_ssm_cache_dtype": "float32",
+        "mamba_cache_mode": "none",
+        "enable_mamba_shared_prefix_checkpoint": False,
+        "replayssm_buffer_len": 16,
+        "use_replayssm": False,
+        "use_kda_recoverssm": False,
         "num_gpu_blocks": plan.num_gpu_blocks,
         "num_cpu_blocks": None,
+        "effective_attention_block_size": cfg.block_size,
         "kv_cache_size_tokens": plan.kv_cache_size_tokens,
         "kv_cache_max_concurrency": plan.max_concurrency,
+        "hash_block_size": None,
+        "cache_hit_alignment_tokens": None,
+        "kv_sharing_fast_prefill": False,
+        "swa_bounded_replay": True,
         "kv_cache_memory_bytes": cfg.kv_cache_memory_bytes,
         "kv_offloading_size": None,
         "kv_offloading_backend": "native",
+        "_block_size_resolved": True,
     }
-    return {k: str(v) for k, v in fields.items()}
 
 
 class VllmMetrics:
     def __init__(self, cfg: VllmConfig, plan: KvPlan) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        names = ["model_name", "engine"]
+        # prometheus_client's default collectors (process_*, python_info, python_gc_*): exported
+        # with or without --disable-log-stats, which removes only the vllm:* families
+        self.process_registry = CollectorRegistry()
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.process_registry.register(collector)
         self.labels = {"model_name": cfg.served_model_name, "engine": "0"}
-        self.running = Gauge(
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            names,
-            registry=r,
-        )
-        self.waiting = Gauge(
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            names,
-            registry=r,
-        )
-        self.waiting_by_reason = Gauge(
-            "vllm:num_requests_waiting_by_reason",
-            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
-            "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, "
-            "KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
-            [*names, "reason"],
-            registry=r,
-        )
-        self.kv_usage = Gauge(
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            names,
-            registry=r,
-        )
-        self.prefix_queries = Counter(
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            names,
-            registry=r,
-        )
-        self.prefix_hits = Counter(
-            "vllm:prefix_cache_hits",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            names,
-            registry=r,
-        )
-        self.preemptions = Counter(
-            "vllm:num_preemptions",
-            "Cumulative number of preemption from the engine.",
-            names,
-            registry=r,
-        )
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", names, registry=r
-        )
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.", names, registry=r
-        )
-        self.success = Counter(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            [*names, "finished_reason"],
-            registry=r,
-        )
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            names,
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            names,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.queue_time = Histogram(
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            names,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.iteration_tokens = Histogram(
-            "vllm:iteration_tokens_total",
-            "Histogram of number of tokens per engine_step.",
-            names,
-            buckets=ITERATION_TOKENS_BUCKETS,
-            registry=r,
-        )
-        self.request_preemptions = Histogram(
-            "vllm:request_num_preemptions",
-            "Histogram of the number of times a request was preempted.",
-            names,
-            buckets=REQUEST_NUM_PREEMPTIONS_BUCKETS,
-            registry=r,
-        )
+        self._init_gauges()
+        self._init_counters(cfg)
+        self._init_histograms(cfg)
         info = cache_config_labels(cfg, plan)
         info["engine"] = "0"
         Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
             list(info),
-            registry=r,
+            registry=self.registry,
         ).labels(**info).set(1)
-        for counter in (
-            self.prefix_queries,
-            self.prefix_hits,
-            self.preemptions,
-            self.prompt_tokens,
-            self.generation_tokens,
-        ):
-            counter.labels(**self.labels)
-        for family in (self.running, self.waiting, self.kv_usage, self.ttft, self.e2e):
-            family.labels(**self.labels)
-        for hist in (self.queue_time, self.iteration_tokens, self.request_preemptions):
-            hist.labels(**self.labels)
-        for reason in FINISH_REASONS:
-            self.success.labels(**self.labels, finished_reason=reason)
-        for reason in ("capacity", "deferred"):
-            self.waiting_by_reason.labels(**self.labels, reason=reason)
         self._seen: dict[str, int] = {}
+
+    def gauge(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
+        return Gauge(name, doc, [*LABEL_NAMES, *extra], registry=self.registry)
+
+    def counter(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+        c = Counter(name, doc, [*LABEL_NAMES, *extra], registry=self.registry)
+        if not extra:
+            c.labels(**self.labels)
+        return c
+
+    def hist(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        h = Histogram(name, doc, LABEL_NAMES, buckets=buckets, registry=self.registry)
+        h.labels(**self.labels)
+        return h
+
+    def _init_gauges(self) -> None:
+        lab = self.labels
+        gauge = self.gauge
+        self.running = gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches."
+        )
+        self.waiting = gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed."
+        )
+        self.waiting_by_reason = gauge(
+            "vllm:num_requests_waiting_by_reason",
+            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
+            "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, "
+            "KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+            ("reason",),
+        )
+        sleep_state = gauge(
+            "vllm:engine_sleep_state",
+            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is "
+            "awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep "
+            "level 2.",
+            ("sleep_state",),
+        )
+        for state in SLEEP_STATES:
+            sleep_state.labels(**lab, sleep_state=state).set(1 if state == "awake" else 0)
+        self.kv_usage = gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+        )
+        for family in (self.running, self.waiting, self.kv_usage):
+            family.labels(**lab)
+        for reason in ("capacity", "deferred"):
+            self.waiting_by_reason.labels(**lab, reason=reason)
+
+    def _init_counters(self, cfg: VllmConfig) -> None:
+        lab = self.labels
+        counter = self.counter
+        self.prefix_queries = counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
+        self.prefix_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
+        # Always exported, at 0 without a KV connector, multi-modal inputs or MFU metrics
+        # (metrics_after_load.txt; tests/real_vllm/README.md "Differences" 10).
+        self.zero_counters = [
+            counter(
+                "vllm:external_prefix_cache_queries",
+                "External prefix cache queries from KV connector cross-instance cache sharing, "
+                "in terms of number of queried tokens.",
+            ),
+            counter(
+                "vllm:external_prefix_cache_hits",
+                "External prefix cache hits from KV connector cross-instance cache sharing, in "
+                "terms of number of cached tokens.",
+            ),
+            counter(
+                "vllm:mm_cache_queries",
+                "Multi-modal cache queries, in terms of number of queried items.",
+            ),
+            counter(
+                "vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items."
+            ),
+            counter(
+                "vllm:estimated_flops_per_gpu",
+                "Estimated number of floating point operations per GPU (for Model Flops "
+                "Utilization calculations).",
+            ),
+            counter(
+                "vllm:estimated_read_bytes_per_gpu",
+                "Estimated number of bytes read from memory per GPU (for Model Flops "
+                "Utilization calculations).",
+            ),
+            counter(
+                "vllm:estimated_write_bytes_per_gpu",
+                "Estimated number of bytes written to memory per GPU (for Model Flops "
+                "Utilization calculations).",
+            ),
+        ]
+        self.preemptions = counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine."
+        )
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.prompt_by_source = counter(
+            "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", ("source",)
+        )
+        self.prompt_cached = counter(
+            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external)."
+        )
+        self.cached_by_source = counter(
+            "vllm:prompt_tokens_cached_by_source",
+            "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), "
+            "host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
+            "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
+            "vllm:external_prefix_cache_hits.",
+            ("source",),
+        )
+        self.generation_tokens = counter(
+            "vllm:generation_tokens", "Number of generation tokens processed."
+        )
+        self.success = counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            ("finished_reason",),
+        )
+        rejections = Counter(
+            "vllm:admission_rejections",
+            "Number of admission attempts rejected by a queue limit, by reason.",
+            ["model_name", "reason"],
+            registry=self.registry,
+        )
+        for reason in ADMISSION_REASONS:
+            rejections.labels(model_name=cfg.served_model_name, reason=reason)
+        for reason in FINISH_REASONS:
+            self.success.labels(**lab, finished_reason=reason)
+        for source in PROMPT_SOURCES:
+            self.prompt_by_source.labels(**lab, source=source)
+        for source in CACHED_SOURCES:
+            self.cached_by_source.labels(**lab, source=source)
+
+    def _init_histograms(self, cfg: VllmConfig) -> None:
+        hist = self.hist
+        token_buckets = build_1_2_5_buckets(cfg.max_model_len)
+        self.request_prompt = hist(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets
+        )
+        self.request_generation = hist(
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            token_buckets,
+        )
+        self.iteration_tokens = hist(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            ITERATION_TOKENS_BUCKETS,
+        )
+        self.max_generation = hist(
+            "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.",
+            token_buckets,
+        )
+        self.params_n = hist(
+            "vllm:request_params_n", "Histogram of the n request parameter.", PARAMS_N_BUCKETS
+        )
+        self.params_max_tokens = hist(
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.",
+            token_buckets,
+        )
+        self.ttft = hist(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            TTFT_BUCKETS,
+        )
+        self.itl = hist(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            ITL_BUCKETS,
+        )
+        self.tpot = hist(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            ITL_BUCKETS,
+        )
+        self.e2e = hist(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.queue_time = hist(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.inference_time = hist(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.prefill_time = hist(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.decode_time = hist(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.request_preemptions = hist(
+            "vllm:request_num_preemptions",
+            "Histogram of the number of times a request was preempted.",
+            REQUEST_NUM_PREEMPTIONS_BUCKETS,
+        )
+        self.prefill_kv_computed = hist(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            token_buckets,
+        )
 
     def _counter(self, counter: Counter, key: str, value: int) -> None:
         delta = value - self._seen.get(key, 0)
@@ -192,26 +368,54 @@ class VllmMetrics:
         self._counter(self.prefix_queries, "queries", c.prefix_queries)
         self._counter(self.prefix_hits, "hits", c.prefix_hits)
 
-    def step(self, scheduled_tokens: int) -> None:
-        self.iteration_tokens.labels(**self.labels).observe(scheduled_tokens)
+    def step(self, iteration_tokens: int) -> None:
+        self.iteration_tokens.labels(**self.labels).observe(iteration_tokens)
 
-    def request_finished(
-        self,
-        reason: str,
-        ttft: float | None,
-        e2e: float,
-        queue: float | None,
-        preemptions: int = 0,
-    ) -> None:
+    def request_finished(self, req: Request) -> None:
+        """One finished request's counters and histograms (loggers.py, FinishedRequestStats).
+        The phases on the scheduler's clock: queued from arrival to (last) admission, prefill
+        until the first token, decode after it; prompt counters count each request once, as
+        `vllm:prompt_tokens_total` does (metrics_after_load.txt: 3072 = 8 x 384 after 8
+        preemptions)."""
         lab = self.labels
-        self.success.labels(**lab, finished_reason=reason).inc()
-        self.request_preemptions.labels(**lab).observe(preemptions)
-        if ttft is not None:
-            self.ttft.labels(**lab).observe(ttft)
-        self.e2e.labels(**lab).observe(e2e)
-        if queue is not None:
-            self.queue_time.labels(**lab).observe(queue)
+        assert req.finished_at is not None
+        n_prompt, n_out = len(req.input_ids), req.out_len
+        cached = min(req.cached_tokens, n_prompt)
+        self.success.labels(**lab, finished_reason=req.finish_reason).inc()
+        self.request_preemptions.labels(**lab).observe(req.retractions)
+        self.request_prompt.labels(**lab).observe(n_prompt)
+        self.request_generation.labels(**lab).observe(n_out)
+        self.max_generation.labels(**lab).observe(req.max_new_tokens)
+        self.params_n.labels(**lab).observe(1)
+        self.params_max_tokens.labels(**lab).observe(req.max_new_tokens)
+        self.prefill_kv_computed.labels(**lab).observe(n_prompt - cached)
+        self.prompt_by_source.labels(**lab, source="local_compute").inc(n_prompt - cached)
+        self.prompt_by_source.labels(**lab, source="local_cache_hit").inc(cached)
+        self.prompt_cached.labels(**lab).inc(cached)
+        self.cached_by_source.labels(**lab, source="device").inc(cached)
+        self.e2e.labels(**lab).observe(req.finished_at - req.arrival)
+        if req.admitted_at is not None:
+            self.queue_time.labels(**lab).observe(req.admitted_at - req.arrival)
+            self.inference_time.labels(**lab).observe(req.finished_at - req.admitted_at)
+        if req.first_token_at is not None:
+            self.ttft.labels(**lab).observe(req.first_token_at - req.arrival)
+            if req.admitted_at is not None:
+                self.prefill_time.labels(**lab).observe(req.first_token_at - req.admitted_at)
+            decode = req.finished_at - req.first_token_at
+            self.decode_time.labels(**lab).observe(decode)
+            if n_out > 1:
+                tpot = decode / (n_out - 1)
+                self.tpot.labels(**lab).observe(tpot)
+                # the twin delivers a request's tokens evenly: one interval per later token
+                itl = self.itl.labels(**lab)
+                for _ in range(n_out - 1):
+                    itl.observe(tpot)
 
-    def exposition(self, sched: Scheduler) -> bytes:
-        self.sync(sched)
-        return generate_latest(self.registry)
+    def exposition(self, sched: Scheduler, *, vllm_families: bool = True) -> bytes:
+        """The /metrics body; without `vllm_families` (--disable-log-stats: no stat loggers,
+        v1/engine/async_llm.py:195) only the process and Python families."""
+        body = generate_latest(self.process_registry)
+        if vllm_families:
+            self.sync(sched)
+            body += generate_latest(self.registry)
+        return body

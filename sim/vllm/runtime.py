@@ -73,7 +73,7 @@ class VllmRuntime(PacedRuntime):
         if sched.idle:
             sched.advance_idle(self.clock.now())
         req = Request(
-            f"cmpl-{uuid.uuid4().hex}",
+            f"cmpl-{uuid.uuid4().hex[:16]}",  # completions.json: cmpl-<16 hex>
             input_ids,
             max_tokens,
             sched.now,
@@ -87,14 +87,7 @@ class VllmRuntime(PacedRuntime):
         return pending
 
     def _record_finish(self, req: Request, dp_rank: int = 0) -> None:
-        assert req.finished_at is not None
-        self.metrics.request_finished(
-            req.finish_reason,
-            None if req.first_token_at is None else req.first_token_at - req.arrival,
-            req.finished_at - req.arrival,
-            None if req.admitted_at is None else req.admitted_at - req.arrival,
-            req.retractions,
-        )
+        self.metrics.request_finished(req)
 
     # ----------------------------------------------------------------- built-in workload
     def start_workload(self, profile_name: str, concurrency: int) -> None:
@@ -137,7 +130,7 @@ class VllmRuntime(PacedRuntime):
 
     def _on_step(self, sched: Scheduler, stats: StepStats) -> None:
         if not self.cfg.disable_log_stats:
-            self.metrics.step(stats.scheduled_tokens)
+            self.metrics.step(stats.iteration_tokens)
         self._prompt_since += stats.prompt_computed
         self._gen_since += stats.generated
         self._preempt_since += stats.preempted

@@ -58,6 +58,11 @@ class StepStats:
     prompt_computed: int
     generated: int
     preempted: int
+    # vllm:iteration_tokens_total's observation: prompt tokens of requests whose first token came
+    # in this step (once per request, recomputation not counted) plus generated tokens
+    # (tests/real_vllm/fixtures/metrics_after_load.txt: sum 7168 = 3072 + 4096 after 8
+    # preemptions)
+    iteration_tokens: int = 0
 
 
 @dataclass
@@ -302,6 +307,7 @@ class Scheduler:
         self.now += duration
         self.steps += 1
         generated = 0
+        first_prompts = 0
         for req, n in scheduled:
             seq = self.seqs[req.rid]
             req.prefilled += n
@@ -312,6 +318,7 @@ class Scheduler:
                 # prompt tokens count once, not again after a preemption (scheduler.py:1074)
                 seq.counted_prompt = True
                 self.counters.prompt_tokens += len(req.input_ids)
+                first_prompts += len(req.input_ids)
             if req.first_token_at is None:
                 req.first_token_at = self.now
             req.out_len += 1
@@ -321,7 +328,9 @@ class Scheduler:
         self.counters.generation_tokens += generated
         self.counters.prompt_computed += prefill_tokens
         self._finish_completed()
-        stats = StepStats(duration, tokens, prefill_tokens, generated, preempted)
+        stats = StepStats(
+            duration, tokens, prefill_tokens, generated, preempted, first_prompts + generated
+        )
         if self.on_step is not None:
             self.on_step(self, stats)
         return duration

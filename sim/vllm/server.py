@@ -6,12 +6,14 @@ Responses are whole (no streaming): `stream: true` is answered like a plain requ
 from __future__ import annotations
 
 import asyncio
-import json
+import hashlib
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
@@ -20,6 +22,7 @@ from starlette.routing import Route
 
 from sim.runtime import Pending
 from sim.tokenizer import apply_chat_template, decode, encode
+from sim.vllm.metrics import cache_config_fields
 from sim.vllm.runtime import VllmRuntime
 
 VLLM_VERSION = "0.32.0"  # vllm/_version.py of the release the twin speaks
@@ -58,11 +61,14 @@ class VllmApp:
         self.cfg = rt.cfg
 
     def build(self) -> Starlette:
+        # The routes of tests/real_vllm/fixtures/routes.txt the twin models.
         routes = [
             Route("/health", self.health, methods=["GET"]),
             Route("/ping", self.health, methods=["GET", "POST"]),
+            Route("/load", self.load, methods=["GET"]),
             Route("/version", self.version, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/kv_event_sources", self.kv_event_sources, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/tokenize", self._api(self.tokenize), methods=["POST"]),
             Route("/v1/completions", self._api(self.completions), methods=["POST"]),
@@ -72,9 +78,26 @@ class VllmApp:
             routes += [
                 Route("/server_info", self.server_info, methods=["GET"]),
                 Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"]),
+                Route("/is_sleeping", self.is_sleeping, methods=["GET"]),
             ]
+        for route in routes:
+            # Starlette adds HEAD to every GET route; FastAPI's API routes answer only what they
+            # declare (routes.txt lists HEAD for the documentation routes alone), so HEAD is 405
+            assert route.methods is not None
+            route.methods.discard("HEAD")
         middleware = [Middleware(BaseHTTPMiddleware, dispatch=self._auth)]
-        return Starlette(routes=routes, middleware=middleware)
+        return Starlette(
+            routes=routes,
+            middleware=middleware,
+            exception_handlers={HTTPException: self._http_error},
+        )
+
+    @staticmethod
+    async def _http_error(request: Request, exc: Exception) -> Response:
+        """FastAPI's body for an unknown path or method: `{"detail":"Not Found"}`
+        (tests/real_vllm/fixtures/probes.json, /get_server_info)."""
+        assert isinstance(exc, HTTPException)
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
 
     async def _auth(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         key = self.cfg.api_key
@@ -103,12 +126,26 @@ class VllmApp:
             return Response(status_code=503)
         return Response(status_code=200)
 
+    async def load(self, request: Request) -> Response:
+        """`{"server_load": N}` (probes.json); N counts requests in flight only with
+        --enable-server-load-tracking, which the twin does not model, so it stays 0."""
+        return JSONResponse({"server_load": 0})
+
+    async def kv_event_sources(self, request: Request) -> Response:
+        """No KV event publisher configured: `{}` (probes.json)."""
+        return JSONResponse({})
+
+    async def is_sleeping(self, request: Request) -> Response:
+        """Dev mode: the twin never sleeps (probes.json: `{"is_sleeping":false}`)."""
+        return JSONResponse({"is_sleeping": False})
+
     async def version(self, request: Request) -> Response:
         return JSONResponse({"version": VLLM_VERSION})
 
     async def metrics(self, request: Request) -> Response:
-        # --disable-log-stats: no stat loggers, so no vllm:* families (v1/engine/async_llm.py:195)
-        body = b"" if self.cfg.disable_log_stats else self.rt.metrics.exposition(self.rt.scheduler)
+        body = self.rt.metrics.exposition(
+            self.rt.scheduler, vllm_families=not self.cfg.disable_log_stats
+        )
         return Response(
             body,
             media_type="text/plain; version=0.0.4; charset=utf-8",
@@ -126,7 +163,7 @@ class VllmApp:
             "max_model_len": self.cfg.max_model_len,
             "permission": [
                 {
-                    "id": f"modelperm-{created}",
+                    "id": f"modelperm-{uuid.uuid4().hex[:16]}",  # models.json
                     "object": "model_permission",
                     "created": created,
                     "allow_create_engine": False,
@@ -143,41 +180,79 @@ class VllmApp:
         }
         return JSONResponse({"object": "list", "data": [card]})
 
-    async def server_info(self, request: Request) -> Response:
-        """serve/dev/server_info/api_router.py (VLLM_SERVER_DEV_MODE=1 only)."""
+    def _config_sections(self) -> dict[str, dict[str, Any]]:
+        """A subset of VllmConfig's sections and fields, each name as in the real
+        `/server_info?config_format=json` (tests/real_vllm/fixtures/server_info.json)."""
         c = self.cfg
-        config = {
-            "model_config": {"model": c.model, "max_model_len": c.max_model_len},
-            "cache_config": {
-                "block_size": c.block_size,
-                "gpu_memory_utilization": c.gpu_memory_utilization,
-                "cache_dtype": c.kv_cache_dtype,
-                "enable_prefix_caching": c.enable_prefix_caching,
-                "num_gpu_blocks": self.rt.plan.num_gpu_blocks,
-                "num_gpu_blocks_override": c.num_gpu_blocks_override,
-                "kv_cache_memory_bytes": c.kv_cache_memory_bytes,
-                "kv_cache_size_tokens": self.rt.plan.kv_cache_size_tokens,
+        return {
+            "model_config": {
+                "model": c.model,
+                "tokenizer": c.model,
+                "max_model_len": c.max_model_len,
+                "enforce_eager": c.enforce_eager,
+                "seed": c.seed,
+                "served_model_name": c.served_model_name,
+            },
+            "cache_config": cache_config_fields(c, self.rt.plan),
+            "parallel_config": {
+                "pipeline_parallel_size": 1,
+                "tensor_parallel_size": c.tensor_parallel_size,
+                "data_parallel_size": 1,
             },
             "scheduler_config": {
-                "max_num_seqs": c.max_num_seqs,
                 "max_num_batched_tokens": c.max_num_batched_tokens,
+                "max_num_seqs": c.max_num_seqs,
                 "enable_chunked_prefill": True,
             },
-            "parallel_config": {"tensor_parallel_size": c.tensor_parallel_size},
-            "compilation_config": {"mode": 0 if c.enforce_eager else 3},
+            "compilation_config": {
+                "mode": 0 if c.enforce_eager else 3,
+                # None with --enforce-eager (server_info.json); else min(2 x max_num_seqs, 512)
+                "max_cudagraph_capture_size": (
+                    None if c.enforce_eager else min(2 * c.max_num_seqs, 512)
+                ),
+            },
         }
+
+    def _config_text(self) -> str:
+        """VllmConfig.__str__ (`config_format=text`, the default): `key=value, ...` in vLLM's
+        order, the fields the twin models (tests/real_vllm/fixtures/server_info_text.json)."""
+        c = self.cfg
+        return (
+            f"model={c.model!r}, speculative_config=None, tokenizer={c.model!r}, "
+            f"skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
+            f"tokenizer_revision=None, trust_remote_code=False, dtype=torch.bfloat16, "
+            f"max_seq_len={c.max_model_len}, download_dir=None, load_format=auto, "
+            f"tensor_parallel_size={c.tensor_parallel_size}, pipeline_parallel_size=1, "
+            f"data_parallel_size=1, quantization=None, enforce_eager={c.enforce_eager}, "
+            f"kv_cache_dtype={c.kv_cache_dtype}, device_config=cuda, seed={c.seed}, "
+            f"served_model_name={c.served_model_name}, "
+            f"enable_prefix_caching={c.enable_prefix_caching}, enable_chunked_prefill=True"
+        )
+
+    async def server_info(self, request: Request) -> Response:
+        """serve/dev/server_info/api_router.py (VLLM_SERVER_DEV_MODE=1 only)."""
         as_text = request.query_params.get("config_format", "text") == "text"
+        c = self.cfg
         return JSONResponse(
             {
-                "vllm_config": json.dumps(config) if as_text else config,
-                "vllm_env": {"VLLM_SERVER_DEV_MODE": "1"},
-                "system_env": {"gpu_type": c.preset.base.gpu_name},
+                "vllm_config": self._config_text() if as_text else self._config_sections(),
+                # envs' parsed values (server_info.json: a bool and a float)
+                "vllm_env": {
+                    "VLLM_SERVER_DEV_MODE": True,
+                    "VLLM_LOG_STATS_INTERVAL": c.log_stats_interval,
+                },
+                # collect_env's fields (server_info.json `system_env`, same names)
+                "system_env": {
+                    "is_cuda_available": "True",
+                    "nvidia_gpu_models": f"GPU 0: {c.preset.base.gpu_name}",
+                    "vllm_version": VLLM_VERSION,
+                },
             }
         )
 
     async def reset_prefix_cache(self, request: Request) -> Response:
         self.rt.scheduler.reset_prefix_cache()
-        return Response(status_code=200)
+        return JSONResponse({"success": True})  # probes.json
 
     async def tokenize(self, request: Request) -> Response:
         """serve/tokenize/protocol.py:157 (not under /v1, so not guarded by the API key)."""
@@ -238,6 +313,8 @@ class VllmApp:
                     self.rt.scheduler.abort(pending.req.rid)
         return pending
 
+    # Response shapes as recorded (tests/real_vllm/fixtures/completions.json): every key the
+    # real server sends, null where the twin has nothing to say.
     @staticmethod
     def _usage(p: Pending) -> dict[str, Any]:
         n_in, n_out = len(p.req.input_ids), p.req.out_len
@@ -246,7 +323,13 @@ class VllmApp:
             "total_tokens": n_in + n_out,
             "completion_tokens": n_out,
             "prompt_tokens_details": None,
+            "completion_tokens_details": None,
         }
+
+    def _fingerprint(self) -> str:
+        """`vllm-<version>-<8 hex>` (completions.json)."""
+        digest = hashlib.sha256(self.cfg.model.encode()).hexdigest()[:8]
+        return f"vllm-{VLLM_VERSION}-{digest}"
 
     async def completions(self, request: Request) -> Response:
         body = await self._json(request)
@@ -276,10 +359,18 @@ class VllmApp:
                         "logprobs": None,
                         "finish_reason": p.req.finish_reason,
                         "stop_reason": None,
+                        "token_ids": None,
                         "prompt_logprobs": None,
+                        "prompt_token_ids": None,
+                        "routed_experts": None,
                     }
                 ],
+                "service_tier": None,
+                "system_fingerprint": self._fingerprint(),
                 "usage": self._usage(p),
+                "kv_transfer_params": None,
+                "ec_transfer_params": None,
+                "metrics": None,
             }
         )
 
@@ -306,15 +397,27 @@ class VllmApp:
                             "role": "assistant",
                             "content": decode(p.req.output_ids),
                             "refusal": None,
-                            "tool_calls": [],
-                            "reasoning_content": None,
+                            "annotations": None,
+                            "audio": None,
+                            "function_call": None,
+                            "reasoning": None,
                         },
                         "logprobs": None,
                         "finish_reason": p.req.finish_reason,
                         "stop_reason": None,
+                        "token_ids": None,
+                        "routed_experts": None,
                     }
                 ],
+                "service_tier": None,
+                "system_fingerprint": self._fingerprint(),
                 "usage": self._usage(p),
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "prompt_text": None,
+                "kv_transfer_params": None,
+                "ec_transfer_params": None,
+                "metrics": None,
             }
         )
 

@@ -137,7 +137,10 @@ def test_startup_log_lines(twin: TwinProcess) -> None:
         log,
         re.M,
     )
-    assert "vLLM server version 0.32.0, serving model " + MODEL in log
+    # the start-up banner (tests/real_vllm/fixtures/startup_log_default.txt); this test used to
+    # expect a one-line "vLLM server version V, serving model M", which 0.32 does not print
+    assert re.search(r"\[api_utils\.py:347\] .*  version 0\.32\.0$", log, re.MULTILINE)
+    assert re.search(rf"\[api_utils\.py:347\] .*  model   {re.escape(MODEL)}$", log, re.MULTILINE)
     assert "'api_key': '[REDACTED]'" in log and "sekret" not in log
     assert "Available KV cache memory: 55.93 GiB" in log
 
@@ -206,7 +209,11 @@ def test_periodic_stats_line_under_kv_pressure() -> None:
         log = twin.log()
         lines = re.findall(r"\[loggers.py:335\] (Engine 000: .*)", log)
         assert lines, log[-2000:]
-        assert any("Preemptions: " in line for line in lines)
+        # vLLM 0.32 resets the interval's preemption count before testing it, so the periodic
+        # line never says "Preemptions: N" (tests/real_vllm/README.md "Differences" 2: none of
+        # the preempting load's lines in tests/real_vllm/fixtures/stats_log_lines.txt has it);
+        # this test used to expect it. Preemptions show in /metrics only.
+        assert not any("Preemptions" in line for line in lines)
         assert any(re.search(r"Waiting: [1-9]\d* reqs", line) for line in lines)
         assert all("GPU KV cache usage: " in line for line in lines)
     finally:
