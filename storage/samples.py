@@ -113,6 +113,15 @@ def prune_monitor_samples(db: Database, before: float) -> int:
     return cursor.rowcount
 
 
+def delete_phase(db: Database, experiment_id: int, phase: Phase) -> int:
+    """Delete the experiment's samples of one phase (a phase begun again); returns how many."""
+    with write_transaction(db):
+        cursor = db.execute(
+            "DELETE FROM samples WHERE experiment_id = ? AND phase = ?", [experiment_id, phase]
+        )
+    return cursor.rowcount
+
+
 def samples_for(db: Database, experiment_id: int, phase: Phase | None = None) -> list[Sample]:
     """The experiment's samples in time order, optionally of one phase."""
     if phase is None:

@@ -32,6 +32,13 @@ from storage.errors import IllegalTransition, StaleState
 
 log = logging.getLogger(__name__)
 
+# A step that fails unexpectedly (a launcher's API answering 503, a database busy past its
+# timeout) is tried again after RETRY_S on the experiment's clock, up to MAX_FAILED_STEPS times
+# in a row; only then is the experiment left (its lease released, where it stands recorded), for
+# the next start or a person to resume.
+RETRY_S = 15.0
+MAX_FAILED_STEPS = 20
+
 
 @dataclass
 class Carried:
@@ -42,6 +49,7 @@ class Carried:
     on_end: Callable[[store.ExperimentRow | None, BaseException | None], None]
     done: threading.Event = field(default_factory=threading.Event)
     steps: int = 0
+    failed_in_a_row: int = 0
     longest_step_s: float = 0.0  # wall seconds of the longest step so far (for benchmarks)
 
 
@@ -50,8 +58,12 @@ class Ticker:
         self.clock = clock
         self._carried: dict[int, Carried] = {}
         self._lock = threading.Lock()
+        # Leases are renewed on a thread of their own: steps that wait on slow servers must
+        # not delay a renewal past the lease's expiry (another process would take it over).
         self._aps = BackgroundScheduler(
-            timezone=UTC, daemon=True, executors={"default": ThreadPoolExecutor(workers)}
+            timezone=UTC,
+            daemon=True,
+            executors={"default": ThreadPoolExecutor(workers), "leases": ThreadPoolExecutor(1)},
         )
         self._aps.start()
 
@@ -72,8 +84,10 @@ class Ticker:
                 "interval",
                 seconds=lease.renew_every_s,
                 id=f"lease-{exp_id}",
+                executor="leases",
                 max_instances=1,
                 coalesce=True,
+                misfire_grace_time=None,  # late is better than skipped
                 replace_existing=True,
             )
         self._schedule(exp_id, 0.0)
@@ -121,9 +135,17 @@ class Ticker:
             self._end(item, None, exc)
             return
         except Exception as exc:  # keep the scheduler alive; the experiment is persisted
-            log.exception("experiment %s: a step failed", exp_id)
-            self._end(item, None, exc)
+            item.failed_in_a_row += 1
+            if item.failed_in_a_row >= MAX_FAILED_STEPS:
+                log.exception(
+                    "experiment %s: %d steps in a row failed; leaving it", exp_id, MAX_FAILED_STEPS
+                )
+                self._end(item, None, exc)
+                return
+            log.exception("experiment %s: a step failed; trying again in %g s", exp_id, RETRY_S)
+            self._schedule(exp_id, self.clock.wall_seconds(RETRY_S))
             return
+        item.failed_in_a_row = 0
         took = time.monotonic() - started
         item.steps += 1
         item.longest_step_s = max(item.longest_step_s, took)

@@ -136,6 +136,8 @@ def _take(
         _poll(deps, row, view, facts)
     elif isinstance(step, steps.Look):
         _look(deps, row, view)
+    elif isinstance(step, steps.Wait):
+        deps.say(f"{row.state}: {step.reason}")
     else:
         _keep(deps, row, step)
 
@@ -215,6 +217,8 @@ def _choose_baseline(
 ) -> None:
     """A usable stored window becomes the baseline and the restart follows at once; without
     one, the baseline is measured for `baseline_s` from now, and the reason is kept."""
+    # A bot killed between storing a window and moving on left those samples: start clean.
+    sample_store.delete_phase(deps.db, row.id, "baseline")
     known = _known_baseline(deps, row, view, facts)
     if isinstance(known, KnownBaseline):
         store_samples(deps, row.id, "baseline", known.samples)
@@ -237,6 +241,10 @@ def _choose_baseline(
         until=facts.now_ts + seconds,
         instance=facts.instance,
         measured_because=known.reason,
+        # the measurement's start counts as its last sign of life, so a bot that dies before
+        # the first scrape and comes back late sees the gap
+        last_ts=facts.now_ts,
+        by=facts.carrier,
     )
     deps.say(f"measuring the current configuration for {seconds:g} s ({known.reason})")
 

@@ -89,6 +89,14 @@ class Poll:
 
 
 @dataclass(frozen=True)
+class Wait:
+    """Nothing can be done safely now (the launcher cannot say what the server runs): look
+    again after a scrape interval."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Look:
     """One look of the gate at the stored baseline and trial."""
 
@@ -100,7 +108,7 @@ class Keep:
     reason: str
 
 
-Step = Move | Scrape | ChooseBaseline | Issue | Poll | Look | Keep
+Step = Move | Scrape | ChooseBaseline | Issue | Poll | Look | Keep | Wait
 
 
 def gap_limit_s(settings: gate_mod.GateSettings) -> float:
@@ -137,7 +145,11 @@ def _cut(view: View, facts: Facts, what: str) -> Move | None:
 
 
 def _approved(view: View, facts: Facts) -> Step:
-    if facts.current_args is not None and facts.current_args != view.baseline_args:
+    if facts.current_args is None:
+        # The plan is approved for a configuration; until the launcher says the server runs it,
+        # going on could overwrite a configuration changed since the approval.
+        return Wait("the launcher cannot say what the server runs; checking the plan again")
+    if facts.current_args != view.baseline_args:
         return Move(
             State.expired,
             "the server's configuration changed since the approval (it runs "
@@ -162,7 +174,9 @@ def _baseline(view: View, facts: Facts) -> Step:
         if cut.details.get("cause") == "interrupted":  # nothing was changed: nothing to revert
             return Move(State.cancelled, cut.reason + "; nothing was changed", cut.details)
         return cut
-    if facts.now_ts >= float(view.progress["until"]):
+    if facts.now_ts >= float(view.progress["until"]) and measured_s(view) >= enough_baseline_s(
+        view.settings
+    ):
         why = view.progress.get("measured_because")
         return Move(
             State.restarting,
@@ -170,6 +184,18 @@ def _baseline(view: View, facts: Facts) -> Step:
             {"baseline": "measured", **({"measured_because": why} if why else {})},
         )
     return Scrape("baseline")
+
+
+def measured_s(view: View) -> float:
+    """How long the samples stored in this state span."""
+    first, last = view.progress.get("first_ts"), view.progress.get("last_ts")
+    return 0.0 if first is None or last is None else float(last) - float(first)
+
+
+def enough_baseline_s(settings: gate_mod.GateSettings) -> float:
+    """A measured baseline ends once its samples span `baseline_s` (less the one batch its
+    scrapes may fall short by at the end); a bot that was away for part of it measures on."""
+    return max(0.0, settings.baseline_s - settings.batch_s)
 
 
 def _restart_or_revert(
@@ -182,7 +208,10 @@ def _restart_or_revert(
         # The issue never reached the system (kvpilot died between recording it and making
         # it), or someone changed the server since: make it again.
         return Issue(target, purpose)
-    if facts.now_ts - float(issued) > facts.ready_timeout_s:
+    started = facts.ready and facts.instance != view.progress.get("before")
+    if facts.now_ts - float(issued) > facts.ready_timeout_s and not started:
+        # (A server that is ready on a new instance is polled, however late: kvpilot may have
+        # been away past the deadline while the restart went well.)
         if purpose == "restart":
             return Move(
                 State.reverting,
@@ -312,7 +341,7 @@ def after_look(decision: gate_mod.GateDecision) -> Move | None:
 
 def delay_after(step: Step, view: View) -> float:
     """How long (on the experiment's clock) to wait before the next step."""
-    if isinstance(step, Scrape):
+    if isinstance(step, Scrape | Wait):
         return view.settings.scrape_s
     if isinstance(step, Poll | Issue):
         return min(5.0, view.settings.scrape_s)

@@ -8,6 +8,7 @@ import pytest
 from sqlite_utils import Database
 
 from storage import Sample, add_samples, create_experiment, samples_for
+from storage.samples import delete_phase
 from tests.storage.conftest import T0
 
 
@@ -30,6 +31,12 @@ def test_add_and_read_samples(db: Database) -> None:
     trial = samples_for(db, exp, "trial")
     assert [s.metrics for s in trial] == [{"tps": 2}, {"tps": 3}]
     assert all(s.id is not None and s.wall_time == T0 for s in trial)
+    # a baseline begun again starts clean; the other phases and the monitor stay
+    assert delete_phase(db, exp, "baseline") == 1
+    assert [s.phase for s in samples_for(db, exp)] == ["trial", "trial"]
+    assert [
+        r["phase"] for r in db.query("SELECT phase FROM samples WHERE experiment_id IS NULL")
+    ] == ["monitor"]
 
 
 def test_a_bad_batch_stores_nothing(db: Database) -> None:

@@ -41,10 +41,29 @@ CASES: list[tuple[str, View, Facts, object]] = [
     ("approved, healthy", view(State.approved), seen(), State.baseline),
     ("approved, changed since", view(State.approved), seen(current_args=TRIAL), State.expired),
     ("approved, unhealthy", view(State.approved), seen(ready=False), State.cancelled),
+    # the launcher cannot say what runs: nothing is changed until it can
+    ("approved, arguments unknown", view(State.approved), seen(current_args=None), steps.Wait),
     # baseline
     ("baseline, first step", view(State.baseline), seen(), steps.ChooseBaseline),
     ("baseline, measuring", view(State.baseline, until=T + 5, instance="i1"), seen(), Scrape),
-    ("baseline, over", view(State.baseline, until=T, instance="i1"), seen(), State.restarting),
+    (
+        "baseline, over",
+        view(State.baseline, until=T, instance="i1", first_ts=T - 600, last_ts=T - 10),
+        seen(),
+        State.restarting,
+    ),
+    (  # a bot resumed late, within the gap the gate bridges: measure on to a full baseline
+        "baseline, time is up but too little was measured",
+        view(State.baseline, until=T - 100, instance="i1", first_ts=T - 300, last_ts=T - 200),
+        seen(),
+        Scrape,
+    ),
+    (  # killed right after choosing to measure, resumed after the baseline's end: no sample
+        "baseline, chosen, then kvpilot was away",
+        view(State.baseline, until=T - 100, instance="i1", last_ts=T - 700),
+        seen(),
+        State.cancelled,
+    ),
     ("baseline, server died", view(State.baseline, until=T + 5), seen(**DOWN), State.reverting),
     (
         "baseline, restarted by someone",
@@ -77,6 +96,12 @@ CASES: list[tuple[str, View, Facts, object]] = [
         view(State.restarting, issued=T - 601, before="i1"),
         seen(current_args=TRIAL, ready=False),
         State.reverting,
+    ),
+    (  # kvpilot was away past the deadline; the changed server started meanwhile
+        "restarting, ready long after the deadline",
+        view(State.restarting, issued=T - 7200, before="i1"),
+        seen(**ON_TRIAL),
+        Poll,
     ),
     # warming up
     ("warming up", view(State.warming_up, until=T + 5, instance="i2"), seen(**ON_TRIAL), Scrape),
@@ -141,6 +166,12 @@ CASES: list[tuple[str, View, Facts, object]] = [
         "reverting, issued",
         view(State.reverting, issued=T - 10, before="i2"),
         seen(ready=False),
+        Poll,
+    ),
+    (
+        "reverting, ready long after the deadline",
+        view(State.reverting, issued=T - 7200, before="i2"),
+        seen(),
         Poll,
     ),
     (
