@@ -65,7 +65,7 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     # expired: the server no longer runs the configuration the plan was approved against
     State.approved: frozenset({State.baseline, State.cancelled, State.expired}),
     # cancelled from proposed/approved/baseline: nothing has been changed on the server yet
-    State.baseline: frozenset({State.restarting, State.reverting, State.cancelled}),
+    State.baseline: frozenset({State.restarting, State.cancelled}),
     # once the restart has begun, the only way out is forward or back to last-known-good
     State.restarting: frozenset({State.warming_up, State.reverting}),
     State.warming_up: frozenset({State.trial, State.reverting}),

@@ -2,7 +2,8 @@
 
     proposed -> approved -> baseline -> restarting -> warming_up -> trial -> deciding -> kept
     approved -> expired (the server changed since the approval) | cancelled (not healthy)
-    baseline | restarting | warming_up | trial | deciding -> reverting -> reverted | failed
+    restarting | warming_up | trial | deciding -> reverting -> reverted | failed
+    baseline -> cancelled (the measurement was cut before anything was changed)
 
 `storage.experiments.TRANSITIONS` is that table, and `steps.next_step` walks it: every state in
 it is entered by some step (tests/playbooks/experiments/test_steps.py checks each edge). Each

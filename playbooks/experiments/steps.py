@@ -170,10 +170,8 @@ def _baseline(view: View, facts: Facts) -> Step:
     if "until" not in view.progress:
         return ChooseBaseline()
     cut = _cut(view, facts, "during the baseline")
-    if cut is not None:
-        if cut.details.get("cause") == "interrupted":  # nothing was changed: nothing to revert
-            return Move(State.cancelled, cut.reason + "; nothing was changed", cut.details)
-        return cut
+    if cut is not None:  # nothing was changed yet: nothing to revert, and no restart is ours
+        return Move(State.cancelled, cut.reason + "; nothing was changed", cut.details)
     if facts.now_ts >= float(view.progress["until"]) and measured_s(view) >= enough_baseline_s(
         view.settings
     ):

@@ -101,8 +101,10 @@ def test_terminal_states_have_no_way_out(db: Database, terminal: State) -> None:
     path = {
         State.kept: [State.approved, State.baseline, State.restarting, State.warming_up,
                      State.trial, State.deciding, State.kept],
-        State.reverted: [State.approved, State.baseline, State.reverting, State.reverted],
-        State.failed: [State.approved, State.baseline, State.reverting, State.failed],
+        State.reverted: [State.approved, State.baseline, State.restarting, State.reverting,
+                         State.reverted],
+        State.failed: [State.approved, State.baseline, State.restarting, State.reverting,
+                       State.failed],
         State.expired: [State.approved, State.expired],
         State.cancelled: [State.approved, State.cancelled],
     }[terminal]  # fmt: skip

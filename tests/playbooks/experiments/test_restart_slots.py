@@ -32,9 +32,15 @@ def experiment_in(db: Database, server: str, state: State) -> int:
     )
     path = {
         State.restarting: [State.approved, State.baseline, State.restarting],
-        State.reverting: [State.approved, State.baseline, State.reverting],
+        State.reverting: [State.approved, State.baseline, State.restarting, State.reverting],
         State.warming_up: [State.approved, State.baseline, State.restarting, State.warming_up],
-        State.reverted: [State.approved, State.baseline, State.reverting, State.reverted],
+        State.reverted: [
+            State.approved,
+            State.baseline,
+            State.restarting,
+            State.reverting,
+            State.reverted,
+        ],
     }[state]
     for to in path:
         store.transition(db, exp, to, actor="test", reason="test", now=T0)
