@@ -100,5 +100,7 @@ def ending(row: ExperimentRow, moves: list[TransitionRow]) -> Ending:
     outcome = CAUSES.get(code, Outcome.no_verdict)
     if row.state == State.failed:
         outcome = Outcome.failed
+    elif row.state == State.cancelled:  # whatever cut it, nothing had been changed
+        outcome = Outcome.cancelled
     then = "" if move is moves[-1] else last
     return Ending(outcome, move.reason, then, code)

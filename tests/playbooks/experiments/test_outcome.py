@@ -85,6 +85,13 @@ CASES: dict[str, tuple[list[tuple[State, str, str, dict[str, Any]]], Outcome, in
          (S.cancelled, "U1", "aborted by U1", {"cause": "aborted"})],
         Outcome.cancelled, 6, "aborted by U1",
     ),
+    # nothing was changed, so nothing was reverted: cancelled, with the server's death as cause
+    "the server died in the baseline": (
+        [(S.baseline, "kvpilot", "", {}),
+         (S.cancelled, "kvpilot", "the server went down during the baseline: exited",
+          {"cause": "died"})],
+        Outcome.cancelled, 6, "the server went down during the baseline",
+    ),
     "revert failed": (
         [(S.baseline, "kvpilot", "", {}), (S.restarting, "kvpilot", "", {}),
          (S.reverting, "kvpilot", "the changed server did not start: x",
