@@ -10,9 +10,9 @@ throughput a larger KV pool may buy are the same for all, so they live here once
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from playbooks.types import VERDICT_ORDER, Option, Verdict
 
@@ -94,3 +94,30 @@ def option_of(
         reasons=[reason for f in found for reason in f.reasons],
         considered=considered,
     )
+
+
+class CheckHalves(Protocol):
+    """What every engine's check of one launch argument offers (its `Check` classes)."""
+
+    fallback: bool
+
+    def value(self, change: Any) -> Any: ...
+
+    def safety(self, change: Any, value: Any) -> Finding: ...
+
+    def usefulness(self, change: Any, value: Any, seen: Any) -> Finding: ...
+
+
+def collect(checks: Sequence[CheckHalves], change: Any, seen: Any | None) -> list[Finding]:
+    """Each check's safety half, then its usefulness half where there is a measurement and the
+    part is not unsafe; a ride-along argument speaks only while no part has a verdict."""
+    found: list[Finding] = []
+    for check in checks:
+        if check.fallback and any(f.verdict is not None for f in found):
+            continue
+        value = check.value(change)
+        safety = check.safety(change, value)
+        found.append(safety)
+        if seen is not None and safety.verdict != "unsafe":
+            found.append(check.usefulness(change, value, seen))
+    return found

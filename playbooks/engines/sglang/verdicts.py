@@ -13,6 +13,7 @@ from playbooks.engines.findings import (
     NOTHING_AGAINST,
     RESTART_RISK,
     Finding,
+    collect,
     kv_capacity_gain,
     option_of,
     worst,
@@ -28,18 +29,7 @@ IMPLIED = frozenset({"enable_hierarchical_cache"})
 
 
 def findings_of(change: Change, seen: Observed | None) -> list[Finding]:
-    """Each check's safety half, then its usefulness half where there is a measurement and the
-    part is not unsafe; a ride-along argument speaks only while no part has a verdict."""
-    found: list[Finding] = []
-    for check in checks_for(change):
-        if check.fallback and any(f.verdict is not None for f in found):
-            continue
-        value = check.value(change)
-        safety = check.safety(change, value)
-        found.append(safety)
-        if seen is not None and safety.verdict != "unsafe":
-            found.append(check.usefulness(change, value, seen))
-    return found
+    return collect(checks_for(change), change, seen)
 
 
 def capacity_gain(change: Change, seen: Observed) -> tuple[float, float] | None:
