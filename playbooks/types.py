@@ -95,6 +95,7 @@ class DiagnoseFinding:
     evidence: list[str]
     options: list[Option]
     notes: list[str] = field(default_factory=list)
+    engine: str = "SGLang"  # the engine's label, as people write it
 
     def to_json(self) -> dict[str, Any]:
         def r(x: float | None, n: int = 4) -> float | None:
@@ -103,6 +104,7 @@ class DiagnoseFinding:
         return {
             "playbook": self.playbook,
             "server": self.server,
+            "engine": self.engine,
             "version": self.version,
             "model": self.model,
             "started_at": self.started_at,

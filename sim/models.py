@@ -11,7 +11,9 @@ SGLang's `profile_max_num_token` / `_compute_cell_size`:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from sim.shapes import DEFAULT_SWA_FULL_TOKENS_RATIO, KvShape, draft_cell_bytes
 
@@ -75,6 +77,39 @@ class ModelSpec:
             return int((self.kv_lora_rank + self.qk_rope_head_dim) * layers * elem)
         heads = self.kv_heads_per_rank(attention_tp)
         return int(heads * self.head_dim * 2 * layers * elem)
+
+    def hf_config(self) -> dict[str, object]:
+        """The model's `config.json` as its repository publishes it, in the fields that decide
+        the KV cache: a twin served from a directory holding it (`write_model_dir`) is read by
+        kvpilot as a real server's model directory on the GPU host is."""
+        dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(self.dtype, self.dtype)
+        config: dict[str, object] = {
+            "architectures": [self.architecture],
+            "model_type": self.model_type,
+            "num_hidden_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.context_length,
+            "torch_dtype": dtype,
+        }
+        if self.is_mla:
+            config["kv_lora_rank"] = self.kv_lora_rank
+            config["qk_rope_head_dim"] = self.qk_rope_head_dim
+        if self.is_moe:
+            config["n_routed_experts"] = self.num_experts
+            config["num_experts_per_tok"] = self.experts_per_token
+        if self.swa_layers:
+            full = self.num_layers - self.swa_layers
+            config["sliding_window"] = self.sliding_window
+            config["layer_types"] = ["sliding_attention"] * self.swa_layers + (
+                ["full_attention"] * full
+            )
+        if self.kv_cache_quant_algo:
+            config["quantization_config"] = {"kv_cache_quant_algo": self.kv_cache_quant_algo}
+        return config
 
     def cell_size(self, kv_dtype: str, attention_tp: int = 1) -> int:
         """KV bytes per token on one GPU of the full-attention layers."""
@@ -206,3 +241,11 @@ GPT_OSS_120B = ModelSpec(
 MODELS: dict[str, ModelSpec] = {
     m.name: m for m in (KIMI_K2_5, LLAMA_3_1_8B, QWEN3_32B, LLAMA_3_1_8B_FP8, GPT_OSS_120B)
 }
+
+
+def write_model_dir(spec: ModelSpec, directory: Path) -> Path:
+    """A model directory with the spec's `config.json` (no weights: the twin needs none), to
+    serve a twin from as `vllm serve DIR` or `--model-path DIR` serves a real one."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(spec.hf_config(), indent=2) + "\n")
+    return directory

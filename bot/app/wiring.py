@@ -13,7 +13,7 @@ from bot.app.config import Config, ConfigError, ServerConfig
 from playbooks.clock import Clock, at_scale
 from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import default_engine, engine_named
-from playbooks.engines.base import Engine, EngineClient
+from playbooks.engines.base import Engine, EngineClient, LaunchArgs
 from playbooks.experiments.machine import Deps
 from playbooks.experiments.restart_limits import RestartLimiter
 from playbooks.launchers import factory as launcher_factory
@@ -49,6 +49,7 @@ def launcher(config: Config, server: ServerConfig, clock: Clock) -> ManagedLaunc
             ready_timeout_s=server.launcher.ready_timeout_s,
             clock=clock,
             base_dir=Path(config.path).parent,
+            engine=engine(server),
         )
     spec = ProcessSpec(
         name=server.name,
@@ -57,6 +58,7 @@ def launcher(config: Config, server: ServerConfig, clock: Clock) -> ManagedLaunc
         state_dir=Path(config.state_dir),
         ready_timeout_s=server.launcher.ready_timeout_s,
         env=dict(server.launcher.env),
+        engine=engine(server),
     )
     return ProcessLauncher(spec, clock)
 
@@ -96,16 +98,38 @@ def engine_of(config: Config, name: str) -> Engine:
     return engine(server) if server is not None else default_engine()
 
 
+def launch_args_of(config: Config, server: ServerConfig, clock: Clock) -> LaunchArgs:
+    """The server's launch command line for its engine client: the process launcher's command
+    as configured; another launcher's, read from its daemon when the settings first need it."""
+    spec = server.launcher
+    if spec is None:
+        return None
+    if spec.kind == "process":
+        return list(spec.command)
+    return lambda: launcher(config, server, clock).current_args()
+
+
 def engine_client(
     server: ServerConfig,
     *,
     timeout_s: float = 10.0,
     attempts: int = 3,
     wait: Callable[..., float] | None = None,
+    clock: Clock | None = None,
+    launch_args: LaunchArgs = None,
 ) -> EngineClient:
-    """The server's client, reading metrics from the configured source."""
+    """The server's client, reading metrics from the configured source; `clock` times rates
+    between readings (an engine that exports counters only), `launch_args` as `launch_args_of`."""
+    if launch_args is None and server.launcher is not None and server.launcher.kind == "process":
+        launch_args = list(server.launcher.command)
     client = engine(server).connect(
-        server.url, api_key=server.api_key, timeout_s=timeout_s, attempts=attempts, wait=wait
+        server.url,
+        api_key=server.api_key,
+        timeout_s=timeout_s,
+        attempts=attempts,
+        wait=wait,
+        clock=None if clock is None else clock.now,
+        launch_args=launch_args,
     )
     m = server.metrics
     if m.source != "prometheus" or m.url is None or m.selector is None:
@@ -162,7 +186,9 @@ def experiment_deps(
         now=clock.utcnow,
         db=db,
         server=name,
-        client=engine_client(server),
+        client=engine_client(
+            server, clock=clock, launch_args=launch_args_of(config, server, clock)
+        ),
         launcher=launcher(config, server, clock),
         clock=clock,
         plan=server.gate,

@@ -20,7 +20,13 @@ from typing import Any
 from sqlite_utils import Database
 
 from bot.app.config import Config, ConfigError
-from bot.app.wiring import diagnose_settings, engine, engine_client, launcher
+from bot.app.wiring import (
+    diagnose_settings,
+    engine,
+    engine_client,
+    launch_args_of,
+    launcher,
+)
 from bot.chat import views
 from bot.chat.approvals import Approvals
 from bot.chat.auth import Action, Decision, GroupMembers, Principal, authorise
@@ -218,7 +224,9 @@ class Kvpilot(Approvals):
             scrapes.append(scrape.at(clock.utcnow().timestamp()))
 
         try:
-            client = engine_client(cfg)
+            client = engine_client(
+                cfg, clock=clock, launch_args=launch_args_of(self.config, cfg, clock)
+            )
             try:
                 finding = diagnose(
                     client,
@@ -282,7 +290,9 @@ class Kvpilot(Approvals):
         """Post an approval message for `change`; returns the proposal id (None if refused)."""
         cfg = self.config.server(server)
         try:
-            client = engine_client(cfg)
+            client = engine_client(
+                cfg, clock=self.clock, launch_args=launch_args_of(self.config, cfg, self.clock)
+            )
             try:
                 info = client.settings()
                 load = _load(client)

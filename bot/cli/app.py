@@ -311,15 +311,16 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         models=LocalModelConfigs(),
     )
     progress = Progress(err)
+    clock = at_scale(ns.time_scale or 1.0)
     try:
-        client = engine.connect(ns.server, api_key=ns.api_key)  # checks the URL only
+        client = engine.connect(ns.server, api_key=ns.api_key, clock=clock.now)  # the URL only
     except EngineError as exc:
         err.write(f"error: {exc}\n")
         return 2
     try:
         if ns.engine is None:  # whichever engine answers
             client.close()
-            client = detect(ns.server, api_key=ns.api_key)
+            client = detect(ns.server, api_key=ns.api_key, clock=clock.now)
             if client.engine.name != engine.name:
                 try:
                     consider = tuple(client.engine.parse_change(i) for i in ns.consider)
@@ -327,7 +328,7 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                     err.write(f"error: {exc}\n")
                     return 2
                 settings = replace(settings, consider=consider)
-        finding = diagnose(client, at_scale(ns.time_scale or 1.0), settings, progress)
+        finding = diagnose(client, clock, settings, progress)
     except (EngineError, MeasurementError) as exc:
         progress.finish()
         err.write(f"error: {exc}\n")
@@ -346,7 +347,13 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """`diagnose --group NAME`: every server of the group at once, then the group side by side."""
     from bot.app.config import ConfigError, load, warn_to  # noqa: PLC0415
-    from bot.app.wiring import diagnose_settings, engine, engine_client, make_clock  # noqa: PLC0415
+    from bot.app.wiring import (  # noqa: PLC0415
+        diagnose_settings,
+        engine,
+        engine_client,
+        launch_args_of,
+        make_clock,
+    )
     from playbooks.diagnose.fleet import Member, diagnose_group  # noqa: PLC0415
 
     per_server = [
@@ -376,10 +383,11 @@ def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
         config = load(ns.config, warn=warn_to(err))
         group, servers = config.group_servers(ns.group)
+        clock = at_scale(ns.time_scale) if ns.time_scale else make_clock(config)
         members = [
             Member(
                 s.name,
-                engine_client(s),
+                engine_client(s, clock=clock, launch_args=launch_args_of(config, s, clock)),
                 replace(
                     diagnose_settings(s),
                     plan=plan,
@@ -400,7 +408,6 @@ def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             latest[name] = elapsed
             progress(min(latest.values()), target, f"{len(latest)}/{len(members)} servers")
 
-    clock = at_scale(ns.time_scale) if ns.time_scale else make_clock(config)
     try:
         result = diagnose_group(group.name, members, clock, on_progress=report)
     finally:

@@ -116,10 +116,14 @@ class Outcome:
 ClientFactory = Callable[[ServerConfig], EngineClient]
 
 
-def default_client(server: ServerConfig, timeout_s: float = 5.0) -> EngineClient:
+def default_client(
+    server: ServerConfig, timeout_s: float = 5.0, clock: Clock | None = None
+) -> EngineClient:
     """The server's client for sampling, with its configured metrics source (the server's own
-    metrics endpoint or Prometheus). One quick retry: a failed scrape is simply tried next tick."""
-    return engine_client(server, timeout_s=timeout_s, attempts=2, wait=lambda *_: 0.1)
+    metrics endpoint or Prometheus). One quick retry: a failed scrape is simply tried next tick.
+    A client lives as long as the sampler, so an engine that exports its decode rate only as a
+    counter (vLLM) has a rate from the second tick on, timed on the sampler's `clock`."""
+    return engine_client(server, timeout_s=timeout_s, attempts=2, wait=lambda *_: 0.1, clock=clock)
 
 
 def database_path(db: Database) -> Path | None:
@@ -145,7 +149,7 @@ class Sampler:
         db: Database,
         clock: Clock,
         *,
-        client_factory: ClientFactory = default_client,
+        client_factory: ClientFactory | None = None,
     ) -> None:
         self.config = config
         self.db = db
@@ -156,7 +160,7 @@ class Sampler:
             s.raw_retention_s, s.five_minute_retention_s, s.hourly_retention_s
         )
         self.monitor_retention_s = s.monitor_retention_s
-        self._client_factory = client_factory
+        self._client_factory = client_factory or (lambda s: default_client(s, clock=clock))
         self._clients: dict[str, EngineClient] = {}
         self.states = {name: ServerState(name) for name in config.servers}
         self.db_path = database_path(db)  # the thread opens its own connection to it

@@ -91,6 +91,7 @@ def diagnose(
         evidence=a.evidence,
         options=a.options,
         notes=a.notes + m.notes,
+        engine=client.engine.label,
     )
 
 

@@ -6,7 +6,7 @@ types in `playbooks.engines.base`; an engine's own modules are its private busin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from playbooks.engines.base import Engine, EngineClient, Snapshot, WrongEngine
@@ -36,7 +36,13 @@ def default_engine() -> Engine:
     return engine_named(DEFAULT)
 
 
-def detect(url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> EngineClient:
+def detect(
+    url: str,
+    *,
+    api_key: str | None = None,
+    timeout_s: float = 10.0,
+    clock: Callable[[], float] | None = None,
+) -> EngineClient:
     """A client for whichever engine answers at `url`: each is asked for its settings in turn.
 
     Raises the first engine's error when none recognises the server (an unreachable or
@@ -45,10 +51,12 @@ def detect(url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> 
     not that engine says so at its first read, without a request spent on detection.
     """
     if len(NAMES) == 1:
-        return engine_named(NAMES[0]).connect(url, api_key=api_key, timeout_s=timeout_s)
+        return engine_named(NAMES[0]).connect(
+            url, api_key=api_key, timeout_s=timeout_s, clock=clock
+        )
     first: WrongEngine | None = None
     for name in NAMES:
-        client = engine_named(name).connect(url, api_key=api_key, timeout_s=timeout_s)
+        client = engine_named(name).connect(url, api_key=api_key, timeout_s=timeout_s, clock=clock)
         try:
             client.settings()
             return client

@@ -152,6 +152,9 @@ class MetricsSpec:
 
 
 Source = Literal["metrics", "loads"]
+# The server's launch command line, or a function reading it when the settings are first needed
+# (a Docker or Kubernetes launcher asks its daemon); None where kvpilot does not launch it.
+LaunchArgs = Sequence[str] | Callable[[], Sequence[str] | None] | None
 STORED_VERSION = 2  # of `Snapshot.to_json`
 
 
@@ -315,6 +318,12 @@ class EngineClient(Protocol):
         """One reading of the load from the metrics (`t` is 0: the caller stamps it)."""
         ...
 
+    def snapshot_of(self, metrics: Metrics) -> Snapshot:
+        """`metrics`, read by this server's client wherever they were scraped (a Prometheus
+        source hands them over): an engine that derives rates from counters keeps the reading
+        before, so the decode rate is the same whichever source the metrics came from."""
+        ...
+
     def load_snapshot(self) -> Snapshot:
         """A reading without metrics (running, queued, usage): for servers that export none."""
         ...
@@ -383,7 +392,14 @@ class Engine(Protocol):
         timeout_s: float = 10.0,
         attempts: int = 3,
         wait: Callable[..., float] | None = None,
-    ) -> EngineClient: ...
+        clock: Callable[[], float] | None = None,
+        launch_args: LaunchArgs = None,
+    ) -> EngineClient:
+        """`clock`: the caller's clock in seconds, for rates between two readings (an
+        accelerated twin runs faster than the wall clock). `launch_args`: the command line kvpilot
+        launches the server with (or a function that reads it when first needed), for settings
+        an engine does not report about itself; an engine that reports them all ignores it."""
+        ...
 
     def parse_settings(self, raw: Mapping[str, Any]) -> ServerSettings:
         """Stored settings (`ServerSettings.raw`) read back."""

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from playbooks.clock import Clock
+from playbooks.engines import default_engine
+from playbooks.engines.base import Engine
 from playbooks.launchers.common import ManagedLauncher
 from playbooks.launchers.docker import DockerLauncher, DockerSpec
 from playbooks.launchers.kube_objects import WORKLOADS
@@ -172,8 +174,11 @@ def build(
     ready_timeout_s: float,
     clock: Clock,
     base_dir: Path,
+    engine: Engine | None = None,
 ) -> ManagedLauncher:
-    """The launcher for a checked configuration (kinds other than `process`)."""
+    """The launcher for a checked configuration (kinds other than `process`); `engine` is the
+    server's, whose readiness path and exit signatures the launcher reads (default SGLang)."""
+    engine = engine or default_engine()
     if kind == "systemd":
         return SystemdLauncher(
             SystemdSpec(
@@ -185,6 +190,7 @@ def build(
                 sudo=opts["sudo"],
                 dropin_dir=opts["dropin_dir"],
                 ready_timeout_s=ready_timeout_s,
+                engine=engine,
             ),
             clock,
         )
@@ -196,6 +202,7 @@ def build(
                 socket=_path(opts["socket"], base_dir) or "/var/run/docker.sock",
                 ready_timeout_s=ready_timeout_s,
                 stop_timeout_s=opts["stop_timeout_s"],
+                engine=engine,
             ),
             clock,
         )
@@ -217,6 +224,7 @@ def build(
                 kubeconfig=_path(opts["kubeconfig"], base_dir),
                 context=opts["context"],
                 ready_timeout_s=ready_timeout_s,
+                engine=engine,
             ),
             clock,
         )

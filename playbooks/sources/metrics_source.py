@@ -80,7 +80,10 @@ class SourcedClient:
         return self.source.metrics()
 
     def snapshot(self) -> Snapshot:
-        return self.engine.snapshot(self.metrics())
+        return self.inner.snapshot_of(self.metrics())
+
+    def snapshot_of(self, metrics: Metrics) -> Snapshot:
+        return self.inner.snapshot_of(metrics)
 
     def load_snapshot(self) -> Snapshot:
         return self.inner.load_snapshot()

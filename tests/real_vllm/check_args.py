@@ -191,8 +191,8 @@ def _resolved(cfg: Any) -> dict[str, Any]:
 
 def run_case(parser: Any, cmd: Any, model: str, case: dict[str, Any]) -> dict[str, Any]:
     """One case, in this process. Returns the result object."""
-    from vllm.engine.arg_utils import AsyncEngineArgs  # type: ignore[import-not-found]  # noqa: PLC0415
-    from vllm.usage.usage_lib import UsageContext  # type: ignore[import-not-found]  # noqa: PLC0415
+    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
+    from vllm.usage.usage_lib import UsageContext  # noqa: PLC0415
 
     argv = ["serve", model, *_with_defaults(list(case["args"]))]
     result: dict[str, Any] = {"name": case["name"], "args": list(case["args"])}

@@ -101,7 +101,7 @@ def main() -> int:
     install_alias()
     sys.argv[0] = "vllm"
     # Imported after the alias is in place, as the console script would import it.
-    from vllm.entrypoints.cli.main import main as vllm_main  # type: ignore[import-not-found]  # noqa: PLC0415
+    from vllm.entrypoints.cli.main import main as vllm_main  # noqa: PLC0415
 
     vllm_main()
     return 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from playbooks.engines.base import Metrics, MetricsSpec, ServerSettings, Snapshot
+from playbooks.engines.base import LaunchArgs, Metrics, MetricsSpec, ServerSettings, Snapshot
 from playbooks.engines.sglang import args as _args
 from playbooks.engines.sglang import client as _client
 from playbooks.engines.sglang import metrics as _metrics
@@ -56,7 +56,12 @@ class SGLang:
         timeout_s: float = 10.0,
         attempts: int = 3,
         wait: Callable[..., float] | None = None,
+        clock: Callable[[], float] | None = None,
+        launch_args: LaunchArgs = None,
     ) -> SGLangClient:
+        """SGLang reports its throughput as a gauge and its settings through /server_info, so
+        neither `clock` nor `launch_args` is needed."""
+        del clock, launch_args
         return SGLangClient.connect(url, api_key, timeout_s, attempts=attempts, wait=wait)
 
     def parse_settings(self, raw: Mapping[str, Any]) -> ServerInfo:

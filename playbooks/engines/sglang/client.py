@@ -248,9 +248,12 @@ class SGLangClient:
         return self.server_info()
 
     def snapshot(self) -> Snapshot:
+        return self.snapshot_of(self.metrics())
+
+    def snapshot_of(self, metrics: Metrics) -> Snapshot:
         from playbooks.engines.sglang.metrics import snapshot_from_metrics  # noqa: PLC0415
 
-        return snapshot_from_metrics(self.metrics())
+        return snapshot_from_metrics(metrics)
 
     def load_snapshot(self) -> Snapshot:
         from playbooks.engines.sglang.metrics import snapshot_from_loads  # noqa: PLC0415

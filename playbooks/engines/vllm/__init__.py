@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from playbooks.engines.base import Metrics, MetricsSpec, ServerSettings, Snapshot
+from playbooks.engines.base import LaunchArgs, Metrics, MetricsSpec, ServerSettings, Snapshot
 from playbooks.engines.vllm import args as _args
 from playbooks.engines.vllm import client as _client
 from playbooks.engines.vllm import metrics as _metrics
@@ -54,12 +54,20 @@ class VLLM:
         timeout_s: float = 10.0,
         attempts: int = 3,
         wait: Callable[..., float] | None = None,
-        launch_args: Sequence[str] | None = None,
+        clock: Callable[[], float] | None = None,
+        launch_args: LaunchArgs = None,
     ) -> VLLMClient:
         """`launch_args`: the server's command line where kvpilot knows it, for the settings
-        vLLM does not report without dev mode (`max_num_seqs`, the token budget, TP)."""
+        vLLM does not report without dev mode (`max_num_seqs`, the token budget, TP); `clock`
+        times the decode rate, which vLLM exports only as a counter."""
         return VLLMClient.connect(
-            url, api_key, timeout_s, attempts=attempts, wait=wait, launch_args=launch_args
+            url,
+            api_key,
+            timeout_s,
+            attempts=attempts,
+            wait=wait,
+            launch_args=launch_args,
+            clock=clock,
         )
 
     def parse_settings(self, raw: Mapping[str, Any]) -> VLLMSettings:

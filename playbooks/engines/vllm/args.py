@@ -17,6 +17,7 @@ remove both spellings, and every alias of a flag.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -252,6 +253,8 @@ def with_change(args: Sequence[str], change: Mapping[str, Any]) -> list[str]:
     for key, value in change.items():
         spec = spec_of(key)
         out = without(out, spec.spellings, takes_value=spec.takes_value, underscores=True)
+        if spec.name in IN_COMPILATION_CONFIG:
+            out = _without_in_compilation_config(out, spec.name)
         if value is not None:
             out += spec.cli(value)
     names = {normalise_key(k) for k in change}
@@ -261,6 +264,58 @@ def with_change(args: Sequence[str], change: Mapping[str, Any]) -> list[str]:
             _int_or_none(arg_value(out, "max_num_batched_tokens")),
         )
     return out
+
+
+# Settings vLLM also reads inside the compilation config, given as JSON
+# (`--compilation-config '{"max_cudagraph_capture_size": 256}'`, or `-cc`) or dotted
+# (`-cc.max_cudagraph_capture_size=256`, merged into that JSON by FlexibleArgumentParser,
+# vllm/utils/argparse_utils.py:425-458). vLLM refuses the flag and the nested key together:
+# "max_cudagraph_capture_size and compilation_config.max_cudagraph_capture_size are mutually
+# exclusive" (vllm/engine/arg_utils.py:2796-2801), so an edit of the flag takes the key out.
+IN_COMPILATION_CONFIG = frozenset({"max_cudagraph_capture_size"})
+COMPILATION_CONFIG_FLAGS = ("--compilation-config", "--compilation_config", "-cc")
+
+
+def _without_in_compilation_config(args: Sequence[str], name: str) -> list[str]:
+    """`args` without `name` in any compilation config: dotted spellings are dropped, a JSON
+    value loses the key (the flag goes where nothing else is left). A value that is not a JSON
+    object is left as it is: vLLM then reports what it makes of it."""
+    dotted = {f"{flag}.{name}" for flag in COMPILATION_CONFIG_FLAGS}
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        flag, eq, inline = tok.partition("=")
+        if flag in dotted:
+            i += 1 if eq else 2  # the value is inline or the next token
+            continue
+        if flag in COMPILATION_CONFIG_FLAGS:
+            has_next = not eq and i + 1 < len(args)
+            text = inline if eq else (args[i + 1] if has_next else "")
+            step = 1 if eq or not has_next else 2
+            kept = _json_without(text, name)
+            if kept is None:
+                out += args[i : i + step]
+            elif kept:
+                out += [f"{flag}={kept}"] if eq else [flag, kept]
+            i += step
+            continue
+        out.append(tok)
+        i += 1
+    return out
+
+
+def _json_without(text: str, name: str) -> str | None:
+    """A JSON object without `name` ("" where nothing is left); None where `text` is not a JSON
+    object holding `name` (nothing to change)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or name not in value:
+        return None
+    rest = {k: v for k, v in value.items() if k != name}
+    return json.dumps(rest) if rest else ""
 
 
 def _int_or_none(text: str | None) -> int | None:

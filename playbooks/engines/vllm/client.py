@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from playbooks.engines.base import (
     Engine,
     EngineError,
+    LaunchArgs,
     Metrics,
     MetricsDisabled,
     Snapshot,
@@ -52,6 +53,10 @@ METRICS = "/metrics"
 HEALTH = "/health"
 SERVER_INFO = "/server_info"  # VLLM_SERVER_DEV_MODE=1 only
 ENDPOINTS = (VERSION, MODELS, METRICS, HEALTH, SERVER_INFO)
+NOT_IN_METRICS = (
+    "max_num_seqs, the token budget and the parallel sizes are unknown (vLLM reports them only "
+    "with VLLM_SERVER_DEV_MODE=1)"
+)
 KEY_HINT = (
     "the server runs with --api-key, which guards its /v1 API: configure the same key for "
     "this server"
@@ -346,13 +351,13 @@ class VLLMClient:
         *,
         attempts: int = 3,
         wait: Callable[..., float] | None = None,
-        launch_args: Sequence[str] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        launch_args: LaunchArgs = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.http = http
         self._retry = http_retrying(attempts, wait)
-        self.launch_args = list(launch_args) if launch_args is not None else None
-        self._clock = clock
+        self._launch_args = launch_args
+        self._clock = clock or time.monotonic
         self._last: _m.Reading | None = None
         self._dev_mode: bool | None = None  # whether /server_info answers; None: not asked
         self.notes: list[str] = []
@@ -366,7 +371,8 @@ class VLLMClient:
         *,
         attempts: int = 3,
         wait: Callable[..., float] | None = None,
-        launch_args: Sequence[str] | None = None,
+        launch_args: LaunchArgs = None,
+        clock: Callable[[], float] | None = None,
     ) -> VLLMClient:
         if not is_http_url(url):
             raise EngineError(
@@ -374,7 +380,7 @@ class VLLMClient:
                 "Use the form http://HOST:PORT (for example http://127.0.0.1:8000).",
             )
         http = http_client(url, bearer_token=api_key, timeout_s=timeout)
-        return cls(http, attempts=attempts, wait=wait, launch_args=launch_args)
+        return cls(http, attempts=attempts, wait=wait, launch_args=launch_args, clock=clock)
 
     @property
     def engine(self) -> Engine:
@@ -514,12 +520,29 @@ class VLLMClient:
                 "is unknown and kvpilot cannot measure it"
             )
         info = self.server_info()
-        return parse_settings(assemble(version, m, models, info, self.launch_args, self.notes))
+        return parse_settings(assemble(version, m, models, info, self.launch_args(), self.notes))
+
+    def launch_args(self) -> list[str] | None:
+        """The command line kvpilot launches the server with, read when first needed; a
+        launcher that cannot say (its daemon is down) leaves the settings it holds unknown."""
+        given = self._launch_args
+        if callable(given):
+            try:
+                given = given()
+            except Exception as exc:  # any launcher failure only loses the settings it holds
+                self._note(f"the launch command could not be read ({exc}): {NOT_IN_METRICS}")
+                given = None
+            self._launch_args = given
+        return None if given is None else list(given)
 
     def snapshot(self) -> Snapshot:
-        m, now = self.metrics(), self._clock()
-        snap = _m.snapshot_from_metrics(m, self._last, now)
-        self._last = _m.reading_of(m, now)
+        return self.snapshot_of(self.metrics())
+
+    def snapshot_of(self, metrics: Metrics) -> Snapshot:
+        """A reading with the decode and cache-hit rates since this client's reading before."""
+        now = self._clock()
+        snap = _m.snapshot_from_metrics(metrics, self._last, now)
+        self._last = _m.reading_of(metrics, now)
         return snap
 
     def load_snapshot(self) -> Snapshot:

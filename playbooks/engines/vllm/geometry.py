@@ -13,10 +13,15 @@ by TP, every rank holds it whole. A plain model's block is one page per attentio
 block costs `layers * page` bytes on each GPU (kv_cache_utils.py, `get_num_blocks`:
 `available_memory // page_size // num_layers`).
 
-Sliding-window and state-space (hybrid) models keep several layer groups in one shared block
-pool whose page size vLLM unifies across groups; kvpilot reads how many layers of each kind a
-model has, but does not model that unification: for them the bytes per block are left unknown
-and capacity is predicted by scaling the server's own figure.
+A sliding-window hybrid (gpt-oss, Gemma 2/3: full and sliding layers of one head shape) keeps
+its layers in groups of equal size that share one block pool (kv_cache_utils.py:1362-1502,
+`_get_kv_cache_groups_uniform_page_size`): the group size is the smaller layer count, or the
+larger where it is under 1.5 times the smaller, and a block id costs one page in each layer of
+one group, the widest group's (kv_cache_utils.py:1520-1531, `_get_kv_cache_bytes_per_block`). So
+gpt-oss-120b (18 sliding + 18 full) has blocks of 18 pages, not 36, and Gemma-3-27B (52 + 10)
+of 10. State-space (mamba, linear attention) hybrids pad their state to the attention page,
+which kvpilot does not model: for them the bytes per block are left unknown and capacity is
+predicted by scaling the server's own figure.
 """
 
 from __future__ import annotations
@@ -65,11 +70,24 @@ class Geometry:
             return self.latent * dtype_bytes
         return self.kv_heads_per_rank(tp) * (self.head_size + self.head_size_v) * dtype_bytes
 
-    def block_bytes(self, block_size: int, dtype_bytes: float, tp: int = 1) -> float | None:
-        """Bytes one KV block takes on one GPU; None for a hybrid model (module docstring)."""
-        if self.hybrid:
+    @property
+    def layers_per_block(self) -> int | None:
+        """The layers whose pages one block id takes (module docstring); None where kvpilot
+        cannot say (a state-space hybrid)."""
+        if self.linear_layers:
             return None
-        return block_size * self.layers * self.token_bytes_per_layer(dtype_bytes, tp)
+        if not self.sliding_layers:
+            return self.layers
+        # kv_cache_utils.py:1467-1477: the smaller count, or the larger if under 1.5x it
+        fewer, more = sorted((self.layers, self.sliding_layers))
+        return more if more < fewer * 1.5 else fewer
+
+    def block_bytes(self, block_size: int, dtype_bytes: float, tp: int = 1) -> float | None:
+        """Bytes one KV block takes on one GPU; None for a state-space hybrid."""
+        layers = self.layers_per_block
+        if layers is None:
+            return None
+        return block_size * layers * self.token_bytes_per_layer(dtype_bytes, tp)
 
     def describe(self) -> str:
         if self.kind == "mla":

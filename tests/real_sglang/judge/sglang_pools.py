@@ -14,7 +14,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-import torch  # type: ignore[import-not-found]
+import torch
 from sglang.srt.configs.load_config import LoadConfig  # type: ignore[import-not-found]
 from sglang.srt.configs.model_config import AttentionArch, ModelConfig  # type: ignore[import-not-found]
 from sglang.srt.mem_cache import hicache_auto_size  # type: ignore[import-not-found]

@@ -198,3 +198,31 @@ def test_an_on_off_flag_reads_as_its_last_spelling() -> None:
 def test_launch_settings_read_the_allowed_arguments_typed() -> None:
     args = ["serve", "/m", "--max-num-seqs", "64", "--kv-cache-dtype", "fp9", "-tp", "4"]
     assert launch_settings(args) == {"max_num_seqs": 64, "tensor_parallel_size": 4}
+
+
+# vLLM refuses the capture-size flag beside the same key in the compilation config ("... are
+# mutually exclusive", vllm/engine/arg_utils.py:2796-2801), so the edit takes the key out there.
+CC = "--compilation-config"
+COMPILATION_CONFIG_EDITS: list[tuple[list[str], list[str]]] = [
+    ([CC, '{"max_cudagraph_capture_size": 256, "mode": 0}'], [CC, '{"mode": 0}']),
+    ([f'{CC}={{"max_cudagraph_capture_size": 256}}', "--port", "8000"], ["--port", "8000"]),
+    (["-cc", '{"max_cudagraph_capture_size": 256}'], []),
+    (["-cc.max_cudagraph_capture_size=256", "-cc.mode=0"], ["-cc.mode=0"]),
+    (["--compilation_config.max_cudagraph_capture_size", "256"], []),
+    ([CC, '{"mode": 0}'], [CC, '{"mode": 0}']),  # nothing of the capture size: left alone
+    (["-cc", "3"], ["-cc", "3"]),  # not a JSON object: left for vLLM to judge
+]
+
+
+@pytest.mark.parametrize(("args", "rest"), COMPILATION_CONFIG_EDITS)
+def test_a_capture_size_edit_takes_it_out_of_the_compilation_config(
+    args: list[str], rest: list[str]
+) -> None:
+    change = {"max_cudagraph_capture_size": 64}
+    assert with_change(["serve", "/m", *args], change) == [
+        "serve",
+        "/m",
+        *rest,
+        "--max-cudagraph-capture-size",
+        "64",
+    ]

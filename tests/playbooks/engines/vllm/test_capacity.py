@@ -223,3 +223,63 @@ def test_the_utilization_split_is_what_the_cpu_worker_logged() -> None:
         gpu=GpuMemory(total, "the node's memory, as the worker logged it"),
     )
     assert cap.non_kv_gib == pytest.approx(non_kv, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("config", "pages"),
+    [
+        # gpt-oss-120b: 18 sliding + 18 full layers, two groups of 18 share one block id
+        (
+            {
+                "num_hidden_layers": 36,
+                "num_key_value_heads": 8,
+                "head_dim": 64,
+                "sliding_window": 128,
+                "layer_types": ["sliding_attention", "full_attention"] * 18,
+            },
+            18,
+        ),
+        # Gemma-3-27B: every 6th of 62 layers is full, 52 sliding: groups of the 10 full ones
+        (
+            {
+                "num_hidden_layers": 62,
+                "num_key_value_heads": 16,
+                "head_dim": 128,
+                "sliding_window": 1024,
+                "sliding_window_pattern": 6,
+            },
+            10,
+        ),
+        # 12 sliding + 13 full: under 1.5x, so groups of 13 (one sliding group padded)
+        (
+            {
+                "num_hidden_layers": 25,
+                "num_key_value_heads": 8,
+                "head_dim": 64,
+                "layer_types": ["sliding_attention"] * 12 + ["full_attention"] * 13,
+            },
+            13,
+        ),
+    ],
+)
+def test_a_sliding_window_hybrids_block_is_one_group_of_pages(
+    config: dict[str, Any], pages: int
+) -> None:
+    # vLLM 0.32 v1/core/kv_cache_utils.py:1467-1477 (group size) and 1520-1531 (a block's
+    # bytes: the widest group's pages); a utilization change on gpt-oss is then predictable
+    geometry = geometry_of(config)
+    assert geometry is not None and geometry.hybrid
+    page = 16 * geometry.token_bytes_per_layer(2.0)
+    assert geometry.block_bytes(16, 2.0) == pages * page
+
+
+def test_a_state_space_hybrids_block_stays_unknown() -> None:
+    geometry = geometry_of(
+        {
+            "num_hidden_layers": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "layer_types": ["linear_attention", "full_attention"] * 2,
+        }
+    )
+    assert geometry is not None and geometry.block_bytes(16, 2.0) is None

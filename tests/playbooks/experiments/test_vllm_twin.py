@@ -1,0 +1,125 @@
+"""The incident on the vLLM twin, end to end through the CLI: diagnosed, a utilization change
+kept with the capacity kvpilot predicted, and a change that cannot help reverted.
+
+A Llama-3.1-8B server on an H100 started at `--gpu-memory-utilization 0.35` (say, left low from
+when it shared the GPU) and `--max-num-seqs 128`, with 160 clients of long answers: the KV cache
+holds ~40 of them, the rest wait, and vLLM preempts. At 0.95 the sequence cap binds instead, so
+requests still wait and the gate can judge throughput (it judges only a saturated server).
+
+The twin serves from a model directory holding the model's config.json, as a real server does,
+so kvpilot reads the KV geometry there. It runs at 20x: at higher speeds on two cores the twin's
+engine falls behind its clock and rates come out skewed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bot.cli import main
+from sim.models import LLAMA_3_1_8B, write_model_dir
+from tests.twin_process import free_port
+
+SCALE = 20
+GPU_TOTAL_GIB = 79.65  # the preset's H100: 81,559 MiB, the base of vLLM's utilization
+TOLERANCE = 0.02
+
+pytestmark = pytest.mark.slow
+
+
+class Workspace:
+    def __init__(self, tmp_path: Path) -> None:
+        self.port = free_port()
+        model = write_model_dir(LLAMA_3_1_8B, tmp_path / "models" / "Llama-3.1-8B-Instruct")
+        command = [
+            sys.executable, "-m", "sim.vllm", "serve", str(model),
+            "--preset", "llama-3.1-8b-h100", "--port", str(self.port),
+            "--gpu-memory-utilization", "0.35", "--max-model-len", "32768", "--max-num-seqs", "128",
+            "--time-scale", str(SCALE),
+            "--workload", "incident", "--concurrency", "160", "--seed", "7",
+        ]  # fmt: skip
+        self.config = tmp_path / "kvpilot.toml"
+        self.config.write_text(
+            f"[kvpilot]\ntime_scale = {SCALE}\n\n"
+            "[gate]\nscrape_s = 10\nbatch_s = 60\nbaseline_s = 600\nmax_trial_s = 900\n\n"
+            f'[servers.v]\nurl = "{self.url}"\nengine = "vllm"\n'
+            f"gpu_memory_gib = {GPU_TOTAL_GIB}\n"
+            '[servers.v.launcher]\nkind = "process"\n'
+            f"command = {json.dumps(command)}\n"
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def cli(self, *args: str, config: bool = True) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        extra = ["--config", str(self.config)] if config else []
+        code = main([*args, *extra], out=out, err=err)
+        return code, out.getvalue(), err.getvalue()
+
+    def cache_config(self) -> dict[str, str]:
+        """The twin's own `vllm:cache_config_info` labels (what a real vLLM exports)."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        line = next(x for x in text.splitlines() if x.startswith("vllm:cache_config_info{"))
+        return dict(re.findall(r'(\w+)="([^"]*)"', line))
+
+    def experiment(self, change: str) -> tuple[int, dict[str, Any], str]:
+        code, out, err = self.cli("experiment", "--server", "v", "--set", change, "--yes", "--json")
+        return code, (json.loads(out) if out.strip() else {}), err
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Iterator[Workspace]:
+    w = Workspace(tmp_path)
+    code, _, err = w.cli("server", "start", "--server", "v")
+    assert code == 0, err
+    try:
+        yield w
+    finally:
+        w.cli("server", "stop", "--server", "v")
+
+
+def test_vllm_incident_is_diagnosed_then_kept_then_a_useless_change_reverted(
+    ws: Workspace,
+) -> None:
+    code, out, err = ws.cli(
+        "diagnose", "--server", ws.url, "--engine", "vllm", "--time-scale", str(SCALE),
+        "--gpu-memory-gib", str(GPU_TOTAL_GIB), "--window", "600", "--json", config=False,
+    )  # fmt: skip
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["engine"] == "vLLM"
+    assert found["bottleneck"] == "kv_cache", found["evidence"]
+    assert found["retractions"] and found["retractions"] > 0  # vLLM preempted
+    options = {o["title"]: o for o in found["options"]}
+    proposal = options["gpu_memory_utilization=0.95"]
+    assert proposal["verdict"] == "recommended", proposal
+    predicted = proposal["predicted_max_total_num_tokens"]
+    assert predicted > 2 * found["capacity"]["max_total_num_tokens"]
+
+    code, result, err = ws.experiment("gpu_memory_utilization=0.95")
+    assert code == 0, err
+    assert result["state"] == "kept", (result.get("rule"), result.get("reason"))
+    cache = ws.cache_config()
+    assert cache["gpu_memory_utilization"] == "0.95"
+    # the twin's "GPU KV cache size: N tokens" figure, against kvpilot's prediction
+    actual = int(cache["kv_cache_size_tokens"])
+    assert abs(predicted - actual) / actual <= TOLERANCE, (predicted, actual)
+
+    # With the sequence cap binding now, a larger token budget only changes how prompts are
+    # chunked: nothing to gain, so the gate must not keep it.
+    code, result, err = ws.experiment("max_num_batched_tokens=16384")
+    assert code == 3, err
+    assert result["state"] == "reverted", result
+    assert result["outcome"] == "not_improved"
+    cache = ws.cache_config()
+    assert cache["gpu_memory_utilization"] == "0.95"  # back on the kept configuration
