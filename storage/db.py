@@ -21,7 +21,6 @@ from storage.errors import StorageError
 from storage.migrations import MIGRATIONS, migration_names
 
 BUSY_TIMEOUT_MS = 5000
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def open_db(path: str | Path, *, any_thread: bool = False) -> Database:
@@ -47,6 +46,9 @@ def open_db(path: str | Path, *, any_thread: bool = False) -> Database:
         raise
     except sqlite3.DatabaseError as exc:
         db.close()
+        foreign = _foreign(path, exc)
+        if foreign is not None:
+            raise foreign from exc
         raise StorageError(f"cannot use {path} as the kvpilot database: {exc}") from exc
     return db
 
@@ -113,15 +115,22 @@ def write_transaction(db: Database) -> Iterator[Database]:
 
 
 def _refuse_foreign_file(path: Path) -> None:
-    """Refuse a file that exists but is not SQLite, before SQLite says something vaguer."""
-    if not path.exists() or path.is_dir():
-        if path.is_dir():
-            raise StorageError(f"{path} is a directory; give the path of a database file")
-        return
-    with path.open("rb") as handle:
-        header = handle.read(len(_SQLITE_MAGIC))
-    if header and header != _SQLITE_MAGIC:
-        raise StorageError(
-            f"{path} exists but is not a SQLite database; move it away or point kvpilot at a "
-            "different database file"
-        )
+    """Refuse a directory where the database file should be.
+
+    A file that is not SQLite is refused by SQLite's own first read (`_foreign`): reading its
+    header here would open and close a descriptor of the database file, and closing any
+    descriptor of a file drops every POSIX lock the process holds on it, those of the SQLite
+    connections already open included (tests/storage/test_db.py says what that broke).
+    """
+    if path.is_dir():
+        raise StorageError(f"{path} is a directory; give the path of a database file")
+
+
+def _foreign(path: Path, exc: sqlite3.DatabaseError) -> StorageError | None:
+    """The clear error for a file that is not SQLite (SQLite: "file is not a database")."""
+    if "file is not a database" not in str(exc):
+        return None
+    return StorageError(
+        f"{path} exists but is not a SQLite database; move it away or point kvpilot at a "
+        "different database file"
+    )

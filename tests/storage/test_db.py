@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from storage import (
 )
 from storage.migrations import MIGRATION_SET, MIGRATIONS
 from tests.storage.conftest import T0
+from tests.twin_process import REPO
 
 TABLES = {
     "servers",
@@ -137,3 +140,31 @@ def test_the_one_active_experiment_index_names_exactly_the_active_states() -> No
         assert f"'{state}'" in sql
     for state in TERMINAL:
         assert f"'{state}'" not in sql
+
+
+def test_opening_the_file_again_keeps_the_locks_of_a_connection_already_open(
+    tmp_path: Path,
+) -> None:
+    """POSIX locks belong to the process: closing *any* descriptor of the database file drops
+    the locks SQLite holds through its own. A second `open_db` in a process (the lease thread's,
+    a CLI call inside the bot) must not do that: another process (`kvpilot experiments list`
+    beside the bot) would then see no other user, and on closing delete the WAL the first
+    connection still writes to. That corrupted a running experiment's view of its own rows
+    ("database disk image is malformed", then "no experiment 1")."""
+    path = tmp_path / "kvpilot.db"
+    first = open_db(path)
+    first.execute("CREATE TABLE t (x INTEGER)")
+    first.execute("INSERT INTO t VALUES (1)")
+    first.conn.commit()
+    second = open_db(path)  # the same process opens the file again
+    other = (
+        "import sys; from storage.db import open_db; "
+        "db = open_db(sys.argv[1]); db.execute('SELECT 1'); db.close()"
+    )
+    subprocess.run([sys.executable, "-c", other, str(path)], check=True, cwd=REPO)
+    assert Path(f"{path}-wal").exists(), "another process took the file for its own"
+    first.execute("INSERT INTO t VALUES (2)")
+    first.conn.commit()
+    assert [r[0] for r in second.execute("SELECT x FROM t ORDER BY x")] == [1, 2]
+    second.close()
+    first.close()
