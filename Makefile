@@ -5,6 +5,7 @@
 #   make test-twin         the parallel tier: every test on the twin and fakes, with the coverage floor
 #   make test-serial       tests that start several kvpilot and server processes, one at a time
 #   make test-real-sglang  the real SGLang server on CPU; the only target that builds its 2.6 GB venv
+#   make test-real-vllm    the real vLLM server on CPU (3.4 GB venv), recorded live and compared
 #   make test              all of the above, in that order (what .ci/run calls)
 # Working on one tier, run its target; `PYTEST_ARGS=... make test-twin` narrows the parallel tier.
 PYTHON ?= python3
@@ -13,10 +14,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: help test check lint typecheck test-fast test-twin test-serial test-real-sglang venv demo \
-	lock bench clean real-sglang
+	lock bench clean real-sglang real-vllm test-real-vllm
 
 help:
-	@sed -n '3,9p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,10p' Makefile | sed 's/^# \{0,1\}//'
 
 venv: $(STAMP)
 
@@ -30,6 +31,10 @@ $(STAMP): requirements.lock pyproject.toml
 # The real SGLang server on CPU (tests/real_sglang): a separate 2.6 GB environment, installed once.
 real-sglang:
 	bash tests/real_sglang/setup.sh
+
+# The real vLLM server on CPU (tests/real_vllm): a separate 3.4 GB environment, installed once.
+real-vllm:
+	bash tests/real_vllm/setup.sh
 
 # make check: lint, types and the fast tests (pure decisions, storage, configuration; no server
 # processes), in well under a minute on two cores. make test is make check plus every tier.
@@ -47,7 +52,7 @@ check: venv lint typecheck test-fast
 test-fast: venv
 	$(BIN)/pytest -q -n 2 -p no:cacheprovider $(CHECK_TESTS)
 
-test: check test-twin test-serial test-real-sglang
+test: check test-twin test-serial test-real-sglang test-real-vllm
 
 lint: venv
 	$(BIN)/ruff check .
@@ -63,19 +68,31 @@ typecheck: venv
 PYTEST_ARGS ?= -n 4 --dist loadfile --durations=15
 
 test-twin: venv
-	$(BIN)/pytest -q $(PYTEST_ARGS) -m "not real_sglang and not serial" --cov --cov-report=term:skip-covered
+	$(BIN)/pytest -q $(PYTEST_ARGS) -m "not real_sglang and not real_vllm and not serial" --cov --cov-report=term:skip-covered
 
 # The serial and real-SGLang tiers compare timing-dependent behaviour (with the twin, with a real
 # Prometheus), so they run after the parallel tier, one test at a time, not next to anything else.
 test-serial: venv
-	$(BIN)/pytest -q -m "serial and not real_sglang"
+	$(BIN)/pytest -q -m "serial and not real_sglang and not real_vllm"
 
 test-real-sglang: venv real-sglang
 	$(BIN)/pytest -q -m "real_sglang"
 
-# The incident end to end on the SGLang twin, in the terminal front end (files in demo/).
+# The real vLLM: the capped server is recorded again here (record_fixtures.py, about a minute and
+# a half) and the twin compared with that recording; then the tests that drive vLLM itself. One
+# at a time: vLLM pins the cores.
+VLLM_LIVE ?= .venv-vllm/live-recording
+test-real-vllm: venv real-vllm
+	rm -rf $(VLLM_LIVE)
+	$(BIN)/python tests/real_vllm/record_fixtures.py --only capped --out $(VLLM_LIVE)
+	KVPILOT_VLLM_RECORDED=$(VLLM_LIVE) $(BIN)/pytest -q -p no:cacheprovider \
+		tests/conformance/test_vllm_twin_vs_recorded.py
+	$(BIN)/pytest -q -m "real_vllm" --durations=10
+
+# The incident end to end on the SGLang twin (or `make demo ENGINE=vllm`, the vLLM twin), in the
+# terminal front end (files in demo/).
 demo: venv
-	$(BIN)/python -m bot.console.demo
+	$(BIN)/python -m bot.console.demo $(if $(ENGINE),--engine $(ENGINE))
 
 bench: venv
 	$(BIN)/python -m bench.twin

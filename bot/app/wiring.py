@@ -59,6 +59,7 @@ def launcher(config: Config, server: ServerConfig, clock: Clock) -> ManagedLaunc
         ready_timeout_s=server.launcher.ready_timeout_s,
         env=dict(server.launcher.env),
         engine=engine(server),
+        stop_timeout_s=float(server.launcher.options.get("stop_timeout_s", 30.0)),
     )
     return ProcessLauncher(spec, clock)
 

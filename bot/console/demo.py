@@ -1,7 +1,9 @@
 """`make demo`: the whole mission on embedded defaults, in a few minutes, on any machine.
 
 It writes `demo/kvpilot.toml` for the SGLang twin running the incident (Kimi-K2.5 on 8 GPUs,
-150 clients, mem-fraction-static 0.85) at 200x speed, starts the twin through the process
+150 clients, mem-fraction-static 0.85) at 200x speed, or with `--engine vllm` (`make demo
+ENGINE=vllm`) for the vLLM twin running its like (Llama-3.1-8B on an H100 at
+gpu-memory-utilization 0.35, 160 clients) at 20x, starts the twin through the process
 launcher, and runs the terminal front end: the diagnosis, the proposals with their verdicts,
 an approval, the experiment with its progress and verdict, and the daily report with its chart.
 In a terminal it asks before acting. Without one (or with --yes) it gives the console the
@@ -18,17 +20,64 @@ import json
 import math
 import shutil
 import socket
+import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from bot.app.config import load
 from bot.console.terminal import Console
-from playbooks.engines import default_engine
+from playbooks.engines import engine_named
 
-SCALE = 200
-PRESET = "kimi-k2.5-rtxpro6000-tp8"
+
+@dataclass(frozen=True)
+class Scenario:
+    """One engine's incident: its twin, the settings it starts with, and what the demo says."""
+
+    engine: str
+    scale: int
+    twin: tuple[str, ...]  # the twin's module and its own flags (preset, workload)
+    settings: dict[str, Any]  # the engine's own launch settings, spelt by the engine
+    server: str  # the [servers.incident] lines besides url, engine and launcher
+    title: str
+    story: str
+    model_dir: bool = False  # serve from a directory holding the preset's config.json
+
+
+SCENARIOS = {
+    "sglang": Scenario(
+        engine="sglang",
+        scale=200,
+        twin=("sim.launch_server", "--preset", "kimi-k2.5-rtxpro6000-tp8", "--concurrency", "150"),
+        settings={"mem_fraction_static": 0.85, "enable_metrics": True},
+        server=(
+            "gpu_memory_gib = 95.59   # free memory per GPU before the weights (RTX PRO 6000)\n"
+            "host_ram_gib = 256\n"
+        ),
+        title="the SGLang twin runs the incident at 200x speed",
+        story=(
+            "Kimi-K2.5 on 8 GPUs with mem_fraction_static 0.85 and 150 clients: the KV cache\n"
+            "holds ~116K tokens, so ~50 requests run and ~100 wait."
+        ),
+    ),
+    # 20x: on two cores the vLLM twin's engine falls behind its clock above that with this load.
+    "vllm": Scenario(
+        engine="vllm",
+        scale=20,
+        twin=("sim.vllm", "serve", "--preset", "llama-3.1-8b-h100", "--concurrency", "160"),
+        settings={"gpu_memory_utilization": 0.35, "max_model_len": 32768, "max_num_seqs": 128},
+        server="gpu_memory_gib = 79.65   # the H100's total memory, the base of utilization\n",
+        title="the vLLM twin runs an incident like it at 20x speed",
+        story=(
+            "Llama-3.1-8B on an H100 with gpu_memory_utilization 0.35 (left low from when it\n"
+            "shared the GPU) and 160 clients: the KV cache holds ~40 requests, the rest wait\n"
+            "and vLLM preempts."
+        ),
+        model_dir=True,
+    ),
+}
 
 
 def free_port() -> int:
@@ -37,27 +86,36 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_config(workdir: Path, port: int) -> Path:
-    twin = [
-        sys.executable, "-m", "sim.launch_server", "--preset", PRESET, "--port", str(port),
-        "--time-scale", str(SCALE), "--workload", "incident", "--concurrency", "150",
-        "--seed", "7",
+def write_config(workdir: Path, port: int, scenario: Scenario = SCENARIOS["sglang"]) -> Path:
+    module, *flags = scenario.twin
+    twin = [sys.executable, "-m", module]
+    if scenario.model_dir:  # `vllm serve DIR`, the directory kvpilot reads config.json from
+        directory, preset = workdir / "models" / "llama", flags[flags.index("--preset") + 1]
+        subprocess.run(
+            [sys.executable, "-m", "sim.model_dir", preset, str(directory)],
+            check=True,
+            capture_output=True,
+        )
+        twin += [flags.pop(0), str(directory)]
+    twin += [
+        *flags, "--port", str(port), "--time-scale", str(scenario.scale),
+        "--workload", "incident", "--seed", "7",
     ]  # fmt: skip
     # The incident's settings, spelt by the engine the twin stands in for.
-    command = twin + default_engine().spell({"mem_fraction_static": 0.85, "enable_metrics": True})
+    command = twin + engine_named(scenario.engine).spell(scenario.settings)
     path = workdir / "kvpilot.toml"
     path.write_text(
-        "# Written by `make demo`: the SGLang twin running the incident at 200x speed.\n"
+        f"# Written by `make demo`: {scenario.title}.\n"
         "[kvpilot]\n"
         'database = "kvpilot.db"\n'
         'state_dir = "state"\n'
-        f"time_scale = {SCALE}\n\n"
+        f"time_scale = {scenario.scale}\n\n"
         "[gate]\nscrape_s = 10\nbatch_s = 60\n\n"
         "[sampler]\ninterval_s = 60\n\n"
         "[servers.incident]\n"
         f'url = "http://127.0.0.1:{port}"\n'
-        "gpu_memory_gib = 95.59   # free memory per GPU before the weights (RTX PRO 6000)\n"
-        "host_ram_gib = 256\n"
+        f'engine = "{scenario.engine}"\n'
+        f"{scenario.server}"
         "[servers.incident.launcher]\n"
         'kind = "process"\n'
         f"command = {json.dumps(command)}\n"
@@ -70,21 +128,26 @@ def banner(out: TextIO, text: str) -> None:
     out.flush()
 
 
-def run(workdir: Path, out: TextIO, stdin: TextIO, auto: str | None) -> int:
+def run(
+    workdir: Path,
+    out: TextIO,
+    stdin: TextIO,
+    auto: str | None,
+    scenario: Scenario = SCENARIOS["sglang"],
+) -> int:
     """`auto`: why the console approves what kvpilot recommends (None: it asks in the terminal)."""
     from bot.cli import main as kvpilot  # noqa: PLC0415 - the CLI imports the whole bot
 
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
-    path = write_config(workdir, free_port())
+    path = write_config(workdir, free_port(), scenario)
     started = time.monotonic()
-    banner(out, "kvpilot demo: the SGLang twin runs the incident at 200x speed")
+    banner(out, f"kvpilot demo: {scenario.title}")
     out.write(
-        "Kimi-K2.5 on 8 GPUs with mem_fraction_static 0.85 and 150 clients: the KV cache\n"
-        "holds ~116K tokens, so ~50 requests run and ~100 wait. kvpilot diagnoses it, proposes\n"
-        "changes, and (once approved) tests the recommended one: keep it only if throughput\n"
-        f"really improves, else revert. Configuration: {path}\n"
+        f"{scenario.story}\nkvpilot diagnoses it, proposes changes, and (once approved) tests\n"
+        "the recommended one: keep it only if throughput really improves, else revert.\n"
+        f"Configuration: {path}\n"
     )
     err = io.StringIO()
     if kvpilot(["server", "start", "--server", "incident", "--config", str(path)], out, err):
@@ -128,9 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--yes", action="store_true", help="approve what kvpilot recommends without asking"
     )
+    p.add_argument(
+        "--engine", choices=sorted(SCENARIOS), default="sglang", help="whose twin runs the incident"
+    )
     ns = p.parse_args(argv)
     auto = "--yes" if ns.yes else None if sys.stdin.isatty() else "no terminal"
-    return run(Path(ns.dir), sys.stdout, sys.stdin, auto)
+    return run(Path(ns.dir), sys.stdout, sys.stdin, auto, SCENARIOS[ns.engine])
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from playbooks.launchers.systemd import SystemdLauncher, SystemdSpec
 KINDS = ("process", "systemd", "docker", "kubernetes")
 COMMON_KEYS = frozenset({"kind", "ready_timeout_s"})
 KEYS: dict[str, frozenset[str]] = {
-    "process": frozenset({"command", "env"}),
+    "process": frozenset({"command", "env", "stop_timeout_s"}),
     "systemd": frozenset({"unit", "scope", "ssh_host", "ssh_options", "sudo", "dropin_dir"}),
     "docker": frozenset({"container", "socket", "stop_timeout_s"}),
     "kubernetes": frozenset(

@@ -19,6 +19,7 @@ import concurrent.futures
 import json
 import os
 import re
+from pathlib import Path
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -252,7 +253,27 @@ def twin() -> Iterator[Twin]:
         proc.log_path.unlink(missing_ok=True)
 
 
+# `make test-real-vllm` records the capped server again on this machine and points this at the
+# recording: the comparisons then run against a real vLLM started minutes ago. The files the
+# capped recording does not make (the default server's) are read from the committed fixtures.
+LIVE = os.environ.get("KVPILOT_VLLM_RECORDED")
+CAPPED_FILES = (
+    "startup_log_capped.txt",
+    "metrics_idle_capped.txt",
+    "metrics_loaded.txt",
+    "metrics_after_load.txt",
+    "stats_log_lines.txt",
+)
+
+
 def fixture(name: str) -> str:
+    """A recorded file: the live recording's where one is given and made it (a live run never
+    falls back on a committed file for what the capped server says)."""
+    if LIVE:
+        live = Path(LIVE) / name
+        if live.is_file():
+            return live.read_text()
+        assert name not in CAPPED_FILES, f"{live} is missing: did the live recording fail?"
     return (FIXTURES / name).read_text()
 
 
@@ -426,7 +447,7 @@ def stats_lines(text: str) -> list[str]:
 def test_periodic_stats_line(twin: Twin) -> None:
     real = stats_lines(fixture("stats_log_lines.txt"))
     ours = stats_lines(twin.proc.log())
-    assert len(real) == 14 and ours
+    assert real and ours  # 14 lines in the committed recording
     for line in real:
         m = STATS_LINE.fullmatch(line)
         assert m and m["device"] == "CPU", line
@@ -437,9 +458,10 @@ def test_periodic_stats_line(twin: Twin) -> None:
     # (README "Differences" 2: the counter is cleared before it is printed)
     for lines in (real, ours):
         assert any(re.search(r"Waiting: [1-9]\d* reqs", line) for line in lines)
-    assert "8.0" in re.findall(
+    real_preemptions = re.findall(
         r"^vllm:num_preemptions_total\{[^}]*\} (\S+)$", fixture("metrics_after_load.txt"), re.M
     )
+    assert float(real_preemptions[0]) > 0  # 8 in the committed recording
     twin_preemptions = re.findall(
         r"^vllm:num_preemptions_total\{[^}]*\} (\S+)$", twin.metrics_text, re.MULTILINE
     )

@@ -136,7 +136,11 @@ def _launcher(table: Any, where: str) -> LauncherConfig | None:
         raise ConfigError(f"{where}.env: expected a table of strings")
     timeout = number(table, "ready_timeout_s", where, 1800.0)
     assert timeout is not None
-    return LauncherConfig(kind, list(command), timeout, dict(env))
+    # How long a stop waits after SIGTERM before it kills the process group. A real vLLM under
+    # load answers SIGTERM by aborting its requests and then waits, without end, for their
+    # HTTP connections to close (uvicorn's shutdown): only the kill ends it.
+    stop = number(table, "stop_timeout_s", where, 30.0)
+    return LauncherConfig(kind, list(command), timeout, dict(env), {"stop_timeout_s": stop})
 
 
 def server(name: str, table: Any, gate_defaults: GateSettings) -> ServerConfig:

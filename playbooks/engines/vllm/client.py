@@ -358,7 +358,7 @@ class VLLMClient:
         self._retry = http_retrying(attempts, wait)
         self._launch_args = launch_args
         self._clock = clock or time.monotonic
-        self._last: _m.Reading | None = None
+        self._history: list[_m.Timed] = []  # readings the next rates are taken against
         self._dev_mode: bool | None = None  # whether /server_info answers; None: not asked
         self.notes: list[str] = []
 
@@ -536,13 +536,20 @@ class VLLMClient:
         return None if given is None else list(given)
 
     def snapshot(self) -> Snapshot:
-        return self.snapshot_of(self.metrics())
+        started = self._clock()
+        m = self.metrics()
+        return self._snapshot(m, started, self._clock())
 
     def snapshot_of(self, metrics: Metrics) -> Snapshot:
-        """A reading with the decode and cache-hit rates since this client's reading before."""
+        """A reading with the decode and cache-hit rates since an earlier reading of this
+        client (`metrics.reference` says which)."""
         now = self._clock()
-        snap = _m.snapshot_from_metrics(metrics, self._last, now)
-        self._last = _m.reading_of(metrics, now)
+        return self._snapshot(metrics, now, now)
+
+    def _snapshot(self, metrics: Metrics, started: float, ended: float) -> Snapshot:
+        now = _m.Timed(_m.reading_of(metrics, (started + ended) / 2), ended - started)
+        snap = _m.snapshot_from_metrics(metrics, _m.reference(self._history, now), now.reading.at)
+        self._history = _m.remember(self._history, now)
         return snap
 
     def load_snapshot(self) -> Snapshot:

@@ -196,6 +196,47 @@ class Reading:
     queries: float | None
 
 
+# A rate is taken over at least this many seconds, and over at least SPAN_PER_UNCERTAINTY times
+# the two readings' own scrape times: a scrape of a busy server can take seconds (vLLM's API
+# server shares the CPU with its engine), and the counters were read at some unknown moment
+# within it, so a rate over an interval not much longer than the scrapes is mostly noise (a
+# real vLLM on two cores gave 9,820 tok/s over 0.06 s next to 200 tok/s in its own log).
+MIN_SPAN_S = 1.0
+SPAN_PER_UNCERTAINTY = 4.0
+KEEP_READINGS = 32
+
+
+@dataclass(frozen=True)
+class Timed:
+    """A reading stamped at the middle of its scrape, with the scrape's duration."""
+
+    reading: Reading
+    took: float = 0.0
+
+
+def reference(history: Sequence[Timed], now: Timed) -> Reading | None:
+    """The newest earlier reading far enough from `now` for a rate (module constants); None
+    where none is, or where the counters went back (the server restarted since)."""
+    for earlier in reversed(history):
+        before, after = earlier.reading.generated, now.reading.generated
+        if before is not None and after is not None and after < before:
+            return None
+        span = now.reading.at - earlier.reading.at
+        if span >= max(MIN_SPAN_S, SPAN_PER_UNCERTAINTY * (now.took + earlier.took)):
+            return earlier.reading
+    return None
+
+
+def remember(history: Sequence[Timed], now: Timed) -> list[Timed]:
+    """`history` with `now` added: a restart starts it again, and only the newest are kept."""
+    kept = list(history)
+    if kept:
+        before, after = kept[-1].reading.generated, now.reading.generated
+        if before is not None and after is not None and after < before:
+            kept = []
+    return [*kept, now][-KEEP_READINGS:]
+
+
 def reading_of(m: Metrics, at: float) -> Reading:
     return Reading(
         at,

@@ -52,3 +52,24 @@ def test_demo_runs_end_to_end_and_leaves_nothing_running(tmp_path: Path) -> None
         if "sim.launch_server" in (p.info["cmdline"] or []) and port in (p.info["cmdline"] or [])
     ]
     assert not twins
+
+
+def test_the_vllm_demo_keeps_the_utilization_kvpilot_predicted(tmp_path: Path) -> None:
+    """`make demo ENGINE=vllm`: the vLLM twin, diagnosed in vLLM's terms, the recommended
+    utilization approved, kept, and the capacity the twin then reports is the predicted one."""
+    workdir = tmp_path / "demo"
+    done = subprocess.run(
+        [sys.executable, "-m", "bot.console.demo", "--dir", str(workdir), "--engine", "vllm"],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    assert "vLLM 0.32.0" in out and "kv cache bound" in out and "preemptions" in out
+    assert "gpu_memory_utilization=0.95" in out and "KV capacity 86,208 → 477,696" in out
+    assert "capacity_tokens: 86,208 -> 477,696" in out  # what the twin reports after the restart
+    rows = store.list_experiments(open_db(workdir / "kvpilot.db"))
+    assert [r.state for r in rows] == ["kept"]

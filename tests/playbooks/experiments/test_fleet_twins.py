@@ -23,6 +23,7 @@ from bot.app.wiring import database, experiment_deps, make_clock
 from bot.app.wiring import launcher as wiring_launcher
 from bot.cli import main
 from playbooks.experiments import machine as engine
+from sim.models import LLAMA_3_1_8B, write_model_dir
 from storage import audit
 from storage import experiments as store
 from storage.experiments import State
@@ -106,6 +107,55 @@ def test_diagnose_a_group(tmp_path: Path) -> None:
     assert "== kimi-a-too (" in text
     assert "== group mixed: 1 of 2 servers measured" in text
     assert "gone             not measured: cannot reach SGLang" in text
+
+
+# Serial, as above. 20x: the vLLM twin keeps up with its clock at that speed on two cores.
+@pytest.mark.serial
+def test_diagnose_a_group_of_sglang_and_vllm(tmp_path: Path) -> None:
+    """One group, one server of each engine: each is read in its own engine's terms, and the
+    group's summary puts them side by side."""
+    model = write_model_dir(LLAMA_3_1_8B, tmp_path / "llama")
+    sglang = spawn(
+        ["--time-scale", "20", "--enable-metrics", "--mem-fraction-static", "0.85",
+         "--workload", "incident", "--concurrency", "150"]
+    )  # fmt: skip
+    vllm = spawn(
+        ["--engine", "vllm", "--time-scale", "20", "serve", str(model),
+         "--preset", "llama-3.1-8b-h100", "--gpu-memory-utilization", "0.35",
+         "--max-model-len", "32768", "--max-num-seqs", "128",
+         "--workload", "incident", "--concurrency", "160"]
+    )  # fmt: skip
+    try:
+        wait_healthy(sglang)
+        wait_healthy(vllm)
+        config = tmp_path / "kvpilot.toml"
+        config.write_text(
+            "[kvpilot]\ntime_scale = 20\n\n[groups.both]\n\n"
+            f'[servers.kimi]\nurl = "{sglang.url}"\ngroup = "both"\ngpu_memory_gib = 95.59\n'
+            "host_ram_gib = 256\n\n"
+            f'[servers.llama]\nurl = "{vllm.url}"\ngroup = "both"\nengine = "vllm"\n'
+            "gpu_memory_gib = 79.65\n"
+        )
+        code, out, err = cli(
+            "diagnose", "--group", "both", "--config", str(config), "--window", "600", "--json"
+        )
+    finally:
+        for twin in (sglang, vllm):
+            twin.stop()
+            twin.log_path.unlink(missing_ok=True)
+    assert code == 0, err
+    report = json.loads(out)
+    summary = report["summary"]
+    assert summary["measured"] == 2 and summary["failed"] == []
+    assert summary["bottlenecks"] == {"kv_cache": ["kimi", "llama"]}
+    found = {name: s["finding"] for name, s in report["servers"].items()}
+    assert (found["kimi"]["engine"], found["llama"]["engine"]) == ("SGLang", "vLLM")
+    assert found["kimi"]["capacity"]["max_total_num_tokens"] == 116_171
+    assert found["llama"]["version"] == "0.32.0"
+    changes = {c["server"]: c["change"] for c in summary["changes_to_try"]}
+    assert changes == {"kimi": "mem_fraction_static=0.89", "llama": "gpu_memory_utilization=0.95"}
+    rates = [f["throughput"]["generation_tokens_per_s"] for f in found.values()]
+    assert all(r and r > 0 for r in rates)  # vLLM's from its counter, SGLang's its gauge
 
 
 @dataclass

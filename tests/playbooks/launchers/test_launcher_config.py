@@ -51,6 +51,28 @@ def test_each_kind_builds_its_launcher(tmp_path: Path) -> None:
 
     built = parse(tmp_path, 'kind = "process"\ncommand = ["python", "-m", "x", "--port", "1"]\n')
     assert isinstance(built, ProcessLauncher)
+    assert built.spec.stop_timeout_s == 30 and built.spec.engine.name == "sglang"
+
+
+def test_the_launcher_reads_the_servers_engine_and_its_stop_timeout(tmp_path: Path) -> None:
+    """A vLLM server's launcher waits on vLLM's readiness path and reads vLLM's exits."""
+    server = '[servers.a]\nurl = "http://127.0.0.1:8000"\nengine = "vllm"\n[servers.a.launcher]\n'
+    path = tmp_path / "kvpilot.toml"
+    for table, kind in [
+        (
+            'kind = "process"\ncommand = ["vllm", "serve", "m"]\nstop_timeout_s = 5\n',
+            ProcessLauncher,
+        ),
+        ('kind = "docker"\ncontainer = "vllm-0"\n', DockerLauncher),
+        ('kind = "systemd"\nunit = "vllm"\n', SystemdLauncher),
+    ]:
+        path.write_text(server + table)
+        config = load(str(path))
+        built = launcher(config, config.server("a"), WallClock())
+        assert isinstance(built, kind)
+        assert built.spec.engine.name == "vllm", kind
+        if isinstance(built, ProcessLauncher):
+            assert built.spec.stop_timeout_s == 5
 
 
 @pytest.mark.parametrize(

@@ -87,7 +87,7 @@ def test_stored_settings_read_back_the_same_and_keep_no_secret() -> None:
 
 
 def test_a_snapshot_carries_the_decode_rate_since_the_clients_last_scrape() -> None:
-    times = iter([100.0, 110.0])
+    times = iter([100.0, 100.0, 110.0, 110.0])  # each scrape's start and end
     c = client(Recorded(), clock=lambda: next(times))
     first, second = c.snapshot(), c.snapshot()
     assert first.decode_rate is None  # one reading has no rate

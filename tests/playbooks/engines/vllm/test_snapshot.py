@@ -5,13 +5,22 @@ from __future__ import annotations
 import json
 import re
 
+import httpx
 import pytest
 
 from playbooks.engines import restore_snapshot
 from playbooks.engines.base import Metrics, MetricsDisabled
 from playbooks.engines.vllm import ENGINE
-from playbooks.engines.vllm.client import parse_metrics
-from playbooks.engines.vllm.metrics import reading_of, snapshot_from_metrics
+from playbooks.engines.vllm.client import VLLMClient, parse_metrics
+from playbooks.engines.vllm.metrics import (
+    KEEP_READINGS,
+    Reading,
+    Timed,
+    reading_of,
+    reference,
+    remember,
+    snapshot_from_metrics,
+)
 from tests.playbooks.engines.vllm.recorded import metrics_text
 
 SCRAPES = ["metrics_idle_start.txt", "metrics_idle_after.txt"]
@@ -135,3 +144,59 @@ def test_the_spec_asks_prometheus_for_vllms_series() -> None:
     text = metrics_text("metrics_idle_start.txt")
     assert spec.prefix == "vllm:" and re.search(rf"^{spec.heartbeat}\{{", text, re.M)
     assert re.search(rf"^{spec.ttft_histogram}\{{", text, re.M)
+
+
+# ----------------------------------------------------------------------------- rate reference
+def generation_exposition(generated: float) -> str:
+    """The recorded loaded server's metrics with its generation counter at `generated`."""
+    return re.sub(
+        r"^(vllm:generation_tokens_total\{[^}]*\}) \S+$",
+        lambda m: f"{m.group(1)} {generated}",
+        metrics_text("metrics_loaded.txt"),
+        flags=re.M,
+    )
+
+
+def timed(at: float, generated: float | None, took: float = 0.0) -> Timed:
+    return Timed(Reading(at, generated, None, None), took)
+
+
+@pytest.mark.parametrize(
+    ("history", "now", "expected_at"),
+    [
+        ([], timed(10, 100), None),  # nothing to compare with
+        ([timed(9.5, 90)], timed(10, 100), None),  # under MIN_SPAN_S
+        ([timed(8, 80), timed(9.5, 90)], timed(10, 100), 8),  # the newest far enough
+        # a slow scrape before (2.4 s) needs 4 x 2.4 s between them: 1.2 s is not enough
+        ([timed(8.8, 90, took=2.4)], timed(10, 100, took=0.05), None),
+        ([timed(0, 0, took=2.4), timed(8.8, 90, took=2.4)], timed(10, 100, took=0.05), 0),
+        ([timed(5, 5000)], timed(10, 100), None),  # the counters went back: restarted
+    ],
+)
+def test_a_rate_is_taken_over_a_span_longer_than_the_scrapes(
+    history: list[Timed], now: Timed, expected_at: float | None
+) -> None:
+    found = reference(history, now)
+    assert (found.at if found else None) == expected_at
+
+
+def test_a_restart_clears_the_history_and_only_the_newest_are_kept() -> None:
+    history = [timed(i, 10.0 * i) for i in range(40)]
+    kept = remember(history, timed(40, 400))
+    assert len(kept) == KEEP_READINGS and kept[-1].reading.at == 40
+    assert remember(kept, timed(41, 3)) == [timed(41, 3)]
+
+
+def test_a_slow_scrape_does_not_make_a_burst_of_decode_rate() -> None:
+    """What a real vLLM on two cores did: a 2.4 s scrape, then a fast one 0.06 s later. The
+    rate waits for a span long enough instead of reporting 632 tokens over 0.06 s."""
+    clock = iter([0.0, 2.4, 2.46, 2.5, 12.0, 12.05])
+    counts = iter([6535.0, 7167.0, 9100.0])
+    client = VLLMClient(httpx.Client(), clock=lambda: next(clock))
+    client.metrics = lambda: parse_metrics(  # type: ignore[method-assign]
+        generation_exposition(next(counts))
+    )
+    assert client.snapshot().decode_rate is None
+    assert client.snapshot().decode_rate is None  # 1.28 s after the first's middle: too close
+    rate = client.snapshot().decode_rate
+    assert rate is not None and 195 < rate < 215  # (9100 - 6535) / (12.025 - 1.2)
