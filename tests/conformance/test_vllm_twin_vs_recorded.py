@@ -19,9 +19,9 @@ import concurrent.futures
 import json
 import os
 import re
-from pathlib import Path
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
