@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,22 @@ IMAGE = Image("lmsysorg/sglang:v0.5.23", "sha256:" + "5e" * 32, env=["PATH=/usr/
 RBAC = REPO / "deploy/kubernetes/rbac.yaml"
 
 
-def twin_args(port: int, fraction: str = "0.85", scale: int = SCALE) -> list[str]:
+# The vLLM twin as `vllm serve` (its preset's model): the launchers edit its flags as vLLM's.
+VLLM_TWIN = [sys.executable, "-m", "sim.vllm", "serve"]
+
+
+def twin_command(engine: str = "sglang") -> list[str]:
+    return list(VLLM_TWIN if engine == "vllm" else TWIN)
+
+
+def twin_args(
+    port: int, fraction: str = "0.85", scale: int = SCALE, engine: str = "sglang"
+) -> list[str]:
+    if engine == "vllm":
+        return [
+            "--preset", PRESET, "--port", str(port), "--gpu-memory-utilization", "0.9",
+            "--time-scale", str(scale),
+        ]  # fmt: skip
     return [
         "--preset",
         PRESET,
@@ -99,10 +114,10 @@ class Harness:
         return dict(httpx.get(self.url + "/server_info", timeout=10).json())
 
 
-def write_config(path: Path, port: int, launcher: str) -> Path:
+def write_config(path: Path, port: int, launcher: str, engine: str = "sglang") -> Path:
     path.write_text(
         f'[kvpilot]\nstate_dir = "state"\ntime_scale = {CLOCK_SCALE}\n\n'
-        f'[servers.twin]\nurl = "http://127.0.0.1:{port}"\n\n'
+        f'[servers.twin]\nurl = "http://127.0.0.1:{port}"\nengine = "{engine}"\n\n'
         f"[servers.twin.launcher]\nready_timeout_s = {READY_TIMEOUT}\n{launcher}"
     )
     return path
@@ -110,14 +125,17 @@ def write_config(path: Path, port: int, launcher: str) -> Path:
 
 # --------------------------------------------------------------------------- process
 @contextmanager
-def process_harness(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+def process_harness(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch, engine: str = "sglang"
+) -> Iterator[Harness]:
     port = free_port()
-    args = twin_args(port)
+    args = twin_args(port, engine=engine)
     config = write_config(
         tmp / "kvpilot.toml",
         port,
-        f'kind = "process"\ncommand = {json.dumps([*TWIN, *args])}\n'
+        f'kind = "process"\ncommand = {json.dumps([*twin_command(engine), *args])}\n'
         f"env = {{ PYTHONPATH = {json.dumps(str(REPO))} }}\n",
+        engine,
     )
     # the process launcher writes a new log file for every server process it starts
     h = Harness(
@@ -144,24 +162,26 @@ def process_harness(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harn
 UNIT = "sglang-twin.service"
 
 
-def unit_text(args: list[str]) -> str:
+def unit_text(args: list[str], engine: str = "sglang") -> str:
     return (
         "[Unit]\nDescription=SGLang server (the twin)\nAfter=network-online.target\n\n"
         "[Service]\nType=simple\n"
         f"WorkingDirectory={REPO}\n"
-        f"ExecStart={shlex.join([*TWIN, *args])}\n"
+        f"ExecStart={shlex.join([*twin_command(engine), *args])}\n"
         "Restart=on-failure\nRestartSec=30\nTimeoutStopSec=10\n\n"
         "[Install]\nWantedBy=multi-user.target\n"
     )
 
 
 @contextmanager
-def systemd_harness(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+def systemd_harness(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch, engine: str = "sglang"
+) -> Iterator[Harness]:
     port = free_port()
-    args = twin_args(port)
+    args = twin_args(port, engine=engine)
     root, bin_dir = tmp / "host", tmp / "bin"
     fake_systemd.unit_dir(root).mkdir(parents=True)
-    (fake_systemd.unit_dir(root) / UNIT).write_text(unit_text(args))
+    (fake_systemd.unit_dir(root) / UNIT).write_text(unit_text(args, engine))
     fake_systemd.install_tools(root, bin_dir)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     for step in (["daemon-reload"], ["start", UNIT]):
@@ -170,6 +190,7 @@ def systemd_harness(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harn
         tmp / "kvpilot.toml",
         port,
         f'kind = "systemd"\nunit = "{UNIT}"\ndropin_dir = "{fake_systemd.etc_dir(root)}"\n',
+        engine,
     )
 
     def leftovers() -> list[str]:
@@ -193,12 +214,12 @@ def systemd_harness(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harn
 
 
 # --------------------------------------------------------------------------- docker
-def create_container(socket: str, name: str, args: list[str]) -> None:
+def create_container(socket: str, name: str, args: list[str], engine: str = "sglang") -> None:
     """What `docker run -d --name NAME --gpus all --ipc host --network host -v ... IMAGE CMD`
     asks of the Engine."""
     body = {
         "Image": IMAGE.ref,
-        "Cmd": [*TWIN, *args],
+        "Cmd": [*twin_command(engine), *args],
         "Env": ["HF_HOME=/models/hf", f"PYTHONPATH={REPO}"],
         "WorkingDir": str(REPO),
         "Labels": {"org.example.service": "sglang"},
@@ -222,50 +243,55 @@ def create_container(socket: str, name: str, args: list[str]) -> None:
 
 
 @contextmanager
-def docker_harness(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+def docker_harness(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch, engine: str = "sglang"
+) -> Iterator[Harness]:
     port = free_port()
-    args = twin_args(port)
+    args = twin_args(port, engine=engine)
     short = Path(tempfile.mkdtemp(prefix="kvd-"))  # Unix socket paths are limited to 107 bytes
     socket = str(short / "docker.sock")
-    engine = FakeDockerEngine([IMAGE])
+    daemon = FakeDockerEngine([IMAGE])
     try:
-        with serving(engine.app(), uds=socket):
-            create_container(socket, "sglang", args)
+        with serving(daemon.app(), uds=socket):
+            create_container(socket, "sglang", args, engine)
             config = write_config(
                 tmp / "kvpilot.toml",
                 port,
                 f'kind = "docker"\ncontainer = "sglang"\nsocket = "{socket}"\n'
                 "stop_timeout_s = 10\n",
+                engine,
             )
 
             def leftovers() -> list[str]:
-                return [n for n in engine.names() if n != "sglang"]
+                return [n for n in daemon.names() if n != "sglang"]
 
             def creations() -> int:
                 return sum(
                     1
-                    for method, path in engine.calls
+                    for method, path in daemon.calls
                     if method == "POST" and path.startswith("/containers/create")
                 )
 
             h = Harness("docker", config, port, args, lambda: None, leftovers, creations)
             h.server_pid = lambda: h.launcher().state().pid
-            h.extra["engine"] = engine
+            h.extra["engine"] = daemon
             try:
                 h.launcher().wait_ready()
                 yield h
             finally:
-                engine.shutdown()
+                daemon.shutdown()
     finally:
         shutil.rmtree(short, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- kubernetes
-def deployment(args: list[str], port: int, kind: str = "Deployment") -> dict[str, Any]:
+def deployment(
+    args: list[str], port: int, kind: str = "Deployment", engine: str = "sglang"
+) -> dict[str, Any]:
     container = {
         "name": "sglang",
         "image": IMAGE.ref,
-        "command": list(TWIN),
+        "command": twin_command(engine),
         "args": args,
         "workingDir": str(REPO),
         "env": [{"name": "PYTHONPATH", "value": str(REPO)}],
@@ -380,11 +406,14 @@ def kubernetes_harness(
     monkeypatch: pytest.MonkeyPatch,
     obj: Callable[[list[str], int], dict[str, Any]] = deployment,
     backoff_s: float = 10.0,
+    engine: str = "sglang",
 ) -> Iterator[Harness]:
     tmp.mkdir(parents=True, exist_ok=True)
     port = free_port()
     cluster = FakeCluster(rules=role_rules(), restart_backoff_s=backoff_s)
-    workload = obj(twin_args(port), port)
+    served = twin_args(port, engine=engine)
+    # another engine's server runs in a Deployment (the SGLang twin in any workload kind)
+    workload = obj(served, port) if engine == "sglang" else deployment(served, port, engine=engine)
     args = server_args(templates(workload["kind"], workload, "sglang", None)[0])
     cluster.add(workload)
     try:
@@ -395,6 +424,7 @@ def kubernetes_harness(
                 f'kind = "kubernetes"\nworkload = "{workload["kind"]}"\nname = "sglang"\n'
                 f'namespace = "sglang"\ncontainer = "sglang"\n'
                 f'kubeconfig = "{kubeconfig(tmp / "kubeconfig.yaml", url)}"\n',
+                engine,
             )
             want = expected_pods(workload["kind"], workload)
 
@@ -420,7 +450,8 @@ def kubernetes_harness(
         cluster.shutdown()
 
 
-HARNESSES = {
+# Each takes (tmp, monkeypatch) and `engine=` ("sglang" or "vllm").
+HARNESSES: dict[str, Callable[..., AbstractContextManager[Harness]]] = {
     "process": process_harness,
     "systemd": systemd_harness,
     "docker": docker_harness,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import httpx
@@ -20,6 +21,8 @@ from playbooks.engines.sglang.client import (
 )
 from playbooks.engines.sglang.metrics import SPEC as SGLANG_METRICS
 from playbooks.engines.sglang.rules import resolve_gpu_memory
+from playbooks.engines.vllm.client import VLLMClient
+from playbooks.engines.vllm.metrics import SPEC as VLLM_METRICS
 from playbooks.sources.gpu import GpuUnavailable
 from playbooks.sources.metrics_source import (
     DirectScrape,
@@ -42,6 +45,7 @@ from playbooks.sources.prometheus import (
     metrics_from_series,
     parse_selector,
 )
+from tests import paths
 from tests.playbooks.engines.sglang.exposition import exposition, series
 from tests.playbooks.sources.prometheus.fake_api import FIXTURES, FakePrometheus, series_of
 
@@ -362,3 +366,31 @@ def test_dp_attention_from_prometheus_counts_each_dp_rank_once() -> None:
     snap = ENGINE.snapshot(source(fake).metrics())
     assert snap.running == 12 and snap.capacity_tokens == 100_000
     assert snap.kv_usage == pytest.approx(0.7)
+
+
+def test_a_vllm_decode_rate_through_prometheus_is_the_counters_increase() -> None:
+    """vLLM exports its decode rate only as a counter: through Prometheus the server's client
+    still keeps the reading before, so the rate is the same as from a direct scrape."""
+    recorded = (paths.FIXTURES / "vllm" / "real-0.32.0" / "metrics_loaded.txt").read_text()
+
+    def with_generated(value: float) -> str:
+        return re.sub(
+            r"^(vllm:generation_tokens_total\{[^}]*\}) \S+$",
+            lambda m: f"{m.group(1)} {value}",
+            recorded,
+            flags=re.M,
+        )
+
+    fake = FakePrometheus()
+    now = iter([100.0, 110.0])  # when each reading arrived, on the bot's clock
+    server = VLLMClient(httpx.Client(base_url="http://10.0.0.5:8000"), clock=lambda: next(now))
+    prometheus = PrometheusMetrics(api(fake), '{instance="10.0.0.5:8000"}', VLLM_METRICS)
+    client = with_metrics_source(server, prometheus)
+    fake.add_scrape(fake.now - 1, with_generated(1000.0), {"instance": "10.0.0.5:8000"})
+    first = client.snapshot()
+    fake.now += 10
+    fake.add_scrape(fake.now - 1, with_generated(3000.0), {"instance": "10.0.0.5:8000"})
+    second = client.snapshot()
+    assert first.decode_rate is None and first.generated_tokens == 1000.0
+    assert second.decode_rate == pytest.approx(200.0)  # 2,000 tokens in 10 s
+    assert "Prometheus" in describe_source(client)
