@@ -19,6 +19,7 @@ from slack_sdk.signature import SignatureVerifier
 
 from bot.app.config import load
 from bot.slack.serve import Bot, SlackSettings
+from sim.models import LLAMA_3_1_8B, write_model_dir
 from tests.slackfake import FakeSlack
 from tests.twin_process import free_port
 
@@ -46,6 +47,28 @@ def twin_config(
         f"{slack}\n"
         f'[servers.incident]\nurl = "http://127.0.0.1:{port}"\n'
         "gpu_memory_gib = 95.59\nhost_ram_gib = 256\n"
+        '[servers.incident.launcher]\nkind = "process"\n'
+        f"command = {json.dumps(command)}\n"
+    )
+    return path
+
+
+def vllm_twin_config(tmp_path: Path, port: int, *, slack: str = "") -> Path:
+    """The vLLM twin's incident (`make demo ENGINE=vllm`'s) behind the process launcher, served
+    from a model directory as a real vLLM is, at 20x (faster, its engine falls behind)."""
+    model = write_model_dir(LLAMA_3_1_8B, tmp_path / "models" / "llama")
+    command = [
+        sys.executable, "-m", "sim.vllm", "serve", str(model), "--preset", "llama-3.1-8b-h100",
+        "--port", str(port), "--time-scale", "20", "--workload", "incident",
+        "--concurrency", "160", "--gpu-memory-utilization", "0.35", "--max-model-len", "32768",
+        "--max-num-seqs", "128",
+    ]  # fmt: skip
+    path = tmp_path / "kvpilot.toml"
+    path.write_text(
+        "[kvpilot]\ntime_scale = 20\n\n[gate]\nscrape_s = 10\nbatch_s = 60\n"
+        f"max_trial_s = 900\n\n{slack}\n"
+        f'[servers.incident]\nurl = "http://127.0.0.1:{port}"\nengine = "vllm"\n'
+        "gpu_memory_gib = 79.65\n"
         '[servers.incident.launcher]\nkind = "process"\n'
         f"command = {json.dumps(command)}\n"
     )

@@ -19,7 +19,15 @@ from storage import experiments as store
 from storage.chat import get_diagnosis
 from storage.db import open_db
 from storage.samples import monitor_samples
-from tests.bot.harness import CHANNEL, FakeNow, buttons, running_bot, twin_config, wait_until
+from tests.bot.harness import (
+    CHANNEL,
+    FakeNow,
+    buttons,
+    running_bot,
+    twin_config,
+    vllm_twin_config,
+    wait_until,
+)
 from tests.slackfake import FakeSlack
 from tests.twin_process import free_port
 
@@ -239,4 +247,38 @@ def test_a_proposal_from_the_terminal_is_approved_in_slack_by_its_id(
         assert exp.proposal_id == 1
         assert driver.slash(f"abort {exp.id}", user="U3").status_code == 200
         wait_until(lambda: store.get_experiment(db, exp.id).terminal, 60, "the abort")
+    assert not slack.violations
+
+
+def test_a_vllm_server_in_slack_diagnosed_approved_and_kept(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    """The same conversation for a vLLM server: vLLM's figures and flags, the same approval."""
+    config = vllm_twin_config(tmp_path, free_port(), slack=SLACK)
+    code, _, err = run_cli("server", "start", "--server", "incident", "--config", str(config))
+    assert code == 0, err
+    try:
+        with running_bot(config, slack) as (_bot, driver):
+            assert driver.slash("diagnose").status_code == 200
+            diag_ts, diagnosis = wait_until(
+                lambda: posted(slack, "Diagnosis of incident"), 90, "the diagnosis"
+            )
+            assert "vLLM 0.32.0" in diagnosis["text"] and "kv cache bound" in diagnosis["text"]
+            propose = buttons(diagnosis)["kvpilot.propose"]
+            driver.click("kvpilot.propose", propose, user="U1", message_ts=diag_ts)
+            ts, approval = wait_until(
+                lambda: posted(slack, "Change proposed for incident"), 20, "approval"
+            )
+            assert "--gpu-memory-utilization 0.35" in approval["text"]
+            assert "--gpu-memory-utilization 0.95" in approval["text"]
+            driver.click("kvpilot.approve", buttons(approval)["kvpilot.approve"], user="U7",
+                         message_ts=ts)  # fmt: skip
+            verdict = wait_until(
+                lambda: posted(slack, "Experiment 1 on incident: "), 150, "the verdict"
+            )
+            assert "Effect" in verdict[1]["text"]
+    finally:
+        run_cli("server", "stop", "--server", "incident", "--config", str(config))
+    row = store.list_experiments(open_db(config.parent / "var" / "kvpilot.db"))[0]
+    assert str(row.state) == "kept", row.state
     assert not slack.violations
