@@ -20,6 +20,10 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)"
 say() { printf '[setup %4ss] %s\n' "$(($(date +%s) - T0))" "$*"; }
 
 real_env_begin() {
+    # One setup of a venv at a time: a second (`make test` while .ci/run's early one still
+    # installs) waits for the first, then finds the stamp and exits.
+    exec 9>"$VENV.lock"
+    flock 9
     if [[ "${1:-}" == "--rebuild" ]]; then
         say "removing $VENV"
         rm -rf "$VENV"
