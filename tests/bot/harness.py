@@ -60,8 +60,8 @@ def vllm_twin_config(tmp_path: Path, port: int, *, slack: str = "") -> Path:
     command = [
         sys.executable, "-m", "sim.vllm", "serve", str(model), "--preset", "llama-3.1-8b-h100",
         "--port", str(port), "--time-scale", "20", "--workload", "incident",
-        "--concurrency", "160", "--gpu-memory-utilization", "0.35", "--max-model-len", "32768",
-        "--max-num-seqs", "128",
+        "--concurrency", "96", "--gpu-memory-utilization", "0.35", "--max-model-len", "32768",
+        "--max-num-seqs", "64",
     ]  # fmt: skip
     path = tmp_path / "kvpilot.toml"
     path.write_text(

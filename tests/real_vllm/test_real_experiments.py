@@ -124,7 +124,7 @@ def labels(server: Server) -> dict[str, Any]:
 
 def test_a_kv_bound_real_server_is_diagnosed_kv_cache(server: Server) -> None:
     code, out, err = server.cli(
-        "diagnose", "--server", server.url, "--window", "20", "--json", config=False
+        "diagnose", "--server", server.url, "--window", "30", "--json", config=False
     )
     assert code == 0, err
     found = json.loads(out)

@@ -122,8 +122,8 @@ def test_diagnose_a_group_of_sglang_and_vllm(tmp_path: Path) -> None:
     vllm = spawn(
         ["--engine", "vllm", "--time-scale", "20", "serve", str(model),
          "--preset", "llama-3.1-8b-h100", "--gpu-memory-utilization", "0.35",
-         "--max-model-len", "32768", "--max-num-seqs", "128",
-         "--workload", "incident", "--concurrency", "160"]
+         "--max-model-len", "32768", "--max-num-seqs", "64",
+         "--workload", "incident", "--concurrency", "96"]
     )  # fmt: skip
     try:
         wait_healthy(sglang)

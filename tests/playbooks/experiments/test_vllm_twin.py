@@ -2,7 +2,7 @@
 kept with the capacity kvpilot predicted, and a change that cannot help reverted.
 
 A Llama-3.1-8B server on an H100 started at `--gpu-memory-utilization 0.35` (say, left low from
-when it shared the GPU) and `--max-num-seqs 128`, with 160 clients of long answers: the KV cache
+when it shared the GPU) and `--max-num-seqs 64`, with 96 clients of long answers: the KV cache
 holds ~40 of them, the rest wait, and vLLM preempts. At 0.95 the sequence cap binds instead, so
 requests still wait and the gate can judge throughput (it judges only a saturated server).
 
@@ -42,14 +42,14 @@ class Workspace:
         command = [
             sys.executable, "-m", "sim.vllm", "serve", str(model),
             "--preset", "llama-3.1-8b-h100", "--port", str(self.port),
-            "--gpu-memory-utilization", "0.35", "--max-model-len", "32768", "--max-num-seqs", "128",
+            "--gpu-memory-utilization", "0.35", "--max-model-len", "32768", "--max-num-seqs", "64",
             "--time-scale", str(SCALE),
-            "--workload", "incident", "--concurrency", "160", "--seed", "7",
+            "--workload", "incident", "--concurrency", "96", "--seed", "7",
         ]  # fmt: skip
         self.config = tmp_path / "kvpilot.toml"
         self.config.write_text(
             f"[kvpilot]\ntime_scale = {SCALE}\n\n"
-            "[gate]\nscrape_s = 10\nbatch_s = 60\nbaseline_s = 600\nmax_trial_s = 900\n\n"
+            "[gate]\nscrape_s = 10\nbatch_s = 30\nbaseline_s = 300\nmax_trial_s = 600\n\n"
             f'[servers.v]\nurl = "{self.url}"\nengine = "vllm"\n'
             f"gpu_memory_gib = {GPU_TOTAL_GIB}\n"
             '[servers.v.launcher]\nkind = "process"\n'
@@ -93,7 +93,7 @@ def test_vllm_incident_is_diagnosed_then_kept_then_a_useless_change_reverted(
 ) -> None:
     code, out, err = ws.cli(
         "diagnose", "--server", ws.url, "--engine", "vllm", "--time-scale", str(SCALE),
-        "--gpu-memory-gib", str(GPU_TOTAL_GIB), "--window", "600", "--json", config=False,
+        "--gpu-memory-gib", str(GPU_TOTAL_GIB), "--window", "300", "--json", config=False,
     )  # fmt: skip
     assert code == 0, err
     found = json.loads(out)
