@@ -59,7 +59,9 @@ pip_install() {
 UV="${KVPILOT_UV:-$REPO/.venv/bin/uv}"
 
 uv_install() {
-    local args=(pip install --quiet --no-deps --python "$VENV/bin/python")
+    # --compile-bytecode, as pip does: the engines start their workers with `python -B`, which
+    # would otherwise compile torch, transformers and the engine from source at every start
+    local args=(pip install --quiet --no-deps --compile-bytecode --python "$VENV/bin/python")
     local entry
     for entry in $("${PIP[@]}" config get global.find-links 2>/dev/null || true); do
         [[ -d "$entry" ]] && args+=(--find-links "$entry")
