@@ -5,8 +5,9 @@
 #   make test-twin         the parallel tier: every test on the twin and fakes, with the coverage floor
 #   make test-serial       tests that start several kvpilot and server processes, one at a time
 #   make test-real-sglang  the real SGLang server on CPU; the only target that builds its 2.6 GB venv
-#   make test-real-vllm    the real vLLM server on CPU (3.4 GB venv), recorded live and compared
-#   make test              all of the above, in that order (what .ci/run calls)
+#   make test              the four above, in that order (what .ci/run calls)
+#   make test-real-vllm    the real vLLM server on CPU (3.4 GB venv), recorded live and compared;
+#                          not yet in make test: with it make test runs past its 30-minute budget
 # Working on one tier, run its target; `PYTEST_ARGS=... make test-twin` narrows the parallel tier.
 PYTHON ?= python3
 VENV ?= .venv
@@ -17,7 +18,7 @@ STAMP := $(VENV)/.installed
 	lock bench clean real-sglang real-vllm test-real-vllm
 
 help:
-	@sed -n '3,10p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,11p' Makefile | sed 's/^# \{0,1\}//'
 
 venv: $(STAMP)
 
@@ -52,7 +53,7 @@ check: venv lint typecheck test-fast
 test-fast: venv
 	$(BIN)/pytest -q -n 2 -p no:cacheprovider $(CHECK_TESTS)
 
-test: check test-twin test-serial test-real-sglang test-real-vllm
+test: check test-twin test-serial test-real-sglang
 
 lint: venv
 	$(BIN)/ruff check .
