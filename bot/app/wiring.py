@@ -102,12 +102,18 @@ def engine_of(config: Config, name: str) -> Engine:
 def launch_args_of(config: Config, server: ServerConfig, clock: Clock) -> LaunchArgs:
     """The server's launch command line for its engine client: the process launcher's command
     as configured; another launcher's, read from its daemon when the settings first need it."""
-    spec = server.launcher
-    if spec is None:
+    if server.launcher is None:
         return None
-    if spec.kind == "process":
-        return list(spec.command)
+    command = configured_command(server)
+    if command is not None:
+        return command
     return lambda: launcher(config, server, clock).current_args()
+
+
+def configured_command(server: ServerConfig) -> list[str] | None:
+    """The process launcher's command as configured (no daemon to ask); None for other kinds."""
+    spec = server.launcher
+    return list(spec.command) if spec is not None and spec.kind == "process" else None
 
 
 def engine_client(
@@ -121,8 +127,8 @@ def engine_client(
 ) -> EngineClient:
     """The server's client, reading metrics from the configured source; `clock` times rates
     between readings (an engine that exports counters only), `launch_args` as `launch_args_of`."""
-    if launch_args is None and server.launcher is not None and server.launcher.kind == "process":
-        launch_args = list(server.launcher.command)
+    if launch_args is None:
+        launch_args = configured_command(server)
     client = engine(server).connect(
         server.url,
         api_key=server.api_key,

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 STAMP_NAME = ".kvpilot-vllm-installed"
 
@@ -24,3 +26,14 @@ def vllm_python() -> Path:
 def vllm_env_available() -> bool:
     """True once setup.sh has completed (the venv's python and its stamp file exist)."""
     return vllm_python().exists() and (vllm_venv() / STAMP_NAME).is_file()
+
+
+# The marks of every real-vLLM test module: its tier, and a skip naming the fix where the
+# environment is not installed.
+MARKS = [
+    pytest.mark.real_vllm,
+    pytest.mark.skipif(
+        not vllm_env_available(),
+        reason="real vLLM environment not installed (run tests/real_vllm/setup.sh)",
+    ),
+]

@@ -34,15 +34,9 @@ from playbooks.engines.vllm.geometry import geometry_of
 from playbooks.engines.vllm.metrics import capacity_tokens
 from playbooks.engines.vllm.rules import capacity_model
 
-from .harness import vllm_env_available, vllm_python
+from .harness import MARKS, vllm_python
 
-pytestmark = [
-    pytest.mark.real_vllm,
-    pytest.mark.skipif(
-        not vllm_env_available(),
-        reason="real vLLM environment not installed (run tests/real_vllm/setup.sh)",
-    ),
-]
+pytestmark = MARKS
 
 JUDGE = Path(__file__).resolve().parent / "judge.py"
 TOLERANCE = 0.02

@@ -47,16 +47,9 @@ from tests.playbooks.engines.vllm.test_rules import (
 )
 
 from . import launch
-from .harness import vllm_env_available, vllm_python
+from .harness import MARKS, vllm_python
 
-pytestmark = [
-    pytest.mark.real_vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not vllm_env_available(),
-        reason="real vLLM environment not installed (run tests/real_vllm/setup.sh)",
-    ),
-]
+pytestmark = [*MARKS, pytest.mark.slow]
 
 HERE = Path(__file__).resolve().parent
 SEED = 20_320

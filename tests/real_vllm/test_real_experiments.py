@@ -26,16 +26,9 @@ import pytest
 from bot.cli import main
 from tests.twin_process import REPO, free_port
 
-from .harness import vllm_env_available
+from .harness import MARKS
 
-pytestmark = [
-    pytest.mark.real_vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not vllm_env_available(),
-        reason="real vLLM environment not installed (run tests/real_vllm/setup.sh)",
-    ),
-]
+pytestmark = [*MARKS, pytest.mark.slow]
 
 CLIENTS = 16
 PROMPT, OUTPUT = 384, 512
