@@ -66,15 +66,30 @@ class Request:
         return self.input_ids + tuple(synthetic_output(self.rid, self.out_len))
 
 
-def synthetic_output(rid: str, n: int, vocab: int = 1024, offset: int = 1000) -> list[int]:
+# The synthetic output's vocabulary; its tokens repeat with this period (7919 is odd).
+SYNTHETIC_PERIOD = 1024
+
+
+def synthetic_output(
+    rid: str, n: int, vocab: int = SYNTHETIC_PERIOD, offset: int = 1000
+) -> list[int]:
     """Deterministic output token ids for a request (the twin does not sample from a model)."""
     base = _stable_hash(rid)
     return [offset + (base + i * 7919) % vocab for i in range(n)]
 
 
-def synthetic_token(rid: str, i: int, vocab: int = 1024, offset: int = 1000) -> int:
+def synthetic_token(rid: str, i: int, vocab: int = SYNTHETIC_PERIOD, offset: int = 1000) -> int:
     """`synthetic_output(rid, i + 1)[i]` without building the list."""
     return offset + (_stable_hash(rid) + i * 7919) % vocab
+
+
+def synthetic_slice(
+    rid: str, start: int, stop: int, vocab: int = SYNTHETIC_PERIOD, offset: int = 1000
+) -> tuple[int, ...]:
+    """`synthetic_output(rid, stop)[start:stop]`, hashing the id once (a block's worth of output
+    tokens is hashed for the prefix cache every time a block fills)."""
+    base = _stable_hash(rid)
+    return tuple(offset + (base + i * 7919) % vocab for i in range(start, stop))
 
 
 def natural_answer_length(input_ids: Tokens, seed: int, mean_tokens: int) -> int:

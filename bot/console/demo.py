@@ -3,7 +3,7 @@
 It writes `demo/kvpilot.toml` for the SGLang twin running the incident (Kimi-K2.5 on 8 GPUs,
 150 clients, mem-fraction-static 0.85) at 200x speed, or with `--engine vllm` (`make demo
 ENGINE=vllm`) for the vLLM twin running its like (Llama-3.1-8B on an H100 at
-gpu-memory-utilization 0.35, 96 clients) at 20x, starts the twin through the process
+gpu-memory-utilization 0.35, 96 clients) at 100x, starts the twin through the process
 launcher, and runs the terminal front end: the diagnosis, the proposals with their verdicts,
 an approval, the experiment with its progress and verdict, and the daily report with its chart.
 In a terminal it asks before acting. Without one (or with --yes) it gives the console the
@@ -63,20 +63,19 @@ SCENARIOS = {
             "holds ~116K tokens, so ~50 requests run and ~100 wait."
         ),
     ),
-    # 20x: on two cores the vLLM twin's engine falls behind its clock above that with this load.
     "vllm": Scenario(
         engine="vllm",
-        scale=20,
+        scale=100,
         twin=("sim.vllm", "serve", "--preset", "llama-3.1-8b-h100", "--concurrency", "96"),
         settings={"gpu_memory_utilization": 0.35, "max_model_len": 32768, "max_num_seqs": 64},
         server="gpu_memory_gib = 79.65   # the H100's total memory, the base of utilization\n",
-        title="the vLLM twin runs an incident like it at 20x speed",
+        title="the vLLM twin runs an incident like it at 100x speed",
         story=(
             "Llama-3.1-8B on an H100 with gpu_memory_utilization 0.35 (left low from when it\n"
             "shared the GPU) and 96 clients: the KV cache holds ~40 requests, the rest wait\n"
             "and vLLM preempts."
         ),
-        # half the default windows: at 20x the defaults would take minutes of the demo
+        # half the default windows, as in the SGLang scenario's few minutes
         gate="scrape_s = 10\nbatch_s = 30\nbaseline_s = 300\nmax_trial_s = 900\n",
         model_dir=True,
     ),

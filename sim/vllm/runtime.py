@@ -38,6 +38,9 @@ def scheduler_config(cfg: VllmConfig, plan: KvPlan) -> SchedulerConfig:
 
 
 class VllmRuntime(PacedRuntime):
+    # the scheduler runs quiet stretches of steps in one call, up to the clock (`_step`)
+    tick_s = 0.004
+
     def __init__(
         self, cfg: VllmConfig, plan: KvPlan, log: VllmLog, clock: SimClock | None = None
     ) -> None:
@@ -118,6 +121,14 @@ class VllmRuntime(PacedRuntime):
         req.on_finish = done
         sched.submit(req)
 
+    def _step(self, engine: Any, target: float) -> float:
+        """Quiet stretches end at the clock's target and at the next periodic line, so that a
+        scrape never sees tokens from the future and each line closes its own interval."""
+        horizon = target
+        if not self.cfg.disable_log_stats:
+            horizon = min(horizon, self._last_log_at + self.cfg.log_stats_interval)
+        return float(engine.step(horizon))
+
     # ----------------------------------------------------------------- the periodic line
     def _prefix_rate(self, sched: Scheduler) -> tuple[int, int]:
         """Queried and hit tokens of the last PREFIX_RATE_WINDOW lookups (stats.py:47)."""
@@ -130,7 +141,7 @@ class VllmRuntime(PacedRuntime):
 
     def _on_step(self, sched: Scheduler, stats: StepStats) -> None:
         if not self.cfg.disable_log_stats:
-            self.metrics.step(stats.iteration_tokens)
+            self.metrics.step(stats.iteration_tokens, stats.steps)
         self._prompt_since += stats.prompt_computed
         self._gen_since += stats.generated
         self._preempt_since += stats.preempted

@@ -103,7 +103,7 @@ def run(scenario: Scenario, sim_seconds: float, seed: int = 0) -> Outcome:
     for user in range(scenario.concurrency):
         next_request(user)
     while sched.now < sim_seconds:
-        if sched.step() == 0.0:
+        if sched.step(sim_seconds) == 0.0:
             break
     c = sched.counters
     return Outcome(

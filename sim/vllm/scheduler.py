@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sim.presets import Preset
-from sim.request import Request, synthetic_output, synthetic_token
+from sim.request import SYNTHETIC_PERIOD, Request, synthetic_output, synthetic_slice
 
 # Decode steps without CUDA graphs pay the kernel launches again [twin's estimate].
 EAGER_DECODE_FACTOR = 1.3
@@ -61,8 +61,9 @@ class StepStats:
     # vllm:iteration_tokens_total's observation: prompt tokens of requests whose first token came
     # in this step (once per request, recomputation not counted) plus generated tokens
     # (tests/real_vllm/fixtures/metrics_after_load.txt: sum 7168 = 3072 + 4096 after 8
-    # preemptions)
+    # preemptions); per step when `steps` identical decode steps ran at once
     iteration_tokens: int = 0
+    steps: int = 1
 
 
 @dataclass
@@ -86,6 +87,7 @@ class _Seq:
     hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks
     cached: int = 0  # leading blocks already offered to the prefix cache
     counted_prompt: bool = False
+    output_cycle: tuple[int, ...] = ()  # two periods of the synthetic output (`tokens_of`)
 
 
 class BlockPool:
@@ -160,11 +162,21 @@ class BlockPool:
         return True
 
 
-def token_at(req: Request, i: int) -> int:
+def tokens_of(req: Request, seq: _Seq, start: int, stop: int) -> tuple[int, ...]:
+    """Tokens `start:stop` of the request's sequence: prompt, then its synthetic output. The
+    output repeats every SYNTHETIC_PERIOD tokens, so one period (twice over, for slices that
+    wrap) is built once per request and blocks are sliced from it."""
     n_in = len(req.input_ids)
-    if i < n_in:
-        return req.input_ids[i]
-    return synthetic_token(req.rid, i - n_in)
+    if stop <= n_in:
+        return req.input_ids[start:stop]
+    head = req.input_ids[start:n_in] if start < n_in else ()
+    a, b = max(0, start - n_in), stop - n_in
+    if b - a > SYNTHETIC_PERIOD:
+        return head + synthetic_slice(req.rid, a, b)
+    if not seq.output_cycle:
+        seq.output_cycle = synthetic_slice(req.rid, 0, 2 * SYNTHETIC_PERIOD)
+    first = a % SYNTHETIC_PERIOD
+    return head + seq.output_cycle[first : first + b - a]
 
 
 class Scheduler:
@@ -180,6 +192,8 @@ class Scheduler:
         self.counters = Counters()
         self.on_step = on_step
         self.steps = 0
+        self._quiet = False  # the last step decoded every running request and changed nothing else
+        self._finished_count = 0
 
     # ----------------------------------------------------------------- public API
     def submit(self, req: Request) -> None:
@@ -212,9 +226,19 @@ class Scheduler:
         return self.pool.reset()
 
     # ----------------------------------------------------------------- one step
-    def step(self) -> float:
-        """Schedule and run one step; return its duration (0.0 when there is nothing to do)."""
+    def step(self, horizon: float = math.inf) -> float:
+        """Schedule and run one step, then as many identical decode steps after it as end by
+        `horizon` (see `_quiet_steps`); return the simulated time spent (0.0: nothing to do)."""
+        duration = self._step()
+        if self._quiet and self.now < horizon:
+            k = self._quiet_steps(horizon)
+            if k:
+                duration += self._fast_forward(k)
+        return duration
+
+    def _step(self) -> float:
         budget = self.cfg.max_num_batched_tokens
+        self._quiet = False
         scheduled: list[tuple[Request, int]] = []
         preempted = 0
         i = 0
@@ -238,11 +262,104 @@ class Scheduler:
             scheduled.append((req, n))
             budget -= n
             i += 1
+        decoding = len(scheduled)
         if not preempted:
             budget = self._admit(budget, scheduled)
         if not scheduled:
             return 0.0
-        return self._run(scheduled, preempted)
+        # Quiet: every running request decoded, nobody was preempted, admitted or finished.
+        quiet = (
+            not preempted
+            and decoding == len(scheduled) == len(self.running)
+            and all(n == 1 and r.out_len > 0 for r, n in scheduled)
+        )
+        finished_before = self._finished_count
+        duration = self._run(scheduled, preempted)
+        self._quiet = quiet and self._finished_count == finished_before
+        return duration
+
+    # ----------------------------------------------------------------- quiet stretches
+    # Between two events (a finish, a preemption, an admission) a v1 scheduler step of decoding
+    # requests changes nothing but lengths: the same requests each get one token, the head of
+    # the waiting queue still does not fit (free blocks only shrink; the blocks it would revive
+    # from the prefix cache count the same whether evicted or not), and the budget left is the
+    # same. Such steps are run in one go, exactly: the blocks they take, the tokens, and their
+    # durations, whose KV term grows by one token per request per step.
+    MAX_STRETCH = 4096
+
+    def _quiet_steps(self, horizon: float) -> int:
+        """How many more quiet steps can run: nobody finishes, no block is missing, every one
+        ends by `horizon`; 0 when streaming or aborting requests need each step."""
+        running = self.running
+        if any(r.stream or r.aborted for r in running):
+            return 0
+        k_max = min(self.MAX_STRETCH, min(r.target - r.out_len for r in running) - 1)
+        if k_max <= 0:
+            return 0
+        bs = self.cfg.block_size
+        free = self.pool.num_free
+        held = [(r.prefilled, len(self.seqs[r.rid].blocks)) for r in running]
+
+        def blocks_needed(k: int) -> int:
+            return sum(max(0, -(-(p + k) // bs) - b) for p, b in held)
+
+        base, per_kv = self._step_cost(len(running), len(running))
+        n = len(running)
+        kv0 = sum(r.seq_len for r in running)
+
+        def span(k: int) -> float:
+            return k * base + per_kv * (k * kv0 + n * k * (k - 1) / 2)
+
+        def fits(k: int) -> bool:
+            return blocks_needed(k) <= free and self.now + span(k) <= horizon
+
+        lo, hi = 0, k_max  # fits(lo) holds; find the largest k that fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _fast_forward(self, k: int) -> float:
+        running = self.running
+        n = len(running)
+        base, per_kv = self._step_cost(n, n)
+        kv0 = sum(r.seq_len for r in running)
+        duration = k * base + per_kv * (k * kv0 + n * k * (k - 1) / 2)
+        caching = self.pool.caching
+        bs = self.cfg.block_size
+        for req in running:
+            if not self._grow(req, req.prefilled + k):  # pragma: no cover - sized above
+                raise RuntimeError("a quiet stretch ran out of blocks")
+            req.prefilled += k
+            req.out_len += k
+            seq = self.seqs[req.rid]
+            if caching and req.prefilled // bs > seq.cached:
+                self._cache_full_blocks(req, seq)
+        self.now += duration
+        self.steps += k
+        self.counters.generation_tokens += n * k
+        if self.on_step is not None:
+            self.on_step(self, StepStats(duration, n * k, 0, n * k, 0, n, steps=k))
+        return duration
+
+    def _step_cost(self, decodes: int, tokens: int) -> tuple[float, float]:
+        """A step's cost before prefill: (fixed seconds for `decodes` decoding requests and the
+        experts `tokens` tokens route to, seconds per KV token the decodes read)."""
+        st = self.cfg.preset.step
+        model = self.cfg.preset.model
+        base = st.decode_base_s * (EAGER_DECODE_FACTOR if self.cfg.enforce_eager else 1.0)
+        base += st.per_seq_s * decodes
+        if model.is_moe:
+            touched = 1 - (1 - model.experts_per_token / model.num_experts) ** tokens
+            base += (
+                self.cfg.preset.expert_bytes_per_gpu(self.cfg.tp_size)
+                * touched
+                / st.mem_bw_bytes_per_s
+            )
+        return base, self.cfg.kv_bytes_per_token / st.mem_bw_bytes_per_s
 
     def _admit(self, budget: int, scheduled: list[tuple[Request, int]]) -> int:
         bs = self.cfg.block_size
@@ -286,32 +403,24 @@ class Scheduler:
 
     def _run(self, scheduled: list[tuple[Request, int]], preempted: int) -> float:
         st = self.cfg.preset.step
-        model = self.cfg.preset.model
         decodes = [(r, n) for r, n in scheduled if r.seq_len - r.prefilled == 1 and r.out_len > 0]
-        prefill_tokens = sum(n for r, n in scheduled) - len(decodes)
-        duration = 0.0
         tokens = sum(n for _, n in scheduled)
-        base = st.decode_base_s * (EAGER_DECODE_FACTOR if self.cfg.enforce_eager else 1.0)
-        kv = sum(r.seq_len for r, _ in decodes)
-        duration = base + st.per_seq_s * len(decodes)
-        duration += kv * self.cfg.kv_bytes_per_token / st.mem_bw_bytes_per_s
-        if model.is_moe:
-            touched = 1 - (1 - model.experts_per_token / model.num_experts) ** tokens
-            duration += (
-                self.cfg.preset.expert_bytes_per_gpu(self.cfg.tp_size)
-                * touched
-                / st.mem_bw_bytes_per_s
-            )
+        prefill_tokens = tokens - len(decodes)
+        base, per_kv = self._step_cost(len(decodes), tokens)
+        duration = base + per_kv * sum(r.seq_len for r, _ in decodes)
         if prefill_tokens:
             duration += st.prefill_base_s + prefill_tokens / st.prefill_tokens_per_s
         self.now += duration
         self.steps += 1
         generated = 0
         first_prompts = 0
+        caching = self.pool.caching
+        bs = self.cfg.block_size
         for req, n in scheduled:
             seq = self.seqs[req.rid]
             req.prefilled += n
-            self._cache_full_blocks(req, seq)
+            if caching and req.prefilled // bs > seq.cached:
+                self._cache_full_blocks(req, seq)
             if req.prefilled < req.seq_len:
                 continue  # a prefill chunk; no token sampled
             if not seq.counted_prompt:
@@ -352,11 +461,7 @@ class Scheduler:
         while len(seq.hashes) <= k:
             j = len(seq.hashes)
             parent = seq.hashes[-1] if seq.hashes else 0
-            if (j + 1) * bs <= len(req.input_ids):
-                chunk = req.input_ids[j * bs : (j + 1) * bs]
-            else:
-                chunk = tuple(token_at(req, t) for t in range(j * bs, (j + 1) * bs))
-            seq.hashes.append(hash((parent, chunk)))
+            seq.hashes.append(hash((parent, tokens_of(req, seq, j * bs, (j + 1) * bs))))
         return seq.hashes[k]
 
     def _cache_full_blocks(self, req: Request, seq: _Seq) -> None:
@@ -394,6 +499,7 @@ class Scheduler:
             self._finish(r, reason)
 
     def _finish(self, req: Request, reason: str) -> None:
+        self._finished_count += 1
         req.finished_at = self.now
         req.finish_reason = reason
         req.output_ids = synthetic_output(req.rid, req.out_len)

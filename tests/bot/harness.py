@@ -55,17 +55,17 @@ def twin_config(
 
 def vllm_twin_config(tmp_path: Path, port: int, *, slack: str = "") -> Path:
     """The vLLM twin's incident (`make demo ENGINE=vllm`'s) behind the process launcher, served
-    from a model directory as a real vLLM is, at 20x (faster, its engine falls behind)."""
+    from a model directory as a real vLLM is, at 100x."""
     model = write_model_dir(LLAMA_3_1_8B, tmp_path / "models" / "llama")
     command = [
         sys.executable, "-m", "sim.vllm", "serve", str(model), "--preset", "llama-3.1-8b-h100",
-        "--port", str(port), "--time-scale", "20", "--workload", "incident",
+        "--port", str(port), "--time-scale", "100", "--workload", "incident",
         "--concurrency", "96", "--gpu-memory-utilization", "0.35", "--max-model-len", "32768",
         "--max-num-seqs", "64",
     ]  # fmt: skip
     path = tmp_path / "kvpilot.toml"
     path.write_text(
-        "[kvpilot]\ntime_scale = 20\n\n[gate]\nscrape_s = 10\nbatch_s = 60\n"
+        "[kvpilot]\ntime_scale = 100\n\n[gate]\nscrape_s = 10\nbatch_s = 60\n"
         f"max_trial_s = 900\n\n{slack}\n"
         f'[servers.incident]\nurl = "http://127.0.0.1:{port}"\nengine = "vllm"\n'
         "gpu_memory_gib = 79.65\n"

@@ -109,18 +109,18 @@ def test_diagnose_a_group(tmp_path: Path) -> None:
     assert "gone             not measured: cannot reach SGLang" in text
 
 
-# Serial, as above. 20x: the vLLM twin keeps up with its clock at that speed on two cores.
+# Serial, as above.
 @pytest.mark.serial
 def test_diagnose_a_group_of_sglang_and_vllm(tmp_path: Path) -> None:
     """One group, one server of each engine: each is read in its own engine's terms, and the
     group's summary puts them side by side."""
     model = write_model_dir(LLAMA_3_1_8B, tmp_path / "llama")
     sglang = spawn(
-        ["--time-scale", "20", "--enable-metrics", "--mem-fraction-static", "0.85",
+        ["--time-scale", "100", "--enable-metrics", "--mem-fraction-static", "0.85",
          "--workload", "incident", "--concurrency", "150"]
     )  # fmt: skip
     vllm = spawn(
-        ["--engine", "vllm", "--time-scale", "20", "serve", str(model),
+        ["--engine", "vllm", "--time-scale", "100", "serve", str(model),
          "--preset", "llama-3.1-8b-h100", "--gpu-memory-utilization", "0.35",
          "--max-model-len", "32768", "--max-num-seqs", "64",
          "--workload", "incident", "--concurrency", "96"]
@@ -130,7 +130,7 @@ def test_diagnose_a_group_of_sglang_and_vllm(tmp_path: Path) -> None:
         wait_healthy(vllm)
         config = tmp_path / "kvpilot.toml"
         config.write_text(
-            "[kvpilot]\ntime_scale = 20\n\n[groups.both]\n\n"
+            "[kvpilot]\ntime_scale = 100\n\n[groups.both]\n\n"
             f'[servers.kimi]\nurl = "{sglang.url}"\ngroup = "both"\ngpu_memory_gib = 95.59\n'
             "host_ram_gib = 256\n\n"
             f'[servers.llama]\nurl = "{vllm.url}"\ngroup = "both"\nengine = "vllm"\n'

@@ -7,8 +7,7 @@ holds ~40 of them, the rest wait, and vLLM preempts. At 0.95 the sequence cap bi
 requests still wait and the gate can judge throughput (it judges only a saturated server).
 
 The twin serves from a model directory holding the model's config.json, as a real server does,
-so kvpilot reads the KV geometry there. It runs at 20x: at higher speeds on two cores the twin's
-engine falls behind its clock and rates come out skewed.
+so kvpilot reads the KV geometry there. It runs at 100x, as the demo does.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from bot.cli import main
 from sim.models import LLAMA_3_1_8B, write_model_dir
 from tests.twin_process import free_port
 
-SCALE = 20
+SCALE = 100
 GPU_TOTAL_GIB = 79.65  # the preset's H100: 81,559 MiB, the base of vLLM's utilization
 TOLERANCE = 0.02
 

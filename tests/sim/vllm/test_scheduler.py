@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+from typing import Any
+
+import pytest
+
 from sim.request import Request
 from sim.vllm.presets import LLAMA_8B_H100
 from sim.vllm.scheduler import Scheduler, SchedulerConfig
+from sim.workload import make_profile
 
 
 def sched(blocks: int, *, seqs: int = 256, budget: int = 8192, caching: bool = True) -> Scheduler:
@@ -140,3 +147,67 @@ def test_abort_frees_blocks() -> None:
     s.step()
     assert a.finish_reason == "abort" and s.kv_usage == 0.0 and s.idle
     assert s.counters.finished == {"abort": 2}
+
+
+def closed_loop(profile: str, *, stretches: bool, blocks: int, users: int) -> tuple[Any, ...]:
+    """`users` clients of a workload profile against a small cache, for 120 simulated seconds,
+    stepping one step at a time (horizon -inf) or with quiet stretches up to the end; everything
+    observable."""
+    s = sched(blocks, seqs=32, budget=2048)
+    workload = make_profile(profile, seed=3)
+    finished: list[tuple[str, int, int, float]] = []
+    observed: list[tuple[int, int, int]] = []  # (steps, iteration tokens, generated) per call
+    s.on_step = lambda _, st: observed.append((st.steps, st.iteration_tokens, st.generated))
+
+    def next_request(user: int) -> None:
+        spec = workload.next_request(user)
+        out = min(spec.max_new_tokens, 8192 - len(spec.input_ids))
+        r = Request(f"u{user}-{len(finished)}", spec.input_ids, out, s.now)
+
+        def done(r: Request, spec: object = spec, user: int = user) -> None:
+            assert r.finished_at is not None
+            finished.append((r.rid, r.out_len, r.retractions, r.finished_at))
+            workload.completed(user, spec, r.output_ids)  # type: ignore[arg-type]
+            next_request(user)
+
+        r.on_finish = done
+        s.submit(r)
+
+    for user in range(users):
+        next_request(user)
+    horizon = 120.0 if stretches else -math.inf
+    while s.now < 120.0 and s.step(horizon):
+        pass
+    per_step = Counter[tuple[int, int]]()
+    for steps, tokens, generated in observed:
+        per_step[(tokens, generated // steps)] += steps
+    c = s.counters
+    return (
+        [(rid, out, retr) for rid, out, retr, _ in finished],
+        [round(at, 6) for *_, at in finished],
+        (c.preemptions, c.prompt_tokens, c.prompt_computed, c.generation_tokens),
+        (c.prefix_queries, c.prefix_hits, s.steps, len(s.waiting), len(s.running)),
+        round(s.kv_usage, 9),
+        per_step,
+    )
+
+
+@pytest.mark.parametrize(("profile", "blocks"), [("incident", 3000), ("multi-turn", 1500)])
+def test_quiet_stretches_change_nothing_observable(profile: str, blocks: int) -> None:
+    """Running the decode steps between events in one go gives the same finishes, preemptions,
+    prefix hits, counters, step count and per-step observations as stepping one at a time."""
+    one_by_one = closed_loop(profile, stretches=False, blocks=blocks, users=48)
+    stretched = closed_loop(profile, stretches=True, blocks=blocks, users=48)
+    assert stretched == one_by_one
+    finishes, _, counters, *_ = one_by_one
+    assert len(finishes) > 20 and counters[0] > 0  # requests finished and were preempted
+
+
+def test_a_stretch_stops_at_the_horizon() -> None:
+    s = sched(1000)
+    s.submit(req("a", 64, 5000))
+    s.step()  # the prefill and the first token
+    start, steps = s.now, s.steps
+    s.step(horizon=start + 1.0)
+    assert s.now <= start + 1.0 + 0.05 and s.steps - steps > 10  # many steps, none past it
+    assert s.step(horizon=s.now) > 0  # at the horizon: one ordinary step
