@@ -5,9 +5,8 @@
 #   make test-twin         the parallel tier: every test on the twin and fakes, with the coverage floor
 #   make test-serial       tests that start several kvpilot and server processes, one at a time
 #   make test-real-sglang  the real SGLang server on CPU; the only target that builds its 2.6 GB venv
-#   make test              the four above, in that order (what .ci/run calls)
-#   make test-real-vllm    the real vLLM server on CPU (3.4 GB venv), recorded live and compared;
-#                          not yet in make test: with it make test runs past its 30-minute budget
+#   make test-real-vllm    the real vLLM server on CPU (3.4 GB venv), recorded live and compared
+#   make test              the five above, in that order (what .ci/run calls)
 # Working on one tier, run its target; `PYTEST_ARGS=... make test-twin` narrows the parallel tier.
 PYTHON ?= python3
 VENV ?= .venv
@@ -53,7 +52,7 @@ check: venv lint typecheck test-fast
 test-fast: venv
 	$(BIN)/pytest -q -n 2 -p no:cacheprovider $(CHECK_TESTS)
 
-test: check test-twin test-serial test-real-sglang
+test: check test-twin test-serial test-real-sglang test-real-vllm
 
 lint: venv
 	$(BIN)/ruff check .
@@ -71,7 +70,7 @@ PYTEST_ARGS ?= -n 4 --dist loadfile --durations=15
 test-twin: venv
 	$(BIN)/pytest -q $(PYTEST_ARGS) -m "not real_sglang and not real_vllm and not serial" --cov --cov-report=term:skip-covered
 
-# The serial and real-SGLang tiers compare timing-dependent behaviour (with the twin, with a real
+# The serial and real-engine tiers compare timing-dependent behaviour (with the twin, with a real
 # Prometheus), so they run after the parallel tier, one test at a time, not next to anything else.
 test-serial: venv
 	$(BIN)/pytest -q -m "serial and not real_sglang and not real_vllm"

@@ -386,4 +386,7 @@ def test_admission_under_kv_cap(capped: Pair) -> None:
     # runs more than the cap-bound twin, and its CPU overhead costs it at most 40% of the twin's.
     assert 0.6 * t_run <= r_run <= 1.05 * t_run
     assert t_queue == pytest.approx(r_queue, rel=0.30)
-    assert t_usage == pytest.approx(r_usage, abs=0.15)
+    # The pool's usage follows the requests running, with the same bound: a fixed tolerance
+    # (0.15) was tighter than the one on running, and failed a run where the real server ran
+    # fewer (usage 0.79 against the twin's 0.95) while its running average passed.
+    assert 0.6 * t_usage <= r_usage <= t_usage + 0.05
