@@ -131,7 +131,7 @@ def pin_engine_core() -> None:
     run_engine_core.__module__ = original.__module__
     run_engine_core.__qualname__ = original.__qualname__
     run_engine_core._kvpilot_pinned = True  # type: ignore[attr-defined]
-    core.EngineCoreProc.run_engine_core = staticmethod(run_engine_core)  # type: ignore[method-assign]
+    core.EngineCoreProc.run_engine_core = staticmethod(run_engine_core)
 
 
 def main() -> int:
