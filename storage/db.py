@@ -30,12 +30,18 @@ def open_db(path: str | Path, *, any_thread: bool = False) -> Database:
     runs an experiment's steps on whichever of its threads is free, never two at once).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    fix = "set [kvpilot] database in kvpilot.toml to a file in a directory kvpilot can write"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(
+            f"cannot create the database's directory {path.parent}: {exc.strerror or exc}; {fix}"
+        ) from exc
     _refuse_foreign_file(path)
     try:
         db = Database(sqlite3.connect(str(path), check_same_thread=not any_thread))
-    except sqlite3.DatabaseError as exc:
-        raise StorageError(f"cannot open {path} as a SQLite database: {exc}") from exc
+    except sqlite3.DatabaseError as exc:  # OperationalError included: a directory not writable
+        raise StorageError(f"cannot open {path} as a SQLite database: {exc}; {fix}") from exc
     try:
         db.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         db.conn.execute("PRAGMA foreign_keys = ON")

@@ -79,8 +79,10 @@ def _add_diagnose(sub: Commands) -> None:
     target = d.add_mutually_exclusive_group(required=True)
     target.add_argument(
         "--server",
-        metavar="URL",
-        help="SGLang base URL, e.g. http://127.0.0.1:30000",
+        metavar="NAME|URL",
+        help="a server name from the configuration (its API key, engine, host facts and "
+        "metrics source with it), or a base URL such as http://127.0.0.1:30000 for a server "
+        "that is not configured (then the flags below give its facts)",
     )
     target.add_argument(
         "--group",
@@ -90,7 +92,8 @@ def _add_diagnose(sub: Commands) -> None:
     d.add_argument(
         "--config",
         default=None,
-        help="with --group: kvpilot.toml (default: $KVPILOT_CONFIG or ./kvpilot.toml)",
+        help="with a server name or --group: kvpilot.toml (default: $KVPILOT_CONFIG or "
+        "./kvpilot.toml)",
     )
     d.add_argument(
         "--engine",
@@ -282,8 +285,13 @@ def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if ns.group is not None:
         return cmd_diagnose_group(ns, out, err)
+    if "://" not in ns.server:
+        return cmd_diagnose_named(ns, out, err)
     if ns.config is not None:
-        err.write("error: --config is read with --group; with --server URL give flags only\n")
+        err.write(
+            "error: --config is read with a server name or --group; with a URL give the "
+            "server's facts as flags (--api-key, --gpu-memory-gib, ...)\n"
+        )
         return 2
     engine = engine_named(ns.engine or DEFAULT_ENGINE)  # for --consider; detected below
     try:
@@ -336,16 +344,16 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     finally:
         client.close()
     progress.finish()
-    data = finding.to_json()
-    if ns.json:
-        out.write(json.dumps(data) + "\n")
-    else:
-        out.write(render("diagnose.txt.j2", f=data))
-    return 0
+    return _print_finding(finding.to_json(), ns, out)
 
 
-def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """`diagnose --group NAME`: every server of the group at once, then the group side by side."""
+def configured_members(
+    ns: argparse.Namespace, err: TextIO, what: str
+) -> tuple[str, list[Any], Any] | int:
+    """`diagnose` of configured servers (`--server NAME` or `--group NAME`): each server's
+    client and settings from its [servers.NAME] table (API key, engine, host facts, metrics
+    source, launch command), as the console and Slack read them. Returns (group name or "",
+    members, clock), or the exit code after saying what was wrong."""
     from bot.app.config import ConfigError, load, warn_to  # noqa: PLC0415
     from bot.app.wiring import (  # noqa: PLC0415
         diagnose_settings,
@@ -354,7 +362,7 @@ def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         launch_args_of,
         make_clock,
     )
-    from playbooks.diagnose.fleet import Member, diagnose_group  # noqa: PLC0415
+    from playbooks.diagnose.fleet import Member  # noqa: PLC0415
 
     per_server = [
         flag
@@ -370,8 +378,9 @@ def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     ]
     if per_server:
         err.write(
-            f"error: {', '.join(per_server)} cannot be used with --group: each server's "
-            "settings come from its [servers.NAME] table in the configuration\n"
+            f"error: {', '.join(per_server)} cannot be used with {what}: each server's "
+            "settings come from its [servers.NAME] table in the configuration (give a URL "
+            "instead of a name to diagnose with flags only)\n"
         )
         return 2
     try:
@@ -382,7 +391,11 @@ def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             fixed_window_s=ns.window,
         )
         config = load(ns.config, warn=warn_to(err))
-        group, servers = config.group_servers(ns.group)
+        if ns.group is not None:
+            group, servers = config.group_servers(ns.group)
+            name = group.name
+        else:
+            servers, name = [config.server(ns.server)], ""
         clock = at_scale(ns.time_scale) if ns.time_scale else make_clock(config)
         members = [
             Member(
@@ -399,6 +412,44 @@ def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except (ArgError, ValueError, ConfigError, EngineError) as exc:
         err.write(f"error: {exc}\n")
         return 2
+    return name, members, clock
+
+
+def cmd_diagnose_named(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """`diagnose --server NAME`: one configured server, read as the console reads it."""
+    built = configured_members(ns, err, "a server name")
+    if isinstance(built, int):
+        return built
+    _, [member], clock = built
+    progress = Progress(err)
+    try:
+        finding = diagnose(member.client, clock, member.settings, progress)
+    except (EngineError, MeasurementError) as exc:
+        progress.finish()
+        err.write(f"error: {ns.server}: {exc}\n")
+        return 1
+    finally:
+        member.client.close()
+    progress.finish()
+    return _print_finding(finding.to_json(), ns, out)
+
+
+def _print_finding(data: dict[str, Any], ns: argparse.Namespace, out: TextIO) -> int:
+    if ns.json:
+        out.write(json.dumps(data) + "\n")
+    else:
+        out.write(render("diagnose.txt.j2", f=data))
+    return 0
+
+
+def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """`diagnose --group NAME`: every server of the group at once, then the group side by side."""
+    from playbooks.diagnose.fleet import diagnose_group  # noqa: PLC0415
+
+    built = configured_members(ns, err, "--group")
+    if isinstance(built, int):
+        return built
+    group_name, members, clock = built
     progress = Progress(err)
     latest: dict[str, float] = {}
     lock = threading.Lock()
@@ -409,7 +460,7 @@ def cmd_diagnose_group(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             progress(min(latest.values()), target, f"{len(latest)}/{len(members)} servers")
 
     try:
-        result = diagnose_group(group.name, members, clock, on_progress=report)
+        result = diagnose_group(group_name, members, clock, on_progress=report)
     finally:
         for m in members:
             m.client.close()

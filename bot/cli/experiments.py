@@ -49,7 +49,13 @@ def _printer(err: TextIO) -> Callable[[str], None]:
     return say
 
 
+ACTIONS_USAGE = "kvpilot experiments list|show ID|abort ID|approve ID|reject ID"
+
+
 def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
+    if ns.command == "experiments" and getattr(ns, "action", None) is None:
+        err.write(f"error: name an action: `{ACTIONS_USAGE}`\n")
+        return EXIT_USAGE
     try:
         config = load(ns.config)
         # the scheduler's threads take the steps of a foreground experiment on this connection
@@ -79,7 +85,7 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
             return cmd_abort(ns, config, db, clock, out, err)
         if ns.action in ("approve", "reject"):
             return cmd_decide(ns, config, db, clock, out, err, stdin)
-        err.write("error: use `kvpilot experiments list|show ID|abort ID|approve ID|reject ID`\n")
+        err.write(f"error: use `{ACTIONS_USAGE}`\n")
         return EXIT_USAGE
     except (ConfigError, ArgError) as exc:
         err.write(f"error: {exc}\n")

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from bot.app.config.values import ConfigError, check_keys, flag, parse_duration, slack_ids
+from bot.app.config.values import ConfigError, check_keys, duration, flag, slack_ids
 
 LOCAL_PREFIX = "local:"
 POLICY_KEYS = ("approvers", "operators", "four_eyes", "approval_ttl")
@@ -93,14 +93,11 @@ def _entries(table: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
 
 def policy(table: dict[str, Any], where: str, *, legacy: bool = False) -> AccessPolicy:
     """The policy keys of `table` (`[access]`, or `[slack]` when `legacy`), checked."""
-    ttl = table.get("approval_ttl", "30m")
-    if isinstance(ttl, bool) or not isinstance(ttl, (str, int, float)):
-        raise ConfigError(f'{where}.approval_ttl: expected a duration such as "30m", got {ttl!r}')
     read = AccessPolicy(
         approvers=_entries(table, "approvers", where),
         operators=_entries(table, "operators", where),
         four_eyes=flag(table, "four_eyes", where),
-        approval_ttl_s=parse_duration(str(ttl), f"{where}.approval_ttl"),
+        approval_ttl_s=duration(table, "approval_ttl", where, 1800.0),
     )
     if not read.approvers and (legacy or read.four_eyes or read.names_local):
         raise ConfigError(f"{where}.approvers: {_why_an_approver(read, legacy)}")

@@ -103,6 +103,17 @@ def announce(config: Config, say: Callable[[str], None]) -> None:
             say(note)
 
 
+def default_locations(path: Path) -> tuple[Path, str, str]:
+    """Where relative paths start, and the database and state directory when the file names
+    none: systemd's state directory where the unit has one (`StateDirectory=kvpilot` in
+    deploy/systemd/kvpilot.service sets STATE_DIRECTORY=/var/lib/kvpilot, while the
+    configuration in /etc/kvpilot is read-only to the bot), else beside the configuration."""
+    unit_state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if unit_state:
+        return path.parent, str(Path(unit_state) / "kvpilot.db"), str(Path(unit_state) / "state")
+    return path.parent, "var/kvpilot.db", "var/state"
+
+
 def parse(data: dict[str, Any], path: Path) -> Config:
     check_keys(
         data,
@@ -113,9 +124,9 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     if not isinstance(top, dict):
         raise ConfigError("kvpilot: expected a table")
     check_keys(top, {"database", "state_dir", "time_scale"}, "kvpilot")
-    base = path.parent
-    database = base / (string(top, "database", "kvpilot") or "var/kvpilot.db")
-    state_dir = base / (string(top, "state_dir", "kvpilot") or "var/state")
+    base, database_default, state_default = default_locations(path)
+    database = base / (string(top, "database", "kvpilot") or database_default)
+    state_dir = base / (string(top, "state_dir", "kvpilot") or state_default)
     scale = number(top, "time_scale", "kvpilot", 1.0)
     assert scale is not None
     gate_defaults = gate_settings(data.get("gate"), "gate", GateSettings())

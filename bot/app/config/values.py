@@ -79,7 +79,18 @@ def slack_ids(table: dict[str, Any], key: str, where: str, prefixes: str) -> tup
 
 
 def duration(table: dict[str, Any], key: str, where: str, default: float) -> float:
-    value = table.get(key, default)
+    """A duration key of the file: a string with its unit ("30m", "24h"). A bare number is
+    refused, since the key's name does not say its unit (`approval_ttl = 30` was read as 30
+    seconds where thirty minutes was meant); keys ending in `_s` are the ones in seconds."""
+    if key not in table:
+        return default
+    value = table[key]
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ConfigError(f'{where}.{key}: expected a duration such as "24h", got {value!r}')
-    return parse_duration(str(value), f"{where}.{key}")
+    text = str(value).strip()
+    if not text or text[-1].isdigit() or text[-1] == ".":
+        raise ConfigError(
+            f'{where}.{key}: {value!r} has no unit; write "{text}m" for minutes, "{text}s" for '
+            "seconds (units: s, m, h, d, w)"
+        )
+    return parse_duration(text, f"{where}.{key}")

@@ -43,7 +43,7 @@ def read(tmp_path: Path, **tables: Any) -> Any:
             2,
         ),
         (
-            {"slack": {"approvers": ["U2"], "operators": ["U1"], "approval_ttl": 60}},
+            {"slack": {"approvers": ["U2"], "operators": ["U1"], "approval_ttl": "1m"}},
             AccessPolicy(approvers=("U2",), operators=("U1",), approval_ttl_s=60.0),
             SlackConfig(),
             3,

@@ -239,3 +239,39 @@ def test_metrics_disabled_falls_back_and_says_so() -> None:
     assert data["throughput"]["effective_tokens_per_s"] is None
     assert any("--enable-metrics" in n for n in data["notes"])
     assert data["bottleneck"] == "kv_cache"
+
+
+def test_a_configured_server_is_diagnosed_by_name_with_its_configured_facts(tmp_path: Any) -> None:
+    """`diagnose --server NAME` reads the server as the console does: its API key and host
+    facts come from [servers.NAME], so the verdicts are the console's; a URL still works, with
+    the facts as flags, and flags that a name's table holds are refused beside it."""
+    twin_args = [
+        "--time-scale", SCALE, "--mem-fraction-static", "0.85", "--enable-metrics",
+        "--workload", "incident", "--concurrency", "150", "--api-key", "sekrit",
+    ]  # fmt: skip
+    with running_twin(twin_args) as twin:
+        config = tmp_path / "kvpilot.toml"
+        config.write_text(
+            f"[kvpilot]\ntime_scale = {SCALE}\n\n"
+            f'[servers.kimi]\nurl = "{twin.url}"\napi_key = "sekrit"\n'
+            "gpu_memory_gib = 95.59\nhost_ram_gib = 256\n"
+        )
+        named = ("diagnose", "--server", "kimi", "--config", str(config), "--window", "600")
+        code, out, err = run_cli(*named, "--json")
+        assert code == 0, err
+        by_name = json.loads(out)
+        assert by_name["bottleneck"] == "kv_cache"
+        by_url = diagnose_json(
+            twin.url, "--window", "600", "--api-key", "sekrit", "--gpu-memory-gib", "95.59",
+            "--host-ram-gib", "256",
+        )  # fmt: skip
+        verdicts = {o["title"]: o["verdict"] for o in by_name["options"]}
+        assert verdicts == {o["title"]: o["verdict"] for o in by_url["options"]}
+        assert verdicts["mem_fraction_static=0.89"] == "recommended"
+
+        code, _, err = run_cli(*named, "--api-key", "other")
+        assert code == 2 and "--api-key cannot be used with a server name" in err, err
+        code, _, err = run_cli("diagnose", "--server", "nope", "--config", str(config))
+        assert code == 2 and "unknown server 'nope' (configured: kimi)" in err, err
+        code, _, err = run_cli("diagnose", "--server", twin.url, "--config", str(config))
+        assert code == 2 and "with a URL give the server's facts as flags" in err, err

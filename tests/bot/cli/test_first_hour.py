@@ -1,0 +1,82 @@
+"""What a new operator runs into first: a bad invocation or an unusable database path gets a
+message with the fix, never a traceback, and the shipped systemd unit's state directory holds
+the database when the configuration names none."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from bot.app.config import load
+from bot.cli import main
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        code = main(list(argv), out=out, err=err)
+    except SystemExit as exc:  # argparse's own usage errors
+        code = int(exc.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_experiments_without_an_action_names_the_actions(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = run("experiments")
+    err += capsys.readouterr().err
+    assert code == 2
+    assert "Traceback" not in err
+    assert "list" in err and "show" in err and "abort" in err, err
+
+
+def test_a_database_path_that_cannot_be_created_is_named_with_the_fix(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the database's directory should be\n")
+    config = tmp_path / "kvpilot.toml"
+    config.write_text(
+        f'[kvpilot]\ndatabase = "{blocker}/sub/kvpilot.db"\n\n'
+        '[servers.a]\nurl = "http://127.0.0.1:9"\n'
+    )
+    code, _, err = run("experiments", "list", "--config", str(config))
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert f"{blocker}/sub" in err and "[kvpilot] database" in err, err
+
+
+def test_without_a_database_key_the_units_state_directory_holds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """deploy/systemd/kvpilot.service sets StateDirectory=kvpilot, so systemd gives the bot
+    STATE_DIRECTORY=/var/lib/kvpilot; its configuration in /etc/kvpilot is read-only."""
+    etc, state = tmp_path / "etc", tmp_path / "state"
+    etc.mkdir()
+    (etc / "kvpilot.toml").write_text('[servers.a]\nurl = "http://127.0.0.1:9"\n')
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    config = load(str(etc / "kvpilot.toml"))
+    assert config.database == state / "kvpilot.db"
+    assert config.state_dir == state / "state"
+    monkeypatch.delenv("STATE_DIRECTORY")
+    config = load(str(etc / "kvpilot.toml"))  # elsewhere: beside the configuration, as before
+    assert config.database == etc / "var" / "kvpilot.db"
+
+
+@pytest.mark.parametrize("ttl", ["30", '"30"', "30.5", '"45 "'])
+def test_a_duration_without_a_unit_is_refused_with_the_spellings(tmp_path: Path, ttl: str) -> None:
+    """`approval_ttl = 30` was read as 30 seconds where thirty minutes was meant."""
+    config = tmp_path / "kvpilot.toml"
+    config.write_text(
+        f'[access]\napproval_ttl = {ttl}\n\n[servers.a]\nurl = "http://127.0.0.1:9"\n'
+    )
+    code, _, err = run("experiments", "list", "--config", str(config))
+    assert code == 2, err
+    assert "access.approval_ttl" in err and "has no unit" in err and 'm" for minutes' in err, err
+
+
+def test_a_duration_with_a_unit_is_read(tmp_path: Path) -> None:
+    config = tmp_path / "kvpilot.toml"
+    config.write_text('[access]\napproval_ttl = "45m"\n\n[servers.a]\nurl = "http://127.0.0.1:9"\n')
+    access = load(str(config)).access
+    assert access is not None and access.approval_ttl_s == 45 * 60
