@@ -96,13 +96,21 @@ def tls_context() -> ssl.SSLContext:
 def first_answer_ok(url: str, paths: Sequence[str], timeout_s: float = 5.0) -> bool:
     """One readiness probe over `paths`, newest first: a 404 means the server predates that
     path, so the next is asked; the first path it has decides (200: ready)."""
+    return readiness(url, paths, timeout_s) == "ready"
+
+
+def readiness(url: str, paths: Sequence[str], timeout_s: float = 5.0) -> str:
+    """`first_answer_ok` in three states: "ready"; "starting" (nothing answers yet, or the
+    first path the server has says not yet); "absent": something answers HTTP at `url` but
+    has none of `paths`, so it is not the engine (a wrong command, or another program on
+    the port), and waiting longer cannot help."""
     for path in paths:
         try:
             status = httpx.get(
                 url.rstrip("/") + path, timeout=timeout_s, verify=tls_context()
             ).status_code
         except httpx.HTTPError:
-            return False
+            return "starting"
         if status != 404:
-            return status == 200
-    return False
+            return "ready" if status == 200 else "starting"
+    return "absent"

@@ -221,6 +221,7 @@ def _add_servers(sub: Commands) -> None:
     srv.add_argument("action", choices=["start", "stop", "status"])
     srv.add_argument("--server", required=True)
     srv.add_argument("--config", default=None)
+    srv.add_argument("--json", action="store_true", help="with status: print one JSON object")
 
 
 def _add_front_ends(sub: Commands) -> None:

@@ -77,22 +77,49 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
             codes = resume_unfinished(config, db, clock, err)
             out.write(f"{len(codes)} unfinished experiment(s) handled\n")
             return exit_codes.most_urgent(codes)
-        if ns.action == "list":
-            return cmd_list(ns, db, out)
-        if ns.action == "show":
-            return cmd_show(ns, db, out, err)
-        if ns.action == "abort":
-            return cmd_abort(ns, config, db, clock, out, err)
-        if ns.action in ("approve", "reject"):
-            return cmd_decide(ns, config, db, clock, out, err, stdin)
-        err.write(f"error: use `{ACTIONS_USAGE}`\n")
-        return EXIT_USAGE
+        return experiments_action(ns, config, db, clock, out, err, stdin)
     except (ConfigError, ArgError) as exc:
         err.write(f"error: {exc}\n")
         return EXIT_USAGE
-    except (EngineError, LaunchError) as exc:
+    except LaunchError as exc:
+        err.write(launch_error_text(exc))
+        return EXIT_FAILED
+    except EngineError as exc:
         err.write(f"error: {exc}\n")
         return EXIT_FAILED
+
+
+def experiments_action(
+    ns: argparse.Namespace,
+    config: Config,
+    db: Database,
+    clock: Clock,
+    out: TextIO,
+    err: TextIO,
+    stdin: TextIO,
+) -> int:
+    if ns.action == "list":
+        return cmd_list(ns, db, out)
+    if ns.action == "show":
+        return cmd_show(ns, db, out, err)
+    if ns.action == "abort":
+        return cmd_abort(ns, config, db, clock, out, err)
+    if ns.action in ("approve", "reject"):
+        return cmd_decide(ns, config, db, clock, out, err, stdin)
+    err.write(f"error: use `{ACTIONS_USAGE}`\n")
+    return EXIT_USAGE
+
+
+def launch_error_text(exc: LaunchError, lines: int = 15) -> str:
+    """The reason, then the last lines of the server's log and where the whole log is."""
+    text = f"error: {exc.reason}\n"
+    tail = [line for line in exc.log_tail.splitlines() if line.strip()][-lines:]
+    if tail:
+        where = f" of {exc.log_path}" if exc.log_path else ""
+        text += f"last {len(tail)} lines{where}:\n" + "".join(f"  {line}\n" for line in tail)
+    elif exc.log_path:
+        text += f"the log ({exc.log_path}) is empty\n"
+    return text
 
 
 def resume_unfinished(
@@ -281,20 +308,21 @@ def cmd_server(
     launcher = wiring_launcher(config, server, clock)
     if ns.action == "status":
         state = launcher.state()
-        out.write(
-            json.dumps(
-                {
-                    "server": ns.server,
-                    "running": state.running,
-                    "ready": state.ready,
-                    "pid": state.pid,
-                    "reason": state.reason,
-                    "args": launcher.current_args(),
-                }
-            )
-            + "\n"
-        )
-        return EXIT_OK
+        args = launcher.current_args()
+        if ns.json:
+            data = {
+                "server": ns.server,
+                "running": state.running,
+                "ready": state.ready,
+                "pid": state.pid,
+                "reason": state.reason,
+                "args": args,
+            }
+            out.write(json.dumps(data) + "\n")
+        else:
+            out.write(status_text(ns.server, server.url, state, args))
+        # 0 only when it serves: scripts wait on `kvpilot server status` like on a probe
+        return EXIT_OK if state.running and state.ready else EXIT_FAILED
     if ns.action == "stop":
         launcher.stop()
         out.write(f"{ns.server} stopped\n")
@@ -306,6 +334,19 @@ def cmd_server(
     launcher.wait_ready()
     out.write(f"{ns.server} is ready at {server.url}\n")
     return EXIT_OK
+
+
+def status_text(name: str, url: str, state: Any, args: list[str]) -> str:
+    if state.running and state.ready:
+        head = f"{name}: ready at {url}"
+    elif state.running:
+        head = f"{name}: running but not ready at {url} ({state.reason or 'starting'})"
+    else:
+        why = state.reason or "not started by kvpilot"
+        head = f"{name}: down ({why})"
+    pid = f"pid {state.pid}" if state.pid is not None else "no pid"
+    shown = " ".join(args) if args else "(none recorded)"
+    return f"{head}\n  {pid}; arguments: {shown}\n"
 
 
 # --------------------------------------------------------------------------- four-eyes

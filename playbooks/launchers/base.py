@@ -15,10 +15,11 @@ from typing import Protocol
 class LaunchError(Exception):
     """Starting or stopping failed; `reason` is what an operator needs to read."""
 
-    def __init__(self, reason: str, log_tail: str = "") -> None:
+    def __init__(self, reason: str, log_tail: str = "", log_path: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.log_tail = log_tail
+        self.log_path = log_path  # the server's whole log, where the launcher keeps one
 
 
 @dataclass(frozen=True)

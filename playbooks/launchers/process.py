@@ -23,6 +23,7 @@ from pathlib import Path
 from playbooks.clock import Clock, WallClock
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
+from playbooks.http import readiness
 from playbooks.launchers.base import LaunchError, ServerIdentity, ServerState
 from playbooks.launchers.common import StartThenWait, health_ok, poll_until
 
@@ -44,6 +45,10 @@ class ProcessSpec:
             if tok.startswith("--"):
                 return self.command[:i], self.command[i:]
         return list(self.command), []
+
+
+class NotTheEngine(LaunchError):
+    """Something answers on the server's URL, but not the engine: waiting cannot help."""
 
 
 class ProcessLauncher(StartThenWait[ProcessSpec]):
@@ -160,7 +165,8 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
         self.start(args)
 
     def poll_ready(self) -> bool:
-        """One look at the process of the state file: exited (LaunchError), or ready."""
+        """One look at the process of the state file: exited or not the engine (LaunchError),
+        or ready."""
         pid = self._pid()
         if not self._alive(pid):
             code = self._exit_code()
@@ -169,20 +175,42 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
                 "the server exited before it was ready: "
                 f"{self.spec.engine.classify_exit(code, tail)}",
                 tail,
+                self._log_name(),
             )
-        return self.healthy()
+        state = readiness(self.spec.url, self.spec.engine.readiness_paths)
+        if state == "absent":
+            paths = " and ".join(self.spec.engine.readiness_paths)
+            raise NotTheEngine(
+                f"{self.spec.url} answers HTTP 404 on {paths}: it is not {self.spec.engine.label}. "
+                "Check the launcher's command (it must start the server on that URL's port) "
+                "and that no other program listens there",
+                self.log_tail(),
+                self._log_name(),
+            )
+        return state == "ready"
 
     def give_up(self) -> None:
         """A server that never became ready is stopped, so it holds no GPU memory."""
         self.stop()
 
     def wait_ready(self) -> None:
-        if not poll_until(self.clock, self.spec.ready_timeout_s, self.poll_ready):
+        try:
+            ready = poll_until(self.clock, self.spec.ready_timeout_s, self.poll_ready)
+        except NotTheEngine:
+            self.give_up()
+            raise
+        if not ready:
             tail = self.log_tail()
             self.give_up()
             raise LaunchError(
-                f"the server was not ready after {self.spec.ready_timeout_s:g} s", tail
+                f"the server was not ready after {self.spec.ready_timeout_s:g} s",
+                tail,
+                self._log_name(),
             )
+
+    def _log_name(self) -> str | None:
+        path = self.log_path()
+        return None if path is None else str(path)
 
     def identity(self) -> ServerIdentity | None:
         """The pid with its start time from the state file: a reused pid is another server."""

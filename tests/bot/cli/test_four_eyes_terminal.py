@@ -94,7 +94,7 @@ class Shared:
         )
 
     def server_pid(self, user: str) -> int:
-        status = self.run(user, "server", "status", "--server", "incident")
+        status = self.run(user, "server", "status", "--server", "incident", "--json")
         assert status.returncode == 0, status.stderr
         pid = json.loads(status.stdout)["pid"]
         assert isinstance(pid, int)

@@ -139,7 +139,14 @@ def console_process(
 def server_identity(config: Path) -> dict[str, Any]:
     """What a restart would change: the process (pid and start time) and its arguments."""
     out, err = io.StringIO(), io.StringIO()
-    assert cli(["server", "status", "--server", "incident", "--config", str(config)], out, err) == 0
+    assert (
+        cli(
+            ["server", "status", "--server", "incident", "--config", str(config), "--json"],
+            out,
+            err,
+        )
+        == 0
+    )
     state = json.loads(out.getvalue())
     url = load(str(config)).server("incident").url
     info = httpx.get(url + "/server_info", timeout=5).json()
