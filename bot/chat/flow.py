@@ -113,12 +113,25 @@ class Kvpilot(Approvals):
             self._local.db = db
         return db
 
-    def submit(self, work: Work, surface: Surface) -> Future[None]:
+    def submit(
+        self,
+        work: Work,
+        surface: Surface,
+        on_failure: Callable[[Exception], None] | None = None,
+    ) -> Future[None]:
+        """Run `work` on the pool; a failure is logged and, with `on_failure`, told to the
+        person who asked (the transport knows how to reach them when its channel cannot)."""
+
         def run() -> None:
             try:
                 work(surface)
-            except Exception:  # a failed job must not kill the worker pool
+            except Exception as exc:  # a failed job must not kill the worker pool
                 log.exception("kvpilot work failed")
+                if on_failure is not None:
+                    try:
+                        on_failure(exc)
+                    except Exception:
+                        log.exception("telling the person about a failure failed too")
 
         return self.work.submit(run)
 

@@ -15,7 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from slack_bolt import Ack, App
+from slack_bolt import Ack, App, Respond
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
@@ -72,7 +72,7 @@ def build_app(
     )
 
     @app.command(COMMAND)
-    def on_command(ack: Ack, command: dict[str, Any], client: WebClient) -> None:
+    def on_command(ack: Ack, command: dict[str, Any], client: WebClient, respond: Respond) -> None:
         who = Principal(str(command.get("user_id", "")), str(command.get("channel_id", "")))
         if not who.user or not who.channel:
             ack(text="kvpilot could not tell who or where you are; try again from a channel.")
@@ -83,11 +83,12 @@ def build_app(
         else:
             ack()
         if reply.work is not None:
-            kv.submit(reply.work, SlackSurface(client, who.channel))
+            asked = f"{COMMAND} {command.get('text', '')}".strip()
+            kv.submit(reply.work, SlackSurface(client, who.channel), tell_failure(respond, asked))
 
     @app.action(re.compile(r"^kvpilot\..+"))
     def on_action(
-        ack: Ack, body: dict[str, Any], action: dict[str, Any], client: WebClient
+        ack: Ack, body: dict[str, Any], action: dict[str, Any], client: WebClient, respond: Respond
     ) -> None:
         ack()
         user = str((body.get("user") or {}).get("id", ""))
@@ -103,6 +104,47 @@ def build_app(
         if reply.now is not None:
             surface.whisper(who, reply.now)
         if reply.work is not None:
-            kv.submit(reply.work, surface)
+            kv.submit(reply.work, surface, tell_failure(respond, "that button"))
 
     return app
+
+
+def tell_failure(respond: Respond, asked: str) -> Any:
+    """Say a failed background job's cause and fix to the person who asked, through the
+    request's response URL: it reaches them even where kvpilot cannot post in the channel."""
+
+    def say(exc: Exception) -> None:
+        respond(text=failure_text(exc, asked), response_type="ephemeral", replace_original=False)
+
+    return say
+
+
+# Slack's error codes (api.slack.com/methods/chat.postMessage, "Errors") with what to do.
+FIXES = {
+    "not_in_channel": "kvpilot is not a member of this channel: invite it with "
+    "`/invite @kvpilot`, then try again.",
+    "channel_not_found": "kvpilot cannot see this channel (a private channel it was not "
+    "invited to?): invite it with `/invite @kvpilot`, then try again.",
+    "is_archived": "this channel is archived: run kvpilot in another channel.",
+    "missing_scope": "the Slack app lacks a permission it needs: add the scopes of "
+    "deploy/slack/manifest.yaml to the app and reinstall it.",
+    "not_authed": "kvpilot's Slack token was refused: set SLACK_BOT_TOKEN to the app's bot "
+    "token (xoxb-...) and restart kvpilot.",
+    "invalid_auth": "kvpilot's Slack token was refused: set SLACK_BOT_TOKEN to the app's bot "
+    "token (xoxb-...) and restart kvpilot.",
+    "token_revoked": "kvpilot's Slack token was revoked: reinstall the app, set "
+    "SLACK_BOT_TOKEN to its new bot token and restart kvpilot.",
+    "account_inactive": "kvpilot's Slack token belongs to a deleted app or user: reinstall "
+    "the app and restart kvpilot with its new token.",
+}
+
+
+def failure_text(exc: Exception, asked: str) -> str:
+    if isinstance(exc, SlackApiError):
+        code = str(exc.response.get("error", "")) if exc.response is not None else ""
+        needed = exc.response.get("needed") if exc.response is not None else None
+        fix = FIXES.get(code, "the bot's log has the details.")
+        if code == "missing_scope" and needed:
+            fix = f"the Slack app lacks the `{needed}` scope: " + fix.split(": ", 1)[1]
+        return f"kvpilot could not answer `{asked}`: Slack said `{code or 'error'}`. {fix}"
+    return f"kvpilot could not finish `{asked}`: {exc}. The bot's log has the details."

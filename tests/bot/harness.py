@@ -113,8 +113,15 @@ class SlackDriver:
         return self.http.post(self.url, content=body, headers=headers)
 
     def slash(
-        self, text: str, *, user: str = "U1", channel: str = CHANNEL, **kw: Any
+        self,
+        text: str,
+        *,
+        user: str = "U1",
+        channel: str = CHANNEL,
+        hook: str | None = None,
+        **kw: Any,
     ) -> httpx.Response:
+        """`/kvpilot TEXT`; `hook` names its response_url (`FakeSlack.hooks(hook)`)."""
         body = urlencode(
             {
                 "token": "legacy",
@@ -127,7 +134,7 @@ class SlackDriver:
                 "command": "/kvpilot",
                 "text": text,
                 "api_app_id": "A1",
-                "response_url": self.slack.response_url(f"cmd-{time.monotonic_ns()}"),
+                "response_url": self.slack.response_url(hook or f"cmd-{time.monotonic_ns()}"),
                 "trigger_id": "1.2.3",
             }
         )
