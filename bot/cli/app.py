@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 from dataclasses import replace
@@ -68,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (_add_diagnose, _add_experiment, _add_experiments, _add_servers, _add_front_ends):
         add(sub)
     add_report_parser(sub)
+    doc = sub.add_parser(
+        "doctor", help="check the configuration, database, Slack and servers; change nothing"
+    )
+    doc.add_argument("--config", default=None, help="kvpilot.toml")
+    doc.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
@@ -523,6 +529,10 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = 
         return cmd_diagnose(ns, out, err)
     if ns.command in ("serve", "console"):
         return cmd_bot(ns, out, err)
+    if ns.command == "doctor":
+        from bot.cli.doctor import doctor  # noqa: PLC0415 - Slack and engines load only here
+
+        return doctor(ns.config, out, as_json=ns.json, env=dict(os.environ))
     if ns.command in ("experiment", "experiments", "resume", "server"):
         from bot.cli import experiments as experiments_cli  # noqa: PLC0415 - keeps `diagnose` free of storage
 

@@ -1,0 +1,201 @@
+"""`kvpilot doctor`: every check a first start needs, each with its fix; writes nothing.
+
+One line per check, so the first thing wrong is on the screen with what to do about it:
+the configuration, the database's path, Slack (the token, the scopes of
+deploy/slack/manifest.yaml, the user groups the access policy names), and each server (it
+answers, the API key, its engine and version, its metrics, through Prometheus where
+configured) and its launcher's command. Exit status 1 when any check fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TextIO
+
+from bot.app.config import Config, ConfigError, load
+from bot.app.config.servers import ServerConfig
+
+# The bot scopes of deploy/slack/manifest.yaml (tests/bot/cli/test_doctor.py holds the two
+# lists equal): what kvpilot calls needs each of them.
+REQUIRED_SCOPES = ("commands", "chat:write", "files:write", "usergroups:read")
+
+
+@dataclass(frozen=True)
+class Check:
+    area: str  # "config", "database", "slack", "server NAME"
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def run_checks(config_path: str | None, env: dict[str, str]) -> Iterator[Check]:
+    """Every check in order; a configuration that does not load ends the list."""
+    try:
+        config = load(config_path)
+    except ConfigError as exc:
+        yield Check("config", False, str(exc), "edit the key named above (README, Configuration)")
+        return
+    yield Check("config", True, f"{config.path}: {len(config.servers)} server(s)")
+    yield database_check(config.database)
+    yield from slack_checks(config, env)
+    for server in config.servers.values():
+        yield from server_checks(server)
+
+
+def database_check(path: Path) -> Check:
+    """The database opens read-only, or its directory could be created and written."""
+    fix = "set [kvpilot] database to a file in a directory kvpilot can write"
+    if path.exists():
+        try:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            finally:
+                conn.close()
+        except sqlite3.DatabaseError as exc:
+            return Check("database", False, f"{path} cannot be read: {exc}", fix)
+        if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
+            return Check("database", False, f"{path} is read-only for this user", fix)
+        return Check("database", True, f"{path} opens")
+    existing = path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return Check(
+            "database", False, f"{path} cannot be created: {existing} is not writable", fix
+        )
+    return Check("database", True, f"{path} will be created on first use")
+
+
+def slack_checks(config: Config, env: dict[str, str]) -> Iterator[Check]:
+    token = env.get("SLACK_BOT_TOKEN", "")
+    if not token:
+        if config.slack is not None:
+            yield Check(
+                "slack",
+                False,
+                "the configuration has a [slack] section but SLACK_BOT_TOKEN is not set",
+                "export SLACK_BOT_TOKEN=xoxb-... (the app's Bot User OAuth Token)",
+            )
+        return
+    from slack_sdk import WebClient  # noqa: PLC0415 - only where Slack is used
+    from slack_sdk.errors import SlackApiError  # noqa: PLC0415
+
+    base = env.get("SLACK_API_URL") or "https://slack.com/api/"
+    client = WebClient(token=token, base_url=base, timeout=10)
+    try:
+        who = client.auth_test()
+    except SlackApiError as exc:
+        code = exc.response.get("error", "error")
+        yield Check(
+            "slack",
+            False,
+            f"the token was refused: {code}",
+            "set SLACK_BOT_TOKEN to the app's current Bot User OAuth Token (xoxb-...); "
+            "reinstall the app if it was revoked",
+        )
+        return
+    except OSError as exc:
+        yield Check("slack", False, f"{base} cannot be reached: {exc}", "check SLACK_API_URL")
+        return
+    yield Check("slack", True, f"token of {who.get('user')} in team {who.get('team')}")
+    granted = {s.strip() for s in str(who.headers.get("x-oauth-scopes", "")).split(",")}
+    missing = [s for s in REQUIRED_SCOPES if s not in granted]
+    if missing:
+        yield Check(
+            "slack",
+            False,
+            f"the app lacks the scope(s) {', '.join(missing)}",
+            "add them from deploy/slack/manifest.yaml to the app, reinstall it, and use the new "
+            "token",
+        )
+    else:
+        yield Check("slack", True, f"scopes: {', '.join(REQUIRED_SCOPES)}")
+    access = config.access
+    groups = sorted(
+        {e for e in (*access.approvers, *access.operators) if e.startswith("S")}
+        if access is not None
+        else set()
+    )
+    for group in groups:
+        try:
+            users = client.usergroups_users_list(usergroup=group).get("users") or []
+            yield Check("slack", True, f"user group {group}: {len(users)} member(s)")
+        except SlackApiError as exc:
+            yield Check(
+                "slack",
+                False,
+                f"user group {group} cannot be read: {exc.response.get('error')}",
+                "check the ID (Slack shows it in the group's page) and the usergroups:read scope",
+            )
+
+
+def server_checks(server: ServerConfig) -> Iterator[Check]:
+    from bot.app.wiring import engine_client  # noqa: PLC0415 - engines load only here
+    from playbooks.engines.base import EngineError, MetricsDisabled, Unauthorized  # noqa: PLC0415
+
+    area = f"server {server.name}"
+    client = engine_client(server, timeout_s=5.0, attempts=1)
+    try:
+        try:
+            version = client.settings().version
+            # what the settings could read without a key; the model's info needs it
+            client.model_info()
+        except Unauthorized as exc:
+            yield Check(
+                area, False, str(exc), exc.hint or "set api_key (or api_key_env) in [servers.NAME]"
+            )
+            return
+        except EngineError as exc:
+            yield Check(area, False, str(exc), down_fix(server))
+            return
+        yield Check(area, True, f"{server.url} answers: {client.engine.label} {version}")
+        try:
+            client.metrics()
+            yield Check(area, True, f"metrics: {client.describe_metrics()}")
+        except MetricsDisabled as exc:
+            yield Check(area, False, str(exc), exc.hint)
+        except EngineError as exc:
+            yield Check(area, False, f"metrics: {exc}", exc.hint)
+    finally:
+        client.close()
+    launcher = server.launcher
+    if launcher is not None and launcher.kind == "process":
+        command = launcher.command
+        if shutil.which(command[0]) is None:
+            yield Check(
+                area,
+                False,
+                f"the launcher's command {command[0]!r} is not an executable on PATH",
+                "give the full path of the program in [servers.NAME.launcher] command",
+            )
+
+
+def down_fix(server: ServerConfig) -> str:
+    if server.launcher is not None:
+        return f"start it: kvpilot server start --server {server.name}"
+    return "check the url in [servers.NAME] and that the server runs"
+
+
+def doctor(config_path: str | None, out: TextIO, *, as_json: bool, env: dict[str, str]) -> int:
+    checks = list(run_checks(config_path, env))
+    failed = [c for c in checks if not c.ok]
+    if as_json:
+        out.write(json.dumps({"ok": not failed, "checks": [asdict(c) for c in checks]}) + "\n")
+    else:
+        for c in checks:
+            mark = "ok  " if c.ok else "FAIL"
+            line = f"{mark} {c.area}: {c.detail}"
+            out.write(line + (f"\n     fix: {c.fix}" if c.fix and not c.ok else "") + "\n")
+        out.write(
+            f"{len(checks) - len(failed)} of {len(checks)} checks passed"
+            + ("" if not failed else f"; {len(failed)} failed")
+            + "\n"
+        )
+    return 1 if failed else 0

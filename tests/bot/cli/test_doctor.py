@@ -1,0 +1,114 @@
+"""`kvpilot doctor` against the local Slack-compatible server and the twin: each thing wrong
+is named with its fix and the exit status is 1; all well, 0. It writes nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.cli import main
+from bot.cli.doctor import REQUIRED_SCOPES
+from tests.paths import REPO
+from tests.slackfake import FakeSlack
+from tests.twin_process import TwinProcess, free_port, running_twin
+
+
+@pytest.fixture(scope="module")
+def twin() -> Iterator[TwinProcess]:
+    with running_twin(["--time-scale", "300", "--enable-metrics", "--api-key", "sekrit"]) as t:
+        yield t
+
+
+@pytest.fixture
+def slack() -> Iterator[FakeSlack]:
+    with FakeSlack() as s:
+        yield s
+
+
+def write(tmp_path: Path, twin: TwinProcess, *, key: str = "sekrit", extra: str = "") -> Path:
+    config = tmp_path / "kvpilot.toml"
+    config.write_text(
+        '[slack]\napprovers = ["U1"]\nchannels = ["C0OPS"]\n\n'
+        f'[servers.kimi]\nurl = "{twin.url}"\napi_key = "{key}"\n' + extra
+    )
+    return config
+
+
+def doctor(config: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, Any]:
+    for k in ("SLACK_BOT_TOKEN", "SLACK_API_URL"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["doctor", "--config", str(config), "--json"], out=out, err=err)
+    return code, json.loads(out.getvalue())
+
+
+def failures(report: Any) -> list[str]:
+    return [f"{c['area']}: {c['detail']} | {c['fix']}" for c in report["checks"] if not c["ok"]]
+
+
+def test_all_well_exits_0_and_writes_nothing(
+    tmp_path: Path, twin: TwinProcess, slack: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write(tmp_path, twin)
+    env = {"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_API_URL": slack.api_url}
+    code, report = doctor(config, env, monkeypatch)
+    assert code == 0 and report["ok"], failures(report)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kvpilot.toml"]  # no database made
+    assert slack.calls("chat.postMessage") == []
+
+
+@pytest.mark.parametrize(
+    ("case", "expect"),
+    [
+        ("revoked token", r"slack: the token was refused: token_revoked \| .*reinstall the app"),
+        ("app token given", r"slack: the token was refused: invalid_auth \| set SLACK_BOT_TOKEN"),
+        ("no token", r"slack: .*SLACK_BOT_TOKEN is not set \| export SLACK_BOT_TOKEN"),
+        ("wrong API key", r"server kimi: .*(API key|api_key|401)"),
+        ("server down", r"server kimi: .*127\.0\.0\.1:\d+.* \| check the url"),
+        ("unwritable database", r"database: .* cannot be created: .* \| set \[kvpilot\] database"),
+    ],
+)
+def test_each_thing_wrong_is_named_with_its_fix(
+    tmp_path: Path,
+    twin: TwinProcess,
+    slack: FakeSlack,
+    monkeypatch: pytest.MonkeyPatch,
+    case: str,
+    expect: str,
+) -> None:
+    env = {"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_API_URL": slack.api_url}
+    config = write(tmp_path, twin)
+    if case == "revoked token":
+        slack.fail_next("auth.test", error="token_revoked")
+    elif case == "app token given":
+        env["SLACK_BOT_TOKEN"] = "xapp-1-A1-1-abc"  # the Socket Mode token, not the bot's
+    elif case == "no token":
+        env = {}
+    elif case == "wrong API key":
+        config = write(tmp_path, twin, key="wrong")
+    elif case == "server down":
+        text = config.read_text().replace(twin.url, f"http://127.0.0.1:{free_port()}")
+        config.write_text(text)
+    elif case == "unwritable database":
+        (tmp_path / "file").write_text("x")
+        config.write_text(
+            f'[kvpilot]\ndatabase = "{tmp_path}/file/db/kvpilot.db"\n\n' + config.read_text()
+        )
+    code, report = doctor(config, env, monkeypatch)
+    assert code == 1 and not report["ok"]
+    found = failures(report)
+    assert any(re.search(expect, f) for f in found), found
+
+
+def test_the_scopes_checked_are_the_manifests() -> None:
+    manifest = (REPO / "deploy" / "slack" / "manifest.yaml").read_text()
+    bot = manifest.split("bot:", 1)[1].split("settings:", 1)[0]
+    assert tuple(re.findall(r"^\s+- ([\w:.]+)", bot, re.MULTILINE)) == REQUIRED_SCOPES
