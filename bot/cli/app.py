@@ -7,6 +7,7 @@ exit status 2 (usage) or 1 (the server or environment); never a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
 import os
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvpilot", description="Tune LLM inference servers safely."
     )
+    parser.add_argument("--version", action="version", version=f"kvpilot {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in (_add_diagnose, _add_experiment, _add_experiments, _add_servers, _add_front_ends):
         add(sub)
@@ -518,6 +520,14 @@ def render_group_summary(s: dict[str, object]) -> str:
         + f"; bottlenecks: {counts}"
     )
     return "\n".join(lines) + "\n"
+
+
+def installed_version() -> str:
+    """The installed distribution's version (pyproject.toml's), or "unknown" in a bare tree."""
+    try:
+        return str(importlib.metadata.version("kvpilot"))
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

@@ -4,6 +4,7 @@ the database when the configuration names none."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 from pathlib import Path
 
@@ -80,3 +81,9 @@ def test_a_duration_with_a_unit_is_read(tmp_path: Path) -> None:
     config.write_text('[access]\napproval_ttl = "45m"\n\n[servers.a]\nurl = "http://127.0.0.1:9"\n')
     access = load(str(config)).access
     assert access is not None and access.approval_ttl_s == 45 * 60
+
+
+def test_version_is_the_installed_one(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, _ = run("--version")
+    assert code == 0
+    assert capsys.readouterr().out.strip() == f"kvpilot {importlib.metadata.version('kvpilot')}"
