@@ -19,7 +19,7 @@ from bot.app.wiring import launcher
 from bot.chat import decisions
 from bot.chat.auth import Action, Decision, Principal
 from bot.chat.messages import Message
-from bot.chat.render import mention
+from bot.chat.render import change_text, mention
 from bot.chat.runner import ExperimentRunner
 from bot.chat.surface import LOCAL_CHANNEL, Surface
 from bot.chat.when import hhmm as _hhmm
@@ -217,7 +217,7 @@ class Approvals:
     ) -> None:
         """Replace the approval message's buttons with who decided and when."""
         option: dict[str, Any] = dict(row.plan.get("option") or {})
-        option.setdefault("title", ", ".join(f"{k}={v}" for k, v in row.change.items()))
+        option.setdefault("title", change_text(row.change))
         option.setdefault("verdict", row.plan.get("verdict", "possible"))
         for key in ("predicted_max_total_num_tokens", "predicted_throughput_change"):
             option.setdefault(key, None)

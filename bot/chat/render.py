@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,17 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from bot.chat.auth import LOCAL_PREFIXES
 
 TEMPLATES = Path(__file__).parent / "templates"
+
+
+def change_text(change: Mapping[str, Any]) -> str:
+    """A change as the operator types it: `key=value, key=value`."""
+    return ", ".join(f"{k}={v}" for k, v in change.items())
+
+
+def utc_text(moment: datetime) -> str:
+    """A stored time with its zone, to the second (stored times are UTC; naive ones too)."""
+    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return aware.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _num(value: float | None, digits: int = 0) -> str:

@@ -24,6 +24,7 @@ from bot.app.config import Config
 from bot.app.ticker import Ticker
 from bot.app.wiring import experiment_deps
 from bot.chat.messages import Message
+from bot.chat.render import change_text
 from bot.reports.charts import verdict_chart
 from playbooks.clock import Clock
 from playbooks.experiments import machine as engine
@@ -290,7 +291,7 @@ class ExperimentRunner:
             "id": row.id,
             "server": row.server,
             "state": str(row.state),
-            "change": ", ".join(f"{k}={v}" for k, v in row.change.items()),
+            "change": change_text(row.change),
             "elapsed_s": elapsed,
             "remaining_s": remaining,
             "terminal": row.terminal,

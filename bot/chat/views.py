@@ -14,6 +14,7 @@ from sqlite_utils import Database
 from bot.app.config import Config
 from bot.app.wiring import engine_client
 from bot.chat.messages import Button, Confirm, Message
+from bot.chat.render import change_text
 from bot.chat.when import hhmm
 from playbooks.engines.base import EngineError
 from storage import audit, chat
@@ -127,7 +128,7 @@ def history_message(db: Database, server: str | None) -> Message:
                 "id": r.id,
                 "server": r.server,
                 "state": str(r.state),
-                "change": ", ".join(f"{k}={v}" for k, v in r.change.items()),
+                "change": change_text(r.change),
                 "when": hhmm(r.created_at),
                 "effect": effect.get("mean"),
             }

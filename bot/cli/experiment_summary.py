@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 from sqlite_utils import Database
 
+from bot.chat.render import change_text, utc_text
 from bot.cli import exit_codes
 from playbooks.experiments.outcome import DESCRIPTIONS, ending
 from storage import audit
@@ -107,10 +108,10 @@ def cmd_list(ns: argparse.Namespace, db: Database, out: TextIO) -> int:
     if ns.json:
         out.write(json.dumps([summarise(db, r) for r in rows]) + "\n")
         return exit_codes.OK
-    out.write(f"{'id':>4}  {'server':12} {'state':11} {'created':20} change\n")
+    out.write(f"{'id':>4}  {'server':12} {'state':11} {'created':23} change\n")
     for r in rows:
-        created = r.created_at.isoformat(timespec="seconds")[:19]
-        out.write(f"{r.id:>4}  {r.server:12} {r.state!s:11} {created:20} {r.change}\n")
+        created = utc_text(r.created_at)
+        out.write(f"{r.id:>4}  {r.server:12} {r.state!s:11} {created:23} {change_text(r.change)}\n")
     return exit_codes.OK
 
 

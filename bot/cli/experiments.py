@@ -24,6 +24,7 @@ from bot.app.wiring import database, diagnose_settings, experiment_deps, make_cl
 from bot.app.wiring import engine as engine_of
 from bot.app.wiring import launcher as wiring_launcher
 from bot.chat.auth import Principal
+from bot.chat.render import change_text
 from bot.chat.surface import LOCAL_CHANNEL
 from bot.cli import access, exit_codes
 from bot.cli.experiment_summary import cmd_list, cmd_show, report
@@ -418,7 +419,7 @@ def cmd_decide(
     except NotFound:
         err.write(f"error: no proposal {ns.id}; proposals are listed by `/kvpilot status`\n")
         return EXIT_USAGE
-    change = ", ".join(f"{k}={v}" for k, v in proposal.change.items())
+    change = change_text(proposal.change)
     err.write(
         f"proposal {proposal.id} for {proposal.server}: {change} "
         f"(proposed by {proposal.created_by}, expires {proposal.expires_at:%Y-%m-%d %H:%M} UTC)\n"

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import importlib.metadata
 import io
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from bot.app.config import load
 from bot.cli import main
+from storage import experiments as store
+from storage.db import open_db
 
 
 def run(*argv: str) -> tuple[int, str, str]:
@@ -87,3 +90,27 @@ def test_version_is_the_installed_one(capsys: pytest.CaptureFixture[str]) -> Non
     code, _, _ = run("--version")
     assert code == 0
     assert capsys.readouterr().out.strip() == f"kvpilot {importlib.metadata.version('kvpilot')}"
+
+
+def test_experiments_list_shows_the_change_as_typed_and_times_with_their_zone(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "kvpilot.toml"
+    config.write_text('[servers.kimi]\nurl = "http://127.0.0.1:9"\n')
+    db = open_db(load(str(config)).database)
+    store.create_experiment(
+        db,
+        server="kimi",
+        change={"mem_fraction_static": 0.88, "hicache_size": 40},
+        baseline_config={},
+        trial_config={},
+        settings={},
+        actor="cli:alice",
+        now=datetime(2026, 12, 1, 9, 30, tzinfo=UTC),
+    )
+    db.close()
+    code, out, err = run("experiments", "list", "--config", str(config))
+    assert code == 0, err
+    row = out.splitlines()[1]
+    assert "2026-12-01 09:30:00 UTC" in row
+    assert row.endswith("hicache_size=40, mem_fraction_static=0.88"), row  # stored sorted
