@@ -25,6 +25,7 @@ import uvicorn
 from slack_bolt import App
 from slack_bolt.adapter.socket_mode import SocketModeHandler
 from slack_bolt.adapter.starlette.handler import to_bolt_request, to_starlette_response
+from slack_sdk.errors import SlackApiError
 from sqlite_utils import Database
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -38,7 +39,7 @@ from bot.chat.flow import Kvpilot
 from bot.reports.hook import make_report_hook
 from bot.reports.sampler import Sampler
 from bot.reports.schedule import ReportScheduler
-from bot.slack.app import GroupDirectory, build_app
+from bot.slack.app import FIXES, GroupDirectory, build_app
 from bot.slack.surface import SlackSurface, web_client
 from playbooks.http import is_http_url
 from storage import audit
@@ -61,6 +62,20 @@ class SettingsError(Exception):
 
 class ListenError(Exception):
     """The HTTP port could not be opened; the message names the address and what to try."""
+
+
+def check_token(settings: SlackSettings) -> None:
+    """Ask Slack whether the bot token works before anything starts (`auth.test`): a revoked
+    or wrong token stops the bot at once with the fix, instead of at its first post."""
+    client = web_client(settings.bot_token, settings.api_url, timeout=10, retries=False)
+    try:
+        client.auth_test()
+    except SlackApiError as exc:
+        code = str(exc.response.get("error", "error"))
+        fix = FIXES.get(code, "check SLACK_BOT_TOKEN against the app's OAuth & Permissions page")
+        raise SettingsError(f"Slack refused SLACK_BOT_TOKEN ({code}): {fix}") from None
+    except OSError as exc:  # the environment, not the settings
+        raise ListenError(f"cannot reach Slack's Web API to check the token: {exc}") from None
 
 
 def _address(host: str, port: int) -> str:
@@ -332,6 +347,7 @@ def run(
     so a second `kvpilot serve` on a taken port does nothing but fail with ListenError.
     """
     settings = slack_settings(env)
+    check_token(settings)
     bot = Bot(config, settings)
     if port is None and not settings.socket_mode:
         port = DEFAULT_PORT

@@ -112,3 +112,25 @@ def test_the_scopes_checked_are_the_manifests() -> None:
     manifest = (REPO / "deploy" / "slack" / "manifest.yaml").read_text()
     bot = manifest.split("bot:", 1)[1].split("settings:", 1)[0]
     assert tuple(re.findall(r"^\s+- ([\w:.]+)", bot, re.MULTILINE)) == REQUIRED_SCOPES
+
+
+def test_serve_refuses_to_start_on_a_token_slack_refuses(
+    tmp_path: Path, twin: TwinProcess, slack: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check doctor makes of the token is made at every start: a revoked token stops the
+    bot at once with the fix, instead of at its first post."""
+    config = write(tmp_path, twin)
+    for k, v in {
+        "SLACK_BOT_TOKEN": "xoxb-test",
+        "SLACK_API_URL": slack.api_url,
+        "SLACK_SIGNING_SECRET": "secret",
+    }.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("SLACK_APP_TOKEN", raising=False)
+    slack.fail_next("auth.test", error="token_revoked")
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["serve", "--config", str(config), "--port", str(free_port())], out=out, err=err)
+    assert code == 2
+    assert "Slack refused SLACK_BOT_TOKEN (token_revoked): " in err.getvalue()
+    assert "reinstall the app" in err.getvalue()
+    assert not (tmp_path / "var").exists()  # nothing started, nothing written
