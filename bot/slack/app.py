@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from slack_bolt import Ack, App, Respond
+from slack_bolt.logger.messages import warning_client_prioritized_and_token_skipped
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
@@ -55,6 +56,23 @@ class GroupDirectory:
         return members
 
 
+class _TokenSkippedNoise(logging.Filter):
+    """Bolt reads SLACK_BOT_TOKEN from the environment by itself (`App.__init__`: `token =
+    token or os.environ.get(...)`) and, given the client kvpilot builds from that same token,
+    warns at every start that it will not use it. Nothing is wrong: the line is dropped."""
+
+    TEXT = warning_client_prioritized_and_token_skipped()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != self.TEXT
+
+
+def quiet_bolt() -> None:
+    bolt = logging.getLogger("slack_bolt.App")
+    if not any(isinstance(f, _TokenSkippedNoise) for f in bolt.filters):
+        bolt.addFilter(_TokenSkippedNoise())
+
+
 def build_app(
     kv: Kvpilot,
     client: WebClient,
@@ -62,6 +80,7 @@ def build_app(
     signing_secret: str | None,
     socket_mode: bool,
 ) -> App:
+    quiet_bolt()
     app = App(
         client=client,
         signing_secret=signing_secret,
