@@ -44,6 +44,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def stopped_text(exp_id: int, error: BaseException) -> str:
+    """What a person reads where an experiment this process carried stopped on an error: its
+    state stays recorded, so it can be reverted now or is resumed at kvpilot's next start."""
+    return (
+        f"⚠️ Experiment {exp_id} stopped on an error: {error}. Its state is recorded: the "
+        f"server may still run the change. `/kvpilot abort {exp_id}` reverts it to the "
+        "last-known-good configuration; otherwise kvpilot resumes it when it next starts."
+    )
+
+
 class ExperimentRunner:
     def __init__(
         self,
@@ -229,6 +239,9 @@ class ExperimentRunner:
                 log.info("experiment %s: stopped carrying it: %s", exp_id, error)
             elif error is not None:
                 log.error("experiment %s stopped with an error: %s", exp_id, error)
+                if surface is not None:
+                    where = thread or progress_ref
+                    surface.post(Message.note(stopped_text(exp_id, error)), thread=where)
             elif final is not None and surface is not None and progress_ref is not None:
                 self._announce(final, surface, progress_ref, thread)
         except Exception:
