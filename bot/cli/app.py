@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 from bot.chat.render import render
+from bot.cli.output import add_output
 from bot.cli.report import add_report_parser, cmd_report
 from playbooks.clock import at_scale
 from playbooks.diagnose.measure import MeasurementError, MeasurePlan
@@ -75,11 +76,26 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", help="check the configuration, database, Slack and servers; change nothing"
     )
     doc.add_argument("--config", default=None, help="kvpilot.toml")
-    doc.add_argument("--json", action="store_true", help="print one JSON object")
+    add_output(doc, "print one JSON object")
     return parser
 
 
 Commands = Any  # argparse's subparsers action: its type is private
+
+
+# `kvpilot experiment VERB`: one noun with verbs; `experiment --server ...` (run) and
+# `experiments VERB` are the earlier spellings and stay.
+EXPERIMENT_VERBS = ("run", "list", "show", "abort", "approve", "reject")
+
+
+def normalise(argv: list[str]) -> list[str]:
+    """`experiment run ...` is `experiment ...`; `experiment list|show|...` is `experiments
+    list|show|...`."""
+    if len(argv) >= 2 and argv[0] == "experiment" and argv[1] in EXPERIMENT_VERBS:
+        if argv[1] == "run":
+            return ["experiment", *argv[2:]]
+        return ["experiments", *argv[1:]]
+    return argv
 
 
 def _add_diagnose(sub: Commands) -> None:
@@ -134,7 +150,7 @@ def _add_diagnose(sub: Commands) -> None:
         metavar="KEY=VALUE",
         help="evaluate a change you have in mind (repeat for separate changes)",
     )
-    d.add_argument("--json", action="store_true", help="print one JSON object")
+    add_output(d, "print one JSON object")
     _add_memory_sources(d)
     d.add_argument(
         "--time-scale",
@@ -174,7 +190,14 @@ def _add_memory_sources(d: argparse.ArgumentParser) -> None:
 
 
 def _add_experiment(sub: Commands) -> None:
-    e = sub.add_parser("experiment", help="apply one change, measure it, keep it or revert it")
+    e = sub.add_parser(
+        "experiment",
+        help="experiment run (apply one change, measure it, keep it or revert it), list, show, "
+        "abort, approve, reject",
+        description="`kvpilot experiment run --server NAME --set KEY=VALUE` (or without `run`); "
+        "`kvpilot experiment list|show ID|abort ID|approve ID|reject ID` read and act on the "
+        "history, as `kvpilot experiments ...` does.",
+    )
     e.add_argument(
         "--config", default=None, help="kvpilot.toml (default: $KVPILOT_CONFIG or ./kvpilot.toml)"
     )
@@ -191,26 +214,28 @@ def _add_experiment(sub: Commands) -> None:
     e.add_argument(
         "--force", action="store_true", help="run a change that the safety checks call unsafe"
     )
-    e.add_argument("--json", action="store_true", help="print the finished experiment as JSON")
+    add_output(e, "print the finished experiment as JSON")
 
 
 def _add_experiments(sub: Commands) -> None:
-    ex = sub.add_parser("experiments", help="read the experiment history")
+    ex = sub.add_parser(
+        "experiments", help="the earlier spelling of `experiment list|show|abort|approve|reject`"
+    )
     ex_sub = ex.add_subparsers(dest="action", metavar="ACTION")
     ls = ex_sub.add_parser("list", help="recent experiments")
     ls.add_argument("--config", default=None)
     ls.add_argument("--server", default=None)
-    ls.add_argument("--json", action="store_true")
+    add_output(ls)
     show = ex_sub.add_parser("show", help="one experiment with its transitions and audit trail")
     show.add_argument("id", type=int)
     show.add_argument("--config", default=None)
-    show.add_argument("--json", action="store_true")
+    add_output(show)
     ab = ex_sub.add_parser(
         "abort", help="stop an experiment and put its server back on the last-known-good config"
     )
     ab.add_argument("id", type=int, help="the experiment id (`kvpilot experiments list`)")
     ab.add_argument("--config", default=None)
-    ab.add_argument("--json", action="store_true", help="print the finished experiment as JSON")
+    add_output(ab, "print the finished experiment as JSON")
     for verb, what in (
         ("approve", "approve a recorded proposal and run it as an experiment here"),
         ("reject", "reject a recorded proposal; nothing is changed"),
@@ -219,7 +244,7 @@ def _add_experiments(sub: Commands) -> None:
         d_.add_argument("id", type=int, help="the proposal id (from its message)")
         d_.add_argument("--config", default=None)
         d_.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-        d_.add_argument("--json", action="store_true", help="print the experiment as JSON")
+        add_output(d_, "print the experiment as JSON")
 
 
 def _add_servers(sub: Commands) -> None:
@@ -229,7 +254,7 @@ def _add_servers(sub: Commands) -> None:
     srv.add_argument("action", choices=["start", "stop", "status"])
     srv.add_argument("--server", required=True)
     srv.add_argument("--config", default=None)
-    srv.add_argument("--json", action="store_true", help="with status: print one JSON object")
+    add_output(srv, "with status: print one JSON object")
 
 
 def _add_front_ends(sub: Commands) -> None:
@@ -532,7 +557,9 @@ def installed_version() -> str:
 
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns = parser.parse_args(normalise(list(sys.argv[1:] if argv is None else argv)))
+    if getattr(ns, "output", None) is not None:
+        ns.json = ns.output == "json"
     if ns.command == "report":
         return cmd_report(ns, out, err)
     if ns.command == "diagnose":

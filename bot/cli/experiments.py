@@ -50,7 +50,7 @@ def _printer(err: TextIO) -> Callable[[str], None]:
     return say
 
 
-ACTIONS_USAGE = "kvpilot experiments list|show ID|abort ID|approve ID|reject ID"
+ACTIONS_USAGE = "kvpilot experiment list|show ID|abort ID|approve ID|reject ID"
 
 
 def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:

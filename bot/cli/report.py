@@ -14,6 +14,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from bot.cli.output import add_output
+
 if TYPE_CHECKING:
     from playbooks.reports.throughput import Report
 
@@ -43,7 +45,7 @@ def add_report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=None,
         help="show times in this zone (default: the server's [[reports]] zone, else UTC)",
     )
-    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    add_output(p, "print the report as one JSON object")
     p.add_argument("--chart", default=None, metavar="PNG", help="also write the chart here")
     p.add_argument(
         "--post",

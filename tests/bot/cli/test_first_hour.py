@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import io
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -114,3 +115,54 @@ def test_experiments_list_shows_the_change_as_typed_and_times_with_their_zone(
     row = out.splitlines()[1]
     assert "2026-12-01 09:30:00 UTC" in row
     assert row.endswith("hicache_size=40, mem_fraction_static=0.88"), row  # stored sorted
+
+
+def experiment_config(tmp_path: Path) -> Path:
+    config = tmp_path / "kvpilot.toml"
+    config.write_text('[servers.kimi]\nurl = "http://127.0.0.1:9"\n')
+    db = open_db(load(str(config)).database)
+    store.create_experiment(
+        db,
+        server="kimi",
+        change={"mem_fraction_static": 0.88},
+        baseline_config={},
+        trial_config={},
+        settings={},
+        actor="cli:alice",
+        now=datetime(2026, 12, 1, 9, 30, tzinfo=UTC),
+    )
+    db.close()
+    return config
+
+
+@pytest.mark.parametrize(
+    ("spelling", "earlier"),
+    [
+        (("experiment", "list"), ("experiments", "list")),
+        (("experiment", "show", "1"), ("experiments", "show", "1")),
+        (("experiment", "list", "-o", "json"), ("experiments", "list", "--json")),
+        (("experiment", "show", "1", "-o", "json"), ("experiments", "show", "1", "--json")),
+    ],
+)
+def test_experiment_is_one_noun_with_verbs_and_the_earlier_spellings_stay(
+    tmp_path: Path, spelling: tuple[str, ...], earlier: tuple[str, ...]
+) -> None:
+    config = experiment_config(tmp_path)
+    new = run(*spelling, "--config", str(config))
+    old = run(*earlier, "--config", str(config))
+    assert new[0] == old[0] == 0, (new, old)
+    assert new[1] == old[1]
+
+
+def test_experiment_run_is_the_experiment_command(tmp_path: Path) -> None:
+    config = experiment_config(tmp_path)
+    code, _, err = run("experiment", "run", "--server", "kimi", "--config", str(config))
+    assert code == 2 and "nothing to change: give --set KEY=VALUE" in err, err
+
+
+def test_output_json_and_text_are_one_choice(tmp_path: Path) -> None:
+    config = experiment_config(tmp_path)
+    code, out, _ = run("experiment", "list", "--config", str(config), "-o", "text")
+    assert code == 0 and out.startswith("  id  server")
+    code, out, _ = run("experiment", "list", "--config", str(config), "--output", "json")
+    assert code == 0 and json.loads(out)[0]["id"] == 1
