@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bot.cli import main
-from bot.cli.doctor import REQUIRED_SCOPES
+from bot.slack.doctor import REQUIRED_SCOPES
 from tests.paths import REPO
 from tests.slackfake import FakeSlack
 from tests.twin_process import TwinProcess, free_port, running_twin

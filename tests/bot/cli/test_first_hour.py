@@ -93,38 +93,15 @@ def test_version_is_the_installed_one(capsys: pytest.CaptureFixture[str]) -> Non
     assert capsys.readouterr().out.strip() == f"kvpilot {importlib.metadata.version('kvpilot')}"
 
 
-def test_experiments_list_shows_the_change_as_typed_and_times_with_their_zone(
-    tmp_path: Path,
-) -> None:
+def experiment_config(tmp_path: Path, change: dict[str, object] | None = None) -> Path:
+    """A configuration whose database holds one experiment (created 2026-12-01 09:30 UTC)."""
     config = tmp_path / "kvpilot.toml"
     config.write_text('[servers.kimi]\nurl = "http://127.0.0.1:9"\n')
     db = open_db(load(str(config)).database)
     store.create_experiment(
         db,
         server="kimi",
-        change={"mem_fraction_static": 0.88, "hicache_size": 40},
-        baseline_config={},
-        trial_config={},
-        settings={},
-        actor="cli:alice",
-        now=datetime(2026, 12, 1, 9, 30, tzinfo=UTC),
-    )
-    db.close()
-    code, out, err = run("experiments", "list", "--config", str(config))
-    assert code == 0, err
-    row = out.splitlines()[1]
-    assert "2026-12-01 09:30:00 UTC" in row
-    assert row.endswith("hicache_size=40, mem_fraction_static=0.88"), row  # stored sorted
-
-
-def experiment_config(tmp_path: Path) -> Path:
-    config = tmp_path / "kvpilot.toml"
-    config.write_text('[servers.kimi]\nurl = "http://127.0.0.1:9"\n')
-    db = open_db(load(str(config)).database)
-    store.create_experiment(
-        db,
-        server="kimi",
-        change={"mem_fraction_static": 0.88},
+        change=change or {"mem_fraction_static": 0.88},
         baseline_config={},
         trial_config={},
         settings={},
@@ -133,6 +110,17 @@ def experiment_config(tmp_path: Path) -> Path:
     )
     db.close()
     return config
+
+
+def test_experiments_list_shows_the_change_as_typed_and_times_with_their_zone(
+    tmp_path: Path,
+) -> None:
+    config = experiment_config(tmp_path, {"mem_fraction_static": 0.88, "hicache_size": 40})
+    code, out, err = run("experiments", "list", "--config", str(config))
+    assert code == 0, err
+    row = out.splitlines()[1]
+    assert "2026-12-01 09:30:00 UTC" in row
+    assert row.endswith("hicache_size=40, mem_fraction_static=0.88"), row  # stored sorted
 
 
 @pytest.mark.parametrize(
