@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bot.cli import build_parser
+from bot.cli.app import normalise
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -71,7 +72,7 @@ def test_the_docs_show_commands() -> None:
 def test_documented_command_parses(doc: str, line: str) -> None:
     parser = build_parser()
     for text in variants(line):
-        argv = shlex.split(text)[1:]
+        argv = normalise(shlex.split(text)[1:])
         try:
             ns = parser.parse_args(argv)
         except SystemExit as exc:  # argparse's way of saying no

@@ -451,6 +451,12 @@ def configured_members(
 
 def cmd_diagnose_named(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """`diagnose --server NAME`: one configured server, read as the console reads it."""
+    if ":" in ns.server or "/" in ns.server:  # host:port, not a name: the scheme is missing
+        err.write(
+            f"error: {ns.server!r} is neither a configured server's name nor a URL: give a name "
+            "from kvpilot.toml, or a URL with its scheme such as http://HOST:PORT\n"
+        )
+        return 2
     built = configured_members(ns, err, "a server name")
     if isinstance(built, int):
         return built

@@ -189,6 +189,14 @@ def slack_settings(env: Mapping[str, str]) -> SlackSettings:
     return SlackSettings(bot, app, secret, api)
 
 
+def require_access(config: Config) -> None:
+    if config.access is None:
+        raise SettingsError(
+            f"{config.path} has no [slack] section with approvers and no [access] section: "
+            'add [access] with at least approvers = ["U0123ABCD"] (see docs/slack.md)'
+        )
+
+
 class Bot:
     """The running bot: the Bolt app, kvpilot's flow, and its background duties."""
 
@@ -200,11 +208,7 @@ class Bot:
         progress_every_s: float = 10.0,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        if config.access is None:
-            raise SettingsError(
-                f"{config.path} has no [slack] section with approvers and no [access] section: "
-                'add [access] with at least approvers = ["U0123ABCD"] (see docs/slack.md)'
-            )
+        require_access(config)
         self.config = config
         self.settings = settings
         self.client = web_client(settings.bot_token, settings.api_url)
@@ -347,12 +351,18 @@ def run(
     so a second `kvpilot serve` on a taken port does nothing but fail with ListenError.
     """
     settings = slack_settings(env)
-    check_token(settings)
-    bot = Bot(config, settings)
+    require_access(config)
     if port is None and not settings.socket_mode:
         port = DEFAULT_PORT
     sock = listen(host, port) if port is not None else None
     address = _address(host, port) if port is not None else ""
+    try:
+        check_token(settings)  # the first call to Slack, once the port is ours
+        bot = Bot(config, settings)
+    except BaseException:
+        if sock is not None:
+            sock.close()
+        raise
     bot.start_background()
     done = threading.Event()
 

@@ -164,12 +164,14 @@ def test_kvpilot_server_commands_drive_the_container(docker: Harness) -> None:
         code = main(["server", *args, "--server", "twin", "--config", str(docker.config)], out, err)
         return code, out.getvalue(), err.getvalue()
 
-    code, out, _ = cli("status")
+    code, out, _ = cli("status", "--json")
     status = json.loads(out)
     assert code == 0 and status["running"] and status["ready"] and status["args"] == docker.baseline
     assert cli("stop") == (0, "twin stopped\n", "")
+    code, out, _ = cli("status", "-o", "json")
+    assert code == 1 and not json.loads(out)["running"]  # 1: it does not serve
     code, out, _ = cli("status")
-    assert code == 0 and not json.loads(out)["running"]
+    assert code == 1 and out.startswith("twin: down"), out
     code, out, _ = cli("start")
     assert code == 0 and out == f"twin is ready at {docker.url}\n"
     assert docker.info()["mem_fraction_static"] == 0.85
