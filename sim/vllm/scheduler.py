@@ -303,12 +303,7 @@ class Scheduler:
         def blocks_needed(k: int) -> int:
             return sum(max(0, -(-(p + k) // bs) - b) for p, b in held)
 
-        base, per_kv = self._step_cost(len(running), len(running))
-        n = len(running)
-        kv0 = sum(r.seq_len for r in running)
-
-        def span(k: int) -> float:
-            return k * base + per_kv * (k * kv0 + n * k * (k - 1) / 2)
+        span = self._stretch_span()
 
         def fits(k: int) -> bool:
             return blocks_needed(k) <= free and self.now + span(k) <= horizon
@@ -322,12 +317,18 @@ class Scheduler:
                 hi = mid - 1
         return lo
 
+    def _stretch_span(self) -> Callable[[int], float]:
+        """Seconds that k quiet steps of the running requests take: each step costs the same
+        but for its KV read, which grows by one token per request per step."""
+        n = len(self.running)
+        base, per_kv = self._step_cost(n, n)
+        kv0 = sum(r.seq_len for r in self.running)
+        return lambda k: k * base + per_kv * (k * kv0 + n * k * (k - 1) / 2)
+
     def _fast_forward(self, k: int) -> float:
         running = self.running
         n = len(running)
-        base, per_kv = self._step_cost(n, n)
-        kv0 = sum(r.seq_len for r in running)
-        duration = k * base + per_kv * (k * kv0 + n * k * (k - 1) / 2)
+        duration = self._stretch_span()(k)
         caching = self.pool.caching
         bs = self.cfg.block_size
         for req in running:
