@@ -32,9 +32,10 @@ def command_lines() -> list[tuple[str, str]]:
     for path in DOCS:
         in_bash = False
         pending = ""
-        for line in path.read_text().splitlines():
+        for raw in path.read_text().splitlines():
+            line = raw.strip()  # fences and commands may be indented inside a list item
             if line.startswith("```"):
-                in_bash = line.strip() in ("```bash", "```sh")
+                in_bash = line in ("```bash", "```sh")
                 continue
             if not in_bash:
                 continue

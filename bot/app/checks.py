@@ -11,3 +11,6 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+    # `kvpilot serve` refuses to start on a fatal failure (the database, the Slack token);
+    # the others (a server down, a channel to join) it logs and starts anyway
+    fatal: bool = False

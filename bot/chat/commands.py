@@ -96,6 +96,8 @@ def parse_command(text: str, config: Config) -> Command:
             )
         return Command(verb, proposal_id=int(args[0].lstrip("#")))
     since = timedelta(hours=24)
+    if verb == "report":  # `--since=2w` as the CLI's parser takes it
+        args = [w for a in args for w in (a.split("=", 1) if a.startswith("--since=") else [a])]
     if verb == "report" and "--since" in args:
         i = args.index("--since")
         if i + 1 >= len(args):

@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 from dataclasses import replace
+from functools import partial
 from typing import Any, TextIO
 
 from bot.chat.render import render
@@ -77,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doc.add_argument("--config", default=None, help="kvpilot.toml")
     add_output(doc, "print one JSON object")
+    comp = sub.add_parser(
+        "completion",
+        help="print a shell completion script: source <(kvpilot completion bash)",
+    )
+    comp.add_argument("shell", choices=("bash", "zsh"))
     return parser
 
 
@@ -294,6 +300,7 @@ def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """`serve` and `console`: configuration and settings errors are one clear line each."""
     from bot.app import logs  # noqa: PLC0415 - keeps `diagnose` light
     from bot.app.config import ConfigError, announce, load, warn_to  # noqa: PLC0415
+    from bot.cli.doctor import checks_of  # noqa: PLC0415
     from bot.console import terminal as console  # noqa: PLC0415 - keeps `diagnose` light
     from bot.slack import serve  # noqa: PLC0415 - keeps `diagnose` light
     from storage.errors import StorageError  # noqa: PLC0415
@@ -307,7 +314,9 @@ def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         announce(config, logging.getLogger("kvpilot.config").warning)  # serve: a log warning
         if ns.port is not None and not 0 < ns.port < 65536:
             raise serve.SettingsError(f"--port must be 1..65535, got {ns.port}")
-        return serve.run(config, serve.env_settings(), host=ns.host, port=ns.port)
+        env = serve.env_settings()
+        checks = partial(checks_of, config, env)
+        return serve.run(config, env, host=ns.host, port=ns.port, checks=checks)
     except (ConfigError, serve.SettingsError, StorageError) as exc:
         err.write(f"error: {exc}\n")
         return 2
@@ -576,6 +585,10 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = 
         from bot.cli.doctor import doctor  # noqa: PLC0415 - Slack and engines load only here
 
         return doctor(ns.config, out, as_json=ns.json, env=dict(os.environ))
+    if ns.command == "completion":
+        from bot.cli.completion import completion  # noqa: PLC0415
+
+        return completion(parser, ns.shell, out)
     if ns.command in ("experiment", "experiments", "resume", "server"):
         from bot.cli import experiments as experiments_cli  # noqa: PLC0415 - keeps `diagnose` free of storage
 

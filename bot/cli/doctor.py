@@ -4,39 +4,58 @@ One line per check, so the first thing wrong is on the screen with what to do ab
 the configuration, the database's path, Slack (the token, the scopes of
 deploy/slack/manifest.yaml, the user groups the access policy names), and each server (it
 answers, the API key, its engine and version, its metrics, through Prometheus where
-configured) and its launcher's command. Exit status 1 when any check fails.
+configured), and what its launcher will need to restart it (the program; the Docker socket and
+container; the unit, its drop-in and the rights to restart it; a Kubernetes access review).
+Exit status 1 when any check fails.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import TextIO
 
 from bot.app.checks import Check
 from bot.app.config import ConfigError, load
+from bot.app.config.loading import Config
 from bot.app.config.servers import ServerConfig
+from playbooks.clock import WallClock
+from playbooks.launchers.base import LaunchError
+from playbooks.launchers.common import writable_ancestor
 
 
-def run_checks(config_path: str | None, env: dict[str, str]) -> Iterator[Check]:
+def run_checks(config_path: str | None, env: Mapping[str, str]) -> Iterator[Check]:
     """Every check in order; a configuration that does not load ends the list."""
     try:
         config = load(config_path)
     except ConfigError as exc:
-        yield Check("config", False, str(exc), "edit the key named above (README, Configuration)")
+        yield Check(
+            "config", False, str(exc), "edit the key named above (README, Configuration)", True
+        )
         return
     yield Check("config", True, f"{config.path}: {len(config.servers)} server(s)")
+    yield from checks_of(config, env)
+
+
+def checks_of(config: Config, env: Mapping[str, str]) -> Iterator[Check]:
+    """What a loaded configuration needs: the database, Slack, each server and launcher."""
     yield database_check(config.database)
     from bot.slack.doctor import slack_checks  # noqa: PLC0415 - Slack loads only here
 
     yield from slack_checks(config, env)
-    for server in config.servers.values():
-        yield from server_checks(server)
+
+    def of_server(server: ServerConfig) -> list[Check]:
+        return [*server_checks(server), *launcher_checks(config, server)]
+
+    # a server that does not answer costs its timeout: many are looked at side by side
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for found in pool.map(of_server, config.servers.values()):
+            yield from found
 
 
 def database_check(path: Path) -> Check:
@@ -50,17 +69,12 @@ def database_check(path: Path) -> Check:
             finally:
                 conn.close()
         except sqlite3.DatabaseError as exc:
-            return Check("database", False, f"{path} cannot be read: {exc}", fix)
+            return Check("database", False, f"{path} cannot be read: {exc}", fix, True)
         if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
-            return Check("database", False, f"{path} is read-only for this user", fix)
+            return Check("database", False, f"{path} is read-only for this user", fix, True)
         return Check("database", True, f"{path} opens")
-    existing = path.parent
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        return Check(
-            "database", False, f"{path} cannot be created: {existing} is not writable", fix
-        )
+    if writable_ancestor(path.parent) is None:
+        return Check("database", False, f"{path} cannot be created: not writable here", fix, True)
     return Check("database", True, f"{path} will be created on first use")
 
 
@@ -76,9 +90,8 @@ def server_checks(server: ServerConfig) -> Iterator[Check]:
             # what the settings could read without a key; the model's info needs it
             client.model_info()
         except Unauthorized as exc:
-            yield Check(
-                area, False, str(exc), exc.hint or "set api_key (or api_key_env) in [servers.NAME]"
-            )
+            fix = exc.hint or "set api_key (or api_key_env) in [servers.NAME]"
+            yield Check(area, False, without(str(exc), fix), fix)
             return
         except EngineError as exc:
             yield Check(area, False, str(exc), down_fix(server))
@@ -88,21 +101,35 @@ def server_checks(server: ServerConfig) -> Iterator[Check]:
             client.metrics()
             yield Check(area, True, f"metrics: {client.describe_metrics()}")
         except MetricsDisabled as exc:
-            yield Check(area, False, str(exc), exc.hint)
+            yield Check(area, False, without(str(exc), exc.hint), exc.hint)
         except EngineError as exc:
-            yield Check(area, False, f"metrics: {exc}", exc.hint)
+            yield Check(area, False, f"metrics: {without(str(exc), exc.hint)}", exc.hint)
     finally:
         client.close()
-    launcher = server.launcher
-    if launcher is not None and launcher.kind == "process":
-        command = launcher.command
-        if shutil.which(command[0]) is None:
-            yield Check(
-                area,
-                False,
-                f"the launcher's command {command[0]!r} is not an executable on PATH",
-                "give the full path of the program in [servers.NAME.launcher] command",
-            )
+
+
+def without(message: str, fix: str) -> str:
+    """The message without the fix it ends with: doctor prints the fix on a line of its own."""
+    if fix and message.endswith(fix):
+        return message[: -len(fix)].rstrip(" .(") or message
+    return message
+
+
+def launcher_checks(config: Config, server: ServerConfig) -> Iterator[Check]:
+    """What the server's launcher will need to restart it, looked at without changing it."""
+    if server.launcher is None:
+        return
+    from bot.app.wiring import launcher  # noqa: PLC0415 - launchers load only here
+
+    area = f"server {server.name}"
+    kind = server.launcher.kind
+    try:
+        findings = launcher(config, server, WallClock()).permissions()
+    except (LaunchError, ConfigError) as exc:
+        yield Check(area, False, f"{kind} launcher: {exc}", "")
+        return
+    for f in findings:
+        yield Check(area, f.ok, f"{kind} launcher: {f.detail}", f.fix)
 
 
 def down_fix(server: ServerConfig) -> str:
@@ -111,7 +138,7 @@ def down_fix(server: ServerConfig) -> str:
     return "check the url in [servers.NAME] and that the server runs"
 
 
-def doctor(config_path: str | None, out: TextIO, *, as_json: bool, env: dict[str, str]) -> int:
+def doctor(config_path: str | None, out: TextIO, *, as_json: bool, env: Mapping[str, str]) -> int:
     checks = list(run_checks(config_path, env))
     failed = [c for c in checks if not c.ok]
     if as_json:

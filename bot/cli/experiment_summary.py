@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from datetime import datetime
 from typing import Any, TextIO
 
 from sqlite_utils import Database
@@ -84,6 +85,16 @@ def _interval(x: dict[str, Any] | None, pct: bool = False) -> str:
     return text
 
 
+def stored_time(value: object) -> str:
+    """A stored time (a datetime, or SQLite's ISO text) with its zone."""
+    if isinstance(value, str):
+        try:
+            return utc_text(datetime.fromisoformat(value))
+        except ValueError:
+            return value
+    return utc_text(value) if isinstance(value, datetime) else str(value)
+
+
 def render_summary(s: dict[str, Any]) -> str:
     lines = [
         f"experiment {s['id']} on {s['server']}: {s['state'].upper()} "
@@ -93,7 +104,7 @@ def render_summary(s: dict[str, Any]) -> str:
     if s.get("then"):
         lines.append(f"  then      {s['then']}")
     lines += [
-        f"  change    {s['change']}",
+        f"  change    {change_text(s['change'])}",
         f"  baseline  {_interval(s['baseline'])}"
         + (f", {s['baseline_source']}" if s.get("baseline_source") else ""),
         f"  trial     {_interval(s['trial'])}",
@@ -129,8 +140,10 @@ def cmd_show(ns: argparse.Namespace, db: Database, out: TextIO, err: TextIO) -> 
     out.write(render_summary(summary))
     out.write("  transitions:\n")
     for t in summary["transitions"]:
-        out.write(f"    {t['at'][:19]}  {t['from'] or '-':11} -> {t['to']:11} {t['reason']}\n")
+        at = utc_text(datetime.fromisoformat(t["at"]))
+        out.write(f"    {at}  {t['from'] or '-':11} -> {t['to']:11} {t['reason']}\n")
     out.write("  audit:\n")
     for ev in summary["audit"]:
-        out.write(f"    {str(ev.get('created_at'))[:19]}  {ev.get('name')} by {ev.get('actor')}\n")
+        at = stored_time(ev.get("created_at"))
+        out.write(f"    {at}  {ev.get('name')} by {ev.get('actor')}\n")
     return exit_codes.OK

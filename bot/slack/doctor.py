@@ -1,22 +1,33 @@
-"""`kvpilot doctor`'s Slack checks: the token, the manifest's scopes, the access policy's user
-groups. Read-only Web API calls (`auth.test`, `usergroups.users.list`); nothing is posted."""
+"""`kvpilot doctor`'s Slack checks: the token, the manifest's scopes, the bot's membership of
+each configured channel, the access policy's user groups. Read-only Web API calls
+(`auth.test`, `conversations.info`, `usergroups.users.list`); nothing is posted."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from bot.app.checks import Check
 from bot.app.config import Config
+from bot.slack.app import FIXES
+from bot.slack.surface import web_client
 
 # The bot scopes of deploy/slack/manifest.yaml (tests/bot/cli/test_doctor.py holds the two
 # lists equal): what kvpilot calls needs each of them.
-REQUIRED_SCOPES = ("commands", "chat:write", "files:write", "usergroups:read")
+REQUIRED_SCOPES = (
+    "commands",
+    "chat:write",
+    "files:write",
+    "usergroups:read",
+    "channels:read",
+    "groups:read",
+)
+INVITE = "invite it: type /invite @kvpilot in that channel"
 
 
-def slack_checks(config: Config, env: dict[str, str]) -> Iterator[Check]:
+def slack_checks(config: Config, env: Mapping[str, str]) -> Iterator[Check]:
     token = env.get("SLACK_BOT_TOKEN", "")
     if not token:
         if config.slack is not None:
@@ -28,21 +39,22 @@ def slack_checks(config: Config, env: dict[str, str]) -> Iterator[Check]:
             )
         return
     base = env.get("SLACK_API_URL") or "https://slack.com/api/"
-    client = WebClient(token=token, base_url=base, timeout=10)
+    client = web_client(token, base, timeout=10, retries=False)
     try:
         who = client.auth_test()
     except SlackApiError as exc:
-        code = exc.response.get("error", "error")
+        code = str(exc.response.get("error", "error"))
+        fix = FIXES.get(code, "check SLACK_BOT_TOKEN against the app's OAuth & Permissions page")
+        yield Check("slack", False, f"Slack refused SLACK_BOT_TOKEN ({code})", fix, fatal=True)
+        return
+    except OSError as exc:
         yield Check(
             "slack",
             False,
-            f"the token was refused: {code}",
-            "set SLACK_BOT_TOKEN to the app's current Bot User OAuth Token (xoxb-...); "
-            "reinstall the app if it was revoked",
+            f"Slack's Web API at {base} cannot be reached: {exc}",
+            "check the network, or SLACK_API_URL",
+            fatal=True,
         )
-        return
-    except OSError as exc:
-        yield Check("slack", False, f"{base} cannot be reached: {exc}", "check SLACK_API_URL")
         return
     yield Check("slack", True, f"token of {who.get('user')} in team {who.get('team')}")
     granted = {s.strip() for s in str(who.headers.get("x-oauth-scopes", "")).split(",")}
@@ -57,6 +69,8 @@ def slack_checks(config: Config, env: dict[str, str]) -> Iterator[Check]:
         )
     else:
         yield Check("slack", True, f"scopes: {', '.join(REQUIRED_SCOPES)}")
+    if "channels:read" in granted:
+        yield from channel_checks(client, configured_channels(config), granted)
     access = config.access
     groups = sorted(
         {e for e in (*access.approvers, *access.operators) if e.startswith("S")}
@@ -73,4 +87,52 @@ def slack_checks(config: Config, env: dict[str, str]) -> Iterator[Check]:
                 False,
                 f"user group {group} cannot be read: {exc.response.get('error')}",
                 "check the ID (Slack shows it in the group's page) and the usergroups:read scope",
+            )
+
+
+def configured_channels(config: Config) -> list[str]:
+    """Where kvpilot answers ([slack] channels) and where reports go, each once."""
+    seen = dict.fromkeys([*config.channels, *(r.channel for r in config.reports)])
+    return list(seen)
+
+
+def channel_checks(client: WebClient, channels: list[str], granted: set[str]) -> Iterator[Check]:
+    """The bot can post in each channel: a member, or `chat:write.public` for a public one
+    (Slack answers `not_in_channel` to a post anywhere else)."""
+    for channel in channels:
+        try:
+            info = client.conversations_info(channel=channel).get("channel") or {}
+        except SlackApiError as exc:
+            code = exc.response.get("error", "error")
+            if code == "channel_not_found":
+                yield Check(
+                    "slack",
+                    False,
+                    f"channel {channel} is not found: a wrong ID, or a private channel kvpilot "
+                    "is not in",
+                    "check the ID (the channel's details, at the bottom); for a private "
+                    f"channel, {INVITE}",
+                )
+            elif code == "missing_scope":
+                yield Check(
+                    "slack",
+                    False,
+                    f"channel {channel} cannot be checked: the app lacks "
+                    f"{exc.response.get('needed', 'a scope')}",
+                    "add it from deploy/slack/manifest.yaml, reinstall the app",
+                )
+            else:
+                yield Check("slack", False, f"channel {channel}: {code}", "")
+            continue
+        name = f"#{info.get('name', channel)} ({channel})"
+        if info.get("is_member"):
+            yield Check("slack", True, f"member of {name}")
+        elif not info.get("is_private") and "chat:write.public" in granted:
+            yield Check("slack", True, f"posts in {name} without joining (chat:write.public)")
+        else:
+            yield Check(
+                "slack",
+                False,
+                f"kvpilot is not in {name}: its posts there fail with not_in_channel",
+                INVITE,
             )

@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -25,7 +25,6 @@ import uvicorn
 from slack_bolt import App
 from slack_bolt.adapter.socket_mode import SocketModeHandler
 from slack_bolt.adapter.starlette.handler import to_bolt_request, to_starlette_response
-from slack_sdk.errors import SlackApiError
 from sqlite_utils import Database
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -33,13 +32,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bot.app.checks import Check
 from bot.app.config import Config
 from bot.app.wiring import engine_of, make_clock
 from bot.chat.flow import Kvpilot
 from bot.reports.hook import make_report_hook
 from bot.reports.sampler import Sampler
 from bot.reports.schedule import ReportScheduler
-from bot.slack.app import FIXES, GroupDirectory, build_app
+from bot.slack.app import GroupDirectory, build_app
 from bot.slack.surface import SlackSurface, web_client
 from playbooks.http import is_http_url
 from storage import audit
@@ -64,18 +64,16 @@ class ListenError(Exception):
     """The HTTP port could not be opened; the message names the address and what to try."""
 
 
-def check_token(settings: SlackSettings) -> None:
-    """Ask Slack whether the bot token works before anything starts (`auth.test`): a revoked
-    or wrong token stops the bot at once with the fix, instead of at its first post."""
-    client = web_client(settings.bot_token, settings.api_url, timeout=10, retries=False)
-    try:
-        client.auth_test()
-    except SlackApiError as exc:
-        code = str(exc.response.get("error", "error"))
-        fix = FIXES.get(code, "check SLACK_BOT_TOKEN against the app's OAuth & Permissions page")
-        raise SettingsError(f"Slack refused SLACK_BOT_TOKEN ({code}): {fix}") from None
-    except OSError as exc:  # the environment, not the settings
-        raise ListenError(f"cannot reach Slack's Web API to check the token: {exc}") from None
+def preflight(checks: Iterable[Check]) -> None:
+    """`kvpilot doctor`'s checks at start: each failure logged with its fix; a fatal one (the
+    database, the Slack token) stops the bot before it starts anything."""
+    for check in checks:
+        if check.ok:
+            continue
+        line = f"{check.area}: {check.detail}" + (f". Fix: {check.fix}" if check.fix else "")
+        if check.fatal:
+            raise SettingsError(line)
+        log.warning("start-up check failed: %s", line)
 
 
 def _address(host: str, port: int) -> str:
@@ -344,6 +342,7 @@ def run(
     *,
     host: str,
     port: int | None,
+    checks: Callable[[], Iterable[Check]],
 ) -> int:
     """Run until SIGINT/SIGTERM. Socket Mode serves /healthz on `port` when one is given.
 
@@ -357,7 +356,7 @@ def run(
     sock = listen(host, port) if port is not None else None
     address = _address(host, port) if port is not None else ""
     try:
-        check_token(settings)  # the first call to Slack, once the port is ours
+        preflight(checks())  # the first calls to Slack and the servers, once the port is ours
         bot = Bot(config, settings)
     except BaseException:
         if sock is not None:

@@ -23,6 +23,15 @@ class LaunchError(Exception):
 
 
 @dataclass(frozen=True)
+class Finding:
+    """One look at what a restart will need (`permissions`): found well, or what to fix."""
+
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
 class ServerState:
     running: bool
     ready: bool

@@ -8,15 +8,17 @@ server arguments, which start at the first `--flag`; the executable part in fron
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
 from playbooks.clock import Clock
 from playbooks.engines.base import Engine
 from playbooks.http import first_answer_ok
-from playbooks.launchers.base import Launcher
+from playbooks.launchers.base import Finding, Launcher
 
 
 class ManagedLauncher(Launcher, Protocol):
@@ -25,6 +27,11 @@ class ManagedLauncher(Launcher, Protocol):
     def start(self, args: list[str]) -> None: ...
 
     def wait_ready(self) -> None: ...
+
+    def permissions(self) -> list[Finding]:
+        """What a restart will need (the program, the socket, the unit, the rights to change
+        it), looked at without changing anything: `kvpilot doctor` lists them."""
+        ...
 
 
 class _ReadyDeadline(Protocol):
@@ -58,6 +65,16 @@ class StartThenWait(ABC, Generic[Spec]):
     def apply(self, args: list[str]) -> None:
         self.issue(args)
         self.wait_ready()
+
+
+def writable_ancestor(path: Path) -> Path | None:
+    """The directory that holds or would hold `path`, when this user can write there."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+        return existing
+    return None
 
 
 def flag_index(command: list[str]) -> int | None:

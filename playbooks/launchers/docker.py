@@ -25,7 +25,7 @@ import httpx
 from playbooks.clock import Clock, WallClock
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
-from playbooks.launchers.base import LaunchError, ServerIdentity, ServerState
+from playbooks.launchers.base import Finding, LaunchError, ServerIdentity, ServerState
 from playbooks.launchers.common import (
     StartThenWait,
     flag_index,
@@ -285,6 +285,24 @@ class DockerLauncher(StartThenWait[DockerSpec]):
             "(kvpilot recreates an existing container: start it once with `docker run --name "
             f"{self.name} ...`)"
         )
+
+    def permissions(self) -> list[Finding]:
+        """The Engine answers on its socket for this user, and the container exists."""
+        try:
+            # the Engine answers /_ping with its API version in a header (Engine API docs)
+            api = self.engine.call("GET", "/_ping").headers.get("api-version", "?")
+            info = self.lookup()
+        except LaunchError as exc:
+            return [Finding(False, exc.reason, "")]
+        found = [Finding(True, f"Docker Engine (API {api}) at unix://{self.spec.socket}")]
+        if info is None:
+            fix = f"create it once: docker run --name {self.name} ... (kvpilot recreates it)"
+            found.append(Finding(False, self._missing().split(" (")[0], fix))
+        else:
+            image = info.get("Config", {}).get("Image", "?")
+            status = info.get("State", {}).get("Status", "?")
+            found.append(Finding(True, f"container {self.name}: {image}, {status}"))
+        return found
 
     # ----------------------------------------------------------------- interface
     def current_args(self) -> list[str]:

@@ -31,7 +31,7 @@ from urllib3.exceptions import HTTPError
 from playbooks.clock import Clock, WallClock
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
-from playbooks.launchers.base import LaunchError, ServerIdentity, ServerState
+from playbooks.launchers.base import Finding, LaunchError, ServerIdentity, ServerState
 from playbooks.launchers.common import StartThenWait, health_ok, poll_until
 from playbooks.launchers.kube_objects import (
     LWS_GROUP,
@@ -133,6 +133,71 @@ class KubernetesLauncher(StartThenWait[KubernetesSpec]):
                 "run the change again)"
             )
         return f"cannot {action}: Kubernetes answered {status}: {message}"
+
+    def permissions(self) -> list[Finding]:
+        """The workload can be read, and the API server's access review (what `kubectl auth
+        can-i` asks) allows every call a restart makes: deploy/kubernetes/rbac.yaml's rules."""
+        try:
+            obj = self.read()
+            spec = obj.get("spec") or {}
+            found = [Finding(True, f"{self.what}: {spec.get('replicas', 1)} replica(s)")]
+            denied = [
+                f"{verb} {resource}" + (f" {name}" if name else "")
+                for verb, group, resource, name in self.accesses()
+                if not self.allowed(verb, group, resource, name)
+            ]
+        except LaunchError as exc:
+            return [Finding(False, exc.reason, "")]
+        if denied:
+            found.append(
+                Finding(
+                    False,
+                    f"Kubernetes does not allow kvpilot to {', '.join(denied)} in namespace "
+                    f"{self.spec.namespace}",
+                    "apply deploy/kubernetes/rbac.yaml (its Role and RoleBinding) in this "
+                    "namespace, for the account kvpilot uses",
+                )
+            )
+        else:
+            found.append(Finding(True, "access review: every call a restart makes is allowed"))
+        return found
+
+    def accesses(self) -> list[tuple[str, str, str, str]]:
+        """(verb, API group, resource, name) of each call a restart makes."""
+        group, resource = {
+            "Deployment": ("apps", "deployments"),
+            "StatefulSet": ("apps", "statefulsets"),
+        }.get(self.spec.workload, (LWS_GROUP, LWS_PLURAL))
+        return [
+            ("get", group, resource, self.spec.name),
+            ("patch", group, resource, self.spec.name),
+            ("list", "", "pods", ""),
+            ("delete", "", "pods", ""),
+            ("get", "", "pods/log", ""),
+        ]
+
+    def allowed(self, verb: str, group: str, resource: str, name: str) -> bool:
+        resource, _, sub = resource.partition("/")
+        review = client.V1SelfSubjectAccessReview(
+            spec=client.V1SelfSubjectAccessReviewSpec(
+                resource_attributes=client.V1ResourceAttributes(
+                    namespace=self.spec.namespace,
+                    verb=verb,
+                    group=group,
+                    resource=resource,
+                    subresource=sub or None,
+                    name=name or None,
+                )
+            )
+        )
+        api = client.AuthorizationV1Api(self.api())
+        answer = self._call(
+            "ask for an access review",
+            lambda: api.create_self_subject_access_review(
+                review, _request_timeout=self.spec.request_timeout_s
+            ),
+        )
+        return bool(cast(Any, answer).status.allowed)
 
     def read(self) -> Obj:
         api = self.api()

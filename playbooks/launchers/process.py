@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -24,8 +25,8 @@ from playbooks.clock import Clock, WallClock
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
 from playbooks.http import readiness
-from playbooks.launchers.base import LaunchError, ServerIdentity, ServerState
-from playbooks.launchers.common import StartThenWait, health_ok, poll_until
+from playbooks.launchers.base import Finding, LaunchError, ServerIdentity, ServerState
+from playbooks.launchers.common import StartThenWait, health_ok, poll_until, writable_ancestor
 
 
 @dataclass
@@ -57,7 +58,6 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
     def __init__(self, spec: ProcessSpec, clock: Clock | None = None) -> None:
         self.spec = spec
         self.clock = clock or WallClock()
-        self.spec.state_dir.mkdir(parents=True, exist_ok=True)
         self._proc: subprocess.Popen[bytes] | None = None
 
     # ----------------------------------------------------------------- state file
@@ -73,6 +73,7 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
         return data if isinstance(data, dict) else {}
 
     def _write_state(self, data: dict[str, object]) -> None:
+        self.spec.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = self._state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, self._state_path)
@@ -140,8 +141,35 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
             False, False, pid, code, self.spec.engine.classify_exit(code, self.log_tail())
         )
 
+    def permissions(self) -> list[Finding]:
+        """The program runs here, and its log and pid file can be written."""
+        exe = self.spec.command[0]
+        path = (self.spec.env or {}).get("PATH", os.environ.get("PATH"))
+        found: list[Finding] = []
+        if shutil.which(exe, path=path) is None:
+            found.append(
+                Finding(
+                    False,
+                    f"the launcher's command {exe!r} is not an executable on PATH",
+                    "give the full path of the program in [servers.NAME.launcher] command",
+                )
+            )
+        else:
+            found.append(Finding(True, f"runs {shutil.which(exe, path=path)}"))
+        where = writable_ancestor(self.spec.state_dir)
+        if where is None:
+            found.append(
+                Finding(
+                    False,
+                    f"the server's log cannot be written under {self.spec.state_dir}",
+                    "set [kvpilot] state_dir (or $STATE_DIRECTORY) to a writable directory",
+                )
+            )
+        return found
+
     def start(self, args: list[str]) -> None:
         exe, _ = self.spec.split()
+        self.spec.state_dir.mkdir(parents=True, exist_ok=True)
         log = self.spec.state_dir / f"{self.spec.name}-{int(time.time() * 1000)}.log"
         # The server gets the bot's environment minus the bot's own secrets (Slack tokens).
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("SLACK_")}

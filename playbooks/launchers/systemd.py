@@ -27,7 +27,7 @@ from pathlib import PurePosixPath
 from playbooks.clock import Clock, WallClock
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
-from playbooks.launchers.base import LaunchError, ServerIdentity, ServerState
+from playbooks.launchers.base import Finding, LaunchError, ServerIdentity, ServerState
 from playbooks.launchers.common import StartThenWait, health_ok, poll_until, split_command, tail
 from playbooks.launchers.systemd_unit import (
     ExecCommand,
@@ -59,6 +59,25 @@ STATE_PROPERTIES = (
 # ExecMainCode is the kernel's si_code for the main process: exited, killed, dumped core.
 CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
 _WRITE_SCRIPT = 'mkdir -p -- "$1" && cat > "$2" && mv -f -- "$2" "$3"'
+# What `permissions` asks of the host, read-only: whether the drop-in's directory (or the
+# nearest one that exists) is writable, the user, and polkit's answer for the two actions a
+# restart needs (systemd's src/core/dbus-unit.c and dbus-manager.c check manage-units, with
+# the unit and verb as details, and reload-daemon). pkcheck(1): 0 authorised, 1 not, 2 only
+# after authentication; 127 from the shell: polkit is not installed.
+_CHECK_SCRIPT = """
+d=$1; while [ ! -e "$d" ]; do d=$(dirname -- "$d"); done
+if [ -d "$d" ] && [ -w "$d" ]; then echo "writable $d"; else echo "read-only $d"; fi
+id -u
+for action in manage-units reload-daemon; do
+  pkcheck --action-id "org.freedesktop.systemd1.$action" --process $$ \
+    --detail unit "$2" --detail verb restart >/dev/null 2>&1
+  echo $?
+done
+"""
+POLKIT_FIX = (
+    "install deploy/systemd/50-kvpilot.rules for kvpilot's user (polkit), or set sudo = true "
+    'with a sudoers rule, or run the server as a user unit (scope = "user"): docs/launchers.md'
+)
 
 
 @dataclass(frozen=True)
@@ -267,6 +286,64 @@ class SystemdLauncher(StartThenWait[SystemdSpec]):
             messages.append(_message_text(entry.get("MESSAGE")))
         return tail("\n".join(messages))
 
+    def permissions(self) -> list[Finding]:
+        """The unit is loaded and runs a command, its drop-in can be written, and this user
+        may restart it and reload systemd (root, sudo, polkit, or the user manager)."""
+        try:
+            props = self.properties()
+            if props.get("LoadState") != "loaded":
+                return [
+                    Finding(
+                        False,
+                        f"unit {self.spec.unit}{self.shell.where} is {props.get('LoadState')}",
+                        "install the unit (deploy/systemd/sglang.service is an example), or fix "
+                        "unit and scope in [servers.NAME.launcher]",
+                    )
+                ]
+            exe, _ = split_command(self._exec(self.unit_files()).argv)
+            dropin = self.dropin_path()
+            done = self.shell.run(
+                [
+                    "sh",
+                    "-c",
+                    _CHECK_SCRIPT,
+                    "kvpilot-check",
+                    str(PurePosixPath(dropin).parent),
+                    self.spec.unit,
+                ]
+            )
+        except LaunchError as exc:
+            return [Finding(False, exc.reason)]
+        found = [Finding(True, f"unit {self.spec.unit}{self.shell.where} runs {' '.join(exe)}")]
+        lines = done.out.split()
+        if done.code != 0 or len(lines) < 5:
+            how = "`sudo -n`" if self.spec.sudo else "a shell"
+            return [
+                *found,
+                Finding(
+                    False,
+                    f"cannot check the rights to change it through {how}{self.shell.where}: "
+                    f"{(done.err or done.out).strip()}",
+                    "a sudoers rule with NOPASSWD for kvpilot's commands (docs/launchers.md)"
+                    if self.spec.sudo
+                    else "",
+                ),
+            ]
+        state, where, uid, manage, reload = lines[:5]
+        if state != "writable":
+            found.append(
+                Finding(
+                    False,
+                    f"its drop-in {dropin} cannot be written{self.shell.where} ({where} is not "
+                    "writable for this user)",
+                    "under deploy/systemd/kvpilot.service, add the directory to ReadWritePaths=; "
+                    "otherwise run as root or with sudo = true",
+                )
+            )
+        number = [int(w) if w.isdigit() else -1 for w in (uid, manage, reload)]
+        found.append(authority(self.spec.scope, *number))
+        return found
+
     # ----------------------------------------------------------------- interface
     def current_args(self) -> list[str]:
         return split_command(self._exec(self.unit_files()).argv)[1]
@@ -376,6 +453,28 @@ class SystemdLauncher(StartThenWait[SystemdSpec]):
 
     def _stop_quietly(self) -> None:
         self._systemctl("stop", "--", self.spec.unit)
+
+
+def authority(scope: str, uid: int, manage: int, reload: int) -> Finding:
+    """May this user restart the unit and reload systemd? `manage` and `reload` are pkcheck's
+    exit statuses for the two actions (127: polkit is not installed)."""
+    if scope == "user":
+        return Finding(True, "a user unit: its own manager needs no authorisation")
+    if uid == 0:
+        return Finding(True, "restarts as root")
+    if manage == 0 and reload == 0:
+        return Finding(True, "polkit allows this user to restart it and reload systemd")
+    if manage == 127:
+        detail = "not root, and polkit is not installed: systemd lets only root restart it"
+    else:
+        said = {1: "refused", 2: "asks for a password", 3: "dismissed"}
+        denied = [
+            f"{action} {said.get(code, f'failed ({code})')}"
+            for action, code in (("manage-units", manage), ("reload-daemon", reload))
+            if code != 0
+        ]
+        detail = f"polkit does not let this user restart it: {', '.join(denied)}"
+    return Finding(False, detail, POLKIT_FIX)
 
 
 def unit_identity(props: dict[str, str], local_zones: tuple[str, ...]) -> ServerIdentity | None:

@@ -17,6 +17,7 @@ from tests.slackfake.http_server import SlackHTTPServer
 from tests.slackfake.socket_server import SocketModeServer
 from tests.slackfake.state import (
     BOT_ID,
+    DEFAULT_SCOPES,
     Call,
     Fault,
     HookTarget,
@@ -32,8 +33,14 @@ class FakeSlack:
         self,
         usergroups: dict[str, list[str]] | None = None,
         users: dict[str, dict[str, Any]] | None = None,
+        *,
+        scopes: tuple[str, ...] = DEFAULT_SCOPES,
+        outside: tuple[str, ...] = (),
+        private: tuple[str, ...] = (),
     ) -> None:
-        self.state = SlackState(usergroups=usergroups, users=users)
+        self.state = SlackState(
+            usergroups=usergroups, users=users, scopes=scopes, outside=outside, private=private
+        )
         self._http = SlackHTTPServer(self.state)
         self._socket = SocketModeServer(self.state)
         self._started = False

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tests.slackfake.state import ApiError, Call, Fault, SlackState
-from tests.slackfake.web_api import HEADERS, METHODS, post_to_hook, upload_bytes
+from tests.slackfake.web_api import METHODS, NEEDS, need_scope, post_to_hook, upload_bytes
 
 Reply = tuple[int, bytes, dict[str, str]]
 
@@ -137,7 +137,10 @@ class _Handler(BaseHTTPRequestHandler):
             if error.violation:
                 state.violate(error.violation)
             if path.startswith("/api/"):
-                return _json_reply({"ok": False, "error": error.error})
+                scopes = {"x-oauth-scopes": ",".join(state.scopes)}
+                return _json_reply(
+                    {"ok": False, "error": error.error, **error.extra}, headers=scopes
+                )
             return _text_reply(error.error, 404 if error.error == "used_url" else 400)
         state.violate(f"{self.command} {path}: no such endpoint on Slack")
         return _text_reply("not_found", 404)
@@ -154,7 +157,11 @@ class _Handler(BaseHTTPRequestHandler):
         prefix = "xapp-" if name == "apps.connections.open" else "xoxb-"
         if not _bearer_token(headers, params).startswith(prefix):
             return _json_reply({"ok": False, "error": "invalid_auth"})
-        return _json_reply(method(state, params), headers=HEADERS.get(name))
+        if name in NEEDS:
+            need_scope(state, NEEDS[name])
+        # Slack names the token's scopes in a header of every Web API answer
+        scopes = {"x-oauth-scopes": ",".join(state.scopes)}
+        return _json_reply(method(state, params), headers=scopes)
 
 
 def _fault_reply(fault: Fault, hook: bool) -> Reply:

@@ -11,7 +11,10 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 BOT_USER_ID = "UBOT"
 BOT_ID = "B0BOT"
@@ -74,13 +77,25 @@ class HookTarget:
     posts: list[dict[str, Any]] = field(default_factory=list)
 
 
+def manifest_scopes() -> tuple[str, ...]:
+    """The bot scopes an app installed from deploy/slack/manifest.yaml holds."""
+    manifest = Path(__file__).resolve().parents[2] / "deploy" / "slack" / "manifest.yaml"
+    return tuple(yaml.safe_load(manifest.read_text())["oauth_config"]["scopes"]["bot"])
+
+
+DEFAULT_SCOPES = manifest_scopes()
+
+
 class ApiError(Exception):
     """A Slack error code; ``violation`` is set when the caller broke the API contract."""
 
-    def __init__(self, error: str, violation: str | None = None) -> None:
+    def __init__(
+        self, error: str, violation: str | None = None, extra: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(error)
         self.error = error
         self.violation = violation
+        self.extra = extra or {}  # fields Slack adds to some errors (missing_scope: needed)
 
 
 class SlackState:
@@ -90,8 +105,14 @@ class SlackState:
         self,
         usergroups: dict[str, list[str]] | None = None,
         users: dict[str, dict[str, Any]] | None = None,
+        scopes: tuple[str, ...] = DEFAULT_SCOPES,
+        outside: tuple[str, ...] = (),
+        private: tuple[str, ...] = (),
     ) -> None:
         self.cond = threading.Condition()
+        self.scopes = tuple(scopes)  # the bot token's granted scopes
+        self.outside = set(outside)  # channels the bot is not a member of
+        self.private = set(private)  # private channels (the bot sees them only as a member)
         self.usergroups = {name: list(members) for name, members in (usergroups or {}).items()}
         self.users = copy.deepcopy(users or {})
         self.calls: list[Call] = []

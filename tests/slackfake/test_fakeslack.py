@@ -25,6 +25,7 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.webhook import WebhookClient
 
 from tests.slackfake import BOT_USER_ID, FakeSlack
+from tests.slackfake.state import DEFAULT_SCOPES
 
 SECRET = "test-signing-secret"
 
@@ -39,7 +40,8 @@ def _no_slack_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def slack() -> Iterator[FakeSlack]:
-    with FakeSlack(usergroups={"S0APPROVERS": ["U1", "U2"]}) as fake:
+    scopes = (*DEFAULT_SCOPES, "im:write", "users:read")
+    with FakeSlack(usergroups={"S0APPROVERS": ["U1", "U2"]}, scopes=scopes) as fake:
         yield fake
 
 
@@ -112,6 +114,31 @@ def test_auth_test_identity_and_scopes(slack: FakeSlack) -> None:
     call = slack.calls("auth.test")[0]
     assert call.headers["authorization"] == "Bearer xoxb-test"
     assert slack.violations == []
+
+
+def test_membership_and_scopes_decide_where_the_bot_may_post() -> None:
+    """As Slack: a bot posts only where it is a member (chat:write.public adds public
+    channels), a private channel is invisible to non-members, and a call outside the token's
+    scopes is `missing_scope` with what was needed."""
+    with FakeSlack(outside=("C0OTHER", "G0SECRET"), private=("G0SECRET",)) as fake:
+        web = client(fake)
+        assert web.conversations_info(channel="C0OPS")["channel"]["is_member"] is True
+        assert web.conversations_info(channel="C0OTHER")["channel"]["is_member"] is False
+        for channel, error in (("C0OTHER", "not_in_channel"), ("G0SECRET", "channel_not_found")):
+            with pytest.raises(SlackApiError) as raised:
+                web.chat_postMessage(channel=channel, text="hello")
+            assert raised.value.response["error"] == error
+        with pytest.raises(SlackApiError) as raised:
+            web.conversations_info(channel="G0SECRET")
+        assert raised.value.response["error"] == "channel_not_found"
+    with FakeSlack(outside=("C0OTHER",), scopes=("chat:write", "chat:write.public")) as fake:
+        web = client(fake)
+        assert web.chat_postMessage(channel="C0OTHER", text="hello")["ok"]
+        with pytest.raises(SlackApiError) as raised:
+            web.conversations_info(channel="C0OTHER")
+        assert raised.value.response["error"] == "missing_scope"
+        assert raised.value.response["needed"] == "channels:read"
+        assert raised.value.response.headers["x-oauth-scopes"] == "chat:write,chat:write.public"
 
 
 @pytest.mark.parametrize("token", ["xapp-1-test", "bogus", ""])

@@ -29,7 +29,19 @@ from tests.slackfake.state import (
     UploadedFile,
 )
 
-SCOPES = "commands,chat:write,chat:write.public,files:write,usergroups:read,users:read,im:write"
+# The scope each method needs of a bot token (Slack's method pages, "Required scopes");
+# conversations.info needs channels:read for a public channel, groups:read for a private one.
+NEEDS = {
+    "chat.postMessage": "chat:write",
+    "chat.update": "chat:write",
+    "chat.postEphemeral": "chat:write",
+    "chat.scheduleMessage": "chat:write",
+    "conversations.open": "im:write",
+    "users.info": "users:read",
+    "usergroups.users.list": "usergroups:read",
+    "files.getUploadURLExternal": "files:write",
+    "files.completeUploadExternal": "files:write",
+}
 MAX_SCHEDULE_AHEAD_S = 120 * 24 * 3600
 MAX_HOOK_POSTS = 5
 USER_ID = re.compile(r"^[UW][A-Z0-9]+$")
@@ -96,8 +108,43 @@ def auth_test(state: SlackState, params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def need_scope(state: SlackState, scope: str) -> None:
+    """Slack's answer to a call the token's scopes do not cover."""
+    if scope not in state.scopes:
+        raise ApiError("missing_scope", extra={"needed": scope, "provided": ",".join(state.scopes)})
+
+
+def can_post(state: SlackState, channel: str) -> None:
+    """A bot posts where it is a member; `chat:write.public` adds the public channels."""
+    if channel not in state.outside:
+        return
+    if channel in state.private:
+        raise ApiError("channel_not_found")
+    if "chat:write.public" not in state.scopes:
+        raise ApiError("not_in_channel")
+
+
+def conversations_info(state: SlackState, params: dict[str, Any]) -> dict[str, Any]:
+    channel = _required("conversations.info", params, "channel", "channel_not_found")
+    private = channel in state.private
+    need_scope(state, "groups:read" if private else "channels:read")
+    member = channel not in state.outside
+    if private and not member:
+        raise ApiError("channel_not_found")  # a private channel is invisible to non-members
+    info = {
+        "id": channel,
+        "name": channel.lower(),
+        "is_channel": True,
+        "is_private": private,
+        "is_archived": False,
+        "is_member": member,
+    }
+    return {"ok": True, "channel": info}
+
+
 def chat_post_message(state: SlackState, params: dict[str, Any]) -> dict[str, Any]:
     channel = _required("chat.postMessage", params, "channel", "channel_not_found")
+    can_post(state, channel)
     text, blocks = _content("chat.postMessage", params)
     message = _message(
         state,
@@ -293,13 +340,13 @@ METHODS: dict[str, Method] = {
     "chat.postEphemeral": chat_post_ephemeral,
     "chat.scheduleMessage": chat_schedule_message,
     "conversations.open": conversations_open,
+    "conversations.info": conversations_info,
     "users.info": users_info,
     "usergroups.users.list": usergroups_users_list,
     "files.getUploadURLExternal": files_get_upload_url_external,
     "files.completeUploadExternal": files_complete_upload_external,
     "apps.connections.open": apps_connections_open,
 }
-HEADERS: dict[str, dict[str, str]] = {"auth.test": {"x-oauth-scopes": SCOPES}}
 
 
 def upload_bytes(state: SlackState, file_id: str, content: bytes) -> tuple[int, str]:

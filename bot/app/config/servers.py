@@ -109,8 +109,10 @@ def _launcher(table: Any, where: str) -> LauncherConfig | None:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: expected a table")
     kind = string(table, "kind", where)
+    known = ", ".join(f'"{k}"' for k in launcher_factory.KINDS)
+    if kind is None:
+        raise ConfigError(f"{where}.kind: missing; say how kvpilot restarts it: one of {known}")
     if kind not in launcher_factory.KINDS:
-        known = ", ".join(f'"{k}"' for k in launcher_factory.KINDS)
         raise ConfigError(f"{where}.kind: {kind!r} is not a known launcher; use one of {known}")
     check_keys(table, launcher_factory.allowed_keys(kind), where)
     if kind != "process":

@@ -55,6 +55,10 @@ def test_environment_variable_and_default_path(
             "is not a known launcher",
         ),
         (
+            "[servers.a]\nurl = 'http://x'\n[servers.a.launcher]\ncommand = ['x']\n",
+            'servers.a.launcher.kind: missing; say how kvpilot restarts it: one of "process"',
+        ),
+        (
             "[servers.a]\nurl = 'http://x'\n[servers.a.launcher]\nkind = 'process'\n"
             "command = 'x'\n",
             "expected a list of strings",

@@ -23,6 +23,7 @@ def config(tmp_path: Path) -> Config:
         ("report a --since 90m", timedelta(minutes=90)),
         ("report --since 7d", timedelta(days=7)),
         ("report a --since 2w", timedelta(weeks=2)),
+        ("report --since=2w a", timedelta(weeks=2)),
         ("report --since 3600", timedelta(hours=1)),
     ],
 )

@@ -68,9 +68,12 @@ def test_all_well_exits_0_and_writes_nothing(
 @pytest.mark.parametrize(
     ("case", "expect"),
     [
-        ("revoked token", r"slack: the token was refused: token_revoked \| .*reinstall the app"),
-        ("app token given", r"slack: the token was refused: invalid_auth \| set SLACK_BOT_TOKEN"),
+        ("revoked token", r"slack: Slack refused SLACK_BOT_TOKEN \(token_revoked\) \| .*reinstall"),
+        ("app token given", r"slack: .*SLACK_BOT_TOKEN \(invalid_auth\) \| .*set SLACK_BOT_TOKEN"),
         ("no token", r"slack: .*SLACK_BOT_TOKEN is not set \| export SLACK_BOT_TOKEN"),
+        ("not in the channel", r"slack: kvpilot is not in #c0ops \(C0OPS\).* \| invite it: "),
+        ("private channel", r"slack: channel G0OPS is not found: .* private .* \| check the ID"),
+        ("missing scope", r"slack: the app lacks the scope\(s\) channels:read, groups:read \| add"),
         ("wrong API key", r"server kimi: .*(API key|api_key|401)"),
         ("server down", r"server kimi: .*127\.0\.0\.1:\d+.* \| check the url"),
         ("unwritable database", r"database: .* cannot be created: .* \| set \[kvpilot\] database"),
@@ -92,6 +95,14 @@ def test_each_thing_wrong_is_named_with_its_fix(
         env["SLACK_BOT_TOKEN"] = "xapp-1-A1-1-abc"  # the Socket Mode token, not the bot's
     elif case == "no token":
         env = {}
+    elif case == "not in the channel":
+        slack.state.outside.add("C0OPS")
+    elif case == "private channel":
+        config.write_text(config.read_text().replace("C0OPS", "G0OPS"))
+        slack.state.outside.add("G0OPS")
+        slack.state.private.add("G0OPS")
+    elif case == "missing scope":
+        slack.state.scopes = ("commands", "chat:write", "files:write", "usergroups:read")
     elif case == "wrong API key":
         config = write(tmp_path, twin, key="wrong")
     elif case == "server down":
@@ -131,6 +142,6 @@ def test_serve_refuses_to_start_on_a_token_slack_refuses(
     out, err = io.StringIO(), io.StringIO()
     code = main(["serve", "--config", str(config), "--port", str(free_port())], out=out, err=err)
     assert code == 2
-    assert "Slack refused SLACK_BOT_TOKEN (token_revoked): " in err.getvalue()
+    assert "slack: Slack refused SLACK_BOT_TOKEN (token_revoked). Fix: " in err.getvalue()
     assert "reinstall the app" in err.getvalue()
     assert not (tmp_path / "var").exists()  # nothing started, nothing written

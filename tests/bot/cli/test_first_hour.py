@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import io
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -121,6 +122,19 @@ def test_experiments_list_shows_the_change_as_typed_and_times_with_their_zone(
     row = out.splitlines()[1]
     assert "2026-12-01 09:30:00 UTC" in row
     assert row.endswith("hicache_size=40, mem_fraction_static=0.88"), row  # stored sorted
+
+
+def test_experiment_show_reads_as_list_does(tmp_path: Path) -> None:
+    config = experiment_config(tmp_path, {"mem_fraction_static": 0.88, "hicache_size": 40})
+    code, out, err = run("experiment", "show", "1", "--config", str(config))
+    assert code == 0, err
+    assert "  change    hicache_size=40, mem_fraction_static=0.88\n" in out, out
+    (created,) = [line for line in out.splitlines() if "-> proposed" in line]
+    assert created.startswith("    2026-12-01 09:30:00 UTC  -"), created
+    audit = out.split("  audit:\n", 1)[1].splitlines()
+    assert audit and all(re.match(r"    \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC  ", a) for a in audit), (
+        audit
+    )
 
 
 @pytest.mark.parametrize(

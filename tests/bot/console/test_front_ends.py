@@ -283,11 +283,19 @@ def test_manifest_declares_what_the_bot_uses() -> None:
         "files.getUploadURLExternal": "files:write",
         "files.completeUploadExternal": "files:write",
         "usergroups.users.list": "usergroups:read",
+        # kvpilot doctor: public channels, private ones
+        "conversations.info": "channels:read",
+        "conversations.info (private)": "groups:read",
     }
     assert set(needs.values()) | {"commands"} == scopes
     source = "\n".join(
         (REPO / "bot" / name).read_text()
-        for name in ("slack/app.py", "slack/surface.py", "slack/serve.py", "chat/flow.py")
-    )
-    for method in ("chat_postMessage", "chat_update", "chat_postEphemeral", "files_upload_v2"):
+        for name in (
+            "slack/app.py", "slack/surface.py", "slack/serve.py", "slack/doctor.py", "chat/flow.py"
+        )
+    )  # fmt: skip
+    for method in (
+        "chat_postMessage", "chat_update", "chat_postEphemeral", "files_upload_v2",
+        "conversations_info", "usergroups_users_list",
+    ):  # fmt: skip
         assert method in source

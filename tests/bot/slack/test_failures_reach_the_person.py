@@ -34,3 +34,19 @@ def test_a_post_that_fails_is_explained_through_the_response_url(
         assert f"Slack said `{error}`" in text and fix in text, text
         assert said[0]["response_type"] == "ephemeral"
         assert "/kvpilot status" in text
+
+
+@pytest.mark.parametrize("words", ["--since 2w", "--since=2w"])
+def test_report_since_reads_durations_as_the_cli_does(tmp_path: Path, words: str) -> None:
+    """`/kvpilot report incident --since 2w` is the window `kvpilot report --since 2w` is:
+    one duration parser for the CLI, the configuration and Slack."""
+    config = twin_config(tmp_path, free_port(), slack=SLACK)
+    with FakeSlack() as slack, running_bot(config, slack) as (_, driver):
+        assert driver.slash(f"report incident {words}").status_code == 200
+
+        def report() -> str:
+            texts = [str(m.get("blocks")) for m in slack.messages("C0OPS").values()]
+            return next((t for t in texts if "Throughput report: incident" in t), "")
+
+        text = wait_until(report, 20, "the report")
+        assert "of 14 d" in text, text

@@ -100,7 +100,10 @@ def test_serve_exits_at_once_when_its_port_is_taken(
 
 
 def test_serve_logs_listening_only_once_the_port_accepts(tmp_path: Path, slack: FakeSlack) -> None:
-    config = twin_config(tmp_path, free_port(), slack=SLACK)
+    """It also runs doctor's checks first: what is not fatal (the server is down, a channel to
+    join) is logged with its fix, and the bot starts."""
+    slack.state.outside.add("C0OPS")
+    config = twin_config(tmp_path, free_port(), slack=SLACK + 'channels = ["C0OPS"]\n')
     port = free_port()
     proc = spawn_serve(config, port, serve_env(slack, socket_mode=False))
     lines: queue.Queue[str | None] = queue.Queue()
@@ -126,10 +129,33 @@ def test_serve_logs_listening_only_once_the_port_accepts(tmp_path: Path, slack: 
         health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
         assert health.status_code == 200 and health.json()["mode"] == "http"
         assert f"listening on http://127.0.0.1:{port}" in seen[-1]
+        warned = [line for line in seen if "start-up check failed" in line]
+        assert len(warned) == 2, seen
+        slack_line, server_line = warned
+        assert "kvpilot is not in #c0ops" in slack_line and "/invite @kvpilot" in slack_line
+        assert "server incident: " in server_line and "kvpilot server start" in server_line
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
         stop(proc)
+
+
+def test_serve_refuses_to_start_without_a_writable_database(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    config = twin_config(tmp_path, free_port(), slack=SLACK)
+    (tmp_path / "file").write_text("x")
+    config.write_text(config.read_text().replace(
+        "[kvpilot]\n", f'[kvpilot]\ndatabase = "{tmp_path}/file/kvpilot.db"\n'
+    ))  # fmt: skip
+    proc = spawn_serve(config, free_port(), serve_env(slack, socket_mode=False))
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        stop(proc)
+    assert proc.returncode == 2, err[-3000:]
+    assert f"error: database: {tmp_path}/file/kvpilot.db cannot be created" in err
+    assert "Fix: set [kvpilot] database" in err and "Traceback" not in err
 
 
 @pytest.mark.serial

@@ -372,8 +372,8 @@ class FakeDockerEngine:
         )
 
     def _route(self, method: str, parts: list[str], query: dict[str, str], body: bytes) -> Response:
-        if parts == ["_ping"]:
-            return Response("OK", media_type="text/plain")
+        if parts == ["_ping"]:  # dockerd names its API version in a header of every answer
+            return Response("OK", media_type="text/plain", headers={"Api-Version": "1.41"})
         if method == "POST" and parts == ["containers", "create"]:
             try:
                 request = json.loads(body or b"{}")

@@ -305,10 +305,10 @@ class FakeCluster:
         shutil.rmtree(self.logs, ignore_errors=True)
 
     # ----------------------------------------------------------------- authorisation
-    def _authorise(self, access: Access) -> None:
-        self.accesses.append(access)
+    def _allows(self, access: Access) -> bool:
+        """RBAC's rule match: a rule with resourceNames covers only requests naming one."""
         if self.rules is None:
-            return
+            return True
         for rule in self.rules:
             names = rule.get("resourceNames") or []
             if (
@@ -317,7 +317,43 @@ class FakeCluster:
                 and access.verb in rule.get("verbs", [])
                 and (not names or (access.name in names and access.verb not in ("list", "watch")))
             ):
-                return
+                return True
+        return False
+
+    def _review(self, body: bytes) -> dict[str, Any]:
+        """A SelfSubjectAccessReview, which every authenticated account may create
+        (system:basic-user): the answer is the RBAC decision for its resourceAttributes."""
+        try:
+            review: dict[str, Any] = json.loads(body or b"{}")
+            attrs = review["spec"]["resourceAttributes"]
+        except (ValueError, KeyError, TypeError):
+            raise ApiError(400, "BadRequest", "spec.resourceAttributes is required") from None
+        resource = attrs.get("resource", "")
+        if attrs.get("subresource"):
+            resource += "/" + attrs["subresource"]
+        access = Access(
+            attrs.get("verb", ""),
+            attrs.get("group", ""),
+            resource,
+            attrs.get("namespace", ""),
+            attrs.get("name", ""),
+        )
+        allowed = self._allows(access)
+        status: dict[str, Any] = {"allowed": allowed}
+        if allowed:
+            status["reason"] = 'RBAC: allowed by RoleBinding "kvpilot-launcher"'
+        review.update(
+            kind="SelfSubjectAccessReview",
+            apiVersion="authorization.k8s.io/v1",
+            metadata={"creationTimestamp": None},
+            status=status,
+        )
+        return review
+
+    def _authorise(self, access: Access) -> None:
+        self.accesses.append(access)
+        if self._allows(access):
+            return
         group = f' in API group "{access.group}"' if access.group else ""
         resource, _, sub = access.resource.partition("/")
         what = f'resource "{resource}"' + (f' subresource "{sub}"' if sub else "")
@@ -346,12 +382,14 @@ class FakeCluster:
                 return JSONResponse(exc.status(), status_code=exc.code)
 
         return Starlette(
-            routes=[Route("/{path:path}", endpoint, methods=["GET", "PATCH", "DELETE"])]
+            routes=[Route("/{path:path}", endpoint, methods=["GET", "PATCH", "DELETE", "POST"])]
         )
 
     def _route(
         self, method: str, path: str, query: dict[str, str], ctype: str, body: bytes
     ) -> Response:
+        if path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews" and method == "POST":
+            return JSONResponse(self._review(body), status_code=201)
         m = re.fullmatch(r"/apis/([^/]+)/v1/namespaces/([^/]+)/([^/]+)/([^/]+)", path)
         if m:
             group, ns, resource, name = m.groups()
