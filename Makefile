@@ -6,7 +6,8 @@
 #   make test-serial       tests that start several kvpilot and server processes, one at a time
 #   make test-real-sglang  the real SGLang server on CPU; the only target that builds its 2.6 GB venv
 #   make test-real-vllm    the real vLLM server on CPU (3.4 GB venv), recorded live and compared
-#   make test              the five above, in that order (what .ci/run calls)
+#   make test-daemons      the launchers against a real Docker Engine and a real systemd (as root)
+#   make test              the six above, in that order (what .ci/run calls)
 # Working on one tier, run its target; `PYTEST_ARGS=... make test-twin` narrows the parallel tier.
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,10 +15,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: help test check lint typecheck test-fast test-twin test-serial test-real-sglang venv demo \
-	lock bench clean real-sglang real-vllm test-real-vllm
+	lock bench clean real-sglang real-vllm test-real-vllm test-daemons
 
 help:
-	@sed -n '3,11p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,12p' Makefile | sed 's/^# \{0,1\}//'
 
 venv: $(STAMP)
 
@@ -52,7 +53,7 @@ check: venv lint typecheck test-fast
 test-fast: venv
 	$(BIN)/pytest -q -n 2 -p no:cacheprovider $(CHECK_TESTS)
 
-test: check test-twin test-serial test-real-sglang test-real-vllm
+test: check test-twin test-serial test-daemons test-real-sglang test-real-vllm
 
 lint: venv
 	$(BIN)/ruff check .
@@ -68,12 +69,18 @@ typecheck: venv
 PYTEST_ARGS ?= -n 4 --dist loadfile --durations=15
 
 test-twin: venv
-	$(BIN)/pytest -q $(PYTEST_ARGS) -m "not real_sglang and not real_vllm and not serial" --cov --cov-report=term:skip-covered
+	$(BIN)/pytest -q $(PYTEST_ARGS) -m "not real_sglang and not real_vllm and not serial and not real_daemons" --cov --cov-report=term:skip-covered
 
 # The serial and real-engine tiers compare timing-dependent behaviour (with the twin, with a real
 # Prometheus), so they run after the parallel tier, one test at a time, not next to anything else.
 test-serial: venv
-	$(BIN)/pytest -q -m "serial and not real_sglang and not real_vllm"
+	$(BIN)/pytest -q -m "serial and not real_sglang and not real_vllm and not real_daemons"
+
+# The launchers against the real daemons: a Docker Engine (the running one, or dockerd started
+# on a socket of its own and stopped after) and systemd as PID 1 of a container of it, reached
+# over SSH. One at a time: they share the daemon.
+test-daemons: venv
+	$(BIN)/pytest -q -m "real_daemons" --durations=10
 
 test-real-sglang: venv real-sglang
 	$(BIN)/pytest -q -m "real_sglang"

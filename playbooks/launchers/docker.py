@@ -91,16 +91,17 @@ class DockerEngine:
     def __init__(self, socket: str, timeout_s: float = 30.0) -> None:
         self.socket = socket
         self.timeout_s = timeout_s
+
+    def _client(self) -> httpx.Client:
         # Not `playbooks.http.http_client`: that one is for read-only HTTP sources and retries;
         # this client speaks to a Unix socket and recreates containers, which is never retried.
-        self._http = httpx.Client(
-            transport=httpx.HTTPTransport(uds=socket),
+        # One connection a call: a launcher is built per step and never closed, and a Unix
+        # socket costs nothing to open, so no connection outlives its call.
+        return httpx.Client(
+            transport=httpx.HTTPTransport(uds=self.socket),
             base_url=f"http://docker/{API_VERSION}",
-            timeout=timeout_s,
+            timeout=self.timeout_s,
         )
-
-    def close(self) -> None:
-        self._http.close()
 
     def call(
         self,
@@ -113,9 +114,10 @@ class DockerEngine:
         timeout_s: float | None = None,
     ) -> httpx.Response:
         try:
-            response = self._http.request(
-                method, path, params=params, json=body, timeout=timeout_s or self.timeout_s
-            )
+            with self._client() as http:
+                response = http.request(
+                    method, path, params=params, json=body, timeout=timeout_s or self.timeout_s
+                )
         except httpx.TransportError as exc:
             raise LaunchError(
                 f"cannot reach the Docker Engine at unix://{self.socket}: {exc} (is Docker "

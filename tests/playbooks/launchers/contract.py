@@ -190,7 +190,7 @@ def one_process_carries_an_experiment(h: Harness) -> None:
         assert h.starts() == before and store.get_experiment(db, row.id).state == "trial"
     finally:
         owner.kill()
-        owner.wait(timeout=10)
+        owner.communicate(timeout=10)  # reaps it and closes its pipes
     # the owner is gone: two resumes at once, and the server restarts exactly once
     racers = [_kvpilot(h, "resume") for _ in range(2)]
     results = [(r.wait(timeout=120), r.communicate()[1]) for r in racers]

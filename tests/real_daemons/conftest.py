@@ -1,0 +1,15 @@
+"""The real daemons, started once for the tier (tests/real_daemons/dockerd.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.real_daemons.dockerd import Dockerd, running_dockerd
+
+
+@pytest.fixture(scope="session")
+def dockerd() -> Iterator[Dockerd]:
+    with running_dockerd() as daemon:
+        yield daemon
