@@ -6,7 +6,7 @@
 #   make test-serial       tests that start several kvpilot and server processes, one at a time
 #   make test-real-sglang  the real SGLang server on CPU; the only target that builds its 2.6 GB venv
 #   make test-real-vllm    the real vLLM server on CPU (3.4 GB venv), recorded live and compared
-#   make test-daemons      the launchers against a real Docker Engine and a real systemd (as root)
+#   make test-daemons      the launchers, the bot's image and unit on a real dockerd and systemd (root)
 #   make test              the six above, in that order (what .ci/run calls)
 # Working on one tier, run its target; `PYTEST_ARGS=... make test-twin` narrows the parallel tier.
 PYTHON ?= python3
@@ -15,7 +15,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: help test check lint typecheck test-fast test-twin test-serial test-real-sglang venv demo \
-	lock bench clean real-sglang real-vllm test-real-vllm test-daemons
+	lock bench clean real-sglang real-vllm test-real-vllm test-daemons bot-image
 
 help:
 	@sed -n '3,12p' Makefile | sed 's/^# \{0,1\}//'
@@ -78,9 +78,14 @@ test-serial: venv
 
 # The launchers against the real daemons: a Docker Engine (the running one, or dockerd started
 # on a socket of its own and stopped after) and systemd as PID 1 of a container of it, reached
-# over SSH. One at a time: they share the daemon.
-test-daemons: venv
+# over SSH; and the bot's own image and unit from deploy/. One at a time: they share the daemon.
+test-daemons: venv bot-image
 	$(BIN)/pytest -q -m "real_daemons" --durations=10
+
+# kvpilot's image from deploy/docker/Dockerfile on a Debian 12 base made with debootstrap (no
+# registry here), saved under .venv/kvpilot-images; built again only when what goes in changes.
+bot-image: venv
+	$(BIN)/python -m tests.real_daemons.bot_image
 
 test-real-sglang: venv real-sglang
 	$(BIN)/pytest -q -m "real_sglang"

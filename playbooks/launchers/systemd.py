@@ -29,6 +29,7 @@ from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
 from playbooks.launchers.base import Finding, LaunchError, ServerIdentity, ServerState
 from playbooks.launchers.common import StartThenWait, health_ok, poll_until, split_command, tail
+from playbooks.launchers.systemd_exit import systemd_failure
 from playbooks.launchers.systemd_unit import (
     ExecCommand,
     UnitFile,
@@ -364,7 +365,7 @@ class SystemdLauncher(StartThenWait[SystemdSpec]):
             return ServerState(False, False, pid, code, "stopped")
         if active == "activating" and props.get("SubState") != "auto-restart":
             return ServerState(False, False, pid, code, "starting")
-        reason = self.spec.engine.classify_exit(code, self.journal(props.get("InvocationID")))
+        reason = self._why(code, self.journal(props.get("InvocationID")))
         if props.get("SubState") == "auto-restart":
             reason += f" (systemd restarts it: restart {props.get('NRestarts', '?')})"
         return ServerState(False, False, pid, code, reason)
@@ -378,7 +379,7 @@ class SystemdLauncher(StartThenWait[SystemdSpec]):
             raise LaunchError(
                 f"`systemctl restart {self.spec.unit}`{self.shell.where} failed: "
                 f"{(done.err or done.out).strip()} "
-                f"({self.spec.engine.classify_exit(exit_code(props), log)})",
+                f"({self._why(exit_code(props), log)})",
                 log,
             )
         self._started = self._invocation(props)
@@ -414,7 +415,7 @@ class SystemdLauncher(StartThenWait[SystemdSpec]):
         started = self._started
         if _ended(props, started):
             log = self.journal(started.invocation_id)
-            reason = self.spec.engine.classify_exit(exit_code(props), log)
+            reason = self._why(exit_code(props), log)
             self._stop_quietly()
             raise LaunchError(f"{self.spec.unit} exited before it was ready: {reason}", log)
         return health_ok(self.spec.url, self.spec.engine)
@@ -448,6 +449,10 @@ class SystemdLauncher(StartThenWait[SystemdSpec]):
         self._checked("stop", "--", self.spec.unit)
 
     # ----------------------------------------------------------------- helpers
+    def _why(self, code: int | None, log: str) -> str:
+        """systemd's own failure to run the command, or the engine's reading of its end."""
+        return systemd_failure(code, log) or self.spec.engine.classify_exit(code, log)
+
     def _invocation(self, props: dict[str, str]) -> Invocation:
         return Invocation(props.get("InvocationID", ""), _int(props.get("NRestarts")))
 

@@ -18,6 +18,7 @@ import io
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tarfile
 import tempfile
@@ -41,12 +42,25 @@ def unavailable(reason: str) -> None:
     pytest.skip(f"{reason}; CI requires it")
 
 
-def answers(socket: str) -> bool:
+def answers(path: str) -> bool:
+    if not listening(path):
+        return False
     try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=socket), timeout=3) as c:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=path), timeout=3) as c:
             return c.get("http://docker/_ping").status_code == 200
     except (httpx.HTTPError, OSError):
         return False
+
+
+def listening(path: str) -> bool:
+    """Something accepts connections on the Unix socket `path` (checked first with a socket of
+    our own, closed either way: httpcore leaves the one of a refused connection open)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
@@ -109,22 +123,22 @@ def running_dockerd() -> Iterator[Dockerd]:
     (hooks / HOOK).write_text("#!/bin/sh\n# stand-in: accepts the prestart call, gives no GPU\n"
                               "cat >/dev/null\nexit 0\n")  # fmt: skip
     (hooks / HOOK).chmod(0o755)
-    socket = str(root / "docker.sock")
+    address = str(root / "docker.sock")
     log = (root / "dockerd.log").open("wb")
     proc = subprocess.Popen(
         [
             binary, "--iptables=false", "--ip-masq=false", "--bridge=none",
-            f"--host=unix://{socket}", f"--data-root={root / 'data'}",
+            f"--host=unix://{address}", f"--data-root={root / 'data'}",
             f"--exec-root={root / 'exec'}", f"--pidfile={root / 'dockerd.pid'}",
         ],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "PATH": f"{hooks}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
     )  # fmt: skip
     log.close()
-    d = Dockerd(socket, proc, root)
+    d = Dockerd(address, proc, root)
     try:
         deadline = time.monotonic() + 60
-        while not answers(socket):
+        while not answers(address):
             if proc.poll() is not None or time.monotonic() > deadline:
                 text = (root / "dockerd.log").read_text(errors="replace")[-3000:]
                 unavailable(f"dockerd did not start:\n{text}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,14 +16,6 @@ from tests.real_daemons.dockerd import Dockerd
 
 pytestmark = pytest.mark.real_daemons
 
-CLAUSES: list[Any] = [
-    contract.apply_death_stop_and_start,
-    contract.failure_rollback_and_bot_crash,
-    contract.issue_poll_and_identity,
-    contract.killed_in_every_state,
-    contract.one_process_carries_an_experiment,
-]
-
 
 @pytest.fixture
 def system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dockerd: Dockerd) -> Iterator[Harness]:
@@ -32,7 +23,7 @@ def system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dockerd: Dockerd) ->
         yield h
 
 
-@pytest.mark.parametrize("clause", CLAUSES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("clause", contract.EVERY_CLAUSE, ids=lambda c: c.__name__)
 def test_contract(system: Harness, clause: Callable[[Harness], None]) -> None:
     clause(system)
 

@@ -126,7 +126,7 @@ def failure_rollback_and_bot_crash(h: Harness) -> None:
         wait_for("the change to reach the system", mid_apply)
     finally:
         bot.kill()
-        bot.wait(timeout=10)
+        bot.communicate(timeout=10)  # reaps it and closes its pipe
     fresh = h.launcher()
     assert fresh.current_args() == slow
     assert not fresh.state().ready
@@ -331,3 +331,13 @@ def killed_in_every_state(h: Harness) -> None:
     assert h.info()["mem_fraction_static"] == 0.85
     assert h.launcher().current_args() == h.baseline
     assert h.leftovers() == []
+
+
+# The whole contract, for a system that runs it all (the real daemons' tier).
+EVERY_CLAUSE = (
+    apply_death_stop_and_start,
+    failure_rollback_and_bot_crash,
+    issue_poll_and_identity,
+    killed_in_every_state,
+    one_process_carries_an_experiment,
+)

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from playbooks.launchers.systemd_exit import status_name
 from tests.paths import REPO
 
 CLD_EXITED, CLD_KILLED = 1, 2
@@ -106,12 +107,15 @@ def load_unit(root: Path, unit: str) -> dict[str, Any] | None:
         "restart_sec": 0.1,
         "timeout_stop_sec": 90.0,
         "working_directory": None,
+        "description": "",
         "environment": {},
         "paths": [str(f) for f in files],
         "mtimes": {str(f): f.stat().st_mtime_ns for f in files},
     }
     for f in files:
         for section, key, value in assignments(f.read_text()):
+            if section == "Unit" and key == "Description":
+                cfg["description"] = value
             if section != "Service":
                 continue
             if key == "ExecStart":
@@ -194,13 +198,35 @@ def loaded(root: Path, unit: str) -> dict[str, Any] | None:
     return read_json(run_dir(root) / f"{unit}.loaded.json", None)
 
 
-def journal(root: Path, unit: str, message: str, invocation: str, pid: int, own: bool) -> None:
+# The manager's catalogued messages (systemd's src/systemd/sd-messages.h), as journalctl -o json
+# gives them in MESSAGE_ID.
+MESSAGE_IDS = {
+    "started": "39f53479d3a045ac8e11786248231fbf",
+    "exited": "98e322203f7a4ed290d09fe03c09fe15",
+    "failed": "d9b373ed55a64feb8242e02dbe79a49c",
+    "stopping": "de5b426a63be47a7b6ac3eaac82e2f6f",
+    "deactivated": "7ad2d189f7e94e70a38c781354912448",
+    "stopped": "9d1aaa27d60140bd96365438aad20286",
+    "spawn_failed": "641257651c1b4ec9a8624d7a40a9e1e7",
+}
+
+
+def described(unit: str, cfg: dict[str, Any]) -> str:
+    """How systemd 252 names a unit in its status lines: "UNIT - Description" when it has one."""
+    return f"{unit} - {cfg['description']}" if cfg.get("description") else unit
+
+
+def journal(
+    root: Path, unit: str, message: str, invocation: str, pid: int, own: bool, kind: str = ""
+) -> None:
     entry = {
         "__REALTIME_TIMESTAMP": str(time.time_ns() // 1000),
         "PRIORITY": "6",
         "MESSAGE": message,
         "_PID": str(pid),
     }
+    if kind:
+        entry["MESSAGE_ID"] = MESSAGE_IDS[kind]
     if own:  # the manager's own lines about the unit
         entry.update({"UNIT": unit, "INVOCATION_ID": invocation, "SYSLOG_IDENTIFIER": "systemd"})
     else:
@@ -245,9 +271,10 @@ def supervise(root: Path, unit: str) -> int:
     signal.signal(signal.SIGTERM, on_term)
     while True:
         invocation = uuid.uuid4().hex
+        argv = exec_argv(cfg)
         try:
             child = subprocess.Popen(
-                exec_argv(cfg),
+                argv,
                 cwd=cfg["working_directory"],
                 env={**os.environ, **cfg["environment"]},
                 stdin=subprocess.DEVNULL,
@@ -256,41 +283,51 @@ def supervise(root: Path, unit: str) -> int:
                 start_new_session=True,
             )
         except OSError as exc:
-            journal(root, unit, f"{unit}: Failed to execute: {exc}", invocation, 1, True)
+            # Type=simple: the start job is done once systemd has forked; its child then fails
+            # to execute, logs why under the unit and exits with EXIT_EXEC (203)
+            child = None
+            journal(root, unit, f"Started {described(unit, cfg)}.", invocation, 1, True, "started")
+            for line in (
+                f"{unit}: Failed to locate executable {argv[0]}: {exc.strerror}",
+                f"{unit}: Failed at step EXEC spawning {argv[0]}: {exc.strerror}",
+            ):
+                journal(root, unit, line, invocation, 1, True, "spawn_failed")
+            rc = 203
+        else:
             update_state(
-                root, unit, active="failed", sub="failed", result="exit-code", main_pid=0,
-                code=CLD_EXITED, status=203, invocation=invocation, supervisor=0,
+                root, unit, active="active", sub="running", result="success",
+                main_pid=child.pid, code=0, status=0, invocation=invocation,
+                supervisor=os.getpid(), start_realtime_us=time.time_ns() // 1000,
+                start_monotonic_us=time.monotonic_ns() // 1000,
             )  # fmt: skip
-            return 0
-        update_state(
-            root, unit, active="active", sub="running", result="success", main_pid=child.pid,
-            code=0, status=0, invocation=invocation, supervisor=os.getpid(),
-            start_realtime_us=time.time_ns() // 1000,
-            start_monotonic_us=time.monotonic_ns() // 1000,
-        )  # fmt: skip
-        journal(root, unit, f"Started {unit}.", invocation, 1, True)
-        assert child.stdout is not None
-        for raw in child.stdout:
-            journal(
-                root, unit, raw.decode(errors="replace").rstrip("\n"), invocation, child.pid, False
-            )
-        rc = child.wait()
+            journal(root, unit, f"Started {described(unit, cfg)}.", invocation, 1, True, "started")
+            assert child.stdout is not None
+            for raw in child.stdout:
+                text = raw.decode(errors="replace").rstrip("\n")
+                journal(root, unit, text, invocation, child.pid, False)
+            rc = child.wait()
         killed = rc < 0
         code, status = (CLD_KILLED, -rc) if killed else (CLD_EXITED, rc)
         if stopping.is_set():
-            journal(root, unit, f"Stopped {unit}.", invocation, 1, True)
-            update_state(
-                root, unit, active="inactive", sub="dead", result="success", main_pid=0,
-                code=code, status=status, supervisor=0,
-            )  # fmt: skip
+            # a unit stopped cleanly is unloaded by systemd's garbage collection: its next
+            # `show` has no invocation and no exit status (observed on systemd 252)
+            journal(root, unit, f"{unit}: Deactivated successfully.", invocation, 1, True,
+                    "deactivated")  # fmt: skip
+            journal(root, unit, f"Stopped {described(unit, cfg)}.", invocation, 1, True, "stopped")
+            with locked(root, unit):
+                write_json(run_dir(root) / f"{unit}.state.json", dict(IDLE))
             return 0
-        name = signal.Signals(status).name.removeprefix("SIG") if killed else "n/a"
-        how = f"code=killed, status={status}/{name}" if killed else f"code=exited, status={rc}"
-        journal(root, unit, f"{unit}: Main process exited, {how}", invocation, 1, True)
+        name = signal.Signals(status).name.removeprefix("SIG") if killed else status_name(rc)
+        how = f"code={'killed' if killed else 'exited'}, status={status}" + (
+            f"/{name}" if name else ""
+        )
+        journal(root, unit, f"{unit}: Main process exited, {how}", invocation, 1, True, "exited")
         result = "signal" if killed else ("exit-code" if rc else "success")
         failed = rc != 0
         if failed:
-            journal(root, unit, f"{unit}: Failed with result '{result}'.", invocation, 1, True)
+            journal(
+                root, unit, f"{unit}: Failed with result '{result}'.", invocation, 1, True, "failed"
+            )
         restart = (
             cfg["restart"] == "always"
             or (failed and cfg["restart"] == "on-failure")
@@ -300,18 +337,19 @@ def supervise(root: Path, unit: str) -> int:
             update_state(
                 root, unit, active="failed" if failed else "inactive",
                 sub="failed" if failed else "dead", result=result, main_pid=0, code=code,
-                status=status, supervisor=0,
+                status=status, supervisor=0, invocation=invocation,
             )  # fmt: skip
             return 0
         update_state(
             root, unit, active="activating", sub="auto-restart", result=result, main_pid=0,
-            code=code, status=status,
+            code=code, status=status, invocation=invocation,
         )  # fmt: skip
         deadline = time.monotonic() + float(cfg["restart_sec"])
         while time.monotonic() < deadline and not stopping.is_set():
             time.sleep(0.02)
         if stopping.is_set():
-            update_state(root, unit, active="inactive", sub="dead", main_pid=0, supervisor=0)
+            with locked(root, unit):
+                write_json(run_dir(root) / f"{unit}.state.json", dict(IDLE))
             return 0
         restarts = int(get_state(root, unit)["n_restarts"]) + 1
         update_state(root, unit, n_restarts=restarts)
@@ -360,11 +398,6 @@ def start_unit(root: Path, unit: str) -> tuple[int, str]:
     while time.monotonic() < deadline:
         state = get_state(root, unit)
         if state["invocation"] != before:
-            if state["active"] == "failed" and state["status"] == 203:
-                return 1, (
-                    f"Job for {unit} failed because the control process exited with error code.\n"
-                    f'See "systemctl status {unit}" and "journalctl -xeu {unit}" for details.\n'
-                )
             return 0, ""
         time.sleep(0.01)
     return 1, f"Job for {unit} timed out.\n"
@@ -459,7 +492,7 @@ def systemctl(root: Path, argv: list[str]) -> tuple[int, str, str]:
             stop_unit(root, unit)
         code, err = start_unit(root, unit)
         return code, "", err
-    return 1, "", f"Unknown command verb '{command}'.\n"
+    return 1, "", f"Unknown command verb {command}.\n"
 
 
 def journalctl(root: Path, argv: list[str]) -> tuple[int, str, str]:

@@ -200,8 +200,8 @@ def systemd_harness(
     def invocations() -> int:
         lines = (root / "journal.jsonl").read_text().splitlines()
         entries = [json.loads(line) for line in lines]
-        started = f"Started {UNIT}."
-        return len({e["INVOCATION_ID"] for e in entries if e.get("MESSAGE") == started})
+        started = fake_systemd.MESSAGE_IDS["started"]
+        return len({e["INVOCATION_ID"] for e in entries if e.get("MESSAGE_ID") == started})
 
     h = Harness("systemd", config, port, args, lambda: None, leftovers, invocations)
     h.server_pid = lambda: h.launcher().state().pid

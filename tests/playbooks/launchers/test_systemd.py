@@ -198,7 +198,8 @@ def test_errors_an_operator_can_act_on(tmp_path: Path, monkeypatch: pytest.Monke
     ssh.chmod(0o755)
     with pytest.raises(LaunchError, match="cannot reach gpu-7 over SSH: ssh: connect to host"):
         unreachable.current_args()
-    # An executable that is not there: systemd's 203/EXEC, with the manager's own words.
+    # An executable that is not there: systemd's 203/EXEC, read as systemd's failure (not the
+    # server's exit), with the executor's own words from the journal.
     broken = fake_systemd.unit_dir(tmp_path / "host") / "broken.service"
     broken.parent.mkdir(parents=True)
     broken.write_text(
@@ -211,9 +212,13 @@ def test_errors_an_operator_can_act_on(tmp_path: Path, monkeypatch: pytest.Monke
         dropin_dir=str(fake_systemd.etc_dir(tmp_path / "host")),
         ready_timeout_s=30,
     )
-    with pytest.raises(LaunchError, match="exited with status 203") as failure:
+    with pytest.raises(LaunchError) as failure:
         SystemdLauncher(spec).apply(["--port", "2"])
-    assert "Failed to execute" in failure.value.log_tail
+    assert (
+        "systemd could not start the command (203/EXEC): Failed to locate executable "
+        "/opt/nowhere/python3: No such file or directory; check that ExecStart='s program"
+    ) in failure.value.reason, failure.value.reason
+    assert "Failed at step EXEC spawning /opt/nowhere/python3" in failure.value.log_tail
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(LaunchError, match="`systemctl` is not installed here"):
         missing.current_args()
