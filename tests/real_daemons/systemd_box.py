@@ -1,11 +1,13 @@
 """systemd as PID 1 of a container of the real Docker Engine, reached over SSH as production
 reaches a GPU host: Debian's systemd 252 and OpenSSH from the host, mounted read-only.
 
-What our machines allow (../shared notes): no --privileged, so SYS_ADMIN, no seccomp filter,
-tmpfs on /run and /run/lock, and the cgroup hierarchy mounted read-write. The unit directory
-(/etc/systemd/system, where units and kvpilot's drop-ins go) and root's ~/.ssh are directories
-of the test, mounted read-write; sshd listens on a free port of the host's network, set with a
-drop-in of ssh.service (Debian's /etc/default/ssh would override SSHD_OPTS).
+What our machines allow: no --privileged, so SYS_ADMIN, no seccomp filter, tmpfs on /run and
+/run/lock, and the cgroup hierarchy mounted read-write. The box's /etc is a copy of the host's,
+writable (users and configuration can be added, as on a host being set up), with an empty
+/etc/systemd/system where the tests' units and kvpilot's drop-ins go; root's ~/.ssh is a
+directory of the test. sshd listens on a free port of the host's network, set with a drop-in of
+ssh.service (Debian's /etc/default/ssh would override SSHD_OPTS). The checkout is mounted at
+its own path and, for services with a private /tmp (where a checkout may live), at SOURCE.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from pathlib import Path
 
 from tests.real_daemons.docker_harness import mounts
 from tests.real_daemons.dockerd import BASE_IMAGE, Dockerd, unavailable
-from tests.twin_process import free_port
+from tests.twin_process import REPO, free_port
 
 SYSTEMD = "/lib/systemd/systemd"
+SOURCE = "/opt/kvpilot-src"  # the checkout again, outside /tmp
 
 
 @dataclass
@@ -89,8 +92,11 @@ def running_systemd_box(daemon: Dockerd) -> Iterator[SystemdBox]:
     if not Path(SYSTEMD).exists():
         unavailable(f"{SYSTEMD} is not installed (Debian's systemd package)")
     work = Path(tempfile.mkdtemp(prefix="kvbox-"))
-    units, ssh_dir = work / "units", work / "ssh"
-    units.mkdir()
+    etc, ssh_dir = work / "etc", work / "ssh"
+    shutil.copytree("/etc", etc, symlinks=True, ignore_dangling_symlinks=True)
+    units = etc / "systemd" / "system"
+    shutil.rmtree(units, ignore_errors=True)  # the host's enabled units do not start in the box
+    units.mkdir(parents=True)
     ssh_dir.mkdir(mode=0o700)
     key = work / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
@@ -104,8 +110,8 @@ def running_systemd_box(daemon: Dockerd) -> Iterator[SystemdBox]:
     )
     name = f"kvpilot-systemd-{port}"
     binds = [
-        *mounts(), "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-        f"{units}:/etc/systemd/system:rw", f"{ssh_dir}:/root/.ssh:rw",
+        *(m for m in mounts() if not m.startswith("/etc:")), "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+        f"{etc}:/etc:rw", f"{ssh_dir}:/root/.ssh:rw", f"{REPO}:{SOURCE}:ro",
     ]  # fmt: skip
     argv = [
         "run", "-d", "--name", name, "--network", "host", "--cap-add", "SYS_ADMIN",
