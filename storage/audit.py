@@ -60,6 +60,24 @@ class ConfigApplied(AuditEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ConfigChangedOutside(AuditEvent):
+    """The server ran arguments kvpilot had not set (someone changed it by hand): kvpilot
+    recorded them as applied and last-known-good (``config_id``) and did not touch the server.
+
+    ``recorded_args`` is what kvpilot's history said the server ran (None: nothing recorded),
+    ``found_args`` what it runs; ``seen`` says when it was noticed ("before the experiment", or
+    the experiment's state)."""
+
+    name: ClassVar[str] = "config_changed_outside"
+    server: str
+    config_id: int
+    recorded_args: JSON | None
+    found_args: JSON
+    seen: str
+    experiment_id: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ProposalCreated(AuditEvent):
     """The bot proposed a change; ``plan_hash`` is what an approval must match."""
 
@@ -226,6 +244,7 @@ EVENT_TYPES: dict[str, type[AuditEvent]] = {
     for cls in (
         ServerRegistered,
         ConfigApplied,
+        ConfigChangedOutside,
         ProposalCreated,
         ProposalApproved,
         ProposalRejected,

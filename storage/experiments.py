@@ -53,10 +53,13 @@ class State(StrEnum):
     expired = "expired"  # terminal: the approved plan went stale (the server changed) before it ran
     cancelled = "cancelled"  # terminal: stopped before anything was changed
     failed = "failed"  # terminal: the revert itself failed and a person must look
+    # terminal: someone changed the server's configuration outside kvpilot during the
+    # experiment; kvpilot left it as they set it (and recorded it as last-known-good)
+    superseded = "superseded"
 
 
 TERMINAL: frozenset[State] = frozenset(
-    {State.kept, State.reverted, State.expired, State.cancelled, State.failed}
+    {State.kept, State.reverted, State.expired, State.cancelled, State.failed, State.superseded}
 )
 ACTIVE: frozenset[State] = frozenset(set(State) - TERMINAL)
 
@@ -65,15 +68,18 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     # expired: the server no longer runs the configuration the plan was approved against
     State.approved: frozenset({State.baseline, State.cancelled, State.expired}),
     # cancelled from proposed/approved/baseline: nothing has been changed on the server yet
-    State.baseline: frozenset({State.restarting, State.cancelled}),
-    # once the restart has begun, the only way out is forward or back to last-known-good
-    State.restarting: frozenset({State.warming_up, State.reverting}),
-    State.warming_up: frozenset({State.trial, State.reverting}),
-    State.trial: frozenset({State.deciding, State.reverting}),
+    State.baseline: frozenset({State.restarting, State.cancelled, State.superseded}),
+    # once the restart has begun, the only way out is forward or back to last-known-good ...
+    State.restarting: frozenset({State.warming_up, State.reverting, State.superseded}),
+    State.warming_up: frozenset({State.trial, State.reverting, State.superseded}),
+    State.trial: frozenset({State.deciding, State.reverting, State.superseded}),
     # the gate has decided in trial; deciding makes its decision durable (keep or revert)
-    State.deciding: frozenset({State.kept, State.reverting}),
+    State.deciding: frozenset({State.kept, State.reverting, State.superseded}),
     # failed means the revert did not work: the server may be on neither configuration
-    State.reverting: frozenset({State.reverted, State.failed}),
+    State.reverting: frozenset({State.reverted, State.failed, State.superseded}),
+    # ... or, from the baseline on, superseded: the server runs arguments that are neither the
+    # baseline's nor the trial's, so a person set them and kvpilot must not overwrite them
+    # (before the baseline, in approved, the same finding makes the plan stale: expired)
     **{state: frozenset() for state in TERMINAL},
 }
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from sqlite_utils import Database
 
 from storage._codec import dumps, loads, parse_iso, utc_iso
-from storage.audit import ConfigApplied, ServerRegistered, record
+from storage.audit import ConfigApplied, ConfigChangedOutside, ServerRegistered, record
 from storage.db import write_transaction
 from storage.errors import NotFound
 
@@ -100,6 +100,42 @@ def record_applied_config(
                 args=args,
                 experiment_id=experiment_id,
                 note=note,
+            ),
+        )
+    return config_id
+
+
+def record_changed_outside(
+    db: Database,
+    server: str,
+    args: JSON,
+    *,
+    now: datetime,
+    note: str,
+    seen: str,
+    experiment_id: int | None = None,
+) -> int:
+    """Record ``args``, which someone set on ``server`` outside kvpilot, as what it runs and as
+    its last-known-good configuration, so no later revert or abort goes back to kvpilot's older
+    one; audited with what kvpilot had recorded before. One transaction: all or nothing.
+    Returns the applied row's id."""
+    with write_transaction(db):
+        before = current_config(db, server)
+        config_id = record_applied_config(
+            db, server, args, actor="kvpilot", now=now, note=note, experiment_id=experiment_id
+        )
+        mark_last_known_good(db, config_id, now=now, note=note)
+        record(
+            db,
+            ConfigChangedOutside(
+                actor="kvpilot",
+                created=now,
+                server=server,
+                config_id=config_id,
+                recorded_args=None if before is None else before.args,
+                found_args=args,
+                seen=seen,
+                experiment_id=experiment_id,
             ),
         )
     return config_id

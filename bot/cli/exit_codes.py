@@ -14,6 +14,8 @@ Scripts and schedulers branch on these, so an outcome always exits with the same
 | 6 | cancelled or aborted (by a person, Ctrl-C, or a restart of kvpilot) |
 | 7 | waiting for a person: recorded as a proposal that another approver must |
 |   | approve (four-eyes); nothing was changed |
+| 8 | superseded: someone changed the server's configuration outside kvpilot |
+|   | during the experiment; kvpilot left it as they set it |
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ REVERTED_AFTER_FAILURE = 4
 NO_VERDICT = 5
 CANCELLED = 6
 AWAITING_APPROVAL = 7
+SUPERSEDED = 8
 
 BY_OUTCOME: dict[Outcome, int] = {
     Outcome.kept: OK,
@@ -36,11 +39,13 @@ BY_OUTCOME: dict[Outcome, int] = {
     Outcome.no_verdict: NO_VERDICT,
     Outcome.cancelled: CANCELLED,
     Outcome.failed: FAILED,
+    Outcome.superseded: SUPERSEDED,
     Outcome.unfinished: FAILED,  # left running by this command: someone must look
 }
 
-# When one command ends several experiments (`kvpilot resume`), the most urgent code wins.
-URGENCY = (FAILED, REVERTED_AFTER_FAILURE, NO_VERDICT, NOT_IMPROVED, CANCELLED, OK)
+# When one command ends several experiments (`kvpilot resume`), the most urgent code wins (a
+# server a person took over runs a configuration nobody measured: before the gate's reverts).
+URGENCY = (FAILED, REVERTED_AFTER_FAILURE, NO_VERDICT, SUPERSEDED, NOT_IMPROVED, CANCELLED, OK)
 
 
 def most_urgent(codes: list[int]) -> int:

@@ -25,7 +25,13 @@ from playbooks.experiments.known_baseline import (
     NoKnownBaseline,
     find_known_baseline,
 )
-from playbooks.experiments.lifecycle import FOUND_RUNNING, before_restart, checkpoint, move
+from playbooks.experiments.lifecycle import (
+    FOUND_CHANGED,
+    FOUND_RUNNING,
+    before_restart,
+    checkpoint,
+    move,
+)
 from playbooks.experiments.ownership import OwnershipLost
 from playbooks.experiments.sampling import (
     gate_result,
@@ -37,6 +43,7 @@ from playbooks.launchers.base import LaunchError, ServerState
 from storage import audit, proposals, servers
 from storage import experiments as store
 from storage import samples as sample_store
+from storage.db import write_transaction
 from storage.errors import LeaseNotHeld
 from storage.experiments import TERMINAL, State
 
@@ -156,10 +163,29 @@ def _move(deps: Deps, row: store.ExperimentRow, step: steps.Move) -> None:
     details = {k: v for k, v in step.details.items() if k != "give_up"}
     if step.details.get("give_up"):
         deps.launcher.give_up()
-    if step.to in (State.reverted, State.failed, State.kept, State.cancelled, State.expired):
+    if step.to in TERMINAL:
         _give_back_slot(deps, row)
     deps.say(f"{row.state} -> {step.to}: {step.reason}")
+    if step.to == State.superseded:
+        _superseded(deps, row, step, details)
+        return
     move(deps, row.id, row.state, step.to, step.reason, details=details, progress=step.progress)
+
+
+def _superseded(
+    deps: Deps, row: store.ExperimentRow, step: steps.Move, details: dict[str, Any]
+) -> None:
+    """Someone set the server's arguments by hand: they become its configuration and its
+    last-known-good (no later revert goes back past them), and the experiment ends, in one
+    transaction, so the record exists exactly when the move does. The server is not touched."""
+    found = [str(a) for a in step.details.get("found_args", [])]
+    with write_transaction(deps.db):
+        servers.record_changed_outside(
+            deps.db, deps.server, {"args": found}, now=deps.now(), seen=str(row.state),
+            note=f"{FOUND_CHANGED} during experiment {row.id} ({row.state})",
+            experiment_id=row.id,
+        )  # fmt: skip
+        move(deps, row.id, row.state, step.to, step.reason, details=details)
 
 
 def _progress(deps: Deps, row: store.ExperimentRow, **changes: Any) -> None:
@@ -254,8 +280,13 @@ def _known_baseline(
 ) -> KnownBaseline | NoKnownBaseline:
     identity = deps.launcher.identity()
     applied = servers.current_config(deps.db, deps.server)
-    changed = None
-    if applied is not None and not (applied.note or "").startswith(FOUND_RUNNING):
+    changed = outside = None
+    note = "" if applied is None else (applied.note or "")
+    if applied is not None and note.startswith(FOUND_CHANGED):
+        # found changed by hand: it changed at some time before kvpilot saw it, so no scrape
+        # before that moment describes the configuration that runs now
+        outside = applied.created_at.timestamp()
+    elif applied is not None and not note.startswith(FOUND_RUNNING):
         changed = applied.created_at.timestamp()
     diagnosis = None
     if row.proposal_id is not None:
@@ -268,6 +299,7 @@ def _known_baseline(
         settings=view.settings,
         server_started_ts=None if identity is None else identity.started_at,
         config_changed_ts=changed,
+        changed_outside_ts=outside,
         diagnosis_id=int(diagnosis) if isinstance(diagnosis, int) else None,
     )
 

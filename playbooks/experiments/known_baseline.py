@@ -57,7 +57,8 @@ THIN_FRACTION = 0.75
 @dataclass(frozen=True)
 class Interruption:
     """Something after which earlier scrapes no longer describe the server: a sampler gap
-    (`down`, `restart`, `no_data`), the server started, or its configuration changed."""
+    (`down`, `restart`, `no_data`), the server started, or its configuration changed (by
+    kvpilot, or found changed by hand: `changed_outside`, at the time kvpilot found it)."""
 
     kind: str
     start_ts: float
@@ -70,6 +71,7 @@ class Interruption:
             "no_data": "the sampler was not running",
             "server_start": "the server started",
             "config_change": "the configuration changed",
+            "changed_outside": "the configuration was found changed outside kvpilot",
         }.get(self.kind, self.kind)
         return f"{what} at {_clock_time(self.start_ts)}"
 
@@ -299,6 +301,7 @@ def _interruptions(
     until: float,
     server_started_ts: float | None,
     config_changed_ts: float | None,
+    changed_outside_ts: float | None = None,
 ) -> list[Interruption]:
     found = [
         Interruption(g.kind, g.start_ts, g.end_ts) for g in gaps_between(db, server, since, until)
@@ -306,7 +309,11 @@ def _interruptions(
     found += [
         Interruption("config_change", c.ts, c.ts) for c in changes_between(db, server, since, until)
     ]
-    for kind, ts in (("server_start", server_started_ts), ("config_change", config_changed_ts)):
+    for kind, ts in (
+        ("server_start", server_started_ts),
+        ("config_change", config_changed_ts),
+        ("changed_outside", changed_outside_ts),
+    ):
         if ts is not None:
             found.append(Interruption(kind, ts, ts))
     return found
@@ -321,12 +328,15 @@ def find_known_baseline(
     server_started_ts: float | None,
     config_changed_ts: float | None,
     diagnosis_id: int | None,
+    changed_outside_ts: float | None = None,
 ) -> KnownBaseline | NoKnownBaseline:
     """The stored baseline an experiment on `server` can use now, or why there is none.
 
     Reads the monitor samples of the last `DEFAULT_MAX_AGE_S + MAX_WINDOW_S`, the sampler's
     gaps, settings changes the sampler saw, and the diagnosis's measured range; the engine gives
-    the server's start and the time its configuration was applied (epoch seconds)."""
+    the server's start and the time its configuration was applied (epoch seconds), or the time
+    kvpilot found it changed by hand (`changed_outside_ts`: the change was made at some moment
+    before, so no scrape before it is used)."""
     since = now_ts - DEFAULT_MAX_AGE_S - MAX_WINDOW_S
     stored = _restored(db, server, since, now_ts)
     ranges = diagnoses.measured_ranges(db, server, since, now_ts)
@@ -343,6 +353,6 @@ def find_known_baseline(
         settings=settings,
         recent=[s for s in stored if s.t >= now_ts - RECENT_S],
         interruptions=_interruptions(
-            db, server, since, now_ts, server_started_ts, config_changed_ts
+            db, server, since, now_ts, server_started_ts, config_changed_ts, changed_outside_ts
         ),
     )

@@ -12,15 +12,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from playbooks.experiments.deps import Deps, Interrupted
+from playbooks.experiments.deps import Deps, Interrupted, args_of
 from playbooks.experiments.ownership import Lease, OwnershipLost
+from playbooks.experiments.steps import CHANGED_OUTSIDE
 from storage import audit, servers
 from storage import experiments as store
 from storage.errors import LeaseNotHeld, StaleState
 from storage.experiments import TERMINAL, State
 
 FOUND_RUNNING = "configuration found running"  # the note on a configuration kvpilot found
+# the note on a configuration someone set by hand, found running instead of kvpilot's record
+FOUND_CHANGED = "configuration found changed outside kvpilot"
 NOTHING_CHANGED_YET = frozenset({State.proposed, State.approved, State.baseline})
+
+
+def changed_since_recorded(recorded: list[str] | None, running: list[str]) -> str | None:
+    """What to tell the operator when the server runs other arguments than kvpilot last
+    recorded for it (someone changed it by hand); None when it runs them, or none are recorded.
+
+    What runs becomes the baseline, and its baseline is measured afresh: stored scrapes from
+    before the change describe another configuration."""
+    if recorded is None or recorded == running:
+        return None
+    return (
+        "the server's configuration was changed outside kvpilot since kvpilot last recorded it "
+        f"(was `{' '.join(recorded)}`, now `{' '.join(running)}`): it is the new baseline, "
+        "measured afresh"
+    )
 
 
 def abort_target(state: State) -> State | None:
@@ -107,7 +125,9 @@ def create(
     first step refuses it as expired when the server no longer runs `plan.from_args`);
     without, the plan is made now from the server's current arguments and `deps.plan`, for a
     person approving it at this moment. With `owner`, the new experiment is leased to that
-    process from its first moment.
+    process from its first moment. A server found running other arguments than kvpilot last
+    recorded was changed by hand: what runs is recorded as its configuration and last-known-good,
+    and the experiment's first move says so (`_record_running`).
     """
     current = deps.launcher.current_args()
     if plan is None:
@@ -118,19 +138,6 @@ def create(
     servers.register_server(
         deps.db, deps.server, deps.client.base_url, deps.launcher.kind, actor=actor, now=deps.now()
     )
-    if (
-        servers.last_known_good(deps.db, deps.server) is None
-        or servers.current_config(deps.db, deps.server) is None
-    ):
-        config_id = servers.record_applied_config(
-            deps.db,
-            deps.server,
-            {"args": current},
-            actor=actor,
-            now=deps.now(),
-            note=FOUND_RUNNING,
-        )
-        servers.mark_last_known_good(deps.db, config_id, now=deps.now())
     settings = dict(plan.gate)
     if plan.plan_hash is not None:
         settings["plan_hash"] = plan.plan_hash
@@ -148,6 +155,9 @@ def create(
     )
     if owner is not None:
         owner.experiment_id = exp_id
+    # (after the experiment exists: a server with another experiment active runs that one's
+    # trial, which is no change made by hand)
+    changed = _record_running(deps, exp_id, current, actor)
     if approved_by is not None:
         store.transition(
             deps.db,
@@ -157,12 +167,37 @@ def create(
             reason=reason,
             now=deps.now(),
             expected_state=State.proposed,
+            progress={CHANGED_OUTSIDE: changed} if changed else None,
         )
     return exp_id
 
 
+def _record_running(deps: Deps, exp_id: int, running: list[str], actor: str) -> str | None:
+    """Make kvpilot's record of the server's configuration what runs, before anything changes:
+    recorded as found when nothing is recorded; when the record differs, someone changed the
+    server by hand, and what runs becomes its configuration and last-known-good (a revert or an
+    abort must not go back to kvpilot's older one), audited. Returns what to tell the operator
+    then (see `changed_since_recorded`), else None."""
+    recorded = servers.current_config(deps.db, deps.server)
+    changed = changed_since_recorded(None if recorded is None else args_of(recorded.args), running)
+    if changed is not None:
+        servers.record_changed_outside(
+            deps.db, deps.server, {"args": running}, now=deps.now(),
+            note=f"{FOUND_CHANGED} before experiment {exp_id}", seen="before the experiment",
+            experiment_id=exp_id,
+        )  # fmt: skip
+    elif recorded is None or servers.last_known_good(deps.db, deps.server) is None:
+        config_id = servers.record_applied_config(
+            deps.db, deps.server, {"args": running}, actor=actor, now=deps.now(),
+            note=FOUND_RUNNING,
+        )  # fmt: skip
+        servers.mark_last_known_good(deps.db, config_id, now=deps.now())
+    return changed
+
+
 def abort(deps: Deps, exp_id: int, *, actor: str, reason: str) -> store.ExperimentRow:
-    """Stop the experiment: cancel it before anything changed, else revert it.
+    """Stop the experiment: cancel it before anything changed, else revert it (a revert that
+    finds the server on arguments someone set by hand leaves it so: `superseded`).
 
     Any process may abort (a person's decision); the process that carries the experiment sees
     the move at its next scrape and follows it. Returns the row after the move.

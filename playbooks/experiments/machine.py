@@ -4,6 +4,8 @@
     approved -> expired (the server changed since the approval) | cancelled (not healthy)
     restarting | warming_up | trial | deciding -> reverting -> reverted | failed
     baseline -> cancelled (the measurement was cut before anything was changed)
+    baseline | restarting | warming_up | trial | deciding | reverting -> superseded (the server
+        runs arguments that are neither the baseline's nor the trial's: a person set them)
 
 `storage.experiments.TRANSITIONS` is that table, and `steps.next_step` walks it: every state in
 it is entered by some step (tests/playbooks/experiments/test_steps.py checks each edge). Each
@@ -21,6 +23,10 @@ Safety rules:
   last-known-good configuration; if even that fails the experiment ends `failed` for a person;
 - a bot restart continues the measurement when the server is the one being measured and the
   gap is one the gate can bridge; otherwise the measurement was cut and the change is reverted;
+- a configuration someone set by hand is never overwritten: found before the experiment, it
+  becomes the recorded configuration and last-known-good, and the baseline is measured afresh;
+  found during it (by a restart, a revert, a keep or an abort about to happen), the experiment
+  ends `superseded` without touching the server;
 - abort at any time reverts.
 
 The parts: `deps` (what a step works with), `lifecycle` (create, abort, resume, the one way a

@@ -22,6 +22,8 @@ class Outcome(StrEnum):
     no_verdict = "no_verdict"  # inconclusive, drifted workload, unjudgeable; reverted
     cancelled = "cancelled"  # aborted by a person, cut by a restart of kvpilot, or not started
     failed = "failed"  # the revert failed: the server is on no known-good configuration
+    # someone changed the server's configuration outside kvpilot during it; left as they set it
+    superseded = "superseded"
     unfinished = "unfinished"  # still running, or waiting for approval
 
 
@@ -39,6 +41,7 @@ CAUSES: dict[str, Outcome] = {
     "interrupted": Outcome.cancelled,
     "not_ready": Outcome.cancelled,
     "stale_plan": Outcome.cancelled,  # the server changed since the approval: nothing touched
+    "superseded": Outcome.superseded,  # a person changed the server: kvpilot left it so
 }
 
 DESCRIPTIONS: dict[Outcome, str] = {
@@ -48,6 +51,10 @@ DESCRIPTIONS: dict[Outcome, str] = {
     Outcome.no_verdict: "no verdict: reverted",
     Outcome.cancelled: "cancelled or aborted",
     Outcome.failed: "FAILED: the server is not on a known-good configuration; a person must act",
+    Outcome.superseded: (
+        "superseded: someone changed the server's configuration outside kvpilot during the "
+        "experiment; kvpilot left it as they set it"
+    ),
     Outcome.unfinished: "not finished",
 }
 
@@ -65,9 +72,10 @@ class Ending:
 
 
 def _deciding_move(moves: list[TransitionRow]) -> TransitionRow | None:
-    """The move that sent the experiment off its course: into reverting, cancelled or expired."""
+    """The move that sent the experiment off its course: into reverting, cancelled, expired or
+    superseded."""
     for move in reversed(moves):
-        if move.to_state in (State.reverting, State.cancelled, State.expired):
+        if move.to_state in (State.reverting, State.cancelled, State.expired, State.superseded):
             return move
     return None
 
@@ -90,6 +98,8 @@ def ending(row: ExperimentRow, moves: list[TransitionRow]) -> Ending:
     last = moves[-1].reason if moves else ""
     if row.state == State.kept:
         return Ending(Outcome.kept, last, "", "improved")
+    if row.state == State.superseded:  # whatever led there, a person now runs the server
+        return Ending(Outcome.superseded, last, "", "superseded")
     if row.state not in (State.reverted, State.failed, State.cancelled, State.expired):
         return Ending(Outcome.unfinished, last, "", "")
     move = _deciding_move(moves)

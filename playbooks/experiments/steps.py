@@ -9,12 +9,19 @@ poll or a gate look found is turned into a move by `after_poll` and `after_look`
 Progress keys, per state (stored on the experiment row, replaced on every move):
 - `until`: calendar time (epoch s) at which a timed measuring state is over;
 - `instance`: the server instance being measured (the launcher's identity), so a restart
-  that kvpilot did not make (a crash, someone else) is seen as the measurement being cut;
+  that kvpilot did not make (a crash, systemd's `Restart=`) is seen as the measurement being
+  cut;
 - `last_ts`, `by`: when the newest sample of the state was taken, and by which process, to see
   the gap a crash left (a process that carried the experiment all along only scraped late);
 - `issued`: when kvpilot issued the restart of restarting/reverting; `before`: the instance
   that ran before it (a poll that still sees it has not seen the new server yet);
-- `looks`: how many gate looks the trial has had (one per complete batch).
+- `looks`: how many gate looks the trial has had (one per complete batch);
+- `changed_outside` (approved): what kvpilot said when, creating the experiment, it found the
+  server changed by hand since it last recorded its configuration.
+
+A person's change is told apart from kvpilot's own by the arguments alone: kvpilot only ever
+runs the baseline's or the trial's, so any other arguments were set by someone else, and every
+state from the baseline on ends `superseded` on seeing them, leaving the server as it was set.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from typing import Any, Literal
 
 from playbooks import gate as gate_mod
 from storage.experiments import State
+
+CHANGED_OUTSIDE = "changed_outside"  # the approved state's progress key (see above)
 
 
 @dataclass(frozen=True)
@@ -144,6 +153,29 @@ def _cut(view: View, facts: Facts, what: str) -> Move | None:
     return None
 
 
+def _args_text(args: tuple[str, ...]) -> str:
+    return f"`{' '.join(args)}`"
+
+
+def changed_outside(view: View, facts: Facts) -> Move | None:
+    """The server runs arguments that are neither the baseline's nor the trial's: kvpilot only
+    ever issues those two, so a person set them. Going on (restarting, reverting, keeping) would
+    overwrite their change, so the experiment ends and the server is left as they set it.
+    Arguments that are kvpilot's own are not a person's change: a restart that did not reach
+    the system is issued again, a restart kvpilot did not make cuts the measurement."""
+    found = facts.current_args
+    if found is None or found in (view.baseline_args, view.trial_args):
+        return None
+    return Move(
+        State.superseded,
+        "the server's configuration was changed outside kvpilot during the experiment (it runs "
+        f"{_args_text(found)}, neither the baseline {_args_text(view.baseline_args)} nor the "
+        f"trial {_args_text(view.trial_args)}): kvpilot left it as they set it and recorded it "
+        "as the server's last-known-good configuration",
+        {"cause": "superseded", "found_args": list(found)},
+    )
+
+
 def _approved(view: View, facts: Facts) -> Step:
     if facts.current_args is None:
         # The plan is approved for a configuration; until the launcher says the server runs it,
@@ -153,8 +185,8 @@ def _approved(view: View, facts: Facts) -> Step:
         return Move(
             State.expired,
             "the server's configuration changed since the approval (it runs "
-            f"`{' '.join(facts.current_args)}`; the plan was approved for "
-            f"`{' '.join(view.baseline_args)}`): nothing was changed, propose again",
+            f"{_args_text(facts.current_args)}; the plan was approved for "
+            f"{_args_text(view.baseline_args)}): nothing was changed, propose again",
             {"cause": "stale_plan"},
         )
     if not facts.ready:
@@ -163,10 +195,17 @@ def _approved(view: View, facts: Facts) -> Step:
             f"the server is not healthy before the change ({facts.reason}): nothing changed",
             {"cause": "not_ready"},
         )
-    return Move(State.baseline, "approved plan checked against the server; baseline next")
+    found = view.progress.get(CHANGED_OUTSIDE)
+    # (kvpilot found the server changed by hand when it created the experiment: say so here,
+    # where every front end shows the experiment's first move)
+    then = f"{found}; " if found else ""
+    return Move(State.baseline, f"{then}approved plan checked against the server; baseline next")
 
 
 def _baseline(view: View, facts: Facts) -> Step:
+    changed = changed_outside(view, facts)
+    if changed is not None:
+        return changed
     if "until" not in view.progress:
         return ChooseBaseline()
     cut = _cut(view, facts, "during the baseline")
@@ -199,12 +238,15 @@ def enough_baseline_s(settings: gate_mod.GateSettings) -> float:
 def _restart_or_revert(
     view: View, facts: Facts, target: tuple[str, ...], purpose: Literal["restart", "revert"]
 ) -> Step:
+    changed = changed_outside(view, facts)
+    if changed is not None:
+        return changed
     issued = view.progress.get("issued")
     if issued is None:
         return Issue(target, purpose)
     if facts.current_args is not None and facts.current_args != target:
-        # The issue never reached the system (kvpilot died between recording it and making
-        # it), or someone changed the server since: make it again.
+        # The system still runs kvpilot's other configuration: the issue never reached it
+        # (kvpilot died between recording it and making it). Make it again.
         return Issue(target, purpose)
     started = facts.ready and facts.instance != view.progress.get("before")
     if facts.now_ts - float(issued) > facts.ready_timeout_s and not started:
@@ -230,7 +272,7 @@ def _restarting(view: View, facts: Facts) -> Step:
 
 
 def _warming_up(view: View, facts: Facts) -> Step:
-    cut = _cut(view, facts, "while warming up")
+    cut = changed_outside(view, facts) or _cut(view, facts, "while warming up")
     if cut is not None:
         return cut
     if facts.now_ts >= float(view.progress.get("until", view.entered_ts)):
@@ -243,7 +285,7 @@ def _warming_up(view: View, facts: Facts) -> Step:
 
 
 def _trial(view: View, facts: Facts) -> Step:
-    cut = _cut(view, facts, "during the trial")
+    cut = changed_outside(view, facts) or _cut(view, facts, "during the trial")
     if cut is not None:
         return cut
     if complete_batches(view) > int(view.progress.get("looks", 0)):
@@ -261,6 +303,9 @@ def complete_batches(view: View) -> int:
 
 
 def _deciding(view: View, facts: Facts) -> Step:
+    changed = changed_outside(view, facts)
+    if changed is not None:  # keeping would record the trial as good; reverting would undo it
+        return changed
     result = view.result or {}
     if result.get("action") == "keep":
         return Keep(str(result.get("rule", "the gate kept the change")))

@@ -101,6 +101,7 @@ def test_every_kind_has_a_distinct_name() -> None:
     assert set(EVENT_TYPES) == {
         "server_registered",
         "config_applied",
+        "config_changed_outside",
         "proposal_created",
         "proposal_approved",
         "proposal_rejected",

@@ -107,6 +107,8 @@ def test_terminal_states_have_no_way_out(db: Database, terminal: State) -> None:
                        State.failed],
         State.expired: [State.approved, State.expired],
         State.cancelled: [State.approved, State.cancelled],
+        State.superseded: [State.approved, State.baseline, State.restarting, State.warming_up,
+                           State.trial, State.superseded],
     }[terminal]  # fmt: skip
     for step in path:
         transition(db, experiment_id, step, actor="bot", reason="path", now=T0)
@@ -209,6 +211,29 @@ def test_deadline_belongs_to_the_current_step(db: Database) -> None:
     assert row.deadline_at == deadline
     row = transition(db, experiment_id, State.cancelled, actor="bot", reason="x", now=T0)
     assert row.deadline_at is None
+
+
+def test_superseded_ends_it_from_the_baseline_on_and_frees_the_server(db: Database) -> None:
+    """A person's change is seen wherever kvpilot reads what the server runs after approving:
+    from the baseline to the revert (in approved it makes the plan stale: expired)."""
+    into = {s for s in State if State.superseded in TRANSITIONS[s]}
+    assert into == {
+        State.baseline, State.restarting, State.warming_up, State.trial, State.deciding,
+        State.reverting,
+    }  # fmt: skip
+    assert State.superseded in TERMINAL
+    experiment_id = new(db, state=State.trial)
+    assert acquire_lease(db, experiment_id, "bot-a", T0, ttl_s=30)
+    row = transition(
+        db, experiment_id, State.superseded, actor="kvpilot", reason="changed by hand", now=T0,
+        details={"cause": "superseded", "found_args": ["--x"]}, lease_owner="bot-a",
+    )  # fmt: skip
+    assert row.terminal and row.lease_owner is None
+    assert transitions(db, experiment_id)[-1].details["found_args"] == ["--x"]
+    assert active_experiments(db) == []
+    # the database's one-active-per-server index lists active states only: a superseded row
+    # is none of them, so the server takes a new experiment (no migration was needed)
+    assert new(db) > experiment_id
 
 
 def test_one_active_experiment_per_server(db: Database) -> None:

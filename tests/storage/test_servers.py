@@ -17,6 +17,7 @@ from storage import (
     list_servers,
     mark_last_known_good,
     record_applied_config,
+    record_changed_outside,
     record_proposed_config,
     register_server,
 )
@@ -58,3 +59,30 @@ def test_current_and_last_known_good(db: Database) -> None:
         second,
     ]
     assert current_config(db, "gpu-2") is None
+
+
+def test_a_configuration_changed_outside_kvpilot_becomes_current_and_last_known_good(
+    db: Database,
+) -> None:
+    kvpilots = record_applied_config(db, "gpu-1", {"args": ["--a", "1"]}, actor="bot", now=T0)
+    mark_last_known_good(db, kvpilots, now=T0)
+    later = T0 + timedelta(hours=1)
+    found = record_changed_outside(
+        db, "gpu-1", {"args": ["--a", "2"]}, now=later, note="found changed", seen="trial",
+        experiment_id=7,
+    )  # fmt: skip
+    current, good = current_config(db, "gpu-1"), last_known_good(db, "gpu-1")
+    assert current is not None and current.id == found and current.note == "found changed"
+    assert good is not None and good.args == {"args": ["--a", "2"]} and good.created_at == later
+    (event,) = events(db, name="config_changed_outside")
+    assert (event["actor"], event["server"], event["experiment_id"]) == ("kvpilot", "gpu-1", 7)
+    assert event["properties"] == {
+        "server": "gpu-1",
+        "config_id": found,
+        "recorded_args": {"args": ["--a", "1"]},
+        "found_args": {"args": ["--a", "2"]},
+        "seen": "trial",
+        "experiment_id": 7,
+    }
+    applied = events(db, name="config_applied")
+    assert [e["properties"]["config_id"] for e in applied] == [kvpilots, found]

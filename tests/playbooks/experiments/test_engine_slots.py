@@ -26,7 +26,8 @@ BASELINE = ["--mem-fraction-static", "0.85"]
 
 @dataclass
 class FakeLauncher:
-    """Records which slots were held whenever it restarted the server."""
+    """Records which slots were held whenever it restarted the server. Like the real launchers,
+    it says the arguments of the last started server, running or not."""
 
     limiter: RestartLimiter
     fail_on: list[str] | None = None
@@ -34,6 +35,7 @@ class FakeLauncher:
     args: list[str] = field(default_factory=lambda: list(BASELINE))
     applied: list[tuple[list[str], list[int]]] = field(default_factory=list)
     starts: int = 0
+    up: bool = True
     ready_timeout_s: float = 1800.0
 
     def current_args(self) -> list[str]:
@@ -41,8 +43,12 @@ class FakeLauncher:
 
     def issue(self, args: list[str]) -> None:
         self.applied.append((args, [h.experiment_id for h in self.limiter.holders()]))
+        self.started(args)
+
+    def started(self, args: list[str]) -> None:
+        """The system runs `args` now, on a new server process (whoever started it)."""
         self.starts += 1
-        self.args = list(args)
+        self.args, self.up = list(args), True
 
     def apply(self, args: list[str]) -> None:
         self.issue(args)
@@ -50,22 +56,22 @@ class FakeLauncher:
 
     def poll_ready(self) -> bool:
         if self.args == self.fail_on:
-            self.args = []
+            self.up = False
             raise LaunchError("torch.OutOfMemoryError", "log tail")
-        return bool(self.args)
+        return self.up
 
     def identity(self) -> ServerIdentity | None:
-        return ServerIdentity(f"start-{self.starts}", None, "") if self.args else None
+        return ServerIdentity(f"start-{self.starts}", None, "") if self.up else None
 
     def give_up(self) -> None:
-        self.args = []
+        self.up = False
 
     def state(self) -> ServerState:
-        up = bool(self.args)
+        up = self.up
         return ServerState(up, up, 1 if up else None, None, "" if up else "exited")
 
     def stop(self) -> None:
-        self.args = []
+        self.up = False
 
 
 def deps_for(db: Database, limiter: RestartLimiter, launcher: FakeLauncher, server: str) -> Deps:

@@ -305,6 +305,7 @@ def find(
     diagnosis_id: int | None = None,
     server_started_ts: float | None = None,
     config_changed_ts: float | None = None,
+    changed_outside_ts: float | None = None,
 ) -> KnownBaseline | NoKnownBaseline:
     return find_known_baseline(
         db,
@@ -314,6 +315,7 @@ def find(
         server_started_ts=server_started_ts,
         config_changed_ts=config_changed_ts,
         diagnosis_id=diagnosis_id,
+        changed_outside_ts=changed_outside_ts,
     )
 
 
@@ -341,6 +343,19 @@ def test_stored_gaps_starts_and_changes_cut_the_window(db: Database) -> None:
     found = find(db)
     assert isinstance(found, NoKnownBaseline)
     assert "after the server was down at 11:58 UTC: only 4.2 min" in found.reason
+
+
+def test_no_scrape_from_before_a_change_made_by_hand_is_the_baseline(db: Database) -> None:
+    """kvpilot found the server on arguments someone set by hand: they were set at some moment
+    before, so the scrapes before it was found describe another configuration."""
+    add_samples(db, monitor("s", series(NOW - 30 * MIN, NOW)))
+    assert isinstance(find(db), KnownBaseline)
+    found = find(db, changed_outside_ts=NOW - MIN)
+    assert isinstance(found, NoKnownBaseline)
+    assert found.reason == (
+        "the sampler's samples: after the configuration was found changed outside kvpilot at "
+        "12:03 UTC: fewer than two scrapes"
+    )
 
 
 def test_a_diagnosis_measurement_is_found_by_its_id(db: Database) -> None:

@@ -1,5 +1,6 @@
-"""Where an abort takes an experiment (pure, table-style), and which unfinished experiments a
-restarted process picks up (what a resumed step does is in test_steps.py)."""
+"""Where an abort takes an experiment (pure, table-style), which unfinished experiments a
+restarted process picks up (what a resumed step does is in test_steps.py), and a server changed
+by hand outside kvpilot, before an experiment or during one."""
 
 from __future__ import annotations
 
@@ -7,17 +8,25 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from sqlite_utils import Database
 
+from playbooks.experiments import machine as engine
+from playbooks.experiments.deps import Deps
 from playbooks.experiments.lifecycle import abort_target
+from playbooks.experiments.outcome import Outcome, ending
 from playbooks.experiments.ownership import Lease, Owner, start_mark
+from playbooks.experiments.restart_limits import RestartLimiter
 from playbooks.experiments.resume import resume_unfinished
-from storage import acquire_lease, create_experiment, open_db, transition
+from storage import acquire_lease, audit, create_experiment, memory_db, open_db, servers, transition
+from storage import experiments as store
 from storage.experiments import TERMINAL, TRANSITIONS, ExperimentRow, State
+from storage.samples import add_samples
+from tests.playbooks.experiments.test_engine_slots import BASELINE, FakeLauncher, deps_for, step
+from tests.playbooks.experiments.test_known_baseline import MIN, NOW, monitor, series
 
 T0 = datetime(2026, 3, 1, 12, tzinfo=UTC)
 PATH_TO = {  # the moves that bring a new experiment into each active state
@@ -105,3 +114,91 @@ def test_unfinished_experiments_are_carried_once_and_others_left_alone(
     assert sorted(everywhere) == sorted([mine * 10, other_server * 10])
     assert elsewhere == [held]
     assert waiting not in [exp for exp, _ in carried]
+
+
+# ------------------------------------------------------------------ changed outside kvpilot
+PERSON = ["--mem-fraction-static", "0.80"]  # arguments someone set by hand
+TRIAL = ["--mem-fraction-static", "0.88"]
+
+
+def _engine(db: Database, now: datetime) -> tuple[Deps, FakeLauncher]:
+    limiter = RestartLimiter(db, "g", 1, now=lambda: now)
+    launcher = FakeLauncher(limiter)
+    deps = deps_for(db, limiter, launcher, "s")
+    deps.now = lambda: now
+    return deps, launcher
+
+
+@pytest.mark.parametrize("by_hand", [False, True], ids=["as recorded", "changed by hand"])
+def test_a_server_changed_by_hand_is_the_new_baseline_measured_afresh(by_hand: bool) -> None:
+    db = memory_db()
+    now = datetime.fromtimestamp(NOW, UTC)
+    # twenty clean minutes of the sampler's scrapes: a stored baseline kvpilot would take
+    add_samples(db, monitor("s", series(NOW - 20 * MIN, NOW)))
+    earlier = now - timedelta(hours=2)
+    kept = servers.record_applied_config(
+        db, "s", {"args": BASELINE}, actor="kvpilot", now=earlier, note="kept by experiment 1"
+    )
+    servers.mark_last_known_good(db, kept, now=earlier)
+    deps, launcher = _engine(db, now)
+    if by_hand:
+        launcher.started(PERSON)
+    exp = engine.create(deps, {"mem_fraction_static": 0.88}, actor="u", approved_by="u", reason="t")
+    running = PERSON if by_hand else BASELINE
+    assert store.get_experiment(db, exp).baseline_config == {"args": running}
+    current, good = servers.current_config(db, "s"), servers.last_known_good(db, "s")
+    assert current is not None and good is not None
+    assert current.args == good.args == {"args": running}  # no revert goes back past it
+    found = audit.events(db, name="config_changed_outside")
+    first = engine.advance(deps, exp).row  # approved -> baseline
+    assert first.state == State.baseline
+    reason = store.transitions(db, exp)[-1].reason
+    chosen = engine.advance(deps, exp).row  # the baseline's first step: stored or measured
+    if not by_hand:
+        assert found == [] and current.id == kept
+        assert reason == "approved plan checked against the server; baseline next"
+        assert chosen.state == State.restarting
+        assert store.transitions(db, exp)[-1].details["baseline"] == "stored"
+        return
+    assert current.note == f"configuration found changed outside kvpilot before experiment {exp}"
+    assert [(e["experiment_id"], e["actor"], e["properties"]) for e in found] == [
+        (exp, "kvpilot", {
+            "server": "s", "config_id": current.id, "recorded_args": {"args": BASELINE},
+            "found_args": {"args": PERSON}, "seen": "before the experiment", "experiment_id": exp,
+        }),
+    ]  # fmt: skip
+    assert reason == (
+        "the server's configuration was changed outside kvpilot since kvpilot last recorded it "
+        "(was `--mem-fraction-static 0.85`, now `--mem-fraction-static 0.80`): it is the new "
+        "baseline, measured afresh; approved plan checked against the server; baseline next"
+    )
+    # the stored window is from before the change: refused, and the baseline measured
+    assert chosen.state == State.baseline and "until" in chosen.progress
+    why = chosen.progress["measured_because"]
+    assert "after the configuration was found changed outside kvpilot at 12:04 UTC" in why
+    assert launcher.applied == []
+
+
+def test_a_revert_or_abort_leaves_a_configuration_set_by_hand() -> None:
+    db = memory_db()
+    deps, launcher = _engine(db, T0)
+    exp = engine.create(deps, {"mem_fraction_static": 0.88}, actor="u", approved_by="u", reason="t")
+    for state in (State.baseline, State.restarting):
+        store.transition(db, exp, state, actor="t", reason="test", now=T0)
+    assert step(deps, exp) == State.warming_up  # kvpilot restarted it with the change
+    launcher.started(PERSON)  # then someone restarted it on their own arguments
+    starts = launcher.starts
+    engine.abort(deps, exp, actor="cli:alice", reason="aborted by cli:alice")
+    row = engine.run(deps, exp)
+    assert row.state == State.superseded
+    assert launcher.applied == [(TRIAL, [exp])]  # the change only: no revert over their arguments
+    assert (launcher.args, launcher.starts) == (PERSON, starts)
+    moves = store.transitions(db, exp)
+    assert [m.to_state for m in moves[-2:]] == [State.reverting, State.superseded]
+    assert moves[-1].details == {"cause": "superseded", "found_args": PERSON}
+    good = servers.last_known_good(db, "s")
+    assert good is not None and good.args == {"args": PERSON}
+    (event,) = audit.events(db, experiment_id=exp, name="config_changed_outside")
+    assert event["properties"]["seen"] == "reverting"
+    assert ending(row, moves).outcome == Outcome.superseded
+    assert RestartLimiter(db, "g", 1, now=lambda: T0).holders() == []  # its slot given back

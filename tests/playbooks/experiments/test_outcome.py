@@ -99,6 +99,23 @@ CASES: dict[str, tuple[list[tuple[State, str, str, dict[str, Any]]], Outcome, in
          (S.failed, "kvpilot", "the revert failed: y; a person must restore the server", {})],
         Outcome.failed, 1, "the changed server did not start",
     ),
+    "changed by hand during the trial": (
+        [(S.baseline, "kvpilot", "", {}), (S.restarting, "kvpilot", "", {}),
+         (S.warming_up, "kvpilot", "", {}), (S.trial, "kvpilot", "", {}),
+         (S.superseded, "kvpilot", "the server's configuration was changed outside kvpilot",
+          {"cause": "superseded", "found_args": ["--x"]})],
+        Outcome.superseded, 8, "the server's configuration was changed outside kvpilot",
+    ),
+    # an abort's revert found a person's configuration: it is left, and that is the ending
+    "aborted, then found changed by hand": (
+        [(S.baseline, "kvpilot", "", {}), (S.restarting, "kvpilot", "", {}),
+         (S.warming_up, "kvpilot", "", {}), (S.trial, "kvpilot", "", {}),
+         (S.reverting, "cli:alice", "aborted by cli:alice in the terminal",
+          {"cause": "aborted"}),
+         (S.superseded, "kvpilot", "the server's configuration was changed outside kvpilot",
+          {"cause": "superseded", "found_args": ["--x"]})],
+        Outcome.superseded, 8, "the server's configuration was changed outside kvpilot",
+    ),
     "recorded before causes were": (
         [(S.baseline, "kvpilot", "", {}), (S.restarting, "kvpilot", "", {}),
          (S.warming_up, "kvpilot", "", {}), (S.trial, "kvpilot", "", {}),
@@ -130,7 +147,8 @@ def test_the_outcome_names_the_cause_first(name: str) -> None:
 
 def test_every_outcome_has_its_own_code_and_urgency_orders_them() -> None:
     codes = [exit_codes.BY_OUTCOME[o] for o in Outcome if o != Outcome.unfinished]
-    assert sorted(codes) == [0, 1, 3, 4, 5, 6]
+    assert sorted(codes) == [0, 1, 3, 4, 5, 6, 8]
     assert exit_codes.most_urgent([0, 6, 3]) == 3
+    assert exit_codes.most_urgent([3, 8, 6]) == 8
     assert exit_codes.most_urgent([0, 4, 1]) == 1
     assert exit_codes.most_urgent([]) == 0

@@ -36,10 +36,14 @@ def seen(**changes: Any) -> Facts:
 
 ON_TRIAL = {"current_args": TRIAL, "instance": "i2"}
 DOWN = {"running": False, "ready": False, "reason": "exited with status 1", "instance": None}
+# arguments kvpilot never runs in this experiment: someone set them by hand
+PERSON = ("--mem-fraction-static", "0.80")
+BY_HAND = {"current_args": PERSON, "instance": "i9"}  # restarted by them on their arguments
 CASES: list[tuple[str, View, Facts, object]] = [
     # approved: the plan is checked against what the server runs
     ("approved, healthy", view(State.approved), seen(), State.baseline),
     ("approved, changed since", view(State.approved), seen(current_args=TRIAL), State.expired),
+    ("approved, changed by hand", view(State.approved), seen(**BY_HAND), State.expired),
     ("approved, unhealthy", view(State.approved), seen(ready=False), State.cancelled),
     # the launcher cannot say what runs: nothing is changed until it can
     ("approved, arguments unknown", view(State.approved), seen(current_args=None), steps.Wait),
@@ -78,6 +82,25 @@ CASES: list[tuple[str, View, Facts, object]] = [
         seen(),
         State.cancelled,
     ),
+    # a person changed the server by hand: whatever the step, it is left as they set it
+    (
+        "baseline, first step, changed by hand",
+        view(State.baseline),
+        seen(**BY_HAND),
+        State.superseded,
+    ),
+    (
+        "baseline, restarted by hand",
+        view(State.baseline, until=T + 5, instance="i1"),
+        seen(**BY_HAND),
+        State.superseded,
+    ),
+    (  # their new arguments are written (a unit file, a template) and not yet running
+        "baseline, arguments changed, not yet restarted",
+        view(State.baseline, until=T + 5, instance="i1"),
+        seen(current_args=PERSON),
+        State.superseded,
+    ),
     # restarting
     ("restarting, first step", view(State.restarting), seen(), Issue),
     (
@@ -104,10 +127,40 @@ CASES: list[tuple[str, View, Facts, object]] = [
         seen(**ON_TRIAL),
         Poll,
     ),
+    (
+        "restarting, changed by hand before the restart",
+        view(State.restarting),
+        seen(**BY_HAND),
+        State.superseded,
+    ),
+    (
+        "restarting, changed by hand after the restart was issued",
+        view(State.restarting, issued=T - 10, before="i1"),
+        seen(**BY_HAND),
+        State.superseded,
+    ),
+    (
+        "restarting, changed by hand, still starting",
+        view(State.restarting, issued=T - 10, before="i1"),
+        seen(current_args=PERSON, ready=False, instance="i9"),
+        State.superseded,
+    ),
     # warming up
     ("warming up", view(State.warming_up, until=T + 5, instance="i2"), seen(**ON_TRIAL), Scrape),
     ("warm-up over", view(State.warming_up, until=T, instance="i2"), seen(**ON_TRIAL), State.trial),
     ("warming up, died", view(State.warming_up, until=T + 5), seen(**DOWN), State.reverting),
+    (  # restarted on the trial's arguments (a crash, systemd's Restart=): kvpilot's own
+        "warming up, restarted not by kvpilot",
+        view(State.warming_up, until=T + 5, instance="i2"),
+        seen(current_args=TRIAL, instance="i3"),
+        State.reverting,
+    ),
+    (
+        "warming up, restarted by hand",
+        view(State.warming_up, until=T + 5, instance="i2"),
+        seen(**BY_HAND),
+        State.superseded,
+    ),
     # trial
     ("trial, first scrape", view(State.trial, instance="i2"), seen(**ON_TRIAL), Scrape),
     (
@@ -147,6 +200,37 @@ CASES: list[tuple[str, View, Facts, object]] = [
         State.reverting,
     ),
     ("trial, died", view(State.trial, instance="i2"), seen(**DOWN), State.reverting),
+    (  # someone put the baseline back by hand: kvpilot's own arguments, so the revert that
+        # follows finds the server already on them and restarts nothing
+        "trial, restarted on the baseline's arguments",
+        view(State.trial, instance="i2", last_ts=T - 10),
+        seen(current_args=BASE, instance="i3"),
+        State.reverting,
+    ),
+    (
+        "trial, restarted by hand",
+        view(State.trial, instance="i2", last_ts=T - 10),
+        seen(**BY_HAND),
+        State.superseded,
+    ),
+    (
+        "trial, arguments changed by hand, same server",
+        view(State.trial, instance="i2"),
+        seen(current_args=PERSON, instance="i2"),
+        State.superseded,
+    ),
+    (
+        "trial, changed by hand, their server down",
+        view(State.trial, instance="i2"),
+        seen(**DOWN, current_args=PERSON),
+        State.superseded,
+    ),
+    (
+        "trial, changed by hand while kvpilot was down",
+        view(State.trial, instance="i2", first_ts=T - 400, last_ts=T - 241, looks=2),
+        seen(**BY_HAND),
+        State.superseded,
+    ),
     # deciding
     (
         "deciding, keep",
@@ -160,9 +244,40 @@ CASES: list[tuple[str, View, Facts, object]] = [
         seen(**ON_TRIAL),
         State.reverting,
     ),
-    # reverting
+    (
+        "deciding, keep, changed by hand",
+        replace(view(State.deciding), result={"action": "keep", "rule": "kept"}),
+        seen(**BY_HAND),
+        State.superseded,
+    ),
+    (
+        "deciding, revert, changed by hand",
+        replace(view(State.deciding), result={"action": "revert", "verdict": "not_improved"}),
+        seen(**BY_HAND),
+        State.superseded,
+    ),
+    # reverting (after a verdict, a failure or an abort)
     ("reverting, already back", view(State.reverting), seen(), State.reverted),
     ("reverting, first step", view(State.reverting), seen(**ON_TRIAL), Issue),
+    ("reverting, changed by hand", view(State.reverting), seen(**BY_HAND), State.superseded),
+    (
+        "reverting, changed by hand, their server down",
+        view(State.reverting),
+        seen(**DOWN, current_args=PERSON),
+        State.superseded,
+    ),
+    (  # kvpilot died between recording the revert and making it: its own, made again
+        "reverting, issue never arrived",
+        view(State.reverting, issued=T - 10, before="i2"),
+        seen(**ON_TRIAL),
+        Issue,
+    ),
+    (
+        "reverting, changed by hand after the revert was issued",
+        view(State.reverting, issued=T - 10, before="i2"),
+        seen(**BY_HAND),
+        State.superseded,
+    ),
     (
         "reverting, issued",
         view(State.reverting, issued=T - 10, before="i2"),
@@ -195,6 +310,25 @@ def test_next_step(name: str, v: View, facts: Facts, expected: object) -> None:
     if isinstance(step, Move):
         assert step.to in TRANSITIONS[v.state], (v.state, step.to)
         assert step.reason
+
+
+def test_a_change_by_hand_is_named_and_its_arguments_kept() -> None:
+    step = steps.next_step(view(State.trial, instance="i2"), seen(**BY_HAND))
+    assert isinstance(step, Move) and step.to == State.superseded
+    assert step.reason == (
+        "the server's configuration was changed outside kvpilot during the experiment (it runs "
+        "`--mem-fraction-static 0.80`, neither the baseline `--mem-fraction-static 0.85` nor the "
+        "trial `--mem-fraction-static 0.88`): kvpilot left it as they set it and recorded it as "
+        "the server's last-known-good configuration"
+    )
+    assert step.details == {"cause": "superseded", "found_args": list(PERSON)}
+
+
+def test_a_change_found_when_the_experiment_was_created_is_said_in_its_first_move() -> None:
+    found = "the server's configuration was changed outside kvpilot since ..."
+    step = steps.next_step(view(State.approved, changed_outside=found), seen())
+    assert isinstance(step, Move) and step.to == State.baseline
+    assert step.reason == f"{found}; approved plan checked against the server; baseline next"
 
 
 POLLS: list[tuple[str, View, bool, str | None, str | None, object]] = [

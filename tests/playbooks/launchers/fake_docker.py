@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -43,6 +44,16 @@ def now_iso() -> str:
     whole = datetime.fromtimestamp(ns // 10**9, UTC).strftime("%Y-%m-%dT%H:%M:%S")
     fraction = f"{ns % 10**9:09d}".rstrip("0")
     return f"{whole}.{fraction}Z" if fraction else f"{whole}Z"
+
+
+def handles(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (the SigCgt mask of /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    found = re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.MULTILINE)
+    return bool(found) and bool(int(found.group(1), 16) >> (signum - 1) & 1)
 
 
 class EngineError(Exception):
@@ -227,8 +238,15 @@ class FakeDockerEngine:
 
     def _reap(self, c: Container, proc: subprocess.Popen[bytes], readers: list[Any]) -> None:
         rc = proc.wait()
+        # When PID 1 of a container's namespace ends, the kernel kills every other process in
+        # it: the container's children (and their hold on its output) do not outlive it.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         for t in readers:
             t.join(timeout=5)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
         with c.lock:
             if c.proc is proc:
                 c.state.update(
@@ -244,8 +262,13 @@ class FakeDockerEngine:
         if not c.state["Running"] or proc is None:
             return False
         signame = c.config.get("StopSignal") or "SIGTERM"
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, getattr(signal, signame, signal.SIGTERM))
+        signum = getattr(signal, signame, signal.SIGTERM)
+        # The container's main process is PID 1 of its namespace, and the kernel drops a signal
+        # whose action is the default there: a process that does not handle SIGTERM lives on
+        # until the timeout's SIGKILL (exit 137), as under the real Engine.
+        if handles(proc.pid, signum):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signum)
         deadline = time.monotonic() + timeout_s
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
