@@ -39,11 +39,12 @@ class Engine:
     def inspect(self, name: str) -> dict[str, Any]:
         found = self.client.get(f"/containers/{name}/json")
         assert found.status_code == 200, found.text
-        return dict(found.json())
+        answer: dict[str, Any] = found.json()
+        return answer
 
     def settle(self, name: str, check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
         deadline = time.monotonic() + 30
-        while not check(state := self.inspect(name)["State"]):
+        while not check(state := dict(self.inspect(name)["State"])):
             assert time.monotonic() < deadline, state
             time.sleep(0.05)
         return state

@@ -53,7 +53,7 @@ def handles(pid: int, signum: int) -> bool:
     except OSError:
         return False
     found = re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.MULTILINE)
-    return bool(found) and bool(int(found.group(1), 16) >> (signum - 1) & 1)
+    return found is not None and bool(int(found.group(1), 16) >> (signum - 1) & 1)
 
 
 class EngineError(Exception):
