@@ -70,7 +70,10 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     # cancelled from proposed/approved/baseline: nothing has been changed on the server yet
     State.baseline: frozenset({State.restarting, State.cancelled, State.superseded}),
     # once the restart has begun, the only way out is forward or back to last-known-good ...
-    State.restarting: frozenset({State.warming_up, State.reverting, State.superseded}),
+    # (cancelled: the launcher refused the restart before it changed anything)
+    State.restarting: frozenset(
+        {State.cancelled, State.warming_up, State.reverting, State.superseded}
+    ),
     State.warming_up: frozenset({State.trial, State.reverting, State.superseded}),
     State.trial: frozenset({State.deciding, State.reverting, State.superseded}),
     # the gate has decided in trial; deciding makes its decision durable (keep or revert)

@@ -8,6 +8,7 @@ a person's click becomes a restart; it reads the attributes and methods declared
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -26,6 +27,7 @@ from bot.chat.when import hhmm as _hhmm
 from playbooks.clock import Clock
 from playbooks.engines.base import EngineError
 from playbooks.launchers.base import LaunchError
+from playbooks.launchers.gitops import ManagedByGitOps
 from storage import chat
 from storage import experiments as store
 from storage import proposals as proposal_store
@@ -197,7 +199,10 @@ class Approvals:
             exp_id = self.runner.create(row, approved_by=who.user)
         except (ActiveExperimentExists, StorageError, LaunchError, EngineError) as exc:
             self._stamp(
-                row, ref, surface, f":warning: Approved by {mention(who.user)}, not started: {exc}"
+                row,
+                ref,
+                surface,
+                f":warning: Approved by {mention(who.user)}, not started: {not_started(exc)}",
             )
             return None
         where_progress = "in the thread" if start else "in the approver's terminal"
@@ -261,3 +266,17 @@ class Approvals:
                 )
             count += 1
         return count
+
+
+def not_started(exc: Exception) -> str:
+    """Why an approved change did not start; a patch to commit elsewhere as a code block."""
+    if isinstance(exc, ManagedByGitOps):
+        text = exc.reason
+        cut = text.find("\n[")
+        return (
+            (text[:cut] if cut >= 0 else text)
+            + "\n```\n"
+            + json.dumps(exc.patch, indent=2)
+            + "\n```"
+        )
+    return str(exc)

@@ -387,6 +387,18 @@ def _issue(
 
 def _launch_failed(deps: Deps, row: store.ExperimentRow, purpose: str, exc: LaunchError) -> None:
     fresh = store.get_experiment(deps.db, row.id)
+    if purpose == "restart" and exc.wrote_nothing:
+        # refused before anything changed (the workload came under another tool's control
+        # after the approval): the server runs the baseline still, there is nothing to undo
+        _record(deps, fresh, audit.RestartFinished, ok=False, duration_s=0.0, error=exc.reason)
+        _give_back_slot(deps, fresh)
+        deps.say(f"{fresh.state} -> cancelled: {exc.reason}")
+        move(
+            deps, fresh.id, fresh.state, State.cancelled,
+            f"the restart was refused before anything changed: {exc.reason}",
+            details={"cause": "refused"},
+        )  # fmt: skip
+        return
     if purpose == "restart":
         _record(
             deps, fresh, audit.RestartFinished, ok=False, duration_s=_since_issue(deps, fresh),

@@ -135,6 +135,9 @@ def create(
             tuple(current), tuple(deps.client.engine.with_change(current, change)), vars(deps.plan)
         )
     baseline, trial = list(plan.from_args), list(plan.to_args)
+    refused = deps.launcher.refusal(trial)
+    if refused is not None:  # (a workload another tool owns): nothing is recorded or changed
+        raise refused
     servers.register_server(
         deps.db, deps.server, deps.client.base_url, deps.launcher.kind, actor=actor, now=deps.now()
     )

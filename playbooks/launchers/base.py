@@ -15,6 +15,10 @@ from typing import Protocol
 class LaunchError(Exception):
     """Starting or stopping failed; `reason` is what an operator needs to read."""
 
+    # True when the launcher refused before it changed anything on the system (the server still
+    # runs what it ran): nothing needs undoing.
+    wrote_nothing = False
+
     def __init__(self, reason: str, log_tail: str = "", log_path: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -85,3 +89,8 @@ class Launcher(Protocol):
     def state(self) -> ServerState: ...
 
     def stop(self) -> None: ...
+
+    def refusal(self, args: list[str]) -> LaunchError | None:
+        """Why a restart with `args` would be refused, found without changing anything (the
+        workload belongs to another tool); None when the launcher would run it."""
+        ...

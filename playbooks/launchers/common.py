@@ -18,7 +18,7 @@ from typing import Generic, Protocol, TypeVar
 from playbooks.clock import Clock
 from playbooks.engines.base import Engine
 from playbooks.http import first_answer_ok
-from playbooks.launchers.base import Finding, Launcher
+from playbooks.launchers.base import Finding, Launcher, LaunchError
 
 
 class ManagedLauncher(Launcher, Protocol):
@@ -61,6 +61,10 @@ class StartThenWait(ABC, Generic[Spec]):
     def issue(self, args: list[str]) -> None:
         """`start` returns once the system runs the new server; readiness is polled apart."""
         self.start(args)
+
+    def refusal(self, args: list[str]) -> LaunchError | None:
+        """Most systems take any arguments; a launcher that may refuse says so here."""
+        return None
 
     def apply(self, args: list[str]) -> None:
         self.issue(args)

@@ -168,6 +168,16 @@ def command_ops(t: Template, args: list[str]) -> list[Op]:
     return ops
 
 
+def args_ops(ts: list[Template], args: list[str]) -> list[Op]:
+    """Give every template its arguments: `args` to the primary one, and the same flag changes
+    to a LeaderWorkerSet's workers (`carry_changes`), so that the group keeps agreeing."""
+    old = server_args(ts[0])
+    ops: list[Op] = []
+    for t in ts:
+        ops += command_ops(t, args if t.primary else carry_changes(old, args, server_args(t)))
+    return ops
+
+
 def annotation_ops(pointer: str, obj: Obj, key: str, value: str) -> list[Op]:
     """Set one annotation of the metadata at `pointer` (the workload's or a template's)."""
     meta = obj.get("metadata")

@@ -11,6 +11,11 @@ patch with the previous arguments. StatefulSets (and the StatefulSets a LeaderWo
 do not replace a broken pod by themselves (Kubernetes' "forced rollback"), so kvpilot deletes
 pods of an older template that are not ready. The permissions this needs are exactly those in
 `deploy/kubernetes/rbac.yaml`.
+
+A workload that Argo CD or Flux manages is never written to (gitops.py): the next sync would undo
+the change. `start` (and so `issue` and `apply`) and `stop` raise `ManagedByGitOps`, carrying the
+JSON Patch to commit to the source instead; `permissions` reports it; `poll_ready` deletes no pods
+of a rollout the GitOps tool made.
 """
 
 from __future__ import annotations
@@ -33,6 +38,13 @@ from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
 from playbooks.launchers.base import Finding, LaunchError, ServerIdentity, ServerState
 from playbooks.launchers.common import StartThenWait, health_ok, poll_until
+from playbooks.launchers.gitops import (
+    ManagedByGitOps,
+    commit_patch,
+    describe,
+    managers,
+    stop_patch,
+)
 from playbooks.launchers.kube_objects import (
     LWS_GROUP,
     LWS_PLURAL,
@@ -44,8 +56,7 @@ from playbooks.launchers.kube_objects import (
     Template,
     annotation,
     annotation_ops,
-    carry_changes,
-    command_ops,
+    args_ops,
     container_running,
     deleting,
     escape,
@@ -148,6 +159,7 @@ class KubernetesLauncher(StartThenWait[KubernetesSpec]):
             ]
         except LaunchError as exc:
             return [Finding(False, exc.reason, "")]
+        found += gitops_findings(self.what, obj)
         if denied:
             found.append(
                 Finding(
@@ -338,12 +350,10 @@ class KubernetesLauncher(StartThenWait[KubernetesSpec]):
     def start(self, args: list[str]) -> None:
         obj = self.read()
         ts = self._templates(obj)
-        old = server_args(ts[0])
-        ops: list[Op] = []
+        self._refuse_if_managed(obj, lambda: commit_patch(ts, args))
         stamp = datetime.now(UTC).isoformat(timespec="microseconds")
+        ops = args_ops(ts, args)
         for t in ts:
-            new = args if t.primary else carry_changes(old, args, server_args(t))
-            ops += command_ops(t, new)
             ops += annotation_ops(t.pointer, t.body, STAMP, stamp)
         before = annotation(obj, REPLICAS_BEFORE_STOP)
         if replicas(obj) == 0 and before is not None:
@@ -376,7 +386,8 @@ class KubernetesLauncher(StartThenWait[KubernetesSpec]):
         problem = stalled(kind, obj)
         if problem:
             raise LaunchError(f"the rollout of {self.what} stalled: {problem}")
-        if kind in ("StatefulSet", "LeaderWorkerSet"):
+        if kind in ("StatefulSet", "LeaderWorkerSet") and not managers(obj):
+            # A managed workload's rollout is its GitOps tool's, not one kvpilot started.
             self._force_rollback(pods, {pod_name(p) for p, _ in current})
         live = [p for p in pods if not deleting(p)]
         return (
@@ -412,6 +423,7 @@ class KubernetesLauncher(StartThenWait[KubernetesSpec]):
         obj = self.read()
         count = replicas(obj)
         if count > 0:
+            self._refuse_if_managed(obj, stop_patch)
             self.patch(
                 [
                     {"op": "test", "path": "/spec/replicas", "value": count},
@@ -427,6 +439,22 @@ class KubernetesLauncher(StartThenWait[KubernetesSpec]):
             raise LaunchError(f"the pods of {self.what} were still there after scaling to zero")
 
     # ----------------------------------------------------------------- helpers
+    def refusal(self, args: list[str]) -> LaunchError | None:
+        """A GitOps-managed workload, read now: the refusal `start` would raise, with the patch
+        to commit; None when kvpilot may patch it."""
+        obj = self.read()
+        found = managers(obj)
+        if not found:
+            return None
+        return ManagedByGitOps(self.what, found, commit_patch(self._templates(obj), args))
+
+    def _refuse_if_managed(self, obj: Obj, patch: Callable[[], list[Op]]) -> None:
+        """Raise, having written nothing, when a GitOps tool manages the workload: `patch` is
+        the change to commit to its source instead."""
+        found = managers(obj)
+        if found:
+            raise ManagedByGitOps(self.what, found, patch())
+
     def _current_pods(
         self, obj: Obj, ts: list[Template], pods: list[Obj] | None = None
     ) -> list[tuple[Obj, Template]]:
@@ -445,6 +473,22 @@ class KubernetesLauncher(StartThenWait[KubernetesSpec]):
                 continue
             self._forced.add(name)
             self.delete_pod(name)
+
+
+def gitops_findings(what: str, obj: Obj) -> list[Finding]:
+    """`kvpilot doctor`'s line for a GitOps-managed workload: a restart will be refused."""
+    found = managers(obj)
+    if not found:
+        return []
+    return [
+        Finding(
+            False,
+            f"{what} is managed by {describe(found)}: kvpilot will not patch it, because the "
+            "next sync would undo the change",
+            "commit argument changes to the source it syncs from (kvpilot gives the JSON Patch "
+            "to commit with each change it is refused); kvpilot can still diagnose and propose",
+        )
+    ]
 
 
 def plain(api: ApiClient, model: object) -> Obj:

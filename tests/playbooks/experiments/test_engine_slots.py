@@ -73,6 +73,9 @@ class FakeLauncher:
     def stop(self) -> None:
         self.up = False
 
+    def refusal(self, args: list[str]) -> LaunchError | None:
+        return None
+
 
 def deps_for(db: Database, limiter: RestartLimiter, launcher: FakeLauncher, server: str) -> Deps:
     client = SGLangClient(
@@ -169,3 +172,29 @@ def test_an_experiment_waiting_for_a_slot_can_be_aborted() -> None:
     notes = [e for e in audit.events(db, experiment_id=exp) if e["name"] == "note"]
     assert len(notes) == 1
     assert [h.experiment_id for h in limiter.holders()] == [holder]
+
+
+class Refused(LaunchError):
+    wrote_nothing = True
+
+
+@dataclass
+class RefusingLauncher(FakeLauncher):
+    """Came under another tool's control after the approval: every restart is refused before
+    anything is written (as the Kubernetes launcher does for a GitOps-managed workload)."""
+
+    def issue(self, args: list[str]) -> None:
+        raise Refused("managed by Argo CD Application llm: commit this patch instead")
+
+
+def test_a_restart_refused_before_anything_changed_cancels_without_a_revert() -> None:
+    db = memory_db()
+    limiter = RestartLimiter(db, "kimi", 1, now=lambda: T0)
+    launcher = RefusingLauncher(limiter)
+    deps = deps_for(db, limiter, launcher, "a")
+    exp = restarting_experiment(deps)
+    assert step(deps, exp) == State.cancelled
+    (last,) = store.transitions(db, exp)[-1:]
+    assert last.reason.startswith("the restart was refused before anything changed: managed by")
+    assert launcher.applied == [] and launcher.starts == 0  # nothing ran, nothing to revert
+    assert limiter.holders() == []

@@ -9,6 +9,8 @@ What it serves, with the real API's paths, JSON shapes and error `Status` object
   `container`, `previous` and `tailLines`.
 Requests are authorised against RBAC rules (a Role's `rules`) when given: a request they do not
 allow gets the API server's 403, and every request is recorded for the least-privilege test.
+Every HTTP request is also recorded as it arrived (method and path, PUT and POST included, even
+one answered with an error), so a test can show that a launcher wrote nothing (`writes`).
 
 Behaviour, as the real controllers: a Deployment replaces old pods (Recreate, so that two servers
 never hold one port) and reports observedGeneration, replicas, updated/ready/available replicas
@@ -244,6 +246,7 @@ class FakeCluster:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name)
         self.pods: dict[tuple[str, str], Pod] = {}
         self.accesses: list[Access] = []
+        self.requests: list[tuple[str, str]] = []  # (method, path), every one that arrived
         self.lock = threading.RLock()
         self.logs = Path(tempfile.mkdtemp(prefix="fake-kubelet-"))
         self._stop = threading.Event()
@@ -303,6 +306,15 @@ class FakeCluster:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
         shutil.rmtree(self.logs, ignore_errors=True)
+
+    def writes(self) -> list[tuple[str, str]]:
+        """The requests that could change something: all but reads and access reviews."""
+        return [
+            (method, path)
+            for method, path in self.requests
+            if method not in ("GET", "HEAD")
+            and path != "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+        ]
 
     # ----------------------------------------------------------------- authorisation
     def _allows(self, access: Access) -> bool:
@@ -368,6 +380,7 @@ class FakeCluster:
     # ----------------------------------------------------------------- HTTP
     def app(self) -> Starlette:
         async def endpoint(request: Request) -> Response:
+            self.requests.append((request.method, request.url.path))
             body = await request.body()
             try:
                 return await run_in_threadpool(
@@ -382,7 +395,9 @@ class FakeCluster:
                 return JSONResponse(exc.status(), status_code=exc.code)
 
         return Starlette(
-            routes=[Route("/{path:path}", endpoint, methods=["GET", "PATCH", "DELETE", "POST"])]
+            routes=[
+                Route("/{path:path}", endpoint, methods=["GET", "PATCH", "PUT", "DELETE", "POST"])
+            ]
         )
 
     def _route(
