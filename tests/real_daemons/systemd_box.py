@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -51,7 +52,9 @@ class SystemdBox:
         ]  # fmt: skip
 
     def ssh(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        command = ["ssh", "-o", "BatchMode=yes", *self.ssh_options, self.ssh_host, *argv]
+        """`argv` run on the box, quoted for the remote shell as the systemd launcher does."""
+        remote = shlex.join(argv)
+        command = ["ssh", "-o", "BatchMode=yes", *self.ssh_options, self.ssh_host, remote]
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
     def exec(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

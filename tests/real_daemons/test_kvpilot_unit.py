@@ -12,7 +12,6 @@ the port (3000 may be taken on a shared host network). kvpilot's virtual environ
 from __future__ import annotations
 
 import re
-import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -95,7 +94,7 @@ def documented_unenforced() -> set[str]:
 def run_probe(box: SystemdBox, prop: str | None, test: str) -> int:
     argv = ["systemd-run", "--wait", "--pipe", "--quiet"]
     argv += ["-p", prop] if prop else []
-    return box.ssh(shlex.join([*argv, "--", "/bin/sh", "-c", test])).returncode
+    return box.ssh(*argv, "--", "/bin/sh", "-c", test).returncode
 
 
 def test_every_sandbox_directive_is_probed_and_the_unenforced_ones_are_documented(
@@ -144,7 +143,7 @@ def installed(systemd_box: SystemdBox) -> Iterator[tuple[SystemdBox, int, FakeSl
         "chmod 0755 /opt/kvpilot/bin/kvpilot\n"
         "install -d -m 0755 /etc/kvpilot\n"
     )
-    done = box.ssh(shlex.join(["sh", "-c", script]))
+    done = box.ssh("sh", "-c", script)
     assert done.returncode == 0, done.stderr
     with FakeSlack() as slack, running_twin(TWIN) as twin:
         etc = box.units.parent.parent  # the box's /etc, on this host
