@@ -41,7 +41,7 @@ real-vllm:
 # processes), in well under a minute on two cores. make test is make check plus every tier.
 CHECK_TESTS := tests/storage tests/test_architecture.py tests/bot/app tests/bot/chat \
 	tests/bot/reports/test_config.py tests/bot/slack/test_blocks.py tests/bot/console/test_text.py \
-	tests/playbooks/gate tests/playbooks/stats tests/playbooks/engines tests/playbooks/test_http.py \
+	tests/playbooks/gate tests/playbooks/campaigns tests/playbooks/stats tests/playbooks/engines tests/playbooks/test_http.py \
 	tests/playbooks/diagnose/test_measure.py tests/playbooks/launchers/test_launcher_config.py \
 	tests/playbooks/experiments/test_outcome.py tests/playbooks/experiments/test_ownership.py \
 	tests/playbooks/experiments/test_restart_slots.py tests/playbooks/experiments/test_engine_slots.py \

@@ -203,6 +203,43 @@ class BotStopped(AuditEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CampaignStarted(AuditEvent):
+    """A campaign began on a server; ``approved_by`` approved its plan once (None: each step
+    is approved on its own), and ``plan`` names exactly what that approval allows."""
+
+    name: ClassVar[str] = "campaign_started"
+    server: str
+    campaign_id: int
+    plan: JSON
+    approved_by: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CampaignEnded(AuditEvent):
+    """A campaign ended: why, after how many steps."""
+
+    name: ClassVar[str] = "campaign_ended"
+    server: str
+    campaign_id: int
+    reason: str
+    steps: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class BoundLearned(AuditEvent):
+    """A step did not run (failed start, death under load): the value, and the side of it
+    that is no longer proposed for this server without force."""
+
+    name: ClassVar[str] = "bound_learned"
+    server: str
+    arg: str
+    limit: float
+    above: bool
+    reason: str
+    experiment_id: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Note(AuditEvent):
     """Free text for anything without its own kind."""
 
@@ -259,6 +296,9 @@ EVENT_TYPES: dict[str, type[AuditEvent]] = {
         Note,
         AccessDenied,
         RequestRejected,
+        CampaignStarted,
+        CampaignEnded,
+        BoundLearned,
     )
 }
 

@@ -409,3 +409,85 @@ def m008_experiment_progress(db: Database) -> None:
         ) STRICT
         """,
     )
+
+
+@_migration
+def m009_campaigns(db: Database) -> None:
+    """Campaigns (one gated experiment after another on a server) and the bounds they learnt.
+
+    A campaign's plan is what its approval names (arguments, ranges, restarts, when to stop),
+    hashed as proposals are; ``approved_by`` is NULL when each step is approved on its own.
+    ``campaign_steps`` ties each of its experiments to it. ``learned_bounds`` holds, per server,
+    a value that did not run (a failed start or a death under load) and the side refused, so it
+    is never proposed again without force.
+    """
+    _run(
+        db,
+        """
+        CREATE TABLE campaigns (
+            id INTEGER PRIMARY KEY,
+            server TEXT NOT NULL,
+            plan_json TEXT NOT NULL,
+            plan_hash TEXT NOT NULL,
+            approved_by TEXT,
+            created_by TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            ended_at TEXT,
+            stop_reason TEXT
+        ) STRICT
+        """,
+        "CREATE INDEX campaigns_server ON campaigns (server, ended_at)",
+        """
+        CREATE TABLE campaign_steps (
+            campaign_id INTEGER NOT NULL REFERENCES campaigns (id),
+            experiment_id INTEGER NOT NULL UNIQUE,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (campaign_id, experiment_id)
+        ) STRICT
+        """,
+        """
+        CREATE TABLE learned_bounds (
+            id INTEGER PRIMARY KEY,
+            server TEXT NOT NULL,
+            arg TEXT NOT NULL,
+            limit_value REAL NOT NULL,
+            above INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            experiment_id INTEGER,
+            created_at TEXT NOT NULL
+        ) STRICT
+        """,
+        "CREATE INDEX learned_bounds_server ON learned_bounds (server)",
+    )
+
+
+@_migration
+def m010_quality_check(db: Database) -> None:
+    """The answer quality check: the `checking_quality` state and the golden answers.
+
+    An experiment whose change can alter answers is kept only once its check passes, in the new
+    active state ``checking_quality``, so the one-active-experiment index is recreated with it.
+    ``quality_answers`` holds the golden answers per experiment, phase and prompt, recorded
+    batch by batch (the baseline's before the restart, the trial's after the gate's keep).
+    """
+    _run(
+        db,
+        "DROP INDEX experiments_one_active_per_server",
+        """
+        CREATE UNIQUE INDEX experiments_one_active_per_server ON experiments (server)
+        WHERE state IN (
+            'proposed', 'approved', 'baseline', 'restarting', 'warming_up', 'trial',
+            'deciding', 'checking_quality', 'reverting'
+        )
+        """,
+        """
+        CREATE TABLE quality_answers (
+            experiment_id INTEGER NOT NULL REFERENCES experiments (id),
+            phase TEXT NOT NULL CHECK (phase IN ('baseline', 'trial')),
+            prompt_index INTEGER NOT NULL CHECK (prompt_index >= 0),
+            answer TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (experiment_id, phase, prompt_index)
+        ) STRICT
+        """,
+    )

@@ -41,32 +41,17 @@ from playbooks.clock import Clock
 from playbooks.diagnose.measure import MeasurementError
 from playbooks.diagnose.playbook import diagnose
 from playbooks.engines.base import ArgError, EngineClient, EngineError, MetricsDisabled, Snapshot
+from playbooks.experiments.sampling import store_scrapes
 from playbooks.launchers.base import LaunchError
 from storage import audit, chat
 from storage import experiments as store
 from storage import proposals as proposal_store
-from storage import samples as sample_store
 from storage.chat import MessageRef
 from storage.errors import (
     NotFound,
 )
 
 log = logging.getLogger(__name__)
-
-
-def store_scrapes(db: Database, server: str, scrapes: list[Snapshot]) -> tuple[float, float] | None:
-    """Keep a diagnosis's scrapes as monitor samples, the only ones over the range they cover
-    (the sampler's there are replaced), so a proposal made from the diagnosis can take them as
-    its experiment's baseline; returns that range (None for fewer than two scrapes)."""
-    if len(scrapes) < 2:
-        return None
-    rows = [
-        sample_store.Sample(server, "monitor", s.t, datetime.fromtimestamp(s.t, UTC), s.to_json())
-        for s in scrapes
-    ]
-    start, end = scrapes[0].t, scrapes[-1].t
-    sample_store.replace_monitor_samples(db, server, rows, start, end)
-    return start, end
 
 
 class Kvpilot(Approvals):

@@ -28,6 +28,8 @@ def actions_for(command: str, action: str | None, four_eyes: bool) -> tuple[Acti
     """
     if command == "experiment":
         return ("propose",) if four_eyes else ("propose", "approve")
+    if command == "tune":  # each step is proposed and approved by the person running it
+        return ("propose", "approve")
     if command == "resume":
         return ("abort",)  # carries on or reverts what was approved before a crash
     if command == "server":

@@ -70,7 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kvpilot {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_diagnose, _add_experiment, _add_experiments, _add_servers, _add_front_ends):
+    for add in (
+        _add_diagnose,
+        _add_experiment,
+        _add_experiments,
+        add_tune_parser,
+        _add_servers,
+        _add_front_ends,
+    ):
         add(sub)
     add_report_parser(sub)
     doc = sub.add_parser(
@@ -221,6 +228,41 @@ def _add_experiment(sub: Commands) -> None:
         "--force", action="store_true", help="run a change that the safety checks call unsafe"
     )
     add_output(e, "print the finished experiment as JSON")
+
+
+def add_tune_parser(sub: Commands) -> None:
+    t = sub.add_parser(
+        "tune",
+        help="a campaign: diagnose, then one gated experiment after another until nothing "
+        "useful is left",
+        description="Diagnose the server, then run the most promising change as an experiment, "
+        "assess again from its verdict's window, and go on until nothing useful is left, the "
+        "plan's restarts are used, or (with --allow) a change is not kept.",
+    )
+    t.add_argument("--config", default=None, help="kvpilot.toml")
+    t.add_argument("--server", required=True, help="a server name from the configuration")
+    t.add_argument(
+        "--max-experiments",
+        type=int,
+        default=3,
+        metavar="N",
+        help="restarts the campaign may use (default 3)",
+    )
+    t.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="KEY=RANGE",
+        help="a bounded plan, approved once: KEY=LOW..HIGH or KEY=VALUE[,VALUE] (repeat per "
+        "argument); lossy changes (fp8 KV) run only when allowed here",
+    )
+    t.add_argument("--yes", action="store_true", help="approve without asking")
+    t.add_argument(
+        "--force",
+        action="store_true",
+        help="also propose changes the safety checks call unsafe or a learned bound forbids",
+    )
+    add_output(t, "print the campaign as JSON")
 
 
 def _add_experiments(sub: Commands) -> None:
@@ -589,7 +631,7 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = 
         from bot.cli.completion import completion  # noqa: PLC0415
 
         return completion(parser, ns.shell, out)
-    if ns.command in ("experiment", "experiments", "resume", "server"):
+    if ns.command in ("experiment", "experiments", "resume", "server", "tune"):
         from bot.cli import experiments as experiments_cli  # noqa: PLC0415 - keeps `diagnose` free of storage
 
         return experiments_cli.dispatch(ns, out, err, sys.stdin)

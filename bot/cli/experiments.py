@@ -28,6 +28,7 @@ from bot.chat.render import change_text
 from bot.chat.surface import LOCAL_CHANNEL
 from bot.cli import access, exit_codes
 from bot.cli.experiment_summary import cmd_list, cmd_show, report
+from playbooks.campaigns import after
 from playbooks.clock import Clock
 from playbooks.engines.base import ArgError, EngineError
 from playbooks.experiments import machine as engine
@@ -74,6 +75,10 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
             return cmd_experiment(ns, config, db, clock, out, err, stdin)
         if ns.command == "server":
             return cmd_server(ns, config, clock, out, err)
+        if ns.command == "tune":
+            from bot.cli.tune import cmd_tune  # noqa: PLC0415 - tune builds on this module
+
+            return cmd_tune(ns, config, db, clock, out, err, stdin)
         if ns.command == "resume":
             codes = resume_unfinished(config, db, clock, err)
             out.write(f"{len(codes)} unfinished experiment(s) handled\n")
@@ -299,6 +304,10 @@ def cmd_experiment(
         )
     if not carry(deps, lease, err):
         return EXIT_FAILED
+    for bound in after.learn(
+        db, store.get_experiment(db, exp_id), deps.client.engine, actor=who, now=deps.now()
+    ):
+        err.write(f"  learnt: {bound.text()}; not proposed again without --force\n")
     return report(db, exp_id, ns.json, out)
 
 
@@ -463,6 +472,10 @@ def cmd_decide(
     deps = experiment_deps(config, proposal.server, db, _printer(err), clock=clock)
     if not carry(deps, lease, err):
         return EXIT_FAILED
+    for bound in after.learn(
+        db, store.get_experiment(db, exp_id), deps.client.engine, actor=who, now=deps.now()
+    ):
+        err.write(f"  learnt: {bound.text()}; not proposed again without --force\n")
     return report(db, exp_id, ns.json, out)
 
 

@@ -228,6 +228,21 @@ def measure(
     return _summarise(samples, t0, batch_s, plan, source, stop_reason, notes)
 
 
+def measurement_of(
+    samples: Sequence[Snapshot], plan: MeasurePlan = MeasurePlan(), *, why: str = ""
+) -> Measurement:
+    """A measurement from scrapes already taken (an experiment's trial window, stored), so a
+    campaign can assess the server again without measuring it again. Raises MeasurementError
+    for fewer than two scrapes."""
+    if len(samples) < 2:
+        raise MeasurementError(f"{len(samples)} stored scrape(s): a measurement needs at least two")
+    ordered = sorted(samples, key=lambda s: s.t)
+    source = "metrics" if ordered[0].generated_tokens is not None else "loads"
+    window = ordered[-1].t - ordered[0].t
+    batch_s = max(plan.scrape_s, min(plan.batch_s, window / 4)) if window > 0 else plan.batch_s
+    return _summarise(ordered, ordered[0].t, batch_s, plan, source, why, [])
+
+
 @dataclass(frozen=True)
 class _Counters:
     """What the window's counters say (all None without metrics)."""

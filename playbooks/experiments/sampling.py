@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
+
+from sqlite_utils import Database
 
 from playbooks import gate as gate_mod
 from playbooks.engines import restore_snapshot
@@ -79,3 +82,18 @@ def gate_result(decision: gate_mod.GateDecision) -> dict[str, Any]:
         "warmup_cut_s": decision.warmup_cut_s,
         "reasons": list(decision.reasons),
     }
+
+
+def store_scrapes(db: Database, server: str, scrapes: list[Snapshot]) -> tuple[float, float] | None:
+    """Keep a diagnosis's scrapes as monitor samples, the only ones over the range they cover
+    (the sampler's there are replaced), so a proposal made from the diagnosis can take them as
+    its experiment's baseline; returns that range (None for fewer than two scrapes)."""
+    if len(scrapes) < 2:
+        return None
+    rows = [
+        sample_store.Sample(server, "monitor", s.t, datetime.fromtimestamp(s.t, UTC), s.to_json())
+        for s in scrapes
+    ]
+    start, end = scrapes[0].t, scrapes[-1].t
+    sample_store.replace_monitor_samples(db, server, rows, start, end)
+    return start, end

@@ -116,6 +116,9 @@ def test_every_kind_has_a_distinct_name() -> None:
         "bot_resumed",
         "bot_stopped",
         "note",
+        "campaign_started",
+        "campaign_ended",
+        "bound_learned",
     }
     for name, cls in EVENT_TYPES.items():
         assert cls.name == name

@@ -1,0 +1,377 @@
+"""Which change a campaign tries next, and what a failed step teaches (pure).
+
+A campaign is a sequence of gated experiments on one server. After each verdict the engine's
+rules assess the server again (from the trial's own measurement) and list their options; this
+module picks one, or says why nothing is left. The order is expected gain per restart, then
+risk: every step costs one restart (minutes of a big model's start and the running requests),
+so the step with the most to gain goes first, and of two equal ones the safer.
+
+Safety moves toward the modelled edge only on evidence. The engines label a change that keeps
+the engine's own reserve `recommended` and one that spends part of it `possible`; a campaign
+takes a `possible` step only after one of its steps was kept on this server (the server ran a
+changed configuration under load and stayed up), never as its first move. A step that crashed
+the server teaches a bound ("mem_fraction_static 0.91 died under load"): kept per server and
+never proposed again without `force`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from playbooks.types import Option, Verdict
+
+# Causes (playbooks.experiments.outcome.CAUSES keys) that say the configuration itself cannot
+# run: a failed start or a death under load. A guardrail or a gate's "not improved" teaches no
+# bound: the server ran.
+CRASH_CAUSES = frozenset({"died", "failed_start"})
+
+# Risk order of the engines' verdicts: lower goes first between equal gains.
+RISK: dict[Verdict, int] = {
+    "recommended": 0,
+    "possible": 1,
+    "needs_opt_in": 2,
+    "unsafe": 3,
+    "not_useful": 4,
+}
+
+
+class PolicyError(ValueError):
+    """A bounded plan that cannot be read (`--allow` or a stored plan)."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A value of one argument that did not run on this server, and the side that is refused."""
+
+    key: str
+    limit: float
+    above: bool  # True: values at or above `limit` are refused; False: at or below
+    reason: str
+    experiment_id: int | None = None
+
+    def forbids(self, value: Any) -> bool:
+        number = _number(value)
+        if number is None:
+            return False
+        return number >= self.limit if self.above else number <= self.limit
+
+    def text(self) -> str:
+        side = ">=" if self.above else "<="
+        return f"{self.key} {side} {self.limit:g} ({self.reason})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "limit": self.limit,
+            "above": self.above,
+            "reason": self.reason,
+            "experiment_id": self.experiment_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Bound:
+        return cls(
+            str(data["key"]),
+            float(data["limit"]),
+            bool(data["above"]),
+            str(data["reason"]),
+            data.get("experiment_id"),
+        )
+
+
+@dataclass(frozen=True)
+class Range:
+    """What a bounded plan allows for one argument: a closed numeric interval, or values."""
+
+    low: float | None = None
+    high: float | None = None
+    values: frozenset[str] | None = None  # exact spellings, for non-numeric arguments
+
+    def allows(self, value: Any) -> bool:
+        if self.values is not None:
+            return str(value) in self.values
+        number = _number(value)
+        if number is None:
+            return False
+        if self.low is not None and number < self.low:
+            return False
+        return not (self.high is not None and number > self.high)
+
+    def text(self) -> str:
+        if self.values is not None:
+            return ",".join(sorted(self.values))
+        low = "" if self.low is None else f"{self.low:g}"
+        high = "" if self.high is None else f"{self.high:g}"
+        return f"{low}..{high}"
+
+    @classmethod
+    def parse(cls, text: str) -> Range:
+        """`0.85..0.90`, `..0.9`, `64..`, `fp8_e4m3`, `fp8_e4m3,fp8_e5m2`."""
+        text = text.strip()
+        if not text:
+            raise PolicyError("an empty range: give LOW..HIGH (e.g. 0.85..0.90) or values a,b")
+        if ".." in text:
+            low_text, _, high_text = text.partition("..")
+            low, high = _bound_of(low_text, text), _bound_of(high_text, text)
+            if low is None and high is None:
+                raise PolicyError(f"range {text!r} bounds nothing: give at least one end")
+            if low is not None and high is not None and low > high:
+                raise PolicyError(f"range {text!r} is empty: its low end is above its high end")
+            return cls(low, high)
+        values = frozenset(v.strip() for v in text.split(",") if v.strip())
+        if not values:
+            raise PolicyError(f"range {text!r} names no value")
+        return cls(values=values)
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """A bounded plan: which arguments, which ranges, how many restarts, when to stop.
+
+    Approved once, it lets a campaign run each of its steps without asking again; each step is
+    still gated and recorded. Without ranges, any argument the rules propose is allowed (the
+    person approves the steps one by one then).
+    """
+
+    ranges: Mapping[str, Range] = field(default_factory=dict)
+    max_experiments: int = 3
+    stop_at_first_not_kept: bool = True
+
+    def refusal(self, change: Mapping[str, Any]) -> str | None:
+        """Why the plan does not cover `change` (None when it does)."""
+        if not self.ranges:
+            return None
+        for key, value in change.items():
+            allowed = self.ranges.get(key)
+            if allowed is None:
+                return f"{key} is not in the plan (it allows {self.keys_text()})"
+            if not allowed.allows(value):
+                return f"{key}={value} is outside the plan's {key}={allowed.text()}"
+        return None
+
+    def keys_text(self) -> str:
+        return ", ".join(sorted(self.ranges)) or "any argument"
+
+    def text(self) -> str:
+        """What an approval of this plan names, exactly."""
+        allowed = " ".join(f"{k}={r.text()}" for k, r in sorted(self.ranges.items()))
+        stop = ", stopping at the first change not kept" if self.stop_at_first_not_kept else ""
+        return f"at most {self.max_experiments} restart(s), {allowed or 'any argument'}{stop}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ranges": {
+                k: {"low": r.low, "high": r.high, "values": sorted(r.values) if r.values else None}
+                for k, r in sorted(self.ranges.items())
+            },
+            "max_experiments": self.max_experiments,
+            "stop_at_first_not_kept": self.stop_at_first_not_kept,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Allowance:
+        ranges = {
+            str(k): Range(
+                v.get("low"),
+                v.get("high"),
+                frozenset(v["values"]) if v.get("values") else None,
+            )
+            for k, v in dict(data.get("ranges") or {}).items()
+        }
+        return cls(
+            ranges,
+            int(data.get("max_experiments", 3)),
+            bool(data.get("stop_at_first_not_kept", True)),
+        )
+
+    @classmethod
+    def parse(
+        cls, items: Sequence[str], max_experiments: int, *, stop_at_first_not_kept: bool = True
+    ) -> Allowance:
+        """`--allow KEY=RANGE` items (the keys are checked against the engine by the caller)."""
+        if max_experiments < 1:
+            raise PolicyError(
+                f"--max-experiments must be at least 1, got {max_experiments}: a campaign "
+                "with no restart cannot try anything"
+            )
+        ranges: dict[str, Range] = {}
+        for item in items:
+            key, sep, text = item.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise PolicyError(
+                    f"--allow {item!r}: expected KEY=RANGE, e.g. "
+                    "mem_fraction_static=0.85..0.90 or kv_cache_dtype=fp8_e4m3"
+                )
+            if key in ranges:
+                raise PolicyError(f"--allow names {key} twice: give one range per argument")
+            ranges[key] = Range.parse(text)
+        return cls(ranges, max_experiments, stop_at_first_not_kept)
+
+
+@dataclass(frozen=True)
+class Tried:
+    """A step a campaign (or any experiment on the server) already took."""
+
+    change: Mapping[str, Any]
+    kept: bool
+    cause: str = ""  # the recorded cause (`died`, `not_improved`, ...)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The next step, or why there is none; and what was passed over, with why."""
+
+    option: Option | None
+    stop: str = ""
+    skipped: tuple[tuple[str, str], ...] = ()
+
+
+def expected_gain(option: Option) -> float:
+    """The middle of the predicted throughput change (0 when the rules predict none)."""
+    if option.predicted_gain is None:
+        return 0.0
+    low, high = option.predicted_gain
+    middle = (low + high) / 2
+    return middle if math.isfinite(middle) else 0.0
+
+
+def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return {k: str(v) for k, v in a.items()} == {k: str(v) for k, v in b.items()}
+
+
+def _skip_reason(
+    option: Option,
+    *,
+    tried: Sequence[Tried],
+    bounds: Sequence[Bound],
+    allowance: Allowance | None,
+    force: bool,
+) -> str | None:
+    """Why a campaign must pass over this option now (None: it may take it)."""
+    return _not_a_step(option, tried, force) or _outside_plan(
+        option, tried, bounds, allowance, force
+    )
+
+
+def _not_a_step(option: Option, tried: Sequence[Tried], force: bool) -> str | None:
+    """Options no campaign takes: actions off the server, useless, unsafe, or already tried."""
+    if not option.change:
+        return "it is not a change to the server"
+    if option.verdict == "not_useful":
+        return "the rules expect no gain from it"
+    if option.verdict == "unsafe" and not force:
+        return "the safety checks call it unsafe"
+    if any(_same(option.change, t.change) for t in tried):
+        return "already tried on this server"
+    return None
+
+
+def _outside_plan(
+    option: Option,
+    tried: Sequence[Tried],
+    bounds: Sequence[Bound],
+    allowance: Allowance | None,
+    force: bool,
+) -> str | None:
+    """Options this server's history or the approved plan rule out, or that need evidence."""
+    for bound in bounds:
+        if not force and bound.forbids(option.change.get(bound.key)):
+            return f"a learned bound forbids it: {bound.text()}"
+    if allowance is not None:
+        refused = allowance.refusal(option.change)
+        if refused is not None:
+            return refused
+    if option.verdict == "needs_opt_in" and (allowance is None or not allowance.ranges):
+        return "it trades something away (needs an explicit opt-in: --allow KEY=VALUE)"
+    if option.verdict == "possible" and not force and not any(t.kept for t in tried):
+        return (
+            "it spends part of the engine's own reserve: taken only after a kept step has "
+            "shown this server runs a changed configuration under load"
+        )
+    return None
+
+
+def choose_next(
+    options: Sequence[Option],
+    *,
+    tried: Sequence[Tried] = (),
+    bounds: Sequence[Bound] = (),
+    allowance: Allowance | None = None,
+    force: bool = False,
+) -> Choice:
+    """The option with the most expected gain per restart (ties: the lower risk), or why none.
+
+    `tried` are this server's earlier steps, `bounds` what its crashes taught, `allowance` the
+    approved plan (None: each step is asked for). Counting restarts and stopping at the first
+    change not kept is the caller's: `campaign_stop` below.
+    """
+    skipped: list[tuple[str, str]] = []
+    candidates: list[Option] = []
+    for option in options:
+        reason = _skip_reason(option, tried=tried, bounds=bounds, allowance=allowance, force=force)
+        if reason is None:
+            candidates.append(option)
+        elif option.change:
+            skipped.append((option.title, reason))
+    if not candidates:
+        stop = "nothing useful is left to try" if not skipped else "every option was passed over"
+        return Choice(None, stop, tuple(skipped))
+    best = min(candidates, key=lambda o: (-expected_gain(o), RISK[o.verdict]))
+    return Choice(best, "", tuple(skipped))
+
+
+def campaign_stop(tried_in_campaign: Sequence[Tried], allowance: Allowance) -> str | None:
+    """Why a campaign ends before looking for another step (None: it may go on)."""
+    if len(tried_in_campaign) >= allowance.max_experiments:
+        return f"the plan's {allowance.max_experiments} restart(s) are used"
+    if allowance.stop_at_first_not_kept and tried_in_campaign and not tried_in_campaign[-1].kept:
+        return "the last change was not kept, and the plan stops at the first one not kept"
+    return None
+
+
+def bound_from(
+    change: Mapping[str, Any],
+    before: Mapping[str, Any],
+    cause: str,
+    *,
+    reason: str,
+    experiment_id: int | None = None,
+) -> list[Bound]:
+    """What a crashed step teaches: for each numeric argument it moved, the value that died and
+    everything further in the same direction. `before` holds the values it moved from (absent:
+    the engine's default, taken as below any value set)."""
+    if cause not in CRASH_CAUSES:
+        return []
+    bounds = []
+    for key, value in change.items():
+        number = _number(value)
+        if number is None:
+            continue
+        old = _number(before.get(key))
+        above = old is None or number > old
+        bounds.append(Bound(key, number, above, reason, experiment_id))
+    return bounds
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _bound_of(text: str, whole: str) -> float | None:
+    text = text.strip()
+    if not text:
+        return None
+    number = _number(text)
+    if number is None:
+        raise PolicyError(f"range {whole!r}: {text!r} is not a number")
+    return number

@@ -1,0 +1,254 @@
+"""The campaign policy, table by table: which option next, when to stop, what a crash teaches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from playbooks.campaigns.policy import (
+    Allowance,
+    Bound,
+    PolicyError,
+    Range,
+    Tried,
+    bound_from,
+    campaign_stop,
+    choose_next,
+    expected_gain,
+)
+from playbooks.types import Option, Verdict
+
+
+def opt(
+    change: dict[str, Any], verdict: Verdict, gain: tuple[float, float] | None = (0.1, 0.3)
+) -> Option:
+    title = " ".join(f"{k}={v}" for k, v in change.items()) or "raise client concurrency"
+    return Option(title, change, verdict, None, gain, "", [])
+
+
+SAFE = opt({"mem_fraction_static": 0.89}, "recommended", (0.25, 0.5))
+EDGE = opt({"mem_fraction_static": 0.92}, "possible", (0.4, 0.8))
+UNSAFE = opt({"mem_fraction_static": 0.93}, "unsafe", (0.5, 0.9))
+FP8 = opt({"kv_cache_dtype": "fp8_e4m3"}, "needs_opt_in", (0.6, 1.0))
+USELESS = opt({"hicache_size": 16}, "not_useful", None)
+CLIENTS = opt({}, "recommended", None)
+SMALL = opt({"chunked_prefill_size": 4096}, "recommended", (0.02, 0.06))
+KEPT = Tried({"mem_fraction_static": 0.89}, kept=True, cause="improved")
+FRACTIONS = Allowance({"mem_fraction_static": Range(0.8, 0.95)}, 3)
+
+CHOICES = [
+    # (case, options, tried, bounds, allowance, force, expected title or None)
+    ("the larger expected gain first", [SMALL, SAFE], [], [], None, False, SAFE.title),
+    (
+        "equal gain: the lower risk",
+        [opt({"a": 1}, "possible"), opt({"b": 2}, "recommended")],
+        [KEPT],
+        [],
+        None,
+        False,
+        "b=2",
+    ),
+    ("the edge waits for a kept step", [EDGE, SAFE], [], [], None, False, SAFE.title),
+    ("after a kept step the edge may go", [EDGE, SMALL], [KEPT], [], None, False, EDGE.title),
+    ("force takes the edge at once", [EDGE, SAFE], [], [], None, True, EDGE.title),
+    ("unsafe never without force", [UNSAFE, SAFE], [], [], None, False, SAFE.title),
+    ("unsafe with force", [UNSAFE, SAFE], [], [], None, True, UNSAFE.title),
+    ("lossy needs a plan naming it", [FP8, SMALL], [], [], None, False, SMALL.title),
+    ("lossy outside the plan's keys", [FP8, SAFE], [], [], FRACTIONS, False, SAFE.title),
+    (
+        "lossy inside the plan",
+        [FP8, SAFE],
+        [],
+        [],
+        Allowance({"kv_cache_dtype": Range(values=frozenset({"fp8_e4m3"}))}, 2),
+        False,
+        FP8.title,
+    ),
+    (
+        "outside the plan's range",
+        [SAFE],
+        [],
+        [],
+        Allowance({"mem_fraction_static": Range(0.8, 0.88)}, 2),
+        False,
+        None,
+    ),
+    (
+        "already tried, not kept",
+        [SAFE, SMALL],
+        [Tried(SAFE.change, kept=False)],
+        [],
+        None,
+        False,
+        SMALL.title,
+    ),
+    (
+        "a learned bound forbids",
+        [SAFE, SMALL],
+        [],
+        [Bound("mem_fraction_static", 0.89, True, "died")],
+        None,
+        False,
+        SMALL.title,
+    ),
+    (
+        "force passes a learned bound",
+        [SAFE],
+        [],
+        [Bound("mem_fraction_static", 0.89, True, "died")],
+        None,
+        True,
+        SAFE.title,
+    ),
+    (
+        "a bound on the other side allows",
+        [SAFE],
+        [],
+        [Bound("mem_fraction_static", 0.80, False, "too small")],
+        None,
+        False,
+        SAFE.title,
+    ),
+    ("actions off the server and useless changes", [CLIENTS, USELESS], [], [], None, False, None),
+    ("nothing at all", [], [], [], None, False, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("options", "tried", "bounds", "allowance", "force", "expected"),
+    [c[1:] for c in CHOICES],
+    ids=[c[0] for c in CHOICES],
+)
+def test_choose_next(
+    options: list[Option],
+    tried: list[Tried],
+    bounds: list[Bound],
+    allowance: Allowance | None,
+    force: bool,
+    expected: str | None,
+) -> None:
+    choice = choose_next(options, tried=tried, bounds=bounds, allowance=allowance, force=force)
+    assert (choice.option.title if choice.option else None) == expected
+    if expected is None:
+        assert choice.stop
+    passed = {title for title, _ in choice.skipped}
+    assert expected not in passed and passed <= {o.title for o in options}
+
+
+def test_a_passed_over_option_says_why() -> None:
+    choice = choose_next([EDGE, UNSAFE, FP8], tried=[], bounds=[])
+    reasons = dict(choice.skipped)
+    assert "kept step" in reasons[EDGE.title]
+    assert "unsafe" in reasons[UNSAFE.title]
+    assert "--allow" in reasons[FP8.title]
+    assert choice.option is None and choice.stop == "every option was passed over"
+
+
+STOPS = [
+    ("fresh", [], Allowance(max_experiments=2), None),
+    ("restarts used", [KEPT, KEPT], Allowance(max_experiments=2), "restart(s) are used"),
+    ("first not kept", [Tried({"a": 1}, kept=False)], Allowance(max_experiments=3), "not kept"),
+    (
+        "not kept, but the plan goes on",
+        [Tried({"a": 1}, kept=False)],
+        Allowance(max_experiments=3, stop_at_first_not_kept=False),
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("tried", "allowance", "words"), [c[1:] for c in STOPS], ids=[c[0] for c in STOPS]
+)
+def test_campaign_stop(tried: list[Tried], allowance: Allowance, words: str | None) -> None:
+    stop = campaign_stop(tried, allowance)
+    assert (stop is None) if words is None else (stop is not None and words in stop)
+
+
+BOUNDS = [
+    (
+        "a raised fraction died",
+        {"mem_fraction_static": 0.93},
+        {"mem_fraction_static": "0.85"},
+        "died",
+        [("mem_fraction_static", 0.93, True)],
+    ),
+    ("from the default", {"hicache_size": 40}, {}, "failed_start", [("hicache_size", 40, True)]),
+    (
+        "a lowered value failed to start",
+        {"chunked_prefill_size": 512},
+        {"chunked_prefill_size": "8192"},
+        "failed_start",
+        [("chunked_prefill_size", 512, False)],
+    ),
+    ("not a crash: nothing learnt", {"mem_fraction_static": 0.9}, {}, "not_improved", []),
+    ("a guardrail: nothing learnt", {"mem_fraction_static": 0.9}, {}, "guardrail", []),
+    ("words are not bounds", {"kv_cache_dtype": "fp8_e4m3"}, {}, "died", []),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "before", "cause", "expected"), [c[1:] for c in BOUNDS], ids=[c[0] for c in BOUNDS]
+)
+def test_bound_from(
+    change: dict[str, Any], before: dict[str, Any], cause: str, expected: list[tuple[Any, ...]]
+) -> None:
+    bounds = bound_from(change, before, cause, reason="r", experiment_id=7)
+    assert [(b.key, b.limit, b.above) for b in bounds] == expected
+    assert all(b.experiment_id == 7 for b in bounds)
+
+
+@pytest.mark.parametrize(
+    ("text", "inside", "outside"),
+    [
+        ("0.85..0.90", [0.85, "0.9", 0.875], [0.84, 0.91, "x", None, True]),
+        ("..0.9", [0.1, 0.9], [0.91]),
+        ("64..", [64, 1024], [63]),
+        ("fp8_e4m3,fp8_e5m2", ["fp8_e4m3", "fp8_e5m2"], ["auto", 0.9]),
+    ],
+)
+def test_range(text: str, inside: list[Any], outside: list[Any]) -> None:
+    r = Range.parse(text)
+    assert all(r.allows(v) for v in inside)
+    assert not any(r.allows(v) for v in outside)
+    assert Range.parse(r.text()) == r
+
+
+@pytest.mark.parametrize(
+    ("items", "n", "words"),
+    [
+        (["x"], 1, "expected KEY=RANGE"),
+        (["=1..2"], 1, "expected KEY=RANGE"),
+        (["a=.."], 1, "bounds nothing"),
+        (["a=2..1"], 1, "low end is above"),
+        (["a=1..b"], 1, "not a number"),
+        (["a=,"], 1, "names no value"),
+        (["a="], 1, "an empty range"),
+        (["a=1..2", "a=3..4"], 1, "twice"),
+        ([], 0, "at least 1"),
+    ],
+)
+def test_bad_plans(items: list[str], n: int, words: str) -> None:
+    with pytest.raises(PolicyError, match=words):
+        Allowance.parse(items, n)
+
+
+def test_a_plan_round_trips_and_names_what_it_allows() -> None:
+    plan = Allowance.parse(["mem_fraction_static=0.85..0.92", "kv_cache_dtype=fp8_e4m3"], 2)
+    assert Allowance.from_json(plan.to_json()) == plan
+    assert plan.text() == (
+        "at most 2 restart(s), kv_cache_dtype=fp8_e4m3 mem_fraction_static=0.85..0.92, "
+        "stopping at the first change not kept"
+    )
+    assert plan.refusal({"mem_fraction_static": 0.9}) is None
+    assert "not in the plan" in (plan.refusal({"hicache_size": 8}) or "")
+    assert "outside the plan" in (plan.refusal({"mem_fraction_static": 0.93}) or "")
+    bound = Bound("a", 1.0, True, "r", 3)
+    assert Bound.from_json(bound.to_json()) == bound
+
+
+def test_expected_gain() -> None:
+    assert expected_gain(SAFE) == pytest.approx(0.375)
+    assert expected_gain(USELESS) == 0.0
+    assert expected_gain(opt({"a": 1}, "recommended", (float("-inf"), 0.2))) == 0.0
