@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from sqlite_utils import Database
 
-from bot.chat.flow import store_scrapes
 from playbooks.engines.base import Snapshot
+from playbooks.experiments.sampling import store_scrapes
 from storage.chat import get_diagnosis, measured_ranges, save_diagnosis
 from storage.db import open_db
 from storage.samples import Sample, add_samples, monitor_samples
