@@ -46,6 +46,8 @@ CHECK_TESTS := tests/storage tests/test_architecture.py tests/bot/app tests/bot/
 	tests/playbooks/experiments/test_outcome.py tests/playbooks/experiments/test_ownership.py \
 	tests/playbooks/experiments/test_restart_slots.py tests/playbooks/experiments/test_engine_slots.py \
 	tests/playbooks/experiments/test_lifecycle.py tests/playbooks/experiments/test_steps.py \
+	tests/playbooks/experiments/test_rollout.py tests/playbooks/experiments/test_quality_steps.py \
+	tests/playbooks/routers/test_drain_decisions.py tests/playbooks/quality \
 	tests/sim/test_memory.py tests/sim/test_args.py
 
 check: venv lint typecheck test-fast

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from playbooks.gate.latency import WindowLatency
 
 Verdict = Literal["recommended", "possible", "needs_opt_in", "unsafe", "not_useful"]
 Bottleneck = Literal["kv_cache", "compute", "client", "prefill", "unknown"]
@@ -96,6 +99,9 @@ class DiagnoseFinding:
     options: list[Option]
     notes: list[str] = field(default_factory=list)
     engine: str = "SGLang"  # the engine's label, as people write it
+    # p99 TTFT and ITL over the window, each with its target where one is configured
+    latency: tuple[WindowLatency, ...] = ()
+    slo_held: bool | None = None  # every configured target held (`gate.latency.slo_holds`)
 
     def to_json(self) -> dict[str, Any]:
         def r(x: float | None, n: int = 4) -> float | None:
@@ -149,4 +155,8 @@ class DiagnoseFinding:
             "evidence": self.evidence,
             "options": [o.to_json() for o in self.options],
             "notes": self.notes,
+            "latency": {
+                **{r.target.metric: r.to_json() for r in self.latency},
+                "slo_held": self.slo_held,
+            },
         }

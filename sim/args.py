@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sim.flags import (
+    HIDDEN_FLAGS,
     KV_DTYPE_CHOICES_0523,
     KV_DTYPE_CHOICES_055,
+    PEAK_SCALE_ENV,
     WORKLOAD_PROFILES,
     WRITE_POLICIES,
     build_parser,
@@ -84,6 +87,9 @@ class TwinConfig:
     layout: Layout
     speculation: Speculation | None = None
     spec_accept_length: float = 0.0  # what sglang:spec_accept_length reports (0: no speculation)
+    # share of greedy answers (OpenAI-compatible API) that differ under an 8-bit KV cache; 0:
+    # the twin answers the same whatever the KV dtype
+    fp8_answer_drift: float = 0.0
     launch_command: list[str] = field(default_factory=list)
     failure: StartupFailure | None = None  # the memory arithmetic refused this configuration
 
@@ -203,13 +209,50 @@ def _scale_step_time(preset: Preset, factor: float) -> Preset:
     return replace(preset, step=step)
 
 
-def _resolve_preset(ns: argparse.Namespace) -> Preset:
-    """The preset with the twin's overrides: memory, step time, no CUDA graphs."""
+def _peak_scale(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> float:
+    """The hidden activation peak: the flag, else the environment, else 1 (the model)."""
+    if ns.sim_activation_peak_scale is not None:
+        return float(ns.sim_activation_peak_scale)
+    text = os.environ.get(PEAK_SCALE_ENV, "").strip()
+    if not text:
+        return 1.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        parser.error(f"{PEAK_SCALE_ENV}: must be a positive number, got {text!r}")
+    return value
+
+
+def _resolve_preset(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> Preset:
+    """The preset with the twin's overrides: memory, step time, no CUDA graphs, the hidden
+    activation peak."""
     preset = _replace_preset_memory(get_preset(ns.preset), ns)
     preset = _scale_step_time(preset, ns.sim_step_time_factor)
     if ns.disable_cuda_graph:
         preset = replace(preset, memory=replace(preset.memory, graph_gib=0.0))
+    scale = _peak_scale(parser, ns)
+    if scale != 1.0:
+        preset = replace(preset, memory=replace(preset.memory, activation_peak_scale=scale))
     return preset
+
+
+def _without_hidden(argv: list[str]) -> list[str]:
+    """The command line as the server reports it: the hidden twin flags and their values left
+    out, so nothing kvpilot reads can tell it the true activation peak."""
+    out: list[str] = []
+    skip = False
+    for tok in argv:
+        if skip:
+            skip = False
+            continue
+        name = tok.partition("=")[0]
+        if name in HIDDEN_FLAGS:
+            skip = "=" not in tok
+            continue
+        out.append(tok)
+    return out
 
 
 def _parallelism(
@@ -364,7 +407,7 @@ def _derive(
     parser: argparse.ArgumentParser, ns: argparse.Namespace, version: SGLangVersion
 ) -> _Resolved:
     """SGLang's derived settings, in SGLang's order: layout, GPU defaults, chunk, memory."""
-    preset = _resolve_preset(ns)
+    preset = _resolve_preset(parser, ns)
     layout = _parallelism(parser, ns, preset, version.refactored)
     defaults = gpu_defaults(version, preset.memory.gpu_memory_mib, layout.tp)
     chunked = _chunked_prefill(parser, ns, defaults.chunked_prefill_size)
@@ -441,6 +484,7 @@ def resolve(argv: list[str], prog: str = "launch_server.py") -> TwinConfig:
         layout=r.layout,
         speculation=r.speculation,
         spec_accept_length=(ns.sim_spec_accept_length or 2.5) if r.speculation else 0.0,
-        launch_command=list(argv),
+        fp8_answer_drift=min(1.0, max(0.0, ns.sim_fp8_answer_drift)),
+        launch_command=_without_hidden(argv),
         failure=failure,
     )

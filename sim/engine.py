@@ -103,6 +103,10 @@ class Engine:
         self.decode_moments = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
         self._touched_host = False
         self._requests: dict[str, Request] = {}
+        # (simulated time, tokens) each time a batch was larger than any before: the largest
+        # batch decides at which true activation peak the run would have died, and when
+        # (benchmarks judge several hidden peaks from one run this way).
+        self.batch_records: list[tuple[float, int]] = []
 
     # ----------------------------------------------------------------- public API
     def submit(self, req: Request) -> None:
@@ -396,6 +400,9 @@ class Engine:
 
     # ----------------------------------------------------------------- failure checks
     def _check_activation(self, tokens_in_batch: int) -> None:
+        records = self.batch_records
+        if not records or tokens_in_batch > records[-1][1]:
+            records.append((self.now, tokens_in_batch))
         hr = self.cfg.headroom
         if hr.batch_fits(self.cfg.preset, tokens_in_batch):
             return

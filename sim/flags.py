@@ -32,6 +32,11 @@ KV_DTYPE_CHOICES_0523 = [
 ]
 WRITE_POLICIES = ["write_back", "write_through", "write_through_selective"]
 WORKLOAD_PROFILES = ["incident", "multi-turn", "short-chat"]
+# The twin's hidden activation peak: a flag, or the environment for a launcher whose command
+# line kvpilot can read. Neither is echoed anywhere the server reports.
+PEAK_SCALE_FLAG = "--sim-activation-peak-scale"
+PEAK_SCALE_ENV = "SIM_ACTIVATION_PEAK_SCALE"
+HIDDEN_FLAGS = frozenset({PEAK_SCALE_FLAG})
 
 
 def _positive_float(text: str) -> float:
@@ -245,6 +250,20 @@ TWIN_FLAGS: tuple[Flag, ...] = (
         default=1.0,
         help="multiply every batch's duration (0.9 = 11%% faster hardware); benchmarks of the "
         "improve-or-revert gate use it to create a known true effect",
+    ),
+    flag(  # hidden: for tests of kvpilot's answer quality check, not for people
+        "--sim-fp8-answer-drift",
+        type=float,
+        default=0.0,
+        help=argparse.SUPPRESS,  # share of greedy answers that differ with an 8-bit KV cache
+    ),
+    flag(
+        PEAK_SCALE_FLAG,
+        type=_positive_float,
+        default=None,
+        help="the true activation peak relative to the modelled one (default 1, or "
+        f"${PEAK_SCALE_ENV}): a batch whose true peak does not fit kills the server with "
+        "CUDA's out-of-memory error. Hidden: not in server info, metrics or logs",
     ),
     flag(
         "--sim-gpu-gib",

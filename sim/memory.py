@@ -301,6 +301,13 @@ class Headroom:
 
 
 def activation_need_gib(preset: Preset, tokens_in_batch: int) -> float:
+    """What a batch of this many tokens really needs: the modelled activations times the
+    preset's hidden `activation_peak_scale` (1 unless the twin was told otherwise)."""
+    return modelled_activation_gib(preset, tokens_in_batch) * preset.memory.activation_peak_scale
+
+
+def modelled_activation_gib(preset: Preset, tokens_in_batch: int) -> float:
+    """The modelled activations of a batch: a base plus a share per thousand tokens."""
     mem = preset.memory
     return mem.activation_base_gib + mem.activation_per_ktoken_gib * tokens_in_batch / 1000
 

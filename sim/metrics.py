@@ -456,7 +456,10 @@ class TwinMetrics:
             self.ttft.labels(**st).observe(ttft)
             if completion_tokens > 1:
                 per_token = (e2e - ttft) / (completion_tokens - 1)
-                self.itl.labels(**tok).observe(per_token)
+                # one observation per output token after the first, as SGLang counts them
+                observe_inter_token_latency(
+                    self.itl.labels(**tok), e2e - ttft, completion_tokens - 1
+                )
                 if self.tpot is not None:
                     self.tpot.labels(**st).observe(per_token)
         if queue_time is not None:
@@ -490,6 +493,21 @@ def _swa_values(snap: SchedulerSnapshot) -> dict[str, float]:
         "max_total_num_tokens_swa": snap.swa_total_tokens,
         "token_usage": round(max(snap.token_usage, swa_usage), 2),
     }
+
+
+def observe_inter_token_latency(hist: Histogram, interval: float, new_tokens: int) -> None:
+    """`new_tokens` observations of `interval / new_tokens`, the way SGLang's own
+    `TokenizerMetricsCollector.observe_inter_token_latency` records an output chunk
+    (python/sglang/srt/metrics/collector.py): the sum grows by the interval, the first bucket
+    whose bound holds the per-token interval by the number of tokens. The twin delivers a
+    request's decode span as one chunk when it finishes, so every token of it gets the
+    request's mean inter-token latency."""
+    per_token = interval / new_tokens
+    hist._sum.inc(interval)
+    for i, bound in enumerate(hist._upper_bounds):
+        if per_token <= bound:
+            hist._buckets[i].inc(new_tokens)
+            break
 
 
 def _doc(name: str) -> str:

@@ -54,6 +54,10 @@ class MemoryModel:
     activation_base_gib: float  # activations of the smallest batch
     activation_per_ktoken_gib: float  # activation growth per 1K prefill tokens in one batch
     hicache_extra_gib: float = 0.5  # transfer buffers the hierarchical cache keeps on the GPU
+    # The true activation peak over the modelled one (`--sim-activation-peak-scale`): real
+    # servers peak higher than any model (allocator fragmentation, drivers, kernels' workspaces).
+    # Twin-only and hidden from everything the server reports; only start-up ignores it.
+    activation_peak_scale: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ functions of the request, so that a run can be replayed exactly.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ class Request:
     finish_reason: str = ""
     retractions: int = 0
     priority: int | None = None  # labels the queue gauges; the twin schedules first come first
+    # an OpenAI-compatible request with temperature 0: answered as a function of its prompt
+    # (`greedy_output`) rather than of its id
+    greedy: bool = False
     aborted: bool = False
     last_progress_out: int = 0
     last_progress_at: float = 0.0
@@ -90,6 +94,28 @@ def synthetic_slice(
     tokens is hashed for the prefix cache every time a block fills)."""
     base = _stable_hash(rid)
     return tuple(offset + (base + i * 7919) % vocab for i in range(start, stop))
+
+
+def greedy_output(input_ids: Tokens, n: int, *, drifted: bool = False) -> list[int]:
+    """The answer to a greedy request (temperature 0): a pure function of the prompt, so a
+    server asked the same prompt twice answers the same way, as a real model does.
+
+    `drifted`: the answer of a server whose numerics moved for this prompt (an 8-bit KV cache
+    rounds differently): the same first half, then other tokens, as greedy decoding diverges
+    once one token's choice flips."""
+    key = "greedy:" + ",".join(map(str, input_ids))
+    out = synthetic_output(key, n)
+    if not drifted:
+        return out
+    kept = n // 2
+    return out[:kept] + synthetic_output(key + ":drift", n - kept)
+
+
+def answer_drifts(input_ids: Tokens, share: float) -> bool:
+    """Whether this prompt is one of the `share` of prompts whose greedy answer drifts
+    (deterministic per prompt, so every ask of it agrees)."""
+    digest = hashlib.sha256(",".join(map(str, input_ids)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % 10_000 < share * 10_000
 
 
 def natural_answer_length(input_ids: Tokens, seed: int, mean_tokens: int) -> int:

@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from sim import server_state, tokenizer
 from sim.engine import synthetic_output
+from sim.request import answer_drifts, greedy_output
 from sim.runtime import Pending, Runtime
 from sim.server_requests import ApiError, ids_batch, int_param, json_body, openai_error
 
@@ -361,6 +362,7 @@ class TwinApp:
             pending = self._start(
                 prompt_ids, max_new, stream, None, bool(body.get("ignore_eos", False))
             )
+            pending.req.greedy = body.get("temperature") == 0
         except ApiError as exc:
             return openai_error(exc.status, exc.message)
         model = str(body.get("model") or self.cfg.server_args["served_model_name"])
@@ -374,7 +376,7 @@ class TwinApp:
         except ApiError as exc:
             return openai_error(exc.status, exc.message)
         r = pending.req
-        text = tokenizer.decode(synthetic_output(r.rid, pending.delivered_out))
+        text = tokenizer.decode(self._answer(pending, pending.delivered_out))
         finish = r.finish_reason or "length"
         choice: dict[str, Any] = {
             "index": 0,
@@ -401,6 +403,18 @@ class TwinApp:
                 "usage": self._usage(pending),
             }
         )
+
+    def _answer(self, p: Pending, n: int) -> list[int]:
+        """The first `n` tokens of an OpenAI-compatible answer: per prompt when greedy (so the
+        same prompt is answered alike, and under an 8-bit KV cache a `fp8_answer_drift` share
+        of prompts differently), else per request. (`/generate` answers per request: its
+        `output_ids` continue the twin's own multi-turn sessions, which its cache model reads.)"""
+        r = p.req
+        if not r.greedy:
+            return synthetic_output(r.rid, n)
+        fp8 = self.cfg.kv_dtype.startswith("fp8")
+        drift = fp8 and answer_drifts(r.input_ids, self.cfg.fp8_answer_drift)
+        return greedy_output(r.input_ids, n, drifted=drift)
 
     def _usage(self, p: Pending) -> dict[str, Any]:
         prompt = len(p.req.input_ids)
@@ -446,7 +460,7 @@ class TwinApp:
         try:
             first = True
             async for before, now in self._progress(p):
-                ids = synthetic_output(p.req.rid, now)[before:]
+                ids = self._answer(p, now)[before:]
                 text = (" " if before else "") + tokenizer.decode(ids)
                 yield chunk(text, None, first)
                 first = False

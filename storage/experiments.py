@@ -46,6 +46,8 @@ class State(StrEnum):
     warming_up = "warming_up"  # excluding the warm-up after the restart from measurement
     trial = "trial"  # measuring the change
     deciding = "deciding"  # the gate decides: keep, revert, or measure more
+    # the gate would keep a change that can alter answers: the answer quality check runs first
+    checking_quality = "checking_quality"
     kept = "kept"  # terminal: the change stays and is the new configuration
     reverting = "reverting"  # restoring the last-known-good configuration
     reverted = "reverted"  # terminal: back on the old configuration
@@ -76,8 +78,12 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     ),
     State.warming_up: frozenset({State.trial, State.reverting, State.superseded}),
     State.trial: frozenset({State.deciding, State.reverting, State.superseded}),
-    # the gate has decided in trial; deciding makes its decision durable (keep or revert)
-    State.deciding: frozenset({State.kept, State.reverting, State.superseded}),
+    # the gate has decided in trial; deciding makes its decision durable (keep or revert);
+    # a keep of a change that can alter answers waits for the answer quality check
+    State.deciding: frozenset(
+        {State.kept, State.reverting, State.superseded, State.checking_quality}
+    ),
+    State.checking_quality: frozenset({State.kept, State.reverting, State.superseded}),
     # failed means the revert did not work: the server may be on neither configuration
     State.reverting: frozenset({State.reverted, State.failed, State.superseded}),
     # ... or, from the baseline on, superseded: the server runs arguments that are neither the

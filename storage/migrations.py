@@ -491,3 +491,68 @@ def m010_quality_check(db: Database) -> None:
         ) STRICT
         """,
     )
+
+
+@_migration
+def m011_router_rotation_and_rollouts(db: Database) -> None:
+    """Servers kvpilot took out of their router's rotation, and fleet rollouts.
+
+    ``router_rotation`` has one row per time kvpilot took a server out of its group's router
+    (``back_at`` NULL while it is out; at most one such row per server), with what the router
+    needs to add it back (``entry_json``), so a restarted bot puts back what it took out.
+    ``rollouts`` is one approved change rolled out to a group's other servers (at most one open
+    per group); ``rollout_steps`` its steps: an experiment per server, then, after a failure,
+    the revert of each server the rollout had changed (its progress in ``progress_json``).
+    """
+    _run(
+        db,
+        """
+        CREATE TABLE router_rotation (
+            id INTEGER PRIMARY KEY,
+            server TEXT NOT NULL,
+            group_name TEXT NOT NULL,
+            worker TEXT NOT NULL,
+            router TEXT NOT NULL,
+            experiment_id INTEGER,
+            entry_json TEXT NOT NULL,
+            out_at TEXT NOT NULL,
+            back_at TEXT,
+            note TEXT
+        ) STRICT
+        """,
+        "CREATE UNIQUE INDEX router_rotation_open ON router_rotation (server)"
+        " WHERE back_at IS NULL",
+        "CREATE INDEX router_rotation_group ON router_rotation (group_name, out_at)",
+        """
+        CREATE TABLE rollouts (
+            id INTEGER PRIMARY KEY,
+            group_name TEXT NOT NULL,
+            source_experiment_id INTEGER NOT NULL,
+            plan_json TEXT NOT NULL,
+            plan_hash TEXT NOT NULL,
+            approved_by TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            ended_at TEXT,
+            outcome TEXT,
+            reason TEXT,
+            lease_owner TEXT,
+            lease_expires_at TEXT
+        ) STRICT
+        """,
+        "CREATE UNIQUE INDEX rollouts_open ON rollouts (group_name) WHERE ended_at IS NULL",
+        """
+        CREATE TABLE rollout_steps (
+            id INTEGER PRIMARY KEY,
+            rollout_id INTEGER NOT NULL REFERENCES rollouts (id),
+            server TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('apply', 'revert')),
+            proposal_id INTEGER,
+            experiment_id INTEGER,
+            status TEXT NOT NULL,
+            progress_json TEXT NOT NULL DEFAULT '{}',
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            UNIQUE (rollout_id, server, kind)
+        ) STRICT
+        """,
+    )

@@ -59,7 +59,8 @@ class StopOnSignal:
         if first:
             self.err.write(
                 f"\n{name}: aborting {which}: the server is put back on its last-known-good "
-                "configuration (a second Ctrl-C does not stop that).\n"
+                "configuration, unless someone changed it outside kvpilot meanwhile, which is "
+                "left as they set it (a second Ctrl-C does not stop that).\n"
             )
         else:
             self.err.write(

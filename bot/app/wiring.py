@@ -19,6 +19,10 @@ from playbooks.experiments.restart_limits import RestartLimiter
 from playbooks.launchers import factory as launcher_factory
 from playbooks.launchers.common import ManagedLauncher
 from playbooks.launchers.process import ProcessLauncher, ProcessSpec
+from playbooks.routers.base import Router
+from playbooks.routers.drain import Rotation
+from playbooks.routers.sglang import SGLangRouter
+from playbooks.routers.vllm_stack import VllmStackRouter
 from playbooks.sources.gpu import GpuReader, NvmlGpuReader
 from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
 from playbooks.sources.metrics_source import with_metrics_source
@@ -165,6 +169,27 @@ def restart_limiter(config: Config, server: ServerConfig, db: Database) -> Resta
     return RestartLimiter(db, group.name, group.max_concurrent_restarts)
 
 
+def rotation(config: Config, server: ServerConfig) -> Rotation | None:
+    """The router in front of the server's group, for request-safe restarts; None without."""
+    group = config.groups.get(server.group) if server.group is not None else None
+    cfg = None if group is None else group.router
+    if group is None or cfg is None:
+        return None
+    router: Router
+    if cfg.kind == "vllm_stack":
+        assert cfg.config_file is not None  # the configuration requires it
+        router = VllmStackRouter(cfg.url, cfg.config_file)
+    else:
+        router = SGLangRouter(cfg.url, api_key=cfg.api_key)
+    return Rotation(
+        router,
+        cfg.worker(server.name, server.url),
+        group.name,
+        drain_timeout_s=cfg.drain_timeout_s,
+        rejoin_timeout_s=cfg.rejoin_timeout_s,
+    )
+
+
 def diagnose_settings(server: ServerConfig) -> DiagnoseSettings:
     host: HostReader | None = None
     if server.host_ram_gib is not None:
@@ -176,6 +201,8 @@ def diagnose_settings(server: ServerConfig) -> DiagnoseSettings:
         gpus=gpu_reader(server),
         host=host,
         models=LocalModelConfigs(),
+        ttft_p99_s=server.gate.ttft_p99_s,
+        itl_p99_ms=server.gate.itl_p99_ms,
     )
 
 
@@ -201,4 +228,6 @@ def experiment_deps(
         plan=server.gate,
         on_progress=on_progress,
         restarts=restart_limiter(config, server, db),
+        quality=server.quality,
+        rotation=rotation(config, server),
     )

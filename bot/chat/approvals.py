@@ -17,7 +17,7 @@ from sqlite_utils import Database
 
 from bot.app.config import Config, ConfigError
 from bot.app.wiring import launcher
-from bot.chat import decisions
+from bot.chat import campaign, decisions
 from bot.chat.auth import Action, Decision, Principal
 from bot.chat.messages import Message
 from bot.chat.render import change_text, mention
@@ -194,7 +194,10 @@ class Approvals:
         start: bool,
     ) -> int | None:
         """Create the approved experiment, say so on the proposal, and run it unless `start`
-        is False; None when it could not be created."""
+        is False; None when it could not be created. An approved campaign plan starts its
+        campaign instead (`bot.chat.campaign`)."""
+        if campaign.is_plan(row):
+            return campaign.start_plan(self, who, surface, row, ref)  # type: ignore[arg-type]
         try:
             exp_id = self.runner.create(row, approved_by=who.user)
         except (ActiveExperimentExists, StorageError, LaunchError, EngineError) as exc:

@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from bot.app.config import Config
+from playbooks.campaigns.policy import Allowance, PolicyError
 from playbooks.engines import engine_named
 from playbooks.engines.base import ArgError
 from playbooks.reports.throughput import parse_window
@@ -25,6 +26,7 @@ USAGE = {
     "reject": "reject <proposal id>",
     "history": "history [server]",
     "report": "report [server] [--since 24h]",
+    "tune": "tune <server> [--allow KEY=RANGE ...] [--max-experiments N]",
 }
 
 
@@ -41,6 +43,7 @@ class Command:
     experiment_id: int | None = None
     since: timedelta = timedelta(hours=24)  # the report's window, read as `kvpilot report` does
     proposal_id: int | None = None
+    plan: dict[str, Any] | None = None  # a campaign's bounded plan (`tune`), as stored
 
 
 def _server(config: Config, name: str | None, *, required: bool, verb: str) -> str | None:
@@ -85,6 +88,8 @@ def parse_command(text: str, config: Config) -> Command:
         except ArgError as exc:
             raise CommandError(str(exc)) from None
         return Command(verb, server=server, change=change, force=force)
+    if verb == "tune":
+        return _tune(config, args)
     if verb == "abort":
         if len(args) != 1 or not args[0].lstrip("#").isdigit():
             raise CommandError(f"usage: `/kvpilot {USAGE[verb]}` (the id from `/kvpilot status`)")
@@ -112,3 +117,45 @@ def parse_command(text: str, config: Config) -> Command:
     required = verb in ("diagnose", "report")
     server = _server(config, args[0] if args else None, required=required, verb=verb)
     return Command(verb, server=server, since=since)
+
+
+def _tune(config: Config, args: list[str]) -> Command:
+    """`tune <server> [--allow KEY=RANGE ...] [--max-experiments N]`: the command line's
+    grammar (`kvpilot tune`), `--flag=value` spellings included."""
+    words = [w for a in args for w in (a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
+    if not words or words[0].startswith("--"):
+        raise CommandError(f"usage: `/kvpilot {USAGE['tune']}`")
+    server = _server(config, words[0], required=True, verb="tune")
+    allow: list[str] = []
+    max_experiments = 3
+    rest = words[1:]
+    while rest:
+        flag, rest = rest[0], rest[1:]
+        if flag not in ("--allow", "--max-experiments") or not rest:
+            raise CommandError(
+                f"`{flag}` is not understood here; usage: `/kvpilot {USAGE['tune']}`"
+            )
+        value, rest = rest[0], rest[1:]
+        if flag == "--allow":
+            allow.append(value)
+        elif not value.isdigit():
+            raise CommandError(f"--max-experiments needs a whole number, got `{value}`")
+        else:
+            max_experiments = int(value)
+    try:
+        plan = Allowance.parse(allow, max_experiments)
+        engine = engine_named(config.servers[server or ""].engine)
+    except PolicyError as exc:
+        raise CommandError(str(exc)) from None
+    unknown = [key for key in plan.ranges if key not in engine.allowed_args()]
+    if unknown:
+        raise CommandError(
+            f"`{unknown[0]}` is not an argument kvpilot may change "
+            f"(it may: {', '.join(sorted(engine.allowed_args()))})"
+        )
+    if not plan.ranges:
+        raise CommandError(
+            "a plan names what it allows: add --allow KEY=RANGE, e.g. "
+            f"`/kvpilot tune {server} --allow mem_fraction_static=0.85..0.92`"
+        )
+    return Command("tune", server=server, plan=plan.to_json())

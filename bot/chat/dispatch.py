@@ -12,10 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from bot.chat import campaign
 from bot.chat.auth import Principal
 from bot.chat.commands import USAGE, Command
 from bot.chat.messages import Message
 from bot.chat.surface import Surface
+from playbooks.campaigns.policy import Allowance
 
 if TYPE_CHECKING:
     from bot.chat.flow import Kvpilot
@@ -77,6 +79,11 @@ def _report(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
     )
 
 
+def _tune(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
+    plan = Allowance.from_json(cmd.plan or {})
+    return Reply(None, lambda s: campaign.propose_plan(bot, who, s, cmd.server or "", plan))
+
+
 HANDLERS: dict[str, Handler] = {
     "help": _help,
     "diagnose": _diagnose,
@@ -87,4 +94,5 @@ HANDLERS: dict[str, Handler] = {
     "approve": _decide,
     "reject": _decide,
     "report": _report,
+    "tune": _tune,
 }

@@ -27,22 +27,24 @@ from bot.app.wiring import (
     launch_args_of,
     launcher,
 )
-from bot.chat import views
+from bot.chat import campaign, rollout, views
 from bot.chat.approvals import Approvals
 from bot.chat.auth import Action, Decision, GroupMembers, Principal, authorise
 from bot.chat.commands import Command, CommandError, parse_command
 from bot.chat.dispatch import DECIDED_AGAINST_PROPOSER, HANDLERS, Reply, Work
 from bot.chat.messages import Button, Message
 from bot.chat.render import mention
+from bot.chat.routing import drain_text
 from bot.chat.runner import ExperimentRunner
 from bot.chat.surface import Surface
-from bot.chat.views import ACTIONS, APPROVE, PROPOSE_OPTION, REJECT
+from bot.chat.views import ACTIONS, APPROVE, PROPOSE_OPTION, REJECT, ROLLOUT
 from playbooks.clock import Clock
 from playbooks.diagnose.measure import MeasurementError
 from playbooks.diagnose.playbook import diagnose
 from playbooks.engines.base import ArgError, EngineClient, EngineError, MetricsDisabled, Snapshot
 from playbooks.experiments.sampling import store_scrapes
 from playbooks.launchers.base import LaunchError
+from playbooks.types import Option
 from storage import audit, chat
 from storage import experiments as store
 from storage import proposals as proposal_store
@@ -88,6 +90,9 @@ class Kvpilot(Approvals):
         self.progress_every_s = progress_every_s
         self.report_hook = report_hook
         self.status_hook = status_hook
+        self.runner.after_verdict = lambda row, surface, thread: campaign.after_verdict(
+            self, row, surface, thread
+        )
 
     # ------------------------------------------------------------------ plumbing
     def db(self) -> Database:
@@ -169,7 +174,8 @@ class Kvpilot(Approvals):
         except CommandError as exc:
             return Reply(Message.note(f":warning: {exc}"))
         if cmd.name not in DECIDED_AGAINST_PROPOSER:
-            action: Action = cmd.name  # type: ignore[assignment]
+            # a campaign's plan is a proposal too: proposing one needs the operator's role
+            action: Action = "propose" if cmd.name == "tune" else cmd.name  # type: ignore[assignment]
             refused = self._check(who, action, server=cmd.server, experiment_id=cmd.experiment_id)
             if refused is not None:
                 return Reply(Message.note(f":no_entry: Not allowed: {refused}."))
@@ -189,18 +195,26 @@ class Kvpilot(Approvals):
             elif len(second) != 16 or not all(c in "0123456789abcdef" for c in second):
                 raise ValueError(value)
         except ValueError:
-            verb = {PROPOSE_OPTION: "propose", APPROVE: "approve", REJECT: "reject"}[action_id]
+            verb = {PROPOSE_OPTION: "propose", REJECT: "reject"}.get(action_id, "approve")
             self.deny(who, verb, f"malformed button value {value[:40]!r}")
             return Reply(Message.note(":warning: That button's value is not one kvpilot made."))
         if action_id == PROPOSE_OPTION:
             return Reply(None, lambda s: self.propose_option(who, s, ident, int(second)))
+        if action_id == ROLLOUT:
+            return Reply(None, lambda s: rollout.roll_out(self, who, s, ident, second, where))
         decision = "approve" if action_id == APPROVE else "reject"
         return Reply(None, lambda s: self.decide(who, s, ident, second, decision, where))
 
     # ------------------------------------------------------------------ diagnose
-    def run_diagnose(self, server: str, who: Principal, surface: Surface) -> None:
+    def run_diagnose(
+        self, server: str, who: Principal, surface: Surface, thread: MessageRef | None = None
+    ) -> list[Option] | None:
+        """Measure and assess `server`, posting the analysis (in `thread` when given); its
+        options, or None when it could not be diagnosed (the message says why)."""
         cfg = self.config.server(server)
-        progress = surface.post(Message.note(f":hourglass_flowing_sand: Diagnosing `{server}`..."))
+        progress = surface.post(
+            Message.note(f":hourglass_flowing_sand: Diagnosing `{server}`..."), thread=thread
+        )
         last = [time.monotonic()]
         clock = self.clock
 
@@ -237,7 +251,7 @@ class Kvpilot(Approvals):
                 client.close()
         except (EngineError, MeasurementError, ValueError) as exc:
             surface.update(progress, Message.note(f":x: Diagnosis of `{server}` failed: {exc}"))
-            return
+            return None
         data = finding.to_json()
         data["server"] = server
         measured = store_scrapes(self.db(), server, scrapes)
@@ -254,6 +268,7 @@ class Kvpilot(Approvals):
             Message.from_template("chat/diagnosis.md.j2", buttons=buttons[:10], f=data),
         )
         chat.remember_message(self.db(), "diagnosis", diag_id, "analysis", progress, now=self.now())
+        return finding.options
 
     # ------------------------------------------------------------------ proposals
     def propose_option(self, who: Principal, surface: Surface, diag_id: int, index: int) -> None:
@@ -284,8 +299,10 @@ class Kvpilot(Approvals):
         *,
         force: bool,
         diagnosis_id: int | None = None,
+        thread: MessageRef | None = None,
     ) -> int | None:
-        """Post an approval message for `change`; returns the proposal id (None if refused)."""
+        """Post an approval message for `change` (in `thread`, a campaign's verdict, when
+        given); returns the proposal id (None if refused)."""
         cfg = self.config.server(server)
         try:
             client = engine_client(
@@ -345,15 +362,23 @@ class Kvpilot(Approvals):
             expires_at=created + timedelta(seconds=ttl),
         )
         message = self.approval_message(row, option.to_json(), cfg.launcher is not None)
-        ref = surface.post(message)
+        ref = surface.post(message, thread=thread)
         chat.remember_message(self.db(), "proposal", row.id, "approval", ref, now=self.now())
         return row.id
 
     def approval_message(
         self, row: proposal_store.ProposalRow, option: dict[str, Any], restartable: bool = True
     ) -> Message:
+        if campaign.is_plan(row):
+            return campaign.plan_message(row)
         restart_s = views.last_restart_s(self.db(), row.server)
-        return views.approval_message(row, option, restartable=restartable, restart_s=restart_s)
+        return views.approval_message(
+            row,
+            option,
+            restartable=restartable,
+            restart_s=restart_s,
+            drain=drain_text(self.config, row.server),
+        )
 
     # ------------------------------------------------------------------ abort, status, history
     def abort(self, who: Principal, surface: Surface, exp_id: int) -> None:

@@ -56,7 +56,10 @@ _MENTION = re.compile(r"\{@([^{}\s]+)\}")
 
 def mention(user: str) -> str:
     """A person named in a message, as a token: `spell_mentions` turns it into a front end's
-    spelling, so the conversation never writes one transport's mention syntax."""
+    spelling, so the conversation never writes one transport's mention syntax. kvpilot itself
+    (the proposer of a campaign's next step) is written as its name, not as a person."""
+    if user == "kvpilot":
+        return "kvpilot"
     return "{@" + user + "}"
 
 

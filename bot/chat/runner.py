@@ -25,6 +25,7 @@ from bot.app.ticker import Ticker
 from bot.app.wiring import experiment_deps
 from bot.chat.messages import Message
 from bot.chat.render import change_text
+from bot.chat.rollout import resume_rollouts, with_rollout_offer
 from bot.reports.charts import verdict_chart
 from playbooks.clock import Clock
 from playbooks.experiments import machine as engine
@@ -75,6 +76,8 @@ class ExperimentRunner:
         self._lock = threading.Lock()
         # Set on shutdown: no new experiments start, and running ones stop at their next check.
         self.stopping = threading.Event()
+        # What follows a verdict in its thread (the campaign's next step: bot/chat/campaign.py)
+        self.after_verdict: Callable[[store.ExperimentRow, Surface, MessageRef], None] | None = None
 
     @property
     def ticker(self) -> Ticker:
@@ -125,7 +128,9 @@ class ExperimentRunner:
     def resume_all(self) -> list[int]:
         """After a bot restart: pick up every experiment that was running and that no other
         living kvpilot process carries."""
-        return engine.resume_unfinished(self.db(), self.lease, self._resume)
+        resumed = engine.resume_unfinished(self.db(), self.lease, self._resume)
+        resume_rollouts(self)  # open fleet rollouts carry on too (bot/chat/rollout.py)
+        return resumed
 
     def _resume(self, row: store.ExperimentRow, lease: Lease) -> int:
         thread = None
@@ -262,7 +267,8 @@ class ExperimentRunner:
             final.state in TERMINAL
             and chat.find_message(db, "experiment", exp_id, "verdict") is None
         ):
-            ref = surface.post(self.verdict_message(final), thread=thread or progress_ref)
+            verdict = with_rollout_offer(self, final, self.verdict_message(final))
+            ref = surface.post(verdict, thread=thread or progress_ref)
             chat.remember_message(db, "experiment", exp_id, "verdict", ref, now=self.now())
             png = self.chart(final)
             if png is not None:
@@ -272,6 +278,8 @@ class ExperimentRunner:
                     title=f"Experiment {exp_id}: throughput before and after",
                     thread=thread or progress_ref,
                 )
+            if self.after_verdict is not None:
+                self.after_verdict(final, surface, thread or progress_ref)
 
     def _default_channel(self) -> str | None:
         slack = self.config.slack

@@ -25,7 +25,8 @@ from storage import proposals as proposal_store
 PROPOSE_OPTION = "kvpilot.propose"
 APPROVE = "kvpilot.approve"
 REJECT = "kvpilot.reject"
-ACTIONS = (PROPOSE_OPTION, APPROVE, REJECT)
+ROLLOUT = "kvpilot.rollout"  # a kept group experiment's verdict: roll it out (bot.chat.rollout)
+ACTIONS = (PROPOSE_OPTION, APPROVE, REJECT, ROLLOUT)
 
 
 class DescribesExperiments(Protocol):
@@ -38,8 +39,10 @@ def approval_message(
     *,
     restartable: bool = True,
     restart_s: float | None = None,
+    drain: str | None = None,
 ) -> Message:
-    """The proposal with its diff, prediction, risks and gate, and Approve/Reject buttons."""
+    """The proposal with its diff, prediction, risks and gate, and Approve/Reject buttons;
+    `drain`: how a router in front of the server spares its running requests (`routing`)."""
     value = f"{row.id}:{row.plan_hash[:16]}"
     server = row.server
     buttons = (
@@ -51,7 +54,8 @@ def approval_message(
             Confirm(
                 "Restart and measure?",
                 f"`{server}` restarts with the new arguments, its running requests are "
-                "dropped, and the change is kept only if throughput improves.",
+                + ("drained through its router" if drain else "dropped")
+                + ", and the change is kept only if throughput improves.",
                 "Approve",
             ),
         ),
@@ -73,6 +77,7 @@ def approval_message(
         snap=row.snapshot,
         expires=hhmm(row.expires_at),
         restart_s=restart_s,
+        drain=drain,
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from bot.chat.render import render
 from bot.cli.output import add_output
 from bot.cli.report import add_report_parser, cmd_report
+from bot.cli.rollout_parser import add_rollout_parser
 from playbooks.clock import at_scale
 from playbooks.diagnose.measure import MeasurementError, MeasurePlan
 from playbooks.diagnose.playbook import DiagnoseSettings, diagnose
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         add(sub)
     add_report_parser(sub)
+    add_rollout_parser(sub)
     doc = sub.add_parser(
         "doctor", help="check the configuration, database, Slack and servers; change nothing"
     )
@@ -623,6 +625,10 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = 
         return cmd_diagnose(ns, out, err)
     if ns.command in ("serve", "console"):
         return cmd_bot(ns, out, err)
+    if ns.command == "rollout":
+        from bot.cli.rollout import cmd_rollout  # noqa: PLC0415 - keeps `diagnose` light
+
+        return cmd_rollout(ns, out, err, sys.stdin)
     if ns.command == "doctor":
         from bot.cli.doctor import doctor  # noqa: PLC0415 - Slack and engines load only here
 

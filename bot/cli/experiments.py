@@ -501,7 +501,8 @@ def cmd_abort(
         deps.client.close()
         _say_carried_elsewhere(lease, err)
         err.write(
-            "that process reverts the server at its next step; "
+            "that process reverts the server at its next step (or, if someone changed its "
+            "configuration outside kvpilot, leaves it as they set it); "
             f"`kvpilot experiments show {row.id}` follows it\n"
         )
         return exit_codes.CANCELLED

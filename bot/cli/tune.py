@@ -198,8 +198,6 @@ def _after_step(
             db, exp, deps.client.engine, actor=terminal_actor(), now=deps.now()
         ):
             err.write(f"  learnt: {bound.text()}\n")
-        if exp.state == store.State.kept:
-            store_scrapes(db, run.server, after.window_now(db, exp))
         run.tried = after.tried_of(db, [s["id"] for s in run.steps])
         if exp.state in (store.State.failed, store.State.superseded, store.State.cancelled):
             run.stop = f"experiment {exp.id} ended {exp.state}"

@@ -24,6 +24,7 @@ from bot.app.config import Config
 from bot.app.identity import os_user
 from bot.app.wiring import engine_of, make_clock
 from bot.chat.auth import CONSOLE_PREFIX, Principal
+from bot.chat.campaign import KVPILOT
 from bot.chat.flow import Kvpilot
 from bot.chat.messages import Button, Message
 from bot.chat.surface import LOCAL_CHANNEL
@@ -33,6 +34,7 @@ from bot.console.text import plain, terminal_text
 from bot.reports.hook import make_report_hook
 from bot.reports.sampler import Sampler
 from storage import chat
+from storage import proposals as proposal_store
 from storage.chat import MessageRef
 from storage.db import open_db
 from storage.errors import NotFound
@@ -224,11 +226,23 @@ class Console:
             if b.action_id.startswith(PROPOSE_OPTION) and self._recommended(b.value):
                 self.say(f"> auto: {b.label} (the recommended change)")
                 return message_id, b
+            if b.action_id == APPROVE and self._proposed_by_kvpilot(b.value):
+                # a verdict's next step: --yes approves the change asked for, not a campaign
+                # without bounds (`kvpilot tune --allow ...` runs a bounded one)
+                self.say("> auto: left for a person: kvpilot's next step after a verdict")
+                continue
             if b.action_id == APPROVE:
                 self.say("> auto: Approve (--yes approves what kvpilot recommends)")
                 return message_id, b
         self.say("> auto: nothing recommended to act on")
         return None
+
+    def _proposed_by_kvpilot(self, value: str) -> bool:
+        try:
+            row = proposal_store.get_proposal(self.kv.db(), int(value.partition(":")[0]))
+        except (ValueError, NotFound):
+            return False
+        return row.created_by == KVPILOT
 
     def _recommended(self, value: str) -> bool:
         diag_id, _, index = value.partition(":")

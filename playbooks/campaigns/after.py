@@ -70,7 +70,8 @@ def learn(
     actor: str,
     now: datetime,
 ) -> list[Bound]:
-    """Store what a crashed step teaches for its server; returns the bounds that are new."""
+    """Store what a crashed step, or one that broke a latency target, teaches for its server;
+    returns the bounds that are new."""
     end = ending(row, store.transitions(db, row.id))
     args = [str(a) for a in row.baseline_config.get("args", [])]
     before: dict[str, Any] = {}
@@ -78,11 +79,11 @@ def learn(
         value = engine.arg_value(args, key)
         if value is not None:
             before[key] = value
-    reason = f"{_change_text(row.change)} {_crash_words(end)} (experiment {row.id})"
+    cause = "slo" if _broke_a_target(row) else end.cause_code
+    words = _broken_words(row) if cause == "slo" else _crash_words(end)
+    reason = f"{_change_text(row.change)} {words} (experiment {row.id})"
     learnt = []
-    for bound in bound_from(
-        row.change, before, end.cause_code, reason=reason, experiment_id=row.id
-    ):
+    for bound in bound_from(row.change, before, cause, reason=reason, experiment_id=row.id):
         if campaign_store.learn_bound(
             db,
             server=row.server,
@@ -145,6 +146,26 @@ def next_after(
 
 def _change_text(change: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in change.items())
+
+
+def _broke_a_target(row: store.ExperimentRow) -> bool:
+    """Reverted because the change broke a latency target (the gate's result says so)."""
+    latency = (row.result or {}).get("latency")
+    return (
+        row.state == store.State.reverted
+        and isinstance(latency, dict)
+        and latency.get("slo_held") is False
+    )
+
+
+def _broken_words(row: store.ExperimentRow) -> str:
+    latency = (row.result or {}).get("latency") or {}
+    broken = [
+        str(t.get("target"))
+        for t in latency.get("targets", [])
+        if isinstance(t, dict) and t.get("verdict") == "broken"
+    ]
+    return f"broke its latency target{'s' if len(broken) > 1 else ''} ({', '.join(broken)})"
 
 
 def _crash_words(end: Ending) -> str:

@@ -27,6 +27,10 @@ from playbooks.types import Option, Verdict
 # run: a failed start or a death under load. A guardrail or a gate's "not improved" teaches no
 # bound: the server ran.
 CRASH_CAUSES = frozenset({"died", "failed_start"})
+# A step reverted because it broke a latency target (`ttft_p99_s`, `itl_p99_ms`) teaches a bound
+# too: a campaign maximises throughput subject to the targets, so going further the same way
+# (a larger batch cap, a larger chunk) would break them again.
+BOUND_CAUSES = CRASH_CAUSES | {"slo"}
 
 # Risk order of the engines' verdicts: lower goes first between equal gains.
 RISK: dict[Verdict, int] = {
@@ -341,10 +345,11 @@ def bound_from(
     reason: str,
     experiment_id: int | None = None,
 ) -> list[Bound]:
-    """What a crashed step teaches: for each numeric argument it moved, the value that died and
-    everything further in the same direction. `before` holds the values it moved from (absent:
-    the engine's default, taken as below any value set)."""
-    if cause not in CRASH_CAUSES:
+    """What a crashed step (or one that broke a latency target, cause `slo`) teaches: for each
+    numeric argument it moved, the value that failed and everything further in the same
+    direction. `before` holds the values it moved from (absent: the engine's default, taken as
+    below any value set)."""
+    if cause not in BOUND_CAUSES:
         return []
     bounds = []
     for key, value in change.items():

@@ -18,6 +18,7 @@ from typing import Any
 from playbooks.clock import Clock
 from playbooks.diagnose.measure import MeasurePlan, measure
 from playbooks.engines.base import EngineClient, EngineError, Snapshot
+from playbooks.gate.latency import WindowLatency, targets_of, window_latency, window_slo_holds
 from playbooks.sources.gpu import GpuReader
 from playbooks.sources.host import HostReader
 from playbooks.sources.model_config import ModelConfigReader
@@ -34,6 +35,9 @@ class DiagnoseSettings:
     gpus: GpuReader | None = None  # only when the bot runs on the server's GPU host
     host: HostReader | None = None
     models: ModelConfigReader | None = None  # the served model's config.json, on the GPU host
+    # latency targets the window's p99s are held to (configuration; None: reported only)
+    ttft_p99_s: float | None = None
+    itl_p99_ms: float | None = None
 
 
 def diagnose(
@@ -52,7 +56,15 @@ def diagnose(
         model_info = client.model_info()
     except EngineError:  # model info is decoration only
         model_info = {}
-    m = measure(client, clock, settings.plan, on_progress, on_sample)
+    ends: list[Snapshot] = []  # the window's first and latest scrape, for its latency p99s
+
+    def keep(sample: Snapshot) -> None:
+        ends[:] = [ends[0] if ends else sample, sample]
+        if on_sample is not None:
+            on_sample(sample)
+
+    m = measure(client, clock, settings.plan, on_progress, keep)
+    latency = _latency(ends, settings)
     a = rules.assess(m)
     generation = (
         _rate(m.generation.mean, m.generation.low, m.generation.high) if m.generation else None
@@ -92,6 +104,19 @@ def diagnose(
         options=a.options,
         notes=a.notes + m.notes,
         engine=client.engine.label,
+        latency=latency,
+        slo_held=window_slo_holds(latency),
+    )
+
+
+def _latency(ends: list[Snapshot], settings: DiagnoseSettings) -> tuple[WindowLatency, ...]:
+    """p99 TTFT and ITL over the window: from the histograms' increase between its first and
+    last scrape, not from one reading (which counts since the server started)."""
+    if len(ends) < 2:
+        return ()
+    first, last = ends
+    return tuple(
+        window_latency(first, last, t) for t in targets_of(settings.ttft_p99_s, settings.itl_p99_ms)
     )
 
 

@@ -87,6 +87,8 @@ class Metrics:
     families: frozenset[str]
     ttft_buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
     series: Mapping[str, tuple[LabelledValue, ...]] = field(default_factory=dict)
+    # every histogram's buckets: bucket series name -> le -> cumulative count (label sets summed)
+    histograms: Mapping[str, Mapping[float, float]] = field(default_factory=dict)
 
     @classmethod
     def read(
@@ -97,12 +99,18 @@ class Metrics:
     ) -> Metrics:
         """The reading of (sample name, labels, value) triples, wherever they were scraped.
 
-        Histogram buckets and `_created` timestamps are left out, except the TTFT histogram's
-        buckets (summed over label sets per bound); NaN samples say nothing and are dropped.
+        Histogram buckets and `_created` timestamps are left out of the samples; buckets are
+        kept apart, summed over label sets per bound (`histograms`, and the TTFT histogram's in
+        `ttft_buckets`); NaN samples say nothing and are dropped.
         """
         kept: dict[str, list[LabelledValue]] = {}
         ttft: dict[float, float] = {}
+        histograms: dict[str, dict[float, float]] = {}
         for name, labels, value in samples:
+            if "le" in labels and not math.isnan(value):
+                le = float(labels["le"])
+                bounds = histograms.setdefault(name, {})
+                bounds[le] = bounds.get(le, 0.0) + value
             if name == ttft_histogram and "le" in labels:
                 le = float(labels["le"])
                 ttft[le] = ttft.get(le, 0.0) + value
@@ -115,6 +123,7 @@ class Metrics:
             families=frozenset(families),
             ttft_buckets=ttft,
             series={name: tuple(values) for name, values in kept.items()},
+            histograms=histograms,
         )
 
     def get(self, name: str) -> float | None:
@@ -134,14 +143,23 @@ class Metrics:
     def has(self, family: str) -> bool:
         return family in self.families
 
+    def buckets(self, *names: str) -> tuple[tuple[float, float], ...] | None:
+        """The first of `names` (bucket series, newest spelling first) the reading has, as
+        (le, cumulative count) pairs, le ascending; None when it has none of them."""
+        for name in names:
+            if name in self.histograms:
+                return tuple(sorted(self.histograms[name].items()))
+        return None
+
 
 @dataclass(frozen=True)
 class MetricsSpec:
     """Which exposition series are the engine's, for a source that must ask for them by name.
 
-    `prefix` selects the engine's families; `ttft_histogram` is the one bucketed series kept
-    (time to first token); `heartbeat` is a gauge every scrape carries, whose timestamp says how
-    old the newest scrape is.
+    `prefix` selects the engine's families; `ttft_histogram` and `itl_histograms` are the
+    bucketed series kept (time to first token; inter-token latency, every spelling the engine has
+    used); `heartbeat` is a gauge every scrape carries, whose timestamp says how old the newest
+    scrape is.
     """
 
     label: str  # the engine, as people write it
@@ -149,6 +167,12 @@ class MetricsSpec:
     ttft_histogram: str
     heartbeat: str
     how_to_enable: str  # for an operator whose server exports none of them
+    itl_histograms: tuple[str, ...] = ()
+
+    @property
+    def histograms(self) -> tuple[str, ...]:
+        """Every bucketed series a source asks for."""
+        return (self.ttft_histogram, *self.itl_histograms)
 
 
 Source = Literal["metrics", "loads"]
@@ -170,7 +194,8 @@ class Snapshot:
     is kept beside it (None where the engine does not say).
 
     Stored as JSON (`to_json`) with a version key: version 2 added the per-pool fields; rows
-    of version 1 read back with them None.
+    of version 1 read back with them None. Rows stored before `itl_buckets` read back with it
+    None, as for a server that does not export the histogram.
     """
 
     t: float = 0.0
@@ -194,6 +219,8 @@ class Snapshot:
     aborted_requests: float | None = None
     preemptions: float | None = None  # requests preempted (SGLang: retracted) so far
     ttft_buckets: tuple[tuple[float, float], ...] = ()  # (le, cumulative count), le ascending
+    # the inter-token latency histogram, as `ttft_buckets`; None when the server exports none
+    itl_buckets: tuple[tuple[float, float], ...] | None = None
     # Derived, not read: the TTFT p95 over the batch before this reading, where it measured the
     # configuration (`gate.with_ttft_p95` fills it in when a window is judged).
     ttft_p95_s: float | None = None
@@ -233,19 +260,21 @@ class Snapshot:
             if f.name in ("t", "ttft_p95_s"):
                 continue
             value = getattr(self, f.name)
-            if f.name == "ttft_buckets":
+            if f.name in ("ttft_buckets", "itl_buckets") and value is not None:
                 value = [[le, n] for le, n in value]
             out[f.name] = value
         return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], t: float = 0.0) -> Snapshot:
-        known = {f.name for f in fields(cls)} - {"t", "ttft_buckets", "ttft_p95_s"}
+        known = {f.name for f in fields(cls)} - {"t", "ttft_buckets", "itl_buckets", "ttft_p95_s"}
         values: dict[str, Any] = {k: data[k] for k in known if k in data}
         buckets = data.get("ttft_buckets") or []
+        itl = data.get("itl_buckets")
         return cls(
             t=t,
             ttft_buckets=tuple((float(le), float(n)) for le, n in buckets),
+            itl_buckets=None if itl is None else tuple((float(le), float(n)) for le, n in itl),
             **values,
         )
 
@@ -290,6 +319,19 @@ class ServerSettings(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """One request for an answer: a plain prompt (`text`) or a chat (`messages`, each a role and
+    its content). The answer quality check asks every server the same prompts."""
+
+    text: str | None = None
+    messages: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (not self.messages):
+            raise ValueError("a prompt is either text or chat messages, not both or neither")
+
+
 class EngineClient(Protocol):
     """A connection to one server. Reads only: nothing here mutates a server."""
 
@@ -330,6 +372,12 @@ class EngineClient(Protocol):
 
     def describe_metrics(self) -> str:
         """Where this client's metrics come from, for notes and error messages."""
+        ...
+
+    def generate(self, prompt: Prompt, *, max_tokens: int, timeout_s: float) -> str:
+        """The server's greedy answer (temperature 0) to `prompt`, at most `max_tokens` long:
+        the same prompt asked before and after a change shows whether its answers moved. It
+        changes nothing on the server (one request's load); raises EngineError."""
         ...
 
     def close(self) -> None: ...

@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from playbooks import gate as gate_mod
 from playbooks.engines.base import EngineError
-from playbooks.experiments import steps
+from playbooks.experiments import quality_steps, rotation_steps, steps
 from playbooks.experiments.deps import Deps, args_of
 from playbooks.experiments.known_baseline import (
     KnownBaseline,
@@ -40,7 +40,8 @@ from playbooks.experiments.sampling import (
     store_samples,
 )
 from playbooks.launchers.base import LaunchError, ServerState
-from storage import audit, proposals, servers
+from playbooks.quality.check import stored_check
+from storage import audit, proposals, quality_answers, restart_slots, servers
 from storage import experiments as store
 from storage import samples as sample_store
 from storage.db import write_transaction
@@ -63,7 +64,8 @@ def settings_of(row: store.ExperimentRow) -> gate_mod.GateSettings:
     return gate_mod.GateSettings(**{k: v for k, v in row.settings.items() if k in known})
 
 
-def view_of(row: store.ExperimentRow) -> steps.View:
+def view_of(row: store.ExperimentRow, answers: dict[str, int] | None = None) -> steps.View:
+    """`answers`: the golden answers stored per phase (`storage.quality_answers.counts`)."""
     return steps.View(
         state=row.state,
         settings=settings_of(row),
@@ -72,6 +74,8 @@ def view_of(row: store.ExperimentRow) -> steps.View:
         progress=dict(row.progress),
         entered_ts=row.step_started_at.timestamp(),
         result=row.result,
+        quality=stored_check(row.settings),
+        answers=answers or {},
     )
 
 
@@ -81,8 +85,9 @@ def view_of(row: store.ExperimentRow) -> steps.View:
 MEASURING = frozenset({State.baseline, State.warming_up, State.trial})
 
 
-def gather(deps: Deps, state: State) -> steps.Facts:
-    """What the step needs to see: the launcher's view of the server, and the time."""
+def gather(deps: Deps, state: State, progress: dict[str, Any] | None = None) -> steps.Facts:
+    """What the step needs to see: the launcher's view of the server, and the time (and behind
+    a router, while it restarts, the router's: `rotation_steps.facts`)."""
     identity = deps.launcher.identity()
     if state in MEASURING and identity is not None:
         running, ready, reason = True, True, ""
@@ -104,6 +109,7 @@ def gather(deps: Deps, state: State) -> steps.Facts:
         instance=None if identity is None else identity.instance,
         ready_timeout_s=deps.launcher.ready_timeout_s,
         carrier=None if deps.lease is None else deps.lease.owner,
+        rotation=rotation_steps.facts(deps, state, progress or {}),
     )
 
 
@@ -114,8 +120,8 @@ def advance(deps: Deps, exp_id: int) -> Advanced:
         return Advanced(row, None, "none")
     checkpoint(deps, row.id, row.state)
     _fault("pause", row.state)
-    view = view_of(row)
-    facts = gather(deps, row.state)
+    view = view_of(row, quality_answers.counts(deps.db, row.id))
+    facts = gather(deps, row.state, row.progress)
     step = steps.next_step(view, facts)
     if step is None:
         return Advanced(row, None, "none")
@@ -145,8 +151,30 @@ def _take(
         _look(deps, row, view)
     elif isinstance(step, steps.Wait):
         deps.say(f"{row.state}: {step.reason}")
-    else:
+    elif isinstance(step, steps.Keep):
         _keep(deps, row, step)
+    elif isinstance(step, steps.Leave | steps.Drain | steps.Rejoin):
+        rotation_steps.take(
+            deps, row, facts, step,
+            progress=lambda **changes: _progress(deps, row, **changes),
+            take_slot=lambda: _take_slot(deps, row, facts, step.purpose),
+        )  # fmt: skip
+    else:
+        _take_quality(deps, row, view, facts, step)
+
+
+def _take_quality(
+    deps: Deps, row: store.ExperimentRow, view: steps.View, facts: steps.Facts,
+    step: steps.QualityStep,
+) -> None:  # fmt: skip
+    """A step of the answer quality check (`quality_steps`), then the move it leads to."""
+    taken = quality_steps.take(deps, row, view, facts, step)
+    if taken.progress:
+        _progress(deps, row, **taken.progress)
+    if isinstance(taken.then, steps.Keep):
+        _keep(deps, store.get_experiment(deps.db, row.id), taken.then)
+    elif taken.then is not None:
+        _move(deps, row, taken.then)
 
 
 # ---------------------------------------------------------------------------------- records
@@ -164,6 +192,7 @@ def _move(deps: Deps, row: store.ExperimentRow, step: steps.Move) -> None:
     if step.details.get("give_up"):
         deps.launcher.give_up()
     if step.to in TERMINAL:
+        rotation_steps.on_end(deps, row, step.to)
         _give_back_slot(deps, row)
     deps.say(f"{row.state} -> {step.to}: {step.reason}")
     if step.to == State.superseded:
@@ -288,6 +317,11 @@ def _known_baseline(
         outside = applied.created_at.timestamp()
     elif applied is not None and not note.startswith(FOUND_RUNNING):
         changed = applied.created_at.timestamp()
+    peer_out, rotated = rotation_steps.known_baseline_bounds(deps, facts.now_ts - 3600.0)
+    if peer_out is not None:
+        return NoKnownBaseline(peer_out)
+    if rotated is not None:  # a peer left or rejoined the rotation: the load moved then
+        changed = max(changed or rotated, rotated)
     diagnosis = None
     if row.proposal_id is not None:
         snapshot = proposals.get_proposal(deps.db, row.proposal_id).snapshot
@@ -306,8 +340,15 @@ def _known_baseline(
 
 def _look(deps: Deps, row: store.ExperimentRow, view: steps.View) -> None:
     settings = view.settings
-    baseline = gate_samples(deps, row.id, "baseline", settings)
-    trial = gate_samples(deps, row.id, "trial", settings)
+    baseline, trial = rotation_steps.gate_windows(
+        deps,
+        gate_samples(deps, row.id, "baseline", settings),
+        gate_samples(deps, row.id, "trial", settings),
+        settings.warmup_floor_s,
+    )
+    if not trial:  # every trial scrape so far was taken while a peer was out of rotation
+        _progress(deps, row, looks=steps.complete_batches(view))
+        return
     looks = steps.complete_batches(view)
     try:
         decision = gate_mod.decide(baseline, trial, settings)
@@ -357,23 +398,34 @@ def _give_back_slot(deps: Deps, row: store.ExperimentRow) -> None:
         deps.restarts.release(row.id)
 
 
+def _take_slot(
+    deps: Deps, row: store.ExperimentRow, facts: steps.Facts, purpose: restart_slots.Purpose
+) -> bool:
+    """One of the group's restart slots for this experiment (True), or a wait recorded."""
+    if deps.restarts is None:
+        return True
+    waiting = row.progress.get("waiting_since")
+    if deps.restarts.request(
+        row.id,
+        deps.server,
+        purpose,
+        waiting_since=None if waiting is None else float(waiting),
+        now_ts=facts.now_ts,
+        say=deps.say,
+    ):
+        return True
+    if waiting is None:
+        _progress(deps, row, waiting_since=facts.now_ts)
+    return False
+
+
 def _issue(
     deps: Deps, row: store.ExperimentRow, view: steps.View, facts: steps.Facts, step: steps.Issue
 ) -> None:
-    if deps.restarts is not None:
-        waiting = row.progress.get("waiting_since")
-        if not deps.restarts.request(
-            row.id,
-            deps.server,
-            step.purpose,
-            waiting_since=None if waiting is None else float(waiting),
-            now_ts=facts.now_ts,
-            say=deps.say,
-        ):
-            if waiting is None:
-                _progress(deps, row, waiting_since=facts.now_ts)
-            return
+    if not _take_slot(deps, row, facts, step.purpose):
+        return
     before_restart(deps)
+    rotation_steps.before_issue(deps, row, facts)
     # Recorded before the launcher is called: a bot killed inside `issue` finds it, sees
     # what the system runs and issues again if the change never arrived.
     _progress(deps, row, issued=facts.now_ts, before=facts.instance, waiting_since=None)
@@ -391,6 +443,7 @@ def _launch_failed(deps: Deps, row: store.ExperimentRow, purpose: str, exc: Laun
         # refused before anything changed (the workload came under another tool's control
         # after the approval): the server runs the baseline still, there is nothing to undo
         _record(deps, fresh, audit.RestartFinished, ok=False, duration_s=0.0, error=exc.reason)
+        rotation_steps.on_end(deps, fresh, State.cancelled)
         _give_back_slot(deps, fresh)
         deps.say(f"{fresh.state} -> cancelled: {exc.reason}")
         move(
@@ -413,6 +466,7 @@ def _launch_failed(deps: Deps, row: store.ExperimentRow, purpose: str, exc: Laun
         )  # fmt: skip
         return
     _record(deps, fresh, audit.RevertExecuted, ok=False, error=exc.reason)
+    rotation_steps.on_end(deps, fresh, State.failed)
     _give_back_slot(deps, fresh)
     deps.say(f"{fresh.state} -> failed: {exc.reason}")
     move(
@@ -442,6 +496,14 @@ def _poll(deps: Deps, row: store.ExperimentRow, view: steps.View, facts: steps.F
     if isinstance(outcome, steps.Issue):
         _issue(deps, row, view, facts, outcome)
         return
+    if isinstance(outcome, steps.Rejoin):  # ready: back into the router's rotation first
+        if not rotation_steps.rejoin(
+            deps, row, facts, progress=lambda **changes: _progress(deps, row, **changes)
+        ):
+            return
+        seen = replace(facts, rotation=None)
+        outcome = steps.after_poll(view, seen, ready, None, instance=instance)
+        assert isinstance(outcome, steps.Move)
     _give_back_slot(deps, row)
     if purpose == "restart":
         _record(deps, row, audit.RestartFinished, ok=True, duration_s=_since_issue(deps, row))

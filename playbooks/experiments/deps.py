@@ -19,6 +19,8 @@ from playbooks.engines.base import EngineClient
 from playbooks.experiments.ownership import Lease
 from playbooks.experiments.restart_limits import RestartLimiter
 from playbooks.launchers.base import Launcher
+from playbooks.quality.check import QualityCheck
+from playbooks.routers.drain import Rotation
 
 
 def args_of(config: dict[str, Any]) -> list[str]:
@@ -37,9 +39,13 @@ class Deps:
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
     on_progress: Callable[[str], None] | None = None
     restarts: RestartLimiter | None = None  # the restart slots of the server's group, if any
+    rotation: Rotation | None = None  # the router in front of the server's group, if any
     lease: Lease | None = None  # this process's claim on the experiment (see ownership.py)
     # Asked between steps and at every scrape: a person at the terminal wants it stopped.
     interrupt: Callable[[], StopRequest | None] | None = None
+    # The server's answer quality check: a new experiment whose change touches one of its
+    # opted-in arguments carries it, and is kept only once it passes (lifecycle.create).
+    quality: QualityCheck | None = None
 
     def say(self, message: str) -> None:
         if self.on_progress is not None:

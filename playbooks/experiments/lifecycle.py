@@ -144,6 +144,9 @@ def create(
     settings = dict(plan.gate)
     if plan.plan_hash is not None:
         settings["plan_hash"] = plan.plan_hash
+    if deps.quality is not None and deps.quality.applies_to(change):
+        # stored with the experiment: a resumed one judges by the check it started with
+        settings["quality"] = deps.quality.to_json()
     exp_id = store.create_experiment(
         deps.db,
         server=deps.server,

@@ -2,10 +2,11 @@
 
     proposed -> approved -> baseline -> restarting -> warming_up -> trial -> deciding -> kept
     approved -> expired (the server changed since the approval) | cancelled (not healthy)
-    restarting | warming_up | trial | deciding -> reverting -> reverted | failed
+    deciding -> checking_quality -> kept (a change that can alter answers: its check passed)
+    restarting | warming_up | trial | deciding | checking_quality -> reverting -> reverted | failed
     baseline -> cancelled (the measurement was cut before anything was changed)
-    baseline | restarting | warming_up | trial | deciding | reverting -> superseded (the server
-        runs arguments that are neither the baseline's nor the trial's: a person set them)
+    baseline | ... | checking_quality | reverting -> superseded (the server runs arguments that
+        are neither the baseline's nor the trial's: a person set them)
 
 `storage.experiments.TRANSITIONS` is that table, and `steps.next_step` walks it: every state in
 it is entered by some step (tests/playbooks/experiments/test_steps.py checks each edge). Each

@@ -34,6 +34,7 @@ CAUSES: dict[str, Outcome] = {
     "died": Outcome.reverted_after_failure,
     "failed_start": Outcome.reverted_after_failure,
     "guardrail": Outcome.reverted_after_failure,
+    "quality": Outcome.reverted_after_failure,  # the answer quality check failed
     "inconclusive": Outcome.no_verdict,
     "drifted": Outcome.no_verdict,
     "unjudgeable": Outcome.no_verdict,

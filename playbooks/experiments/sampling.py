@@ -81,6 +81,7 @@ def gate_result(decision: gate_mod.GateDecision) -> dict[str, Any]:
         "batches": decision.batches,
         "warmup_cut_s": decision.warmup_cut_s,
         "reasons": list(decision.reasons),
+        "latency": decision.latency_json(),
     }
 
 

@@ -17,7 +17,17 @@ Progress keys, per state (stored on the experiment row, replaced on every move):
   that ran before it (a poll that still sees it has not seen the new server yet);
 - `looks`: how many gate looks the trial has had (one per complete batch);
 - `changed_outside` (approved): what kvpilot said when, creating the experiment, it found the
-  server changed by hand since it last recorded its configuration.
+  server changed by hand since it last recorded its configuration;
+- `eval` (checking_quality): the eval command's runner (its status file, pid and host);
+- behind a router (`Facts.rotation`), restarting/reverting: `out_at`, when kvpilot took the
+  server out of rotation (the drain runs from then until nothing runs on it, or the drain
+  timeout); `quiet_at`, when the drain first saw nothing in flight; `leave_tried_at`, when
+  the router first could not be asked; `rejoin_since` and `rejoin_asked_at`, when kvpilot
+  first (and last) asked to put the ready server back.
+
+An experiment that carries an answer quality check (`View.quality`, stored with it: see
+`playbooks.quality`) records its golden answers before the baseline is measured, one batch per
+step, and checks answer quality in `checking_quality` before a keep of the gate is carried out.
 
 A person's change is told apart from kvpilot's own by the arguments alone: kvpilot only ever
 runs the baseline's or the trial's, so any other arguments were set by someone else, and every
@@ -30,9 +40,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from playbooks import gate as gate_mod
+from playbooks.quality.check import QualityCheck
+from playbooks.quality.compare import QualityVerdict
+from playbooks.routers.drain import drain_state
 from storage.experiments import State
 
 CHANGED_OUTSIDE = "changed_outside"  # the approved state's progress key (see above)
+ANSWERS_PER_STEP = 8  # golden prompts asked in one step (at once)
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,8 @@ class View:
     progress: dict[str, Any]
     entered_ts: float  # when the current state was entered (epoch s)
     result: dict[str, Any] | None = None
+    quality: QualityCheck | None = None  # the answer quality check the experiment carries
+    answers: dict[str, int] = field(default_factory=dict)  # golden answers stored, per phase
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,17 @@ class Facts:
     instance: str | None  # the launcher's identity of the server running now
     ready_timeout_s: float = 1800.0
     carrier: str | None = None  # the process taking the step (its lease owner)
+    rotation: RotationFacts | None = None  # the router in front of it, while it restarts
+
+
+@dataclass(frozen=True)
+class RotationFacts:
+    """A server behind a router, while it restarts or reverts (`playbooks.routers.drain`)."""
+
+    out: bool  # kvpilot took it out of rotation and has not put it back (storage says)
+    listed: bool | None  # the router routes to it now (None: not asked, or no answer)
+    running: float | None  # requests running on it now (None: not read, or no answer)
+    drain_timeout_s: float
 
 
 @dataclass(frozen=True)
@@ -117,7 +144,61 @@ class Keep:
     reason: str
 
 
-Step = Move | Scrape | ChooseBaseline | Issue | Poll | Look | Keep | Wait
+@dataclass(frozen=True)
+class RecordAnswers:
+    """Ask the server golden prompts `start` to `stop` (greedy) and store its answers."""
+
+    phase: Literal["baseline", "trial"]
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class JudgeAnswers:
+    """Compare the trial's golden answers with the baseline's: keep the change, or revert."""
+
+
+@dataclass(frozen=True)
+class StartEval:
+    """Start the eval command against the changed server (it runs on; later steps look)."""
+
+
+@dataclass(frozen=True)
+class PollEval:
+    """Look once whether the eval command has ended, and how."""
+
+
+@dataclass(frozen=True)
+class Leave:
+    """Take a restart slot (if the group has limits) and the server out of its router's
+    rotation, before the restart: no new requests reach it from then on."""
+
+    purpose: Literal["restart", "revert"]
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Out of rotation, requests still running on it (or the router still routing to it):
+    look again shortly."""
+
+    purpose: Literal["restart", "revert"]
+    running: float | None
+    listed: bool | None
+    quiet: bool = False  # nothing in flight: recorded, and the next look decides
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """Put the server back into its router's rotation (it serves again, or never stopped)."""
+
+    purpose: Literal["restart", "revert"]
+
+
+QualityStep = RecordAnswers | JudgeAnswers | StartEval | PollEval
+RotationStep = Leave | Drain | Rejoin
+Step = (
+    Move | Scrape | ChooseBaseline | Issue | Poll | Look | Keep | Wait | QualityStep | RotationStep
+)
 
 
 def gap_limit_s(settings: gate_mod.GateSettings) -> float:
@@ -207,7 +288,8 @@ def _baseline(view: View, facts: Facts) -> Step:
     if changed is not None:
         return changed
     if "until" not in view.progress:
-        return ChooseBaseline()
+        # the golden answers come first, from the server as it runs before any change
+        return next_answers(view, "baseline") or ChooseBaseline()
     cut = _cut(view, facts, "during the baseline")
     if cut is not None:  # nothing was changed yet: nothing to revert, and no restart is ours
         return Move(State.cancelled, cut.reason + "; nothing was changed", cut.details)
@@ -243,7 +325,7 @@ def _restart_or_revert(
         return changed
     issued = view.progress.get("issued")
     if issued is None:
-        return Issue(target, purpose)
+        return drain(view, facts, purpose) or Issue(target, purpose)
     if facts.current_args is not None and facts.current_args != target:
         # The system still runs kvpilot's other configuration: the issue never reached it
         # (kvpilot died between recording it and making it). Make it again.
@@ -265,6 +347,34 @@ def _restart_or_revert(
             {"give_up": True},
         )
     return Poll(purpose)
+
+
+def drain(view: View, facts: Facts, purpose: Literal["restart", "revert"]) -> Step | None:
+    """Behind a router, before the restart: out of rotation, then wait until nothing runs on
+    the server or the drain timeout passes; None when the restart may be issued. A router that
+    cannot be asked for the whole drain timeout does not hold the restart up: it goes ahead as
+    it would without a router (the issue says so)."""
+    r = facts.rotation
+    if r is None:
+        return None
+    out_at = view.progress.get("out_at")
+    if out_at is None:
+        tried = view.progress.get("leave_tried_at")
+        if tried is not None and facts.now_ts - float(tried) >= r.drain_timeout_s:
+            return None
+        return Leave(purpose)
+    state = drain_state(
+        out_at=float(out_at),
+        listed=r.listed,
+        running=r.running,
+        now=facts.now_ts,
+        timeout_s=r.drain_timeout_s,
+    )
+    if state == "done" and view.progress.get("quiet_at") is None:
+        # a request on its way in (parsed, not yet scheduled) is counted nowhere: nothing in
+        # flight on two looks in a row, a step apart, is drained
+        return Drain(purpose, r.running, r.listed, quiet=True)
+    return Drain(purpose, r.running, r.listed) if state == "wait" else None
 
 
 def _restarting(view: View, facts: Facts) -> Step:
@@ -307,6 +417,13 @@ def _deciding(view: View, facts: Facts) -> Step:
     if changed is not None:  # keeping would record the trial as good; reverting would undo it
         return changed
     result = view.result or {}
+    if result.get("action") == "keep" and view.quality is not None:
+        return Move(
+            State.checking_quality,
+            f"{result.get('rule', 'the gate would keep the change')}; checking answer quality "
+            f"before keeping it: {view.quality.describe()}",
+            progress={"instance": facts.instance},
+        )
     if result.get("action") == "keep":
         return Keep(str(result.get("rule", "the gate kept the change")))
     return Move(
@@ -322,8 +439,52 @@ def _reverting(view: View, facts: Facts) -> Step:
         and facts.ready
         and facts.current_args == view.baseline_args
     ):
+        if facts.rotation is not None and facts.rotation.out:  # (aborted while it drained)
+            return Rejoin("revert")
         return Move(State.reverted, "the server already runs the last-known-good configuration")
     return _restart_or_revert(view, facts, view.baseline_args, "revert")
+
+
+def next_answers(view: View, phase: Literal["baseline", "trial"]) -> RecordAnswers | None:
+    """The next batch of golden prompts to ask in `phase`; None when all are answered (or the
+    experiment carries no golden prompts)."""
+    golden = None if view.quality is None else view.quality.golden
+    if golden is None:
+        return None
+    done, total = view.answers.get(phase, 0), len(golden.prompts)
+    return (
+        None if done >= total else RecordAnswers(phase, done, min(total, done + ANSWERS_PER_STEP))
+    )
+
+
+def _checking_quality(view: View, facts: Facts) -> Step:
+    changed = changed_outside(view, facts)
+    if changed is not None:  # keeping would record the trial as good; reverting would undo it
+        return changed
+    if not facts.running:
+        return Move(
+            State.reverting,
+            f"the server went down while its answers were checked: {facts.reason}",
+            {"cause": "died"},
+        )
+    if view.quality is None:  # (cannot happen: only a check leads here) keep as the gate said
+        return Keep(str((view.result or {}).get("rule", "the gate kept the change")))
+    if view.quality.golden is not None:
+        return next_answers(view, "trial") or JudgeAnswers()
+    return PollEval() if view.progress.get("eval") else StartEval()
+
+
+def after_quality(view: View, verdict: QualityVerdict) -> Keep | Move:
+    """The answer quality check's verdict as the experiment's end: the gate's keep carried out,
+    or a revert that names the check and its numbers."""
+    if verdict.passed:
+        rule = str((view.result or {}).get("rule", "the gate kept the change"))
+        return Keep(f"{rule}; answer quality held: {verdict.summary}")
+    return Move(
+        State.reverting,
+        f"the answer quality check failed: {verdict.summary}",
+        {"cause": "quality", "quality": verdict.evidence},
+    )
 
 
 _TABLE = {
@@ -333,6 +494,7 @@ _TABLE = {
     State.warming_up: _warming_up,
     State.trial: _trial,
     State.deciding: _deciding,
+    State.checking_quality: _checking_quality,
     State.reverting: _reverting,
 }
 
@@ -345,8 +507,9 @@ def next_step(view: View, facts: Facts) -> Step | None:
 
 def after_poll(
     view: View, facts: Facts, ready: bool, failure: str | None, *, instance: str | None
-) -> Move | Issue | None:
-    """What one readiness poll means: a move, the restart again, or None to poll later."""
+) -> Move | Issue | Rejoin | None:
+    """What one readiness poll means: a move, the restart again, None to poll later, or (behind
+    a router, out of its rotation) putting the ready server back first."""
     restart = view.state == State.restarting
     target = view.trial_args if restart else view.baseline_args
     if failure is not None:
@@ -364,6 +527,8 @@ def after_poll(
         # Ready, but it is the server from before the restart: the system has the new
         # arguments and never restarted (kvpilot died in between). Restart it now.
         return Issue(target, "restart" if restart else "revert")
+    if facts.rotation is not None and facts.rotation.out:
+        return Rejoin("restart" if restart else "revert")
     took = facts.now_ts - float(view.progress.get("issued", facts.now_ts))
     if restart:
         return Move(
@@ -386,6 +551,6 @@ def delay_after(step: Step, view: View) -> float:
     """How long (on the experiment's clock) to wait before the next step."""
     if isinstance(step, Scrape | Wait):
         return view.settings.scrape_s
-    if isinstance(step, Poll | Issue):
+    if isinstance(step, Poll | Issue | RecordAnswers | PollEval | RotationStep):
         return min(5.0, view.settings.scrape_s)
     return 0.0

@@ -7,6 +7,7 @@ clear, then "keep" or "revert". Nothing here reads a clock or does I/O.
 
 The package by role: `settings` (GateSettings and its validation), `warmup` (the MSER cut),
 `windows` (the facts, noise and effect read off the samples), `checks` (guardrails and validity),
+`latency` (the operator's latency targets: p99 TTFT and ITL per batch, with their interval),
 `look` (one look's typed facts), `rules` (the ordered decision table and `decide`), `decision`
 (the GateDecision it answers with).
 
@@ -51,7 +52,11 @@ Statistical design (the reference notes on gate statistics, §3; measured in `be
   -10%, wrong reverts <= 10% at +10%). A trial still open at `max_trial_s` is "inconclusive",
   which reverts.
 * **Guardrails** (revert regardless of throughput): error rate, TTFT p95, retractions per minute,
-  completed-token rate. **Validity checks:** offered concurrency (running + queued) or the request
+  completed-token rate, and the configured latency targets (`ttft_p99_s`, `itl_p99_ms`): the
+  trial's p99 read per batch from the histograms' increase, reverted only when its interval lies
+  above the target (or, where the baseline was already above it, when the trial is clearly
+  worse); a keep waits until each target is measured.
+  **Validity checks:** offered concurrency (running + queued) or the request
   mix (prompt and output tokens per completed request) differing between the windows ("drifted"),
   or either window not saturated (queue mostly empty: throughput then equals offered load and no
   configuration can show an effect; "inconclusive"). Completed requests (their mix, their token
@@ -63,6 +68,7 @@ Statistical design (the reference notes on gate statistics, §3; measured in `be
 """
 
 from playbooks.gate.decision import Action, GateDecision, Verdict
+from playbooks.gate.latency import SloCheck, slo_holds
 from playbooks.gate.rules import RULES, Rule, decide
 from playbooks.gate.settings import GateSettings
 from playbooks.gate.warmup import mser_truncation, warmup, warmup_cut
@@ -85,6 +91,7 @@ __all__ = [
     "GateDecision",
     "GateSettings",
     "Rule",
+    "SloCheck",
     "Verdict",
     "WindowNoise",
     "baseline_noise",
@@ -94,6 +101,7 @@ __all__ = [
     "mser_truncation",
     "overlapping_window_variance",
     "read_baseline",
+    "slo_holds",
     "warmup",
     "warmup_cut",
     "with_ttft_p95",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from playbooks.gate.latency import SloCheck, slo_holds
 from playbooks.stats.intervals import Interval
 
 Action = Literal["continue", "keep", "revert"]
@@ -29,3 +30,14 @@ class GateDecision:
     batch_s: float
     warmup_cut_s: float
     reasons: list[str] = field(default_factory=list)
+    latency: tuple[SloCheck, ...] = ()  # each configured latency target, once judged
+
+    @property
+    def slo_held(self) -> bool | None:
+        """Whether every configured latency target held in the trial (`latency.slo_holds`):
+        with the decode rate, what a campaign maximising throughput under targets reads."""
+        return slo_holds(self.latency)
+
+    def latency_json(self) -> dict[str, object]:
+        """The latency targets as stored with the verdict."""
+        return {"slo_held": self.slo_held, "targets": [c.to_json() for c in self.latency]}

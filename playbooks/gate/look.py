@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from playbooks.engines.base import Snapshot
-from playbooks.gate import checks
+from playbooks.gate import checks, latency
+from playbooks.gate.latency import SloCheck
 from playbooks.gate.settings import GateSettings
 from playbooks.gate.windows import (
     Baseline,
@@ -44,6 +45,7 @@ class Evidence:
     rates_from_s: float  # seconds after the restart completed requests are read from
     rates_ready: bool  # enough requests completed there to compare them
     completed_rate_fell: str | None  # the completed-token check's objection to a keep
+    latency: tuple[SloCheck, ...] = ()  # each configured latency target, judged
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,4 +161,21 @@ def _evidence(
         rates_from_s=rates_from,
         rates_ready=rates_ready,
         completed_rate_fell=checks.completed_rate_fell(bf, rf, s) if rf else None,
+        latency=latency_checks(trial, base, tw, s),
+    )
+
+
+def latency_checks(
+    trial: Sequence[Snapshot], base: Baseline, tw: TrialWindow, s: GateSettings
+) -> tuple[SloCheck, ...]:
+    """Each configured target on the trial's judged batches against the baseline's."""
+    return tuple(
+        latency.judge(
+            target,
+            trial=latency.p99s(trial, tw.start, s.batch_s, target)[: tw.batches],
+            baseline=base.p99s.get(target.metric, ()),
+            is_exported=latency.exported(trial, target),
+            confidence=1 - s.alpha,
+        )
+        for target in latency.configured(s)
     )

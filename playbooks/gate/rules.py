@@ -6,15 +6,19 @@ The order is part of the design, and it is this (`RULES`):
  2. waiting                 too few samples, the warm-up not over, or too few batches after it
  3. decode rate zero        nothing generated after the warm-up: the change broke throughput
  4. guardrail               errors, retractions or TTFT p95 rose: revert whatever throughput says
- 5. drifted                 the load or request mix changed between the windows: not comparable
- 6. not saturated           a window's queue was mostly empty: throughput cannot show an effect
- 7. cap waiting for rates   a significant gain, but the cap came before enough requests completed
- 8. waiting for rates       a significant gain; completed requests are compared before a keep
- 9. completed rate fell     a significant gain, but completed requests' tokens/s fell: revert
-10. improved               significant and at least `min_effect`: keep
-11. futile                 the planning effect is ruled out: revert, no significant improvement
-12. cap                    the cap came without a clear answer: revert, inconclusive
-13. not yet clear          continue
+ 5. latency target broken   the trial's p99 interval lies above a configured target (or, where
+                            the baseline was already above it, the trial is clearly worse): revert
+ 6. drifted                 the load or request mix changed between the windows: not comparable
+ 7. not saturated           a window's queue was mostly empty: throughput cannot show an effect
+ 8. cap waiting for rates   a significant gain, but the cap came before enough requests completed
+ 9. waiting for rates       a significant gain; completed requests are compared before a keep
+10. cap waiting for latency a significant gain, but the cap came before a target was measured
+11. waiting for latency     a significant gain; each latency target is measured before a keep
+12. completed rate fell     a significant gain, but completed requests' tokens/s fell: revert
+13. improved               significant and at least `min_effect`: keep
+14. futile                 the planning effect is ruled out: revert, no significant improvement
+15. cap                    the cap came without a clear answer: revert, inconclusive
+16. not yet clear          continue
 
 Rules 1-3 run before the effect can be estimated; from rule 4 on the look has its evidence.
 Guardrails and validity come before any throughput verdict, so a keep is never built on a
@@ -28,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from playbooks.engines.base import Snapshot
+from playbooks.gate import latency
 from playbooks.gate.decision import Action, GateDecision, Verdict
 from playbooks.gate.look import Look, read_look
 from playbooks.gate.settings import GateSettings
@@ -89,6 +94,11 @@ class Rule:
             batch_s=look.settings.batch_s,
             warmup_cut_s=look.cut_s,
             reasons=self.notes(look),
+            latency=(
+                look.evidence.latency
+                if look.evidence is not None
+                else latency.not_yet_judged(look.settings)
+            ),
         )
 
 
@@ -133,6 +143,7 @@ def _evidence_notes(look: Look) -> list[str]:
         f"standard error {est.se:.1%} (trial {math.sqrt(est.trial_variance):.1%} with the "
         f"restart allowance x{s.restart_variance_factor:g}, baseline "
         f"{math.sqrt(est.baseline_variance):.1%})",
+        *(check.text for check in ev.latency),
     ]
 
 
@@ -188,6 +199,21 @@ def _listed(pick: Callable[[Look], tuple[str, ...]]) -> Callable[[Look], list[st
     return lambda look: [*pick(look), effect_text(look)]
 
 
+def _broken_targets(look: Look) -> tuple[str, ...]:
+    """The latency targets the change broke, each with its numbers and interval."""
+    return tuple(c.text for c in look.judged.latency if c.verdict == "broken")
+
+
+def _unmeasured_targets(look: Look) -> tuple[str, ...]:
+    """The latency targets still waiting for enough measured batches."""
+    return tuple(c.text for c in look.judged.latency if latency.blocks_keep(c))
+
+
+def _gain_without_latency(look: Look) -> bool:
+    """A keep-worthy gain, but a configured latency target is not measured yet."""
+    return look.evidence is not None and look.gain and bool(_unmeasured_targets(look))
+
+
 def _gain_without_rates(look: Look) -> bool:
     """A keep-worthy gain, but too few requests completed yet to check their mix and rate."""
     return look.evidence is not None and look.gain and not look.evidence.rates_ready
@@ -236,6 +262,14 @@ RULES: tuple[Rule, ...] = (
         notes=_listed(_guards),
     ),
     Rule(
+        "latency target broken",
+        _found(_broken_targets),
+        "revert",
+        "guardrail",
+        lambda look: _broken_targets(look)[0],
+        notes=_evidence_notes,
+    ),
+    Rule(
         "drifted",
         _found(_drift),
         "revert",
@@ -276,6 +310,27 @@ RULES: tuple[Rule, ...] = (
             f"{look.settings.min_requests_for_rates} requests to complete after "
             f"{look.judged.rates_from_s:.0f} s (one request lifetime) to compare completed "
             "requests"
+        ),
+        notes=_evidence_notes,
+    ),
+    Rule(
+        "cap waiting for latency",
+        lambda look: look.at_cap and _gain_without_latency(look),
+        "revert",
+        "inconclusive",
+        lambda look: _cap_text(
+            look, "while waiting to judge the latency targets: " + _unmeasured_targets(look)[0]
+        ),
+        notes=_inconclusive_notes,
+    ),
+    Rule(
+        "waiting for latency",
+        _gain_without_latency,
+        "continue",
+        "pending",
+        lambda look: (
+            f"the gain looks significant ({effect_text(look)}); waiting to judge the latency "
+            f"targets: {_unmeasured_targets(look)[0]}"
         ),
         notes=_evidence_notes,
     ),

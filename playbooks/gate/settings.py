@@ -6,6 +6,7 @@ reported when the configuration is loaded, not in the middle of an experiment.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -50,6 +51,10 @@ class GateSettings:
     # resuming: the longest time without samples a resumed measurement may bridge (0: four
     # batches); a longer gap means the measurement was cut and the change is reverted
     max_gap_s: float = 0.0
+    # latency targets (service-level objectives), None where the operator set none: a change
+    # whose trial clearly breaks one is reverted (`playbooks.gate.latency`)
+    ttft_p99_s: float | None = None  # p99 time to first token, seconds
+    itl_p99_ms: float | None = None  # p99 inter-token latency, milliseconds
 
     def __post_init__(self) -> None:
         for ok, message in self._checks():
@@ -88,6 +93,8 @@ class GateSettings:
             (self.drift_mix_limit > 0, "drift_mix_limit must be positive"),
             (0 <= self.min_queue_fraction <= 1, "min_queue_fraction must be in [0, 1]"),
             (self.max_gap_s >= 0, "max_gap_s must be >= 0 (0: four batches)"),
+            (_positive_or_none(self.ttft_p99_s), "ttft_p99_s must be a positive number of s"),
+            (_positive_or_none(self.itl_p99_ms), "itl_p99_ms must be a positive number of ms"),
         ]
 
     @property
@@ -104,3 +111,8 @@ class GateSettings:
     def futility_z(self) -> float:
         """Standard errors below the planning effect at which the trial stops (one-sided beta)."""
         return NormalDist().inv_cdf(1 - self.beta)
+
+
+def _positive_or_none(value: float | None) -> bool:
+    """An optional target: unset, or a finite positive number."""
+    return value is None or (isinstance(value, (int, float)) and math.isfinite(value) and value > 0)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from playbooks.engines.base import Snapshot, ttft_quantile
+from playbooks.gate import latency
 from playbooks.gate.settings import GateSettings
 from playbooks.gate.warmup import warmup
 from playbooks.stats.batch_means import (
@@ -180,6 +181,8 @@ class Baseline:
     batches: int
     facts: WindowFacts
     lifetime_s: float | None
+    # each configured latency target's p99 per batch of the baseline (`gate.latency`)
+    p99s: dict[latency.Metric, tuple[float, ...]]
 
 
 def read_baseline(samples: Sequence[Snapshot], settings: GateSettings) -> Baseline:
@@ -200,7 +203,11 @@ def _read_baseline(samples: tuple[Snapshot, ...], settings: GateSettings) -> Bas
             f"at least {settings.min_baseline_batches} are needed"
         )
     noise = baseline_noise(samples, settings.batch_s, settings.max_window_fraction)
-    return Baseline(noise, batches, window_facts(samples, samples[0].t), _lifetime_s(samples))
+    p99s = {
+        t.metric: tuple(latency.p99s(samples, samples[0].t, settings.batch_s, t))
+        for t in latency.configured(settings)
+    }
+    return Baseline(noise, batches, window_facts(samples, samples[0].t), _lifetime_s(samples), p99s)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,14 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from playbooks.engines.base import Engine, EngineClient, Metrics, ServerSettings, Snapshot
+from playbooks.engines.base import (
+    Engine,
+    EngineClient,
+    Metrics,
+    Prompt,
+    ServerSettings,
+    Snapshot,
+)
 
 
 class MetricsSource(Protocol):
@@ -90,6 +97,9 @@ class SourcedClient:
 
     def describe_metrics(self) -> str:
         return self.source.describe()
+
+    def generate(self, prompt: Prompt, *, max_tokens: int, timeout_s: float) -> str:
+        return self.inner.generate(prompt, max_tokens=max_tokens, timeout_s=timeout_s)
 
     def close(self) -> None:
         self.inner.close()

@@ -1,19 +1,20 @@
 """An engine's metrics (and DCGM GPU memory) from Prometheus' HTTP API instead of the server.
 
 This module is where metrics come from, not what they mean: which series are the engine's is
-the engine's `MetricsSpec` (a name prefix, the one histogram kept, a heartbeat gauge), and what
-they mean is `Engine.snapshot`. Prometheus scrapes the server's metrics endpoint and keeps every
-sample with its labels, so the newest sample of each of the engine's series is the scrape
+the engine's `MetricsSpec` (a name prefix, the latency histograms kept, a heartbeat gauge), and
+what they mean is `Engine.snapshot`. Prometheus scrapes the server's metrics endpoint and keeps
+every sample with its labels, so the newest sample of each of the engine's series is the scrape
 kvpilot would have made itself, at most one Prometheus scrape interval old.
 `PrometheusMetrics.metrics()` asks for exactly those series, raw with their labels, with one
 instant query, and reads them the way a direct scrape is read (the engine decides how label sets
 combine: per rank, per priority), so measurement, diagnosis and the gate see the same structure:
 
     {__name__=~"PREFIX.+", __name__!~"PREFIX.+_bucket", SELECTOR}
-      or {__name__="TTFT_HISTOGRAM", SELECTOR}
+      or {__name__=~"TTFT_HISTOGRAM|ITL_HISTOGRAM...", SELECTOR}
 
-(every series of the engine except histogram buckets, plus the TTFT buckets the gate's guardrail
-reads). A second query, `max(timestamp(HEARTBEAT SELECTOR))`, says how old the newest
+(every series of the engine except histogram buckets, plus the latency histograms' buckets the
+gate and diagnose read: time to first token and inter-token latency, `MetricsSpec.histograms`).
+A second query, `max(timestamp(HEARTBEAT SELECTOR))`, says how old the newest
 scrape is; data older than `max_age_s` is refused rather than measured. A failed scrape makes
 Prometheus mark every series stale until the next one succeeds; then the newest complete scrape
 of the last `max_age_s` seconds is read from the raw samples instead, so one slow scrape does not
@@ -159,7 +160,8 @@ class PrometheusMetrics:
         return f'{{__name__=~"{prefix}.+", __name__!~"{prefix}.+_bucket", {matchers}}}{window}'
 
     def _histogram(self, matchers: str, window: str = "") -> str:
-        return f'{{__name__="{self.spec.ttft_histogram}", {matchers}}}{window}'
+        names = "|".join(re.escape(name) for name in self.spec.histograms)
+        return f'{{__name__=~"{names}", {matchers}}}{window}'
 
     @property
     def freshness_expression(self) -> str:

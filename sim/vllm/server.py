@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from sim.request import greedy_output
 from sim.runtime import Pending
 from sim.tokenizer import apply_chat_template, decode, encode
 from sim.vllm.metrics import cache_config_fields
@@ -326,6 +327,14 @@ class VllmApp:
             "completion_tokens_details": None,
         }
 
+    @staticmethod
+    def _answer(p: Pending, body: dict[str, Any]) -> str:
+        """The answer's text: with temperature 0 a function of the prompt (greedy decoding
+        answers a prompt alike each time), else of the request."""
+        if body.get("temperature") == 0:
+            return decode(greedy_output(p.req.input_ids, len(p.req.output_ids)))
+        return decode(p.req.output_ids)
+
     def _fingerprint(self) -> str:
         """`vllm-<version>-<8 hex>` (completions.json)."""
         digest = hashlib.sha256(self.cfg.model.encode()).hexdigest()[:8]
@@ -355,7 +364,7 @@ class VllmApp:
                 "choices": [
                     {
                         "index": 0,
-                        "text": decode(p.req.output_ids),
+                        "text": self._answer(p, body),
                         "logprobs": None,
                         "finish_reason": p.req.finish_reason,
                         "stop_reason": None,
@@ -395,7 +404,7 @@ class VllmApp:
                         "index": 0,
                         "message": {
                             "role": "assistant",
-                            "content": decode(p.req.output_ids),
+                            "content": self._answer(p, body),
                             "refusal": None,
                             "annotations": None,
                             "audio": None,

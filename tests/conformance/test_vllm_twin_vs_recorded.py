@@ -65,6 +65,8 @@ COMPARED = [
     "/metrics family names, both directions (metric_families.txt), exceptions named",
     "/metrics label names per family, model_name and engine values (metrics_after_load.txt)",
     "/metrics totals after the recorded load (metrics_after_load.txt)",
+    "/metrics latency histograms kvpilot reads: bucket bounds, ITL counted per output token "
+    "(metrics_after_load.txt)",
     "periodic stats line format (stats_log_lines.txt), no 'Preemptions: N' under preemption",
     "start-up KV cache size line format and capped values (startup_log_*.txt)",
     "block-override line format (startup_log_capped.txt)",
@@ -285,7 +287,7 @@ def fixture_json(name: str) -> Any:
 
 
 def test_compared_items_are_listed() -> None:
-    assert len(COMPARED) == 14
+    assert len(COMPARED) == 15
     print("\n".join(f"compared: {item}" for item in COMPARED))
 
 
@@ -448,6 +450,31 @@ def test_load_totals(twin: Twin) -> None:
     for values in (real, ours):
         assert values["vllm:num_preemptions_total"] > 0
         assert values["vllm:request_num_preemptions_sum"] == values["vllm:num_preemptions_total"]
+
+
+def bucket_bounds(text: str, family: str) -> list[float]:
+    return sorted(
+        float(s.labels["le"])
+        for fam in text_string_to_metric_families(text)
+        if fam.name == family
+        for s in fam.samples
+        if s.name.endswith("_bucket")
+    )
+
+
+@pytest.mark.parametrize(
+    "bucket", [vllm_metrics.ITL_BUCKET, vllm_metrics.TTFT_BUCKET], ids=["itl", "ttft"]
+)
+def test_latency_histograms_kvpilot_reads(twin: Twin, bucket: str) -> None:
+    """p99 TTFT and ITL are read off these buckets: the twin's bounds are vLLM's, and its
+    inter-token latency counts one observation per output token after a request's first, as
+    vLLM's does (the totals: 8 x 511 after the recorded load)."""
+    family = bucket.removesuffix("_bucket")
+    real = fixture("metrics_after_load.txt")
+    assert bucket_bounds(twin.metrics_text, family) == bucket_bounds(real, family) != []
+    if bucket == vllm_metrics.ITL_BUCKET:
+        for text in (real, twin.metrics_text):
+            assert sample_values(text)[family + "_count"] == 8 * 511
 
 
 # --------------------------------------------------------------------------- 3. log formats

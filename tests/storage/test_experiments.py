@@ -219,7 +219,7 @@ def test_superseded_ends_it_from_the_baseline_on_and_frees_the_server(db: Databa
     into = {s for s in State if State.superseded in TRANSITIONS[s]}
     assert into == {
         State.baseline, State.restarting, State.warming_up, State.trial, State.deciding,
-        State.reverting,
+        State.checking_quality, State.reverting,
     }  # fmt: skip
     assert State.superseded in TERMINAL
     experiment_id = new(db, state=State.trial)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bot.app.config.access import AccessPolicy, SlackConfig, sections
+from bot.app.config.quality import with_quality
 from bot.app.config.schedule import ReportSchedule, SamplerConfig, reports, sampler
 from bot.app.config.servers import GroupConfig, ServerConfig, gate_settings, groups, server
 from bot.app.config.values import ConfigError, check_keys, number, string
@@ -135,6 +136,8 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         raise ConfigError("servers: expected tables like [servers.NAME]")
     policy = sections(data.get("access"), data.get("slack"), str(path))
     servers = {name: server(name, t, gate_defaults) for name, t in servers_table.items()}
+    server_groups = groups(data.get("groups"), servers)
+    servers = with_quality(servers, servers_table, data.get("groups"), base)
     return Config(
         path,
         database,
@@ -142,7 +145,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         scale,
         servers,
         slack=policy.slack,
-        groups=groups(data.get("groups"), servers),
+        groups=server_groups,
         sampler=sampler(data.get("sampler")),
         reports=reports(data.get("reports"), servers),
         access=policy.access,

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from bot.app.config.routers import RouterConfig, router
 from bot.app.config.values import ConfigError, check_keys, flag, number, string
 from playbooks.engines import DEFAULT as DEFAULT_ENGINE
 from playbooks.engines import NAMES as ENGINE_NAMES
 from playbooks.gate import GateSettings
 from playbooks.http import is_http_url
 from playbooks.launchers import factory as launcher_factory
+from playbooks.quality.check import QualityCheck
 from playbooks.sources.prometheus import DEFAULT_MAX_AGE_S, default_selector, parse_selector
 
 GATE_KEYS = (
@@ -26,6 +29,12 @@ GATE_KEYS = (
 )
 # keys that may be 0 (for max_gap_s: four batches)
 ZERO_ALLOWED = ("warmup_s", "warmup_floor_s", "max_gap_s")
+# Latency targets, in [servers.NAME] or [groups.NAME] (a server's own key wins over its
+# group's): name -> (unit in words, an example, the largest value that is not a unit mix-up).
+LATENCY_KEYS: dict[str, tuple[str, str, float]] = {
+    "ttft_p99_s": ("seconds", "ttft_p99_s = 2.5", 100.0),
+    "itl_p99_ms": ("milliseconds", "itl_p99_ms = 50", math.inf),
+}
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,9 @@ class GroupConfig:
 
     name: str
     max_concurrent_restarts: int = 1
+    router: RouterConfig | None = None  # the router in front of it (bot/app/config/routers.py)
+    # latency targets its servers inherit where they set none of their own (LATENCY_KEYS)
+    latency: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,8 @@ class ServerConfig:
     engine: str = DEFAULT_ENGINE  # which engine serves it (playbooks.engines)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     group: str | None = None
+    # the answer quality check, its own [servers.NAME.quality] or its group's (quality.py)
+    quality: QualityCheck | None = None
 
 
 def gate_settings(table: Any, where: str, base: GateSettings) -> GateSettings:
@@ -101,6 +115,41 @@ def gate_settings(table: Any, where: str, base: GateSettings) -> GateSettings:
         return replace(base, **numbers)  # type: ignore[arg-type]  # GATE_KEYS are all floats
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def latency_targets(table: dict[str, Any], where: str) -> dict[str, float]:
+    """The table's latency targets (`ttft_p99_s`, `itl_p99_ms`), each a positive number in its
+    unit; a value that reads as the other unit (a TTFT of minutes, an ITL under a
+    millisecond) is refused with the spelling that was probably meant."""
+    out: dict[str, float] = {}
+    for key, (unit, example, largest) in LATENCY_KEYS.items():
+        if key not in table:
+            continue
+        value = table[key]
+        what = (
+            f"the p99 {'time to first token' if key.startswith('ttft') else 'inter-token latency'}"
+        )
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(
+                f"{where}.{key}: expected a number of {unit} ({what} to stay under), e.g. "
+                f"{example}; got {value!r}"
+            )
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(
+                f"{where}.{key}: must be a positive number of {unit}, e.g. {example}; got {value}"
+            )
+        if key == "itl_p99_ms" and value < 1:
+            raise ConfigError(
+                f"{where}.{key}: {value} ms is below any engine's inter-token latency; the key "
+                f"is in milliseconds: for {value * 1000:g} ms write itl_p99_ms = {value * 1000:g}"
+            )
+        if value >= largest:
+            raise ConfigError(
+                f"{where}.{key}: {value:g} s is no latency target for a first token; the key is "
+                f"in seconds: for {value:g} ms write ttft_p99_s = {value / 1000:g}"
+            )
+        out[key] = float(value)
+    return out
 
 
 def _launcher(table: Any, where: str) -> LauncherConfig | None:
@@ -164,6 +213,8 @@ def server(name: str, table: Any, gate_defaults: GateSettings) -> ServerConfig:
             "metrics",
             "group",
             "engine",
+            "quality",  # read by quality.py, which needs the file's directory
+            *LATENCY_KEYS,
         },
         where,
     )
@@ -192,7 +243,10 @@ def server(name: str, table: Any, gate_defaults: GateSettings) -> ServerConfig:
         host_ram_gib=number(table, "host_ram_gib", where, None),
         local_host=flag(table, "local_host", where),
         local_gpus=flag(table, "local_gpus", where),
-        gate=gate_settings(table.get("gate"), f"{where}.gate", gate_defaults),
+        gate=replace(
+            gate_settings(table.get("gate"), f"{where}.gate", gate_defaults),
+            **latency_targets(table, where),  # type: ignore[arg-type]  # floats, as declared
+        ),
         metrics=_metrics(table.get("metrics"), f"{where}.metrics", url.rstrip("/")),
         group=string(table, "group", where),
         engine=str(engine),
@@ -242,7 +296,8 @@ def _metrics(table: Any, where: str, server_url: str) -> MetricsConfig:
 
 
 def groups(table: Any, servers: dict[str, ServerConfig]) -> dict[str, GroupConfig]:
-    """[groups.NAME] tables; every server's group must be one of them."""
+    """[groups.NAME] tables; every server's group must be one of them. A group's latency
+    targets are given to each of its servers (in `servers`) that sets no such key itself."""
     if table is None:
         table = {}
     if not isinstance(table, dict):
@@ -252,14 +307,22 @@ def groups(table: Any, servers: dict[str, ServerConfig]) -> dict[str, GroupConfi
         where = f"groups.{name}"
         if not isinstance(body, dict):
             raise ConfigError(f"{where}: expected a table, e.g. max_concurrent_restarts = 1")
-        check_keys(body, {"max_concurrent_restarts"}, where)
+        check_keys(  # quality: read by quality.py
+            body, {"max_concurrent_restarts", "quality", "router", *LATENCY_KEYS}, where
+        )
         limit = body.get("max_concurrent_restarts", 1)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ConfigError(
                 f"{where}.max_concurrent_restarts: expected a whole number of at least 1 "
                 f"(how many of the group's servers may restart at once), got {limit!r}"
             )
-        groups[name] = GroupConfig(name, limit)
+        members = [s.name for s in servers.values() if s.group == name]
+        groups[name] = GroupConfig(
+            name,
+            limit,
+            router(body.get("router"), where, members),
+            latency=latency_targets(body, where),
+        )
     for server in servers.values():
         if server.group is not None and server.group not in groups:
             known = ", ".join(sorted(groups)) or "none"
@@ -267,4 +330,15 @@ def groups(table: Any, servers: dict[str, ServerConfig]) -> dict[str, GroupConfi
                 f"servers.{server.name}.group: no group {server.group!r} is defined (defined: "
                 f"{known}); add a [groups.{server.group}] table with max_concurrent_restarts"
             )
+    for name, config in list(servers.items()):
+        if config.group is not None:
+            servers[name] = with_group_targets(config, groups[config.group])
     return groups
+
+
+def with_group_targets(server: ServerConfig, group: GroupConfig) -> ServerConfig:
+    """The server with its group's latency targets where it sets none of its own."""
+    inherited = {k: v for k, v in group.latency.items() if getattr(server.gate, k) is None}
+    if not inherited:
+        return server
+    return replace(server, gate=replace(server.gate, **inherited))  # type: ignore[arg-type]

@@ -20,11 +20,13 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from playbooks.engines import completions
 from playbooks.engines.base import (
     Engine,
     EngineError,
     Metrics,
     MetricsDisabled,
+    Prompt,
     Snapshot,
     Unauthorized,
     Unreachable,
@@ -39,6 +41,9 @@ PATHS = {
     # `/ready` since 0.5.20 (entrypoints/http_server.py `ready`: tokenizer_manager.is_ready(),
     # no generation); `/health` before, which runs a one-token generation on an idle server.
     "ready": ("/ready", "/health"),
+    # the OpenAI-compatible completions, where the answer quality check asks its prompts
+    # (`generate`; one path per prompt kind, no fallback between them)
+    "completions": completions.PATHS,
 }
 SGLangError = EngineError  # the errors below are the engine seam's own
 
@@ -262,6 +267,13 @@ class SGLangClient:
 
     def describe_metrics(self) -> str:
         return f"{self.base_url}/metrics (scraped directly)"
+
+    def generate(self, prompt: Prompt, *, max_tokens: int, timeout_s: float) -> str:
+        """The greedy answer through the OpenAI-compatible API (`completions`); the request
+        names no model, so SGLang answers with the one it serves."""
+        return completions.generate(
+            self.http, prompt, max_tokens=max_tokens, timeout_s=timeout_s, label="SGLang"
+        )
 
     @property
     def dialect(self) -> str:

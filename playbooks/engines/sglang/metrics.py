@@ -60,6 +60,12 @@ CACHED_TOKENS = "sglang:cached_tokens"
 ABORTED_REQUESTS = "sglang:num_aborted_requests"
 RETRACTED_REQUESTS = "sglang:num_retracted_requests"
 TTFT_BUCKET = "sglang:time_to_first_token_seconds_bucket"
+# Inter-token latency: `TokenizerMetricsCollector.histogram_inter_token_latency`
+# (python/sglang/srt/metrics/collector.py; 0.5.23 moved it to observability/), observed as each
+# output chunk arrives: `num_new_tokens` observations of `interval / num_new_tokens`
+# (`observe_inter_token_latency`); buckets 0.002 .. 8 s unless `--bucket-inter-token-latency`
+# (tests/fixtures/sglang/real-0.5.23/metrics_2.txt).
+ITL_BUCKET = "sglang:inter_token_latency_seconds_bucket"
 # The share of a running request's remaining output that admission reserves (0.5.5 and later;
 # managers/scheduler_components/new_token_ratio_tracker.py), and the requests waiting for their
 # grammar to compile before they even join the waiting queue (constrained/grammar_manager.py).
@@ -72,6 +78,7 @@ SPEC = MetricsSpec(
     ttft_histogram=TTFT_BUCKET,
     heartbeat=RUNNING,
     how_to_enable="SGLang needs --enable-metrics",
+    itl_histograms=(ITL_BUCKET,),
 )
 
 NAMES = (
@@ -98,6 +105,7 @@ NAMES = (
         )
     ),
     TTFT_BUCKET,
+    ITL_BUCKET,
     NEW_TOKEN_RATIO,
     GRAMMAR_QUEUED,
 )
@@ -227,6 +235,7 @@ def snapshot_from_metrics(m: Metrics) -> Snapshot:
         aborted_requests=_counter(m, ABORTED_REQUESTS),
         preemptions=_counter(m, RETRACTED_REQUESTS),
         ttft_buckets=tuple(sorted(m.ttft_buckets.items())),
+        itl_buckets=m.buckets(ITL_BUCKET),
         new_token_ratio=combined(m, NEW_TOKEN_RATIO, "mean"),
         grammar_queued=combined(m, GRAMMAR_QUEUED),
     )

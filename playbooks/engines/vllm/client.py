@@ -32,12 +32,14 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from playbooks.engines import completions
 from playbooks.engines.base import (
     Engine,
     EngineError,
     LaunchArgs,
     Metrics,
     MetricsDisabled,
+    Prompt,
     Snapshot,
     Unauthorized,
     Unreachable,
@@ -52,7 +54,7 @@ MODELS = "/v1/models"
 METRICS = "/metrics"
 HEALTH = "/health"
 SERVER_INFO = "/server_info"  # VLLM_SERVER_DEV_MODE=1 only
-ENDPOINTS = (VERSION, MODELS, METRICS, HEALTH, SERVER_INFO)
+ENDPOINTS = (VERSION, MODELS, METRICS, HEALTH, SERVER_INFO, *completions.PATHS)
 NOT_IN_METRICS = (
     "max_num_seqs, the token budget and the parallel sizes are unknown (vLLM reports them only "
     "with VLLM_SERVER_DEV_MODE=1)"
@@ -561,6 +563,19 @@ class VLLMClient:
 
     def describe_metrics(self) -> str:
         return f"{self.base_url}{METRICS} (scraped directly)"
+
+    def generate(self, prompt: Prompt, *, max_tokens: int, timeout_s: float) -> str:
+        """The greedy answer through the OpenAI-compatible API (`completions`), naming the
+        served model as `/v1/models` lists it (vLLM refuses a name it does not serve)."""
+        served = from_models(self.models()).get("served_model_name")
+        return completions.generate(
+            self.http,
+            prompt,
+            max_tokens=max_tokens,
+            timeout_s=timeout_s,
+            label="vLLM",
+            model=None if served is None else str(served),
+        )
 
     @property
     def dialect(self) -> str:

@@ -27,7 +27,8 @@ What vLLM does not export, and how the `Snapshot` is filled anyway:
 * `num_requests_waiting` includes preempted requests (they go back to the front of the queue).
 
 Older names read as fallbacks: `vllm:gpu_cache_usage_perc` and `vllm:gpu_prefix_cache_*`
-(deprecated in 0.10, removed in 0.12). A counter the server does not export stays None, never 0.
+(deprecated in 0.10, removed in 0.12), `vllm:time_per_output_token_seconds` (before 0.11).
+A counter the server does not export stays None, never 0.
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ PREFIX_HITS = "vllm:prefix_cache_hits"  # tokens found there
 PREFIX_QUERIES_OLD = "vllm:gpu_prefix_cache_queries"  # before 0.12
 PREFIX_HITS_OLD = "vllm:gpu_prefix_cache_hits"
 TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
+# Inter-token latency, one observation per output token event (v1/metrics/loggers.py
+# `histogram_inter_token_latency`; tests/fixtures/vllm/real-0.32.0/metrics_loaded.txt); before
+# 0.11 the same histogram was `vllm:time_per_output_token_seconds` (deprecated in 0.11, #24110;
+# removed in 0.13, #32661). Buckets 0.01 .. 80 s (v1/metrics/buckets.py).
+ITL_BUCKET = "vllm:inter_token_latency_seconds_bucket"
+ITL_BUCKET_OLD = "vllm:time_per_output_token_seconds_bucket"
 
 SPEC = MetricsSpec(
     label="vLLM",
@@ -62,6 +69,7 @@ SPEC = MetricsSpec(
     ttft_histogram=TTFT_BUCKET,
     heartbeat=RUNNING,
     how_to_enable="vLLM exports its metrics unless started with --disable-log-stats",
+    itl_histograms=(ITL_BUCKET, ITL_BUCKET_OLD),
 )
 
 NAMES = (
@@ -85,6 +93,8 @@ NAMES = (
         )
     ),
     TTFT_BUCKET,
+    ITL_BUCKET,
+    ITL_BUCKET_OLD,
 )
 
 ENGINE = "engine"  # the DP engine index label (loggers.py: one per engine core)
@@ -299,6 +309,7 @@ def snapshot_from_metrics(
         aborted_requests=finished(m, aborted=True),
         preemptions=counter(m, PREEMPTIONS),
         ttft_buckets=tuple(sorted(m.ttft_buckets.items())),
+        itl_buckets=m.buckets(ITL_BUCKET, ITL_BUCKET_OLD),
     )
 
 

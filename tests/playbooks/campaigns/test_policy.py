@@ -185,6 +185,13 @@ BOUNDS = [
     ("not a crash: nothing learnt", {"mem_fraction_static": 0.9}, {}, "not_improved", []),
     ("a guardrail: nothing learnt", {"mem_fraction_static": 0.9}, {}, "guardrail", []),
     ("words are not bounds", {"kv_cache_dtype": "fp8_e4m3"}, {}, "died", []),
+    (
+        "a broken latency target: the cap and beyond",
+        {"max_running_requests": 128},
+        {"max_running_requests": "16"},
+        "slo",
+        [("max_running_requests", 128, True)],
+    ),
 ]
 
 

@@ -48,6 +48,7 @@ PATH_TO = {  # the moves that bring a new experiment into each active state
         (State.warming_up, State.reverting),
         (State.trial, State.reverting),
         (State.deciding, State.reverting),
+        (State.checking_quality, State.reverting),
         (State.reverting, None),
         *((state, None) for state in sorted(TERMINAL)),
     ],

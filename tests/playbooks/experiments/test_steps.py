@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 
+from playbooks.engines.base import Prompt
 from playbooks.experiments import steps
 from playbooks.experiments.steps import Facts, Issue, Look, Move, Poll, Scrape, View
 from playbooks.gate import GateSettings
+from playbooks.quality.check import EvalCommand, GoldenPrompts, QualityCheck
+from playbooks.quality.compare import QualityVerdict
 from storage.experiments import TERMINAL, TRANSITIONS, State
 
 BASE = ("--mem-fraction-static", "0.85")
@@ -32,6 +35,21 @@ def seen(**changes: Any) -> Facts:
         ready_timeout_s=600, carrier="bot-2",
     )  # fmt: skip
     return replace(facts, **changes)
+
+
+# an experiment that carries an answer quality check: ten golden prompts, or an eval command
+GOLDEN = QualityCheck(
+    ("kv_cache_dtype",),
+    GoldenPrompts(tuple(Prompt(text=f"q{i}") for i in range(10)), "golden.jsonl", 8, 0.9),
+)
+EVAL = QualityCheck(("kv_cache_dtype",), EvalCommand(("python", "eval.py"), "/etc/kvpilot"))
+RUN = {"status": "/tmp/kvpilot-eval-1-x.json", "pid": 4242, "host": "gpu-host"}
+KEEP = {"action": "keep", "rule": "kept"}
+
+
+def checked(v: View, check: QualityCheck = GOLDEN, **answers: int) -> View:
+    """`v` carrying `check`, with `answers` golden answers stored per phase."""
+    return replace(v, quality=check, answers=answers)
 
 
 ON_TRIAL = {"current_args": TRIAL, "instance": "i2"}
@@ -256,6 +274,87 @@ CASES: list[tuple[str, View, Facts, object]] = [
         seen(**BY_HAND),
         State.superseded,
     ),
+    # the answer quality check: golden answers before the baseline is measured ...
+    ("baseline, golden answers first", checked(view(State.baseline)), seen(), steps.RecordAnswers),
+    (
+        "baseline, golden answers partly recorded",
+        checked(view(State.baseline), baseline=8),
+        seen(),
+        steps.RecordAnswers,
+    ),
+    (
+        "baseline, golden answers recorded",
+        checked(view(State.baseline), baseline=10),
+        seen(),
+        steps.ChooseBaseline,
+    ),
+    (  # an eval command needs nothing from the baseline
+        "baseline, eval command",
+        checked(view(State.baseline), EVAL),
+        seen(),
+        steps.ChooseBaseline,
+    ),
+    (
+        "baseline, golden answers, changed by hand",
+        checked(view(State.baseline)),
+        seen(**BY_HAND),
+        State.superseded,
+    ),
+    # ... and a keep of the gate waits for the check
+    (
+        "deciding, keep, quality to check",
+        checked(replace(view(State.deciding), result=KEEP), baseline=10),
+        seen(**ON_TRIAL),
+        State.checking_quality,
+    ),
+    (
+        "deciding, revert, nothing to check",
+        checked(replace(view(State.deciding), result={"action": "revert"}), baseline=10),
+        seen(**ON_TRIAL),
+        State.reverting,
+    ),
+    (
+        "checking quality, trial answers next",
+        checked(replace(view(State.checking_quality, instance="i2"), result=KEEP), baseline=10),
+        seen(**ON_TRIAL),
+        steps.RecordAnswers,
+    ),
+    (
+        "checking quality, all answered",
+        checked(view(State.checking_quality, instance="i2"), baseline=10, trial=10),
+        seen(**ON_TRIAL),
+        steps.JudgeAnswers,
+    ),
+    (
+        "checking quality, eval to start",
+        checked(view(State.checking_quality, instance="i2"), EVAL),
+        seen(**ON_TRIAL),
+        steps.StartEval,
+    ),
+    (
+        "checking quality, eval running",
+        checked(view(State.checking_quality, instance="i2", eval=RUN), EVAL),
+        seen(**ON_TRIAL),
+        steps.PollEval,
+    ),
+    (  # its runner vanished: started again
+        "checking quality, eval to start again",
+        checked(view(State.checking_quality, instance="i2", eval=None), EVAL),
+        seen(**ON_TRIAL),
+        steps.StartEval,
+    ),
+    (
+        "checking quality, died",
+        checked(view(State.checking_quality, instance="i2"), baseline=10),
+        seen(**DOWN),
+        State.reverting,
+    ),
+    (
+        "checking quality, changed by hand",
+        checked(view(State.checking_quality, instance="i2"), baseline=10),
+        seen(**BY_HAND),
+        State.superseded,
+    ),
     # reverting (after a verdict, a failure or an abort)
     ("reverting, already back", view(State.reverting), seen(), State.reverted),
     ("reverting, first step", view(State.reverting), seen(**ON_TRIAL), Issue),
@@ -358,11 +457,60 @@ def test_after_poll(
         assert outcome.progress == {"until": T + SETTINGS.warmup_s, "instance": "i2"}
 
 
+@pytest.mark.parametrize(
+    ("answers", "expected"),
+    [
+        ({}, (0, 8)),  # one batch at a time
+        ({"baseline": 8}, (8, 10)),  # the rest; a resumed step asks only what is missing
+        ({"baseline": 10}, None),
+        ({"baseline": 10, "trial": 3}, None),  # the other phase's answers do not count
+    ],
+)
+def test_golden_prompts_are_asked_in_batches(
+    answers: dict[str, int], expected: tuple[int, int] | None
+) -> None:
+    got = steps.next_answers(
+        replace(view(State.baseline), quality=GOLDEN, answers=answers), "baseline"
+    )
+    assert (None if got is None else (got.start, got.stop)) == expected
+    assert steps.next_answers(view(State.baseline), "baseline") is None  # no check carried
+
+
+QUALITY_VERDICTS = [
+    (QualityVerdict(True, "1 of 10 golden answers changed (90% exact; tolerance 90%)", {}),
+     steps.Keep, "kept; answer quality held: 1 of 10 golden answers changed (90% exact; "
+     "tolerance 90%)"),
+    (QualityVerdict(False, "4 of 10 golden answers changed (60% exact; tolerance 90%)",
+                    {"changed": 4}),
+     State.reverting, "the answer quality check failed: 4 of 10 golden answers changed (60% "
+     "exact; tolerance 90%)"),
+    (QualityVerdict(False, "the eval command exited 1 (only 0 passes)", {"exit_code": 1}),
+     State.reverting, "the answer quality check failed: the eval command exited 1 (only 0 "
+     "passes)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("verdict", "expected", "reason"), QUALITY_VERDICTS)
+def test_the_quality_verdict_keeps_or_reverts_naming_its_numbers(
+    verdict: QualityVerdict, expected: object, reason: str
+) -> None:
+    v = checked(replace(view(State.checking_quality), result=KEEP), baseline=10, trial=10)
+    step = steps.after_quality(v, verdict)
+    assert _outcome(step) == expected and step.reason == reason
+    if isinstance(step, Move):
+        assert step.details == {"cause": "quality", "quality": verdict.evidence}
+        assert step.to in TRANSITIONS[State.checking_quality]
+
+
 def test_every_move_of_the_table_is_made_by_some_step() -> None:
     """Each edge of TRANSITIONS is taken by a step, an abort, a gate look or the keep."""
     made = {(v.state, _outcome(steps.next_step(v, f))) for _, v, f, _ in CASES}
     made |= {(v.state, e) for _, v, _, _, _, e in POLLS if isinstance(e, State)}
     made |= {(State.trial, State.deciding), (State.deciding, State.kept)}  # after_look, Keep
+    made |= {  # after_quality: the check's verdict, a keep carried out or a revert
+        (State.checking_quality, State.kept if e is steps.Keep else e)
+        for _, e, _ in QUALITY_VERDICTS
+    }
     made |= {(State.proposed, State.approved)}  # create, with the approval
     made |= {  # an abort (lifecycle.abort_target)
         (s, State.cancelled) for s in (State.proposed, State.approved, State.baseline)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from playbooks.gate import RULES, GateSettings
+from playbooks.gate.latency import SloCheck, Target
 from playbooks.gate.look import Evidence, Look
 from playbooks.gate.rules import INCONCLUSIVE_REVERTS, awaited, first_rule
 from playbooks.gate.windows import Estimate
@@ -43,6 +44,16 @@ LOOK = Look(
 )
 GAIN = Estimate(d=0.2, se=0.02, trial_variance=0.0003, baseline_variance=0.0001)
 LOSS = Estimate(d=-0.1, se=0.02, trial_variance=0.0003, baseline_variance=0.0001)
+ITL = Target("itl", 0.020)
+ITL_BROKEN = SloCheck(
+    ITL,
+    "broken",
+    Interval(0.030, 0.029, 0.031, 4, 0.001),
+    Interval(0.015, 0.015, 0.015, 8, 0.0),
+    0.95,
+)
+ITL_UNMEASURED = SloCheck(ITL, "unmeasured", None, None, 0.95, batches=2)
+ITL_HELD = SloCheck(ITL, "held", Interval(0.015, 0.014, 0.016, 4, 0.001), None, 0.95)
 
 
 def look(evidence: dict[str, Any] | None = None, **changes: Any) -> Look:
@@ -58,6 +69,7 @@ CASES: list[tuple[str, Look, str, str]] = [
     ("waiting", look(samples=1, evidence=None), "continue", "pending"),
     ("decode rate zero", look(trial_mean=0.0, evidence=None), "revert", "not_improved"),
     ("guardrail", look({"guardrails": ("errors rose",)}), "revert", "guardrail"),
+    ("latency target broken", look({"latency": (ITL_BROKEN,)}), "revert", "guardrail"),
     ("drifted", look({"drift": ("fewer clients",)}), "revert", "drifted"),
     ("not saturated", look({"saturation": ("queue empty",)}), "revert", "inconclusive"),
     (
@@ -67,6 +79,18 @@ CASES: list[tuple[str, Look, str, str]] = [
         "inconclusive",
     ),
     ("waiting for rates", look({"estimate": GAIN, "rates_ready": False}), "continue", "pending"),
+    (
+        "cap waiting for latency",
+        look({"estimate": GAIN, "latency": (ITL_UNMEASURED,)}, at_cap=True),
+        "revert",
+        "inconclusive",
+    ),
+    (
+        "waiting for latency",
+        look({"estimate": GAIN, "latency": (ITL_UNMEASURED,)}),
+        "continue",
+        "pending",
+    ),
     (
         "completed rate fell",
         look({"estimate": GAIN, "completed_rate_fell": "completed tokens/s fell"}),
@@ -107,6 +131,17 @@ def test_each_rule_is_the_first_to_take_its_case(
         ("not saturated", look({"saturation": ("s",), "estimate": LOSS}, at_cap=True)),
         # a gain waits for completed requests even at the cap rather than being kept
         ("cap waiting for rates", look({"estimate": GAIN, "rates_ready": False}, at_cap=True)),
+        # a broken latency target outranks a gain, and comes after the other guardrails
+        ("latency target broken", look({"latency": (ITL_BROKEN,), "estimate": GAIN})),
+        ("guardrail", look({"guardrails": ("g",), "latency": (ITL_BROKEN,)})),
+        # a target within its limit, or not yet measured, lets the throughput verdict stand
+        ("improved", look({"estimate": GAIN, "latency": (ITL_HELD,)})),
+        ("futile", look({"estimate": LOSS, "latency": (ITL_UNMEASURED,)})),
+        # completed requests are compared before the latency targets are waited for
+        (
+            "waiting for rates",
+            look({"estimate": GAIN, "rates_ready": False, "latency": (ITL_UNMEASURED,)}),
+        ),
         # a clear answer at the cap is still that answer
         ("improved", look({"estimate": GAIN}, at_cap=True)),
         ("futile", look({"estimate": LOSS}, at_cap=True)),
@@ -137,3 +172,28 @@ def test_the_zero_rate_shows_a_total_loss() -> None:
     assert decision.trial is not None and decision.trial.mean == 0.0
     assert decision.effect is not None and decision.effect.mean == -1.0
     assert "6 batches of 30 s" in decision.rule
+
+
+def test_a_broken_target_is_the_reason_with_its_numbers_and_the_decision_carries_it() -> None:
+    case = look({"latency": (ITL_BROKEN,), "estimate": GAIN})
+    decision = first_rule(case).decision(case)
+    assert decision.rule == (
+        "ITL p99 broke its 20.0 ms target: trial 30.0 ms (95% interval 29.0 ms … 31.0 ms, "
+        "4 batches), the whole interval above it; "
+        "baseline 15.0 ms (95% interval 15.0 ms … 15.0 ms, 8 batches)"
+    )
+    assert decision.latency == (ITL_BROKEN,) and decision.slo_held is False
+    targets = decision.latency_json()["targets"]
+    assert isinstance(targets, list)
+    assert targets[0]["trial"] == {
+        "p99": 30.0,
+        "ci": [29.0, 31.0],
+        "batches": 4,
+    }
+
+
+def test_a_decision_before_evidence_has_its_targets_unjudged() -> None:
+    waiting = replace(LOOK, samples=1, evidence=None, settings=GateSettings(itl_p99_ms=20))
+    decision = first_rule(waiting).decision(waiting)
+    assert [c.verdict for c in decision.latency] == ["unmeasured"]
+    assert decision.slo_held is None

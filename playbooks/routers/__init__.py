@@ -1,0 +1,2 @@
+"""Routers in front of a group of servers: take one out of rotation before kvpilot restarts it,
+and put it back once it is ready again (`base.Router`; `sglang.py`, `vllm_stack.py`)."""
