@@ -309,6 +309,10 @@ def choose_next(
 ) -> Choice:
     """The option with the most expected gain per restart (ties: the lower risk), or why none.
 
+    A `possible` step, one past the engine's own margins, comes only when no step within them
+    is left: a larger predicted gain does not pay for a crash under load, which costs a restart
+    to try and another to recover, and ends a bounded plan.
+
     `tried` are this server's earlier steps, `bounds` what its crashes taught, `allowance` the
     approved plan (None: each step is asked for). Counting restarts and stopping at the first
     change not kept is the caller's: `campaign_stop` below.
@@ -324,7 +328,10 @@ def choose_next(
     if not candidates:
         stop = "nothing useful is left to try" if not skipped else "every option was passed over"
         return Choice(None, stop, tuple(skipped))
-    best = min(candidates, key=lambda o: (-expected_gain(o), RISK[o.verdict]))
+    best = min(
+        candidates,
+        key=lambda o: (o.verdict == "possible", -expected_gain(o), RISK[o.verdict]),
+    )
     return Choice(best, "", tuple(skipped))
 
 

@@ -82,7 +82,9 @@ def option_of(
     implied: frozenset[str] = frozenset(),
 ) -> Option:
     """The option a judged change becomes: its title, the predicted capacity (`tokens`), every
-    part's reasons and risks (a restart's always), and a gain only where it is not unsafe."""
+    part's reasons and risks (a restart's always), and a gain only where it is not unsafe. The
+    reasons of the parts that decided the verdict come first: the operator reads why first."""
+    found = sorted(found, key=lambda f: f.verdict != verdict)  # stable: table order otherwise
     risks = [risk for f in found for risk in f.risks] + [RESTART_RISK]
     return Option(
         title=title(change, implied),

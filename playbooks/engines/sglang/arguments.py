@@ -88,26 +88,41 @@ def activation_room(ctx: Change) -> Finding:
     )
 
 
+def chunk_after(ctx: Change) -> int | None:
+    """The prefill chunk the change sets (the flag, over all attention-DP ranks), if any."""
+    value = ctx.values.get("chunked_prefill_size")
+    return None if value is None else int(value)
+
+
 def reserve_floor(ctx: Change) -> Finding:
-    """`possible`, not `recommended`, where less than SGLang's own reserve floor stays outside
-    the pool: it starts and may run for hours, then a peak batch finds too little room."""
-    reserve, cap = ctx.cap.reserve, ctx.cap
+    """`possible`, not `recommended`, where less than SGLang's own default reserve (for the
+    deployment as changed: a smaller prefill chunk lowers it) stays outside the pool. Real
+    activation peaks differ from any model (kernels, fragmentation, drivers), which is why SGLang
+    reserves more than its rule of thumb; a fraction past its reserve starts and may run for
+    hours, then a peak batch finds too little room."""
+    cap = ctx.cap
+    reserve = cap.reserve_with(chunk_after(ctx))
     if reserve is None or takes_no_more_memory(ctx):
         return NOTHING
     outside = cap.outside_gib(ctx.fraction, ctx.bytes_per_token, ctx.hicache)
-    if outside >= reserve.floor_gib:
+    if outside >= reserve.total_gib:
         return NOTHING
+    chunk = chunk_after(ctx)
+    deployment = "this GPU and deployment" + (f" with chunk {chunk}" if chunk else "")
+    below_floor = outside < reserve.floor_gib
     return Finding(
         "possible",
         (
             f"{ctx.fraction:g} keeps {outside:.2f} GiB outside the weights and the KV pool, "
-            f"below the {reserve.floor_gib:.2f} GiB SGLang's own defaults never go under on "
-            f"this GPU and deployment (its default fraction keeps {reserve.total_gib:.2f} GiB: "
-            f"{reserve.activation_mib / 1024:.1f} GiB of it for prefill activations)",
+            f"below the {reserve.total_gib:.2f} GiB SGLang's own default fraction keeps on "
+            f"{deployment} ({reserve.activation_mib / 1024:.1f} GiB of it for prefill "
+            f"activations"
+            + (f"; below even its {reserve.floor_gib:.2f} GiB floor" if below_floor else "")
+            + ")",
         ),
         (
-            f"GPU OOM at a peak: {reserve.floor_gib - outside:.2f} GiB less headroom than "
-            "SGLang's own floor",
+            f"GPU OOM at a peak: {reserve.total_gib - outside:.2f} GiB less headroom than "
+            "SGLang's own default",
         ),
     )
 
@@ -416,8 +431,25 @@ class PrefillChunkCheck(Check):
             )
         return NOTHING
 
+    def frees_reserve(self, ctx: Change, value: Any) -> bool:
+        """A smaller chunk that pays for a larger fraction: SGLang's reserve shrinks with it."""
+        return int(value) < self.current(ctx) and moves_fraction(ctx)
+
+    def predicts_gain_for(self, change: Change) -> bool:
+        # the pool's growth is the gain; chunks of 2048 tokens or more keep prefill efficient
+        return self.frees_reserve(change, self.value(change))
+
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
         size, now = int(value), self.current(ctx)
+        before, after = ctx.cap.reserve, ctx.cap.reserve_with(size)
+        if self.frees_reserve(ctx, value) and before is not None and after is not None:
+            return Finding(
+                reasons=(
+                    f"chunk {now} -> {size} lowers SGLang's own reserve from "
+                    f"{before.total_gib:.2f} to {after.total_gib:.2f} GiB (1.5 MB per chunk "
+                    "token for activations), which the larger pool takes",
+                )
+            )
         if seen.bottleneck == "prefill" and size > now:
             return Finding(
                 "possible",

@@ -19,10 +19,10 @@ memory outside also covers SGLang's own reserve floor (`reserve.py`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from playbooks.engines.sglang.geometry import Geometry
-from playbooks.engines.sglang.reserve import Reserve
+from playbooks.engines.sglang.reserve import Deployment, Reserve, sglang_reserve
 
 GIB = 1 << 30
 ACTIVATION_FLOOR_GIB = 5.0  # SGLang's tuning guide: leave 5-8 GB for activations
@@ -71,6 +71,14 @@ class CapacityModel:
     # (`kv_cache_configurator.py::_handle_max_mamba_cache`).
     kv_share: float = 1.0
     graphs_inside: bool = False  # post-capture sizing: the graphs are part of the static pool
+    deployment: Deployment | None = None  # what `reserve` was computed from
+
+    def reserve_with(self, chunked_prefill_size: int | None = None) -> Reserve | None:
+        """SGLang's default reserve for the deployment, with another prefill chunk if given:
+        the 1.5 MB per chunk token term moves with it."""
+        if chunked_prefill_size is None or self.deployment is None or self.reserve is None:
+            return self.reserve
+        return sglang_reserve(replace(self.deployment, chunked_prefill_size=chunked_prefill_size))
 
     @property
     def static_gib(self) -> float:
@@ -127,10 +135,15 @@ class CapacityModel:
         need = graphs + ACTIVATION_FLOOR_GIB + SAFETY_MARGIN_GIB
         return self._max_fraction(need, hicache)
 
-    def recommended_max_fraction(self, hicache: bool = False) -> float:
-        """Highest fraction that also keeps SGLang's own reserve floor outside the pool."""
-        floor = self.reserve.floor_gib if self.reserve is not None else 0.0
-        return min(self.safe_max_fraction(hicache), self._max_fraction(floor, hicache))
+    def recommended_max_fraction(
+        self, hicache: bool = False, chunked_prefill_size: int | None = None
+    ) -> float:
+        """Highest fraction that also keeps SGLang's own default reserve outside the pool (for
+        the deployment with `chunked_prefill_size`, where given): what SGLang itself would
+        choose, so a recommendation starts from its rule, not from kvpilot's model of the peak."""
+        reserve = self.reserve_with(chunked_prefill_size)
+        keep = reserve.total_gib if reserve is not None else 0.0
+        return min(self.safe_max_fraction(hicache), self._max_fraction(keep, hicache))
 
     def min_fraction(self) -> float:
         """Below this the weights leave no room for any KV cache (SGLang refuses to start)."""

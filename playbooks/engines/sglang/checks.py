@@ -192,3 +192,7 @@ class Check:
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
         """Whether it addresses what the measurement shows."""
         return NOTHING
+
+    def predicts_gain_for(self, change: Change) -> bool:
+        """`predicts_gain` for this change (a check may predict for some of its changes)."""
+        return self.predicts_gain

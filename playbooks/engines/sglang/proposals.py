@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from playbooks.engines.sglang.arguments import LPM_QUEUE_LIMIT, prefix_heavy
+from playbooks.engines.sglang.arguments import LPM_QUEUE_LIMIT, MIN_CHUNK, prefix_heavy
 from playbooks.engines.sglang.bottleneck import kv_bound, signals
 from playbooks.engines.sglang.capacity import GIB, HostBudget
 from playbooks.engines.sglang.checks import dtype_bytes
@@ -66,6 +66,37 @@ def safe_fraction(ctx: Context, bottleneck: Bottleneck) -> Option | None:
     if best <= ctx.cap.mem_fraction_static + FRACTION_STEP:
         return None
     return evaluate({"mem_fraction_static": best}, ctx, bottleneck)
+
+
+def smaller_chunk_fraction(ctx: Context, bottleneck: Bottleneck) -> Option | None:
+    """A smaller prefill chunk with the larger fraction SGLang's own rule then allows.
+
+    SGLang reserves 1.5 MB per prefill-chunk token for activations (`reserve.py`); where that
+    term, not the reserve's floor, holds the pool back, halving the chunk frees reserve for the
+    KV pool at SGLang's own margin. The largest chunk that reaches the best such fraction is
+    proposed: a smaller one would cost prefill throughput for no more room.
+    """
+    cap = ctx.cap
+    if cap.deployment is None or bottleneck != "kv_cache":
+        return None
+    now = cap.deployment.chunked_prefill_size
+    if now <= MIN_CHUNK:
+        return None
+    floor = max(cap.recommended_max_fraction(ctx.hicache_on), cap.mem_fraction_static)
+    page = max(1, cap.page_size)
+    best: tuple[float, int] | None = None
+    chunk = now // 2
+    while chunk >= MIN_CHUNK and chunk % page == 0:
+        fraction = cap.recommended_max_fraction(ctx.hicache_on, chunk)
+        if fraction > floor + FRACTION_STEP and (best is None or fraction > best[0]):
+            best = (fraction, chunk)
+        chunk //= 2
+    if best is None:
+        return None
+    fraction, chunk = best
+    return evaluate(
+        {"chunked_prefill_size": chunk, "mem_fraction_static": fraction}, ctx, bottleneck
+    )
 
 
 def closest_fraction(ctx: Context, bottleneck: Bottleneck) -> Option | None:
@@ -246,6 +277,7 @@ def dp_attention(ctx: Context, bottleneck: Bottleneck) -> Option | None:
 PROPOSALS: tuple[Proposal, ...] = (
     more_clients,
     safe_fraction,
+    smaller_chunk_fraction,
     closest_fraction,
     next_fraction,
     fp8_kv,

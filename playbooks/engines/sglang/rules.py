@@ -167,6 +167,7 @@ def capacity_model(
     return replace(
         cap,
         reserve=sglang_reserve(deployment),
+        deployment=deployment,
         mla=deployment.mla,
         graphs_inside=deployment.post_capture and not deployment.mla,
         kv_dtype=effective_kv_dtype(info, geometry, cap.bytes_per_token),

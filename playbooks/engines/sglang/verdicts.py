@@ -35,7 +35,7 @@ def findings_of(change: Change, seen: Observed | None) -> list[Finding]:
 def capacity_gain(change: Change, seen: Observed) -> tuple[float, float] | None:
     """Throughput change from more KV room (`kv_capacity_gain`); None where an argument changes
     something the capacity model cannot predict throughput for."""
-    if not all(check.predicts_gain for check in checks_for(change)):
+    if not all(check.predicts_gain_for(change) for check in checks_for(change)):
         return None
     m = seen.m
     return kv_capacity_gain(m.running, m.queued, change.current, change.tokens, seen.kv_bound)

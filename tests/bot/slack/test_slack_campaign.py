@@ -46,11 +46,14 @@ def find(slack: FakeSlack, needle: str) -> list[tuple[str, dict[str, Any]]]:
 def test_an_approved_plan_runs_its_steps_in_one_thread(config: Path, slack: FakeSlack) -> None:
     with running_bot(config, slack) as (_bot, driver):
         r = driver.slash(
-            "tune incident --allow mem_fraction_static=0.80..0.95 --max-experiments 2", user="U1"
+            "tune incident --allow mem_fraction_static=0.80..0.95 "
+            "--allow chunked_prefill_size=2048..8192 --max-experiments 2",
+            user="U1",
         )
         assert r.status_code == 200
         [(ts, plan)] = wait_until(lambda: find(slack, "Campaign proposed for incident"), 20, "plan")
         assert "`mem_fraction_static` in 0.8..0.95" in plan["text"]
+        assert "`chunked_prefill_size` in 2048..8192" in plan["text"]
         assert "at most 2 restart(s)" in plan["text"]
         value = buttons(plan)["kvpilot.approve"]
         driver.click("kvpilot.approve", value, user="U1", message_ts=ts)  # the proposer: no

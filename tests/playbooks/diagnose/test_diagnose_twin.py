@@ -173,9 +173,10 @@ def test_human_report() -> None:
         )
     assert code == 0, err
     assert "Bottleneck: kv_cache" in out
-    # SGLang keeps at least 10 GiB outside the static pool on this GPU: 0.89 is the highest
-    # recommended fraction; 0.92 still leaves the activation floor, so it is only possible.
-    assert "recommended   mem_fraction_static=0.89" in out
+    # SGLang's default reserve (15 GiB, 12 of them for an 8,192-token chunk) is at 0.85 already;
+    # with a 4,096-token chunk it is its 10 GiB floor, so the pair with 0.89 is recommended;
+    # 0.92 still leaves the activation floor, so it is only possible.
+    assert "recommended   chunked_prefill_size=4096, mem_fraction_static=0.89" in out
     assert "possible      mem_fraction_static=0.92" in out
     assert "Throughput over" in out
 
@@ -267,7 +268,7 @@ def test_a_configured_server_is_diagnosed_by_name_with_its_configured_facts(tmp_
         )  # fmt: skip
         verdicts = {o["title"]: o["verdict"] for o in by_name["options"]}
         assert verdicts == {o["title"]: o["verdict"] for o in by_url["options"]}
-        assert verdicts["mem_fraction_static=0.89"] == "recommended"
+        assert verdicts["chunked_prefill_size=4096, mem_fraction_static=0.89"] == "recommended"
 
         code, _, err = run_cli(*named, "--api-key", "other")
         assert code == 2 and "--api-key cannot be used with a server name" in err, err

@@ -98,7 +98,7 @@ def test_diagnose_a_group(tmp_path: Path) -> None:
     assert rates["kimi-b"] > rates["kimi-a"] > rates["kimi-c"]
     assert summary["generation_tokens_per_s_total"] == pytest.approx(sum(rates.values()), abs=0.1)
     changes = {c["server"]: c for c in summary["changes_to_try"]}
-    assert changes["kimi-a"]["change"] == "mem_fraction_static=0.89"
+    assert changes["kimi-a"]["change"] == "chunked_prefill_size=4096, mem_fraction_static=0.89"
     assert changes["kimi-a"]["verdict"] == "recommended"
     assert changes["kimi-c"]["change"] == "raise client concurrency"
     assert all("scraped directly" in s["metrics_from"] for s in report["servers"].values())
@@ -153,7 +153,10 @@ def test_diagnose_a_group_of_sglang_and_vllm(tmp_path: Path) -> None:
     assert found["kimi"]["capacity"]["max_total_num_tokens"] == 116_171
     assert found["llama"]["version"] == "0.32.0"
     changes = {c["server"]: c["change"] for c in summary["changes_to_try"]}
-    assert changes == {"kimi": "mem_fraction_static=0.89", "llama": "gpu_memory_utilization=0.95"}
+    assert changes == {
+        "kimi": "chunked_prefill_size=4096, mem_fraction_static=0.89",
+        "llama": "gpu_memory_utilization=0.95",
+    }
     rates = [f["throughput"]["generation_tokens_per_s"] for f in found.values()]
     assert all(r and r > 0 for r in rates)  # vLLM's from its counter, SGLang's its gauge
 

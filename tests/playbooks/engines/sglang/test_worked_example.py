@@ -19,7 +19,7 @@ INCIDENT = FIXTURES / "sglang" / "twin-0.5.10" / "server_info.json"
 
 # fraction -> (KV tokens, GiB outside the pool, GiB for activations, verdict), as the docs say
 TABLE = {
-    0.89: (174_617, 10.51, 8.51, "recommended"),
+    0.89: (174_617, 10.51, 8.51, "possible"),
     0.90: (189_228, 9.56, 7.56, "possible"),
     0.92: (218_451, 7.65, 5.65, "possible"),
     0.93: (233_063, 6.69, 4.69, "unsafe"),
@@ -55,13 +55,20 @@ def test_sglangs_own_reserve_for_the_incident(rules: ServerRules) -> None:
     assert reserve is not None
     assert reserve.total_mib == 16_384 and reserve.floor_gib == 10.0
     assert reserve.default_fraction(97_887) == 0.833
-    assert rules.cap.recommended_max_fraction() == 0.89
+    assert rules.cap.recommended_max_fraction() == 0.83  # below today's 0.85
+    # a 4,096-token chunk: 512 + 6,144 + 1,024 + 1,024 + 1,536 = 10,240 MiB, the floor
+    smaller = rules.cap.reserve_with(4096)
+    assert smaller is not None and smaller.total_mib == 10_240
+    assert rules.cap.recommended_max_fraction(chunked_prefill_size=4096) == 0.89
+    assert rules.cap.recommended_max_fraction(chunked_prefill_size=2048) == 0.89
     assert rules.cap.safe_max_fraction() == 0.92
 
 
 def test_the_proposals_show_each_limit(rules: ServerRules) -> None:
     ctx = rules.context(measurement())
     titles = {o.title: o.verdict for o in propose(ctx, "kv_cache")}
-    assert titles["mem_fraction_static=0.89"] == "recommended"
+    assert "mem_fraction_static=0.89" not in titles  # not recommended with today's chunk
+    # the largest halving of the chunk that reaches SGLang's floor, with the fraction it allows
+    assert titles["chunked_prefill_size=4096, mem_fraction_static=0.89"] == "recommended"
     assert titles["mem_fraction_static=0.92"] == "possible"
     assert titles["mem_fraction_static=0.93"] == "unsafe"

@@ -121,7 +121,7 @@ def test_the_recorded_capped_server_is_kv_bound() -> None:
     assert "being preempted" in a.evidence[-1]
     # the pool is pinned by the override: no memory change can grow it
     more = next(o for o in a.options if "kv_cache_memory_bytes" in o.change)
-    assert more.verdict == "not_useful" and "pins the KV cache at 17 blocks" in more.reasons[-1]
+    assert more.verdict == "not_useful" and "pins the KV cache at 17 blocks" in more.reasons[0]
 
 
 class Llama8b:
