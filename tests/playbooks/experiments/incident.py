@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,9 +56,16 @@ class Workspace:
 
 
 @contextmanager
-def incident_workspace(tmp_path: Path, scale: int, gate: str = "") -> Iterator[Workspace]:
+def incident_workspace(
+    tmp_path: Path,
+    scale: int,
+    gate: str = "",
+    twin_flags: Sequence[str] = (),
+    more_config: str = "",
+) -> Iterator[Workspace]:
     """The incident twin behind the process launcher, started, and its kvpilot.toml (`gate`:
-    more `[gate]` lines)."""
+    more `[gate]` lines; `twin_flags`: more twin arguments; `more_config`: tables after the
+    server's)."""
     port = free_port()
     command = [
         sys.executable,
@@ -77,6 +84,7 @@ def incident_workspace(tmp_path: Path, scale: int, gate: str = "") -> Iterator[W
         "incident",
         "--concurrency",
         "150",
+        *twin_flags,
     ]
     config = tmp_path / "kvpilot.toml"
     config.write_text(
@@ -84,7 +92,7 @@ def incident_workspace(tmp_path: Path, scale: int, gate: str = "") -> Iterator[W
         f'[servers.incident]\nurl = "http://127.0.0.1:{port}"\n'
         "gpu_memory_gib = 95.59\nhost_ram_gib = 256\n"
         '[servers.incident.launcher]\nkind = "process"\n'
-        f"command = {json.dumps(command)}\n"
+        f"command = {json.dumps(command)}\n{more_config}"
     )
     w = Workspace(config, port)
     code, _, err = w.cli("server", "start", "--server", "incident")

@@ -28,8 +28,8 @@ from sim.tokenizer import encode
 from storage import audit, quality_answers
 from storage import experiments as store
 from storage.db import open_db
-from tests.playbooks.experiments.incident import MEASURING_SCALE, Workspace
-from tests.twin_process import REPO, free_port
+from tests.playbooks.experiments.incident import MEASURING_SCALE, Workspace, incident_workspace
+from tests.twin_process import REPO
 
 DRIFT = 0.3
 PROMPTS = [f"Question {i}: what is the capital of country number {i}?" for i in range(20)]
@@ -48,35 +48,19 @@ EVAL = (
 
 @contextmanager
 def quality_workspace(tmp_path: Path, quality: str) -> Iterator[Workspace]:
-    """The incident twin (as `incident.incident_workspace`, with the drift flag) behind the
-    process launcher, with `[servers.incident.quality]` holding `quality`."""
-    port = free_port()
-    command = [
-        *(sys.executable, "-m", "sim.launch_server", "--preset", "kimi-k2.5-rtxpro6000-tp8"),
-        *("--port", str(port), "--mem-fraction-static", "0.85", "--enable-metrics"),
-        *("--time-scale", str(MEASURING_SCALE), "--workload", "incident"),
-        *("--concurrency", "150", "--sim-fp8-answer-drift", str(DRIFT)),
-    ]
+    """The incident workspace with the twin's FP8 answer drift on and
+    `[servers.incident.quality]` holding `quality`."""
     (tmp_path / "golden.jsonl").write_text(
         "".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS)
     )
-    config = tmp_path / "kvpilot.toml"
-    config.write_text(
-        f"[kvpilot]\ntime_scale = {MEASURING_SCALE}\n\n"
-        "[gate]\nscrape_s = 10\nbatch_s = 60\nbaseline_s = 360\n\n"
-        f'[servers.incident]\nurl = "http://127.0.0.1:{port}"\n'
-        "gpu_memory_gib = 95.59\nhost_ram_gib = 256\n"
-        '[servers.incident.launcher]\nkind = "process"\n'
-        f"command = {json.dumps(command)}\n\n"
-        f'[servers.incident.quality]\nlossy_ok = ["kv_cache_dtype"]\n{quality}'
-    )
-    w = Workspace(config, port)
-    code, _, err = w.cli("server", "start", "--server", "incident")
-    assert code == 0, err
-    try:
+    with incident_workspace(
+        tmp_path,
+        MEASURING_SCALE,
+        "baseline_s = 360\n",
+        twin_flags=("--sim-fp8-answer-drift", str(DRIFT)),
+        more_config=f'\n[servers.incident.quality]\nlossy_ok = ["kv_cache_dtype"]\n{quality}',
+    ) as w:
         yield w
-    finally:
-        w.cli("server", "stop", "--server", "incident")
 
 
 def golden(min_exact_match: float) -> str:
