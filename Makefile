@@ -7,7 +7,7 @@
 #   make test-real-sglang  the real SGLang server on CPU; the only target that builds its 2.6 GB venv
 #   make test-real-vllm    the real vLLM server on CPU (3.4 GB venv), recorded live and compared
 #   make test-daemons      the launchers, the bot's image and unit on a real dockerd and systemd (root)
-#   make test              the six above, in that order (what .ci/run calls)
+#   make test              the six above, parts of them side by side (what .ci/run calls)
 # Working on one tier, run its target; `PYTEST_ARGS=... make test-twin` narrows the parallel tier.
 PYTHON ?= python3
 VENV ?= .venv
@@ -15,7 +15,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: help test check lint typecheck test-fast test-twin test-serial test-real-sglang venv demo \
-	lock bench clean real-sglang real-vllm test-real-vllm test-daemons bot-image
+	lock bench clean real-sglang real-vllm test-real-vllm test-daemons bot-image \
+	test-beside-serial test-real-sglang-static test-real-sglang-measured test-real-sglang-servers \
+	test-real-vllm-static test-real-vllm-measured
 
 help:
 	@sed -n '3,12p' Makefile | sed 's/^# \{0,1\}//'
@@ -55,7 +57,19 @@ check: venv lint typecheck test-fast
 test-fast: venv
 	$(BIN)/pytest -q -n 2 -p no:cacheprovider $(CHECK_TESTS)
 
-test: check test-twin test-serial test-daemons test-real-sglang test-real-vllm
+# On two cores the tiers that wait on processes leave a core idle, so `make test` pairs parts that
+# do not disturb each other (BENCHMARKS.md, "Test tiers", has the figures): the serial tier beside
+# the real daemons and the real engines' static checks (their parsers and memory arithmetic, one
+# server start each), then the real-SGLang measurements beside its servers' shapes, then vLLM's
+# measurements alone (vLLM pins the cores). -O keeps each part's output together.
+PAIR := $(MAKE) --no-print-directory -j2 -O
+test: check test-twin
+	$(PAIR) test-serial test-beside-serial
+	$(PAIR) test-real-sglang-measured test-real-sglang-servers
+	$(MAKE) --no-print-directory test-real-vllm-measured
+
+test-beside-serial: venv
+	$(MAKE) --no-print-directory -j1 test-daemons test-real-sglang-static test-real-vllm-static
 
 lint: venv
 	$(BIN)/ruff check .
@@ -89,19 +103,45 @@ test-daemons: venv bot-image
 bot-image: venv
 	$(BIN)/python -m tests.real_daemons.bot_image
 
+# The real-SGLang tier in three parts, so that each can run beside work it does not disturb:
+# static (SGLang's parser and memory arithmetic judged against kvpilot's), measured (load,
+# diagnosis and the gate, where timing matters), and the servers' shapes, twin beside real.
+REAL_SGLANG_STATIC := tests/real_sglang/test_judge_sglang.py tests/real_sglang/test_judge_kvpilot.py \
+	tests/real_sglang/test_real_arg_parser.py
+REAL_SGLANG_MEASURED := tests/playbooks/experiments/test_experiment_real.py \
+	tests/playbooks/diagnose/test_diagnose_real.py tests/real_sglang/test_real_reservation.py
 test-real-sglang: venv real-sglang
-	$(BIN)/pytest -q -m "real_sglang"
+	$(PAIR) test-real-sglang-measured test-real-sglang-servers
+	$(MAKE) --no-print-directory test-real-sglang-static
+
+test-real-sglang-static: venv real-sglang
+	$(BIN)/pytest -q -p no:cacheprovider -m "real_sglang" $(REAL_SGLANG_STATIC)
+
+test-real-sglang-measured: venv real-sglang
+	$(BIN)/pytest -q -p no:cacheprovider -m "real_sglang" $(REAL_SGLANG_MEASURED)
+
+test-real-sglang-servers: venv real-sglang
+	$(BIN)/pytest -q -p no:cacheprovider -m "real_sglang" \
+		$(addprefix --ignore=,$(REAL_SGLANG_STATIC) $(REAL_SGLANG_MEASURED))
 
 # The real vLLM: the capped server is recorded again here (record_fixtures.py, about a minute and
 # a half) and the twin compared with that recording; then the tests that drive vLLM itself. One
 # at a time: vLLM pins the cores.
 VLLM_LIVE ?= .venv-vllm/live-recording
-test-real-vllm: venv real-vllm
+# Static: vLLM's parser and pool sizing judged against kvpilot's; measured: everything else.
+REAL_VLLM_STATIC := tests/real_vllm/test_judge_kvpilot.py tests/real_vllm/test_real_arg_parser.py
+test-real-vllm: test-real-vllm-static test-real-vllm-measured
+
+test-real-vllm-static: venv real-vllm
+	$(BIN)/pytest -q -p no:cacheprovider -m "real_vllm" $(REAL_VLLM_STATIC)
+
+test-real-vllm-measured: venv real-vllm
 	rm -rf $(VLLM_LIVE)
 	$(BIN)/python tests/real_vllm/record_fixtures.py --only capped --out $(VLLM_LIVE)
 	KVPILOT_VLLM_RECORDED=$(VLLM_LIVE) $(BIN)/pytest -q -p no:cacheprovider \
 		tests/conformance/test_vllm_twin_vs_recorded.py
-	$(BIN)/pytest -q -m "real_vllm" --durations=10
+	$(BIN)/pytest -q -p no:cacheprovider -m "real_vllm" --durations=10 \
+		$(addprefix --ignore=,$(REAL_VLLM_STATIC))
 
 # The incident end to end on the SGLang twin (or `make demo ENGINE=vllm`, the vLLM twin), in the
 # terminal front end (files in demo/).

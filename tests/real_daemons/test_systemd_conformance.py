@@ -55,6 +55,25 @@ class Manager:
         done = self.run("journalctl", "--no-pager", "-u", self.name(unit), "-o", "json")
         return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
+    def journal_until(
+        self,
+        unit: str,
+        check: Callable[[dict[str, Any]], bool],
+        until_all: tuple[tuple[str | None, str], ...] = (),
+    ) -> list[dict[str, Any]]:
+        """The unit's journal once an entry passes `check` and every (MESSAGE_ID, MESSAGE) of
+        `until_all` is in it, or as it is after 10 s: journald stores a line a moment after the
+        unit's state has changed, which on a busy machine is after the test looks."""
+        deadline = time.monotonic() + 10
+        while True:
+            entries = self.journal(unit)
+            said = {(e.get("MESSAGE_ID"), e["MESSAGE"]) for e in entries}
+            if any(check(e) for e in entries) and set(until_all) <= said:
+                return entries
+            if time.monotonic() > deadline:
+                return entries
+            time.sleep(0.1)
+
     def settle(self, unit: str, check: Callable[[dict[str, str]], bool]) -> dict[str, str]:
         deadline = time.monotonic() + 30
         while not check(props := self.show(unit)):
@@ -115,7 +134,17 @@ def install(m: Manager) -> None:
 
 
 def messages(m: Manager, unit: str) -> list[tuple[str | None, str]]:
-    return [(e.get("MESSAGE_ID"), e["MESSAGE"]) for e in m.journal(unit)]
+    return messages_of(m.journal(unit))
+
+
+def messages_of(entries: list[dict[str, Any]]) -> list[tuple[str | None, str]]:
+    return [(e.get("MESSAGE_ID"), e["MESSAGE"]) for e in entries]
+
+
+def assert_said(m: Manager, unit: str, *wanted: tuple[str | None, str]) -> None:
+    """Each of `wanted` is in the unit's journal, given journald a moment to store it."""
+    said = messages_of(m.journal_until(unit, lambda _: True, until_all=wanted))
+    assert set(wanted) <= set(said), said
 
 
 def test_a_unit_that_is_not_installed(manager: Manager) -> None:
@@ -147,10 +176,13 @@ def test_running_killed_and_stopped(manager: Manager) -> None:
     )  # fmt: skip
     assert int(props["MainPID"]) > 0 and props["InvocationID"] and props["ExecMainStartTimestamp"]
     invocation = props["InvocationID"]
-    started = [e for e in manager.journal("run.service") if e.get("MESSAGE") == "hello"]
+    entries = manager.journal_until("run.service", lambda e: e.get("MESSAGE") == "hello")
+    started = [e for e in entries if e.get("MESSAGE") == "hello"]
     assert [e["_SYSTEMD_INVOCATION_ID"] for e in started] == [invocation]
-    assert (fake_systemd.MESSAGE_IDS["started"], f"Started {unit} - probe run.service.") in (
-        messages(manager, "run.service")
+    assert_said(
+        manager,
+        "run.service",
+        (fake_systemd.MESSAGE_IDS["started"], f"Started {unit} - probe run.service."),
     )
 
     pid = manager.host_pid(int(props["MainPID"]))
@@ -161,10 +193,14 @@ def test_running_killed_and_stopped(manager: Manager) -> None:
         "failed", "signal", "2", "9",
     )  # fmt: skip
     assert props["InvocationID"] == invocation and props["MainPID"] == "0"
-    assert (
-        fake_systemd.MESSAGE_IDS["exited"],
-        f"{unit}: Main process exited, code=killed, status=9/KILL",
-    ) in messages(manager, "run.service")
+    assert_said(
+        manager,
+        "run.service",
+        (
+            fake_systemd.MESSAGE_IDS["exited"],
+            f"{unit}: Main process exited, code=killed, status=9/KILL",
+        ),
+    )
     active = manager.run("systemctl", "is-active", unit)
     assert (active.returncode, active.stdout) == (3, "failed\n")
 
@@ -190,13 +226,16 @@ def test_exits_restarts_and_commands_that_cannot_run(manager: Manager) -> None:
     assert (failed["Result"], failed["ExecMainCode"], failed["ExecMainStatus"]) == (
         "exit-code", "1", "3",
     )  # fmt: skip
-    said = messages(manager, "exit.service")
     unit = manager.name("exit.service")
-    assert (
-        fake_systemd.MESSAGE_IDS["exited"],
-        f"{unit}: Main process exited, code=exited, status=3/NOTIMPLEMENTED",
-    ) in said
-    assert (fake_systemd.MESSAGE_IDS["failed"], f"{unit}: Failed with result 'exit-code'.") in said
+    assert_said(
+        manager,
+        "exit.service",
+        (
+            fake_systemd.MESSAGE_IDS["exited"],
+            f"{unit}: Main process exited, code=exited, status=3/NOTIMPLEMENTED",
+        ),
+        (fake_systemd.MESSAGE_IDS["failed"], f"{unit}: Failed with result 'exit-code'."),
+    )
 
     waiting = manager.settle("again.service", lambda p: p["SubState"] == "auto-restart")
     assert (waiting["ActiveState"], waiting["Result"], waiting["NRestarts"]) == (
@@ -208,14 +247,15 @@ def test_exits_restarts_and_commands_that_cannot_run(manager: Manager) -> None:
         "exit-code", "1", "203",
     )  # fmt: skip
     unit = manager.name("noexec.service")
-    entries = manager.journal("noexec.service")
-    located = [
-        e for e in entries
-        if e["MESSAGE"] == f"{unit}: Failed to locate executable /nonexistent/binary: "
-        "No such file or directory"
-    ]  # fmt: skip
+    wanted = f"{unit}: Failed to locate executable /nonexistent/binary: No such file or directory"
+    entries = manager.journal_until("noexec.service", lambda e: e["MESSAGE"] == wanted)
+    located = [e for e in entries if e["MESSAGE"] == wanted]
     assert [e["INVOCATION_ID"] for e in located] == [noexec["InvocationID"]], entries
-    assert (
-        fake_systemd.MESSAGE_IDS["exited"],
-        f"{unit}: Main process exited, code=exited, status=203/EXEC",
-    ) in messages(manager, "noexec.service")
+    assert_said(
+        manager,
+        "noexec.service",
+        (
+            fake_systemd.MESSAGE_IDS["exited"],
+            f"{unit}: Main process exited, code=exited, status=203/EXEC",
+        ),
+    )
