@@ -56,23 +56,15 @@ class Manager:
         return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
     def journal_until(
-        self,
-        unit: str,
-        check: Callable[[dict[str, Any]], bool],
-        until_all: tuple[tuple[str | None, str], ...] = (),
+        self, unit: str, done: Callable[[list[dict[str, Any]]], bool]
     ) -> list[dict[str, Any]]:
-        """The unit's journal once an entry passes `check` and every (MESSAGE_ID, MESSAGE) of
-        `until_all` is in it, or as it is after 10 s: journald stores a line a moment after the
-        unit's state has changed, which on a busy machine is after the test looks."""
+        """The unit's journal once `done` holds for it, or as it is after 10 s: journald stores a
+        line a moment after the unit's state has changed, which on a busy machine is after the
+        test looks."""
         deadline = time.monotonic() + 10
-        while True:
-            entries = self.journal(unit)
-            said = {(e.get("MESSAGE_ID"), e["MESSAGE"]) for e in entries}
-            if any(check(e) for e in entries) and set(until_all) <= said:
-                return entries
-            if time.monotonic() > deadline:
-                return entries
+        while not done(entries := self.journal(unit)) and time.monotonic() < deadline:
             time.sleep(0.1)
+        return entries
 
     def settle(self, unit: str, check: Callable[[dict[str, str]], bool]) -> dict[str, str]:
         deadline = time.monotonic() + 30
@@ -133,17 +125,13 @@ def install(m: Manager) -> None:
     assert m.run("systemctl", "daemon-reload").returncode == 0
 
 
-def messages(m: Manager, unit: str) -> list[tuple[str | None, str]]:
-    return messages_of(m.journal(unit))
-
-
 def messages_of(entries: list[dict[str, Any]]) -> list[tuple[str | None, str]]:
     return [(e.get("MESSAGE_ID"), e["MESSAGE"]) for e in entries]
 
 
 def assert_said(m: Manager, unit: str, *wanted: tuple[str | None, str]) -> None:
     """Each of `wanted` is in the unit's journal, given journald a moment to store it."""
-    said = messages_of(m.journal_until(unit, lambda _: True, until_all=wanted))
+    said = messages_of(m.journal_until(unit, lambda es: set(wanted) <= set(messages_of(es))))
     assert set(wanted) <= set(said), said
 
 
@@ -176,7 +164,9 @@ def test_running_killed_and_stopped(manager: Manager) -> None:
     )  # fmt: skip
     assert int(props["MainPID"]) > 0 and props["InvocationID"] and props["ExecMainStartTimestamp"]
     invocation = props["InvocationID"]
-    entries = manager.journal_until("run.service", lambda e: e.get("MESSAGE") == "hello")
+    entries = manager.journal_until(
+        "run.service", lambda es: any(e.get("MESSAGE") == "hello" for e in es)
+    )
     started = [e for e in entries if e.get("MESSAGE") == "hello"]
     assert [e["_SYSTEMD_INVOCATION_ID"] for e in started] == [invocation]
     assert_said(
@@ -248,7 +238,9 @@ def test_exits_restarts_and_commands_that_cannot_run(manager: Manager) -> None:
     )  # fmt: skip
     unit = manager.name("noexec.service")
     wanted = f"{unit}: Failed to locate executable /nonexistent/binary: No such file or directory"
-    entries = manager.journal_until("noexec.service", lambda e: e["MESSAGE"] == wanted)
+    entries = manager.journal_until(
+        "noexec.service", lambda es: any(e["MESSAGE"] == wanted for e in es)
+    )
     located = [e for e in entries if e["MESSAGE"] == wanted]
     assert [e["INVOCATION_ID"] for e in located] == [noexec["InvocationID"]], entries
     assert_said(
