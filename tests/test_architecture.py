@@ -19,6 +19,7 @@ Imports inside functions (the lazy, heavy ones) count like any other.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -121,15 +122,22 @@ def vocabulary() -> dict[str, str]:
     return words
 
 
+@functools.lru_cache(maxsize=8)
+def _words_pattern(words: tuple[str, ...]) -> re.Pattern[str]:
+    """One pattern for the whole vocabulary: a search per word and line took 27 s."""
+    ordered = sorted(words, key=len, reverse=True)  # the longest spelling wins at a position
+    return re.compile(rf"(?<![\w/-])(?:{'|'.join(map(re.escape, ordered))})(?![\w-])")
+
+
 def engine_words(rel: str, text: str, words: dict[str, str]) -> list[str]:
     bad = []
+    pattern = _words_pattern(tuple(words))
     for lineno, line in enumerate(text.splitlines(), 1):
         if METRIC_PREFIX.search(line):
             bad.append(f"{rel}:{lineno} spells an engine's series: {line.strip()}")
             continue
-        for word, engine in words.items():
-            if re.search(rf"(?<![\w/-]){re.escape(word)}(?![\w-])", line):
-                bad.append(f"{rel}:{lineno} spells {engine}'s {word!r}: {line.strip()}")
+        for word in dict.fromkeys(m.group(0) for m in pattern.finditer(line)):
+            bad.append(f"{rel}:{lineno} spells {words[word]}'s {word!r}: {line.strip()}")
     return bad
 
 

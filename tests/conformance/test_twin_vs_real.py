@@ -360,7 +360,18 @@ def test_capacity_with_fp8() -> None:
     ):
         r = httpx.get(real.url + "/server_info").json()
         t = httpx.get(twin.url + "/server_info").json()
+        out = httpx.post(
+            real.url + "/generate",
+            json={"text": "fp8", "sampling_params": {"max_new_tokens": 3}},
+            timeout=60,
+        ).json()
+    # 1,694,924: the capacity formula of tests/real_sglang/test_real_smoke.py at one byte per
+    # element (its test_fp8_capacity_formula); this is the one fp8 server of the tier.
     assert r["max_total_num_tokens"] == t["max_total_num_tokens"] == 1_694_924
+    for info in (r, t):
+        assert info["kv_cache_dtype"] == "fp8_e4m3"
+        assert info["mem_fraction_static"] == 0.85
+    assert out["meta_info"]["completion_tokens"] == 3
 
 
 def test_admission_under_kv_cap(capped: Pair) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import threading
 import time
 
@@ -54,20 +55,40 @@ async def _fixed_length_load(url: str, until: list[float]) -> None:
         await asyncio.gather(*(user(client, uid) for uid in range(CLIENTS)))
 
 
+FIRST_WAVE = POOL // (PROMPT + OUTPUT)  # the requests admitted before the first finishes
+_COMPLETED = re.compile(r"^sglang:num_requests_total(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
+
+
+def _wait_for_completed(url: str, n: int, timeout_s: float) -> None:
+    """Poll /metrics until `n` requests completed (SGLang counts a request when it finishes)."""
+    deadline = time.monotonic() + timeout_s
+    done = 0.0
+    while time.monotonic() < deadline:
+        text = httpx.get(url + "/metrics", timeout=10).text
+        done = sum(float(v) for v in _COMPLETED.findall(text))
+        if done >= n:
+            return
+        time.sleep(1)
+    raise AssertionError(f"only {done:.0f} of {n} requests completed in {timeout_s:.0f} s")
+
+
 def test_a_pool_full_of_reservations_is_kv_bound() -> None:
     with RealSGLang.start(
         free_port(), ["--enable-metrics", "--max-total-tokens", str(POOL)], ENV
     ) as srv:
-        until = [time.monotonic() + 75]
+        until = [time.monotonic() + 240]
         load = threading.Thread(target=lambda: asyncio.run(_fixed_length_load(srv.url, until)))
         load.start()
         try:
-            time.sleep(6)  # the first wave admitted and decoding
+            # Past the first wave: its requests are admitted together while the pool fills, so
+            # a window over it reads a pool still filling up (a fresh clone's CI run, beside
+            # other real servers: usage rose from 0.16 to 0.64 in the window, 8.7 running).
+            # How long that takes depends on the CPU, so wait for the wave to complete.
+            _wait_for_completed(srv.url, FIRST_WAVE, timeout_s=150)
             out, err = io.StringIO(), io.StringIO()
-            # 30 s: two lifetimes of a request here. The first wave is admitted together and
-            # finishes together, so a window of one lifetime (15 s) could sit in its last
-            # phase, where the averages say half the pool is held and little is reserved (a
-            # fresh clone's CI run: 8.7 running, 0.61 used, read as "too conservative").
+            # 30 s: two lifetimes of a request here. A window of one lifetime (15 s) could
+            # sit in a wave's last phase, where the averages say half the pool is held and
+            # little is reserved (8.7 running, 0.61 used, read as "too conservative").
             code = main(
                 ["diagnose", "--server", srv.url, "--window", "30", "--json"], out=out, err=err
             )
