@@ -19,6 +19,7 @@ import concurrent.futures
 import json
 import os
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +43,11 @@ MAX_MODEL_LEN = 2048
 TWIN_ARGS = [
     "--engine",
     "vllm",
+    # 50x: the recorded load preempts only when its 8 requests run together; at 200x a 50 ms
+    # lag between two client threads (a fresh clone's busy CI) is 10 simulated seconds, and
+    # one run saw none of them wait or preempt
     "--time-scale",
-    "200",
+    "50",
     "serve",
     "tiny-llama-model",
     "--served-model-name",
@@ -232,7 +236,10 @@ def _load(url: str) -> None:
     """The recorded capped load (tests/real_vllm/README.md, metrics_loaded.txt): 8 concurrent
     requests of 384 prompt + 512 output tokens, `ignore_eos` (about half a second here)."""
 
+    together = threading.Barrier(8)
+
     def one(i: int) -> int:
+        together.wait(10)  # sent at once, as the recording's client did
         body = {
             "model": SERVED,
             "prompt": [3 + (i * 384 + k) % 1000 for k in range(384)],
