@@ -106,6 +106,24 @@ class WindowFacts:
     errors_per_request: float | None
     retractions_per_min: float | None
     ttft_p95_s: float | None
+    running: float = 0.0  # mean requests running
+
+    @property
+    def mix_uncertainty(self) -> float:
+        """How far tokens per completed request can sit from the requests' own mean.
+
+        The counters divide the tokens counted in the window by the requests completed in it.
+        Requests running at the window's edges are counted in part: those completing early
+        brought tokens from before the start, those running at the end take some along. In a
+        steady state the two edges cancel; just after a restart they do not (the first wave
+        started together), and one edge's `running` requests, half done on average, move the
+        ratio by about running / (2 x completed) of itself, whatever the clients send. Small
+        for short requests; for the incident's 3,500-token answers a 4-minute window after a
+        restart completes about as many requests as are running.
+        """
+        if not self.completed or self.completed <= 0:
+            return 0.0
+        return self.running / (2 * self.completed)
 
 
 def _delta(
@@ -159,6 +177,7 @@ def window_facts(samples: Sequence[Snapshot], t0: float) -> WindowFacts:
         errors_per_request=err[0] / completed if err and per_req and completed else None,
         retractions_per_min=60 * ret[0] / ret[1] if ret and ret[1] > 0 else None,
         ttft_p95_s=statistics.median(ttfts) if ttfts else None,
+        running=statistics.fmean(s.running for s in body),
     )
 
 
