@@ -8,6 +8,7 @@
 #   make test-real-vllm    the real vLLM server on CPU (3.4 GB venv), recorded live and compared
 #   make test-daemons      the launchers, the bot's image and unit on a real dockerd and systemd (root)
 #   make test              the six above, parts of them side by side (what .ci/run calls)
+#   make fuzz              the long fuzz run (over 100,000 generated inputs, ~25 min); RELIABILITY.md
 # Working on one tier, run its target; `PYTEST_ARGS=... make test-twin` narrows the parallel tier.
 PYTHON ?= python3
 VENV ?= .venv
@@ -17,7 +18,7 @@ STAMP := $(VENV)/.installed
 .PHONY: help test check lint typecheck test-fast test-twin test-serial test-real-sglang venv demo \
 	lock bench clean real-sglang real-vllm test-real-vllm test-daemons bot-image \
 	test-beside-serial test-real-sglang-static test-real-sglang-measured test-real-sglang-servers \
-	test-real-vllm-static test-real-vllm-measured
+	test-real-vllm-static test-real-vllm-measured fuzz
 
 help:
 	@sed -n '3,12p' Makefile | sed 's/^# \{0,1\}//'
@@ -142,6 +143,11 @@ test-real-vllm-measured: venv real-vllm
 		tests/conformance/test_vllm_twin_vs_recorded.py
 	$(BIN)/pytest -q -p no:cacheprovider -m "real_vllm" --durations=10 \
 		$(addprefix --ignore=,$(REAL_VLLM_STATIC))
+
+# Bad input in bulk (tests/fuzz): the quick profile runs in the parallel tier of `make test`;
+# this is the long one, whose tally (printed at the end) RELIABILITY.md quotes.
+fuzz: venv
+	KVPILOT_FUZZ=long $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/fuzz
 
 # The incident end to end on the SGLang twin (or `make demo ENGINE=vllm`, the vLLM twin), in the
 # terminal front end (files in demo/).

@@ -5,6 +5,7 @@ Parsing is pure and fast, so a mistake is answered within Slack's 3 s acknowledg
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -60,6 +61,24 @@ def _server(config: Config, name: str | None, *, required: bool, verb: str) -> s
     return name
 
 
+# ASCII only: str.isdigit() also takes "²" and "٣", which int() then refuses.
+ASCII_DIGITS = re.compile(r"[0-9]+")
+MAX_ID = 2**63 - 1  # SQLite's INTEGER; a larger id cannot name a record
+
+
+def record_id(text: str) -> int | None:
+    """`#123` or `123` as a record id (experiment, proposal), or None when it cannot be one.
+    The chat's commands and the command line's arguments read ids with this one rule."""
+    text = text.removeprefix("#")
+    if not ASCII_DIGITS.fullmatch(text) or len(text) > 19 or int(text) > MAX_ID:
+        return None
+    return int(text)
+
+
+def _record_id(args: list[str]) -> int | None:
+    return record_id(args[0]) if len(args) == 1 else None
+
+
 def parse_command(text: str, config: Config) -> Command:
     try:
         words = shlex.split(text.strip())
@@ -91,15 +110,17 @@ def parse_command(text: str, config: Config) -> Command:
     if verb == "tune":
         return _tune(config, args)
     if verb == "abort":
-        if len(args) != 1 or not args[0].lstrip("#").isdigit():
+        exp_id = _record_id(args)
+        if exp_id is None:
             raise CommandError(f"usage: `/kvpilot {USAGE[verb]}` (the id from `/kvpilot status`)")
-        return Command(verb, experiment_id=int(args[0].lstrip("#")))
+        return Command(verb, experiment_id=exp_id)
     if verb in ("approve", "reject"):
-        if len(args) != 1 or not args[0].lstrip("#").isdigit():
+        proposal_id = _record_id(args)
+        if proposal_id is None:
             raise CommandError(
                 f"usage: `/kvpilot {USAGE[verb]}` (the number in the proposal's message)"
             )
-        return Command(verb, proposal_id=int(args[0].lstrip("#")))
+        return Command(verb, proposal_id=proposal_id)
     since = timedelta(hours=24)
     if verb == "report":  # `--since=2w` as the CLI's parser takes it
         args = [w for a in args for w in (a.split("=", 1) if a.startswith("--since=") else [a])]
@@ -138,7 +159,7 @@ def _tune(config: Config, args: list[str]) -> Command:
         value, rest = rest[0], rest[1:]
         if flag == "--allow":
             allow.append(value)
-        elif not value.isdigit():
+        elif not ASCII_DIGITS.fullmatch(value) or len(value) > 6:
             raise CommandError(f"--max-experiments needs a whole number, got `{value}`")
         else:
             max_experiments = int(value)

@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any, TextIO
 
 from bot.chat.render import render
-from bot.cli.output import add_output
+from bot.cli.output import add_output, id_argument
 from bot.cli.report import add_report_parser, cmd_report
 from bot.cli.rollout_parser import add_rollout_parser
 from playbooks.clock import at_scale
@@ -277,13 +277,13 @@ def _add_experiments(sub: Commands) -> None:
     ls.add_argument("--server", default=None)
     add_output(ls)
     show = ex_sub.add_parser("show", help="one experiment with its transitions and audit trail")
-    show.add_argument("id", type=int)
+    show.add_argument("id", type=id_argument)
     show.add_argument("--config", default=None)
     add_output(show)
     ab = ex_sub.add_parser(
         "abort", help="stop an experiment and put its server back on the last-known-good config"
     )
-    ab.add_argument("id", type=int, help="the experiment id (`kvpilot experiments list`)")
+    ab.add_argument("id", type=id_argument, help="the experiment id (`kvpilot experiments list`)")
     ab.add_argument("--config", default=None)
     add_output(ab, "print the finished experiment as JSON")
     for verb, what in (
@@ -291,7 +291,7 @@ def _add_experiments(sub: Commands) -> None:
         ("reject", "reject a recorded proposal; nothing is changed"),
     ):
         d_ = ex_sub.add_parser(verb, help=what)
-        d_.add_argument("id", type=int, help="the proposal id (from its message)")
+        d_.add_argument("id", type=id_argument, help="the proposal id (from its message)")
         d_.add_argument("--config", default=None)
         d_.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         add_output(d_, "print the experiment as JSON")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.cli.output import add_output
+from bot.cli.output import add_output, id_argument
 
 
 def add_rollout_parser(sub: Any) -> None:
@@ -17,7 +17,7 @@ def add_rollout_parser(sub: Any) -> None:
         "(max_concurrent_restarts at a time), each measured by the gate, and stop and revert the "
         "servers it changed at the first one not kept. Run it again to resume a rollout it left.",
     )
-    r.add_argument("--from-experiment", type=int, required=True, metavar="ID",
+    r.add_argument("--from-experiment", type=id_argument, required=True, metavar="ID",
                    help="a kept experiment on a server of a group")  # fmt: skip
     r.add_argument("--config", default=None, help="kvpilot.toml")
     r.add_argument("--yes", action="store_true", help="approve the rollout without asking")

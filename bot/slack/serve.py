@@ -25,6 +25,7 @@ import uvicorn
 from slack_bolt import App
 from slack_bolt.adapter.socket_mode import SocketModeHandler
 from slack_bolt.adapter.starlette.handler import to_bolt_request, to_starlette_response
+from slack_sdk.signature import SignatureVerifier
 from sqlite_utils import Database
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -40,6 +41,7 @@ from bot.reports.hook import make_report_hook
 from bot.reports.sampler import Sampler
 from bot.reports.schedule import ReportScheduler
 from bot.slack.app import GroupDirectory, build_app
+from bot.slack.shapes import body_problem
 from bot.slack.surface import SlackSurface, web_client
 from playbooks.http import is_http_url
 from storage import audit
@@ -296,6 +298,9 @@ class Bot:
 
         async def events(request: Request) -> Response:
             body = await request.body()
+            problem = body_problem(body, request.headers.get("content-type"))
+            if problem is not None:
+                return await run_in_threadpool(self._refuse_malformed, request, body, problem)
             bolt_req = to_bolt_request(request, body)
             bolt_resp = await run_in_threadpool(self.app.dispatch, bolt_req)
             if bolt_resp.status == 401:
@@ -311,6 +316,19 @@ class Bot:
                 Route("/healthz", healthz, methods=["GET"]),
             ]
         )
+
+    def _refuse_malformed(self, request: Request, body: bytes, problem: str) -> Response:
+        """401 unless signed with our secret (a stranger learns nothing), else 400 naming
+        what is wrong: logged as a warning, since it is the sender's fault, not kvpilot's."""
+        secret = self.settings.signing_secret
+        signed = secret is not None and SignatureVerifier(secret).is_valid_request(
+            body, dict(request.headers)
+        )
+        if not signed:
+            self._audit_rejected(request.url.path)
+            return JSONResponse({"error": "invalid request signature"}, status_code=401)
+        log.warning("refused a signed request Slack would not send: %s", problem)
+        return JSONResponse({"error": f"malformed Slack request: {problem}"}, status_code=400)
 
     def _audit_rejected(self, path: str) -> None:
         audit.record(

@@ -69,12 +69,22 @@ def find_path(explicit: str | None) -> Path:
 def load(explicit: str | None = None, *, warn: Callable[[str], None] | None = None) -> Config:
     """The configuration file, checked; `warn` is shown each deprecation note (see `announce`)."""
     path = find_path(explicit)
+    if "\x00" in str(path):  # no file system takes it; open() would raise ValueError
+        raise ConfigError(f"{str(path)!r} is not a usable path (it holds a NUL byte)")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(
             f"no configuration at {path}: create it (see README, "
             '"Configuration") or pass --config PATH'
+        ) from None
+    except OSError as exc:  # a directory, no permission, an I/O error
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path} is not UTF-8 text (TOML files are): byte {exc.object[exc.start]:#04x} on "
+            f"line {line} (offset {exc.start}); save it as UTF-8"
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -46,6 +46,7 @@ PATHS = {
     "completions": completions.PATHS,
 }
 SGLangError = EngineError  # the errors below are the engine seam's own
+T = TypeVar("T")
 
 
 class NotSGLang(WrongEngine):
@@ -205,6 +206,18 @@ class SGLangClient:
             "This does not look like an SGLang server (or it is older than 0.5.5).",
         )
 
+    def _read(self, what: str, parse: Callable[[Any], T], raw: Any) -> T:
+        """`parse(raw)`, with whatever a malformed answer breaks in it said as NotSGLang:
+        a field of the wrong type, a NaN where a count belongs (tests/fuzz found each)."""
+        try:
+            return parse(raw)
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as e:
+            raise NotSGLang(
+                f"{self.base_url} answered a {what} kvpilot cannot read "
+                f"({e.__class__.__name__}: {str(e)[:200]})",
+                "Is this the SGLang version kvpilot supports? Its log may say more.",
+            ) from None
+
     # ----------------------------------------------------------------- reads
     def health(self) -> bool:
         """Ready for requests: `/ready` where the server has it, `/health` on older ones."""
@@ -227,7 +240,7 @@ class SGLangClient:
                 f"{self.base_url} server info has no max_total_num_tokens",
                 "This does not look like an SGLang server.",
             )
-        return parse_server_info(data)
+        return self._read("server info", parse_server_info, data)
 
     def model_info(self) -> dict[str, Any]:
         data = self._json("model_info")
@@ -236,7 +249,7 @@ class SGLangClient:
         return data
 
     def loads(self) -> list[RankLoad]:
-        return parse_loads(self._json("loads"))
+        return self._read("load report", parse_loads, self._json("loads"))
 
     def metrics(self) -> Metrics:
         response = self._get("/metrics")
@@ -247,7 +260,7 @@ class SGLangClient:
             )
         if response.status_code != 200:
             raise SGLangError(f"{self.base_url}/metrics answered HTTP {response.status_code}")
-        return parse_metrics(response.text)
+        return self._read("/metrics", parse_metrics, response.text)
 
     def settings(self) -> ServerInfo:
         return self.server_info()
@@ -258,12 +271,12 @@ class SGLangClient:
     def snapshot_of(self, metrics: Metrics) -> Snapshot:
         from playbooks.engines.sglang.metrics import snapshot_from_metrics  # noqa: PLC0415
 
-        return snapshot_from_metrics(metrics)
+        return self._read("/metrics", snapshot_from_metrics, metrics)
 
     def load_snapshot(self) -> Snapshot:
         from playbooks.engines.sglang.metrics import snapshot_from_loads  # noqa: PLC0415
 
-        return snapshot_from_loads(self.loads())
+        return self._read("load report", snapshot_from_loads, self.loads())
 
     def describe_metrics(self) -> str:
         return f"{self.base_url}/metrics (scraped directly)"

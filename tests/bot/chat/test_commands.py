@@ -44,3 +44,25 @@ def test_report_window_is_parsed_when_the_command_is(
 def test_a_bad_report_window_is_answered_at_once(config: Config, text: str, needle: str) -> None:
     with pytest.raises(CommandError, match=needle):
         parse_command(text, config)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "abort 99999999999999999999",  # past SQLite's INTEGER: an OverflowError in the query
+        "approve 9223372036854775808",
+        "reject ²",  # str.isdigit() is true, int() refuses it
+        "abort ٣",
+        "approve ##5",
+        "abort 1 2",
+    ],
+)
+def test_an_id_that_cannot_name_a_record_gets_the_usage(config: Config, text: str) -> None:
+    """Found by tests/fuzz/test_slack_fuzz.py: these reached the database and raised."""
+    with pytest.raises(CommandError, match="usage: `/kvpilot"):
+        parse_command(text, config)
+
+
+def test_the_largest_id_still_parses(config: Config) -> None:
+    assert parse_command("abort #9223372036854775807", config).experiment_id == 2**63 - 1
+    assert parse_command("approve 7", config).proposal_id == 7
