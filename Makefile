@@ -69,8 +69,10 @@ test: check test-twin
 	$(PAIR) test-real-sglang-measured test-real-sglang-servers
 	$(MAKE) --no-print-directory test-real-vllm-measured
 
+# The engines' static checks first: the daemons' tier waits for kvpilot's image, which .ci/run
+# builds in the background.
 test-beside-serial: venv
-	$(MAKE) --no-print-directory -j1 test-daemons test-real-sglang-static test-real-vllm-static
+	$(MAKE) --no-print-directory -j1 test-real-sglang-static test-real-vllm-static test-daemons
 
 lint: venv
 	$(BIN)/ruff check .
