@@ -17,6 +17,7 @@ from slack_bolt.request.internals import parse_body
 # Fields Bolt and kvpilot read as objects when present (Slack sends `enterprise: null`).
 OBJECTS = ("team", "user", "channel", "container", "message", "view", "event", "enterprise")
 NULLABLE = frozenset({"enterprise"})
+ACTION_STRINGS = ("action_id", "block_id", "value", "type", "action_ts")
 STRINGS = ("type", "command", "text", "user_id", "channel_id", "team_id", "trigger_id",
            "response_url", "api_app_id", "token")  # fmt: skip
 
@@ -44,11 +45,19 @@ def _field_problem(body: dict[str, Any]) -> str | None:
     for key in STRINGS:
         if key in body and not isinstance(body[key], str):
             return f"`{key}` is {_kind(body[key])}, not a string"
-    actions = body.get("actions")
-    if "actions" in body and (
-        not isinstance(actions, list) or not all(isinstance(a, dict) for a in actions)
-    ):
+    return _actions_problem(body) if "actions" in body else None
+
+
+def _actions_problem(body: dict[str, Any]) -> str | None:
+    actions = body["actions"]
+    if not isinstance(actions, list) or not all(isinstance(a, dict) for a in actions):
         return "`actions` is not a list of objects"
+    if not actions:  # Bolt reads the first action: an empty list raised IndexError there
+        return "`actions` is empty"
+    for action in actions:
+        for key in ACTION_STRINGS:
+            if key in action and not isinstance(action[key], str):
+                return f"an action's `{key}` is {_kind(action[key])}, not a string"
     return None
 
 

@@ -255,6 +255,10 @@ def test_any_request_body_is_answered_or_refused(
         ("payload=" + quote(json.dumps({"type": "block_actions", "actions": [1]})), True, 400,
          "`actions` is not a list of objects"),
         ("payload=null", True, 400, "a JSON NoneType, not an object"),
+        ("payload=" + quote(json.dumps({"type": "block_actions", "actions": []})), True, 400,
+         "`actions` is empty"),
+        ("payload=" + quote(json.dumps({"type": "block_actions", "actions": [{"action_id": 7}]})),
+         True, 400, "an action's `action_id` is a JSON int, not a string"),
         ("payload=" + quote("[1, 2]"), True, 400, "a JSON list, not an object"),
     ],
 )  # fmt: skip
