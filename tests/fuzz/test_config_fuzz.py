@@ -122,10 +122,16 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def _reachable(data: Any, path: tuple[Key, ...]) -> bool:
-    try:
-        get(data, path)
-    except (KeyError, IndexError, TypeError):
-        return False
+    """Whether `path` still names a value inside tables and arrays (an earlier mutation may
+    have replaced a table on the way with a string, which indexes but cannot be assigned to)."""
+    node = data
+    for key in path:
+        if not isinstance(node, (dict, list)):
+            return False
+        try:
+            node = node[key]  # type: ignore[index]
+        except (KeyError, IndexError, TypeError):
+            return False
     return True
 
 
