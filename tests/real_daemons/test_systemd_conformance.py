@@ -52,7 +52,14 @@ class Manager:
         return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
 
     def journal(self, unit: str) -> list[dict[str, Any]]:
-        done = self.run("journalctl", "--no-pager", "-u", self.name(unit), "-o", "json")
+        """The unit's lines by its fields, not `-u`: a line from the unit's forked child that
+        exits at once (an executable that cannot run) carries `UNIT=`, but journald may not
+        read the child's cgroup in time to add `_SYSTEMD_UNIT`, and `-u` takes `UNIT=` only
+        from PID 1; a busy CI machine lost the line that way."""
+        name = self.name(unit)
+        done = self.run(
+            "journalctl", "--no-pager", "-o", "json", f"_SYSTEMD_UNIT={name}", "+", f"UNIT={name}"
+        )
         return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
     def journal_until(

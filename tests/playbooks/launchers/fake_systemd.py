@@ -497,11 +497,15 @@ def systemctl(root: Path, argv: list[str]) -> tuple[int, str, str]:
 
 def journalctl(root: Path, argv: list[str]) -> tuple[int, str, str]:
     unit, output, lines = None, "short", None
+    fields: list[tuple[str, str]] = []  # FIELD=VALUE matches; "+" between them: any matches
     args = iter(argv)
     for arg in args:
-        if arg in ("--user", "--system", "--no-pager", "-q", "--quiet"):
+        if arg in ("--user", "--system", "--no-pager", "-q", "--quiet", "+"):
             continue
-        if arg in ("-u", "--unit", "--user-unit"):
+        if "=" in arg and not arg.startswith("-"):
+            field, _, value = arg.partition("=")
+            fields.append((field, value))
+        elif arg in ("-u", "--unit", "--user-unit"):
             unit = next(args)
         elif arg.startswith("--unit="):
             unit = arg.split("=", 1)[1]
@@ -515,6 +519,8 @@ def journalctl(root: Path, argv: list[str]) -> tuple[int, str, str]:
     entries = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     if unit is not None:
         entries = [e for e in entries if unit in (e.get("_SYSTEMD_UNIT"), e.get("UNIT"))]
+    if fields:
+        entries = [e for e in entries if any(e.get(f) == v for f, v in fields)]
     if lines is not None:
         entries = entries[-lines:] if lines else []
     if output == "json":
