@@ -152,7 +152,7 @@ def transport_of(current: list[Answers]) -> httpx.MockTransport:
     return httpx.MockTransport(handle)
 
 
-def each_read(client: Any, reads: list[Callable[[], Any]]) -> None:
+def each_read(reads: list[Callable[[], Any]]) -> None:
     for read in reads:
         try:
             read()
@@ -168,7 +168,6 @@ def test_sglang_answers_are_read_or_refused(answers: dict[str, tuple[int, str, b
     client = SGLangClient(http, attempts=1)
     try:
         each_read(
-            client,
             [client.health, client.server_info, client.model_info, client.loads,
              client.snapshot, client.load_snapshot],
         )  # fmt: skip
@@ -193,7 +192,6 @@ def test_vllm_answers_are_read_or_refused(
             current[0] = answers
             now[0] += 15.0
             each_read(
-                client,
                 [client.health, client.server_info, client.model_info, client.settings,
                  client.snapshot],
             )  # fmt: skip

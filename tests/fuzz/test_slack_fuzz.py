@@ -115,8 +115,8 @@ class Pending:
 
 
 class Harness:
-    def __init__(self, bot: Any, driver: SlackDriver, config: Path, errors: Errors) -> None:
-        self.driver, self.config, self.errors = driver, config, errors
+    def __init__(self, bot: Any, driver: SlackDriver, errors: Errors) -> None:
+        self.driver, self.errors = driver, errors
         runner = bot.app._listener_runner  # Bolt's listeners run here after the ack
         self.pools = [Pending(runner.listener_executor), Pending(bot.kv.work)]
         runner.listener_executor = runner.lazy_listener_runner.executor = self.pools[0]
@@ -140,7 +140,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     logging.getLogger().addHandler(errors)
     try:
         with FakeSlack() as slack, running_bot(path, slack) as (bot, driver):
-            yield Harness(bot, driver, path, errors)
+            yield Harness(bot, driver, errors)
             bot.kv.runner.join(30)  # background answers finish before the checks below
     finally:
         logging.getLogger().removeHandler(errors)
