@@ -82,10 +82,11 @@ typecheck: venv
 	$(BIN)/mypy
 
 # Tests spend most of their time waiting on the servers they start, so four workers on two
-# cores finish in about half the time; a file's tests stay on one worker (shared servers). The
+# cores finish in about half the time; a file's tests stay on one worker (shared servers), but
+# for the long files that share nothing, and groups go out in the order tests/conftest.py sets. The
 # coverage of bot/, playbooks/ and storage/ is measured here, against the floor in pyproject.toml
 # (`fail_under`; the figure is in BENCHMARKS.md).
-PYTEST_ARGS ?= -n 4 --dist loadfile --durations=15
+PYTEST_ARGS ?= -n 4 --dist loadgroup --no-loadscope-reorder --durations=15
 
 test-twin: venv
 	$(BIN)/pytest -q $(PYTEST_ARGS) -m "not real_sglang and not real_vllm and not serial and not real_daemons" --cov --cov-report=term:skip-covered

@@ -297,6 +297,9 @@ def configure(
     root.setLevel(numeric)
     for name in CHATTY:  # their routine lines only at DEBUG; their warnings always
         logging.getLogger(name).setLevel(logging.WARNING if numeric > logging.DEBUG else numeric)
+    # Off, then on: captureWarnings(True) does nothing while an earlier configure() still holds
+    # the warnings, even if something (a test runner, a library) replaced showwarning since.
+    logging.captureWarnings(False)
     logging.captureWarnings(True)
     if catch_uncaught:
         _install_uncaught_hooks()
@@ -326,6 +329,11 @@ def _install_uncaught_hooks() -> None:
 
     sys.excepthook = main_hook
     threading.excepthook = thread_hook
+
+
+def configured() -> bool:
+    """Whether `configure()` holds the root logger (tests undo an in-process `serve`'s)."""
+    return any(isinstance(h, _Handler) for h in logging.getLogger().handlers)
 
 
 def reset() -> None:

@@ -254,19 +254,8 @@ class SystemdLauncher(StartThenWait[SystemdSpec]):
 
     def journal(self, invocation_id: str | None, lines: int = 400) -> str:
         """The log of one invocation of the unit (SGLang's output and systemd's own lines)."""
-        scope = ["--user"] if self.spec.scope == "user" else []
         done = self.shell.run(
-            [
-                "journalctl",
-                *scope,
-                "--no-pager",
-                "-u",
-                self.spec.unit,
-                "-o",
-                "json",
-                "-n",
-                str(lines),
-            ]
+            ["journalctl", *self._journal_matches(), "--no-pager", "-o", "json", "-n", str(lines)]
         )
         if done.code != 0:
             return f"(journalctl failed: {done.err.strip()})"
@@ -286,6 +275,19 @@ class SystemdLauncher(StartThenWait[SystemdSpec]):
                 continue
             messages.append(_message_text(entry.get("MESSAGE")))
         return tail("\n".join(messages))
+
+    def _journal_matches(self) -> list[str]:
+        """Which journal entries are the unit's.
+
+        `journalctl -u` takes `UNIT=` only from PID 1 (systemd's logs-show.c,
+        add_matches_for_unit), but the line that says why a start failed ("Failed to locate
+        executable ...") comes from the forked child, with `UNIT=`, and journald adds
+        `_SYSTEMD_UNIT` only if it reads the sender's cgroup in time: a busy host lost it. So a
+        system unit's entries are those of either field (tests/real_daemons, real systemd 252).
+        """
+        if self.spec.scope == "user":
+            return ["--user", "-u", self.spec.unit]
+        return [f"_SYSTEMD_UNIT={self.spec.unit}", "+", f"UNIT={self.spec.unit}"]
 
     def permissions(self) -> list[Finding]:
         """The unit is loaded and runs a command, its drop-in can be written, and this user

@@ -189,6 +189,23 @@ def test_reconfiguring_replaces_the_handler_and_secrets_can_be_added_later() -> 
     assert record["message"] == "value [REDACTED]"
 
 
+def test_reconfiguring_takes_the_warnings_back_from_whoever_took_them_since() -> None:
+    """A configure() left in place (an in-process `serve`), then warnings.showwarning replaced
+    (pytest does, for each test): the next configure() still routes warnings into the log."""
+    first, second = io.StringIO(), io.StringIO()
+    logs.configure("INFO", env={}, stream=first)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = lambda *args, **kwargs: None
+            logs.configure("INFO", env={}, stream=second)
+            warnings.warn("a late warning", UserWarning, stacklevel=1)
+    finally:
+        logs.reset()
+    (record,) = lines(second)
+    assert record["logger"] == "py.warnings" and "a late warning" in record["message"]
+
+
 def test_environment_variables_named_like_secrets_are_redacted() -> None:
     env = {"SGLANG_API_KEY": SGLANG_KEY, "DB_PASSWORD": "hunter2-but-longer", "HOME": "/root"}
     assert sorted(logs.environment_secrets(env)) == sorted([SGLANG_KEY, "hunter2-but-longer"])

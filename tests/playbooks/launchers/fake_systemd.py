@@ -287,11 +287,14 @@ def supervise(root: Path, unit: str) -> int:
             # to execute, logs why under the unit and exits with EXIT_EXEC (203)
             child = None
             journal(root, unit, f"Started {described(unit, cfg)}.", invocation, 1, True, "started")
+            # Those two lines come from the forked child (not PID 1) with UNIT=, and journald
+            # may not read its cgroup in time to add _SYSTEMD_UNIT (seen on a busy host with
+            # the real systemd 252): the case `journalctl -u` misses.
             for line in (
                 f"{unit}: Failed to locate executable {argv[0]}: {exc.strerror}",
                 f"{unit}: Failed at step EXEC spawning {argv[0]}: {exc.strerror}",
             ):
-                journal(root, unit, line, invocation, 1, True, "spawn_failed")
+                journal(root, unit, line, invocation, os.getpid(), True, "spawn_failed")
             rc = 203
         else:
             update_state(
@@ -517,8 +520,12 @@ def journalctl(root: Path, argv: list[str]) -> tuple[int, str, str]:
             return 1, "", f"journalctl: unrecognized option '{arg}'\n"
     path = root / "journal.jsonl"
     entries = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    if unit is not None:
-        entries = [e for e in entries if unit in (e.get("_SYSTEMD_UNIT"), e.get("UNIT"))]
+    if unit is not None:  # -u: the unit's processes, and PID 1's lines about it (logs-show.c)
+        entries = [
+            e
+            for e in entries
+            if e.get("_SYSTEMD_UNIT") == unit or (e.get("UNIT") == unit and e.get("_PID") == "1")
+        ]
     if fields:
         entries = [e for e in entries if any(e.get(f) == v for f, v in fields)]
     if lines is not None:
