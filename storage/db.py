@@ -10,6 +10,8 @@ code cannot know what the newer schema means.
 
 from __future__ import annotations
 
+import errno
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
-from storage.errors import StorageError
+from storage.errors import DatabaseFault, StorageError, database_fault
 from storage.migrations import MIGRATIONS, migration_names
 
 BUSY_TIMEOUT_MS = 5000
@@ -38,6 +40,7 @@ def open_db(path: str | Path, *, any_thread: bool = False) -> Database:
             f"cannot create the database's directory {path.parent}: {exc.strerror or exc}; {fix}"
         ) from exc
     _refuse_foreign_file(path)
+    _refuse_read_only(path)
     try:
         db = Database(sqlite3.connect(str(path), check_same_thread=not any_thread))
     except sqlite3.DatabaseError as exc:  # OperationalError included: a directory not writable
@@ -55,8 +58,32 @@ def open_db(path: str | Path, *, any_thread: bool = False) -> Database:
         foreign = _foreign(path, exc)
         if foreign is not None:
             raise foreign from exc
-        raise StorageError(f"cannot use {path} as the kvpilot database: {exc}") from exc
+        raise fault(exc, str(path)) from exc
     return db
+
+
+def _refuse_read_only(path: Path) -> None:
+    """SQLite opens a file it cannot write read-only, and may even take its write lock; it
+    fails at the first page it writes, mid-command. access(2) answers EROFS for a read-only
+    file system, for root too, and the file's and directory's permissions for anyone else."""
+    for where in (path, path.parent):  # the directory: SQLite creates the -wal and -shm there
+        if where.exists() and not os.access(where, os.W_OK):
+            why = OSError(errno.EROFS, "not writable", str(where))
+            raise database_fault(why, str(path), BUSY_TIMEOUT_MS / 1000, kind="read_only")
+
+
+def fault(exc: Exception, where: str) -> DatabaseFault:
+    """A SQLite failure on the database at `where`, as what to do about it."""
+    return database_fault(exc, where, BUSY_TIMEOUT_MS / 1000)
+
+
+def path_of(db: Database) -> str:
+    """The file behind `db`, for messages (":memory:" for a private in-memory one)."""
+    try:
+        rows = db.execute("PRAGMA database_list").fetchall()
+    except sqlite3.Error:
+        return "kvpilot's database"
+    return next((str(row[2]) for row in rows if row[1] == "main" and row[2]), ":memory:")
 
 
 def memory_db() -> Database:

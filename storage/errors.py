@@ -51,3 +51,57 @@ class ProposalExpired(StorageError):
 
 class AlreadyDecided(StorageError):
     """The proposal was already approved or rejected."""
+
+
+class DatabaseFault(StorageError):
+    """SQLite could not read or write the file: the disk, the file system or another process,
+    not kvpilot's data. Nothing half-written stays (SQLite rolls the transaction back), so the
+    step that met it can be taken again once the cause is gone."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # full | read_only | locked | io | damaged | other
+
+
+# What each SQLite result code means for the person who runs kvpilot (sqlite3.Error's
+# sqlite_errorname, Python 3.11+; the codes: https://www.sqlite.org/rescode.html).
+_KINDS = (
+    ("SQLITE_FULL", "full"),
+    ("SQLITE_READONLY", "read_only"),
+    ("SQLITE_BUSY", "locked"),
+    ("SQLITE_LOCKED", "locked"),
+    ("SQLITE_IOERR", "io"),
+    ("SQLITE_CORRUPT", "damaged"),
+    ("SQLITE_NOTADB", "damaged"),
+    ("SQLITE_CANTOPEN", "io"),
+)
+
+
+def database_fault(
+    exc: Exception, where: str, busy_timeout_s: float, kind: str | None = None
+) -> DatabaseFault:
+    """`exc`, raised by SQLite on the database at `where` (or `kind` of fault, found before
+    SQLite met it), as what to do about it."""
+    name = str(getattr(exc, "sqlite_errorname", "") or "")
+    if kind is None:
+        kind = next((k for prefix, k in _KINDS if name.startswith(prefix)), "other")
+    said = f"{exc} ({name})" if name else str(exc)
+    advice = {
+        "full": f"the disk holding {where} is full ({said}); free space there",
+        "read_only": (
+            f"{where} cannot be written ({said}): its file system is read-only, or the file "
+            "or its directory refuse kvpilot's user; make them writable"
+        ),
+        "locked": (
+            f"{where} stayed locked by another process for over {busy_timeout_s:g} s ({said}); "
+            "look for a program holding a write transaction open on it (a sqlite3 shell, a "
+            "backup, a second kvpilot with another configuration)"
+        ),
+        "io": f"{where} could not be read or written ({said}); check its disk and file system",
+        "damaged": (
+            f"{where} is damaged ({said}); stop kvpilot and restore the file from a backup, or "
+            "move it aside to start a new one"
+        ),
+        "other": f"{where} failed: {said}",
+    }[kind]
+    return DatabaseFault(advice, kind)

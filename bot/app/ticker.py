@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +29,8 @@ from playbooks.clock import Clock
 from playbooks.experiments import machine
 from playbooks.experiments.ownership import OwnershipLost
 from storage import experiments as store
-from storage.errors import IllegalTransition, StaleState
+from storage.db import fault, path_of
+from storage.errors import DatabaseFault, IllegalTransition, StaleState
 
 log = logging.getLogger(__name__)
 
@@ -135,14 +137,27 @@ class Ticker:
             self._end(item, None, exc)
             return
         except Exception as exc:  # keep the scheduler alive; the experiment is persisted
+            failure: Exception = exc
+            if isinstance(exc, sqlite3.Error):  # SQLite rolled the step back: take it again
+                failure = fault(exc, path_of(item.deps.db))
+            # the database's faults are the disk's or another process's, said in one line;
+            # anything else is kvpilot's own, with its traceback
+            trace = not isinstance(failure, DatabaseFault)
             item.failed_in_a_row += 1
             if item.failed_in_a_row >= MAX_FAILED_STEPS:
-                log.exception(
-                    "experiment %s: %d steps in a row failed; leaving it", exp_id, MAX_FAILED_STEPS
+                log.error(
+                    "experiment %s: %d steps in a row failed; leaving it where it stands: %s",
+                    *(exp_id, MAX_FAILED_STEPS, failure),
+                    exc_info=trace,
                 )
-                self._end(item, None, exc)
+                self._end(item, None, failure)
                 return
-            log.exception("experiment %s: a step failed; trying again in %g s", exp_id, RETRY_S)
+            log.log(
+                logging.ERROR if trace else logging.WARNING,
+                "experiment %s: a step failed: %s; trying again in %g s",
+                *(exp_id, failure, RETRY_S),
+                exc_info=trace,
+            )
             self._schedule(exp_id, self.clock.wall_seconds(RETRY_S))
             return
         item.failed_in_a_row = 0

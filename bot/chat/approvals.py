@@ -9,6 +9,7 @@ a person's click becomes a restart; it reads the attributes and methods declared
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -40,6 +41,8 @@ from storage.errors import (
     ProposalExpired,
     StorageError,
 )
+
+log = logging.getLogger(__name__)
 
 
 class Approvals:
@@ -209,15 +212,21 @@ class Approvals:
             )
             return None
         where_progress = "in the thread" if start else "in the approver's terminal"
-        self._stamp(
-            row,
-            ref,
-            surface,
-            f":white_check_mark: Approved by {mention(who.user)} at {_hhmm(self.now())}; "
-            f"experiment {exp_id} is running (progress {where_progress}).",
-        )
+        # Started before the approval message is stamped: the experiment is recorded as
+        # approved, and a chat that fails to take an edit (Slack rate-limiting past the
+        # client's retries) must not leave it waiting for nobody.
         if start:
             self.runner.start(exp_id, thread=ref)
+        try:
+            self._stamp(
+                row,
+                ref,
+                surface,
+                f":white_check_mark: Approved by {mention(who.user)} at {_hhmm(self.now())}; "
+                f"experiment {exp_id} is running (progress {where_progress}).",
+            )
+        except Exception as exc:  # the buttons stay; a second click is told it was decided
+            log.warning("experiment %s: marking its approval message failed: %s", exp_id, exc)
         return exp_id
 
     def _stamp(

@@ -196,10 +196,14 @@ class ExperimentRunner:
         surface = self.surface_for(channel) if channel else None
         progress_ref = chat.find_message(db, "experiment", exp_id, "progress")
         if surface is not None and progress_ref is None:
-            progress_ref = surface.post(self.progress_message(row, "starting"), thread=thread)
-            chat.remember_message(
-                db, "experiment", exp_id, "progress", progress_ref, now=self.now()
-            )
+            try:
+                progress_ref = surface.post(self.progress_message(row, "starting"), thread=thread)
+            except Exception as exc:  # the experiment runs without its progress message
+                log.warning("experiment %s: posting its progress message failed: %s", exp_id, exc)
+            else:
+                chat.remember_message(
+                    db, "experiment", exp_id, "progress", progress_ref, now=self.now()
+                )
         last: list[Any] = [0.0, str(row.state)]
 
         def on_progress(note: str) -> None:
@@ -247,7 +251,7 @@ class ExperimentRunner:
                 if surface is not None:
                     where = thread or progress_ref
                     surface.post(Message.note(stopped_text(exp_id, error)), thread=where)
-            elif final is not None and surface is not None and progress_ref is not None:
+            elif final is not None and surface is not None:
                 self._announce(final, surface, progress_ref, thread)
         except Exception:
             log.exception("experiment %s: reporting its end failed", exp_id)
@@ -256,13 +260,18 @@ class ExperimentRunner:
         self,
         final: store.ExperimentRow,
         surface: Surface,
-        progress_ref: MessageRef,
+        progress_ref: MessageRef | None,
         thread: MessageRef | None,
     ) -> None:
-        """The last progress edit, and the verdict with its chart (once)."""
+        """The last progress edit, and the verdict with its chart (once): the verdict goes out
+        even when the edit fails or there is no progress message."""
         db = self.db()
         exp_id = final.id
-        surface.update(progress_ref, self.progress_message(final, "finished"))
+        if progress_ref is not None:
+            try:
+                surface.update(progress_ref, self.progress_message(final, "finished"))
+            except Exception as exc:
+                log.warning("experiment %s: the last progress edit failed: %s", exp_id, exc)
         if (
             final.state in TERMINAL
             and chat.find_message(db, "experiment", exp_id, "verdict") is None
@@ -279,7 +288,7 @@ class ExperimentRunner:
                     thread=thread or progress_ref,
                 )
             if self.after_verdict is not None:
-                self.after_verdict(final, surface, thread or progress_ref)
+                self.after_verdict(final, surface, thread or progress_ref or ref)
 
     def _default_channel(self) -> str | None:
         slack = self.config.slack

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
@@ -38,6 +39,7 @@ from playbooks.launchers.base import LaunchError
 from storage import audit
 from storage import experiments as store
 from storage import proposals as proposal_store
+from storage.db import fault, path_of
 from storage.errors import NotFound, StorageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = exit_codes.OK, exit_codes.FAILED, exit_codes.USAGE
@@ -69,8 +71,8 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
     if refused is not None:
         err.write(f"error: refused: {refused}\n")
         return EXIT_USAGE
-    clock = make_clock(config, db)  # this process's one clock
     try:
+        clock = make_clock(config, db)  # this process's one clock
         if ns.command == "experiment":
             return cmd_experiment(ns, config, db, clock, out, err, stdin)
         if ns.command == "server":
@@ -90,8 +92,11 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
     except LaunchError as exc:
         err.write(launch_error_text(exc))
         return EXIT_FAILED
-    except EngineError as exc:
+    except (EngineError, StorageError) as exc:
         err.write(f"error: {exc}\n")
+        return EXIT_FAILED
+    except sqlite3.Error as exc:
+        err.write(f"error: {fault(exc, path_of(db))}\n")
         return EXIT_FAILED
 
 
@@ -192,12 +197,20 @@ def carry(deps: engine.Deps, lease: Lease, err: TextIO, *, resume: bool = False)
                 pass
         finally:
             ticker.shutdown()
-            lease.release()
+            try:
+                lease.release()
+            except (sqlite3.Error, StorageError) as exc:  # it runs out on its own
+                err.write(f"  experiment {exp_id}: could not give up its lease ({exc})\n")
             deps.client.close()
     if lost and isinstance(lost[0], OwnershipLost):
         err.write(f"experiment {exp_id}: this process stopped carrying it: {lost[0]}\n")
         return False
     if lost:
+        row = store.get_experiment(deps.db, exp_id)  # a read: it works on a full disk
+        err.write(
+            f"experiment {exp_id}: left in {row.state}; once that is fixed, `kvpilot resume` "
+            "carries it on\n"
+        )
         raise lost[0]
     return True
 

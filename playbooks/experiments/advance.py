@@ -531,8 +531,9 @@ def _keep(deps: Deps, row: store.ExperimentRow, step: steps.Keep) -> None:
 def _fault(kind: str, state: State, step: str = "") -> None:
     """Fault injection for crash tests; never set in production.
 
-    KVPILOT_FAULT_PAUSE_BEFORE=<state>: stop dead before the first step in `state` (until
-    killed), touching KVPILOT_FAULT_MARKER=<file> when the pause begins.
+    KVPILOT_FAULT_PAUSE_BEFORE=<state>: stop dead before the first step in `state`, touching
+    KVPILOT_FAULT_MARKER=<file> when the pause begins; until killed, or until the test removes
+    the marker (having broken something meanwhile), once.
     KVPILOT_FAULT_KILL_AFTER=<state>:<step>: SIGKILL this process right after it took `step`
     (scrape, issue, poll, look, move, ...) in `state`, with what the step learnt persisted.
     """
@@ -540,7 +541,8 @@ def _fault(kind: str, state: State, step: str = "") -> None:
         marker = os.environ.get("KVPILOT_FAULT_MARKER")
         if marker:
             Path(marker).touch()
-        while True:
-            time.sleep(3600)
+        while marker is None or Path(marker).exists():
+            time.sleep(0.05)
+        del os.environ["KVPILOT_FAULT_PAUSE_BEFORE"]
     if kind == "kill" and os.environ.get("KVPILOT_FAULT_KILL_AFTER") == f"{state}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)

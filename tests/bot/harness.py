@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import threading
@@ -18,6 +19,7 @@ import uvicorn
 from slack_sdk.signature import SignatureVerifier
 
 from bot.app.config import load
+from bot.cli import main as cli_main
 from bot.slack.serve import Bot, SlackSettings
 from sim.models import LLAMA_3_1_8B, write_model_dir
 from tests.slackfake import FakeSlack
@@ -167,6 +169,25 @@ class SlackDriver:
         return self.send(
             "payload=" + quote(json.dumps(payload)), "application/x-www-form-urlencoded"
         )
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    """`kvpilot ARGS` in this process: the exit status, stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    return cli_main(list(args), out=out, err=err), out.getvalue(), err.getvalue()
+
+
+@contextmanager
+def started(config: Path, *servers: str) -> Iterator[Path]:
+    """`servers` of `config` started by kvpilot's launcher, and stopped after."""
+    for name in servers:
+        code, _, err = run_cli("server", "start", "--server", name, "--config", str(config))
+        assert code == 0, err
+    try:
+        yield config
+    finally:
+        for name in servers:
+            run_cli("server", "stop", "--server", name, "--config", str(config))
 
 
 def buttons(message: dict[str, Any]) -> dict[str, str]:

@@ -107,7 +107,9 @@ def test_the_verdict_offers_a_rollout_and_an_approver_starts_it(
             "the verdict stamped",
         )
         assert stamped and not buttons(slack.messages(CHANNEL)[verdict_ts])
-        wait_until(lambda: posted(slack, "rollout 1 ended (done)"), 180, "the rollout's end")
+        _, ended = wait_until(lambda: posted(slack, "rollout 1 ended"), 180, "the rollout's end")
+        said = [m.get("text", "") for m in slack.messages(CHANNEL).values()]
+        assert "rollout 1 ended (done)" in ended["text"], said
         _, step_verdict = wait_until(lambda: posted(slack, "Experiment 2 on kimi-b: KEPT"), 30)
         progress = posted(slack, "*Rollout 1*")
     assert progress is not None and progress[1].get("thread_ts") == ts  # the verdict's thread

@@ -62,10 +62,11 @@ def incident_workspace(
     gate: str = "",
     twin_flags: Sequence[str] = (),
     more_config: str = "",
+    kvpilot: str = "",
 ) -> Iterator[Workspace]:
     """The incident twin behind the process launcher, started, and its kvpilot.toml (`gate`:
     more `[gate]` lines; `twin_flags`: more twin arguments; `more_config`: tables after the
-    server's)."""
+    server's; `kvpilot`: more `[kvpilot]` lines)."""
     port = free_port()
     command = [
         sys.executable,
@@ -88,7 +89,7 @@ def incident_workspace(
     ]
     config = tmp_path / "kvpilot.toml"
     config.write_text(
-        f"[kvpilot]\ntime_scale = {scale}\n\n[gate]\nscrape_s = 10\nbatch_s = 60\n{gate}\n"
+        f"[kvpilot]\ntime_scale = {scale}\n{kvpilot}\n[gate]\nscrape_s = 10\nbatch_s = 60\n{gate}\n"
         f'[servers.incident]\nurl = "http://127.0.0.1:{port}"\n'
         "gpu_memory_gib = 95.59\nhost_ram_gib = 256\n"
         '[servers.incident.launcher]\nkind = "process"\n'
