@@ -26,9 +26,18 @@ help:
 venv: $(STAMP)
 
 # The virtual environment is rebuilt whenever the lock file or the project metadata changes.
+# uv (pinned and hashed in the lock, installed by pip) installs every pin of the lock, hashes
+# checked, in about 10 s where pip takes about 50 (a fresh clone's `.ci/run`); pip does it
+# where uv cannot (KVPILOT_VENV_PIP=1 asks for pip).
+UV_PIN := awk '/^uv==/{p=1; print; next} p && /^ /{print; next} {p=0}' requirements.lock
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r requirements.lock
+	$(UV_PIN) > $(VENV)/uv-pin.txt
+	if [ "$${KVPILOT_VENV_PIP:-0}" != 1 ] \
+	  && $(BIN)/python -m pip install --quiet --require-hashes --no-deps -r $(VENV)/uv-pin.txt \
+	  && $(BIN)/uv pip install --quiet --python $(BIN)/python --require-hashes --no-deps \
+	    -r requirements.lock; then :; else \
+	  $(BIN)/python -m pip install --quiet --require-hashes --no-deps -r requirements.lock; fi
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -101,4 +103,15 @@ def incident_workspace(
     try:
         yield w
     finally:
-        w.cli("server", "stop", "--server", "incident")
+        code, _, _ = w.cli("server", "stop", "--server", "incident")
+        if code != 0:  # kvpilot could not (a test broke its database): nothing left running
+            _kill_recorded(tmp_path / "var" / "state" / "incident.process.json")
+
+
+def _kill_recorded(state_file: Path) -> None:
+    """Kill the server process kvpilot's process launcher recorded, if it still runs."""
+    try:
+        pid = int(json.loads(state_file.read_text())["pid"])
+        os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
