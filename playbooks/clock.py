@@ -9,7 +9,9 @@ continues from what is already stored. Unit tests use `ManualClock`.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -33,16 +35,54 @@ class Clock(Protocol):
         ...
 
 
+# How fast the wall clock's calendar time may close a gap with the system's clock: 0.1% of the
+# time that passes, as ntpd's slew mode does (0.05%); a second's step is caught up in about 17
+# minutes, an hour's in about six weeks (a restart catches up at once).
+SLEW = 0.001
+
+
 class WallClock:
+    """The wall clock: monotonic seconds for `now()`, and calendar time that never steps.
+
+    Experiments at `time_scale = 1` stamp their steps and samples with `utcnow()`, and measure
+    deadlines and rates as differences of those stamps. A system clock stepped by NTP or by a
+    restored VM would move them by the step: a restart seen as timed out, a trial cut short or
+    held for an hour, a rate over a window that never was. So the calendar time follows the
+    monotonic clock, and catches up with the system's clock by at most SLEW of the elapsed
+    time; it starts at the system's time, so a restarted process is right at once.
+    """
+
+    def __init__(
+        self,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._wall = wall
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._seen = monotonic()
+        self._calendar = wall()
+
     def now(self) -> float:
-        return time.monotonic()
+        return self._monotonic()
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
             time.sleep(seconds)
 
     def utcnow(self) -> datetime:
-        return datetime.now(UTC)
+        return datetime.fromtimestamp(self.calendar(), UTC)
+
+    def calendar(self) -> float:
+        """Seconds since the epoch on this clock's calendar (see the class docstring)."""
+        with self._lock:
+            seen = self._monotonic()
+            passed = max(0.0, seen - self._seen)
+            gap = self._wall() - (self._calendar + passed)
+            limit = SLEW * passed
+            self._calendar += passed + min(limit, max(-limit, gap))
+            self._seen = seen
+            return self._calendar
 
     def wall_seconds(self, seconds: float) -> float:
         return seconds

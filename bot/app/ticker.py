@@ -1,33 +1,29 @@
 """The one scheduler that advances every experiment a process carries, a bounded step at a time.
 
 `serve`, the console and the command line all hand their experiments to a `Ticker` instead of
-running each in a thread of its own. Each experiment has one APScheduler job at a time: it
-takes the experiment's next step (`playbooks.experiments.machine.advance`; each step is short)
-and schedules the one after it by the delay the step asked for, on the experiment's clock, so
-one experiment never runs two steps at once and idle experiments cost nothing; another job
-renews each carried experiment's lease. When the
-experiment ends, waits for a person, or this process loses it, no job follows and `on_end` is
-told.
+running each in a thread of its own. Each experiment has one timer at a time (on the monotonic
+clock, `bot.app.timers`): it takes the experiment's next step
+(`playbooks.experiments.machine.advance`; each step is short) and schedules the one after it by
+the delay the step asked for, on the experiment's clock, so one experiment never runs two steps
+at once and idle experiments cost nothing; another timer renews each carried experiment's
+lease. When the experiment ends, waits for a person, or this process loses it, no timer follows
+and `on_end` is told.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 
-from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.jobstores.base import JobLookupError
-from apscheduler.schedulers.background import BackgroundScheduler
-
+from bot.app.timers import MonotonicTimers
 from playbooks.clock import Clock
 from playbooks.experiments import machine
-from playbooks.experiments.ownership import OwnershipLost
+from playbooks.experiments.ownership import Lease, OwnershipLost
 from storage import experiments as store
 from storage.db import fault, path_of
 from storage.errors import DatabaseFault, IllegalTransition, StaleState
@@ -62,12 +58,14 @@ class Ticker:
         self._lock = threading.Lock()
         # Leases are renewed on a thread of their own: steps that wait on slow servers must
         # not delay a renewal past the lease's expiry (another process would take it over).
-        self._aps = BackgroundScheduler(
-            timezone=UTC,
-            daemon=True,
-            executors={"default": ThreadPoolExecutor(workers), "leases": ThreadPoolExecutor(1)},
+        # The waits are on the monotonic clock (bot.app.timers): a stepped system clock
+        # neither stalls an experiment nor lets its lease lapse.
+        self._timers = MonotonicTimers(
+            {
+                "default": ThreadPoolExecutor(workers, thread_name_prefix="kvpilot-step"),
+                "leases": ThreadPoolExecutor(1, thread_name_prefix="kvpilot-lease"),
+            }
         )
-        self._aps.start()
 
     def carry(
         self,
@@ -81,34 +79,15 @@ class Ticker:
             self._carried[exp_id] = item
         lease = deps.lease
         if lease is not None:  # the experiment's lease is renewed here, not by a thread of its own
-            self._aps.add_job(
-                lease.renew,
-                "interval",
-                seconds=lease.renew_every_s,
-                id=f"lease-{exp_id}",
-                executor="leases",
-                max_instances=1,
-                coalesce=True,
-                misfire_grace_time=None,  # late is better than skipped
-                replace_existing=True,
-            )
+            self._timers.every(f"lease-{exp_id}", lease.renew_every_s, _renewer(lease), "leases")
         self._schedule(exp_id, 0.0)
         return item
 
     def _schedule(self, exp_id: int, wall_delay_s: float) -> None:
-        """The experiment's next step as a one-off job, `wall_delay_s` from now."""
-        self._aps.add_job(
-            self._tick,
-            "date",
-            run_date=datetime.now(UTC) + timedelta(seconds=wall_delay_s),
-            args=[exp_id],
-            id=f"experiment-{exp_id}",
-            misfire_grace_time=None,
-            replace_existing=True,
-            # the step that schedules this one is still returning when it may start; steps
-            # never overlap, since each schedules its one successor only when it is done
-            max_instances=2,
-        )
+        """The experiment's next step, `wall_delay_s` from now. The step that schedules it may
+        still be returning when it starts; steps never overlap, since each schedules its one
+        successor only when it is done."""
+        self._timers.after(f"experiment-{exp_id}", wall_delay_s, lambda: self._tick(exp_id))
 
     def carrying(self) -> list[int]:
         with self._lock:
@@ -120,7 +99,7 @@ class Ticker:
         return True if item is None else item.done.wait(timeout)
 
     def shutdown(self) -> None:
-        self._aps.shutdown(wait=True)
+        self._timers.shutdown(wait=True)
 
     def _tick(self, exp_id: int) -> None:
         with self._lock:
@@ -174,9 +153,15 @@ class Ticker:
     def _end(
         self, item: Carried, row: store.ExperimentRow | None, error: BaseException | None
     ) -> None:
-        with contextlib.suppress(JobLookupError):
-            self._aps.remove_job(f"lease-{item.exp_id}")
+        self._timers.cancel(f"lease-{item.exp_id}")
         try:
             item.on_end(row, error)
         finally:
             item.done.set()
+
+
+def _renewer(lease: Lease) -> Callable[[], None]:
+    def renew() -> None:
+        lease.renew()  # False once lost: the experiment's next step finds out and stops
+
+    return renew

@@ -16,7 +16,14 @@ from tests.twin_process import REPO
 
 
 class BotProcess:
-    def __init__(self, config: Path, server: str, change: str, pause_before: str, tmp: Path):
+    def __init__(
+        self,
+        config: Path,
+        server: str,
+        change: str,
+        pause_before: str,
+        tmp: Path,
+    ):
         self.marker = tmp / f"paused-{pause_before}"
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
