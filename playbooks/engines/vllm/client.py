@@ -503,8 +503,11 @@ class VLLMClient:
             m = None
         models = self.models()
         if m is None:
+            entries = models.get("data") if isinstance(models, dict) else None
             owners = [
-                e.get("owned_by") for e in (models or {}).get("data", []) if isinstance(e, dict)
+                e.get("owned_by")
+                for e in (entries if isinstance(entries, list) else [])
+                if isinstance(e, dict)
             ]
             if models is None:
                 raise Unauthorized(

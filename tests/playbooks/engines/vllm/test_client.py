@@ -119,11 +119,21 @@ def no_vllm_metrics(request: httpx.Request) -> httpx.Response:
     return httpx.Response(404)
 
 
+def no_metrics_and_models_not_a_list(request: httpx.Request) -> httpx.Response:
+    """Metrics off, and `/v1/models` whose `data` is not a list (found by the long fuzz run)."""
+    if request.url.path == "/v1/models":
+        return httpx.Response(
+            200, content=b'{"data": NaN}', headers={"content-type": "application/json"}
+        )
+    return no_vllm_metrics(request)
+
+
 @pytest.mark.parametrize(
     ("handler", "error", "words"),
     [
         (html, NotVLLM, "does not look like a vLLM server"),
         (sglang_metrics, NotVLLM, "SGLang"),
+        (no_metrics_and_models_not_a_list, NotVLLM, "models are not vLLM's"),
     ],
 )
 def test_something_else_is_not_vllm(handler: Any, error: type[Exception], words: str) -> None:
