@@ -77,13 +77,21 @@ def fault(exc: Exception, where: str) -> DatabaseFault:
     return database_fault(exc, where, BUSY_TIMEOUT_MS / 1000)
 
 
+def database_path(db: Database) -> Path | None:
+    """The file behind ``db``; ``None`` for an in-memory database."""
+    for row in db.execute("PRAGMA database_list").fetchall():
+        if row[1] == "main" and row[2]:
+            return Path(row[2])
+    return None
+
+
 def path_of(db: Database) -> str:
     """The file behind `db`, for messages (":memory:" for a private in-memory one)."""
     try:
-        rows = db.execute("PRAGMA database_list").fetchall()
+        path = database_path(db)
     except sqlite3.Error:
         return "kvpilot's database"
-    return next((str(row[2]) for row in rows if row[1] == "main" and row[2]), ":memory:")
+    return ":memory:" if path is None else str(path)
 
 
 def memory_db() -> Database:

@@ -44,7 +44,7 @@ class MonotonicTimers:
         self._pools = pools
         self._heap: list[_Due] = []
         self._pending: dict[str, _Due] = {}
-        self._running: dict[str, Future[None]] = {}
+        self._running: dict[str, Future[None]] = {}  # a repeating timer's last run
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._stopped = False
@@ -66,6 +66,7 @@ class MonotonicTimers:
     def cancel(self, key: str) -> None:
         with self._cond:
             self._pending.pop(key, None)  # its heap entry is skipped when it comes up
+            self._running.pop(key, None)
 
     def shutdown(self, wait: bool = True) -> None:
         """No more timers fire; with `wait`, the pools finish what they run."""
@@ -114,7 +115,9 @@ class MonotonicTimers:
             if running is not None and not running.done():
                 return
         with contextlib.suppress(RuntimeError):  # the pool was shut down meanwhile
-            self._running[due.key] = self._pools[due.pool].submit(_logged, due.fn)
+            future = self._pools[due.pool].submit(_logged, due.fn)
+            if due.every_s is not None:  # only a repeating timer asks whether it still runs
+                self._running[due.key] = future
 
 
 def _logged(fn: Callable[[], None]) -> None:

@@ -36,7 +36,7 @@ from bot.app.config import Config, ServerConfig
 from bot.app.wiring import engine_client
 from playbooks.clock import Clock
 from playbooks.engines.base import EngineClient, EngineError, MetricsDisabled, Snapshot
-from storage.db import open_db, write_transaction
+from storage.db import database_path, open_db, write_transaction
 from storage.metric_buckets import RawSample
 from storage.metric_samples import (
     Gap,
@@ -124,14 +124,6 @@ def default_client(
     A client lives as long as the sampler, so an engine that exports its decode rate only as a
     counter (vLLM) has a rate from the second tick on, timed on the sampler's `clock`."""
     return engine_client(server, timeout_s=timeout_s, attempts=2, wait=lambda *_: 0.1, clock=clock)
-
-
-def database_path(db: Database) -> Path | None:
-    """The file behind ``db``; ``None`` for an in-memory database."""
-    for row in db.execute("PRAGMA database_list").fetchall():
-        if row[1] == "main" and row[2]:
-            return Path(row[2])
-    return None
 
 
 @dataclass

@@ -39,9 +39,8 @@ from bot.app.config import Config, ReportSchedule
 from bot.app.wiring import engine_of
 from bot.chat.surface import Surface
 from bot.reports.report import duration, post_report, when
-from bot.reports.sampler import database_path
 from playbooks.reports.throughput import Report, build_report
-from storage.db import open_db
+from storage.db import database_path, open_db
 from storage.report_runs import RunStatus, claim_run, finish_run, is_claimed, runs
 
 log = logging.getLogger(__name__)
