@@ -260,6 +260,11 @@ def _scrape(
         return
     store_sample(deps, row.id, phase, snapshot, facts.now_ts)
     changes: dict[str, Any] = {"last_ts": facts.now_ts, "by": facts.carrier}
+    if phase == "baseline":  # the baseline ends once the gate could use it (`steps._baseline`)
+        settings = view.settings
+        changes["batches"] = gate_mod.baseline_batches(
+            gate_samples(deps, row.id, "baseline", settings), settings.batch_s
+        )
     if "first_ts" not in row.progress:
         changes["first_ts"] = facts.now_ts
     if row.progress.get("instance") is None and facts.instance is not None:

@@ -41,6 +41,7 @@ CAUSES: dict[str, Outcome] = {
     "aborted": Outcome.cancelled,
     "interrupted": Outcome.cancelled,
     "not_ready": Outcome.cancelled,
+    "baseline_short": Outcome.cancelled,  # the baseline's scrapes kept missing: nothing touched
     "stale_plan": Outcome.cancelled,  # the server changed since the approval: nothing touched
     "superseded": Outcome.superseded,  # a person changed the server: kvpilot left it so
 }

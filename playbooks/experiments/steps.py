@@ -296,6 +296,9 @@ def _baseline(view: View, facts: Facts) -> Step:
     if facts.now_ts >= float(view.progress["until"]) and measured_s(view) >= enough_baseline_s(
         view.settings
     ):
+        short = _baseline_short(view, facts)
+        if short is not None:
+            return short
         why = view.progress.get("measured_because")
         return Move(
             State.restarting,
@@ -303,6 +306,33 @@ def _baseline(view: View, facts: Facts) -> Step:
             {"baseline": "measured", **({"measured_because": why} if why else {})},
         )
     return Scrape("baseline")
+
+
+# A baseline short of batches measures on for up to this many times `baseline_s`, then gives up
+MAX_BASELINE_FACTOR = 3.0
+
+
+def _baseline_short(view: View, facts: Facts) -> Step | None:
+    """A baseline that spans long enough but whose scrapes left batches empty (a stalled host,
+    a server that did not answer for a while) measures on until the gate could judge against
+    it: restarting first would cost a restart and end in "cannot judge". Past
+    `MAX_BASELINE_FACTOR` times `baseline_s` it is cancelled, nothing having been changed."""
+    settings = view.settings
+    batches = view.progress.get("batches")
+    if batches is None or int(batches) >= settings.min_baseline_batches:
+        return None  # (a row from before batches were counted: the gate reads it as it is)
+    took = facts.now_ts - float(view.progress.get("first_ts", view.entered_ts))
+    if took < MAX_BASELINE_FACTOR * settings.baseline_s:
+        return Scrape("baseline")
+    return Move(
+        State.cancelled,
+        f"the baseline has {int(batches)} complete batches of {settings.batch_s:g} s with a "
+        f"reading after {took:.0f} s of measuring (the gate needs "
+        f"{settings.min_baseline_batches}): scrapes went missing; check that the server "
+        "answers its metrics promptly and that the bot's host is not overloaded; nothing was "
+        "changed",
+        {"cause": "baseline_short", "batches": int(batches)},
+    )
 
 
 def measured_s(view: View) -> float:

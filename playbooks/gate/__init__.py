@@ -74,6 +74,7 @@ from playbooks.gate.settings import GateSettings
 from playbooks.gate.warmup import mser_truncation, warmup, warmup_cut
 from playbooks.gate.windows import (
     Estimate,
+    baseline_batches,
     baseline_noise,
     estimate_effect,
     read_baseline,
@@ -94,6 +95,7 @@ __all__ = [
     "SloCheck",
     "Verdict",
     "WindowNoise",
+    "baseline_batches",
     "baseline_noise",
     "batch_means",
     "decide",

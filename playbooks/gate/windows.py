@@ -204,6 +204,17 @@ class Baseline:
     p99s: dict[latency.Metric, tuple[float, ...]]
 
 
+def baseline_batches(samples: Sequence[Snapshot], batch_s: float) -> int:
+    """Complete batches of the baseline with a decode-rate reading: what the gate counts.
+
+    Batches without a scrape (a stalled host, a server that did not answer for a while) are
+    left out, so a window can span `baseline_s` and still be short of batches."""
+    if len(samples) < 2:
+        return 0
+    t0 = samples[0].t - scrape_spacing(samples)
+    return len(batch_means(samples, t0, batch_s, lambda s: s.decode_rate))
+
+
 def read_baseline(samples: Sequence[Snapshot], settings: GateSettings) -> Baseline:
     """The baseline's noise, batches, facts and request lifetime; ValueError if unusable."""
     return _read_baseline(tuple(samples), settings)
@@ -214,8 +225,7 @@ def _read_baseline(samples: tuple[Snapshot, ...], settings: GateSettings) -> Bas
     """Cached: every look of a trial reuses the same baseline."""
     if len(samples) < 2:
         raise ValueError("the baseline window needs at least two samples")
-    t0 = samples[0].t - scrape_spacing(samples)
-    batches = len(batch_means(samples, t0, settings.batch_s, lambda s: s.decode_rate))
+    batches = baseline_batches(samples, settings.batch_s)
     if batches < settings.min_baseline_batches:
         raise ValueError(
             f"the baseline has {batches} complete batches of {settings.batch_s:g} s; "

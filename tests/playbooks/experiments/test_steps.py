@@ -74,6 +74,24 @@ CASES: list[tuple[str, View, Facts, object]] = [
         seen(),
         State.restarting,
     ),
+    (
+        "baseline, over, enough batches with a reading",
+        view(State.baseline, until=T, instance="i1", first_ts=T - 600, last_ts=T - 10, batches=4),
+        seen(),
+        State.restarting,
+    ),
+    (  # scrapes went missing (a stalled host): restarting now would end in "cannot judge"
+        "baseline, over, too few batches with a reading",
+        view(State.baseline, until=T, instance="i1", first_ts=T - 600, last_ts=T - 10, batches=3),
+        seen(),
+        Scrape,
+    ),
+    (  # still short after three times baseline_s: nothing was changed, so nothing to undo
+        "baseline, short of batches for too long",
+        view(State.baseline, until=T, instance="i1", first_ts=T - 1800, last_ts=T - 10, batches=3),
+        seen(),
+        State.cancelled,
+    ),
     (  # a bot resumed late, within the gap the gate bridges: measure on to a full baseline
         "baseline, time is up but too little was measured",
         view(State.baseline, until=T - 100, instance="i1", first_ts=T - 300, last_ts=T - 200),
