@@ -71,7 +71,7 @@ def main() -> int:
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            wait_until(lambda: _up(port), 30, "kvpilot serve")
+            wait_until(lambda: serve_answers(port), 30, "kvpilot serve")
             driver = SlackDriver(f"http://127.0.0.1:{port}/slack/events", slack)
             driver.slash("propose incident mem_fraction_static=0.88")
             ts, msg = wait_until(
@@ -116,7 +116,7 @@ def main() -> int:
     return 0
 
 
-def _up(port: int) -> bool:
+def serve_answers(port: int) -> bool:
     try:
         return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
     except httpx.HTTPError:

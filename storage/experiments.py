@@ -246,6 +246,16 @@ def active_experiments(db: Database) -> list[ExperimentRow]:
     return [_row(row) for row in rows]
 
 
+def ended_since(db: Database, since: datetime) -> list[ExperimentRow]:
+    """Experiments that reached a terminal state at or after `since`, oldest first."""
+    marks = ", ".join("?" for _ in TERMINAL)
+    rows = db.query(
+        f"SELECT * FROM experiments WHERE state IN ({marks}) AND updated_at >= ? ORDER BY id",
+        [*sorted(s.value for s in TERMINAL), utc_iso(since)],
+    )
+    return [_row(row) for row in rows]
+
+
 def transition(
     db: Database,
     experiment_id: int,

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlite_utils import Database
@@ -43,6 +43,9 @@ if TYPE_CHECKING:
     from storage.proposals import ProposalRow
 
 log = logging.getLogger(__name__)
+
+# How long after its end an experiment's verdict is still posted when it could not be at once
+OWED_FOR = timedelta(hours=6)
 
 
 def stopped_text(exp_id: int, error: BaseException) -> str:
@@ -216,8 +219,8 @@ class ExperimentRunner:
             last[0], last[1] = time.monotonic(), str(current.state)
             try:
                 surface.update(progress_ref, self.progress_message(current, note))
-            except Exception:  # a chat hiccup must not stop the experiment
-                log.exception("progress update failed")
+            except Exception as exc:  # a chat hiccup must not stop the experiment
+                log.warning("experiment %s: a progress edit failed (%s); it goes on", exp_id, exc)
 
         deps = experiment_deps(self.config, row.server, db, on_progress, clock=self.clock)
         deps.lease = lease
@@ -253,8 +256,12 @@ class ExperimentRunner:
                     surface.post(Message.note(stopped_text(exp_id, error)), thread=where)
             elif final is not None and surface is not None:
                 self._announce(final, surface, progress_ref, thread)
-        except Exception:
-            log.exception("experiment %s: reporting its end failed", exp_id)
+        except Exception as exc:  # Slack refused or timed out past its retries
+            log.warning(
+                "experiment %s: telling the channel how it ended failed (%s); a verdict is "
+                "posted once Slack takes it",
+                exp_id, exc,
+            )  # fmt: skip
 
     def _announce(
         self,
@@ -289,6 +296,34 @@ class ExperimentRunner:
                 )
             if self.after_verdict is not None:
                 self.after_verdict(final, surface, thread or progress_ref or ref)
+
+    def deliver_owed_verdicts(self) -> list[int]:
+        """Post the verdicts that never reached their channel: Slack refused or timed out past
+        its retries when the experiment ended, or the bot stopped between the end and the
+        post. Each goes out once, in its thread, with what follows it (a campaign's next
+        step); experiments ended more than `OWED_FOR` ago, or carried in the terminal (no
+        message in chat), are left alone. Called at start and with the bot's periodic tick."""
+        db = self.db()
+        delivered: list[int] = []
+        carried = set(self.running())
+        for row in store.ended_since(db, self.now() - OWED_FOR):
+            if row.id in carried or chat.find_message(db, "experiment", row.id, "verdict"):
+                continue
+            progress = chat.find_message(db, "experiment", row.id, "progress")
+            thread = None
+            if row.proposal_id is not None:
+                thread = chat.find_message(db, "proposal", row.proposal_id, "approval")
+            where = thread or progress
+            if where is None:
+                continue
+            try:
+                self._announce(row, self.surface_for(where.channel), progress, thread)
+            except Exception as exc:  # Slack still refuses: the next tick tries again
+                log.warning("experiment %s: its verdict is still not posted: %s", row.id, exc)
+                continue
+            log.info("experiment %s: its verdict, owed since it ended, is posted", row.id)
+            delivered.append(row.id)
+        return delivered
 
     def _default_channel(self) -> str | None:
         slack = self.config.slack

@@ -49,6 +49,11 @@ from storage.db import open_db
 
 log = logging.getLogger(__name__)
 EXPIRY_TICK_S = 30.0
+# slack_sdk's Socket Mode client notices a connection cut without a close frame only after
+# five failed pings or four intervals without a pong (socket_mode/builtin/connection.py
+# `check_state`): at Bolt's default of 10 s the bot was deaf for about 50 s; at 2 s, about 10 s.
+SOCKET_PING_S = 2.0
+SLACK_TIMEOUT_S = 15  # a Web API call not answered within this is given up (not retried)
 DEFAULT_PORT = 3000
 HTTP_START_TIMEOUT_S = 30.0
 LISTEN_HINTS = {
@@ -207,11 +212,14 @@ class Bot:
         *,
         progress_every_s: float = 10.0,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        tick_s: float = EXPIRY_TICK_S,
+        slack_timeout_s: int = SLACK_TIMEOUT_S,
     ) -> None:
         require_access(config)
         self.config = config
         self.settings = settings
-        self.client = web_client(settings.bot_token, settings.api_url)
+        self.tick_s = tick_s
+        self.client = web_client(settings.bot_token, settings.api_url, timeout=slack_timeout_s)
         self.groups = GroupDirectory(self.client)
         self.clock = make_clock(config, open_db(config.database))  # this process's one clock
         self.sampler = Sampler(config, open_db(config.database), self.clock)
@@ -260,7 +268,15 @@ class Bot:
         self._ticker.start()
 
     def _tick_loop(self) -> None:
-        while not self._stop.wait(EXPIRY_TICK_S):
+        """Proposals expire, and verdicts Slack refused when they were due are posted; the
+        first pass at once (a verdict owed from before a restart goes out at start)."""
+        while True:
+            try:
+                self.kv.runner.deliver_owed_verdicts()
+            except Exception as exc:
+                log.warning("posting owed verdicts failed: %s", exc)
+            if self._stop.wait(self.tick_s):
+                return
             try:
                 self.kv.expire_proposals(self.surface_for)
             except Exception:
@@ -344,7 +360,9 @@ class Bot:
 
     def start_socket_mode(self) -> None:
         assert self.settings.app_token is not None
-        self.socket = SocketModeHandler(self.app, self.settings.app_token)
+        self.socket = SocketModeHandler(
+            self.app, self.settings.app_token, ping_interval=SOCKET_PING_S
+        )
         self.socket.connect()  # type: ignore[no-untyped-call]
 
 

@@ -246,23 +246,17 @@ def _scrape(
     except EngineError as exc:
         since = float(row.progress.get("last_ts", view.entered_ts))
         if facts.now_ts - since > view.settings.gap_limit_s:
-            _move(
-                deps,
-                row,
-                steps.Move(
-                    State.reverting if row.state != State.baseline else State.cancelled,
-                    f"the server stopped answering for {facts.now_ts - since:.0f} s: {exc}",
-                    {"cause": "died"},
-                ),
-            )
+            _move(deps, row, _went_unread(deps, row, facts.now_ts - since, exc))
             return
-        deps.say(f"{row.state}: the server did not answer ({exc}); trying again")
+        deps.say(
+            f"{row.state}: {deps.client.describe_metrics()} did not answer ({exc}); trying again"
+        )
         return
     store_sample(deps, row.id, phase, snapshot, facts.now_ts)
     changes: dict[str, Any] = {"last_ts": facts.now_ts, "by": facts.carrier}
     if phase == "baseline":  # the baseline ends once the gate could use it (`steps._baseline`)
         settings = view.settings
-        changes["batches"] = gate_mod.baseline_batches(
+        changes["batches"] = gate_mod.scraped_batches(
             gate_samples(deps, row.id, "baseline", settings), settings.batch_s
         )
     if "first_ts" not in row.progress:
@@ -270,6 +264,31 @@ def _scrape(
     if row.progress.get("instance") is None and facts.instance is not None:
         changes["instance"] = facts.instance
     _progress(deps, row, **changes)
+
+
+def _went_unread(
+    deps: Deps, row: store.ExperimentRow, gone_s: float, exc: EngineError
+) -> steps.Move:
+    """The metrics went unread for longer than the gate bridges. Whether the server itself
+    still answers decides what is said and recorded: a server that stopped answering died
+    (reverted after a failure); one that answers while its metrics cannot be read (a stalled
+    metrics endpoint, Prometheus down or stale) ran the change unmeasured: no verdict. Either
+    way the change is undone, since it cannot be shown to help."""
+    to = State.reverting if row.state != State.baseline else State.cancelled
+    try:
+        answers = deps.client.health()
+    except EngineError:
+        answers = False
+    if not answers:
+        return steps.Move(
+            to, f"the server stopped answering for {gone_s:.0f} s: {exc}", {"cause": "died"}
+        )
+    return steps.Move(
+        to,
+        f"{deps.client.describe_metrics()} could not be read for {gone_s:.0f} s ({exc}) while "
+        "the server answers: the change cannot be measured",
+        {"cause": "unmeasured"},
+    )
 
 
 def _choose_baseline(

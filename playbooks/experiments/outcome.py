@@ -38,6 +38,7 @@ CAUSES: dict[str, Outcome] = {
     "inconclusive": Outcome.no_verdict,
     "drifted": Outcome.no_verdict,
     "unjudgeable": Outcome.no_verdict,
+    "unmeasured": Outcome.no_verdict,  # the server answered, its metrics could not be read
     "aborted": Outcome.cancelled,
     "interrupted": Outcome.cancelled,
     "not_ready": Outcome.cancelled,

@@ -327,7 +327,7 @@ def _baseline_short(view: View, facts: Facts) -> Step | None:
     return Move(
         State.cancelled,
         f"the baseline has {int(batches)} complete batches of {settings.batch_s:g} s with a "
-        f"reading after {took:.0f} s of measuring (the gate needs "
+        f"scrape after {took:.0f} s of measuring (the gate needs "
         f"{settings.min_baseline_batches}): scrapes went missing; check that the server "
         "answers its metrics promptly and that the bot's host is not overloaded; nothing was "
         "changed",

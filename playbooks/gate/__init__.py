@@ -74,10 +74,10 @@ from playbooks.gate.settings import GateSettings
 from playbooks.gate.warmup import mser_truncation, warmup, warmup_cut
 from playbooks.gate.windows import (
     Estimate,
-    baseline_batches,
     baseline_noise,
     estimate_effect,
     read_baseline,
+    scraped_batches,
     with_ttft_p95,
 )
 
@@ -95,7 +95,6 @@ __all__ = [
     "SloCheck",
     "Verdict",
     "WindowNoise",
-    "baseline_batches",
     "baseline_noise",
     "batch_means",
     "decide",
@@ -103,6 +102,7 @@ __all__ = [
     "mser_truncation",
     "overlapping_window_variance",
     "read_baseline",
+    "scraped_batches",
     "slo_holds",
     "warmup",
     "warmup_cut",

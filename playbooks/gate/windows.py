@@ -204,15 +204,21 @@ class Baseline:
     p99s: dict[latency.Metric, tuple[float, ...]]
 
 
-def baseline_batches(samples: Sequence[Snapshot], batch_s: float) -> int:
-    """Complete batches of the baseline with a decode-rate reading: what the gate counts.
+def scraped_batches(samples: Sequence[Snapshot], batch_s: float) -> int:
+    """Complete batches of a window that hold at least one scrape, on the gate's grid.
 
-    Batches without a scrape (a stalled host, a server that did not answer for a while) are
-    left out, so a window can span `baseline_s` and still be short of batches."""
+    Batches without a scrape (a stalled host, a server that did not answer for a while) count
+    for nothing, so a window can span `baseline_s` and still be short of the batches the gate
+    needs. (A scrape without a decode rate, an idle server's, counts here: measuring longer
+    would not give the gate what it lacks.)"""
     if len(samples) < 2:
         return 0
-    t0 = samples[0].t - scrape_spacing(samples)
-    return len(batch_means(samples, t0, batch_s, lambda s: s.decode_rate))
+    return len(batch_means(samples, _grid_start(samples), batch_s, lambda s: 1.0))
+
+
+def _grid_start(samples: Sequence[Snapshot]) -> float:
+    """Where the gate's batch grid starts: one scrape interval before the first sample."""
+    return samples[0].t - scrape_spacing(samples)
 
 
 def read_baseline(samples: Sequence[Snapshot], settings: GateSettings) -> Baseline:
@@ -225,7 +231,9 @@ def _read_baseline(samples: tuple[Snapshot, ...], settings: GateSettings) -> Bas
     """Cached: every look of a trial reuses the same baseline."""
     if len(samples) < 2:
         raise ValueError("the baseline window needs at least two samples")
-    batches = baseline_batches(samples, settings.batch_s)
+    batches = len(
+        batch_means(samples, _grid_start(samples), settings.batch_s, lambda s: s.decode_rate)
+    )
     if batches < settings.min_baseline_batches:
         raise ValueError(
             f"the baseline has {batches} complete batches of {settings.batch_s:g} s; "

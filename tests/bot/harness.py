@@ -145,30 +145,38 @@ class SlackDriver:
     def click(
         self, action_id: str, value: str, *, user: str, message_ts: str, channel: str = CHANNEL
     ) -> httpx.Response:
-        payload = {
-            "type": "block_actions",
-            "team": {"id": "T1", "domain": "example"},
-            "user": {"id": user, "username": user.lower(), "team_id": "T1"},
-            "api_app_id": "A1",
-            "token": "legacy",
-            "container": {"type": "message", "message_ts": message_ts, "channel_id": channel},
-            "trigger_id": "1.2.3",
-            "channel": {"id": channel, "name": "ops"},
-            "message": {"type": "message", "ts": message_ts, "text": ""},
-            "response_url": self.slack.response_url(f"act-{time.monotonic_ns()}"),
-            "actions": [
-                {
-                    "action_id": action_id,
-                    "block_id": "kvpilot-actions-0",
-                    "value": value,
-                    "type": "button",
-                    "action_ts": str(time.time()),
-                }
-            ],
-        }
+        payload = click_payload(self.slack, action_id, value, user, message_ts, channel)
         return self.send(
             "payload=" + quote(json.dumps(payload)), "application/x-www-form-urlencoded"
         )
+
+
+def click_payload(
+    slack: FakeSlack, action_id: str, value: str, user: str, message_ts: str, channel: str = CHANNEL
+) -> dict[str, Any]:
+    """The block_actions payload of a click on one of kvpilot's buttons, as Slack sends it
+    (over HTTP form-encoded, in Socket Mode as an `interactive` envelope's payload)."""
+    return {
+        "type": "block_actions",
+        "team": {"id": "T1", "domain": "example"},
+        "user": {"id": user, "username": user.lower(), "team_id": "T1"},
+        "api_app_id": "A1",
+        "token": "legacy",
+        "container": {"type": "message", "message_ts": message_ts, "channel_id": channel},
+        "trigger_id": "1.2.3",
+        "channel": {"id": channel, "name": "ops"},
+        "message": {"type": "message", "ts": message_ts, "text": ""},
+        "response_url": slack.response_url(f"act-{time.monotonic_ns()}"),
+        "actions": [
+            {
+                "action_id": action_id,
+                "block_id": "kvpilot-actions-0",
+                "value": value,
+                "type": "button",
+                "action_ts": str(time.time()),
+            }
+        ],
+    }
 
 
 def run_cli(*args: str) -> tuple[int, str, str]:
@@ -212,11 +220,16 @@ def wait_until(predicate: Any, timeout: float = 30.0, what: str = "condition") -
 
 @contextmanager
 def running_bot(
-    config_path: Path, slack: FakeSlack, *, now: FakeNow | None = None, app_token: str | None = None
+    config_path: Path,
+    slack: FakeSlack,
+    *,
+    now: FakeNow | None = None,
+    app_token: str | None = None,
+    **bot_options: Any,
 ) -> Iterator[tuple[Bot, SlackDriver]]:
     config = load(str(config_path))
     settings = SlackSettings("xoxb-test", app_token, None if app_token else SECRET, slack.api_url)
-    bot = Bot(config, settings, progress_every_s=0.5, now=now or FakeNow())
+    bot = Bot(config, settings, progress_every_s=0.5, now=now or FakeNow(), **bot_options)
     bot.start_background()
     port = free_port()
     server = uvicorn.Server(

@@ -172,11 +172,14 @@ class FakeSlack:
         error: str | None = None,
         status: int = 200,
         retry_after: int | None = None,
+        delay_s: float = 0.0,
     ) -> None:
         """Make the next call of ``method`` fail once; repeated calls queue more failures.
 
         ``error`` gives ``{"ok": false, "error": error}``; ``status`` an HTTP status (429 with
-        ``retry_after`` whole seconds sends Retry-After, as Slack does). ``method`` is a Web API
+        ``retry_after`` whole seconds sends Retry-After, as Slack does); ``delay_s`` holds the
+        answer that long first (longer than the client's timeout: the client sees none, and
+        the call had no effect, as when Slack's edge times out). ``method`` is a Web API
         method, "upload" or "hooks/<name>".
         """
         if error is None and status == 200:
@@ -186,7 +189,9 @@ class FakeSlack:
                 f"retry_after must be whole seconds >= 0 (as Slack sends), got {retry_after!r}"
             )
         with self.state.cond:
-            self.state.faults.setdefault(method, deque()).append(Fault(error, status, retry_after))
+            self.state.faults.setdefault(method, deque()).append(
+                Fault(error, status, retry_after, delay_s)
+            )
 
     # -- Socket Mode ---------------------------------------------------------------------------
     def socket_send(
@@ -218,6 +223,10 @@ class FakeSlack:
     def socket_disconnect(self, reason: str = "refresh_requested") -> int:
         """Send Slack's ``disconnect`` message to connected clients; returns how many."""
         return self._socket.disconnect(reason)
+
+    def socket_drop(self) -> int:
+        """Cut connected clients off without a close frame; returns how many."""
+        return self._socket.drop()
 
     def socket_wait_connections(self, count: int, timeout: float = 10.0) -> None:
         """Wait until ``count`` Socket Mode connections were opened in total."""

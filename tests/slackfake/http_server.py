@@ -69,6 +69,7 @@ def _route_name(path: str) -> str:
 class _Handler(BaseHTTPRequestHandler):
     server: SlackHTTPServer
     timeout = 10
+    _delay_s = 0.0  # the fault taken by this request holds its answer this long
 
     def do_GET(self) -> None:
         self._handle()
@@ -98,12 +99,17 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 reply = self._broken_body(state, name, problem)
         status, body, reply_headers = reply
-        self.send_response(status)
-        for key, value in reply_headers.items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        if self._delay_s:  # outside the lock: the rest of the workspace answers meanwhile
+            time.sleep(self._delay_s)
+        try:
+            self.send_response(status)
+            for key, value in reply_headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client gave up waiting, as it may
 
     @staticmethod
     def _broken_body(state: SlackState, name: str, exc: Exception) -> Reply:
@@ -122,6 +128,7 @@ class _Handler(BaseHTTPRequestHandler):
         raw: bytes,
     ) -> Reply:
         fault = state.take_fault(name)
+        self._delay_s = 0.0 if fault is None else fault.delay_s
         if fault is not None:
             return _fault_reply(fault, hook=not path.startswith("/api/"))
         try:

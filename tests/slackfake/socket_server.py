@@ -114,6 +114,14 @@ class SocketModeServer:
                 self._run(connection.send(message), timeout)
         return len(retiring)
 
+    def drop(self) -> int:
+        """Cut every connection without a close frame, as a failing network does."""
+        with self.state.cond:
+            dropped, self._live = self._live, []
+        for connection in dropped:
+            self._loop.call_soon_threadsafe(connection.transport.abort)
+        return len(dropped)
+
     def wait_connections(self, count: int, timeout: float = 10.0) -> None:
         with self.state.cond:
             if not self.state.cond.wait_for(lambda: self.connection_count >= count, timeout):

@@ -66,6 +66,7 @@ class Fault:
     error: str | None
     status: int
     retry_after: int | None
+    delay_s: float = 0.0  # the answer comes this late (past the client's timeout: none it sees)
 
 
 @dataclass

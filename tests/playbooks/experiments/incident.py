@@ -65,11 +65,15 @@ def incident_workspace(
     twin_flags: Sequence[str] = (),
     more_config: str = "",
     kvpilot: str = "",
+    *,
+    port: int | None = None,
+    url: str | None = None,
 ) -> Iterator[Workspace]:
     """The incident twin behind the process launcher, started, and its kvpilot.toml (`gate`:
     more `[gate]` lines; `twin_flags`: more twin arguments; `more_config`: tables after the
-    server's; `kvpilot`: more `[kvpilot]` lines)."""
-    port = free_port()
+    server's; `kvpilot`: more `[kvpilot]` lines; `port`: the twin's, `url`: where kvpilot
+    reaches it, when something stands between them)."""
+    port = port or free_port()
     command = [
         sys.executable,
         "-m",
@@ -92,7 +96,7 @@ def incident_workspace(
     config = tmp_path / "kvpilot.toml"
     config.write_text(
         f"[kvpilot]\ntime_scale = {scale}\n{kvpilot}\n[gate]\nscrape_s = 10\nbatch_s = 60\n{gate}\n"
-        f'[servers.incident]\nurl = "http://127.0.0.1:{port}"\n'
+        f'[servers.incident]\nurl = "{url or f"http://127.0.0.1:{port}"}"\n'
         "gpu_memory_gib = 95.59\nhost_ram_gib = 256\n"
         '[servers.incident.launcher]\nkind = "process"\n'
         f"command = {json.dumps(command)}\n{more_config}"

@@ -75,13 +75,13 @@ CASES: list[tuple[str, View, Facts, object]] = [
         State.restarting,
     ),
     (
-        "baseline, over, enough batches with a reading",
+        "baseline, over, enough batches with a scrape",
         view(State.baseline, until=T, instance="i1", first_ts=T - 600, last_ts=T - 10, batches=4),
         seen(),
         State.restarting,
     ),
     (  # scrapes went missing (a stalled host): restarting now would end in "cannot judge"
-        "baseline, over, too few batches with a reading",
+        "baseline, over, too few batches with a scrape",
         view(State.baseline, until=T, instance="i1", first_ts=T - 600, last_ts=T - 10, batches=3),
         seen(),
         Scrape,

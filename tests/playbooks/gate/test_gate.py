@@ -19,6 +19,7 @@ from playbooks.gate import (
     decide,
     mser_truncation,
     overlapping_window_variance,
+    scraped_batches,
     warmup_cut,
 )
 
@@ -123,6 +124,22 @@ def test_batch_means() -> None:
     samples = window(Window(seconds=600, cv=0.0), 1)
     means = batch_means(samples, 0.0, 30.0, lambda s: s.decode_rate)
     assert len(means) == 20 and all(m == pytest.approx(1000.0) for m in means)
+
+
+@pytest.mark.parametrize(
+    ("times", "rate", "batches"),
+    [
+        ([10.0 * i for i in range(1, 37)], 1000.0, 6),  # a scrape every 10 s for 360 s
+        ([10.0 * i for i in range(1, 37) if not 100 < 10 * i <= 250], 1000.0, 4),  # a stall
+        ([10.0 * i for i in range(1, 37)], None, 6),  # idle: scraped, with no decode rate
+        ([10.0], 1000.0, 0),
+    ],
+)
+def test_scraped_batches_count_batches_holding_a_scrape(
+    times: list[float], rate: float | None, batches: int
+) -> None:
+    samples = [Snapshot(t=t, decode_rate=rate) for t in times]
+    assert scraped_batches(samples, 60.0) == batches
 
 
 def test_window_variance_of_independent_values_falls_as_one_over_length() -> None:
