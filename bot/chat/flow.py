@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -87,6 +88,8 @@ class Kvpilot(Approvals):
             progress_every_s=progress_every_s,
         )
         self.work = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvpilot-work")
+        self._in_flight: set[Future[None]] = set()
+        self._in_flight_lock = threading.Lock()
         self.progress_every_s = progress_every_s
         self.report_hook = report_hook
         self.status_hook = status_hook
@@ -123,7 +126,25 @@ class Kvpilot(Approvals):
                     except Exception:
                         log.exception("telling the person about a failure failed too")
 
-        return self.work.submit(run)
+        future = self.work.submit(run)
+        with self._in_flight_lock:
+            self._in_flight.add(future)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, future: Future[None]) -> None:
+        with self._in_flight_lock:
+            self._in_flight.discard(future)
+
+    def in_flight(self, wait_s: float = 0.0) -> int:
+        """Requests still being worked on (queued or running), after waiting up to `wait_s`
+        for them to finish."""
+        with self._in_flight_lock:
+            pending = list(self._in_flight)
+        if pending and wait_s > 0:
+            futures_wait(pending, timeout=wait_s)
+        with self._in_flight_lock:
+            return sum(not f.done() for f in self._in_flight)
 
     def close(self) -> None:
         self.work.shutdown(wait=True, cancel_futures=False)

@@ -370,6 +370,7 @@ class Bot:
 # `scrape_s` away); one inside a restart is left to the next start. Inside the 30 s
 # TimeoutStopSec of deploy/systemd/kvpilot.service.
 STOP_GRACE_S = 20.0
+WORK_GRACE_S = 10.0  # what the chat's requests get to finish after a stop
 
 
 def run(
@@ -426,6 +427,18 @@ def run(
     if server is not None:
         server.should_exit = True
     bot.stop(why)
+    left = bot.kv.in_flight(wait_s=WORK_GRACE_S)
+    if left:
+        # A diagnosis measures for minutes and the work pool's threads would hold the exit
+        # until it ends (systemd's stop timeout would SIGKILL first). What they do changes no
+        # server, and everything kvpilot must not lose is committed: leave them.
+        log.warning(
+            "%d request(s) still at work %g s after %s (a diagnosis measuring, a report being "
+            "built) are abandoned; whoever asked can ask again once kvpilot is back",
+            left, WORK_GRACE_S, why or "the stop",
+        )  # fmt: skip
+        logging.shutdown()
+        os._exit(0)
     return 0
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.bot.harness import twin_config
+from tests.bot.harness import SlackDriver, twin_config
+from tests.bot.reports.fake_sglang import fake_sglang
 from tests.slackfake import FakeSlack
 from tests.twin_process import REPO, free_port
 
@@ -267,3 +268,40 @@ def _sigterm_then_resume(
     assert ("warming_up", "reverting") in moves and moves[-1] == ("reverting", "reverted")
     (cut,) = [t for t in store.transitions(db, row.id) if str(t.to_state) == "reverting"]
     assert "went unread" in cut.reason and cut.details["cause"] == "interrupted", cut
+
+
+def test_sigterm_does_not_wait_for_a_diagnosis_still_measuring(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    """A diagnosis measures for three minutes or more; `serve` stopped meanwhile must exit
+    within its grace, not when the measurement ends (systemd would SIGKILL it first), and say
+    what it left."""
+    with fake_sglang() as server:
+        config = tmp_path / "kvpilot.toml"
+        config.write_text(
+            f'{SLACK}channels = ["C0OPS"]\n[servers.incident]\nurl = "{server.url}"\n'
+        )
+        port = free_port()
+        proc = spawn_serve(config, port, serve_env(slack, socket_mode=False), log=tmp_path / "log")
+        try:
+            deadline = time.monotonic() + 60
+            while "listening on" not in (tmp_path / "log").read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, (
+                    tmp_path / "log"
+                ).read_text()[-3000:]
+                time.sleep(0.1)
+            driver = SlackDriver(f"http://127.0.0.1:{port}/slack/events", slack)
+            assert driver.slash("diagnose incident", user="U1").status_code == 200
+            deadline = time.monotonic() + 30
+            while server.requests.count("/metrics") < 3:  # measuring
+                assert time.monotonic() < deadline, server.requests
+                time.sleep(0.1)
+            stopped = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+            took = time.monotonic() - stopped
+        finally:
+            stop(proc)
+    log = (tmp_path / "log").read_text()
+    assert took < 30, (took, log[-3000:])
+    assert "1 request(s) still at work" in log and "abandoned" in log, log[-3000:]
