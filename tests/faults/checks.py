@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bot.cli import exit_codes
-from playbooks.experiments.outcome import ending
+from playbooks.experiments.outcome import Ending, ending
 from storage import experiments as store
 from storage.db import open_db
 from tests.playbooks.experiments.incident import Workspace
@@ -23,6 +23,16 @@ def moves(ws: Workspace) -> list[tuple[str, str]]:
     try:
         (row,) = store.list_experiments(db)
         return [(str(m.from_state), str(m.to_state)) for m in store.transitions(db, row.id)]
+    finally:
+        db.close()
+
+
+def outcome_of(path: Path) -> tuple[store.ExperimentRow, Ending]:
+    """The one experiment in the database at `path`, and how it ended."""
+    db = open_db(path)
+    try:
+        (row,) = store.list_experiments(db)
+        return row, ending(row, store.transitions(db, row.id))
     finally:
         db.close()
 

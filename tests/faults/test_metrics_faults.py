@@ -16,11 +16,9 @@ from pathlib import Path
 import pytest
 
 from bot.cli import exit_codes
-from playbooks.experiments.outcome import Outcome, ending
-from storage import experiments as store
-from storage.db import open_db
+from playbooks.experiments.outcome import Outcome
 from tests.faults.bot_process import BotProcess
-from tests.faults.checks import RAISE, judged, moves
+from tests.faults.checks import RAISE, judged, moves, outcome_of
 from tests.faults.proxy import FaultProxy
 from tests.playbooks.experiments.incident import MEASURING_SCALE, Workspace, incident_workspace
 from tests.twin_process import free_port
@@ -82,12 +80,7 @@ def stalled(ws: Workspace, proxy: FaultProxy, tmp_path: Path) -> None:
         code, _ = bot.finish()
     finally:
         bot.kill()
-    db = open_db(ws.config.parent / "db" / "kvpilot.db")
-    try:
-        (row,) = store.list_experiments(db)
-        end = ending(row, store.transitions(db, row.id))
-    finally:
-        db.close()
+    row, end = outcome_of(ws.config.parent / "db" / "kvpilot.db")
     said = bot.stderr
     assert str(row.state) == "reverted", (row.state, said[-3000:])
     assert end.cause_code == "unmeasured" and end.outcome == Outcome.no_verdict, end

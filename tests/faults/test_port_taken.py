@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from bot.cli import exit_codes
-from playbooks.experiments.outcome import Outcome, ending
+from playbooks.experiments.outcome import Outcome
 from storage import experiments as store
 from storage.db import open_db
 from tests.faults.bot_process import BotProcess
-from tests.faults.checks import RAISE
+from tests.faults.checks import RAISE, outcome_of
 from tests.playbooks.experiments.incident import SCALE, incident_workspace
 
 pytestmark = pytest.mark.slow
@@ -73,11 +73,10 @@ def test_the_port_taken_after_the_stop_fails_the_experiment_with_the_reason(
                 assert held.is_set()
         finally:
             bot.kill()
+        row, end = outcome_of(ws.config.parent / "var" / "kvpilot.db")
         db = open_db(ws.config.parent / "var" / "kvpilot.db")
         try:
-            (row,) = store.list_experiments(db)
             moves = store.transitions(db, row.id)
-            end = ending(row, moves)
         finally:
             db.close()
         said = bot.stderr
