@@ -140,7 +140,7 @@ def _take(
     if isinstance(step, steps.Move):
         _move(deps, row, step)
     elif isinstance(step, steps.Scrape):
-        _scrape(deps, row, view, facts, step.phase)
+        _scrape(deps, row, view, facts, step)
     elif isinstance(step, steps.ChooseBaseline):
         _choose_baseline(deps, row, view, facts)
     elif isinstance(step, steps.Issue):
@@ -239,8 +239,9 @@ def _scrape(
     row: store.ExperimentRow,
     view: steps.View,
     facts: steps.Facts,
-    phase: sample_store.Phase,
+    step: steps.Scrape,
 ) -> None:
+    phase: sample_store.Phase = step.phase
     try:
         snapshot = deps.client.snapshot()
     except EngineError as exc:
@@ -253,7 +254,7 @@ def _scrape(
         )
         return
     store_sample(deps, row.id, phase, snapshot, facts.now_ts)
-    changes: dict[str, Any] = {"last_ts": facts.now_ts, "by": facts.carrier}
+    changes: dict[str, Any] = {"last_ts": facts.now_ts, "by": facts.carrier, **step.progress}
     if phase == "baseline":  # the baseline ends once the gate could use it (`steps._baseline`)
         settings = view.settings
         changes["batches"] = gate_mod.scraped_batches(

@@ -99,9 +99,10 @@ class Move:
 
 @dataclass(frozen=True)
 class Scrape:
-    """Read the server once and store the sample in `phase`."""
+    """Read the server once and store the sample in `phase` (and `progress` with it)."""
 
     phase: Literal["baseline", "warmup", "trial"]
+    progress: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -309,25 +310,29 @@ def _baseline(view: View, facts: Facts) -> Step:
 
 
 # A baseline short of batches measures on for up to this many times `baseline_s`, then gives up
-MAX_BASELINE_FACTOR = 3.0
+MEASURE_ON_FACTOR = 2.0
 
 
 def _baseline_short(view: View, facts: Facts) -> Step | None:
     """A baseline that spans long enough but whose scrapes left batches empty (a stalled host,
-    a server that did not answer for a while) measures on until the gate could judge against
-    it: restarting first would cost a restart and end in "cannot judge". Past
-    `MAX_BASELINE_FACTOR` times `baseline_s` it is cancelled, nothing having been changed."""
+    a server that did not answer for a while, kvpilot stopped and resumed) measures on until
+    the gate could judge against it: restarting first would cost a restart and end in "cannot
+    judge". Measuring on that gives no batch for `MEASURE_ON_FACTOR` times `baseline_s` from
+    when it began is cancelled, nothing having been changed."""
     settings = view.settings
     batches = view.progress.get("batches")
     if batches is None or int(batches) >= settings.min_baseline_batches:
         return None  # (a row from before batches were counted: the gate reads it as it is)
-    took = facts.now_ts - float(view.progress.get("first_ts", view.entered_ts))
-    if took < MAX_BASELINE_FACTOR * settings.baseline_s:
+    since = view.progress.get("short_since")
+    if since is None:
+        return Scrape("baseline", {"short_since": facts.now_ts})
+    took = facts.now_ts - float(since)
+    if took < MEASURE_ON_FACTOR * settings.baseline_s:
         return Scrape("baseline")
     return Move(
         State.cancelled,
         f"the baseline has {int(batches)} complete batches of {settings.batch_s:g} s with a "
-        f"scrape after {took:.0f} s of measuring (the gate needs "
+        f"scrape after measuring on for {took:.0f} s (the gate needs "
         f"{settings.min_baseline_batches}): scrapes went missing; check that the server "
         "answers its metrics promptly and that the bot's host is not overloaded; nothing was "
         "changed",

@@ -86,9 +86,31 @@ CASES: list[tuple[str, View, Facts, object]] = [
         seen(),
         Scrape,
     ),
-    (  # still short after three times baseline_s: nothing was changed, so nothing to undo
+    (  # measuring on (kvpilot was away, say): how long counts from when it began
+        "baseline, measuring on for a while",
+        view(
+            State.baseline,
+            until=T - 5000,
+            instance="i1",
+            first_ts=T - 6000,
+            last_ts=T - 10,
+            batches=3,
+            short_since=T - 1100,
+        ),
+        seen(),
+        Scrape,
+    ),
+    (  # still short after measuring on for twice baseline_s: nothing was changed
         "baseline, short of batches for too long",
-        view(State.baseline, until=T, instance="i1", first_ts=T - 1800, last_ts=T - 10, batches=3),
+        view(
+            State.baseline,
+            until=T - 1300,
+            instance="i1",
+            first_ts=T - 1900,
+            last_ts=T - 10,
+            batches=3,
+            short_since=T - 1200,
+        ),
         seen(),
         State.cancelled,
     ),
@@ -541,3 +563,11 @@ def test_every_move_of_the_table_is_made_by_some_step() -> None:
     entered = {b for _, b in edges}
     assert entered | {State.proposed} == set(State)  # every state is reachable
     assert all(not TRANSITIONS[s] for s in TERMINAL)
+
+
+def test_a_baseline_found_short_records_when_it_began_measuring_on() -> None:
+    v = view(State.baseline, until=T, instance="i1", first_ts=T - 600, last_ts=T - 10, batches=3)
+    assert steps.next_step(v, seen()) == Scrape("baseline", {"short_since": T})
+    later = view(State.baseline, until=T, instance="i1", first_ts=T - 600, last_ts=T - 10,
+                 batches=3, short_since=T - 30)  # fmt: skip
+    assert steps.next_step(later, seen()) == Scrape("baseline")
