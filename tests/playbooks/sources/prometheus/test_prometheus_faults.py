@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -38,6 +39,32 @@ def cli(*args: str) -> tuple[int, str, str]:
     return cli_main(list(args), out=out, err=err), out.getvalue(), err.getvalue()
 
 
+def broken_in_the_trial(
+    config: Path, port: int, tmp_path: Path, prometheus_url: str, fault: Callable[[], None]
+) -> str:
+    """`kvpilot experiment` paused before the trial, `fault` made, the bot let go: the change
+    must be reverted as unmeasured, naming Prometheus, the server back on the baseline.
+    Returns why it ended."""
+    bot = BotProcess(config, "incident", "max_running_requests=36", "trial", tmp_path)
+    try:
+        bot.paused()
+        fault()
+        bot.go_on()
+        code, _ = bot.finish()
+    finally:
+        bot.kill()
+    row, end = outcome_of(config.parent / "var" / "kvpilot.db")
+    said = bot.stderr
+    assert str(row.state) == "reverted", (row.state, said[-3000:])
+    assert end.cause_code == "unmeasured" and end.outcome == Outcome.no_verdict, end
+    assert f"Prometheus at {prometheus_url}" in end.cause, end.cause
+    assert code == exit_codes.BY_OUTCOME[Outcome.no_verdict], said[-3000:]
+    info = httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=10).json()
+    assert info["max_running_requests"] == 24  # the baseline's, as launched
+    assert "Traceback" not in said, said[-3000:]
+    return end.cause
+
+
 def test_prometheus_down_in_the_trial_reverts_the_change_unmeasured(tmp_path: Path) -> None:
     port = free_port()
     with running_prometheus(tmp_path / "prometheus", [f"127.0.0.1:{port}"], INTERVAL) as prom:
@@ -47,23 +74,8 @@ def test_prometheus_down_in_the_trial_reverts_the_change_unmeasured(tmp_path: Pa
         assert code == 0, err
         try:
             prom.wait_for_series(f'sglang:num_running_reqs{{instance="127.0.0.1:{port}"}}')
-            bot = BotProcess(config, "incident", "max_running_requests=36", "trial", tmp_path)
-            try:
-                bot.paused()
-                prom.stop()  # Prometheus goes down; the server runs on
-                bot.go_on()
-                code, _ = bot.finish()
-            finally:
-                bot.kill()
-            row, end = outcome_of(config.parent / "var" / "kvpilot.db")
-            said = bot.stderr
-            assert str(row.state) == "reverted", (row.state, said[-3000:])
-            assert end.cause_code == "unmeasured" and end.outcome == Outcome.no_verdict, end
-            assert f"Prometheus at {prom.url}" in end.cause, end.cause
-            assert code == exit_codes.BY_OUTCOME[Outcome.no_verdict], said[-3000:]
-            info = httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=10).json()
-            assert info["max_running_requests"] == 24  # the baseline's, as launched
-            assert "Traceback" not in said, said[-3000:]
+            # Prometheus goes down; the server runs on
+            broken_in_the_trial(config, port, tmp_path, prom.url, prom.stop)
         finally:
             cli("server", "stop", "--server", "incident", "--config", str(config))
 
@@ -102,23 +114,11 @@ def test_prometheus_series_gone_stale_in_the_trial_revert_the_change_unmeasured(
             assert code == 0, err
             try:
                 prom.wait_for_series(f'sglang:num_running_reqs{{instance="{target[0]}"}}')
-                bot = BotProcess(config, "incident", "max_running_requests=36", "trial", tmp_path)
-                try:
-                    bot.paused()
-                    proxy.fail("/metrics")  # Prometheus' scrapes fail: its series go stale
-                    bot.go_on()
-                    code, _ = bot.finish()
-                finally:
-                    bot.kill()
-                row, end = outcome_of(config.parent / "var" / "kvpilot.db")
-                said = bot.stderr
-                assert str(row.state) == "reverted", (row.state, said[-3000:])
-                assert end.cause_code == "unmeasured", (end, said[-3000:])
-                assert f"Prometheus at {prom.url}" in end.cause and "old" in end.cause, end.cause
-                assert code == exit_codes.BY_OUTCOME[Outcome.no_verdict], said[-3000:]
-                info = httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=10).json()
-                assert info["max_running_requests"] == 24
-                assert "Traceback" not in said, said[-3000:]
+                # Prometheus' scrapes of the twin fail: its series go stale
+                cause = broken_in_the_trial(
+                    config, port, tmp_path, prom.url, lambda: proxy.fail("/metrics")
+                )
+                assert "old" in cause, cause
             finally:
                 cli("server", "stop", "--server", "incident", "--config", str(config))
 
