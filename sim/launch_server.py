@@ -25,7 +25,7 @@ from sim.args import TwinConfig, resolve
 from sim.engine import GpuOutOfMemory, HostOutOfMemory
 from sim.logfmt import SimLog, rank_prefix
 from sim.memory import Headroom, StartupFailure, headroom
-from sim.runtime import Runtime, SimClock
+from sim.runtime import Runtime, SimClock, wedge_on_sigusr1
 from sim.server import TwinApp
 from sim.vllm import launch as vllm_launch
 
@@ -304,6 +304,7 @@ async def serve(cfg: TwinConfig) -> int:
     )
     server = uvicorn.Server(config)
     drive = asyncio.create_task(rt.drive())
+    wedge_on_sigusr1(rt, drive, log.line)
     host = "127.0.0.1" if sa["host"] in ("0.0.0.0", "::") else str(sa["host"])
     url = f"http://{host}:{sa['port']}"
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import signal
 import sys
 import time
 import uuid
@@ -69,6 +70,23 @@ class Pending:
     first_visible_at: float | None = None
 
 
+def wedge_on_sigusr1(
+    rt: PacedRuntime, drive: asyncio.Task[None], say: Callable[[str], None]
+) -> None:
+    """A fault for tests: on SIGUSR1 the scheduler hangs (as on a stuck collective) and runs no
+    batch again, while the HTTP server answers on. Nothing is updated from then on, so the
+    metrics keep their last values, as a stuck engine's do: its last decode rate among them.
+    `drive` is the runtime's stepping task; call from the running event loop."""
+
+    def wedge() -> None:
+        if not rt.wedged:
+            rt.wedged = True
+            drive.cancel()
+            say("twin: SIGUSR1: the scheduler is stuck; it runs no batch from now on")
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, wedge)
+
+
 class PacedRuntime:
     """Engine-neutral pacing: step engines against the scaled clock, deliver results when the
     clock reaches them. A dialect's runtime sets `engines` (anything with `now`, `idle`,
@@ -90,6 +108,7 @@ class PacedRuntime:
         self._lag_warned = False
         self.fatal: BaseException | None = None
         self.on_fatal: Callable[[BaseException], None] | None = None
+        self.wedged = False  # see `wedge_on_sigusr1`
 
     def _record_finish(self, req: Request, dp_rank: int = 0) -> None:
         raise NotImplementedError

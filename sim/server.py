@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,6 +25,24 @@ from sim.server_requests import ApiError, ids_batch, int_param, json_body, opena
 
 Handler = Callable[[Request], Awaitable[Response]]
 DEFAULT_MAX_NEW_TOKENS = 128
+
+
+def health_generates(path: str) -> bool:
+    """Whether SGLang's health endpoint at `path` runs a generation (0.5.23
+    `entrypoints/http_server.py`: `/health_generate` always; `/health` unless
+    SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is false, `environ.py` EnvBool)."""
+    if path == "/health_generate":
+        return True
+    value = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true").lower()
+    return value not in ("false", "0", "no", "n")
+
+
+def health_check_timeout_s() -> float:
+    """SGLANG_HEALTH_CHECK_TIMEOUT, 20 s by default (`HEALTH_CHECK_TIMEOUT`)."""
+    try:
+        return float(int(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20")))
+    except ValueError:
+        return 20.0
 
 
 class TwinApp:
@@ -102,6 +121,16 @@ class TwinApp:
     # ----------------------------------------------------------------- state
     async def health(self, request: Request) -> Response:
         if self.rt.status != "up":
+            return Response(status_code=503)
+        if self.rt.wedged and health_generates(request.url.path):
+            # 0.5.23 `health_generate`: a one-token request, polled once a second for an answer
+            # from the scheduler for SGLANG_HEALTH_CHECK_TIMEOUT s (20), then 503; `/ready`
+            # asks none and answers 200 from a stuck server
+            await asyncio.sleep(health_check_timeout_s())
+            self.rt.log.line(
+                "Health check failed. Server couldn't get a response from detokenizer for last "
+                f"{health_check_timeout_s():g} seconds."
+            )
             return Response(status_code=503)
         return Response(status_code=200)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from playbooks import gate as gate_mod
 from playbooks.engines.base import EngineError
-from playbooks.experiments import quality_steps, rotation_steps, steps
+from playbooks.experiments import quality_steps, rotation_steps, stall, steps
 from playbooks.experiments.deps import Deps, args_of
 from playbooks.experiments.known_baseline import (
     KnownBaseline,
@@ -255,6 +255,7 @@ def _scrape(
         return
     store_sample(deps, row.id, phase, snapshot, facts.now_ts)
     changes: dict[str, Any] = {"last_ts": facts.now_ts, "by": facts.carrier, **step.progress}
+    changes.update(stall.progress_after(row.progress, snapshot, facts.now_ts))
     if phase == "baseline":  # the baseline ends once the gate could use it (`steps._baseline`)
         settings = view.settings
         changes["batches"] = gate_mod.scraped_batches(

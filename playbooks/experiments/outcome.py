@@ -32,6 +32,7 @@ CAUSES: dict[str, Outcome] = {
     "improved": Outcome.kept,
     "not_improved": Outcome.not_improved,
     "died": Outcome.reverted_after_failure,
+    "stalled": Outcome.reverted_after_failure,  # it answered but generated nothing
     "failed_start": Outcome.reverted_after_failure,
     "guardrail": Outcome.reverted_after_failure,
     "quality": Outcome.reverted_after_failure,  # the answer quality check failed

@@ -16,6 +16,9 @@ Progress keys, per state (stored on the experiment row, replaced on every move):
 - `issued`: when kvpilot issued the restart of restarting/reverting; `before`: the instance
   that ran before it (a poll that still sees it has not seen the new server yet);
 - `looks`: how many gate looks the trial has had (one per complete batch);
+- `reading`, `moved_ts` (baseline, warming_up, trial): a digest of the newest reading and when
+  the readings last changed, to see a server that answers but generates nothing
+  (`playbooks.experiments.stall`; carried from the warm-up into the trial);
 - `changed_outside` (approved): what kvpilot said when, creating the experiment, it found the
   server changed by hand since it last recorded its configuration;
 - `eval` (checking_quality): the eval command's runner (its status file, pid and host);
@@ -40,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from playbooks import gate as gate_mod
+from playbooks.experiments import stall
 from playbooks.quality.check import QualityCheck
 from playbooks.quality.compare import QualityVerdict
 from playbooks.routers.drain import drain_state
@@ -235,6 +239,21 @@ def _cut(view: View, facts: Facts, what: str) -> Move | None:
     return None
 
 
+def _stuck(view: View, what: str) -> Move | None:
+    """The server answers, with requests in hand, but none of its readings has moved for
+    longer than the gate allows (`playbooks.experiments.stall`): it is not generating."""
+    still = stall.still_for_s(view.progress)
+    if still < view.settings.stall_limit_s:
+        return None
+    return Move(
+        State.reverting,
+        f"the server stopped generating {what}: none of its readings moved for {still:.0f} s "
+        "while requests were running or waiting (it still answers, and a stuck engine keeps "
+        "exporting its last decode rate); look for a hung GPU or collective in its log",
+        {"cause": "stalled", "still_s": round(still)},
+    )
+
+
 def _args_text(args: tuple[str, ...]) -> str:
     return f"`{' '.join(args)}`"
 
@@ -291,7 +310,7 @@ def _baseline(view: View, facts: Facts) -> Step:
     if "until" not in view.progress:
         # the golden answers come first, from the server as it runs before any change
         return next_answers(view, "baseline") or ChooseBaseline()
-    cut = _cut(view, facts, "during the baseline")
+    cut = _cut(view, facts, "during the baseline") or _stuck(view, "during the baseline")
     if cut is not None:  # nothing was changed yet: nothing to revert, and no restart is ours
         return Move(State.cancelled, cut.reason + "; nothing was changed", cut.details)
     if facts.now_ts >= float(view.progress["until"]) and measured_s(view) >= enough_baseline_s(
@@ -417,24 +436,35 @@ def _restarting(view: View, facts: Facts) -> Step:
 
 
 def _warming_up(view: View, facts: Facts) -> Step:
-    cut = changed_outside(view, facts) or _cut(view, facts, "while warming up")
+    cut = (
+        changed_outside(view, facts)
+        or _cut(view, facts, "while warming up")
+        or _stuck(view, "while warming up")
+    )
     if cut is not None:
         return cut
     if facts.now_ts >= float(view.progress.get("until", view.entered_ts)):
         return Move(
             State.trial,
             "warm-up over; measuring the change",
-            progress={"instance": view.progress.get("instance")},
+            progress={"instance": view.progress.get("instance"), **stall.carried(view.progress)},
         )
     return Scrape("warmup")
 
 
 def _trial(view: View, facts: Facts) -> Step:
-    cut = changed_outside(view, facts) or _cut(view, facts, "during the trial")
+    cut = (
+        changed_outside(view, facts)
+        or _cut(view, facts, "during the trial")
+        or _stuck(view, "during the trial")
+    )
     if cut is not None:
         return cut
     if complete_batches(view) > int(view.progress.get("looks", 0)):
-        return Look()
+        # The gate is not shown a trial whose newest readings repeat the one before: a stuck
+        # server repeats its last decode rate, which could read as a gain. The next scrape
+        # moves on, or the stall check above ends the trial.
+        return Look() if stall.still_for_s(view.progress) == 0 else Scrape("trial")
     return Scrape("trial")
 
 

@@ -51,6 +51,10 @@ class GateSettings:
     # resuming: the longest time without samples a resumed measurement may bridge (0: four
     # batches); a longer gap means the measurement was cut and the change is reverted
     max_gap_s: float = 0.0
+    # a server with requests in hand whose every reading (gauges and counters) stays the same
+    # this long has stopped generating (0: four batches): a stuck scheduler keeps exporting its
+    # last decode rate, so the rate alone cannot show it
+    stall_s: float = 0.0
     # latency targets (service-level objectives), None where the operator set none: a change
     # whose trial clearly breaks one is reverted (`playbooks.gate.latency`)
     ttft_p99_s: float | None = None  # p99 time to first token, seconds
@@ -93,6 +97,7 @@ class GateSettings:
             (self.drift_mix_limit > 0, "drift_mix_limit must be positive"),
             (0 <= self.min_queue_fraction <= 1, "min_queue_fraction must be in [0, 1]"),
             (self.max_gap_s >= 0, "max_gap_s must be >= 0 (0: four batches)"),
+            (self.stall_s >= 0, "stall_s must be >= 0 (0: four batches)"),
             (_positive_or_none(self.ttft_p99_s), "ttft_p99_s must be a positive number of s"),
             (_positive_or_none(self.itl_p99_ms), "itl_p99_ms must be a positive number of ms"),
         ]
@@ -101,6 +106,11 @@ class GateSettings:
     def gap_limit_s(self) -> float:
         """The longest gap in a measurement that a resumed experiment bridges."""
         return self.max_gap_s or 4.0 * self.batch_s
+
+    @property
+    def stall_limit_s(self) -> float:
+        """How long a server with work may show the same readings before it counts as stuck."""
+        return self.stall_s or 4.0 * self.batch_s
 
     @property
     def keep_z(self) -> float:

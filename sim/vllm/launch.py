@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from uvicorn.logging import AccessFormatter, DefaultFormatter
 
-from sim.runtime import SimClock
+from sim.runtime import SimClock, wedge_on_sigusr1
 from sim.vllm import logfmt as lf
 from sim.vllm.args import ConfigError, VllmConfig, resolve
 from sim.vllm.logfmt import VllmLog
@@ -176,6 +176,7 @@ async def serve(cfg: VllmConfig) -> int:
     if cfg.workload and cfg.concurrency:
         rt.start_workload(cfg.workload, cfg.concurrency)
     drive = asyncio.create_task(rt.drive())
+    wedge_on_sigusr1(rt, drive, lambda text: log.emit(text, lf.SITE_START))
     try:
         await server.serve()
     finally:

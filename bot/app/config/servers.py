@@ -26,9 +26,10 @@ GATE_KEYS = (
     "scrape_s",
     "warmup_floor_s",
     "max_gap_s",
+    "stall_s",
 )
-# keys that may be 0 (for max_gap_s: four batches)
-ZERO_ALLOWED = ("warmup_s", "warmup_floor_s", "max_gap_s")
+# keys that may be 0 (for max_gap_s and stall_s: four batches)
+ZERO_ALLOWED = ("warmup_s", "warmup_floor_s", "max_gap_s", "stall_s")
 # Latency targets, in [servers.NAME] or [groups.NAME] (a server's own key wins over its
 # group's): name -> (unit in words, an example, the largest value that is not a unit mix-up).
 LATENCY_KEYS: dict[str, tuple[str, str, float]] = {

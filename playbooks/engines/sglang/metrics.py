@@ -41,6 +41,10 @@ from playbooks.engines.sglang.client import RankLoad
 from playbooks.engines.sglang.facts import SATURATED_USAGE
 
 PREFIX = "sglang:"
+# The scheduler sets it when it logs decode stats (every `decode_log_interval` decode steps)
+# and decays it to 0 after 30 s without them, but only from its own loop (0.5.23
+# `scheduler_components/metrics_reporter.py`, GEN_THROUGHPUT_STALENESS_SECONDS): a scheduler
+# that hangs keeps exporting its last rate (`playbooks.experiments.stall` sees that instead).
 GEN_THROUGHPUT = "sglang:gen_throughput"
 RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"

@@ -114,6 +114,27 @@ CASES: list[tuple[str, View, Facts, object]] = [
         seen(),
         State.cancelled,
     ),
+    (  # readings unchanged with work in hand for four batches: not generating, nothing touched
+        "baseline, the server stopped generating",
+        view(State.baseline, until=T + 100, instance="i1", first_ts=T - 500, last_ts=T - 10,
+             reading="ab12", moved_ts=T - 250),  # fmt: skip
+        seen(),
+        State.cancelled,
+    ),
+    (
+        "baseline, readings unchanged for less than four batches",
+        view(State.baseline, until=T + 100, instance="i1", first_ts=T - 500, last_ts=T - 10,
+             reading="ab12", moved_ts=T - 240),  # fmt: skip
+        seen(),
+        Scrape,
+    ),
+    (  # the same readings without work (an idle server) are no stall: the digest is None
+        "baseline, idle all along",
+        view(State.baseline, until=T + 100, instance="i1", first_ts=T - 500, last_ts=T - 10,
+             reading=None, moved_ts=T - 490),  # fmt: skip
+        seen(),
+        Scrape,
+    ),
     (  # a bot resumed late, within the gap the gate bridges: measure on to a full baseline
         "baseline, time is up but too little was measured",
         view(State.baseline, until=T - 100, instance="i1", first_ts=T - 300, last_ts=T - 200),
@@ -207,6 +228,13 @@ CASES: list[tuple[str, View, Facts, object]] = [
     ("warming up", view(State.warming_up, until=T + 5, instance="i2"), seen(**ON_TRIAL), Scrape),
     ("warm-up over", view(State.warming_up, until=T, instance="i2"), seen(**ON_TRIAL), State.trial),
     ("warming up, died", view(State.warming_up, until=T + 5), seen(**DOWN), State.reverting),
+    (
+        "warming up, stopped generating",
+        view(State.warming_up, until=T + 5, instance="i2", last_ts=T - 5, reading="ab12",
+             moved_ts=T - 300),  # fmt: skip
+        seen(**ON_TRIAL),
+        State.reverting,
+    ),
     (  # restarted on the trial's arguments (a crash, systemd's Restart=): kvpilot's own
         "warming up, restarted not by kvpilot",
         view(State.warming_up, until=T + 5, instance="i2"),
@@ -221,11 +249,25 @@ CASES: list[tuple[str, View, Facts, object]] = [
     ),
     # trial
     ("trial, first scrape", view(State.trial, instance="i2"), seen(**ON_TRIAL), Scrape),
+    (  # before a batch is complete: a stuck server is not left to run to the gate's cap
+        "trial, stopped generating",
+        view(State.trial, instance="i2", first_ts=T - 50, last_ts=T - 10, looks=0,
+             reading="ab12", moved_ts=T - 300),  # fmt: skip
+        seen(**ON_TRIAL),
+        State.reverting,
+    ),
     (
         "trial, a batch complete",
         view(State.trial, instance="i2", first_ts=T - 70, last_ts=T - 10, looks=0),
         seen(**ON_TRIAL),
         Look,
+    ),
+    (  # the newest reading repeats the one before: scrape again before the gate looks
+        "trial, a batch complete, the readings still",
+        view(State.trial, instance="i2", first_ts=T - 70, last_ts=T - 10, looks=0,
+             reading="ab12", moved_ts=T - 20),  # fmt: skip
+        seen(**ON_TRIAL),
+        Scrape,
     ),
     (
         "trial, within the next batch",
@@ -571,3 +613,21 @@ def test_a_baseline_found_short_records_when_it_began_measuring_on() -> None:
     later = view(State.baseline, until=T, instance="i1", first_ts=T - 600, last_ts=T - 10,
                  batches=3, short_since=T - 30)  # fmt: skip
     assert steps.next_step(later, seen()) == Scrape("baseline")
+
+
+def test_a_server_that_stopped_generating_is_reverted_as_stalled_naming_how_long() -> None:
+    v = view(State.trial, instance="i2", first_ts=T - 50, last_ts=T - 10, reading="ab12",
+             moved_ts=T - 310)  # fmt: skip
+    step = steps.next_step(v, seen(**ON_TRIAL))
+    assert isinstance(step, Move)
+    assert step.details == {"cause": "stalled", "still_s": 300}
+    assert "stopped generating during the trial" in step.reason
+    assert "none of its readings moved for 300 s" in step.reason
+
+
+def test_the_warm_up_hands_its_stall_keys_to_the_trial() -> None:
+    v = view(State.warming_up, until=T, instance="i2", last_ts=T - 5, reading="ab12",
+             moved_ts=T - 100)  # fmt: skip
+    step = steps.next_step(v, seen(**ON_TRIAL))
+    assert isinstance(step, Move) and step.to == State.trial
+    assert step.progress == {"instance": "i2", "reading": "ab12", "moved_ts": T - 100}

@@ -1,0 +1,54 @@
+"""A server that answers but has stopped generating: every reading stays the same.
+
+A stuck scheduler (a hung collective, a wedged GPU) leaves an engine's HTTP server up: its
+readiness answers yes and its metrics answer with the values of the last batch it ran, its
+decode rate among them where the engine exports the rate as a gauge set by the scheduler (see
+`playbooks.engines.sglang.metrics`). The rate therefore cannot show the stall; that nothing at
+all moves can. A server with requests in hand changes some reading with every batch (a gauge
+at each stats log, a counter at each finished request), so readings that stay the
+same for `GateSettings.stall_limit_s` while requests run or wait mean nothing is generated.
+
+The measuring states keep two progress keys for this, updated with every stored scrape:
+`reading`, a digest of the newest reading, and `moved_ts`, when the readings last changed (or
+last showed no work, which cannot be stuck).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from playbooks.engines.base import Snapshot
+
+KEYS = ("reading", "moved_ts")
+
+
+def digest(snapshot: Snapshot) -> str | None:
+    """The reading in a few bytes, or None when it cannot show a stall: no requests in hand
+    (an idle server reads the same all day) or no counters (a load reading without them)."""
+    if snapshot.running + snapshot.queued <= 0 or not snapshot.has_counters:
+        return None
+    text = json.dumps(snapshot.to_json(), sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def progress_after(progress: dict[str, Any], snapshot: Snapshot, now_ts: float) -> dict[str, Any]:
+    """The stall keys after storing `snapshot` at `now_ts`: unchanged while it reads as before."""
+    seen = digest(snapshot)
+    if seen is not None and seen == progress.get("reading") and "moved_ts" in progress:
+        return {}
+    return {"reading": seen, "moved_ts": now_ts}
+
+
+def still_for_s(progress: dict[str, Any]) -> float:
+    """How long the stored readings of this state have stayed the same with work in hand."""
+    moved, last = progress.get("moved_ts"), progress.get("last_ts")
+    if moved is None or last is None or progress.get("reading") is None:
+        return 0.0
+    return max(0.0, float(last) - float(moved))
+
+
+def carried(progress: dict[str, Any]) -> dict[str, Any]:
+    """The stall keys to carry into the next measuring state (warm-up into the trial)."""
+    return {k: progress[k] for k in KEYS if k in progress}
