@@ -116,22 +116,43 @@ CASES: list[tuple[str, View, Facts, object]] = [
     ),
     (  # readings unchanged with work in hand for four batches: not generating, nothing touched
         "baseline, the server stopped generating",
-        view(State.baseline, until=T + 100, instance="i1", first_ts=T - 500, last_ts=T - 10,
-             reading="ab12", moved_ts=T - 250),  # fmt: skip
+        view(
+            State.baseline,
+            until=T + 100,
+            instance="i1",
+            first_ts=T - 500,
+            last_ts=T - 10,
+            reading="ab12",
+            moved_ts=T - 250,
+        ),
         seen(),
         State.cancelled,
     ),
     (
         "baseline, readings unchanged for less than four batches",
-        view(State.baseline, until=T + 100, instance="i1", first_ts=T - 500, last_ts=T - 10,
-             reading="ab12", moved_ts=T - 240),  # fmt: skip
+        view(
+            State.baseline,
+            until=T + 100,
+            instance="i1",
+            first_ts=T - 500,
+            last_ts=T - 10,
+            reading="ab12",
+            moved_ts=T - 240,
+        ),
         seen(),
         Scrape,
     ),
     (  # the same readings without work (an idle server) are no stall: the digest is None
         "baseline, idle all along",
-        view(State.baseline, until=T + 100, instance="i1", first_ts=T - 500, last_ts=T - 10,
-             reading=None, moved_ts=T - 490),  # fmt: skip
+        view(
+            State.baseline,
+            until=T + 100,
+            instance="i1",
+            first_ts=T - 500,
+            last_ts=T - 10,
+            reading=None,
+            moved_ts=T - 490,
+        ),
         seen(),
         Scrape,
     ),
@@ -230,8 +251,14 @@ CASES: list[tuple[str, View, Facts, object]] = [
     ("warming up, died", view(State.warming_up, until=T + 5), seen(**DOWN), State.reverting),
     (
         "warming up, stopped generating",
-        view(State.warming_up, until=T + 5, instance="i2", last_ts=T - 5, reading="ab12",
-             moved_ts=T - 300),  # fmt: skip
+        view(
+            State.warming_up,
+            until=T + 5,
+            instance="i2",
+            last_ts=T - 5,
+            reading="ab12",
+            moved_ts=T - 300,
+        ),
         seen(**ON_TRIAL),
         State.reverting,
     ),
@@ -251,8 +278,15 @@ CASES: list[tuple[str, View, Facts, object]] = [
     ("trial, first scrape", view(State.trial, instance="i2"), seen(**ON_TRIAL), Scrape),
     (  # before a batch is complete: a stuck server is not left to run to the gate's cap
         "trial, stopped generating",
-        view(State.trial, instance="i2", first_ts=T - 50, last_ts=T - 10, looks=0,
-             reading="ab12", moved_ts=T - 300),  # fmt: skip
+        view(
+            State.trial,
+            instance="i2",
+            first_ts=T - 50,
+            last_ts=T - 10,
+            looks=0,
+            reading="ab12",
+            moved_ts=T - 300,
+        ),
         seen(**ON_TRIAL),
         State.reverting,
     ),
@@ -264,8 +298,15 @@ CASES: list[tuple[str, View, Facts, object]] = [
     ),
     (  # the newest reading repeats the one before: scrape again before the gate looks
         "trial, a batch complete, the readings still",
-        view(State.trial, instance="i2", first_ts=T - 70, last_ts=T - 10, looks=0,
-             reading="ab12", moved_ts=T - 20),  # fmt: skip
+        view(
+            State.trial,
+            instance="i2",
+            first_ts=T - 70,
+            last_ts=T - 10,
+            looks=0,
+            reading="ab12",
+            moved_ts=T - 20,
+        ),
         seen(**ON_TRIAL),
         Scrape,
     ),
