@@ -56,12 +56,12 @@ Statistical design (the reference notes on gate statistics, §3; measured in `be
   trial's p99 read per batch from the histograms' increase, reverted only when its interval lies
   above the target (or, where the baseline was already above it, when the trial is clearly
   worse); a keep waits until each target is measured.
-  **Validity checks:** offered concurrency (running + queued) or the request
-  mix (prompt and output tokens per completed request) differing between the windows ("drifted"),
-  or either window not saturated (queue mostly empty: throughput then equals offered load and no
-  configuration can show an effect; "inconclusive"), except a trial significantly faster than a
-  saturated baseline (it served the requests that used to wait). Completed requests (their mix, their token
-  rate) are read from one request lifetime after the restart (Little's law on the baseline), once
+  **Validity checks:** offered concurrency (running + queued) or the request mix (prompt and
+  output tokens per completed request) differing between the windows ("drifted"), or either window
+  not saturated (queue mostly empty: throughput then equals offered load and no configuration can
+  show an effect; "inconclusive"), except a trial significantly faster than a saturated baseline
+  (it served the requests that used to wait). Completed requests (their mix, their token rate) are
+  read from one request lifetime after the restart (Little's law on the baseline), once
   `min_requests_for_rates` have completed there: before that only the first wave's shortest
   requests have finished. A keep waits for them. Retractions come in bursts, one per cycle, and
   the cold start's first burst is the largest: they are judged over the whole window after the
