@@ -29,6 +29,7 @@ from typing import Any
 from bench.tune_scenarios import Scenario
 from bench.tune_twin import SGLANG, Died, TwinClient, TwinClock, TwinServer, with_peak
 from playbooks.campaigns.policy import Bound, Choice, Tried, bound_from, campaign_stop, choose_next
+from playbooks.campaigns.room import GpuRoom
 from playbooks.diagnose.measure import MeasurementError, measurement_of
 from playbooks.diagnose.playbook import DiagnoseSettings, diagnose
 from playbooks.engines.base import Snapshot
@@ -158,8 +159,10 @@ def _steps(st: _State, choice: Choice, out: Campaign) -> None:
         except (MeasurementError, ValueError) as exc:
             out.stop = f"the server could not be assessed again: {exc}"
             return
+        # what production reads from NVML or DCGM after a kept step (`bot.app.wiring.gpu_room`)
+        room = GpuRoom(st.server.rt.gpu_free_gib(), "the twin's GPUs") if step.kept else None
         choice = choose_next(
-            assessment.options, tried=st.tried, bounds=st.bounds, allowance=allowance
+            assessment.options, tried=st.tried, bounds=st.bounds, allowance=allowance, room=room
         )
 
 

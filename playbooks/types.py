@@ -31,6 +31,9 @@ class Option:
     risk: str
     reasons: list[str]
     considered: bool = False  # asked for with --consider
+    # GPU memory per GPU the change adds to the server's static allocations (the KV pool, a
+    # cache's buffers), where the engine's rules can say: what a measured room must hold
+    static_gpu_gib: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         gain = None

@@ -32,7 +32,7 @@ from sim.engine import (
     natural_answer_length,
 )
 from sim.logfmt import SimLog, decode_line, prefill_line, rank_prefix, retract_line
-from sim.memory import HostPool, headroom, plan_host_pool
+from sim.memory import HostPool, activation_need_gib, headroom, plan_host_pool
 from sim.metric_labels import RankLabels
 from sim.metrics import SchedulerSnapshot, TwinMetrics
 from sim.workload import Profile, make_profile
@@ -446,6 +446,17 @@ class Runtime(PacedRuntime):
     @property
     def sim_now(self) -> float:
         return self.clock.now()
+
+    def gpu_free_gib(self) -> float:
+        """What NVML would show free on the tightest GPU: the room after the static pools,
+        less the largest activations so far (PyTorch's caching allocator keeps the blocks it
+        used), at the true activation peak, hidden scale and all."""
+        free = []
+        for engine in self.engines:
+            largest = max((tokens for _, tokens in engine.batch_records), default=0)
+            need = activation_need_gib(self.cfg.preset, largest) if largest else 0.0
+            free.append(max(0.0, engine.cfg.headroom.activation_gib - need))
+        return min(free)
 
     def totals(self) -> dict[str, float]:
         return {

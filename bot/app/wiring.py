@@ -10,6 +10,7 @@ from pathlib import Path
 from sqlite_utils import Database
 
 from bot.app.config import Config, ConfigError, ServerConfig
+from playbooks.campaigns.room import GpuRoom, room_of
 from playbooks.clock import Clock, at_scale
 from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import default_engine, engine_named
@@ -159,6 +160,13 @@ def gpu_reader(server: ServerConfig) -> GpuReader | None:
     if m.source == "prometheus" and m.url is not None and m.dcgm_selector is not None:
         return DcgmGpuReader(PrometheusAPI.connect(m.url), m.dcgm_selector)
     return None
+
+
+def gpu_room(server: ServerConfig) -> GpuRoom | None:
+    """The memory the server's GPUs leave free as it runs, where they can be read."""
+    m = server.metrics
+    source = "NVML on this host" if server.local_gpus else f"DCGM in Prometheus at {m.url}"
+    return room_of(gpu_reader(server), source)
 
 
 def restart_limiter(config: Config, server: ServerConfig, db: Database) -> RestartLimiter | None:

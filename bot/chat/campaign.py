@@ -16,7 +16,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from bot.app.config import ConfigError
-from bot.app.wiring import diagnose_settings, engine_client, launch_args_of, launcher
+from bot.app.wiring import (
+    diagnose_settings,
+    engine_client,
+    gpu_room,
+    launch_args_of,
+    launcher,
+)
 from bot.chat.auth import Principal
 from bot.chat.messages import Button, Confirm, Message
 from bot.chat.render import mention
@@ -80,8 +86,9 @@ def _after_verdict(
         choice = Choice(None, stop or "")
         if stop is None:
             choice = after.next_after(
-                db, final, client, diagnose_settings(cfg), tried=tried, allowance=plan
-            ).choice
+                db, final, client, diagnose_settings(cfg), tried=tried, allowance=plan,
+                room=gpu_room(cfg) if final.state == store.State.kept else None,
+            ).choice  # fmt: skip
     finally:
         client.close()
     take_step(bot, surface, thread, final.server, choice, camp_id=camp.id if camp else None)

@@ -20,7 +20,7 @@ from sqlite_utils import Database
 
 from bot.app.config import Config
 from bot.app.identity import terminal_actor
-from bot.app.wiring import diagnose_settings, experiment_deps
+from bot.app.wiring import diagnose_settings, experiment_deps, gpu_room
 from bot.cli import exit_codes
 from bot.cli.experiment_summary import summarise
 from bot.cli.experiments import (
@@ -210,6 +210,9 @@ def _after_step(
             tried=run.tried,
             allowance=run.allowance if run.allowance.ranges else None,
             force=ns.force,
+            # the memory the kept server leaves free as it runs: evidence for a step past the
+            # engine's reserve (a server just restarted by a revert has not run under load)
+            room=gpu_room(config.server(run.server)) if exp.state == store.State.kept else None,
         ).choice
     finally:
         deps.client.close()

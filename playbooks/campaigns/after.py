@@ -23,6 +23,7 @@ from playbooks.campaigns.policy import (
     bound_from,
     choose_next,
 )
+from playbooks.campaigns.room import GpuRoom
 from playbooks.diagnose.measure import MeasurementError, measurement_of
 from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import restore_snapshot
@@ -124,8 +125,10 @@ def next_after(
     tried: Sequence[Tried],
     allowance: Allowance | None = None,
     force: bool = False,
+    room: GpuRoom | None = None,
 ) -> Next:
-    """The next step after `row`, from its own stored window and the server's settings now."""
+    """The next step after `row`, from its own stored window and the server's settings now
+    (`room`: the GPU memory the server leaves free as it runs, where its GPUs can be read)."""
     try:
         m = measurement_of(
             window_now(db, row), diagnose.plan, why=f"the window experiment {row.id} measured"
@@ -140,6 +143,7 @@ def next_after(
         bounds=bounds_of(db, row.server),
         allowance=allowance,
         force=force,
+        room=room,
     )
     return Next(assessment, choice)
 

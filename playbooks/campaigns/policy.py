@@ -9,9 +9,10 @@ so the step with the most to gain goes first, and of two equal ones the safer.
 Safety moves toward the modelled edge only on evidence. The engines label a change that keeps
 the engine's own reserve `recommended` and one that spends part of it `possible`; a campaign
 takes a `possible` step only after one of its steps was kept on this server (the server ran a
-changed configuration under load and stayed up), never as its first move. A step that crashed
-the server teaches a bound ("mem_fraction_static 0.91 died under load"): kept per server and
-never proposed again without `force`.
+changed configuration under load and stayed up), never as its first move; where the server's
+GPUs can be read, also only if the memory it left free under load holds what the step adds. A
+step that crashed the server teaches a bound ("mem_fraction_static 0.91 died under load"):
+kept per server and never proposed again without `force`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from playbooks.campaigns.room import GpuRoom
 from playbooks.types import Option, Verdict
 
 # Causes (playbooks.experiments.outcome.CAUSES keys) that say the configuration itself cannot
@@ -254,10 +256,11 @@ def _skip_reason(
     bounds: Sequence[Bound],
     allowance: Allowance | None,
     force: bool,
+    room: GpuRoom | None = None,
 ) -> str | None:
     """Why a campaign must pass over this option now (None: it may take it)."""
     return _not_a_step(option, tried, force) or _outside_plan(
-        option, tried, bounds, allowance, force
+        option, tried, bounds, allowance, force, room
     )
 
 
@@ -280,6 +283,7 @@ def _outside_plan(
     bounds: Sequence[Bound],
     allowance: Allowance | None,
     force: bool,
+    room: GpuRoom | None = None,
 ) -> str | None:
     """Options this server's history or the approved plan rule out, or that need evidence."""
     for bound in bounds:
@@ -291,11 +295,21 @@ def _outside_plan(
             return refused
     if option.verdict == "needs_opt_in" and (allowance is None or not allowance.ranges):
         return "it trades something away (needs an explicit opt-in: --allow KEY=VALUE)"
-    if option.verdict == "possible" and not force and not any(t.kept for t in tried):
+    if option.verdict == "possible" and not force:
+        return _unproven(option, tried, room)
+    return None
+
+
+def _unproven(option: Option, tried: Sequence[Tried], room: GpuRoom | None) -> str | None:
+    """Why a step past the engine's reserve lacks evidence: a kept step first, and, where the
+    GPUs can be read, room for what the change adds under the load the server ran."""
+    if not any(t.kept for t in tried):
         return (
             "it spends part of the engine's own reserve: taken only after a kept step has "
             "shown this server runs a changed configuration under load"
         )
+    if room is not None and option.static_gpu_gib is not None:
+        return room.refusal(option.static_gpu_gib)
     return None
 
 
@@ -306,6 +320,7 @@ def choose_next(
     bounds: Sequence[Bound] = (),
     allowance: Allowance | None = None,
     force: bool = False,
+    room: GpuRoom | None = None,
 ) -> Choice:
     """The option with the most expected gain per restart (ties: the lower risk), or why none.
 
@@ -314,13 +329,16 @@ def choose_next(
     to try and another to recover, and ends a bounded plan.
 
     `tried` are this server's earlier steps, `bounds` what its crashes taught, `allowance` the
-    approved plan (None: each step is asked for). Counting restarts and stopping at the first
-    change not kept is the caller's: `campaign_stop` below.
+    approved plan (None: each step is asked for), `room` the GPU memory the server left free
+    under load where its GPUs can be read (`playbooks.campaigns.room`). Counting restarts and
+    stopping at the first change not kept is the caller's: `campaign_stop` below.
     """
     skipped: list[tuple[str, str]] = []
     candidates: list[Option] = []
     for option in options:
-        reason = _skip_reason(option, tried=tried, bounds=bounds, allowance=allowance, force=force)
+        reason = _skip_reason(
+            option, tried=tried, bounds=bounds, allowance=allowance, force=force, room=room
+        )
         if reason is None:
             candidates.append(option)
         elif option.change:

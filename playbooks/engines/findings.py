@@ -80,6 +80,7 @@ def option_of(
     gain: tuple[float, float] | None,
     considered: bool,
     implied: frozenset[str] = frozenset(),
+    static_gpu_gib: float | None = None,
 ) -> Option:
     """The option a judged change becomes: its title, the predicted capacity (`tokens`), every
     part's reasons and risks (a restart's always), and a gain only where it is not unsafe. The
@@ -95,6 +96,7 @@ def option_of(
         risk="; ".join(dict.fromkeys(risks)),
         reasons=[reason for f in found for reason in f.reasons],
         considered=considered,
+        static_gpu_gib=static_gpu_gib,
     )
 
 

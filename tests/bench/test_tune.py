@@ -65,3 +65,22 @@ def test_the_oracle_reads_the_death_a_run_with_the_hidden_peak_has() -> None:
         server.advance(300.0)
     assert exc.value.t == pytest.approx(t)
     TwinServer(with_peak(args, fits), "long-prompt", 24, seed=3, t0=0.0).advance(300.0)
+
+
+def test_the_twins_free_gpu_memory_is_the_room_less_its_largest_batch_so_far() -> None:
+    """What the campaign's room check reads (NVML's view): the true peak, hidden scale and all,
+    so a server whose batches need more leaves less free."""
+    args = ["--preset", "kimi-k2.5-rtxpro6000-tp8", "--enable-metrics"]
+    args += ["--mem-fraction-static", "0.88"]
+    e = evaluate(args, "long-prompt", 24, seed=3, warm_s=60.0, end_s=300.0)
+    _, largest = e.records[-1]
+    free = {}
+    for scale in (1.0, 1.5):
+        server = TwinServer(with_peak(args, scale), "long-prompt", 24, seed=3, t0=0.0)
+        before = server.rt.gpu_free_gib()
+        server.advance(300.0)
+        free[scale] = server.rt.gpu_free_gib()
+        need = (e.base_gib + e.per_ktoken_gib * largest / 1000) * scale
+        assert before == pytest.approx(e.room_gib)  # nothing has run yet
+        assert free[scale] == pytest.approx(e.room_gib - need, abs=1e-6)
+    assert free[1.5] < free[1.0]

@@ -48,7 +48,20 @@ def option(
     gain: tuple[float, float] | None,
     considered: bool,
 ) -> Option:
-    return option_of(change.values, change.tokens, found, verdict, gain, considered, IMPLIED)
+    return option_of(
+        change.values, change.tokens, found, verdict, gain, considered, IMPLIED,
+        static_gpu_gib(change),
+    )  # fmt: skip
+
+
+def static_gpu_gib(change: Change) -> float | None:
+    """GPU memory per GPU the change adds to the pool and the cache's buffers (what stays
+    outside them shrinks by as much); None where it adds nothing."""
+    cap = change.cap
+    extra = cap.outside_now_gib - cap.outside_gib(
+        change.fraction, change.bytes_per_token, change.hicache
+    )
+    return round(extra, 3) if extra > 0 else None
 
 
 def evaluate(

@@ -17,6 +17,8 @@ from playbooks.campaigns.policy import (
     choose_next,
     expected_gain,
 )
+from playbooks.campaigns.room import GIB, GpuRoom, room_of
+from playbooks.sources.gpu import FakeGpuReader, GpuState
 from playbooks.types import Option, Verdict
 
 
@@ -261,3 +263,44 @@ def test_expected_gain() -> None:
     assert expected_gain(SAFE) == pytest.approx(0.375)
     assert expected_gain(USELESS) == 0.0
     assert expected_gain(opt({"a": 1}, "recommended", (float("-inf"), 0.2))) == 0.0
+
+
+EDGE_2_9_GIB = Option(EDGE.title, EDGE.change, "possible", None, (0.4, 0.8), "", [], False, 2.9)
+
+
+@pytest.mark.parametrize(
+    ("room", "force", "taken"),
+    [
+        (None, False, True),  # the GPUs cannot be read: the kept step is the evidence
+        (GpuRoom(6.0, "NVML"), False, True),  # 3.1 GiB left after the step: room enough
+        (GpuRoom(4.0, "NVML"), False, True),  # 1.1 GiB left: just over the margin
+        (GpuRoom(3.5, "NVML"), False, False),  # 0.6 GiB left: less than the margin
+        (GpuRoom(3.5, "NVML"), True, True),  # force overrides the measurement
+    ],
+)
+def test_a_step_past_the_reserve_needs_room_where_the_gpus_can_be_read(
+    room: GpuRoom | None, force: bool, taken: bool
+) -> None:
+    choice = choose_next([EDGE_2_9_GIB], tried=[KEPT], room=room, force=force)
+    assert (choice.option is not None) == taken
+    if not taken:
+        (reason,) = dict(choice.skipped).values()
+        assert "2.9 GiB more per GPU" in reason and "3.5 GiB free under load" in reason
+        assert "(NVML)" in reason and "less than the 1 GiB margin" in reason
+
+
+def test_room_is_not_asked_of_a_step_within_the_reserve_or_one_adding_nothing() -> None:
+    tight = GpuRoom(0.5, "NVML")
+    assert choose_next([SAFE], room=tight).option == SAFE  # recommended: the reserve holds
+    assert choose_next([EDGE], tried=[KEPT], room=tight).option == EDGE  # adds no GPU memory
+
+
+def test_the_room_is_the_tightest_gpus_free_memory() -> None:
+    states = [
+        GpuState(i, "H200", f"GPU-{i}", 100 * GIB, (100 - free) * GIB, free * GIB, None, None)
+        for i, free in enumerate((7, 5, 9))
+    ]
+    room = room_of(FakeGpuReader(states), "NVML on this host")
+    assert room == GpuRoom(5.0, "NVML on this host")
+    assert room_of(None, "none") is None
+    assert room_of(FakeGpuReader([]), "empty") is None

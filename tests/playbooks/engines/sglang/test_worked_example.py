@@ -46,6 +46,8 @@ def test_the_incidents_fractions(rules: ServerRules, fraction: float) -> None:
     assert option.predicted_max_total_num_tokens == tokens
     assert rules.cap.outside_gib(fraction) == pytest.approx(outside, abs=0.005)
     assert rules.cap.activation_room_gib(fraction) == pytest.approx(room, abs=0.005)
+    # what the change takes per GPU from the room outside the pool (a campaign's room check)
+    assert option.static_gpu_gib == pytest.approx(rules.cap.outside_now_gib - outside, abs=0.01)
 
 
 def test_sglangs_own_reserve_for_the_incident(rules: ServerRules) -> None:

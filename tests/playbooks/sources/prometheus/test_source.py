@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from playbooks.campaigns.room import room_of
 from playbooks.clock import ManualClock
 from playbooks.diagnose.measure import MeasurePlan, measure
 from playbooks.diagnose.playbook import DiagnoseSettings
@@ -257,6 +258,10 @@ def test_dcgm_gpu_memory() -> None:
     missing = DcgmGpuReader(api(fake), '{Hostname="gpu-8"}')
     with pytest.raises(GpuUnavailable, match="no DCGM_FI_DEV_FB_USED"):
         missing.snapshot()
+    # a campaign's room check: the tightest GPU's free memory, or nothing when unreadable
+    room = room_of(reader, "DCGM in Prometheus")
+    assert room is not None and room.free_gib == pytest.approx(142_000 / 1024)
+    assert room_of(missing, "DCGM in Prometheus") is None
 
 
 def test_timeline_maps_prometheus_time_onto_a_scaled_clock() -> None:
