@@ -9,7 +9,9 @@ if TYPE_CHECKING:
     from playbooks.gate.latency import WindowLatency
 
 Verdict = Literal["recommended", "possible", "needs_opt_in", "unsafe", "not_useful"]
-Bottleneck = Literal["kv_cache", "compute", "client", "prefill", "unknown"]
+# "stalled": the server answers but generates nothing (`playbooks.experiments.stall`); no
+# engine's rules name it, the diagnosis does, over their answer
+Bottleneck = Literal["kv_cache", "compute", "client", "prefill", "unknown", "stalled"]
 VERDICT_ORDER: dict[str, int] = {
     "unsafe": 0,
     "needs_opt_in": 1,

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from playbooks.clock import Clock
-from playbooks.diagnose.measure import MeasurePlan, measure
-from playbooks.engines.base import EngineClient, EngineError, Snapshot
+from playbooks.diagnose.measure import Measurement, MeasurePlan, measure
+from playbooks.engines.base import Assessment, EngineClient, EngineError, Snapshot
+from playbooks.experiments import stall
 from playbooks.gate.latency import WindowLatency, targets_of, window_latency, window_slo_holds
 from playbooks.sources.gpu import GpuReader
 from playbooks.sources.host import HostReader
@@ -57,15 +58,20 @@ def diagnose(
     except EngineError:  # model info is decoration only
         model_info = {}
     ends: list[Snapshot] = []  # the window's first and latest scrape, for its latency p99s
+    still: dict[str, Any] = {}  # whether the readings moved (`playbooks.experiments.stall`)
 
     def keep(sample: Snapshot) -> None:
         ends[:] = [ends[0] if ends else sample, sample]
+        still.update(stall.progress_after(still, sample, sample.t), last_ts=sample.t)
         if on_sample is not None:
             on_sample(sample)
 
     m = measure(client, clock, settings.plan, on_progress, keep)
     latency = _latency(ends, settings)
+    still_s = stall.still_for_s(still)
     a = rules.assess(m)
+    if still_s >= STALL_BATCHES * settings.plan.batch_s and not stall.generates(client, clock):
+        a = _stalled(a, m, still_s)
     generation = (
         _rate(m.generation.mean, m.generation.low, m.generation.high) if m.generation else None
     )
@@ -106,6 +112,34 @@ def diagnose(
         engine=client.engine.label,
         latency=latency,
         slo_held=window_slo_holds(latency),
+    )
+
+
+STALL_BATCHES = 4  # as the gate's `stall_s` default: four batches of readings that do not move
+
+
+def _stalled(a: Assessment, m: Measurement, still_s: float) -> Assessment:
+    """A server none of whose readings moved for four batches while requests were in hand, and
+    which did not answer a one-token request: it is not generating, and no change of
+    configuration is proposed to it (a stuck engine keeps exporting its last decode rate, which
+    the rules would read as a working server)."""
+    said = (
+        f"the server is not generating: none of its readings moved for {still_s:.0f} s while "
+        f"{m.running:.0f} requests were running and {m.queued:.0f} waiting, and it did not "
+        "answer a one-token request; it still answers its readiness probe, and the decode rate "
+        "it reports is the last one its engine logged"
+    )
+    return replace(
+        a,
+        bottleneck="stalled",
+        evidence=[said],
+        options=[],
+        notes=[
+            "look for a hung GPU or collective in the server's log; restarting it (kvpilot "
+            "server restart, or its launcher) is a person's call: kvpilot proposes no change "
+            "of configuration to a server that is not generating",
+            *a.notes,
+        ],
     )
 
 

@@ -149,8 +149,8 @@ def _take(
         _poll(deps, row, view, facts)
     elif isinstance(step, steps.Look):
         _look(deps, row, view)
-    elif isinstance(step, steps.Wait):
-        deps.say(f"{row.state}: {step.reason}")
+    elif isinstance(step, steps.Wait | steps.Probe):
+        _wait_or_probe(deps, row, facts, step)
     elif isinstance(step, steps.Keep):
         _keep(deps, row, step)
     elif isinstance(step, steps.Leave | steps.Drain | steps.Rejoin):
@@ -266,6 +266,26 @@ def _scrape(
     if row.progress.get("instance") is None and facts.instance is not None:
         changes["instance"] = facts.instance
     _progress(deps, row, **changes)
+
+
+def _wait_or_probe(
+    deps: Deps, row: store.ExperimentRow, facts: steps.Facts, step: steps.Wait | steps.Probe
+) -> None:
+    """Nothing to do but say why; or frozen readings: a server that answers one token is idle
+    or working (its gauges kept the last batch's values), and the readings' clock starts
+    again; one that does not is stuck."""
+    if isinstance(step, steps.Wait):
+        deps.say(f"{row.state}: {step.reason}")
+        return
+    still = stall.still_for_s(row.progress)
+    deps.say(
+        f"{row.state}: none of the readings moved for {still:.0f} s with requests in hand; "
+        "asking the server for one token"
+    )
+    if stall.generates(deps.client, deps.clock):
+        _progress(deps, row, moved_ts=facts.now_ts)
+        return
+    _move(deps, row, step.move)
 
 
 def _went_unread(

@@ -8,9 +8,15 @@ all moves can. A server with requests in hand changes some reading with every ba
 at each stats log, a counter at each finished request), so readings that stay the
 same for `GateSettings.stall_limit_s` while requests run or wait mean nothing is generated.
 
+Frozen readings are a strong sign, not proof: an idle server's gauges can keep the last batch's
+values (SGLang 0.5.23 publishes its idle values within 30 s, older releases at their next
+batch). So before anything is said or undone, the server is asked for one token
+(`generates`): a server that answers is idle or working, and the readings' clock starts again;
+one that does not answer within `PROBE_S` is stuck.
+
 The measuring states keep two progress keys for this, updated with every stored scrape:
 `reading`, a digest of the newest reading, and `moved_ts`, when the readings last changed (or
-last showed no work, which cannot be stuck).
+last showed no work, which cannot be stuck, or last answered the probe).
 """
 
 from __future__ import annotations
@@ -19,9 +25,16 @@ import hashlib
 import json
 from typing import Any
 
-from playbooks.engines.base import Snapshot
+from playbooks.clock import Clock
+from playbooks.engines.base import EngineClient, EngineError, Prompt, Snapshot
 
 KEYS = ("reading", "moved_ts")
+# How long a one-token request may take before the server counts as not generating, on the
+# server's time line (SGLang's own generating health check waits 20 s); at least PROBE_FLOOR_S
+# of wall time against an accelerated twin, so a loaded test machine is not read as a stall.
+PROBE_S = 30.0
+PROBE_FLOOR_S = 5.0
+PROBE = Prompt(text="Say OK.")
 
 
 def digest(snapshot: Snapshot) -> str | None:
@@ -52,3 +65,14 @@ def still_for_s(progress: dict[str, Any]) -> float:
 def carried(progress: dict[str, Any]) -> dict[str, Any]:
     """The stall keys to carry into the next measuring state (warm-up into the trial)."""
     return {k: progress[k] for k in KEYS if k in progress}
+
+
+def generates(client: EngineClient, clock: Clock) -> bool:
+    """Whether the server answers a one-token request in time (the greedy answer to a short
+    prompt: one request's load, nothing changed)."""
+    timeout = max(clock.wall_seconds(PROBE_S), PROBE_FLOOR_S)
+    try:
+        client.generate(PROBE, max_tokens=1, timeout_s=timeout)
+    except EngineError:
+        return False
+    return True

@@ -138,6 +138,15 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class Probe:
+    """The readings have not moved for long with work in hand: ask the server for one token
+    (`stall.generates`); if it cannot answer, make `move`, else start the readings' clock
+    again (an idle server whose gauges kept the last batch's values)."""
+
+    move: Move
+
+
+@dataclass(frozen=True)
 class Look:
     """One look of the gate at the stored baseline and trial."""
 
@@ -202,7 +211,17 @@ class Rejoin:
 QualityStep = RecordAnswers | JudgeAnswers | StartEval | PollEval
 RotationStep = Leave | Drain | Rejoin
 Step = (
-    Move | Scrape | ChooseBaseline | Issue | Poll | Look | Keep | Wait | QualityStep | RotationStep
+    Move
+    | Scrape
+    | ChooseBaseline
+    | Issue
+    | Poll
+    | Look
+    | Keep
+    | Wait
+    | Probe
+    | QualityStep
+    | RotationStep
 )
 
 
@@ -239,18 +258,23 @@ def _cut(view: View, facts: Facts, what: str) -> Move | None:
     return None
 
 
-def _stuck(view: View, what: str) -> Move | None:
-    """The server answers, with requests in hand, but none of its readings has moved for
-    longer than the gate allows (`playbooks.experiments.stall`): it is not generating."""
+def _stuck(view: View, what: str, to: State = State.reverting) -> Probe | None:
+    """None of the server's readings has moved for longer than the gate allows while it had
+    requests in hand (`playbooks.experiments.stall`): ask it for one token, and make the move
+    to `to` if it cannot answer."""
     still = stall.still_for_s(view.progress)
     if still < view.settings.stall_limit_s:
         return None
-    return Move(
-        State.reverting,
-        f"the server stopped generating {what}: none of its readings moved for {still:.0f} s "
-        "while requests were running or waiting (it still answers, and a stuck engine keeps "
-        "exporting its last decode rate); look for a hung GPU or collective in its log",
-        {"cause": "stalled", "still_s": round(still)},
+    then = "; nothing was changed" if to == State.cancelled else ""
+    return Probe(
+        Move(
+            to,
+            f"the server stopped generating {what}: none of its readings moved for {still:.0f} s "
+            "while requests were running or waiting, and it did not answer a one-token request "
+            f"(it still answers its readiness probe, and a stuck engine keeps exporting its last "
+            f"decode rate); look for a hung GPU or collective in its log{then}",
+            {"cause": "stalled", "still_s": round(still)},
+        )
     )
 
 
@@ -310,9 +334,12 @@ def _baseline(view: View, facts: Facts) -> Step:
     if "until" not in view.progress:
         # the golden answers come first, from the server as it runs before any change
         return next_answers(view, "baseline") or ChooseBaseline()
-    cut = _cut(view, facts, "during the baseline") or _stuck(view, "during the baseline")
+    cut = _cut(view, facts, "during the baseline")
     if cut is not None:  # nothing was changed yet: nothing to revert, and no restart is ours
         return Move(State.cancelled, cut.reason + "; nothing was changed", cut.details)
+    stuck = _stuck(view, "during the baseline", State.cancelled)
+    if stuck is not None:
+        return stuck
     if facts.now_ts >= float(view.progress["until"]) and measured_s(view) >= enough_baseline_s(
         view.settings
     ):

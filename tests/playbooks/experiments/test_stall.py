@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from playbooks.engines.base import Snapshot
+from playbooks.clock import Clock, ScaledClock, WallClock
+from playbooks.engines.base import EngineError, Prompt, Snapshot
 from playbooks.experiments import stall
 
 BUSY = Snapshot(running=40, queued=100, decode_rate=1500.0, generated_tokens=9e5,
@@ -57,3 +58,31 @@ def test_still_for_counts_to_the_newest_stored_reading() -> None:
     assert stall.still_for_s({"last_ts": 400.0}) == 0.0  # a row from before the keys
     first = stall.progress_after({}, BUSY, 50.0)
     assert first == {"reading": stall.digest(BUSY), "moved_ts": 50.0}
+
+
+class Answering:
+    """An engine client whose one-token answer comes, or fails as a timeout does."""
+
+    def __init__(self, answers: bool) -> None:
+        self.answers = answers
+        self.timeouts: list[float] = []
+
+    def generate(self, prompt: Prompt, *, max_tokens: int, timeout_s: float) -> str:
+        assert max_tokens == 1
+        self.timeouts.append(timeout_s)
+        if not self.answers:
+            raise EngineError("timed out")
+        return "OK"
+
+
+@pytest.mark.parametrize(
+    ("clock", "timeout_s"),
+    [(WallClock(), stall.PROBE_S), (ScaledClock(2.0), 15.0), (ScaledClock(100.0), 5.0)],
+)
+def test_the_probe_asks_for_one_token_within_the_servers_time(
+    clock: Clock, timeout_s: float
+) -> None:
+    for answers in (True, False):
+        client = Answering(answers)
+        assert stall.generates(client, clock) is answers  # type: ignore[arg-type]
+        assert client.timeouts == [timeout_s]  # a loaded machine gets 5 wall seconds at least

@@ -13,7 +13,7 @@ import pytest
 
 from playbooks.engines.base import Prompt
 from playbooks.experiments import steps
-from playbooks.experiments.steps import Facts, Issue, Look, Move, Poll, Scrape, View
+from playbooks.experiments.steps import Facts, Issue, Look, Move, Poll, Probe, Scrape, View
 from playbooks.gate import GateSettings
 from playbooks.quality.check import EvalCommand, GoldenPrompts, QualityCheck
 from playbooks.quality.compare import QualityVerdict
@@ -126,7 +126,7 @@ CASES: list[tuple[str, View, Facts, object]] = [
             moved_ts=T - 250,
         ),
         seen(),
-        State.cancelled,
+        Probe,
     ),
     (
         "baseline, readings unchanged for less than four batches",
@@ -260,7 +260,7 @@ CASES: list[tuple[str, View, Facts, object]] = [
             moved_ts=T - 300,
         ),
         seen(**ON_TRIAL),
-        State.reverting,
+        Probe,
     ),
     (  # restarted on the trial's arguments (a crash, systemd's Restart=): kvpilot's own
         "warming up, restarted not by kvpilot",
@@ -288,7 +288,7 @@ CASES: list[tuple[str, View, Facts, object]] = [
             moved_ts=T - 300,
         ),
         seen(**ON_TRIAL),
-        State.reverting,
+        Probe,
     ),
     (
         "trial, a batch complete",
@@ -656,14 +656,21 @@ def test_a_baseline_found_short_records_when_it_began_measuring_on() -> None:
     assert steps.next_step(later, seen()) == Scrape("baseline")
 
 
-def test_a_server_that_stopped_generating_is_reverted_as_stalled_naming_how_long() -> None:
+def test_a_server_whose_readings_stopped_is_asked_for_a_token_before_it_is_reverted() -> None:
     v = view(State.trial, instance="i2", first_ts=T - 50, last_ts=T - 10, reading="ab12",
              moved_ts=T - 310)  # fmt: skip
     step = steps.next_step(v, seen(**ON_TRIAL))
-    assert isinstance(step, Move)
-    assert step.details == {"cause": "stalled", "still_s": 300}
-    assert "stopped generating during the trial" in step.reason
-    assert "none of its readings moved for 300 s" in step.reason
+    assert isinstance(step, Probe)
+    assert step.move.to == State.reverting
+    assert step.move.details == {"cause": "stalled", "still_s": 300}
+    assert "stopped generating during the trial" in step.move.reason
+    assert "none of its readings moved for 300 s" in step.move.reason
+    assert "did not answer a one-token request" in step.move.reason
+    b = view(State.baseline, until=T + 100, instance="i1", first_ts=T - 500, last_ts=T - 10,
+             reading="ab12", moved_ts=T - 310)  # fmt: skip
+    stuck = steps.next_step(b, seen())
+    assert isinstance(stuck, Probe) and stuck.move.to == State.cancelled
+    assert stuck.move.reason.endswith("; nothing was changed")
 
 
 def test_the_warm_up_hands_its_stall_keys_to_the_trial() -> None:
