@@ -337,12 +337,14 @@ def _baseline(view: View, facts: Facts) -> Step:
     cut = _cut(view, facts, "during the baseline")
     if cut is not None:  # nothing was changed yet: nothing to revert, and no restart is ours
         return Move(State.cancelled, cut.reason + "; nothing was changed", cut.details)
-    stuck = _stuck(view, "during the baseline", State.cancelled)
-    if stuck is not None:
-        return stuck
     if facts.now_ts >= float(view.progress["until"]) and measured_s(view) >= enough_baseline_s(
         view.settings
     ):
+        # asked once the baseline is otherwise done, so an idle server's stale gauges cost no
+        # step in the middle of the measurement (the trial is watched at every step instead)
+        stuck = _stuck(view, "during the baseline", State.cancelled)
+        if stuck is not None:
+            return stuck
         short = _baseline_short(view, facts)
         if short is not None:
             return short

@@ -114,8 +114,22 @@ CASES: list[tuple[str, View, Facts, object]] = [
         seen(),
         State.cancelled,
     ),
-    (  # readings unchanged with work in hand for four batches: not generating, nothing touched
+    (  # readings unchanged with work in hand for four batches, the baseline done: ask it
         "baseline, the server stopped generating",
+        view(
+            State.baseline,
+            until=T - 5,
+            instance="i1",
+            first_ts=T - 600,
+            last_ts=T - 10,
+            reading="ab12",
+            moved_ts=T - 250,
+        ),
+        seen(),
+        Probe,
+    ),
+    (  # asked only once the baseline is otherwise done: no probe in its middle
+        "baseline, readings still, not over yet",
         view(
             State.baseline,
             until=T + 100,
@@ -126,7 +140,7 @@ CASES: list[tuple[str, View, Facts, object]] = [
             moved_ts=T - 250,
         ),
         seen(),
-        Probe,
+        Scrape,
     ),
     (
         "baseline, readings unchanged for less than four batches",
@@ -666,7 +680,7 @@ def test_a_server_whose_readings_stopped_is_asked_for_a_token_before_it_is_rever
     assert "stopped generating during the trial" in step.move.reason
     assert "none of its readings moved for 300 s" in step.move.reason
     assert "did not answer a one-token request" in step.move.reason
-    b = view(State.baseline, until=T + 100, instance="i1", first_ts=T - 500, last_ts=T - 10,
+    b = view(State.baseline, until=T - 5, instance="i1", first_ts=T - 600, last_ts=T - 10,
              reading="ab12", moved_ts=T - 310)  # fmt: skip
     stuck = steps.next_step(b, seen())
     assert isinstance(stuck, Probe) and stuck.move.to == State.cancelled

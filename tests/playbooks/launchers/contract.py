@@ -288,8 +288,10 @@ KILL_POINTS = (
 # on this clock), and on a loaded machine a Kubernetes client's start alone can pass the default
 # gap limit: every point is one a resumed process reaches whatever the delay, and the gap limit
 # is lifted so that every resume continues the measurement (a measurement cut by a gap or a
-# restart is tested in tests/playbooks/experiments/: test_steps.py, test_crash_twin.py).
-CRASH_GATE = "\n[gate]\nbaseline_s = 60\nscrape_s = 2\nbatch_s = 10\nmax_gap_s = 86400\n"
+# restart is tested in tests/playbooks/experiments/: test_steps.py, test_crash_twin.py). The
+# gaps also leave batches of the baseline empty; a short baseline measures on for twice
+# `baseline_s`, which at 120 s (3 wall seconds on this clock) outlasts a slow resume or two.
+CRASH_GATE = "\n[gate]\nbaseline_s = 120\nscrape_s = 2\nbatch_s = 10\nmax_gap_s = 86400\n"
 
 
 def killed_in_every_state(h: Harness) -> None:
