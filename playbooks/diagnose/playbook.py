@@ -20,6 +20,7 @@ from playbooks.diagnose.measure import Measurement, MeasurePlan, measure
 from playbooks.engines.base import Assessment, EngineClient, EngineError, Snapshot
 from playbooks.experiments import stall
 from playbooks.gate.latency import WindowLatency, targets_of, window_latency, window_slo_holds
+from playbooks.gate.settings import STALL_BATCHES
 from playbooks.sources.gpu import GpuReader
 from playbooks.sources.host import HostReader
 from playbooks.sources.model_config import ModelConfigReader
@@ -113,9 +114,6 @@ def diagnose(
         latency=latency,
         slo_held=window_slo_holds(latency),
     )
-
-
-STALL_BATCHES = 4  # as the gate's `stall_s` default: four batches of readings that do not move
 
 
 def _stalled(a: Assessment, m: Measurement, still_s: float) -> Assessment:

@@ -10,6 +10,10 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
+# Batches of readings that do not move, with requests in hand, before a server counts as stuck
+# (`stall_s` = 0; `playbooks.experiments.stall`); the diagnosis uses the same.
+STALL_BATCHES = 4
+
 
 @dataclass(frozen=True)
 class GateSettings:
@@ -110,7 +114,7 @@ class GateSettings:
     @property
     def stall_limit_s(self) -> float:
         """How long a server with work may show the same readings before it counts as stuck."""
-        return self.stall_s or 4.0 * self.batch_s
+        return self.stall_s or STALL_BATCHES * self.batch_s
 
     @property
     def keep_z(self) -> float:
