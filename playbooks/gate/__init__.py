@@ -59,9 +59,8 @@ Statistical design (the reference notes on gate statistics, §3; measured in `be
   **Validity checks:** offered concurrency (running + queued) or the request mix (prompt and
   output tokens per completed request) differing between the windows ("drifted"), or either window
   not saturated (queue mostly empty: throughput then equals offered load and no configuration can
-  show an effect; "inconclusive"), except a trial significantly faster than a saturated baseline
-  (it served the requests that used to wait). Completed requests (their mix, their token rate) are
-  read from one request lifetime after the restart (Little's law on the baseline), once
+  show an effect; "inconclusive"). Completed requests (their mix, their token rate) are read from
+  one request lifetime after the restart (Little's law on the baseline), once
   `min_requests_for_rates` have completed there: before that only the first wave's shortest
   requests have finished. A keep waits for them. Retractions come in bursts, one per cycle, and
   the cold start's first burst is the largest: they are judged over the whole window after the

@@ -42,7 +42,6 @@ class Evidence:
     guardrails: tuple[str, ...]
     drift: tuple[str, ...]
     saturation: tuple[str, ...]
-    baseline_saturated: bool  # the baseline's queue was non-empty often enough
     rates_from_s: float  # seconds after the restart completed requests are read from
     rates_ready: bool  # enough requests completed there to compare them
     completed_rate_fell: str | None  # the completed-token check's objection to a keep
@@ -159,7 +158,6 @@ def _evidence(
         guardrails=tuple(checks.guardrails(bf, tf, rf, s)),
         drift=tuple(checks.drift(bf, tf, rf, s)),
         saturation=tuple(checks.saturation(bf, tf, s)),
-        baseline_saturated=checks.unsaturated("baseline", bf, s) is None,
         rates_from_s=rates_from,
         rates_ready=rates_ready,
         completed_rate_fell=checks.completed_rate_fell(bf, rf, s) if rf else None,

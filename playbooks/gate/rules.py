@@ -9,8 +9,7 @@ The order is part of the design, and it is this (`RULES`):
  5. latency target broken   the trial's p99 interval lies above a configured target (or, where
                             the baseline was already above it, the trial is clearly worse): revert
  6. drifted                 the load or request mix changed between the windows: not comparable
- 7. not saturated           the baseline's queue was mostly empty, or the trial's without a
-                            significant gain: throughput cannot show an effect
+ 7. not saturated           a window's queue was mostly empty: throughput cannot show an effect
  8. cap waiting for rates   a significant gain, but the cap came before enough requests completed
  9. waiting for rates       a significant gain; completed requests are compared before a keep
 10. cap waiting for latency a significant gain, but the cap came before a target was measured
@@ -186,18 +185,8 @@ def _drift(look: Look) -> tuple[str, ...]:
 
 
 def _unsaturated(look: Look) -> tuple[str, ...]:
-    """Which window had a mostly empty queue, where that leaves the comparison without meaning.
-
-    An unsaturated baseline always does: its throughput was the offered load, not what the
-    configuration could do. An unsaturated trial after a saturated baseline does not when the
-    trial is significantly faster: the change made room for requests that used to wait, and the
-    trial served the offered load at a rate the baseline could not reach, so the measured gain
-    is, if anything, an underestimate. (A change in the offered load itself is the drift check's.)
-    """
-    ev = look.judged
-    if ev.baseline_saturated and look.gain:
-        return ()
-    return ev.saturation
+    """Which window had a mostly empty queue."""
+    return look.judged.saturation
 
 
 def _found(pick: Callable[[Look], tuple[str, ...]]) -> Callable[[Look], bool]:
