@@ -246,6 +246,12 @@ def active_experiments(db: Database) -> list[ExperimentRow]:
     return [_row(row) for row in rows]
 
 
+def count_by_state(db: Database) -> dict[str, int]:
+    """How many experiments are in each state (the bot's /metrics)."""
+    rows = db.execute("SELECT state, count(*) FROM experiments GROUP BY state").fetchall()
+    return {str(state): int(n) for state, n in rows}
+
+
 def ended_since(db: Database, since: datetime) -> list[ExperimentRow]:
     """Experiments that reached a terminal state at or after `since`, oldest first."""
     marks = ", ".join("?" for _ in TERMINAL)

@@ -103,3 +103,12 @@ def runs(db: Database, report: str | None = None, limit: int = 50) -> list[Repor
             [report, limit],
         )
     return [_run(row) for row in rows]
+
+
+def last_sent(db: Database) -> dict[str, datetime]:
+    """Each report's newest run that was sent, by when it finished."""
+    rows = db.execute(
+        "SELECT report, max(finished_at) FROM report_runs WHERE status = 'sent' "
+        "AND finished_at IS NOT NULL GROUP BY report"
+    ).fetchall()
+    return {str(report): parse_iso(str(at)) for report, at in rows}

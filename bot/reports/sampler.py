@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -33,6 +34,7 @@ from pathlib import Path
 from sqlite_utils import Database
 
 from bot.app.config import Config, ServerConfig
+from bot.app.health import SamplerView
 from bot.app.wiring import engine_client
 from playbooks.clock import Clock
 from playbooks.engines.base import EngineClient, EngineError, MetricsDisabled, Snapshot
@@ -104,6 +106,7 @@ class ServerState:
     last_error: str = ""
     last_attempt: datetime | None = None
     samples: int = 0
+    failures: int = 0  # scrapes that failed since the bot started (the bot's /metrics)
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,8 @@ class Sampler:
         self._loop: _Loop | None = None
         self._lock = threading.Lock()
         self._last_compact: datetime | None = None
+        self.started_mono: float | None = None  # time.monotonic() at start(), for /healthz
+        self.last_round_mono: float | None = None  # ...and when the newest round ended
 
     # ------------------------------------------------------------------ one tick
     def sample_once(self, db: Database | None = None) -> list[Outcome]:
@@ -243,6 +248,7 @@ class Sampler:
 
     def _failed(self, db: Database, state: ServerState, t: float, error: str) -> None:
         state.last_error = error
+        state.failures += 1
         if state.away_since is not None:
             self._end_absence(db, state, t, restarted=False)
         gap = state.gap
@@ -329,6 +335,7 @@ class Sampler:
         loop = _Loop(threading.Thread(target=self._run, args=(path,), name="kvpilot-sampler"))
         loop.thread.daemon = True
         self._loop = loop
+        self.started_mono = time.monotonic()
         loop.thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -360,6 +367,8 @@ class Sampler:
                         self.compact(db)
                 except Exception:  # the database may be locked for a moment; keep sampling
                     log.exception("sampling round failed")
+                else:
+                    self.last_round_mono = time.monotonic()
                 due += timedelta(seconds=self.interval_s)
                 now = self.clock.utcnow()
                 due = max(due, now)  # fell behind (slow scrapes): skip, do not burst
@@ -368,6 +377,22 @@ class Sampler:
             db.close()
 
     # ------------------------------------------------------------------ status
+    def health_view(self) -> SamplerView:
+        """What `/healthz` judges the sampler by (`bot.app.health.sampler`)."""
+        return SamplerView(
+            enabled=self.config.sampler.enabled,
+            running=self.running,
+            interval_wall_s=self.clock.wall_seconds(self.interval_s),
+            last_round_mono=self.last_round_mono,
+            started_mono=self.started_mono,
+            servers_down=tuple(n for n, s in self.states.items() if s.gap is not None),
+        )
+
+    def lag_s(self) -> dict[str, float]:
+        """Seconds (of the bot's clock) since each server's newest good sample."""
+        now = self.clock.utcnow().timestamp()
+        return {n: now - s.last.ts for n, s in self.states.items() if s.last is not None}
+
     def describe(self) -> list[str]:
         """One line for the sampler and one per server, for ``/kvpilot status``."""
         state = "running" if self.running else "stopped"

@@ -286,6 +286,11 @@ class ReportScheduler:
     def running(self) -> bool:
         return self._aps is not None
 
+    def jobs(self) -> int:
+        """Jobs the scheduler holds now (0 when it is not running)."""
+        aps = self._aps
+        return len(aps.get_jobs()) if aps is not None else 0
+
     def next_run(self, name: str) -> datetime | None:
         return self.crons[name].next_after(self.clock())
 

@@ -19,9 +19,11 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import uvicorn
+from prometheus_client import CollectorRegistry
 from slack_bolt import App
 from slack_bolt.adapter.socket_mode import SocketModeHandler
 from slack_bolt.adapter.starlette.handler import to_bolt_request, to_starlette_response
@@ -33,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bot.app import health, telemetry
 from bot.app.checks import Check
 from bot.app.config import Config
 from bot.app.wiring import engine_of, make_clock
@@ -41,11 +44,14 @@ from bot.reports.hook import make_report_hook
 from bot.reports.sampler import Sampler
 from bot.reports.schedule import ReportScheduler
 from bot.slack.app import GroupDirectory, build_app
+from bot.slack.link import SlackLink
 from bot.slack.shapes import body_problem
 from bot.slack.surface import SlackSurface, web_client
 from playbooks.http import is_http_url
 from storage import audit
 from storage.db import open_db
+from storage.experiments import count_by_state
+from storage.report_runs import last_sent
 
 log = logging.getLogger(__name__)
 EXPIRY_TICK_S = 30.0
@@ -219,7 +225,12 @@ class Bot:
         self.config = config
         self.settings = settings
         self.tick_s = tick_s
-        self.client = web_client(settings.bot_token, settings.api_url, timeout=slack_timeout_s)
+        self.slack_errors = telemetry.Tally()
+        self.alerts_sent = telemetry.Tally()
+        self.client = web_client(
+            settings.bot_token, settings.api_url, timeout=slack_timeout_s, errors=self.slack_errors
+        )
+        self.slack = SlackLink(self.client, lambda: self.socket.client if self.socket else None)
         self.groups = GroupDirectory(self.client)
         self.clock = make_clock(config, open_db(config.database))  # this process's one clock
         self.sampler = Sampler(config, open_db(config.database), self.clock)
@@ -271,6 +282,7 @@ class Bot:
         """Proposals expire, and verdicts Slack refused when they were due are posted; the
         first pass at once (a verdict owed from before a restart goes out at start)."""
         while True:
+            self.slack.maybe_check()
             try:
                 self.kv.runner.deliver_owed_verdicts()
             except Exception as exc:
@@ -301,16 +313,42 @@ class Bot:
         self.kv.work.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ transports
-    def health(self) -> dict[str, Any]:
-        return {
-            "ok": True,
-            "mode": "socket" if self.settings.socket_mode else "http",
-            "started_at": self.started_at.isoformat(timespec="seconds"),
-            "experiments_running": self.kv.runner.busy(),
-        }
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """/healthz: 200 when Slack answers, the database takes writes and the sampler keeps
+        sampling; else 503 with the failing parts' reasons (`bot.app.health`)."""
+        status, body = health.verdict(
+            [
+                self.slack.part(),
+                health.database(Path(self.config.database)),
+                health.sampler(self.sampler.health_view()),
+            ]
+        )
+        body.update(
+            mode="socket" if self.settings.socket_mode else "http",
+            started_at=self.started_at.isoformat(timespec="seconds"),
+            experiments_running=self.kv.runner.busy(),
+        )
+        return status, body
+
+    def metrics_registry(self) -> CollectorRegistry:
+        return telemetry.registry(
+            telemetry.Sources(
+                experiments=lambda: count_by_state(self._db()),
+                sampler_lag=self.sampler.lag_s,
+                sampler_failures=lambda: {n: s.failures for n, s in self.sampler.states.items()},
+                slack_errors=self.slack_errors,
+                slack_connected=self.slack.connected,
+                reports_sent=lambda: {
+                    name: at.timestamp() for name, at in last_sent(self._db()).items()
+                },
+                scheduler_jobs=self.scheduler.jobs,
+                alerts=self.alerts_sent,
+            )
+        )
 
     def http_app(self) -> Starlette:
-        """/slack/events for Slack (signature-checked), /healthz for the operator."""
+        """/slack/events for Slack (signature-checked), /healthz and /metrics for the operator."""
+        registry = self.metrics_registry()
 
         async def events(request: Request) -> Response:
             body = await request.body()
@@ -324,12 +362,18 @@ class Bot:
             return to_starlette_response(bolt_resp)
 
         async def healthz(_: Request) -> Response:
-            return JSONResponse(self.health())
+            status, body = await run_in_threadpool(self.health)
+            return JSONResponse(body, status_code=status)
+
+        async def metrics(_: Request) -> Response:
+            text = await run_in_threadpool(telemetry.exposition, registry)
+            return Response(text, media_type=telemetry.CONTENT_TYPE)
 
         return Starlette(
             routes=[
                 Route("/slack/events", events, methods=["POST"]),
                 Route("/healthz", healthz, methods=["GET"]),
+                Route("/metrics", metrics, methods=["GET"]),
             ]
         )
 
@@ -420,7 +464,7 @@ def run(
         except ListenError:
             bot.stop()
             raise
-        log.info("listening on http://%s (/slack/events, /healthz)", address)
+        log.info("listening on http://%s (/slack/events, /healthz, /metrics)", address)
     done.wait()
     why = received[0] if received else ""
     log.info("%s: stopping; no new work is started", why or "stop")

@@ -8,6 +8,7 @@ from one, so a caller outside `bot/slack` never imports slack_sdk.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
@@ -17,6 +18,7 @@ from slack_sdk.http_retry.builtin_handlers import (
     ServerErrorRetryHandler,
 )
 
+from bot.app.telemetry import Tally
 from bot.chat.auth import Principal
 from bot.chat.messages import Message
 from bot.slack.blocks import blocks, fallback_text
@@ -26,13 +28,40 @@ log = logging.getLogger(__name__)
 SLACK_API = WebClient.BASE_URL
 
 
+class CountingWebClient(WebClient):
+    """A Web API client that counts the calls that failed after their retries, by method and
+    Slack's error code (or the exception's type when Slack was not reached): the bot's
+    `kvpilot_slack_api_errors` metric."""
+
+    errors: Tally | None = None
+
+    def api_call(self, api_method: str, **kwargs: Any) -> Any:
+        try:
+            return super().api_call(api_method, **kwargs)
+        except SlackApiError as exc:
+            if self.errors is not None:
+                self.errors.add(api_method, refusal(exc))
+            raise
+        except Exception as exc:
+            if self.errors is not None:
+                self.errors.add(api_method, type(exc).__name__)
+            raise
+
+
 def web_client(
-    token: str, base_url: str | None, *, timeout: int = 15, retries: bool = True
+    token: str,
+    base_url: str | None,
+    *,
+    timeout: int = 15,
+    retries: bool = True,
+    errors: Tally | None = None,
 ) -> WebClient:
     """A Web API client. `retries`: the long-running bot's policy (connection errors, rate
     limits, server errors); without it slack_sdk's default, one retry after a connection
-    error, so a one-shot command never posts twice after a server error."""
-    client = WebClient(token=token, base_url=base_url or SLACK_API, timeout=timeout)
+    error, so a one-shot command never posts twice after a server error. `errors` counts the
+    calls that failed."""
+    client = CountingWebClient(token=token, base_url=base_url or SLACK_API, timeout=timeout)
+    client.errors = errors
     if retries:
         client.retry_handlers = [
             ConnectionErrorRetryHandler(max_retry_count=2),
