@@ -276,6 +276,41 @@ class RequestRejected(AuditEvent):
     path: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
+class FreezeSet(AuditEvent):
+    """Someone froze changes: no restart of the scope's servers starts until it ends."""
+
+    name: ClassVar[str] = "freeze_set"
+    freeze_id: int
+    scope: str
+    target: str
+    reason: str
+    until: str | None
+    server: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FreezeLifted(AuditEvent):
+    """Someone lifted a freeze before its end."""
+
+    name: ClassVar[str] = "freeze_lifted"
+    freeze_id: int
+    scope: str
+    target: str
+    server: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlertPosted(AuditEvent):
+    """kvpilot told a channel, unasked, that something needs a look."""
+
+    name: ClassVar[str] = "alert_posted"
+    server: str
+    kind: str
+    channel: str
+    evidence: JSON
+
+
 EVENT_TYPES: dict[str, type[AuditEvent]] = {
     cls.name: cls
     for cls in (
@@ -299,6 +334,9 @@ EVENT_TYPES: dict[str, type[AuditEvent]] = {
         CampaignStarted,
         CampaignEnded,
         BoundLearned,
+        FreezeSet,
+        FreezeLifted,
+        AlertPosted,
     )
 }
 

@@ -556,3 +556,47 @@ def m011_router_rotation_and_rollouts(db: Database) -> None:
         ) STRICT
         """,
     )
+
+
+@_migration
+def m012_freezes_reminders_alerts(db: Database) -> None:
+    """Change freezes, the reminders sent for pending proposals, and alerts' states.
+
+    A freeze holds every restart of its scope (``all``, one ``server`` or one ``group``) until
+    ``until`` (NULL: until lifted); lifting it sets ``lifted_at``. An alert is posted once when
+    its condition starts and is not posted again until it has cleared (``active`` 0).
+    """
+    _run(
+        db,
+        """
+        CREATE TABLE freezes (
+            id INTEGER PRIMARY KEY,
+            scope TEXT NOT NULL CHECK (scope IN ('all', 'server', 'group')),
+            target TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            created_by TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            until TEXT,
+            lifted_at TEXT,
+            lifted_by TEXT
+        ) STRICT
+        """,
+        "CREATE INDEX freezes_open ON freezes (lifted_at, until)",
+        """
+        CREATE TABLE proposal_reminders (
+            proposal_id INTEGER PRIMARY KEY REFERENCES proposals (id),
+            reminded_at TEXT NOT NULL
+        ) STRICT
+        """,
+        """
+        CREATE TABLE alerts (
+            server TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            active INTEGER NOT NULL CHECK (active IN (0, 1)),
+            since TEXT NOT NULL,
+            posted_at TEXT,
+            evidence_json TEXT NOT NULL DEFAULT '{}',
+            PRIMARY KEY (server, kind)
+        ) STRICT
+        """,
+    )

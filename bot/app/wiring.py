@@ -10,6 +10,7 @@ from pathlib import Path
 from sqlite_utils import Database
 
 from bot.app.config import Config, ConfigError, ServerConfig
+from bot.app.holds import hold_for
 from playbooks.campaigns.room import GpuRoom, room_of
 from playbooks.clock import Clock, at_scale
 from playbooks.diagnose.playbook import DiagnoseSettings
@@ -29,6 +30,7 @@ from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
 from playbooks.sources.metrics_source import with_metrics_source
 from playbooks.sources.model_config import LocalModelConfigs
 from playbooks.sources.prometheus import DcgmGpuReader, PrometheusAPI, PrometheusMetrics
+from storage import freezes
 from storage.clock_anchors import Anchor, anchor_for, continued, record_anchor
 from storage.db import open_db
 from storage.experiments import latest_transition_at
@@ -221,8 +223,10 @@ def experiment_deps(
     on_progress: Callable[[str], None] | None = None,
     *,
     clock: Clock,
+    wall_now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> Deps:
-    """What an experiment on `name` runs with; it waits and stamps on `clock`."""
+    """What an experiment on `name` runs with; it waits and stamps on `clock`, and asks
+    freezes, change windows and approvals' ends by `wall_now` (the calendar's time)."""
     server = config.server(name)
     return Deps(
         now=clock.utcnow,
@@ -238,4 +242,6 @@ def experiment_deps(
         restarts=restart_limiter(config, server, db),
         quality=server.quality,
         rotation=rotation(config, server),
+        hold=lambda now: hold_for(server, freezes.active(db, now), now),
+        wall_now=wall_now,
     )

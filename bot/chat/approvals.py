@@ -17,6 +17,7 @@ from typing import Any
 from sqlite_utils import Database
 
 from bot.app.config import Config, ConfigError
+from bot.app.holds import hold_for
 from bot.app.wiring import launcher
 from bot.chat import campaign, decisions
 from bot.chat.auth import Action, Decision, Principal
@@ -29,7 +30,7 @@ from playbooks.clock import Clock
 from playbooks.engines.base import EngineError
 from playbooks.launchers.base import LaunchError
 from playbooks.launchers.gitops import ManagedByGitOps
-from storage import chat
+from storage import chat, freezes
 from storage import experiments as store
 from storage import proposals as proposal_store
 from storage.chat import MessageRef
@@ -212,6 +213,7 @@ class Approvals:
             )
             return None
         where_progress = "in the thread" if start else "in the approver's terminal"
+        waits = self._waits(row)
         # Started before the approval message is stamped: the experiment is recorded as
         # approved, and a chat that fails to take an edit (Slack rate-limiting past the
         # client's retries) must not leave it waiting for nobody.
@@ -223,11 +225,32 @@ class Approvals:
                 ref,
                 surface,
                 f":white_check_mark: Approved by {mention(who.user)} at {_hhmm(self.now())}; "
-                f"experiment {exp_id} is running (progress {where_progress}).",
+                + (
+                    f"experiment {exp_id} waits: {waits}"
+                    if waits
+                    else f"experiment {exp_id} is running (progress {where_progress})."
+                ),
             )
         except Exception as exc:  # the buttons stay; a second click is told it was decided
             log.warning("experiment %s: marking its approval message failed: %s", exp_id, exc)
         return exp_id
+
+    def _waits(self, row: proposal_store.ProposalRow) -> str:
+        """Why an approved change cannot start yet (a freeze, the change window) and until
+        when, saying so when its approval runs out first; "" when it starts now."""
+        now = self.now()
+        hold = hold_for(self.config.server(row.server), freezes.active(self.db(), now), now)
+        if hold is None:
+            return ""
+        text = f"{hold.why}. It starts then if its approval is still valid (until "
+        text += f"{_hhmm(row.expires_at)})."
+        if hold.until_ts is None or hold.until_ts >= row.expires_at.timestamp():
+            text += (
+                " :warning: The approval runs out before that: unless the hold lifts sooner, "
+                "the change will not run. Set a longer `[access] approval_ttl` for changes "
+                "that wait for a window, and propose again."
+            )
+        return text
 
     def _stamp(
         self, row: proposal_store.ProposalRow, ref: MessageRef | None, surface: Surface, text: str

@@ -31,10 +31,16 @@ Action = Literal[
     "reject",
     "abort",
     "restart",
+    "freeze",
+    "unfreeze",
 ]
 READ_ONLY: frozenset[str] = frozenset({"help", "status", "history"})
-OPERATOR: frozenset[str] = frozenset({"diagnose", "report", "propose", "abort", "restart"})
-ACTIONS: frozenset[str] = READ_ONLY | OPERATOR | {"approve", "reject"}
+OPERATOR: frozenset[str] = frozenset(
+    {"diagnose", "report", "propose", "abort", "restart", "freeze"}
+)
+# deciding: approvers only (lifting a freeze lets changes start again, as an approval does)
+DECIDING: frozenset[str] = frozenset({"approve", "reject", "unfreeze"})
+ACTIONS: frozenset[str] = READ_ONLY | OPERATOR | DECIDING
 CONSOLE_PREFIX = "console:"
 CLI_PREFIX = "cli:"
 LOCAL_PREFIXES = (CONSOLE_PREFIX, CLI_PREFIX)
@@ -143,11 +149,12 @@ def _by_role(
     if action == "reject" and _own(proposer, who):
         return ALLOW  # withdrawing one's own proposal
     hint = f'; add "{entry}" there' if who.local else ""
-    if action in ("approve", "reject"):
+    if action in DECIDING:
         if entry in approvers:
             return ALLOW
         return Decision(
-            False, f"only the approvers named in kvpilot.toml ([access] approvers) may{hint}"
+            False,
+            f"only the approvers named in kvpilot.toml ([access] approvers) may {action}{hint}",
         )
     if entry in _members(policy.operators, group_members) or entry in approvers:
         return ALLOW

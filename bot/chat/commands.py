@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from bot.app.config import Config
+from bot.app.config import Config, ConfigError, parse_duration
 from playbooks.campaigns.policy import Allowance, PolicyError
 from playbooks.engines import engine_named
 from playbooks.engines.base import ArgError
@@ -28,7 +28,10 @@ USAGE = {
     "history": "history [server]",
     "report": "report [server] [--since 24h]",
     "tune": "tune <server> [--allow KEY=RANGE ...] [--max-experiments N]",
+    "freeze": "freeze [server|group] [for 2h] [reason]",
+    "unfreeze": "unfreeze [server|group]",
 }
+MAX_FREEZE_S = 30 * 86400.0
 
 
 class CommandError(Exception):
@@ -45,6 +48,15 @@ class Command:
     since: timedelta = timedelta(hours=24)  # the report's window, read as `kvpilot report` does
     proposal_id: int | None = None
     plan: dict[str, Any] | None = None  # a campaign's bounded plan (`tune`), as stored
+    freeze: FreezeSpec | None = None  # `freeze` and `unfreeze`: what, for how long, why
+
+
+@dataclass(frozen=True)
+class FreezeSpec:
+    scope: str  # "all", "server" or "group"
+    target: str  # the server's or group's name; "*" for all
+    for_s: float | None = None  # None: until lifted
+    reason: str = ""
 
 
 def _server(config: Config, name: str | None, *, required: bool, verb: str) -> str | None:
@@ -109,6 +121,8 @@ def parse_command(text: str, config: Config) -> Command:
         return Command(verb, server=server, change=change, force=force)
     if verb == "tune":
         return _tune(config, args)
+    if verb in ("freeze", "unfreeze"):
+        return _freeze(config, verb, args)
     if verb == "abort":
         exp_id = _record_id(args)
         if exp_id is None:
@@ -138,6 +152,49 @@ def parse_command(text: str, config: Config) -> Command:
     required = verb in ("diagnose", "report")
     server = _server(config, args[0] if args else None, required=required, verb=verb)
     return Command(verb, server=server, since=since)
+
+
+def _scope(config: Config, word: str) -> tuple[str, str] | None:
+    if word in config.servers:
+        return "server", word
+    if word in config.groups:
+        return "group", word
+    if word == "all":
+        return "all", "*"
+    return None
+
+
+def _freeze(config: Config, verb: str, args: list[str]) -> Command:
+    """`freeze [server|group] [for 2h] [reason]`: the first word names what is frozen when it
+    is a server or group (or `all`), else every server is; `unfreeze [server|group]`."""
+    scope: tuple[str, str] | None = _scope(config, args[0]) if args else None
+    rest = args[1:] if scope is not None else args
+    if verb == "unfreeze":
+        if rest:
+            known = ", ".join(sorted([*config.servers, *config.groups])) or "none configured"
+            raise CommandError(
+                f"unknown server or group `{rest[0]}`; usage: `/kvpilot {USAGE[verb]}` "
+                f"(servers and groups: {known})"
+            )
+        scope_, target = scope or ("all", "*")
+        return Command(verb, freeze=FreezeSpec(scope_, target))
+    for_s = None
+    if rest and rest[0].lower() == "for":
+        if len(rest) < 2:
+            raise CommandError("`for` needs a duration, e.g. `/kvpilot freeze for 2h incident`")
+        try:
+            for_s = parse_duration(rest[1], "for")
+        except ConfigError as exc:
+            raise CommandError(f"{exc}; e.g. `for 90m` or `for 2h`") from None
+        if not 0 < for_s <= MAX_FREEZE_S:
+            raise CommandError(
+                "a freeze lasts more than nothing and at most 30 days; leave `for` out to "
+                "freeze until `/kvpilot unfreeze`"
+            )
+        rest = rest[2:]
+    scope_, target = scope or ("all", "*")
+    reason = " ".join(rest)[:300]
+    return Command(verb, freeze=FreezeSpec(scope_, target, for_s, reason))
 
 
 def _tune(config: Config, args: list[str]) -> Command:

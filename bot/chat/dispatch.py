@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bot.chat import campaign
+from bot.chat import campaign, freezes
 from bot.chat.auth import Principal
 from bot.chat.commands import USAGE, Command
 from bot.chat.messages import Message
@@ -84,6 +84,13 @@ def _tune(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
     return Reply(None, lambda s: campaign.propose_plan(bot, who, s, cmd.server or "", plan))
 
 
+def _freeze(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
+    spec = cmd.freeze
+    assert spec is not None  # parse_command sets it for both verbs
+    act = freezes.freeze if cmd.name == "freeze" else freezes.unfreeze
+    return Reply(None, lambda s: act(bot, who, s, spec))
+
+
 HANDLERS: dict[str, Handler] = {
     "help": _help,
     "diagnose": _diagnose,
@@ -95,4 +102,6 @@ HANDLERS: dict[str, Handler] = {
     "reject": _decide,
     "report": _report,
     "tune": _tune,
+    "freeze": _freeze,
+    "unfreeze": _freeze,
 }

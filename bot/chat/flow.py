@@ -28,7 +28,7 @@ from bot.app.wiring import (
     launch_args_of,
     launcher,
 )
-from bot.chat import campaign, rollout, views
+from bot.chat import campaign, freezes, rollout, views
 from bot.chat.approvals import Approvals
 from bot.chat.auth import Action, Decision, GroupMembers, Principal, authorise
 from bot.chat.commands import Command, CommandError, parse_command
@@ -422,7 +422,14 @@ class Kvpilot(Approvals):
 
     def status_message(self, server: str | None) -> Message:
         hook = self.status_hook() if self.status_hook else []
-        return views.status_message(self.db(), self.config, self.runner, server, schedule=hook)
+        return views.status_message(
+            self.db(),
+            self.config,
+            self.runner,
+            server,
+            schedule=hook,
+            frozen=freezes.status_lines(self),
+        )
 
     def history_message(self, server: str | None) -> Message:
         return views.history_message(self.db(), server)

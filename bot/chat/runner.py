@@ -222,7 +222,9 @@ class ExperimentRunner:
             except Exception as exc:  # a chat hiccup must not stop the experiment
                 log.warning("experiment %s: a progress edit failed (%s); it goes on", exp_id, exc)
 
-        deps = experiment_deps(self.config, row.server, db, on_progress, clock=self.clock)
+        deps = experiment_deps(
+            self.config, row.server, db, on_progress, clock=self.clock, wall_now=self.now
+        )
         deps.lease = lease
         if resume:
             engine.resume_policy(deps, exp_id, actor="kvpilot")

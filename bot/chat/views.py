@@ -7,6 +7,7 @@ acts, these say how things stand.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from sqlite_utils import Database
@@ -97,8 +98,10 @@ def status_message(
     server: str | None,
     *,
     schedule: list[str],
+    frozen: Sequence[str] = (),
 ) -> Message:
-    """Each server's health, the running experiments, pending proposals, the schedules."""
+    """Each server's health, the running experiments, pending proposals, the freezes in
+    force, the schedules."""
     active = [e for e in store.active_experiments(db) if server in (None, e.server)]
     names = [server] if server else sorted(config.servers)
     servers: list[dict[str, Any]] = []
@@ -118,6 +121,7 @@ def status_message(
         active=[runner.describe(e) for e in active],
         pending=len(chat.pending_proposals(db)),
         schedule=schedule,
+        frozen=list(frozen),
     )
 
 

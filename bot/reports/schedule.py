@@ -1,11 +1,8 @@
 """Scheduled reports: a cron expression per report in its own time zone, each run sent once.
 
-**When.** ``LocalCron`` evaluates the five cron fields on the time zone's wall clock, then
-places each wall time in the zone. Daylight saving is handled the way people expect of a daily
-report: a time the clocks skip (02:30 on the spring-forward night) runs once, when the clock
-reads an hour later (03:30), and a time the clocks repeat (02:30 on the fall-back night) runs
-once, at its first occurrence. APScheduler's own ``CronTrigger`` with a zone fires twice on
-the fall-back night, so it is only used to walk the wall-clock fields.
+**When.** ``bot.app.cron.LocalCron`` evaluates the five cron fields on the time zone's wall
+clock: a time the clocks skip runs once, an hour later; a time they repeat runs once, at its
+first occurrence.
 
 **Once.** Every run is claimed in SQLite (``storage.report_runs``: unique report and scheduled
 time) before anything is posted, so a run is never sent twice: not by a second bot process, not
@@ -28,14 +25,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
-from apscheduler.triggers.cron import CronTrigger
 from sqlite_utils import Database
 
 from bot.app.config import Config, ReportSchedule
+from bot.app.cron import TICK, LocalCron
 from bot.app.wiring import engine_of
 from bot.chat.surface import Surface
 from bot.reports.report import duration, post_report, when
@@ -45,62 +41,7 @@ from storage.report_runs import RunStatus, claim_run, finish_run, is_claimed, ru
 
 log = logging.getLogger(__name__)
 
-DST_MARGIN = timedelta(hours=3)  # more than any zone's daylight-saving shift
 LATE_AFTER = timedelta(minutes=1)  # a run sent later than this after its time is "late"
-_TICK = timedelta(seconds=1)
-
-
-class LocalCron:
-    """A five-field cron expression on a time zone's wall clock (see the module docstring)."""
-
-    def __init__(self, expr: str, timezone: str) -> None:
-        self.expr = expr
-        self.zone = ZoneInfo(timezone)
-        self._fields = CronTrigger.from_crontab(expr, timezone=UTC)  # walks wall-clock times
-
-    def _instant(self, wall: datetime) -> datetime:
-        """The instant a wall-clock time names (fold 0: the first of a repeated time; a
-        skipped time is read with the offset before the change, i.e. an hour later)."""
-        return wall.replace(tzinfo=self.zone, fold=0).astimezone(UTC)
-
-    def _walls(self, start: datetime) -> Iterator[datetime]:
-        """Wall-clock fire times from ``start`` (naive wall time) on, in order."""
-        probe = start.replace(tzinfo=UTC)
-        while True:
-            fire = self._fields.get_next_fire_time(None, probe)
-            if fire is None:
-                return
-            yield fire.replace(tzinfo=None)
-            probe = fire + _TICK
-
-    def next_after(self, moment: datetime) -> datetime | None:
-        """The first run strictly after ``moment``."""
-        wall = moment.astimezone(self.zone).replace(tzinfo=None)
-        best: datetime | None = None
-        best_wall: datetime | None = None
-        for w in self._walls(wall - DST_MARGIN):
-            if best_wall is not None and w > best_wall + DST_MARGIN:
-                break  # later wall times cannot name an earlier instant
-            instant = self._instant(w)
-            if instant > moment and (best is None or instant < best):
-                best, best_wall = instant, w
-        return best
-
-    def runs_between(self, start: datetime, end: datetime) -> list[datetime]:
-        """Every run in (start, end], in order, each instant once."""
-        out: list[datetime] = []
-        moment = start
-        while True:
-            nxt = self.next_after(moment)
-            if nxt is None or nxt > end:
-                return out
-            out.append(nxt)
-            moment = nxt
-
-    def latest_within(self, moment: datetime, window: timedelta) -> datetime | None:
-        """The most recent run at or before ``moment`` and no older than ``window``."""
-        found = self.runs_between(moment - window - _TICK, moment)
-        return found[-1] if found else None
 
 
 class LocalCronTrigger(BaseTrigger):  # type: ignore[misc]
@@ -114,7 +55,7 @@ class LocalCronTrigger(BaseTrigger):  # type: ignore[misc]
     ) -> datetime | None:
         if previous_fire_time is not None:
             return self.cron.next_after(previous_fire_time)
-        return self.cron.next_after(now - _TICK)
+        return self.cron.next_after(now - TICK)
 
     def __str__(self) -> str:
         return f"cron[{self.cron.expr} {self.cron.zone.key}]"

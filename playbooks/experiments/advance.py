@@ -45,7 +45,7 @@ from storage import audit, proposals, quality_answers, restart_slots, servers
 from storage import experiments as store
 from storage import samples as sample_store
 from storage.db import write_transaction
-from storage.errors import LeaseNotHeld
+from storage.errors import LeaseNotHeld, NotFound
 from storage.experiments import TERMINAL, State
 
 
@@ -85,7 +85,16 @@ def view_of(row: store.ExperimentRow, answers: dict[str, int] | None = None) -> 
 MEASURING = frozenset({State.baseline, State.warming_up, State.trial})
 
 
-def gather(deps: Deps, state: State, progress: dict[str, Any] | None = None) -> steps.Facts:
+# Only these states start restarts of their own; a hold (freeze, change window) is asked there.
+HELD = frozenset({State.approved, State.baseline})
+
+
+def gather(
+    deps: Deps,
+    state: State,
+    progress: dict[str, Any] | None = None,
+    proposal_id: int | None = None,
+) -> steps.Facts:
     """What the step needs to see: the launcher's view of the server, and the time (and behind
     a router, while it restarts, the router's: `rotation_steps.facts`)."""
     identity = deps.launcher.identity()
@@ -110,7 +119,20 @@ def gather(deps: Deps, state: State, progress: dict[str, Any] | None = None) -> 
         ready_timeout_s=deps.launcher.ready_timeout_s,
         carrier=None if deps.lease is None else deps.lease.owner,
         rotation=rotation_steps.facts(deps, state, progress or {}),
+        hold=deps.hold(deps.wall_now()) if deps.hold is not None and state in HELD else None,
+        approval_ran_out=state in HELD and _approval_ran_out(deps, proposal_id),
     )
+
+
+def _approval_ran_out(deps: Deps, proposal_id: int | None) -> bool:
+    """Whether the approval of the experiment's proposal is over, by the calendar (a plan's
+    steps and experiments without a proposal have no such end)."""
+    if proposal_id is None:
+        return False
+    try:
+        return deps.wall_now() >= proposals.get_proposal(deps.db, proposal_id).expires_at
+    except NotFound:
+        return False
 
 
 def advance(deps: Deps, exp_id: int) -> Advanced:
@@ -121,7 +143,7 @@ def advance(deps: Deps, exp_id: int) -> Advanced:
     checkpoint(deps, row.id, row.state)
     _fault("pause", row.state)
     view = view_of(row, quality_answers.counts(deps.db, row.id))
-    facts = gather(deps, row.state, row.progress)
+    facts = gather(deps, row.state, row.progress, row.proposal_id)
     step = steps.next_step(view, facts)
     if step is None:
         return Advanced(row, None, "none")
@@ -276,6 +298,8 @@ def _wait_or_probe(
     again; one that does not is stuck."""
     if isinstance(step, steps.Wait):
         deps.say(f"{row.state}: {step.reason}")
+        if step.progress:
+            _progress(deps, row, **step.progress)
         return
     still = stall.still_for_s(row.progress)
     deps.say(

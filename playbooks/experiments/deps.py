@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlite_utils import Database
 
@@ -21,6 +21,9 @@ from playbooks.experiments.restart_limits import RestartLimiter
 from playbooks.launchers.base import Launcher
 from playbooks.quality.check import QualityCheck
 from playbooks.routers.drain import Rotation
+
+if TYPE_CHECKING:
+    from playbooks.experiments.steps import Hold
 
 
 def args_of(config: dict[str, Any]) -> list[str]:
@@ -46,6 +49,11 @@ class Deps:
     # The server's answer quality check: a new experiment whose change touches one of its
     # opted-in arguments carries it, and is kept only once it passes (lifecycle.create).
     quality: QualityCheck | None = None
+    # Whether a freeze or the server's change window holds restarts at a time (None: never),
+    # asked with the calendar's time (`wall_now`), as approvals expire by it: an experiment's
+    # own clock (`now`) may run faster against a twin.
+    hold: Callable[[datetime], Hold | None] | None = None
+    wall_now: Callable[[], datetime] = lambda: datetime.now(UTC)
 
     def say(self, message: str) -> None:
         if self.on_progress is not None:

@@ -81,6 +81,17 @@ class Facts:
     ready_timeout_s: float = 1800.0
     carrier: str | None = None  # the process taking the step (its lease owner)
     rotation: RotationFacts | None = None  # the router in front of it, while it restarts
+    hold: Hold | None = None  # why no restart may start now (approved and baseline only)
+    approval_ran_out: bool = False  # the approval's time is over (by the calendar's clock)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Why a restart may not start now: a freeze, or outside the server's change window.
+    `until_ts` is when it lifts where that is known (a freeze's end, the window's opening)."""
+
+    why: str
+    until_ts: float | None = None
 
 
 @dataclass(frozen=True)
@@ -131,10 +142,11 @@ class Poll:
 
 @dataclass(frozen=True)
 class Wait:
-    """Nothing can be done safely now (the launcher cannot say what the server runs): look
-    again after a scrape interval."""
+    """Nothing can be done safely now (the launcher cannot say what the server runs, a freeze
+    holds restarts): look again after a scrape interval. `progress` is stored with it."""
 
     reason: str
+    progress: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -301,7 +313,13 @@ def changed_outside(view: View, facts: Facts) -> Move | None:
     )
 
 
+HELD_SINCE = "held_since"  # the approved state's progress key: when a hold first kept it waiting
+
+
 def _approved(view: View, facts: Facts) -> Step:
+    held = _held(view, facts)
+    if held is not None:
+        return held
     if facts.current_args is None:
         # The plan is approved for a configuration; until the launcher says the server runs it,
         # going on could overwrite a configuration changed since the approval.
@@ -327,6 +345,33 @@ def _approved(view: View, facts: Facts) -> Step:
     return Move(State.baseline, f"{then}approved plan checked against the server; baseline next")
 
 
+def _held(view: View, facts: Facts) -> Step | None:
+    """An approved experiment waits while a freeze or its server's change window holds
+    restarts, and starts when it lifts only if the approval has not run out meanwhile."""
+    ran_out = facts.approval_ran_out
+    if facts.hold is None:
+        if ran_out and HELD_SINCE in view.progress:
+            return Move(
+                State.expired,
+                "the approval ran out while the change waited; nothing was changed: propose "
+                "again (or set a longer [access] approval_ttl for changes that wait)",
+                {"cause": "expired_waiting"},
+            )
+        return None
+    if ran_out:
+        return Move(
+            State.expired,
+            f"the approval ran out while the change waited ({facts.hold.why}); nothing was "
+            "changed: propose again (or set a longer [access] approval_ttl)",
+            {"cause": "expired_waiting"},
+        )
+    since = view.progress.get(HELD_SINCE, facts.now_ts)
+    return Wait(
+        f"waiting: {facts.hold.why}; it starts then if the approval is still valid",
+        {HELD_SINCE: since, "hold": facts.hold.why, "hold_until": facts.hold.until_ts},
+    )
+
+
 def _baseline(view: View, facts: Facts) -> Step:
     changed = changed_outside(view, facts)
     if changed is not None:
@@ -348,6 +393,13 @@ def _baseline(view: View, facts: Facts) -> Step:
         short = _baseline_short(view, facts)
         if short is not None:
             return short
+        if facts.hold is not None:  # frozen (or the window closed) while it measured
+            return Move(
+                State.cancelled,
+                f"no restart may start now ({facts.hold.why}); nothing was changed: "
+                "approve the change again once it lifts",
+                {"cause": "held"},
+            )
         why = view.progress.get("measured_because")
         return Move(
             State.restarting,

@@ -208,6 +208,16 @@ def buttons(message: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def posted(
+    slack: FakeSlack, needle: str, channel: str = CHANNEL
+) -> tuple[str, dict[str, Any]] | None:
+    """The first message (ts, message) in `channel` whose text holds `needle`."""
+    for ts, m in slack.messages(channel).items():
+        if needle in (m.get("text") or ""):
+            return ts, m
+    return None
+
+
 def wait_until(predicate: Any, timeout: float = 30.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -119,6 +119,9 @@ def test_every_kind_has_a_distinct_name() -> None:
         "campaign_started",
         "campaign_ended",
         "bound_learned",
+        "freeze_set",
+        "freeze_lifted",
+        "alert_posted",
     }
     for name, cls in EVENT_TYPES.items():
         assert cls.name == name

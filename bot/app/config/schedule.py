@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import difflib
-import zoneinfo
 from dataclasses import dataclass
 from typing import Any
 
-from apscheduler.triggers.cron import CronTrigger
-
 from bot.app.config.servers import ServerConfig
-from bot.app.config.values import ConfigError, check_keys, duration, number, slack_ids, string
+from bot.app.config.values import (
+    ConfigError,
+    check_cron,
+    check_keys,
+    check_timezone,
+    duration,
+    number,
+    slack_ids,
+    string,
+)
 
 
 @dataclass(frozen=True)
@@ -88,27 +93,13 @@ def sampler(table: Any) -> SamplerConfig:
     return SamplerConfig(interval, raw, five, hourly, enabled, monitor)
 
 
-def _timezone(name: str, where: str) -> None:
-    try:
-        zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        close = difflib.get_close_matches(name, sorted(zoneinfo.available_timezones()), n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise ConfigError(
-            f"{where}.timezone: unknown time zone {name!r}{hint}; use an IANA name such as "
-            '"Europe/Berlin", "America/New_York" or "UTC"'
-        ) from None
-
-
 def _cron(expr: str, timezone: str, where: str) -> None:
-    try:
-        CronTrigger.from_crontab(expr, timezone=zoneinfo.ZoneInfo(timezone))
-    except ValueError as exc:
-        raise ConfigError(
-            f"{where}.cron: {expr!r} is not a cron expression ({exc}); use five fields, "
-            'minute hour day-of-month month day-of-week, e.g. "0 9 * * *" for 09:00 daily or '
-            '"30 7 * * mon-fri" for 07:30 on weekdays'
-        ) from None
+    check_cron(
+        expr,
+        timezone,
+        where,
+        'e.g. "0 9 * * *" for 09:00 daily or "30 7 * * mon-fri" for 07:30 on weekdays',
+    )
 
 
 def _report_servers(
@@ -162,7 +153,7 @@ def reports(value: Any, servers: dict[str, ServerConfig]) -> tuple[ReportSchedul
         cron = string(table, "cron", where)
         timezone = string(table, "timezone", where, "UTC")
         assert cron is not None and timezone is not None
-        _timezone(timezone, where)
+        check_timezone(timezone, where)
         _cron(cron, timezone, where)
         name = string(table, "name", where, f"{channel} {cron}")
         assert name is not None

@@ -9,6 +9,7 @@ from typing import Any
 
 from bot.app.config.routers import RouterConfig, router
 from bot.app.config.values import ConfigError, check_keys, flag, number, string
+from bot.app.config.windows import ChangeWindow, change_window
 from playbooks.engines import DEFAULT as DEFAULT_ENGINE
 from playbooks.engines import NAMES as ENGINE_NAMES
 from playbooks.gate import GateSettings
@@ -68,6 +69,7 @@ class GroupConfig:
     router: RouterConfig | None = None  # the router in front of it (bot/app/config/routers.py)
     # latency targets its servers inherit where they set none of their own (LATENCY_KEYS)
     latency: dict[str, float] = field(default_factory=dict)
+    change_window: ChangeWindow | None = None  # its servers' where they set none (windows.py)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class ServerConfig:
     group: str | None = None
     # the answer quality check, its own [servers.NAME.quality] or its group's (quality.py)
     quality: QualityCheck | None = None
+    # when restarts may start: its own [servers.NAME.change_window] or its group's
+    change_window: ChangeWindow | None = None
 
 
 def gate_settings(table: Any, where: str, base: GateSettings) -> GateSettings:
@@ -215,6 +219,7 @@ def server(name: str, table: Any, gate_defaults: GateSettings) -> ServerConfig:
             "group",
             "engine",
             "quality",  # read by quality.py, which needs the file's directory
+            "change_window",
             *LATENCY_KEYS,
         },
         where,
@@ -251,6 +256,7 @@ def server(name: str, table: Any, gate_defaults: GateSettings) -> ServerConfig:
         metrics=_metrics(table.get("metrics"), f"{where}.metrics", url.rstrip("/")),
         group=string(table, "group", where),
         engine=str(engine),
+        change_window=change_window(table.get("change_window"), where),
     )
 
 
@@ -309,7 +315,9 @@ def groups(table: Any, servers: dict[str, ServerConfig]) -> dict[str, GroupConfi
         if not isinstance(body, dict):
             raise ConfigError(f"{where}: expected a table, e.g. max_concurrent_restarts = 1")
         check_keys(  # quality: read by quality.py
-            body, {"max_concurrent_restarts", "quality", "router", *LATENCY_KEYS}, where
+            body,
+            {"max_concurrent_restarts", "quality", "router", "change_window", *LATENCY_KEYS},
+            where,
         )
         limit = body.get("max_concurrent_restarts", 1)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -323,6 +331,7 @@ def groups(table: Any, servers: dict[str, ServerConfig]) -> dict[str, GroupConfi
             limit,
             router(body.get("router"), where, members),
             latency=latency_targets(body, where),
+            change_window=change_window(body.get("change_window"), where),
         )
     for server in servers.values():
         if server.group is not None and server.group not in groups:
@@ -338,7 +347,10 @@ def groups(table: Any, servers: dict[str, ServerConfig]) -> dict[str, GroupConfi
 
 
 def with_group_targets(server: ServerConfig, group: GroupConfig) -> ServerConfig:
-    """The server with its group's latency targets where it sets none of its own."""
+    """The server with its group's latency targets and change window where it sets none of
+    its own."""
+    if server.change_window is None and group.change_window is not None:
+        server = replace(server, change_window=group.change_window)
     inherited = {k: v for k, v in group.latency.items() if getattr(server.gate, k) is None}
     if not inherited:
         return server

@@ -6,7 +6,11 @@ fixed from the message alone.
 
 from __future__ import annotations
 
+import difflib
+import zoneinfo
 from typing import Any
+
+from apscheduler.triggers.cron import CronTrigger
 
 from playbooks.reports.throughput import parse_window
 
@@ -94,3 +98,26 @@ def duration(table: dict[str, Any], key: str, where: str, default: float) -> flo
             "seconds (units: s, m, h, d, w)"
         )
     return parse_duration(text, f"{where}.{key}")
+
+
+def check_timezone(name: str, where: str) -> None:
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        close = difflib.get_close_matches(name, sorted(zoneinfo.available_timezones()), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(
+            f"{where}.timezone: unknown time zone {name!r}{hint}; use an IANA name such as "
+            '"Europe/Berlin", "America/New_York" or "UTC"'
+        ) from None
+
+
+def check_cron(expr: str, timezone: str, where: str, examples: str) -> None:
+    """A five-field cron expression, or an error naming the key, the fields and `examples`."""
+    try:
+        CronTrigger.from_crontab(expr, timezone=zoneinfo.ZoneInfo(timezone))
+    except ValueError as exc:
+        raise ConfigError(
+            f"{where}.cron: {expr!r} is not a cron expression ({exc}); use five fields, "
+            f"minute hour day-of-month month day-of-week, {examples}"
+        ) from None

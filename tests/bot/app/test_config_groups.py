@@ -74,7 +74,7 @@ def test_groups_and_their_servers(tmp_path: Path) -> None:
         (
             ("max_concurrent_restarts = 2", "max_restarts = 2"),
             r"groups.kimi: unknown key\(s\) max_restarts; allowed: "
-            r"itl_p99_ms, max_concurrent_restarts",
+            r"change_window, itl_p99_ms, max_concurrent_restarts",
         ),
         (
             ('group = "kimi"\n\n[servers.solo]', "group = 3\n\n[servers.solo]"),

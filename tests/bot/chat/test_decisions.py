@@ -88,7 +88,7 @@ PROPOSAL_ROWS: list[Row] = [
         {"authorisation": allowed("U3", "approve")},
         Refusal(
             Reason.NOT_AUTHORISED,
-            "only the approvers named in kvpilot.toml ([access] approvers) may",
+            "only the approvers named in kvpilot.toml ([access] approvers) may approve",
         ),
     ),
     (
@@ -129,7 +129,7 @@ PROPOSAL_ROWS: list[Row] = [
         {"authorisation": allowed("U3", "approve"), "expires_at": NOW},
         Refusal(
             Reason.NOT_AUTHORISED,
-            "only the approvers named in kvpilot.toml ([access] approvers) may",
+            "only the approvers named in kvpilot.toml ([access] approvers) may approve",
         ),
     ),
     (

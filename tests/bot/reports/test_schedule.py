@@ -14,7 +14,8 @@ import pytest
 from sqlite_utils import Database
 
 from bot.app.config import Config, ReportSchedule, parse
-from bot.reports.schedule import LocalCron, ReportScheduler
+from bot.app.cron import LocalCron
+from bot.reports.schedule import ReportScheduler
 from playbooks.reports.throughput import Report
 from storage.db import open_db
 from storage.report_runs import runs

@@ -23,6 +23,7 @@ from tests.bot.harness import (
     CHANNEL,
     FakeNow,
     buttons,
+    posted,
     running_bot,
     twin_config,
     vllm_twin_config,
@@ -62,13 +63,6 @@ def config(tmp_path: Path) -> Iterator[Path]:
 def slack() -> Iterator[FakeSlack]:
     with FakeSlack(usergroups={"S0APPROVE": ["U7"]}) as fake:
         yield fake
-
-
-def posted(slack: FakeSlack, needle: str) -> tuple[str, dict[str, Any]] | None:
-    for ts, m in slack.messages(CHANNEL).items():
-        if needle in (m.get("text") or ""):
-            return ts, m
-    return None
 
 
 def denials(path: Path, action: str) -> list[dict[str, Any]]:

@@ -57,6 +57,9 @@ DOWN = {"running": False, "ready": False, "reason": "exited with status 1", "ins
 # arguments kvpilot never runs in this experiment: someone set them by hand
 PERSON = ("--mem-fraction-static", "0.80")
 BY_HAND = {"current_args": PERSON, "instance": "i9"}  # restarted by them on their arguments
+HOLD = steps.Hold("every server frozen by U1 until 16:00 UTC", T + 3600)
+RAN_OUT = seen(approval_ran_out=True)
+RAN_OUT_HELD = seen(hold=HOLD, approval_ran_out=True)
 CASES: list[tuple[str, View, Facts, object]] = [
     # approved: the plan is checked against what the server runs
     ("approved, healthy", view(State.approved), seen(), State.baseline),
@@ -65,6 +68,13 @@ CASES: list[tuple[str, View, Facts, object]] = [
     ("approved, unhealthy", view(State.approved), seen(ready=False), State.cancelled),
     # the launcher cannot say what runs: nothing is changed until it can
     ("approved, arguments unknown", view(State.approved), seen(current_args=None), steps.Wait),
+    # a freeze or the change window holds restarts: it waits while the approval holds
+    ("approved, held", view(State.approved), seen(hold=HOLD), steps.Wait),
+    ("approved, held, ran out", view(State.approved), RAN_OUT_HELD, State.expired),
+    ("approved, hold lifted", view(State.approved, held_since=T - 60), seen(), State.baseline),
+    ("approved, hold lifted late", view(State.approved, held_since=T - 60), RAN_OUT, State.expired),
+    # never held: the approval was valid when given, and the plan check decides
+    ("approved, not held", view(State.approved), RAN_OUT, State.baseline),
     # baseline
     ("baseline, first step", view(State.baseline), seen(), steps.ChooseBaseline),
     ("baseline, measuring", view(State.baseline, until=T + 5, instance="i1"), seen(), Scrape),
@@ -79,6 +89,12 @@ CASES: list[tuple[str, View, Facts, object]] = [
         view(State.baseline, until=T, instance="i1", first_ts=T - 600, last_ts=T - 10, batches=4),
         seen(),
         State.restarting,
+    ),
+    (  # frozen while it measured: nothing changed yet, so nothing is restarted
+        "baseline, over, held",
+        view(State.baseline, until=T, instance="i1", first_ts=T - 600, last_ts=T - 10),
+        seen(hold=HOLD),
+        State.cancelled,
     ),
     (  # scrapes went missing (a stalled host): restarting now would end in "cannot judge"
         "baseline, over, too few batches with a scrape",
