@@ -130,6 +130,35 @@ def find_message(db: Database, subject: Subject, subject_id: int, role: str) -> 
     return MessageRef(channel=row["channel"], message_id=row["ts"], thread_id=row["thread_ts"])
 
 
+def find_messages(
+    db: Database, subject: Subject, subject_id: int, role_prefix: str
+) -> dict[str, MessageRef]:
+    """Every message about a subject whose role starts with `role_prefix` (a proposal's copies
+    sent to each approver, `approval-dm:U123`), by role."""
+    rows = db.query(
+        "SELECT role, channel, ts, thread_ts FROM message_refs"
+        " WHERE subject = ? AND subject_id = ? AND substr(role, 1, ?) = ? ORDER BY role",
+        [subject, subject_id, len(role_prefix), role_prefix],
+    )
+    return {
+        str(r["role"]): MessageRef(
+            channel=r["channel"], message_id=r["ts"], thread_id=r["thread_ts"]
+        )
+        for r in rows
+    }
+
+
+def mark_reminded(db: Database, proposal_id: int, *, now: datetime) -> bool:
+    """Record that the approvers were reminded of a proposal; False if they already were."""
+    with write_transaction(db):
+        cursor = db.execute(
+            "INSERT INTO proposal_reminders (proposal_id, reminded_at) VALUES (?, ?)"
+            " ON CONFLICT (proposal_id) DO NOTHING",
+            [proposal_id, utc_iso(now)],
+        )
+        return cursor.rowcount == 1
+
+
 def pending_proposals(db: Database) -> list[int]:
     """Ids of proposals nobody has decided on yet, oldest first."""
     rows = db.query(

@@ -22,6 +22,7 @@ from bot.app.wiring import launcher
 from bot.chat import campaign, decisions
 from bot.chat.auth import Action, Decision, Principal
 from bot.chat.messages import Message
+from bot.chat.notify import DM_ROLE
 from bot.chat.render import change_text, mention
 from bot.chat.runner import ExperimentRunner
 from bot.chat.surface import LOCAL_CHANNEL, Surface
@@ -53,6 +54,7 @@ class Approvals:
     clock: Clock
     runner: ExperimentRunner
     now: Callable[[], datetime]
+    surface_for: Callable[[str], Surface]
 
     def db(self) -> Database:
         raise NotImplementedError
@@ -105,7 +107,7 @@ class Approvals:
             refuse(outcome.text, outcome.audited)
             if outcome.reason is decisions.Reason.EXPIRED:
                 self._mark_expired(row)
-                ref = where or chat.find_message(self.db(), "proposal", proposal_id, "approval")
+                ref = self._approval_ref(proposal_id, where)
                 self._stamp(
                     row,
                     ref,
@@ -128,13 +130,18 @@ class Approvals:
         except (AlreadyDecided, ProposalExpired, PlanMismatch) as exc:  # decided meanwhile
             refuse(str(exc))
             return None
-        ref = where or chat.find_message(self.db(), "proposal", proposal_id, "approval")
+        ref = self._approval_ref(proposal_id, where)
         if verdict == "rejected":
             self._stamp(
                 row, ref, surface, f":x: Rejected by {mention(who.user)} at {_hhmm(self.now())}."
             )
             return None
         return self._start_experiment(who, surface, row, ref, start=start)
+
+    def _approval_ref(self, proposal_id: int, where: MessageRef | None) -> MessageRef | None:
+        """The proposal's message in its channel, where its experiment's thread is, whichever
+        copy was clicked (an approver's direct message is stamped with the rest)."""
+        return chat.find_message(self.db(), "proposal", proposal_id, "approval") or where
 
     def decide_by_id(self, who: Principal, surface: Surface, proposal_id: int, verb: str) -> None:
         """`approve ID` / `reject ID` typed as a command: the proposal as it is stored now."""
@@ -267,6 +274,11 @@ class Approvals:
             surface.update(ref, message)
         else:
             surface.post(message)
+        for copy in chat.find_messages(self.db(), "proposal", row.id, DM_ROLE).values():
+            try:
+                self.surface_for(copy.channel).update(copy, message)
+            except Exception as exc:  # the channel's message says it; a copy may lag
+                log.warning("proposal %s: stamping the copy in %s failed: %s", row.id, copy, exc)
 
     def _mark_expired(self, row: proposal_store.ProposalRow) -> None:
         try:

@@ -127,10 +127,20 @@ def authorise(
         )
     if action == "help":
         return ALLOW
-    if channels and who.channel not in channels:
+    if channels and who.channel not in channels and not _private(who, action):
         allowed = ", ".join(f"<#{c}>" for c in channels)
         return Decision(False, f"kvpilot only works in {allowed}")
     return _by_role(policy, who, action, who.user, group_members, proposer)
+
+
+# Where only the person sees kvpilot: a direct message with the bot (Slack's "D..." channels)
+# and its App Home. Decisions may be made there (an approver's copy of a proposal, the Home
+# tab's buttons), by the same roles; `[slack] channels` limits where commands are typed.
+APP_HOME = "app_home"
+
+
+def _private(who: Principal, action: Action) -> bool:
+    return action in DECIDING and (who.channel == APP_HOME or (who.channel or "").startswith("D"))
 
 
 def _by_role(

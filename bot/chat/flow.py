@@ -28,7 +28,7 @@ from bot.app.wiring import (
     launch_args_of,
     launcher,
 )
-from bot.chat import campaign, freezes, rollout, views
+from bot.chat import campaign, freezes, notify, rollout, views
 from bot.chat.approvals import Approvals
 from bot.chat.auth import Action, Decision, GroupMembers, Principal, authorise
 from bot.chat.commands import Command, CommandError, parse_command
@@ -72,8 +72,12 @@ class Kvpilot(Approvals):
         progress_every_s: float = 10.0,
         report_hook: Callable[[Command, Principal, Surface], None] | None = None,
         status_hook: Callable[[], list[str]] | None = None,
+        direct: Callable[[str], Surface | None] | None = None,
     ) -> None:
         self.config = config
+        self.surface_for = surface_for
+        # a person's direct messages with the bot (None where the front end has none)
+        self.direct: Callable[[str], Surface | None] = direct or (lambda _user: None)
         self._open_db = open_db
         self._local = threading.local()
         self.group_members = group_members
@@ -385,6 +389,7 @@ class Kvpilot(Approvals):
         message = self.approval_message(row, option.to_json(), cfg.launcher is not None)
         ref = surface.post(message, thread=thread)
         chat.remember_message(self.db(), "proposal", row.id, "approval", ref, now=self.now())
+        notify.announce(self, row, ref, option.to_json())
         return row.id
 
     def approval_message(

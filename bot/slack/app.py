@@ -20,9 +20,13 @@ from slack_bolt.logger.messages import warning_client_prioritized_and_token_skip
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
-from bot.chat.auth import Principal
+from bot.chat.auth import APP_HOME, Principal
 from bot.chat.flow import Kvpilot
+from bot.chat.home import home_messages
+from bot.chat.messages import Message
+from bot.chat.surface import Surface
 from bot.slack.blocks import blocks, fallback_text
+from bot.slack.home import publish_home
 from bot.slack.surface import SlackSurface
 from storage.chat import MessageRef
 
@@ -110,22 +114,85 @@ def build_app(
         ack: Ack, body: dict[str, Any], action: dict[str, Any], client: WebClient, respond: Respond
     ) -> None:
         ack()
-        user = str((body.get("user") or {}).get("id", ""))
-        channel = str((body.get("channel") or {}).get("id", ""))
-        message = body.get("message") or {}
-        if not user or not channel:
-            log.warning("button payload without user or channel ignored")
-            return
-        ref = MessageRef(channel, str(message["ts"])) if message.get("ts") else None
-        who = Principal(user, channel)
-        reply = kv.action(who, str(action.get("action_id", "")), str(action.get("value", "")), ref)
-        surface = SlackSurface(client, channel)
-        if reply.now is not None:
-            surface.whisper(who, reply.now)
-        if reply.work is not None:
-            kv.submit(reply.work, surface, tell_failure(respond, "that button"))
+        on_button(kv, body, action, client, respond)
+
+    @app.event("app_home_opened")
+    def on_home_opened(event: dict[str, Any], client: WebClient) -> None:
+        user = str(event.get("user", ""))
+        if user and event.get("tab", "home") == "home":
+            kv.submit(lambda _s: publish_home(client, user, home_messages(kv)), NOWHERE)
 
     return app
+
+
+def on_button(
+    kv: Kvpilot, body: dict[str, Any], action: dict[str, Any], client: WebClient, respond: Respond
+) -> None:
+    """A click on one of kvpilot's buttons, in a message or on the Home tab."""
+    user = str((body.get("user") or {}).get("id", ""))
+    channel = str((body.get("channel") or {}).get("id", ""))
+    message = body.get("message") or {}
+    if user and (body.get("container") or {}).get("type") == "view":
+        on_home_action(kv, client, user, action)
+        return
+    if not user or not channel:
+        log.warning("button payload without user or channel ignored")
+        return
+    ref = MessageRef(channel, str(message["ts"])) if message.get("ts") else None
+    who = Principal(user, channel)
+    reply = kv.action(who, str(action.get("action_id", "")), str(action.get("value", "")), ref)
+    surface = SlackSurface(client, channel)
+    if reply.now is not None:
+        surface.whisper(who, reply.now)
+    if reply.work is not None:
+        kv.submit(reply.work, surface, tell_failure(respond, "that button"))
+
+
+def on_home_action(kv: Kvpilot, client: WebClient, user: str, action: dict[str, Any]) -> None:
+    """A button of the Home tab: decided as the same button in a channel (the proposal's own
+    message is stamped, its thread carries the experiment), answered in the person's direct
+    messages, and the tab shown again afterwards."""
+    surface = kv.direct(user)
+    if surface is None:
+        log.warning("no direct message channel with %s; their Home tab click is dropped", user)
+        return
+    who = Principal(user, APP_HOME)
+    reply = kv.action(who, str(action.get("action_id", "")), str(action.get("value", "")), None)
+    if reply.now is not None:
+        surface.whisper(who, reply.now)
+    work = reply.work
+
+    def then(s: Surface) -> None:
+        try:
+            if work is not None:
+                work(s)
+        finally:
+            publish_home(client, user, home_messages(kv))
+
+    kv.submit(then, surface)
+
+
+class _Nowhere:
+    """The surface of work that posts nothing (publishing the Home tab)."""
+
+    channel = ""
+
+    def post(self, message: Message, *, thread: MessageRef | None = None) -> MessageRef:
+        raise RuntimeError("this work posts nowhere")
+
+    def update(self, ref: MessageRef, message: Message) -> None:
+        raise RuntimeError("this work posts nowhere")
+
+    def upload(
+        self, data: bytes, *, filename: str, title: str, thread: MessageRef | None = None
+    ) -> None:
+        raise RuntimeError("this work posts nowhere")
+
+    def whisper(self, who: Principal, message: Message) -> None:
+        raise RuntimeError("this work posts nowhere")
+
+
+NOWHERE = _Nowhere()
 
 
 def tell_failure(respond: Respond, asked: str) -> Any:

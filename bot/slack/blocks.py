@@ -37,8 +37,11 @@ SHORTENED = "(shortened; the rest is in the log)"
 
 
 def spell(user: str) -> str:
-    """A person as Slack shows them: `<@U123>`; a terminal's user by name."""
-    return user if is_terminal_user(user) else f"<@{user}>"
+    """A person as Slack shows them: `<@U123>`, a user group `<!subteam^S123>` (which notifies
+    its members); a terminal's user by name."""
+    if is_terminal_user(user):
+        return user
+    return f"<!subteam^{user}>" if user.startswith("S") else f"<@{user}>"
 
 
 def slack_text(text: str) -> str:

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from slack_bolt import App
 from slack_bolt.adapter.socket_mode import SocketModeHandler
 from slack_bolt.adapter.starlette.handler import to_bolt_request, to_starlette_response
+from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
 from sqlite_utils import Database
 from starlette.applications import Starlette
@@ -39,6 +40,7 @@ from bot.app import health, telemetry
 from bot.app.checks import Check
 from bot.app.config import Config
 from bot.app.wiring import engine_of, make_clock
+from bot.chat import notify
 from bot.chat.flow import Kvpilot
 from bot.reports.hook import make_report_hook
 from bot.reports.sampler import Sampler
@@ -46,7 +48,7 @@ from bot.reports.schedule import ReportScheduler
 from bot.slack.app import GroupDirectory, build_app
 from bot.slack.link import SlackLink
 from bot.slack.shapes import body_problem
-from bot.slack.surface import SlackSurface, web_client
+from bot.slack.surface import SlackSurface, refusal, web_client
 from playbooks.http import is_http_url
 from storage import audit
 from storage.db import open_db
@@ -231,6 +233,7 @@ class Bot:
             settings.bot_token, settings.api_url, timeout=slack_timeout_s, errors=self.slack_errors
         )
         self.slack = SlackLink(self.client, lambda: self.socket.client if self.socket else None)
+        self._dms: dict[str, str] = {}
         self.groups = GroupDirectory(self.client)
         self.clock = make_clock(config, open_db(config.database))  # this process's one clock
         self.sampler = Sampler(config, open_db(config.database), self.clock)
@@ -249,6 +252,7 @@ class Bot:
                 self._db, self.clock.utcnow, lambda name: engine_of(self.config, name)
             ),
             status_hook=lambda: self.sampler.describe() + self.scheduler.describe(),
+            direct=self.direct,
         )
         self.app: App = build_app(
             self.kv,
@@ -265,6 +269,19 @@ class Bot:
         return self.kv.db()
 
     def surface_for(self, channel: str) -> SlackSurface:
+        return SlackSurface(self.client, channel)
+
+    def direct(self, user: str) -> SlackSurface | None:
+        """The bot's direct messages with `user` (opened once, then remembered)."""
+        channel = self._dms.get(user)
+        if channel is None:
+            try:
+                resp = self.client.conversations_open(users=[user])
+            except SlackApiError as exc:
+                log.warning("cannot open a direct message with %s: %s", user, refusal(exc))
+                return None
+            channel = str(resp["channel"]["id"])
+            self._dms[user] = channel
         return SlackSurface(self.client, channel)
 
     # ------------------------------------------------------------------ background
@@ -291,8 +308,9 @@ class Bot:
                 return
             try:
                 self.kv.expire_proposals(self.surface_for)
+                notify.remind(self.kv)
             except Exception:
-                log.exception("expiring proposals failed")
+                log.exception("expiring proposals or reminding approvers failed")
 
     def stop(self, why: str = "") -> None:
         """Stop starting work, let running experiments stop at their next check (where each

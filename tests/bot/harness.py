@@ -142,6 +142,30 @@ class SlackDriver:
         )
         return self.send(body, "application/x-www-form-urlencoded", **kw)
 
+    def event(self, event: dict[str, Any]) -> httpx.Response:
+        """An Events API callback carrying `event` (e.g. `app_home_opened`), as Slack posts it."""
+        body = {
+            "token": "legacy",
+            "team_id": "T1",
+            "api_app_id": "A1",
+            "event": {"event_ts": str(time.time()), **event},
+            "type": "event_callback",
+            "event_id": f"Ev{time.monotonic_ns()}",
+            "event_time": int(time.time()),
+        }
+        return self.send(json.dumps(body), "application/json")
+
+    def click_home(self, action_id: str, value: str, *, user: str) -> httpx.Response:
+        """A click on a button of kvpilot's Home tab: a view, no channel, no message."""
+        payload = click_payload(self.slack, action_id, value, user, "0", CHANNEL)
+        for key in ("channel", "message", "response_url"):
+            del payload[key]
+        payload["container"] = {"type": "view", "view_id": "V1"}
+        payload["view"] = {"id": "V1", "type": "home", "blocks": [], "callback_id": ""}
+        return self.send(
+            "payload=" + quote(json.dumps(payload)), "application/x-www-form-urlencoded"
+        )
+
     def click(
         self, action_id: str, value: str, *, user: str, message_ts: str, channel: str = CHANNEL
     ) -> httpx.Response:

@@ -37,14 +37,19 @@ def decode_blocks(raw: object) -> tuple[list[Any] | None, str | None]:
     return value, None
 
 
-def block_problems(blocks: list[Any], text: object) -> list[str]:
-    """List everything Slack would reject (or the SDK warns about) in one message's blocks."""
+MAX_BLOCKS_PER_VIEW = 100  # a Home tab or modal view
+
+
+def block_problems(
+    blocks: list[Any], text: object, *, limit: int = MAX_BLOCKS_PER_MESSAGE, view: bool = False
+) -> list[str]:
+    """List everything Slack would reject (or the SDK warns about) in one message's blocks
+    (`view`: a view's, which has no fallback text and holds up to 100 blocks)."""
     problems: list[str] = []
-    if len(blocks) > MAX_BLOCKS_PER_MESSAGE:
-        problems.append(
-            f"{len(blocks)} blocks in one message; Slack allows at most {MAX_BLOCKS_PER_MESSAGE}"
-        )
-    if blocks and not (isinstance(text, str) and text.strip()):
+    if len(blocks) > limit:
+        what = "view" if view else "message"
+        problems.append(f"{len(blocks)} blocks in one {what}; Slack allows at most {limit}")
+    if not view and blocks and not (isinstance(text, str) and text.strip()):
         problems.append("blocks sent without a fallback 'text' (used for notifications)")
     seen_block_ids: set[str] = set()
     for index, block in enumerate(blocks):

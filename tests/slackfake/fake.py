@@ -133,6 +133,12 @@ class FakeSlack:
                 if channel is None or message["channel"] == channel
             ]
 
+    def home(self, user: str) -> dict[str, Any] | None:
+        """The Home tab view last published for `user` (None if none was)."""
+        with self.state.cond:
+            views = self.state.home_views.get(user)
+            return copy.deepcopy(views[-1]) if views else None
+
     def scheduled(self) -> list[dict[str, Any]]:
         with self.state.cond:
             return copy.deepcopy(self.state.scheduled)

@@ -78,10 +78,18 @@ class HookTarget:
     posts: list[dict[str, Any]] = field(default_factory=list)
 
 
+MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "slack" / "manifest.yaml"
+
+
 def manifest_scopes() -> tuple[str, ...]:
     """The bot scopes an app installed from deploy/slack/manifest.yaml holds."""
-    manifest = Path(__file__).resolve().parents[2] / "deploy" / "slack" / "manifest.yaml"
-    return tuple(yaml.safe_load(manifest.read_text())["oauth_config"]["scopes"]["bot"])
+    return tuple(yaml.safe_load(MANIFEST.read_text())["oauth_config"]["scopes"]["bot"])
+
+
+def manifest_home_tab() -> bool:
+    """Whether the app installed from the manifest has its Home tab turned on."""
+    features = yaml.safe_load(MANIFEST.read_text()).get("features") or {}
+    return bool((features.get("app_home") or {}).get("home_tab_enabled"))
 
 
 DEFAULT_SCOPES = manifest_scopes()
@@ -125,6 +133,7 @@ class SlackState:
         self.files: list[UploadedFile] = []
         self.hooks: dict[str, HookTarget] = {}
         self.dm_channels: dict[tuple[str, ...], str] = {}
+        self.home_views: dict[str, list[dict[str, Any]]] = {}  # user -> views published, in order
         self.faults: dict[str, deque[Fault]] = {}
         self.base_url = ""  # http://127.0.0.1:PORT/ once the HTTP server is bound
         self.socket_url = ""  # ws://127.0.0.1:PORT2/link once the socket server is bound

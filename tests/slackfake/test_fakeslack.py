@@ -561,3 +561,30 @@ def test_socket_send_without_client_explains(slack: FakeSlack) -> None:
         slack.socket_send("slash_commands", {"command": "/kv"}, timeout=0.05)
     with pytest.raises(AssertionError, match="no ack for envelope 'env-x'"):
         slack.socket_wait_ack("env-x", timeout=0.05)
+
+
+def _section(i: int) -> dict[str, Any]:
+    return {"type": "section", "block_id": f"b{i}", "text": {"type": "mrkdwn", "text": f"{i}"}}
+
+
+def test_views_publish_keeps_a_home_view_within_slacks_rules(slack: FakeSlack) -> None:
+    web = WebClient(token="xoxb-test", base_url=slack.api_url, timeout=5)
+    web.views_publish(
+        user_id="U7", view={"type": "home", "blocks": [_section(i) for i in range(100)]}
+    )
+    home = slack.home("U7")
+    assert home is not None and len(home["blocks"]) == 100
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"type": "modal", "blocks": []}, "invalid_arguments"),
+        ({"type": "home", "blocks": [_section(i) for i in range(101)]}, "invalid_blocks"),
+        ({"type": "home", "blocks": [_section(1), _section(1)]}, "invalid_blocks"),
+        ({"type": "home", "blocks": [], "title": "x"}, "invalid_arguments"),
+    ]
+    for view, error in bad:
+        with pytest.raises(SlackApiError) as caught:
+            web.views_publish(user_id="U7", view=view)
+        assert caught.value.response["error"] == error
+    with pytest.raises(SlackApiError) as caught:
+        web.views_publish(user_id="bob", view={"type": "home", "blocks": []})
+    assert caught.value.response["error"] == "invalid_arguments"
+    assert len(slack.violations) == 5

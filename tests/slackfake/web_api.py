@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tests.slackfake.blocks import block_problems, decode_blocks
+from tests.slackfake.blocks import MAX_BLOCKS_PER_VIEW, block_problems, decode_blocks
 from tests.slackfake.state import (
     APP_ID,
     BOT_ID,
@@ -27,6 +27,7 @@ from tests.slackfake.state import (
     PendingUpload,
     SlackState,
     UploadedFile,
+    manifest_home_tab,
 )
 
 # The scope each method needs of a bot token (Slack's method pages, "Required scopes");
@@ -329,6 +330,41 @@ def _file_json(state: SlackState, uploaded: UploadedFile) -> dict[str, Any]:
     }
 
 
+MAX_VIEW_BYTES = 250_000  # views.publish: "view_too_large" above 250 kB
+
+
+def views_publish(state: SlackState, params: dict[str, Any]) -> dict[str, Any]:
+    """A Home tab: `user_id` and a `home` view (JSON, as form bodies carry it); no scope is
+    needed, but the app's Home tab must be on (`not_enabled` otherwise)."""
+    user = _required("views.publish", params, "user_id", "invalid_arguments")
+    if not USER_ID.match(user):
+        raise ApiError("invalid_arguments", f"views.publish: invalid `user_id` {user!r}")
+    raw = params.get("view")
+    view = raw
+    if isinstance(raw, str):
+        try:
+            view = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ApiError("invalid_arguments", f"views.publish: not JSON ({exc})") from None
+    if not isinstance(view, dict) or view.get("type") != "home":
+        raise ApiError("invalid_arguments", "views.publish: the view must be a 'home' view")
+    if len(json.dumps(view)) > MAX_VIEW_BYTES:
+        raise ApiError("view_too_large", "views.publish: the view is larger than 250 kB")
+    if not manifest_home_tab():
+        raise ApiError("not_enabled", "views.publish: the app's Home tab is not turned on")
+    blocks = view.get("blocks")
+    if not isinstance(blocks, list):
+        raise ApiError("invalid_arguments", "views.publish: the view has no blocks array")
+    problems = block_problems(blocks, None, limit=MAX_BLOCKS_PER_VIEW, view=True)
+    if problems:
+        raise ApiError("invalid_blocks", "views.publish: " + "; ".join(problems))
+    extra = set(view) - {"type", "blocks", "private_metadata", "callback_id", "external_id"}
+    if extra:
+        raise ApiError("invalid_arguments", f"views.publish: unknown view keys {sorted(extra)}")
+    state.home_views.setdefault(user, []).append(copy.deepcopy(view))
+    return {"ok": True, "view": {"id": state.next_id("V"), **copy.deepcopy(view)}}
+
+
 def apps_connections_open(state: SlackState, params: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "url": state.socket_url}
 
@@ -346,6 +382,7 @@ METHODS: dict[str, Method] = {
     "files.getUploadURLExternal": files_get_upload_url_external,
     "files.completeUploadExternal": files_complete_upload_external,
     "apps.connections.open": apps_connections_open,
+    "views.publish": views_publish,
 }
 
 

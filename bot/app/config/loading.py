@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bot.app.config.access import AccessPolicy, SlackConfig, sections
+from bot.app.config.alerts import AlertsConfig, alerts
+from bot.app.config.notify import NotifyConfig, notify
 from bot.app.config.quality import with_quality
 from bot.app.config.schedule import ReportSchedule, SamplerConfig, reports, sampler
 from bot.app.config.servers import GroupConfig, ServerConfig, gate_settings, groups, server
@@ -31,6 +33,8 @@ class Config:
     reports: tuple[ReportSchedule, ...] = ()
     groups: dict[str, GroupConfig] = field(default_factory=dict)
     access: AccessPolicy | None = None
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
     # one note per policy key still in [slack]: shown once per process by `announce`
     deprecations: tuple[str, ...] = ()
 
@@ -128,7 +132,18 @@ def default_locations(path: Path) -> tuple[Path, str, str]:
 def parse(data: dict[str, Any], path: Path) -> Config:
     check_keys(
         data,
-        {"kvpilot", "servers", "gate", "access", "slack", "sampler", "reports", "groups"},
+        {
+            "kvpilot",
+            "servers",
+            "gate",
+            "access",
+            "slack",
+            "sampler",
+            "reports",
+            "groups",
+            "notify",
+            "alerts",
+        },
         str(path),
     )
     top = data.get("kvpilot", {})
@@ -160,4 +175,6 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         reports=reports(data.get("reports"), servers),
         access=policy.access,
         deprecations=policy.deprecations,
+        notify=notify(data.get("notify")),
+        alerts=alerts(data.get("alerts")),
     )

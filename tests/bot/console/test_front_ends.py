@@ -286,16 +286,22 @@ def test_manifest_declares_what_the_bot_uses() -> None:
         # kvpilot doctor: public channels, private ones
         "conversations.info": "channels:read",
         "conversations.info (private)": "groups:read",
+        # approvers' direct messages, the Home tab's answers
+        "conversations.open": "im:write",
+        "views.publish": "",  # no scope; the Home tab must be on, and app_home_opened heard
     }
-    assert set(needs.values()) | {"commands"} == scopes
+    assert set(needs.values()) - {""} | {"commands"} == scopes
+    assert manifest["features"]["app_home"]["home_tab_enabled"] is True
+    assert "app_home_opened" in manifest["settings"]["event_subscriptions"]["bot_events"]
     source = "\n".join(
         (REPO / "bot" / name).read_text()
         for name in (
-            "slack/app.py", "slack/surface.py", "slack/serve.py", "slack/doctor.py", "chat/flow.py"
+            "slack/app.py", "slack/surface.py", "slack/serve.py", "slack/doctor.py", "chat/flow.py",
+            "slack/home.py",
         )
     )  # fmt: skip
     for method in (
         "chat_postMessage", "chat_update", "chat_postEphemeral", "files_upload_v2",
-        "conversations_info", "usergroups_users_list",
+        "conversations_info", "usergroups_users_list", "conversations_open", "views_publish",
     ):  # fmt: skip
         assert method in source

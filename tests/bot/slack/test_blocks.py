@@ -27,6 +27,7 @@ from bot.slack.blocks import (
     SHORTENED,
     blocks,
     fallback_text,
+    slack_text,
     spell,
 )
 
@@ -138,3 +139,8 @@ def test_the_fallback_text_is_the_summary_else_the_text(message: Message, text: 
 )
 def test_slack_spells_people(user: str, spelled: str) -> None:
     assert spell(user) == spelled
+
+
+def test_a_user_group_is_spelt_so_that_slack_notifies_its_members() -> None:
+    text = slack_text(f"{mention('S0APPROVE')} {mention('U2')} {mention('console:alice')}")
+    assert text == "<!subteam^S0APPROVE> <@U2> console:alice"

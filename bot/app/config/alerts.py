@@ -1,0 +1,51 @@
+"""`[alerts]`: kvpilot speaks up, unasked, when a server turns KV-bound, when its throughput
+falls against the same hours a week before, and when an experiment ends `failed`.
+
+    [alerts]
+    channel = "C0123ABCD"      # where alerts go; else the first of [slack] channels
+    raise_after = "10m"        # a condition must hold this long before it is posted (once)
+    clear_after = "10m"        # ... and be gone this long before it may be posted again
+    regression = 0.2           # a fall of 20% against a week before; 0 turns it off
+    enabled = true
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bot.app.config.values import ConfigError, check_keys, duration, flag, number, slack_ids
+
+
+@dataclass(frozen=True)
+class AlertsConfig:
+    enabled: bool = True
+    channel: str | None = None
+    raise_after_s: float = 600.0
+    clear_after_s: float = 600.0
+    regression: float = 0.2
+
+
+def alerts(table: Any) -> AlertsConfig:
+    if table is None:
+        return AlertsConfig()
+    where = "alerts"
+    if not isinstance(table, dict):
+        raise ConfigError(f'{where}: expected a table, e.g. [alerts] channel = "C0123ABCD"')
+    check_keys(table, {"enabled", "channel", "raise_after", "clear_after", "regression"}, where)
+    channel = table.get("channel")
+    if channel is not None:
+        (channel,) = slack_ids({"channel": [channel]}, "channel", where, "CG")
+    regression = number(table, "regression", where, AlertsConfig.regression, positive=False)
+    assert regression is not None
+    if not 0 <= regression < 1:
+        raise ConfigError(
+            f"{where}.regression: a fall as a share, 0.2 for 20% (0 turns it off), got {regression}"
+        )
+    return AlertsConfig(
+        enabled=flag(table, "enabled", where) if "enabled" in table else True,
+        channel=channel,
+        raise_after_s=duration(table, "raise_after", where, AlertsConfig.raise_after_s),
+        clear_after_s=duration(table, "clear_after", where, AlertsConfig.clear_after_s),
+        regression=float(regression),
+    )
