@@ -38,7 +38,8 @@ from bot.chat.render import mention
 from bot.chat.routing import drain_text
 from bot.chat.runner import ExperimentRunner
 from bot.chat.surface import Surface
-from bot.chat.views import ACTIONS, APPROVE, PROPOSE_OPTION, REJECT, ROLLOUT
+from bot.chat.views import ACTIONS, APPROVE, DIAGNOSE, PROPOSE_OPTION, REJECT, ROLLOUT
+from bot.reports.alerts import Alerter
 from playbooks.clock import Clock
 from playbooks.diagnose.measure import MeasurementError
 from playbooks.diagnose.playbook import diagnose
@@ -100,6 +101,8 @@ class Kvpilot(Approvals):
         self.runner.after_verdict = lambda row, surface, thread: campaign.after_verdict(
             self, row, surface, thread
         )
+        self.alerts = Alerter(config, self.db, clock, surface_for)
+        self.runner.on_end = self.alerts.experiment_failed
 
     # ------------------------------------------------------------------ plumbing
     def db(self) -> Database:
@@ -212,6 +215,8 @@ class Kvpilot(Approvals):
         if action_id not in ACTIONS:
             self.deny(who, action_id[:80], "unknown button")
             return Reply(Message.note(":warning: That button is not one of kvpilot's."))
+        if action_id == DIAGNOSE:
+            return self._diagnose_button(who, value, where)
         try:
             first, _, second = value.partition(":")
             ident = int(first)
@@ -229,6 +234,15 @@ class Kvpilot(Approvals):
             return Reply(None, lambda s: rollout.roll_out(self, who, s, ident, second, where))
         decision = "approve" if action_id == APPROVE else "reject"
         return Reply(None, lambda s: self.decide(who, s, ident, second, decision, where))
+
+    def _diagnose_button(self, who: Principal, server: str, where: MessageRef | None) -> Reply:
+        """An alert's Diagnose button: the server it names, diagnosed in the alert's thread."""
+        if server not in self.config.servers:
+            self.deny(who, "diagnose", f"button names no configured server {server[:40]!r}")
+            return Reply(Message.note(":warning: That server is no longer configured."))
+        if self._check(who, "diagnose", server=server) is not None:
+            return Reply(Message.note(":no_entry: Only operators may diagnose servers."))
+        return Reply(None, lambda s: self.run_diagnose(server, who, s, thread=where))
 
     # ------------------------------------------------------------------ diagnose
     def run_diagnose(

@@ -81,6 +81,8 @@ class ExperimentRunner:
         self.stopping = threading.Event()
         # What follows a verdict in its thread (the campaign's next step: bot/chat/campaign.py)
         self.after_verdict: Callable[[store.ExperimentRow, Surface, MessageRef], None] | None = None
+        # Told of every experiment that ended while this process carried it (alerts)
+        self.on_end: Callable[[store.ExperimentRow], None] | None = None
 
     @property
     def ticker(self) -> Ticker:
@@ -258,6 +260,8 @@ class ExperimentRunner:
                     surface.post(Message.note(stopped_text(exp_id, error)), thread=where)
             elif final is not None and surface is not None:
                 self._announce(final, surface, progress_ref, thread)
+            if final is not None and final.terminal and self.on_end is not None:
+                self.on_end(final)
         except Exception as exc:  # Slack refused or timed out past its retries
             log.warning(
                 "experiment %s: telling the channel how it ended failed (%s); a verdict is "

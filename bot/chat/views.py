@@ -27,7 +27,8 @@ PROPOSE_OPTION = "kvpilot.propose"
 APPROVE = "kvpilot.approve"
 REJECT = "kvpilot.reject"
 ROLLOUT = "kvpilot.rollout"  # a kept group experiment's verdict: roll it out (bot.chat.rollout)
-ACTIONS = (PROPOSE_OPTION, APPROVE, REJECT, ROLLOUT)
+DIAGNOSE = "kvpilot.diagnose"  # an alert's button: diagnose the server it names
+ACTIONS = (PROPOSE_OPTION, APPROVE, REJECT, ROLLOUT, DIAGNOSE)
 
 
 class DescribesExperiments(Protocol):

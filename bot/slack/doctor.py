@@ -23,6 +23,7 @@ REQUIRED_SCOPES = (
     "usergroups:read",
     "channels:read",
     "groups:read",
+    "im:write",
 )
 INVITE = "invite it: type /invite @kvpilot in that channel"
 

@@ -228,7 +228,6 @@ class Bot:
         self.settings = settings
         self.tick_s = tick_s
         self.slack_errors = telemetry.Tally()
-        self.alerts_sent = telemetry.Tally()
         self.client = web_client(
             settings.bot_token, settings.api_url, timeout=slack_timeout_s, errors=self.slack_errors
         )
@@ -309,8 +308,9 @@ class Bot:
             try:
                 self.kv.expire_proposals(self.surface_for)
                 notify.remind(self.kv)
+                self.kv.alerts.maybe_evaluate()
             except Exception:
-                log.exception("expiring proposals or reminding approvers failed")
+                log.exception("expiring proposals, reminding approvers or alerting failed")
 
     def stop(self, why: str = "") -> None:
         """Stop starting work, let running experiments stop at their next check (where each
@@ -360,7 +360,7 @@ class Bot:
                     name: at.timestamp() for name, at in last_sent(self._db()).items()
                 },
                 scheduler_jobs=self.scheduler.jobs,
-                alerts=self.alerts_sent,
+                alerts=self.kv.alerts.sent,
             )
         )
 

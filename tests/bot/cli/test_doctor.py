@@ -73,7 +73,10 @@ def test_all_well_exits_0_and_writes_nothing(
         ("no token", r"slack: .*SLACK_BOT_TOKEN is not set \| export SLACK_BOT_TOKEN"),
         ("not in the channel", r"slack: kvpilot is not in #c0ops \(C0OPS\).* \| invite it: "),
         ("private channel", r"slack: channel G0OPS is not found: .* private .* \| check the ID"),
-        ("missing scope", r"slack: the app lacks the scope\(s\) channels:read, groups:read \| add"),
+        (
+            "missing scope",
+            r"slack: the app lacks the scope\(s\) channels:read, groups:read, im:write \| add",
+        ),
         ("wrong API key", r"server kimi: .*(API key|api_key|401)"),
         ("server down", r"server kimi: .*127\.0\.0\.1:\d+.* \| check the url"),
         ("unwritable database", r"database: .* cannot be created: .* \| set \[kvpilot\] database"),

@@ -4,11 +4,9 @@ sampler fails (a served LLM server being down is not one), and /metrics says wha
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.bot.harness import running_bot, twin_config
@@ -16,12 +14,6 @@ from tests.slackfake import FakeSlack
 from tests.twin_process import free_port
 
 SLACK = '[slack]\napprovers = ["U2"]\noperators = ["U1"]\n'
-
-
-@pytest.fixture
-def slack() -> Iterator[FakeSlack]:
-    with FakeSlack() as fake:
-        yield fake
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -3,7 +3,6 @@ says until when, and starts once the hold lifts while its approval is still vali
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,12 +25,6 @@ operators = ["U1"]
 approval_ttl = "6h"
 """
 WINDOW = '[servers.incident.change_window]\ncron = "* 3 * * *"\ntimezone = "UTC"\n'
-
-
-@pytest.fixture
-def slack() -> Iterator[FakeSlack]:
-    with FakeSlack() as fake:
-        yield fake
 
 
 def state(config: Path, exp_id: int = 1) -> str:
