@@ -1,5 +1,5 @@
-"""An experiment that ends `failed` is alerted once, in the alerts channel, with a Diagnose
-button; other endings are not."""
+"""Alerts judged without a twin: an experiment that ends `failed` (once, with a Diagnose
+button), and throughput fallen against the same hour a week before."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from storage import audit
 from storage.chat import MessageRef
 from storage.db import open_db
 from storage.experiments import ExperimentRow, State
+from storage.metric_buckets import RawSample
+from storage.metric_samples import add_samples
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 
@@ -66,3 +68,39 @@ def test_a_failed_experiment_is_alerted_once(tmp_path: Path) -> None:
         "experiment_failed"
     ]
     assert alerter.sent.items() == [(("a", "experiment_failed"), 1)]
+
+
+def hour_of(server: str, end: float, rate: float, queued: float) -> list[RawSample]:
+    """An hour of scrapes every 60 s at `rate` completed output tokens per second."""
+    return [
+        RawSample(
+            server, end - 3600 + i * 60, 60.0, 60.0 if i else None,
+            gen_tokens=rate * 60, requests=1.0, gen_throughput=rate, running=40.0, queued=queued,
+        )
+        for i in range(1, 61)
+    ]  # fmt: skip
+
+
+def test_a_fall_against_last_week_is_alerted_only_while_requests_wait(tmp_path: Path) -> None:
+    config = parse(
+        {
+            "servers": {"a": {"url": "http://h:1"}},
+            "alerts": {"channel": "C0OPS", "raise_after": "1m", "regression": 0.2},
+        },
+        tmp_path / "k.toml",
+    )
+    db = open_db(tmp_path / "k.db")
+    now = NOW.timestamp()
+    add_samples(db, hour_of("a", now - 7 * 86400, 1000.0, 50.0))
+    add_samples(db, hour_of("a", now, 700.0, 0.0))  # slower, but nothing waits: less demand
+    surface = Recorder("C0OPS")
+    alerter = Alerter(config, lambda: db, ManualClock(epoch=NOW), lambda _c: surface)
+    assert alerter._regression("a", now) == (None, [])
+    db.execute("UPDATE metric_samples SET queued = 30 WHERE ts > ?", [now - 3600])
+    holds, evidence = alerter._regression("a", now)
+    assert holds is True and "700 tok/s" in evidence[0] and "(-30%)" in evidence[0]
+    alerter.evaluate(now)
+    alerter.evaluate(now + 60)  # held a minute: raised
+    alerter.evaluate(now + 120)
+    (message,) = surface.posted
+    assert "`a` is slower than a week ago" in message.text
