@@ -73,6 +73,10 @@ class LocalCron:
         return found[-1] if found else None
 
     def covers(self, moment: datetime) -> bool:
-        """Whether ``moment`` falls in a minute the expression names (a change window's test:
-        ``* 1-5 * * *`` covers 01:00:00 to 05:59:59)."""
-        return self.latest_within(moment, timedelta(seconds=59)) is not None
+        """Whether ``moment`` falls in a minute the expression names, read on the zone's wall
+        clock (a change window's test: ``* 1-5 * * *`` covers 01:00:00 to 05:59:59, both
+        times through on the night the clocks repeat an hour)."""
+        wall = moment.astimezone(self.zone).replace(tzinfo=None, second=0, microsecond=0)
+        probe = (wall - TICK).replace(tzinfo=UTC)
+        fire = self._fields.get_next_fire_time(None, probe)
+        return fire is not None and fire.replace(tzinfo=None) == wall

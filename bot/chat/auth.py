@@ -52,6 +52,7 @@ class Principal:
 
     user: str
     channel: str | None = None
+    button: bool = False  # a click on one of kvpilot's buttons (not typed text)
 
     @property
     def local(self) -> bool:
@@ -140,7 +141,10 @@ APP_HOME = "app_home"
 
 
 def _private(who: Principal, action: Action) -> bool:
-    return action in DECIDING and (who.channel == APP_HOME or (who.channel or "").startswith("D"))
+    """A button of kvpilot's own in a person's direct messages or Home tab (a typed command
+    there is held to `[slack] channels` like any other)."""
+    where = who.channel or ""
+    return who.button and action in DECIDING and (where == APP_HOME or where.startswith("D"))
 
 
 def _by_role(

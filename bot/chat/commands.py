@@ -169,6 +169,12 @@ def _freeze(config: Config, verb: str, args: list[str]) -> Command:
     is a server or group (or `all`), else every server is; `unfreeze [server|group]`."""
     scope: tuple[str, str] | None = _scope(config, args[0]) if args else None
     rest = args[1:] if scope is not None else args
+    if scope is None and len(args) > 1 and args[1].lower() == "for":
+        known = ", ".join(sorted([*config.servers, *config.groups])) or "none configured"
+        raise CommandError(
+            f"unknown server or group `{args[0]}` (servers and groups: {known}); "
+            f"`/kvpilot {USAGE[verb]}`"
+        )
     if verb == "unfreeze":
         if rest:
             known = ", ".join(sorted([*config.servers, *config.groups])) or "none configured"

@@ -240,8 +240,9 @@ class Kvpilot(Approvals):
         if server not in self.config.servers:
             self.deny(who, "diagnose", f"button names no configured server {server[:40]!r}")
             return Reply(Message.note(":warning: That server is no longer configured."))
-        if self._check(who, "diagnose", server=server) is not None:
-            return Reply(Message.note(":no_entry: Only operators may diagnose servers."))
+        refused = self._check(who, "diagnose", server=server)
+        if refused is not None:
+            return Reply(Message.note(f":no_entry: Not allowed: {refused}."))
         return Reply(None, lambda s: self.run_diagnose(server, who, s, thread=where))
 
     # ------------------------------------------------------------------ diagnose

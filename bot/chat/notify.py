@@ -61,10 +61,17 @@ def announce(
         message = bot.approval_message(row, option)
         for user in _people(bot, row.created_by):
             dm = bot.direct(user)
-            if dm is None:
-                return
+            if dm is None:  # logged by the front end; the others still get theirs
+                continue
             copy = dm.post(message)
             chat.remember_message(bot.db(), "proposal", row.id, DM_ROLE + user, copy, now=bot.now())
+        if proposal_store.approvals(bot.db(), row.id):
+            # decided in the channel while the copies went out: none may keep live buttons
+            done = message.without_buttons(
+                "Decided meanwhile: its message in the channel says how."
+            )
+            for ref_ in copies(bot, row.id):
+                bot.surface_for(ref_.channel).update(ref_, done)
     except Exception as exc:  # the channel's message stands; nobody was told
         log.warning("proposal %s: telling the approvers failed: %s", row.id, exc)
 

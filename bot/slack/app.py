@@ -139,7 +139,7 @@ def on_button(
         log.warning("button payload without user or channel ignored")
         return
     ref = MessageRef(channel, str(message["ts"])) if message.get("ts") else None
-    who = Principal(user, channel)
+    who = Principal(user, channel, button=True)
     reply = kv.action(who, str(action.get("action_id", "")), str(action.get("value", "")), ref)
     surface = SlackSurface(client, channel)
     if reply.now is not None:
@@ -156,7 +156,7 @@ def on_home_action(kv: Kvpilot, client: WebClient, user: str, action: dict[str, 
     if surface is None:
         log.warning("no direct message channel with %s; their Home tab click is dropped", user)
         return
-    who = Principal(user, APP_HOME)
+    who = Principal(user, APP_HOME, button=True)
     reply = kv.action(who, str(action.get("action_id", "")), str(action.get("value", "")), None)
     if reply.now is not None:
         surface.whisper(who, reply.now)

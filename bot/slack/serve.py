@@ -305,12 +305,15 @@ class Bot:
                 log.warning("posting owed verdicts failed: %s", exc)
             if self._stop.wait(self.tick_s):
                 return
-            try:
-                self.kv.expire_proposals(self.surface_for)
-                notify.remind(self.kv)
-                self.kv.alerts.maybe_evaluate()
-            except Exception:
-                log.exception("expiring proposals, reminding approvers or alerting failed")
+            for job, what in (
+                (lambda: self.kv.expire_proposals(self.surface_for), "expiring proposals"),
+                (lambda: notify.remind(self.kv), "reminding approvers"),
+                (self.kv.alerts.maybe_evaluate, "judging alerts"),
+            ):
+                try:
+                    job()
+                except Exception:  # each job on its own: one failing must not stop the rest
+                    log.exception("%s failed", what)
 
     def stop(self, why: str = "") -> None:
         """Stop starting work, let running experiments stop at their next check (where each

@@ -146,6 +146,13 @@ class Step:
     status: str  # apply: started | aborted; revert: reverting | reverted | failed | left
     experiment_id: int | None = None
     state: State | None = None  # the apply step's experiment's state
+    cause: str | None = None  # why it ended, as its last move recorded
+
+    @property
+    def held(self) -> bool:
+        """It ended before any restart because a freeze or the change window held it (or its
+        approval ran out while it waited): the servers already changed are not at fault."""
+        return self.cause in HELD_CAUSES
 
     @property
     def ended(self) -> bool:
@@ -154,6 +161,9 @@ class Step:
     @property
     def kept(self) -> bool:
         return self.state == State.kept
+
+
+HELD_CAUSES = frozenset({"held", "expired_waiting"})
 
 
 @dataclass(frozen=True)
@@ -179,7 +189,7 @@ class Revert:
 
 @dataclass(frozen=True)
 class Finish:
-    outcome: Literal["done", "reverted", "failed"]
+    outcome: Literal["done", "reverted", "failed", "stopped"]
     reason: str
 
 
@@ -203,7 +213,20 @@ def next_move(servers: Sequence[str], batch: int, rows: Sequence[Step]) -> Rollo
         if pending and room > 0:
             return Start(tuple(pending[:room]))
         return Wait(f"{', '.join(a.server for a in running)} measuring the change")
-    first = failed[0]
+    first = next((f for f in failed if not f.held), failed[0])  # a real failure rules
+    if first.held:
+        # A freeze or a change window stopped it: the servers already changed keep the change
+        # (reverting them would be restarts in the very hours restarts are held).
+        held = [a for a in running if a.status != "aborted" and a.experiment_id]
+        if held:
+            return Wait(f"{', '.join(a.server for a in held)} measuring before the rollout stops")
+        kept = [s for s in servers if s in applies and applies[s].kept]
+        return Finish(
+            "stopped",
+            f"{first.server} could not restart now ({first.cause}): the rollout stops, "
+            f"{', '.join(kept) or 'no server'} keeping the change; roll out again once the "
+            "hold lifts",
+        )
     why = f"{first.server} ended {first.state}: the rollout stops"
     to_stop = tuple(a.experiment_id for a in running if a.status != "aborted" and a.experiment_id)
     if to_stop:

@@ -40,7 +40,7 @@ from storage import experiments as store
 from storage import proposals as proposal_store
 from storage import rollouts as rollout_store
 from storage.errors import StorageError
-from storage.experiments import State
+from storage.experiments import TERMINAL, State
 
 LEASE_TTL_S = 30.0
 POLL_S = 2.0  # between looks at running steps (on the rollout's clock)
@@ -101,12 +101,15 @@ def _finish(ctx: RolloutContext, row: rollout_store.RolloutRow, move: Finish) ->
 def _rows(db: Database, row: rollout_store.RolloutRow) -> list[Step]:
     out = []
     for s in row.steps:
-        state = None
+        state, cause = None, None
         if s.status == "not_started":
             state = State.cancelled  # it could not even start: as a step that was not kept
         elif s.experiment_id is not None:
             state = store.get_experiment(db, s.experiment_id).state
-        out.append(Step(s.server, s.kind, s.status, s.experiment_id, state))
+            if state in TERMINAL:
+                moves = store.transitions(db, s.experiment_id)
+                cause = moves[-1].details.get("cause") if moves else None
+        out.append(Step(s.server, s.kind, s.status, s.experiment_id, state, cause))
     return out
 
 

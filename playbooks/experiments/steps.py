@@ -350,11 +350,11 @@ def _held(view: View, facts: Facts) -> Step | None:
     restarts, and starts when it lifts only if the approval has not run out meanwhile."""
     ran_out = facts.approval_ran_out
     if facts.hold is None:
-        if ran_out and HELD_SINCE in view.progress:
+        if ran_out:  # it waited (a hold, or kvpilot was away) past the approval's end
             return Move(
                 State.expired,
-                "the approval ran out while the change waited; nothing was changed: propose "
-                "again (or set a longer [access] approval_ttl for changes that wait)",
+                "the approval ran out before the change could start; nothing was changed: "
+                "propose again (or set a longer [access] approval_ttl for changes that wait)",
                 {"cause": "expired_waiting"},
             )
         return None
@@ -376,6 +376,13 @@ def _baseline(view: View, facts: Facts) -> Step:
     changed = changed_outside(view, facts)
     if changed is not None:
         return changed
+    if facts.hold is not None:  # frozen (or the window closed) before the restart
+        return Move(
+            State.cancelled,
+            f"no restart may start now ({facts.hold.why}); nothing was changed: propose the "
+            "change again once it lifts",
+            {"cause": "held"},
+        )
     if "until" not in view.progress:
         # the golden answers come first, from the server as it runs before any change
         return next_answers(view, "baseline") or ChooseBaseline()
@@ -393,13 +400,6 @@ def _baseline(view: View, facts: Facts) -> Step:
         short = _baseline_short(view, facts)
         if short is not None:
             return short
-        if facts.hold is not None:  # frozen (or the window closed) while it measured
-            return Move(
-                State.cancelled,
-                f"no restart may start now ({facts.hold.why}); nothing was changed: "
-                "approve the change again once it lifts",
-                {"cause": "held"},
-            )
         why = view.progress.get("measured_because")
         return Move(
             State.restarting,

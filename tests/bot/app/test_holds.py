@@ -101,3 +101,14 @@ def test_a_group_window_reaches_its_servers_unless_they_set_their_own(tmp_path: 
 def test_window_mistakes_are_named(tmp_path: Path, window: Any, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         config(tmp_path, change_window=window)
+
+
+def test_a_window_covers_both_passes_of_the_hour_the_clocks_repeat(tmp_path: Path) -> None:
+    # Europe/Berlin, 2026-10-25: 02:00-02:59 comes twice (00:00-00:59 and 01:00-01:59 UTC)
+    window = {"cron": "* 2 * * *", "timezone": "Europe/Berlin"}
+    server = config(tmp_path, change_window=window).server("a")
+    for utc in ("00:30", "01:30"):
+        hour, minute = map(int, utc.split(":"))
+        moment = datetime(2026, 10, 25, hour, minute, tzinfo=UTC)
+        assert hold_for(server, [], moment) is None, utc
+    assert hold_for(server, [], datetime(2026, 10, 25, 2, 30, tzinfo=UTC)) is not None

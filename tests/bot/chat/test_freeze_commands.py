@@ -48,6 +48,8 @@ def test_freeze_commands_parse(config: Config, text: str, spec: FreezeSpec) -> N
         ("freeze for soon", "e.g. `for 90m`"),
         ("freeze a for 40d", "at most 30 days"),
         ("unfreeze c", "unknown server or group `c`"),
+        # a mistyped name before `for` must not freeze every server, endlessly
+        ("freeze aa for 2h", "unknown server or group `aa`"),
         ("unfreeze a b", "unknown server or group `b`"),
     ],
 )
@@ -65,3 +67,25 @@ def test_operators_freeze_and_only_approvers_lift(config: Config) -> None:
 
     assert may("U1", "freeze") and may("U2", "freeze") and not may("U9", "freeze")
     assert may("U2", "unfreeze") and not may("U1", "unfreeze")
+
+
+def test_only_a_click_decides_outside_the_allowed_channels(tmp_path: Path) -> None:
+    config = parse(
+        {
+            "servers": {"a": {"url": "http://h:1"}},
+            "access": {"approvers": ["U2"]},
+            "slack": {"channels": ["C0OPS"]},
+        },
+        tmp_path / "k.toml",
+    )
+
+    def may(where: str, button: bool) -> bool:
+        who = Principal("U2", where, button=button)
+        return authorise(
+            config.access, who, "approve", group_members=lambda _g: frozenset(),
+            channels=config.channels,
+        ).allowed  # fmt: skip
+
+    assert may("C0OPS", False) and may("D0123", True) and may("app_home", True)
+    assert not may("D0123", False)  # `/kvpilot approve 12` typed in a direct message
+    assert not may("C0OTHER", True)

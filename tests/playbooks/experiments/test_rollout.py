@@ -55,8 +55,10 @@ def test_which_servers_qualify(candidate: Candidate, why: str | None) -> None:
     assert found == why if why is None else found is not None and why in found
 
 
-def apply(server: str, state: State | None, status: str = "started", exp: int = 1) -> Step:
-    return Step(server, "apply", status, exp, state)
+def apply(
+    server: str, state: State | None, status: str = "started", exp: int = 1, cause: str = ""
+) -> Step:
+    return Step(server, "apply", status, exp, state, cause or None)
 
 
 def revert(server: str, status: str) -> Step:
@@ -100,6 +102,15 @@ SERVERS = ("b", "c", "d")
                 "must act")),
         (1, [apply("b", State.kept), apply("c", State.reverted), revert("b", "left")],
          Finish("reverted", "c ended reverted: the rollout stops; left b as a person set it")),
+        # a freeze or the change window held c: b keeps the change, nothing is restarted
+        (1, [apply("b", State.kept), apply("c", State.cancelled, cause="held")],
+         Finish("stopped", "c could not restart now (held): the rollout stops, b keeping the "
+                "change; roll out again once the hold lifts")),
+        (2, [apply("b", State.expired, exp=1, cause="expired_waiting"),
+             apply("c", State.trial, exp=2)], Wait("c measuring before the rollout stops")),
+        # ... but a real failure beside it still reverts what was changed
+        (2, [apply("b", State.kept, exp=1), apply("c", State.cancelled, exp=2, cause="held"),
+             apply("d", State.reverted, exp=3)], Revert("b")),
     ],
 )  # fmt: skip
 def test_the_next_move(batch: int, rows: list[Step], expected: object) -> None:

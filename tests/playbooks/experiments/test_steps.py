@@ -73,8 +73,10 @@ CASES: list[tuple[str, View, Facts, object]] = [
     ("approved, held, ran out", view(State.approved), RAN_OUT_HELD, State.expired),
     ("approved, hold lifted", view(State.approved, held_since=T - 60), seen(), State.baseline),
     ("approved, hold lifted late", view(State.approved, held_since=T - 60), RAN_OUT, State.expired),
-    # never held: the approval was valid when given, and the plan check decides
-    ("approved, not held", view(State.approved), RAN_OUT, State.baseline),
+    # never seen held (kvpilot was away while a freeze came and went): the approval's end rules
+    ("approved, ran out unseen", view(State.approved), RAN_OUT, State.expired),
+    # a hold begins while the baseline is chosen or measured: nothing changed, nothing restarts
+    ("baseline, first step, held", view(State.baseline), seen(hold=HOLD), State.cancelled),
     # baseline
     ("baseline, first step", view(State.baseline), seen(), steps.ChooseBaseline),
     ("baseline, measuring", view(State.baseline, until=T + 5, instance="i1"), seen(), Scrape),
