@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +100,3 @@ def verdict(parts: Iterable[Part]) -> tuple[int, dict[str, Any]]:
     if failing:
         body["reason"] = "; ".join(f"{p.name}: {p.detail}" for p in failing)
     return (503 if failing else 200), body
-
-
-Probe = Callable[[], Part]

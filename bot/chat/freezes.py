@@ -81,11 +81,12 @@ def unfreeze(bot: Kvpilot, who: Principal, surface: Surface, spec: FreezeSpec) -
 
 def _waiting(bot: Kvpilot, now: datetime) -> str:
     """Experiments already approved that the freeze now holds, named."""
+    active = freezes.active(bot.db(), now)
     held = [
         e
         for e in store.active_experiments(bot.db())
         if str(e.state) in ("approved", "baseline")
-        and hold_for(bot.config.server(e.server), freezes.active(bot.db(), now), now) is not None
+        and hold_for(bot.config.server(e.server), active, now) is not None
     ]
     if not held:
         return ""

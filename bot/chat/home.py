@@ -56,7 +56,7 @@ def _proposal(bot: Kvpilot, row: proposal_store.ProposalRow) -> Message:
         Button(f"{b.action_id}#{row.id}", b.value, b.label, b.style, b.confirm)
         for b in full.buttons
     )
-    return Message(text=text, parts=Message.note(text).parts, buttons=buttons)
+    return Message.note(text, buttons)
 
 
 def _running_and_verdicts(bot: Kvpilot) -> Message:

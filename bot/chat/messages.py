@@ -90,8 +90,8 @@ class Message:
         return cls(text=plain_fallback(chunks), parts=parse_parts(chunks), buttons=buttons)
 
     @classmethod
-    def note(cls, text: str) -> Message:
-        return cls(text=text, parts=(Section(text),))
+    def note(cls, text: str, buttons: tuple[Button, ...] = ()) -> Message:
+        return cls(text=text, parts=(Section(text),), buttons=buttons)
 
     @property
     def notification(self) -> str:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from bot.app.config import LOCAL_PREFIX
 from bot.chat.messages import Message
 from bot.chat.render import mention
-from bot.chat.surface import LOCAL_CHANNEL, Surface
+from bot.chat.surface import LOCAL_CHANNEL
 from bot.chat.when import hhmm
 from storage import chat
 from storage import proposals as proposal_store
@@ -118,6 +118,3 @@ def remind(bot: Kvpilot) -> list[int]:
 def copies(bot: Kvpilot, proposal_id: int) -> list[MessageRef]:
     """The proposal's copies in approvers' direct messages."""
     return list(chat.find_messages(bot.db(), "proposal", proposal_id, DM_ROLE).values())
-
-
-Direct = Surface | None

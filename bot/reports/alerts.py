@@ -178,10 +178,8 @@ class Alerter:
             "regression": f"`{name}` is slower than a week ago",
         }[kind]
         lines = "\n".join(f"• {e}" for e in evidence[:6])
-        message = Message(
-            text=f":rotating_light: *{title}* (seen at {since}).\n{lines}",
-            parts=Message.note(f":rotating_light: *{title}* (seen at {since}).\n{lines}").parts,
-            buttons=(Button(DIAGNOSE, name, f"Diagnose {name}"[:75], "primary"),),
+        message = Message.note(
+            f":rotating_light: *{title}* (seen at {since}).\n{lines}", _diagnose_button(name)
         )
         ref = self.surface_for(channel).post(message)
         self._record(name, kind, channel, evidence)
@@ -224,17 +222,15 @@ class Alerter:
             f":rotating_light: *Experiment {row.id} on `{row.server}` failed*: the server may "
             f"not be running its last-known-good configuration. {reason}".strip()
         )
-        ref = self.surface_for(channel).post(
-            Message(
-                text=text,
-                parts=Message.note(text).parts,
-                buttons=(Button(DIAGNOSE, row.server, f"Diagnose {row.server}"[:75], "primary"),),
-            )
-        )
+        ref = self.surface_for(channel).post(Message.note(text, _diagnose_button(row.server)))
         now = self.clock.utcnow().timestamp()
         extra = {"channel": ref.channel, "ts": ref.message_id}
         store.put(self.db(), row.server, kind, store.StoredAlert(True, now, None, extra))
         self._record(row.server, "experiment_failed", channel, [reason] if reason else [])
+
+
+def _diagnose_button(server: str) -> tuple[Button, ...]:
+    return (Button(DIAGNOSE, server, f"Diagnose {server}"[:75], "primary"),)
 
 
 def _hour(db: Database, server: str, until: float) -> Bucket | None:

@@ -23,7 +23,6 @@ from slack_sdk.errors import SlackApiError
 from bot.chat.auth import APP_HOME, Principal
 from bot.chat.flow import Kvpilot
 from bot.chat.home import home_messages
-from bot.chat.messages import Message
 from bot.chat.surface import Surface
 from bot.slack.blocks import blocks, fallback_text
 from bot.slack.home import publish_home
@@ -120,7 +119,8 @@ def build_app(
     def on_home_opened(event: dict[str, Any], client: WebClient) -> None:
         user = str(event.get("user", ""))
         if user and event.get("tab", "home") == "home":
-            kv.submit(lambda _s: publish_home(client, user, home_messages(kv)), NOWHERE)
+            # Bolt runs this after acknowledging the event: a few reads and one call
+            publish_home(client, user, home_messages(kv))
 
     return app
 
@@ -170,29 +170,6 @@ def on_home_action(kv: Kvpilot, client: WebClient, user: str, action: dict[str, 
             publish_home(client, user, home_messages(kv))
 
     kv.submit(then, surface)
-
-
-class _Nowhere:
-    """The surface of work that posts nothing (publishing the Home tab)."""
-
-    channel = ""
-
-    def post(self, message: Message, *, thread: MessageRef | None = None) -> MessageRef:
-        raise RuntimeError("this work posts nowhere")
-
-    def update(self, ref: MessageRef, message: Message) -> None:
-        raise RuntimeError("this work posts nowhere")
-
-    def upload(
-        self, data: bytes, *, filename: str, title: str, thread: MessageRef | None = None
-    ) -> None:
-        raise RuntimeError("this work posts nowhere")
-
-    def whisper(self, who: Principal, message: Message) -> None:
-        raise RuntimeError("this work posts nowhere")
-
-
-NOWHERE = _Nowhere()
 
 
 def tell_failure(respond: Respond, asked: str) -> Any:
