@@ -85,8 +85,13 @@ def test_direct_messages_carry_the_buttons_and_every_copy_is_stamped(
         until(lambda: len(slack.calls("conversations.open")) == 2, 20, "both approvers")
         users = sorted(str(c.params["users"]) for c in opened + slack.calls("conversations.open"))
         assert not any("U1" in u for u in users)  # the proposer gets no copy (four-eyes)
-        dms = [str(c.params.get("channel")) for c in slack.calls("chat.postMessage")]
-        dms = [d for d in dms if d.startswith("D")]
+
+        def dm_posts() -> list[str]:
+            posts = [str(c.params.get("channel")) for c in slack.calls("chat.postMessage")]
+            return [d for d in posts if d.startswith("D")]
+
+        # each copy is posted after its channel is opened: wait for the posts themselves
+        dms = until(lambda: len(dm_posts()) >= 2 and dm_posts(), 20, "both copies")
         assert len(dms) == 2
         copy_ts, copy = next(iter(slack.messages(dms[0]).items()))
         value = buttons(copy)["kvpilot.reject"]
