@@ -53,7 +53,8 @@ class Scenario:
     max_running: tuple[int | None, ...] = (None,)  # None: SGLang's own
     hicache: tuple[tuple[str, ...], ...] = ((),)  # extra flags; () is off
     fp8: bool = False  # FP8 KV allowed (an opt-in: it trades accuracy away)
-    version: str | None = None  # SGLang version the twin speaks (None: the twin's default)
+    # SGLang version the twin speaks: the release whose load report accounts for step times
+    version: str | None = "0.5.23"
     gpu_memory_gib: float | None = None  # [servers] gpu_memory_gib, as an operator would set it
     host_ram_gib: float | None = None  # [servers] host_ram_gib
     warm_s: float = 600.0  # how long the server has been up when the campaign starts

@@ -23,14 +23,16 @@ import itertools
 import json
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from playbooks.engines import engine_named
 from playbooks.engines.base import Engine as EngineSeam
 from playbooks.engines.base import Metrics, Prompt, Snapshot
-from playbooks.engines.sglang.client import ServerInfo
+from playbooks.engines.sglang.client import ServerInfo, parse_loads
+from playbooks.engines.timebudget import StepCounters
+from sim import server_state
 from sim.args import resolve
 from sim.engine import Engine, GpuOutOfMemory, HostOutOfMemory, Request, natural_answer_length
 from sim.flags import PEAK_SCALE_FLAG
@@ -382,7 +384,14 @@ class TwinServer:
         """`/metrics` as the twin serves it, read by kvpilot's SGLang engine (whose client
         reads it the same way: `SGLangClient.snapshot`)."""
         text = self.rt.metrics.exposition().decode()
-        return SGLANG.snapshot(SGLANG.parse_metrics(text)).at(self.now)
+        snapshot = SGLANG.snapshot(SGLANG.parse_metrics(text))
+        return replace(snapshot, steps=self.step_counters()).at(self.now)
+
+    def step_counters(self) -> StepCounters | None:
+        """`/v1/loads`'s step accounting, through JSON, read as `SGLangClient` reads it."""
+        loads = [server_state.rank_load(self.rt, r, set()) for r in range(len(self.rt.engines))]
+        body = json.loads(json.dumps(server_state.loads_body(self.rt, loads)))
+        return StepCounters.of_ranks([x.steps for x in parse_loads(body) if x.steps is not None])
 
     def settings(self) -> ServerInfo:
         """`/server_info` as the twin serves it (through JSON), read by kvpilot."""

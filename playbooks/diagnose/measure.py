@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from playbooks.clock import Clock
 from playbooks.engines.base import EngineClient, MetricsDisabled, Snapshot
+from playbooks.engines.timebudget import TimeBudget, budget_between
 from playbooks.stats.batch_means import (
     S,
     batch_means,
@@ -99,6 +100,8 @@ class Measurement:
     notes: list[str] = field(default_factory=list)
     new_token_ratio: float | None = None  # the engine's reserve share of remaining output, mean
     grammar_queued: float | None = None  # mean requests waiting for a grammar to compile
+    # where the schedulers' busy time went (None where the engine does not account for it)
+    time_budget: TimeBudget | None = None
 
     @property
     def avg_tokens_per_request(self) -> float | None:
@@ -353,6 +356,10 @@ def _summarise(
         notes=notes,
         new_token_ratio=_window_mean(body, lambda x: x.new_token_ratio),
         grammar_queued=_window_mean(body, lambda x: x.grammar_queued),
+        time_budget=budget_between(
+            next((s.steps for s in samples if s.steps is not None), None),
+            next((s.steps for s in reversed(samples) if s.steps is not None), None),
+        ),
     )
 
 

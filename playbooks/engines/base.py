@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from playbooks.engines.timebudget import StepCounters
+
 if TYPE_CHECKING:
     from playbooks.diagnose.measure import Measurement
     from playbooks.diagnose.playbook import DiagnoseSettings
@@ -228,6 +230,8 @@ class Snapshot:
     # over ranks), and requests waiting outside the KV queue for structured-output grammars
     new_token_ratio: float | None = None
     grammar_queued: float | None = None
+    # the schedulers' own step accounting, cumulative (SGLang's load report; None elsewhere)
+    steps: StepCounters | None = None
 
     COUNTERS = (
         "generated_tokens",
@@ -262,17 +266,25 @@ class Snapshot:
             value = getattr(self, f.name)
             if f.name in ("ttft_buckets", "itl_buckets") and value is not None:
                 value = [[le, n] for le, n in value]
+            if f.name == "steps" and value is not None:
+                value = {"prefill_s": value.prefill_s, "moments": list(value.moments)}
             out[f.name] = value
         return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], t: float = 0.0) -> Snapshot:
-        known = {f.name for f in fields(cls)} - {"t", "ttft_buckets", "itl_buckets", "ttft_p95_s"}
+        known = {f.name for f in fields(cls)} - {
+            "t", "ttft_buckets", "itl_buckets", "ttft_p95_s", "steps",
+        }  # fmt: skip
         values: dict[str, Any] = {k: data[k] for k in known if k in data}
         buckets = data.get("ttft_buckets") or []
         itl = data.get("itl_buckets")
+        steps = data.get("steps")
         return cls(
             t=t,
+            steps=None
+            if steps is None
+            else StepCounters(float(steps["prefill_s"]), tuple(map(float, steps["moments"]))),
             ttft_buckets=tuple((float(le), float(n)) for le, n in buckets),
             itl_buckets=None if itl is None else tuple((float(le), float(n)) for le, n in itl),
             **values,

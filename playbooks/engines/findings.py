@@ -14,8 +14,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from playbooks.engines.timebudget import TimeBudget
 from playbooks.types import VERDICT_ORDER, Option, Verdict
 
+# How far the time-budget model's point errs, as measured against the twin's long-run effects
+# (`bench.tune`, BENCHMARKS.md "Tuning against an oracle"): a smaller prefill chunk adds
+# prefill steps the model does not count, so effects fall short of it more than they exceed it.
+MODEL_LOW = 0.6
+MODEL_HIGH = 1.3
 RESTART_RISK = "restart: the server is down while it reloads the model"
 NOTHING_AGAINST = "no safety check objects to it; the experiment measures whether it helps"
 
@@ -58,18 +64,34 @@ def title(change: Mapping[str, Any], implied: frozenset[str] = frozenset()) -> s
 
 
 def kv_capacity_gain(
-    running: float, queued: float, tokens_now: int, tokens_new: int, kv_bound: bool
+    running: float,
+    queued: float,
+    tokens_now: int,
+    tokens_new: int,
+    kv_bound: bool,
+    budget: TimeBudget | None = None,
+    bytes_ratio: float = 1.0,
 ) -> tuple[float, float]:
-    """Throughput change from more KV room: linear in running requests at best, half at worst.
+    """The throughput change a larger KV pool buys, as an interval meant to hold 90% of effects.
 
     Where the KV cache is not what limits the server, more of it buys nothing; where it is, the
-    batch grows with the pool until the queue is empty.
+    batch grows with the pool until the queue is empty. What a larger batch buys is read from
+    the server's own time budget where it accounts for one (`timebudget`): only the decode
+    share speeds up, and only by spreading each step's fixed cost over more requests.
+    `bytes_ratio` is the new KV cell's size over the old one's (a KV dtype change): each
+    request's part of a step then shrinks somewhere between not at all (compute) and that ratio
+    (KV reads), so the interval spans both. Without a budget, the old rule of thumb: the batch's
+    growth at best, half of it at worst.
     """
     if not kv_bound or running <= 0 or tokens_now <= 0:
         return (0.0, 0.0)
-    running_new = min(running + queued, running * tokens_new / tokens_now)
-    high = max(0.0, running_new / running - 1)
-    return (high / 2, high)
+    ratio = min((running + queued) / running, tokens_new / tokens_now)
+    if budget is None:
+        high = max(0.0, ratio - 1)
+        return (high / 2, high)
+    low = max(0.0, budget.gain(ratio))
+    high = max(low, budget.gain(ratio, min(1.0, bytes_ratio)))
+    return (low * MODEL_LOW, high * MODEL_HIGH)
 
 
 def option_of(

@@ -16,6 +16,8 @@ import httpx
 import psutil
 import pytest
 
+from playbooks.engines.sglang.client import SGLangClient
+
 from .harness import RealSGLang, sglang_env_available
 
 pytestmark = [
@@ -216,6 +218,27 @@ class TestDefaultServer:
             assert name in names, name
         match = re.search(r"^sglang:max_total_num_tokens\{[^}]*\} (\S+)$", text, flags=re.M)
         assert match and float(match.group(1)) == 916766
+
+    def test_step_accounting_reads_as_kvpilot_models_it(self, default_server: RealSGLang) -> None:
+        """The load report's step accounting, which kvpilot's throughput model is built on
+        (`playbooks/engines/timebudget.py`): after the requests above (a 20-token chat among
+        them), prefill time and decode steps in seconds."""
+        with default_server.client() as client:
+            client.post(
+                "/generate", json={"text": "count", "sampling_params": {"max_new_tokens": 30}}
+            ).raise_for_status()
+        reader = SGLangClient.connect(default_server.url)
+        try:
+            steps = reader.step_counters()
+            snapshot = reader.snapshot()
+        finally:
+            reader.close()
+        assert steps is not None and snapshot.steps is not None
+        n, sum_b, sum_t, _, _ = steps.moments
+        assert n >= 29 and sum_b >= n  # every decode step ran at least one request
+        assert 0 < sum_t / n < 1.0, sum_t / n  # seconds per step, not microseconds
+        assert steps.prefill_s > 0
+        assert snapshot.steps.moments[0] >= n
 
     def test_idle_cpu_is_low(self, default_server: RealSGLang) -> None:
         procs = [psutil.Process(pid) for pid in default_server.pids()]

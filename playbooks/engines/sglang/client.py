@@ -13,8 +13,9 @@ without `--enable-metrics` (the caller falls back on loads and server info and s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import httpx
@@ -32,6 +33,7 @@ from playbooks.engines.base import (
     Unreachable,
     WrongEngine,
 )
+from playbooks.engines.timebudget import MOMENTS, StepCounters
 from playbooks.http import http_client, http_retrying, is_http_url, retried_get
 
 PATHS = {
@@ -114,6 +116,7 @@ class RankLoad:
     gen_throughput: float | None
     cache_hit_rate: float | None
     max_total_num_tokens: int | None
+    steps: StepCounters | None = None  # 0.5.23's step accounting, where the server reports it
 
 
 class SGLangClient:
@@ -129,6 +132,7 @@ class SGLangClient:
         self.http = http
         self._retry = http_retrying(attempts, wait)
         self._dialect: dict[str, str] = {}
+        self._reports_steps = True  # until a load report without step accounting says not
 
     @classmethod
     def connect(
@@ -266,7 +270,26 @@ class SGLangClient:
         return self.server_info()
 
     def snapshot(self) -> Snapshot:
-        return self.snapshot_of(self.metrics())
+        return replace(self.snapshot_of(self.metrics()), steps=self.step_counters())
+
+    def step_counters(self) -> StepCounters | None:
+        """The schedulers' step accounting from the load report, which `/metrics` lacks
+        (`timebudget`). Best effort: a reading without it loses only the throughput model's
+        evidence, so a failed read is None, and a server whose report has no such fields
+        (before 0.5.23, or no load endpoint) is not asked again."""
+        if not self._reports_steps:
+            return None
+        try:
+            loads = self.loads()
+        except NotSGLang:
+            self._reports_steps = False
+            return None
+        except EngineError:
+            return None
+        if not loads or any(x.steps is None for x in loads):
+            self._reports_steps = False
+            return None
+        return StepCounters.of_ranks([x.steps for x in loads if x.steps is not None])
 
     def snapshot_of(self, metrics: Metrics) -> Snapshot:
         from playbooks.engines.sglang.metrics import snapshot_from_metrics  # noqa: PLC0415
@@ -380,6 +403,7 @@ def parse_loads(data: Any) -> list[RankLoad]:
                 gen_throughput=_float(x.get("gen_throughput")),
                 cache_hit_rate=_float(x.get("cache_hit_rate")),
                 max_total_num_tokens=_int(x.get("max_total_num_tokens")),
+                steps=_steps(x),
             )
             for i, x in enumerate(data["loads"])
         ]
@@ -412,6 +436,26 @@ def parse_metrics(text: str) -> Metrics:
         (f.name for f in families),
         ttft_histogram="sglang:time_to_first_token_seconds_bucket",
     )
+
+
+def _steps(load: dict[str, Any]) -> StepCounters | None:
+    """A rank's prefill busy time and decode moments (`scheduler.py::_accumulate_decode_moment`:
+    steps, sum of batch sizes, of step microseconds, of batch squared, of batch times
+    microseconds, of tokens generated), step times in seconds. None where the report has no
+    step accounting; all zeros before the first decode step (the moments are then null)."""
+    if "total_prefill_busy_us" not in load:
+        return None
+    raw, busy = load.get("decode_moments"), load["total_prefill_busy_us"]
+    if raw is None:
+        raw = [0.0] * MOMENTS
+    numbers = [busy, *raw[:MOMENTS]] if isinstance(raw, list) and len(raw) >= MOMENTS else []
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
+        numbers = []
+    if not numbers or not all(math.isfinite(v) and v >= 0 for v in numbers):
+        return None  # not accounting kvpilot can read: the model does without it
+    prefill_s, n, sb, st, sbb, sbt = (float(v) for v in numbers)
+    prefill_s /= 1e6
+    return StepCounters(prefill_s, (n, sb, st / 1e6, sbb, sbt / 1e6))
 
 
 def _int(value: Any) -> int | None:

@@ -39,6 +39,7 @@ from typing import Any, Literal, Protocol
 from playbooks.engines.base import LabelledValue, Metrics, MetricsDisabled, MetricsSpec, Snapshot
 from playbooks.engines.sglang.client import RankLoad
 from playbooks.engines.sglang.facts import SATURATED_USAGE
+from playbooks.engines.timebudget import StepCounters
 
 PREFIX = "sglang:"
 # The scheduler sets it when it logs decode stats (every `decode_log_interval` decode steps)
@@ -259,6 +260,9 @@ def snapshot_from_loads(loads: list[RankLoad]) -> Snapshot:
         decode_rate=sum(gens) if gens else None,
         cache_hit_rate=statistics.fmean(hits) if hits else None,
         capacity_tokens=sum(caps) if caps else None,
+        steps=StepCounters.of_ranks([x.steps for x in loads if x.steps is not None])
+        if all(x.steps is not None for x in loads)
+        else None,
     )
 
 

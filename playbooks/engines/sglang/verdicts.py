@@ -38,7 +38,10 @@ def capacity_gain(change: Change, seen: Observed) -> tuple[float, float] | None:
     if not all(check.predicts_gain_for(change) for check in checks_for(change)):
         return None
     m = seen.m
-    return kv_capacity_gain(m.running, m.queued, change.current, change.tokens, seen.kv_bound)
+    return kv_capacity_gain(
+        m.running, m.queued, change.current, change.tokens, seen.kv_bound,
+        m.time_budget, change.bytes_per_token / change.cap.bytes_per_token,
+    )  # fmt: skip
 
 
 def option(

@@ -1,0 +1,201 @@
+"""The time-budget throughput model: the step line, the window's budget, the gain and its
+interval, read from step accounting as SGLang's load report gives it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from playbooks.diagnose.measure import measurement_of
+from playbooks.engines.base import Snapshot
+from playbooks.engines.findings import MODEL_HIGH, MODEL_LOW, kv_capacity_gain
+from playbooks.engines.sglang.client import SGLangClient, parse_loads
+from playbooks.engines.timebudget import StepCounters, TimeBudget, budget_between
+from tests.playbooks.diagnose.recorded import Recorded
+from tests.playbooks.engines.sglang.test_client import no_wait
+
+
+def steps(batches: list[int], base: float, per: float, prefill: float = 0.0) -> StepCounters:
+    """Counters after decode steps of the given batch sizes, each `base + per * b` seconds."""
+    times = [base + per * b for b in batches]
+    return StepCounters(
+        prefill,
+        (
+            float(len(batches)),
+            float(sum(batches)),
+            sum(times),
+            float(sum(b * b for b in batches)),
+            sum(b * t for b, t in zip(batches, times, strict=True)),
+        ),
+    )
+
+
+VARIED = [40, 45, 50, 55, 60] * 40  # 200 steps around a batch of 50
+
+
+def test_the_step_line_is_recovered() -> None:
+    fitted = steps(VARIED, 0.030, 0.0005).fit()
+    assert fitted is not None
+    base, per, batch = fitted
+    assert base == pytest.approx(0.030) and per == pytest.approx(0.0005) and batch == 50
+
+
+@pytest.mark.parametrize(
+    ("batches", "base", "per", "why"),
+    [
+        ([40, 60] * 10, 0.03, 0.0005, "too few steps"),
+        ([50] * 200, 0.03, 0.0005, "a batch that never moves gives no slope"),
+        (VARIED, 0.06, -0.0005, "a step that shrinks with the batch"),
+        (VARIED, -0.01, 0.001, "a negative base"),
+    ],
+)
+def test_no_line_where_the_steps_cannot_give_one(
+    batches: list[int], base: float, per: float, why: str
+) -> None:
+    assert steps(batches, base, per).fit() is None, why
+
+
+def later(first: StepCounters, more: StepCounters) -> StepCounters:
+    return StepCounters(
+        first.prefill_s + more.prefill_s,
+        tuple(a + b for a, b in zip(first.moments, more.moments, strict=True)),
+    )
+
+
+def test_the_budget_is_the_windows_own() -> None:
+    start = steps(VARIED, 0.010, 0.002, prefill=100.0)  # an earlier regime, left out
+    window = steps(VARIED, 0.030, 0.0005, prefill=5.0)
+    budget = budget_between(start, later(start, window))
+    assert budget is not None
+    assert budget.step_base_s == pytest.approx(0.030)
+    assert budget.step_per_request_s == pytest.approx(0.0005)
+    assert budget.prefill_share == pytest.approx(5.0 / (5.0 + window.decode_s))
+
+
+def test_a_steady_window_takes_its_line_from_every_step_since_the_start() -> None:
+    ramp = steps(list(range(1, 51)) * 4, 0.030, 0.0005)  # from an empty batch up
+    window = steps([50] * 300, 0.030, 0.0005, prefill=1.0)
+    budget = budget_between(ramp, later(ramp, window))
+    assert budget is not None
+    assert budget.step_base_s == pytest.approx(0.030) and budget.batch == 50
+
+
+def test_no_budget_without_accounting_or_across_a_restart() -> None:
+    window = steps(VARIED, 0.03, 0.0005, prefill=5.0)
+    assert budget_between(None, window) is None
+    assert budget_between(window, None) is None
+    assert budget_between(later(window, window), window) is None  # counters went back
+
+
+@pytest.mark.parametrize(
+    ("budget", "ratio", "scale", "gain"),
+    [
+        # the whole step is the fixed cost: r times the batch, r times the tokens
+        (TimeBudget(0.0, 0.05, 0.0, 50), 1.5, 1.0, 0.5),
+        # nothing fixed: a larger batch buys nothing
+        (TimeBudget(0.0, 0.0, 0.001, 50), 1.5, 1.0, 0.0),
+        # half fixed: time per token 0.5/1.5 + 0.5 = 5/6 of before
+        (TimeBudget(0.0, 0.025, 0.0005, 50), 1.5, 1.0, 0.2),
+        # half the time in prefill, which a batch does not shorten: 1 / (0.5 + 0.5 * 5/6)
+        (TimeBudget(0.5, 0.025, 0.0005, 50), 1.5, 1.0, 1 / (0.5 + 0.5 * 5 / 6) - 1),
+        # a KV dtype of half the bytes, its reads all of each request's part
+        (TimeBudget(0.0, 0.025, 0.0005, 50), 2.0, 0.5, 1 / (0.25 + 0.25) - 1),
+        (TimeBudget(0.0, 0.025, 0.0005, 0), 2.0, 1.0, 0.0),
+    ],
+)
+def test_the_gain_of_a_larger_batch(
+    budget: TimeBudget, ratio: float, scale: float, gain: float
+) -> None:
+    assert budget.gain(ratio, scale) == pytest.approx(gain)
+
+
+HALF_FIXED = TimeBudget(0.0, 0.025, 0.0005, 50)
+
+
+@pytest.mark.parametrize(
+    ("args", "interval"),
+    [
+        # not KV-bound, or nothing running: more KV buys nothing
+        ((50, 100, 100_000, 150_000, False, HALF_FIXED), (0.0, 0.0)),
+        ((0, 100, 100_000, 150_000, True, HALF_FIXED), (0.0, 0.0)),
+        # the model's point, widened by its measured error
+        ((50, 100, 100_000, 150_000, True, HALF_FIXED), (0.2 * MODEL_LOW, 0.2 * MODEL_HIGH)),
+        # the queue caps the batch: 10 waiting grow 50 running by a fifth only
+        (
+            (50, 10, 100_000, 150_000, True, HALF_FIXED),
+            (HALF_FIXED.gain(1.2) * MODEL_LOW, HALF_FIXED.gain(1.2) * MODEL_HIGH),
+        ),
+        # FP8: each request's part shrinks between not at all and by the cell's ratio
+        (
+            (50, 100, 100_000, 200_000, True, HALF_FIXED, 0.5),
+            (HALF_FIXED.gain(2.0) * MODEL_LOW, 1.0 * MODEL_HIGH),
+        ),
+        # no accounting: the rule of thumb, the batch's growth at best and half at worst
+        ((50, 100, 100_000, 150_000, True, None), (0.25, 0.5)),
+    ],
+)
+def test_the_predicted_interval(args: tuple[object, ...], interval: tuple[float, float]) -> None:
+    low, high = kv_capacity_gain(*args)  # type: ignore[arg-type]
+    assert (low, high) == pytest.approx(interval)
+
+
+# A 0.5.23 /v1/loads entry as the real server writes it (`load_snapshot.py`, core fields).
+RANK = {
+    "dp_rank": 0,
+    "num_running_reqs": 50,
+    "num_waiting_reqs": 100,
+    "total_prefill_uncached_tokens": 90_000,
+    "total_prefill_busy_us": 2_500_000,
+    "decode_moments": [1000.0, 50_000.0, 40_000_000.0, 2_600_000.0, 2.1e9, 50_000.0],
+}
+
+
+def test_the_load_report_is_read_in_seconds_and_summed_over_ranks() -> None:
+    loads = parse_loads({"loads": [RANK, {**RANK, "dp_rank": 1}]})
+    summed = StepCounters.of_ranks([x.steps for x in loads if x.steps is not None])
+    assert summed == StepCounters(5.0, (2000.0, 100_000.0, 80.0, 5_200_000.0, 4200.0))
+
+
+@pytest.mark.parametrize(
+    ("entry", "steps_read"),
+    [
+        ({k: v for k, v in RANK.items() if not k.startswith(("total_", "decode_"))}, None),
+        ({**RANK, "decode_moments": None}, StepCounters(2.5, (0.0,) * 5)),  # no decode yet
+        ({**RANK, "decode_moments": [1.0, -1.0, 1.0, 1.0, 1.0, 1.0]}, None),
+        ({**RANK, "decode_moments": [math.nan] * 6}, None),
+        ({**RANK, "decode_moments": 33828}, None),  # not the sums: an older twin's recording
+        ({**RANK, "decode_moments": ["1"] * 6}, None),
+        ({**RANK, "total_prefill_busy_us": "2500000"}, None),
+    ],
+)
+def test_accounting_that_is_missing_or_unreadable_is_none(
+    entry: dict[str, object], steps_read: StepCounters | None
+) -> None:
+    assert parse_loads({"loads": [entry]})[0].steps == steps_read
+
+
+def test_a_stored_reading_keeps_its_accounting_and_a_measurement_its_budget() -> None:
+    first = steps(VARIED, 0.025, 0.0005, prefill=1.0)
+    last = later(first, steps(VARIED, 0.025, 0.0005, prefill=2.0))
+    samples = [
+        Snapshot(t=t, running=50, queued=100, kv_usage=0.97, decode_rate=1000.0, steps=s)
+        for t, s in ((0.0, first), (300.0, last))
+    ]
+    stored = [Snapshot.from_json(s.to_json(), s.t) for s in samples]
+    assert stored == samples
+    budget = measurement_of(stored).time_budget
+    assert budget is not None and budget.step_base_s == pytest.approx(0.025)
+    assert Snapshot.from_json({"v": 2, "running": 1.0, "queued": 0.0}).steps is None
+
+
+def test_the_client_reads_the_accounting_beside_the_metrics_and_stops_where_there_is_none() -> None:
+    real = Recorded("real-0.5.23")
+    snapshot = SGLangClient(real.client(), wait=no_wait).snapshot()
+    # the recorded real server's counters: 2,929 decode steps of 4.1 ms on average
+    assert snapshot.steps is not None and snapshot.steps.moments[0] == 2929
+    assert snapshot.steps.decode_s / 2929 == pytest.approx(0.004083, abs=1e-6)
+    old = Recorded("twin-0.5.10")  # its load report has no step accounting
+    client = SGLangClient(old.client(), wait=no_wait)
+    assert client.snapshot().steps is None and client.snapshot().steps is None
+    assert old.requests.count("/v1/loads") == 1
