@@ -28,6 +28,7 @@ from typing import Any
 
 from bench.tune_scenarios import Scenario
 from bench.tune_twin import SGLANG, Died, TwinClient, TwinClock, TwinServer, with_peak
+from playbooks.campaigns.after import reassessor
 from playbooks.campaigns.policy import Bound, Choice, Tried, bound_from, campaign_stop, choose_next
 from playbooks.campaigns.room import GpuRoom
 from playbooks.diagnose.measure import MeasurementError, measurement_of
@@ -155,14 +156,20 @@ def _steps(st: _State, choice: Choice, out: Campaign) -> None:
         st.tried.append(Tried(step.change, step.kept, step.cause))
         try:
             m = measurement_of(window, st.settings.plan, why="the window the verdict measured")
-            assessment = SGLANG.rules_for(st.server.settings(), st.settings).assess(m)
+            info = st.server.settings()
+            assessment = SGLANG.rules_for(info, st.settings).assess(m)
         except (MeasurementError, ValueError) as exc:
             out.stop = f"the server could not be assessed again: {exc}"
             return
         # what production reads from NVML or DCGM after a kept step (`bot.app.wiring.gpu_room`)
         room = GpuRoom(st.server.rt.gpu_free_gib(), "the twin's GPUs") if step.kept else None
         choice = choose_next(
-            assessment.options, tried=st.tried, bounds=st.bounds, allowance=allowance, room=room
+            assessment.options,
+            tried=st.tried,
+            bounds=st.bounds,
+            allowance=allowance,
+            room=room,
+            reassess=reassessor(SGLANG, info, st.settings, m),
         )
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from playbooks.engines.timebudget import TimeBudget
     from playbooks.gate.latency import WindowLatency
 
 Verdict = Literal["recommended", "possible", "needs_opt_in", "unsafe", "not_useful"]
@@ -107,6 +108,8 @@ class DiagnoseFinding:
     # p99 TTFT and ITL over the window, each with its target where one is configured
     latency: tuple[WindowLatency, ...] = ()
     slo_held: bool | None = None  # every configured target held (`gate.latency.slo_holds`)
+    # where the schedulers' busy time went (`playbooks.engines.timebudget`), where reported
+    time_budget: TimeBudget | None = None
 
     def to_json(self) -> dict[str, Any]:
         def r(x: float | None, n: int = 4) -> float | None:
@@ -155,6 +158,14 @@ class DiagnoseFinding:
                 "measured_from": self.measured_from,
             },
             "cache_hit_fraction": r(self.cache_hit_fraction),
+            "time_budget": None
+            if self.time_budget is None
+            else {
+                "prefill_share": r(self.time_budget.prefill_share),
+                "decode_step_base_ms": round(self.time_budget.step_base_s * 1e3, 3),
+                "decode_step_per_request_ms": round(self.time_budget.step_per_request_s * 1e3, 4),
+                "decode_batch": round(self.time_budget.batch, 1),
+            },
             "retractions": self.retractions,
             "bottleneck": self.bottleneck,
             "evidence": self.evidence,

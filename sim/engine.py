@@ -101,6 +101,10 @@ class Engine:
         self.loaded_back_total = 0
         self.batches = 0
         self.decode_moments = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        # SGLang 0.5.23 counts a decode step's moments only when the step before it was a
+        # decode step too, with no idle gap between (`scheduler.py`: "Decode regression uses
+        # launch cadence and skips boundaries"); the first decode after a prefill is not counted.
+        self.decode_follows_decode = False
         self._touched_host = False
         self._requests: dict[str, Request] = {}
         # (simulated time, tokens) each time a batch was larger than any before: the largest
@@ -152,8 +156,11 @@ class Engine:
         duration = self._prefill()
         if duration is None:
             duration = self._decode()
+        else:
+            self.decode_follows_decode = False
         if duration is None:
             self.new_token_ratio = self.init_ratio
+            self.decode_follows_decode = False
             return 0.0
         self.batches += 1
         return duration
@@ -303,14 +310,7 @@ class Engine:
         self.now += duration
         self.busy_time += duration
         self.decode_time += duration
-        step_us = duration * 1e6
-        moments = self.decode_moments
-        moments[0] += 1.0
-        moments[1] += bs
-        moments[2] += step_us
-        moments[3] += bs * bs
-        moments[4] += bs * step_us
-        moments[5] += bs
+        self._count_decode_step(bs, duration)
         self.generated_total += bs
         self.num_generated_since_log += bs
         self.forward_ct_decode += 1
@@ -335,6 +335,19 @@ class Engine:
                 ),
             )
         return duration
+
+    def _count_decode_step(self, bs: int, duration: float) -> None:
+        """The step's moments, where SGLang counts them: after another decode step."""
+        if self.decode_follows_decode:
+            step_us = duration * 1e6
+            moments = self.decode_moments
+            moments[0] += 1.0
+            moments[1] += bs
+            moments[2] += step_us
+            moments[3] += bs * bs
+            moments[4] += bs * step_us
+            moments[5] += bs
+        self.decode_follows_decode = True
 
     def _retract_if_needed(self) -> None:
         need = len(self.running) * self.cfg.page_size

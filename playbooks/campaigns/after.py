@@ -9,7 +9,7 @@ to. Both front ends (the terminal's `kvpilot tune`, the verdict in chat) call th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -19,18 +19,20 @@ from playbooks.campaigns.policy import (
     Allowance,
     Bound,
     Choice,
+    Reassess,
     Tried,
     bound_from,
     choose_next,
 )
 from playbooks.campaigns.room import GpuRoom
-from playbooks.diagnose.measure import MeasurementError, measurement_of
+from playbooks.diagnose.measure import Measurement, MeasurementError, measurement_of
 from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import restore_snapshot
-from playbooks.engines.base import Assessment, Engine, EngineClient, Snapshot
+from playbooks.engines.base import Assessment, Engine, EngineClient, ServerSettings, Snapshot
 from playbooks.experiments.advance import settings_of
 from playbooks.experiments.outcome import Ending, Outcome, ending
 from playbooks.gate.windows import trial_window
+from playbooks.types import Option
 from storage import campaigns as campaign_store
 from storage import experiments as store
 from storage import samples as sample_store
@@ -144,8 +146,22 @@ def next_after(
         allowance=allowance,
         force=force,
         room=room,
+        reassess=reassessor(client.engine, info, diagnose, m),
     )
     return Next(assessment, choice)
+
+
+def reassessor(
+    engine: Engine, info: ServerSettings, diagnose: DiagnoseSettings, m: Measurement
+) -> Reassess:
+    """The engine's rules asked about other changes against the same measurement, as
+    `--consider` asks them (what `choose_next` cuts a step down with)."""
+
+    def again(changes: Sequence[dict[str, Any]]) -> list[Option]:
+        rules = engine.rules_for(info, replace(diagnose, consider=tuple(changes)))
+        return [o for o in rules.assess(m).options if o.considered]
+
+    return again
 
 
 def _change_text(change: dict[str, Any]) -> str:

@@ -10,15 +10,16 @@ Safety moves toward the modelled edge only on evidence. The engines label a chan
 the engine's own reserve `recommended` and one that spends part of it `possible`; a campaign
 takes a `possible` step only after one of its steps was kept on this server (the server ran a
 changed configuration under load and stayed up), never as its first move; where the server's
-GPUs can be read, also only if the memory it left free under load holds what the step adds. A
-step that crashed the server teaches a bound ("mem_fraction_static 0.91 died under load"):
-kept per server and never proposed again without `force`.
+GPUs can be read, also only if the memory it left free under load holds what the step adds;
+where it does not, the step is cut down to the largest memory fraction that fits, judged by the
+same rules. A step that crashed the server teaches a bound ("mem_fraction_static 0.91 died
+under load"): kept per server and never proposed again without `force`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,13 @@ RISK: dict[Verdict, int] = {
     "unsafe": 3,
     "not_useful": 4,
 }
+
+
+# Judges changes against the measurement the options came from (`Rules.assess` with the changes
+# considered): how a campaign asks the rules about a step it cut down to fit the GPUs' room.
+Reassess = Callable[[Sequence[dict[str, Any]]], Sequence[Option]]
+FIT_STEP = 0.01  # memory fractions are tried this far apart, largest first
+FIT_STEPS = 10  # and at most this many below the option's own
 
 
 class PolicyError(ValueError):
@@ -321,6 +329,7 @@ def choose_next(
     allowance: Allowance | None = None,
     force: bool = False,
     room: GpuRoom | None = None,
+    reassess: Reassess | None = None,
 ) -> Choice:
     """The option with the most expected gain per restart (ties: the lower risk), or why none.
 
@@ -330,11 +339,15 @@ def choose_next(
 
     `tried` are this server's earlier steps, `bounds` what its crashes taught, `allowance` the
     approved plan (None: each step is asked for), `room` the GPU memory the server left free
-    under load where its GPUs can be read (`playbooks.campaigns.room`). Counting restarts and
-    stopping at the first change not kept is the caller's: `campaign_stop` below.
+    under load where its GPUs can be read (`playbooks.campaigns.room`). Where nothing else is
+    left and a step was passed over only because it does not fit that room, `reassess` (the
+    rules, asked about other changes against the same measurement) judges it cut down to the
+    largest memory fraction that fits (`fitted`). Counting restarts and stopping at the first
+    change not kept is the caller's: `campaign_stop` below.
     """
     skipped: list[tuple[str, str]] = []
     candidates: list[Option] = []
+    too_large: list[Option] = []
     for option in options:
         reason = _skip_reason(
             option, tried=tried, bounds=bounds, allowance=allowance, force=force, room=room
@@ -343,6 +356,13 @@ def choose_next(
             candidates.append(option)
         elif option.change:
             skipped.append((option.title, reason))
+            if room is not None and reason == room.refusal(option.static_gpu_gib or 0.0):
+                too_large.append(option)
+    if not candidates and too_large and reassess is not None and room is not None:
+        for option in fitted(too_large, room, reassess):
+            if _skip_reason(option, tried=tried, bounds=bounds, allowance=allowance,
+                            force=force, room=room) is None:  # fmt: skip
+                candidates.append(option)
     if not candidates:
         stop = "nothing useful is left to try" if not skipped else "every option was passed over"
         return Choice(None, stop, tuple(skipped))
@@ -351,6 +371,33 @@ def choose_next(
         key=lambda o: (o.verdict == "possible", -expected_gain(o), RISK[o.verdict]),
     )
     return Choice(best, "", tuple(skipped))
+
+
+def fitted(options: Sequence[Option], room: GpuRoom, reassess: Reassess) -> list[Option]:
+    """Each option cut down to the largest memory fraction whose added GPU memory the room
+    holds with its margin, as the rules judge it (none where no smaller fraction adds memory,
+    fits and is predicted to help). The fraction is the option's one value between 0 and 1
+    (SGLang's `mem_fraction_static`; vLLM's options do not say what they add per GPU, so the
+    room is never what passes them over)."""
+    out: list[Option] = []
+    for option in options:
+        fractions = [k for k, v in option.change.items() if isinstance(v, float) and 0 < v < 1]
+        if len(fractions) != 1:
+            continue
+        key = fractions[0]
+        top = option.change[key]
+        changes = [
+            {**option.change, key: round(top - FIT_STEP * i, 2)} for i in range(1, FIT_STEPS + 1)
+        ]
+        judged = sorted(reassess(changes), key=lambda o: -o.change[key])
+        for smaller in judged:
+            added = smaller.static_gpu_gib
+            if added is None or room.refusal(added) is not None:
+                continue  # adds nothing (at or below the fraction the server runs) or too much
+            if expected_gain(smaller) > 0:
+                out.append(smaller)
+            break
+    return out
 
 
 def campaign_stop(tried_in_campaign: Sequence[Tried], allowance: Allowance) -> str | None:

@@ -105,6 +105,7 @@ def diagnose(
         window_reason=m.stop_reason,
         measured_from=m.source,
         cache_hit_fraction=m.cached_fraction,
+        time_budget=m.time_budget,
         retractions=m.retractions,
         bottleneck=a.bottleneck,
         evidence=a.evidence,

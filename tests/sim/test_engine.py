@@ -191,3 +191,21 @@ def test_retraction_picks_fewest_outputs_and_raises_ratio() -> None:
     assert events, "the pool is too small for all requests: something must be retracted"
     assert all(new > old or new == 1.0 for _, old, new in events)
     assert engine.idle  # everything eventually finished after re-prefill
+
+
+def test_decode_moments_skip_the_step_after_a_prefill_or_an_idle_gap() -> None:
+    """As SGLang 0.5.23 counts them: only a decode step whose step before was a decode step,
+    with no idle gap between, enters the moments (its launch cadence is a step time)."""
+    engine = Engine(engine_config(resolve(INCIDENT)))
+    for i in range(4):  # four 200-token prompts in one prefill batch, then 30 decode steps
+        engine.submit(Request(f"a{i}", tuple(range(3, 203)), 31, 0.0))
+    while not engine.idle:
+        engine.step()
+    steps, batch, _, _, _, generated = engine.decode_moments
+    assert engine.forward_ct_decode == 30 and steps == 29  # the first decode followed a prefill
+    assert batch == generated == 4 * 29
+    engine.advance_idle(engine.now + 10.0)
+    engine.submit(Request("b", tuple(range(3, 203)), 11, engine.now))
+    while not engine.idle:
+        engine.step()
+    assert engine.decode_moments[0] == 29 + 9  # again one step not counted after the prefill

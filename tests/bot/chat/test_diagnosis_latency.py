@@ -87,3 +87,24 @@ def test_the_chat_message_shows_the_p99s_against_their_targets() -> None:
         "*Latency* p99 over the window: TTFT 0.99 s (target 2.00 s: :white_check_mark: held), "
         "ITL 38.0 ms (target 30.0 ms: :x: broken)"
     ) in message.text
+
+
+def test_the_busy_time_is_shown_where_the_server_accounts_for_it() -> None:
+    from dataclasses import replace  # noqa: PLC0415
+
+    from playbooks.engines.timebudget import TimeBudget  # noqa: PLC0415
+
+    plain = finding(None, None)
+    assert plain.to_json()["time_budget"] is None
+    assert "busy time" not in render("diagnose.txt.j2", f=plain.to_json())
+    budgeted = replace(plain, time_budget=TimeBudget(0.575, 0.02533, 0.000731, 28.4)).to_json()
+    assert budgeted["time_budget"] == {
+        "prefill_share": 0.575,
+        "decode_step_base_ms": 25.33,
+        "decode_step_per_request_ms": 0.731,
+        "decode_batch": 28.4,
+    }
+    text = render("diagnose.txt.j2", f=budgeted)
+    assert (
+        "busy time               57% prefill; a decode step 25.3 ms + 0.73 ms per request" in text
+    )

@@ -16,6 +16,7 @@ from playbooks.campaigns.policy import (
     campaign_stop,
     choose_next,
     expected_gain,
+    fitted,
 )
 from playbooks.campaigns.room import GIB, GpuRoom, room_of
 from playbooks.sources.gpu import FakeGpuReader, GpuState
@@ -304,3 +305,89 @@ def test_the_room_is_the_tightest_gpus_free_memory() -> None:
     assert room == GpuRoom(5.0, "NVML on this host")
     assert room_of(None, "none") is None
     assert room_of(FakeGpuReader([]), "empty") is None
+
+
+def linear_rules(now: float, gib_per_hundredth: float, gain_per_hundredth: float) -> Any:
+    """Rules for a server at fraction `now`: each hundredth above it adds that much GPU memory
+    and predicted gain; at or below it a fraction adds nothing (as `static_gpu_gib` says)."""
+    asked: list[dict[str, Any]] = []
+
+    def reassess(changes: Any) -> list[Option]:
+        out = []
+        for change in changes:
+            asked.append(change)
+            steps = round((change["mem_fraction_static"] - now) * 100)
+            added = steps * gib_per_hundredth if steps > 0 else None
+            steps = max(steps, 0)
+            gain = (steps * gain_per_hundredth, 2 * steps * gain_per_hundredth)
+            title = f"mem_fraction_static={change['mem_fraction_static']}"
+            out.append(Option(title, change, "possible", None, gain, "", [], True, added))
+        return out
+
+    reassess.asked = asked  # type: ignore[attr-defined]
+    return reassess
+
+
+@pytest.mark.parametrize(
+    ("free_gib", "force_bound", "allowed", "fitted_to"),
+    [
+        # 0.92 adds 3 x 0.95 = 2.85 GiB; 3.7 free leaves 0.85, under the margin. 0.91 adds 1.9
+        (3.7, None, None, 0.91),
+        (2.5, None, None, 0.90),  # 0.91 would leave 0.6 GiB; 0.90 leaves 1.55
+        (1.5, None, None, None),  # 0.90 would leave 0.55 GiB; 0.89 is the server's own
+        (2.5, Bound("mem_fraction_static", 0.90, False, "learnt", 4), None, None),  # re-checked
+        (3.7, None, Allowance({"mem_fraction_static": Range(0.8, 0.95)}, 3), 0.91),
+        (0.5, None, None, None),  # nothing above the server's fraction fits
+    ],
+)
+def test_a_step_too_large_for_the_room_is_cut_down_to_what_fits(
+    free_gib: float, force_bound: Bound | None, allowed: Allowance | None, fitted_to: float | None
+) -> None:
+    """After 0.89 was kept, 0.92 is refused for room; the rules judge smaller fractions and the
+    largest that fits (with the 1 GiB margin) and is allowed is taken instead."""
+    rules = linear_rules(0.89, 0.95, 0.02)
+    edge = Option("mem_fraction_static=0.92", {"mem_fraction_static": 0.92}, "possible", None,
+                  (0.06, 0.12), "", [], False, 2.85)  # fmt: skip
+    choice = choose_next(
+        [edge, USELESS],
+        tried=[KEPT],
+        room=GpuRoom(free_gib, "NVML"),
+        reassess=rules,
+        bounds=[force_bound] if force_bound else [],
+        allowance=allowed,
+    )
+    if fitted_to is None:
+        assert choice.option is None and choice.stop == "every option was passed over"
+    else:
+        assert choice.option is not None
+        assert choice.option.change == {"mem_fraction_static": fitted_to}
+    assert [c["mem_fraction_static"] for c in rules.asked][:3] == [0.91, 0.9, 0.89]
+
+
+def test_a_step_passed_over_for_another_reason_is_not_cut_down() -> None:
+    rules = linear_rules(0.89, 0.95, 0.02)
+    choice = choose_next([EDGE_2_9_GIB], tried=[], room=GpuRoom(3.7, "NVML"), reassess=rules)
+    assert choice.option is None and rules.asked == []  # no kept step yet: not a room matter
+    assert fitted([SAFE, FP8], GpuRoom(9.0, "NVML"), rules) == []  # nothing to cut down
+
+
+def test_the_rules_judge_the_cut_down_steps_against_the_same_measurement() -> None:
+    """`reassessor` asks SGLang's own rules (as `--consider` does): each smaller fraction comes
+    back with its added GPU memory and predicted gain, and one at the server's fraction adds
+    nothing."""
+    from playbooks.campaigns.after import reassessor  # noqa: PLC0415
+    from playbooks.diagnose.playbook import DiagnoseSettings  # noqa: PLC0415
+    from playbooks.engines import engine_named  # noqa: PLC0415
+    from tests.playbooks.engines.sglang.test_rules import info, measurement  # noqa: PLC0415
+
+    again = reassessor(
+        engine_named("sglang"), info(), DiagnoseSettings(gpu_memory_gib=95.3), measurement()
+    )
+    judged = {o.change["mem_fraction_static"]: o for o in again(
+        [{"mem_fraction_static": f} for f in (0.88, 0.87, 0.85)]
+    )}  # fmt: skip
+    assert set(judged) == {0.88, 0.87, 0.85} and all(o.considered for o in judged.values())
+    assert judged[0.88].static_gpu_gib == pytest.approx(0.03 * 95.3, abs=0.01)
+    assert judged[0.87].static_gpu_gib == pytest.approx(0.02 * 95.3, abs=0.01)
+    assert judged[0.85].static_gpu_gib is None
+    assert expected_gain(judged[0.88]) > expected_gain(judged[0.87]) > 0
