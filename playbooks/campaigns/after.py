@@ -158,8 +158,11 @@ def reassessor(
     `--consider` asks them (what `choose_next` cuts a step down with)."""
 
     def again(changes: Sequence[dict[str, Any]]) -> list[Option]:
-        rules = engine.rules_for(info, replace(diagnose, consider=tuple(changes)))
-        return [o for o in rules.assess(m).options if o.considered]
+        try:
+            rules = engine.rules_for(info, replace(diagnose, consider=tuple(changes)))
+            return [o for o in rules.assess(m).options if o.considered]
+        except ValueError:  # the rules cannot reason about it: nothing to cut down
+            return []
 
     return again
 

@@ -267,7 +267,11 @@ class Snapshot:
             if f.name in ("ttft_buckets", "itl_buckets") and value is not None:
                 value = [[le, n] for le, n in value]
             if f.name == "steps" and value is not None:
-                value = {"prefill_s": value.prefill_s, "moments": list(value.moments)}
+                value = {
+                    "prefill_s": value.prefill_s,
+                    "moments": list(value.moments),
+                    "ranks": value.ranks,
+                }
             out[f.name] = value
         return out
 
@@ -284,7 +288,11 @@ class Snapshot:
             t=t,
             steps=None
             if steps is None
-            else StepCounters(float(steps["prefill_s"]), tuple(map(float, steps["moments"]))),
+            else StepCounters(
+                float(steps["prefill_s"]),
+                tuple(map(float, steps["moments"])),
+                int(steps.get("ranks", 1)),
+            ),
             ttft_buckets=tuple((float(le), float(n)) for le, n in buckets),
             itl_buckets=None if itl is None else tuple((float(le), float(n)) for le, n in itl),
             **values,

@@ -35,6 +35,7 @@ class StepCounters:
 
     prefill_s: float
     moments: tuple[float, ...]  # MOMENTS sums, step times in seconds
+    ranks: int = 1  # schedulers summed (data-parallel attention runs one per rank)
 
     def __post_init__(self) -> None:
         if len(self.moments) != MOMENTS:
@@ -46,12 +47,13 @@ class StepCounters:
         if not ranks:
             return None
         moments = tuple(sum(r.moments[i] for r in ranks) for i in range(MOMENTS))
-        return cls(sum(r.prefill_s for r in ranks), moments)
+        return cls(sum(r.prefill_s for r in ranks), moments, sum(r.ranks for r in ranks))
 
     def minus(self, earlier: StepCounters) -> StepCounters:
         return StepCounters(
             self.prefill_s - earlier.prefill_s,
             tuple(a - b for a, b in zip(self.moments, earlier.moments, strict=True)),
+            self.ranks,
         )
 
     @property
@@ -65,6 +67,8 @@ class StepCounters:
         if n < MIN_STEPS or sb <= 0:
             return None
         mean_b, mean_t = sb / n, st / n
+        if mean_t <= 0:
+            return None  # steps that took no time: nothing to fit
         var = sbb / n - mean_b * mean_b
         if var <= (MIN_SPREAD * mean_b) ** 2:
             return None
@@ -94,6 +98,8 @@ class TimeBudget:
             return 0.0
         new_batch = self.batch * batch_ratio
         per_token_now = self.step_s(self.batch) / self.batch
+        if per_token_now <= 0:
+            return 0.0
         per_token_new = self.step_s(new_batch, per_request_scale) / new_batch
         decode = 1 - self.prefill_share
         time = self.prefill_share + decode * per_token_new / per_token_now
@@ -102,9 +108,14 @@ class TimeBudget:
 
 def budget_between(first: StepCounters | None, last: StepCounters | None) -> TimeBudget | None:
     """The window's budget from the readings at its ends. The decode line comes from the
-    window's own steps; where the batch held too steady in it for a slope (a full pool), from
-    every step since the server started, which includes its ramp from an empty batch."""
-    if first is None or last is None:
+    window's own steps; where they give none (a batch too steady for a slope, as in a full
+    pool, or a slope that is not a step growing with the batch), from every step since the
+    server started, which includes its ramp from an empty batch.
+
+    None for a server of several schedulers: under data-parallel attention the ranks step
+    together, so a step's time follows the batch of all ranks while the sums pair it with each
+    rank's own, and a line fitted to them understates the per-request part."""
+    if first is None or last is None or last.ranks != 1 or first.ranks != 1:
         return None
     window = last.minus(first)
     busy = window.prefill_s + window.decode_s

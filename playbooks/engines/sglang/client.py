@@ -119,6 +119,9 @@ class RankLoad:
     steps: StepCounters | None = None  # 0.5.23's step accounting, where the server reports it
 
 
+STEP_READ_FAILURES = 3  # load reports in a row that fail before step accounting is not asked
+
+
 class SGLangClient:
     """Reads SGLang state. Never mutates the server."""
 
@@ -133,6 +136,7 @@ class SGLangClient:
         self._retry = http_retrying(attempts, wait)
         self._dialect: dict[str, str] = {}
         self._reports_steps = True  # until a load report without step accounting says not
+        self._step_failures = 0  # load reports in a row that could not be read
 
     @classmethod
     def connect(
@@ -276,7 +280,8 @@ class SGLangClient:
         """The schedulers' step accounting from the load report, which `/metrics` lacks
         (`timebudget`). Best effort: a reading without it loses only the throughput model's
         evidence, so a failed read is None, and a server whose report has no such fields
-        (before 0.5.23, or no load endpoint) is not asked again."""
+        (before 0.5.23, or no load endpoint), or that failed three times in a row, is not asked
+        again: a stuck endpoint must not slow every scrape."""
         if not self._reports_steps:
             return None
         try:
@@ -285,7 +290,10 @@ class SGLangClient:
             self._reports_steps = False
             return None
         except EngineError:
+            self._step_failures += 1
+            self._reports_steps = self._step_failures < STEP_READ_FAILURES
             return None
+        self._step_failures = 0
         if not loads or any(x.steps is None for x in loads):
             self._reports_steps = False
             return None
@@ -449,11 +457,15 @@ def _steps(load: dict[str, Any]) -> StepCounters | None:
     if raw is None:
         raw = [0.0] * MOMENTS
     numbers = [busy, *raw[:MOMENTS]] if isinstance(raw, list) and len(raw) >= MOMENTS else []
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
-        numbers = []
-    if not numbers or not all(math.isfinite(v) and v >= 0 for v in numbers):
+    try:
+        values = [float(v) for v in numbers if isinstance(v, (int, float))]
+    except OverflowError:  # an integer too large for a float
+        values = []
+    if len(values) != 1 + MOMENTS or any(isinstance(v, bool) for v in numbers):
         return None  # not accounting kvpilot can read: the model does without it
-    prefill_s, n, sb, st, sbb, sbt = (float(v) for v in numbers)
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        return None
+    prefill_s, n, sb, st, sbb, sbt = values
     prefill_s /= 1e6
     return StepCounters(prefill_s, (n, sb, st / 1e6, sbb, sbt / 1e6))
 

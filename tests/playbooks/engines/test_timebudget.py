@@ -154,7 +154,7 @@ RANK = {
 def test_the_load_report_is_read_in_seconds_and_summed_over_ranks() -> None:
     loads = parse_loads({"loads": [RANK, {**RANK, "dp_rank": 1}]})
     summed = StepCounters.of_ranks([x.steps for x in loads if x.steps is not None])
-    assert summed == StepCounters(5.0, (2000.0, 100_000.0, 80.0, 5_200_000.0, 4200.0))
+    assert summed == StepCounters(5.0, (2000.0, 100_000.0, 80.0, 5_200_000.0, 4200.0), ranks=2)
 
 
 @pytest.mark.parametrize(
@@ -167,6 +167,7 @@ def test_the_load_report_is_read_in_seconds_and_summed_over_ranks() -> None:
         ({**RANK, "decode_moments": 33828}, None),  # not the sums: an older twin's recording
         ({**RANK, "decode_moments": ["1"] * 6}, None),
         ({**RANK, "total_prefill_busy_us": "2500000"}, None),
+        ({**RANK, "total_prefill_busy_us": 10**400}, None),  # too large for a float
     ],
 )
 def test_accounting_that_is_missing_or_unreadable_is_none(
@@ -199,3 +200,34 @@ def test_the_client_reads_the_accounting_beside_the_metrics_and_stops_where_ther
     client = SGLangClient(old.client(), wait=no_wait)
     assert client.snapshot().steps is None and client.snapshot().steps is None
     assert old.requests.count("/v1/loads") == 1
+
+
+def test_steps_of_no_time_and_several_schedulers_give_no_budget() -> None:
+    idle = StepCounters(1.0, (200.0, 10_000.0, 0.0, 600_000.0, 0.0))
+    assert idle.fit() is None  # steps that took no time: no division by zero later
+    assert TimeBudget(0.1, 0.0, 0.0, 50).gain(1.5) == 0.0
+    one = steps(VARIED, 0.03, 0.0005, prefill=5.0)
+    two = StepCounters.of_ranks([one, one])
+    assert two is not None and two.ranks == 2
+    assert budget_between(StepCounters.of_ranks([steps([], 0, 0), steps([], 0, 0)]), two) is None
+    stored = Snapshot(t=1.0, steps=two)
+    assert Snapshot.from_json(stored.to_json(), 1.0) == stored
+
+
+def test_a_load_report_that_keeps_failing_stops_being_asked_for_steps() -> None:
+    import httpx  # noqa: PLC0415
+
+    asked: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        return httpx.Response(503)
+
+    client = SGLangClient(
+        httpx.Client(transport=httpx.MockTransport(handler), base_url="http://x"),
+        attempts=1,
+        wait=no_wait,
+    )
+    for _ in range(5):
+        assert client.step_counters() is None
+    assert len(asked) == 3  # three failures in a row, then no more
