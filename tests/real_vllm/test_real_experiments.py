@@ -6,8 +6,9 @@ The server is KV-bound on purpose: `--kv-cache-memory-bytes 4M` holds 16 blocks 
 for 512 output tokens (`ignore_eos`), so two requests run and the rest wait or are preempted.
 Quadrupling the KV bytes lets nine run: the tiny model's decode step costs about the same for
 nine as for two, so throughput doubles (vLLM's own log: about 200 then 500 tok/s) and the gate
-keeps it. A larger token budget cannot help a server whose prompts already fit in one step: the
-gate reverts it.
+keeps it. A larger cap on running requests (`max_num_seqs` 128 to 256) cannot help a server whose
+KV pool admits far fewer: the gate reverts it. (A larger token budget was the change here until
+four runs read +13.5% to +17.7% from it, twice significantly: on this CPU backend it does help.)
 """
 
 from __future__ import annotations
@@ -147,9 +148,9 @@ def test_four_times_the_kv_cache_is_kept(server: Server) -> None:
     assert int(cache["num_gpu_blocks"]) == 16 * 1024 * 1024 // BLOCK_BYTES
 
 
-def test_a_larger_token_budget_on_a_kv_bound_server_is_reverted(server: Server) -> None:
+def test_a_larger_request_cap_on_a_kv_bound_server_is_reverted(server: Server) -> None:
     code, out, err = server.cli(
-        "experiment", "--server", "real", "--set", "max_num_batched_tokens=8192", "--yes", "--json"
+        "experiment", "--server", "real", "--set", "max_num_seqs=256", "--yes", "--json"
     )
     result = json.loads(out)
     assert result["state"] == "reverted", (result.get("rule"), result.get("reason"), err)
