@@ -6,9 +6,11 @@ The server is KV-bound on purpose: `--kv-cache-memory-bytes 4M` holds 16 blocks 
 for 512 output tokens (`ignore_eos`), so two requests run and the rest wait or are preempted.
 Quadrupling the KV bytes lets nine run: the tiny model's decode step costs about the same for
 nine as for two, so throughput doubles (vLLM's own log: about 200 then 500 tok/s) and the gate
-keeps it. A larger cap on running requests (`max_num_seqs` 128 to 256) cannot help a server whose
-KV pool admits far fewer: the gate reverts it. (A larger token budget was the change here until
-four runs read +13.5% to +17.7% from it, twice significantly: on this CPU backend it does help.)
+keeps it. A cap of four running requests (`max_num_seqs` 128 to 4) on that server, which then
+runs nine, leaves most of the pool idle and slows it down: the gate reverts it. (A change with no
+effect was the case here until runs read +8% to +17% from it after the restart, one of them
+significantly: a 24 s trial cannot tell a change that does nothing from a small gain, so the
+revert path is exercised by one that measurably hurts.)
 """
 
 from __future__ import annotations
@@ -148,16 +150,14 @@ def test_four_times_the_kv_cache_is_kept(server: Server) -> None:
     assert int(cache["num_gpu_blocks"]) == 16 * 1024 * 1024 // BLOCK_BYTES
 
 
-def test_a_larger_request_cap_on_a_kv_bound_server_is_reverted(server: Server) -> None:
+def test_a_cap_below_what_the_pool_runs_is_reverted(server: Server) -> None:
     code, out, err = server.cli(
-        "experiment", "--server", "real", "--set", "max_num_seqs=256", "--yes", "--json"
+        "experiment", "--server", "real", "--set", "max_num_seqs=4", "--yes", "--json"
     )
     result = json.loads(out)
     assert result["state"] == "reverted", (result.get("rule"), result.get("reason"), err)
-    # Reverted either way: "not improved" (3) where the trial rules a gain out, or "no
-    # verdict" (5) where the trial's cap comes first (with a 10 s floor and a 40 s cap: +13.5%,
-    # 95% interval -21.8% .. +64.9%, on this machine); never kept.
-    assert code == result["exit_code"] and code in (3, 5), err
-    assert result["outcome"] in ("not_improved", "no_verdict")
+    assert code == result["exit_code"] == 3, err  # "not improved": the gate ruled a gain out
+    assert result["outcome"] == "not_improved"
+    assert result["effect"]["mean"] < -0.2, result["effect"]  # nine running against four
     cache = labels(server)
     assert cache["kv_cache_memory_bytes"] == str(16 * 1024 * 1024)  # the kept change stays
