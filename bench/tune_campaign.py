@@ -30,11 +30,12 @@ from bench.tune_scenarios import Scenario
 from bench.tune_twin import SGLANG, Died, TwinClient, TwinClock, TwinServer, with_peak
 from playbooks.campaigns.after import reassessor
 from playbooks.campaigns.policy import Bound, Choice, Tried, bound_from, campaign_stop, choose_next
-from playbooks.campaigns.room import GpuRoom
+from playbooks.campaigns.room import GpuRoom, RoomBefore, credited
 from playbooks.diagnose.measure import MeasurementError, measurement_of
 from playbooks.diagnose.playbook import DiagnoseSettings, diagnose
-from playbooks.engines.base import Snapshot
+from playbooks.engines.base import ServerSettings, Snapshot
 from playbooks.gate import GateDecision, GateSettings, decide
+from playbooks.gate.settings import sized_for
 from playbooks.gate.windows import trial_window
 from playbooks.sources.host import ConfiguredHost
 from playbooks.types import Option
@@ -146,6 +147,10 @@ def _steps(st: _State, choice: Choice, out: Campaign) -> None:
             out.stop = stop
             return
         assert choice.option is not None
+        # what production reads from NVML or DCGM before a step (the room, the chunk then)
+        before = RoomBefore(
+            st.server.rt.gpu_free_gib(), _chunk(st.server.settings()), choice.option.static_gpu_gib
+        )
         try:
             step, window = _experiment(st, choice.option, restart_s, out)
         except Died as exc:
@@ -162,7 +167,12 @@ def _steps(st: _State, choice: Choice, out: Campaign) -> None:
             out.stop = f"the server could not be assessed again: {exc}"
             return
         # what production reads from NVML or DCGM after a kept step (`bot.app.wiring.gpu_room`)
-        room = GpuRoom(st.server.rt.gpu_free_gib(), "the twin's GPUs") if step.kept else None
+        room = None
+        if step.kept:
+            room = credited(
+                GpuRoom(st.server.rt.gpu_free_gib(), "the twin's GPUs"),
+                before, _chunk(info), SGLANG.chunk_arg,
+            )  # fmt: skip
         choice = choose_next(
             assessment.options,
             tried=st.tried,
@@ -171,6 +181,10 @@ def _steps(st: _State, choice: Choice, out: Campaign) -> None:
             room=room,
             reassess=reassessor(SGLANG, info, st.settings, m),
         )
+
+
+def _chunk(info: ServerSettings) -> object:
+    return info.settings.get(SGLANG.chunk_arg or "")
 
 
 def _experiment(
@@ -186,6 +200,7 @@ def _experiment(
         tuple(st.current),
         tuple(trial_args),
     )
+    st.gate = sized_for(GateSettings(), option.predicted_gain)
     if st.baseline is None:
         st.baseline = _measure_baseline(st, step, out)
     baseline = st.baseline

@@ -95,6 +95,8 @@ class Engine:
         self.retracted_total = 0
         self.generated_total = 0  # tokens decoded (including the first token of each prefill)
         self.prefill_computed_total = 0
+        self.prefill_cached_total = 0  # prompt tokens a prefill batch found in the prefix cache
+        self.decoded_total = 0  # tokens of decode steps (a prefill's first token not counted)
         self.busy_time = 0.0
         self.prefill_time = 0.0
         self.decode_time = 0.0
@@ -238,6 +240,7 @@ class Engine:
         self.busy_time += duration
         self.prefill_time += duration
         self.prefill_computed_total += batch.new_tokens
+        self.prefill_cached_total += batch.cached
         self.loaded_back_total += batch.loaded
         for req, extend in batch.items:
             self._prefilled(req, extend)
@@ -312,6 +315,7 @@ class Engine:
         self.decode_time += duration
         self._count_decode_step(bs, duration)
         self.generated_total += bs
+        self.decoded_total += bs
         self.num_generated_since_log += bs
         self.forward_ct_decode += 1
         self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)

@@ -12,6 +12,7 @@ All time values are simulated seconds.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -112,6 +113,9 @@ class TwinMetrics:
         self._declare_refactored_families()
         self._declare_cache_families()
         self._seen = {"backup": 0, "evicted": 0, "load_back": 0}
+        self._realtime_seen: dict[tuple[int, str], int] = {}
+        # called before every exposition: brings counters that move with every step up to date
+        self.refresh: Callable[[], None] | None = None
         self._known_priorities: set[str] = set()
 
     def _declare_scheduler_gauges(self) -> None:
@@ -208,7 +212,17 @@ class TwinMetrics:
         self.http_requests: Counter | None = None
         self.http_responses: Counter | None = None
         self.http_active: Gauge | None = None
+        self.realtime_tokens: Counter | None = None
         if new:
+            # metrics_collector.py: moved by every decode step (metrics_reporter.py::
+            # report_decode_stats) and every prefill batch's report, so it is current at a scrape.
+            self.realtime_tokens = Counter(
+                "sglang:realtime_tokens",
+                "Total number of tokens processed (updated on each log interval). "
+                "mode: prefill_compute, prefill_cache, decode.",
+                [*sched, "mode"],
+                registry=r,
+            )
             self.tpot = Histogram(
                 "sglang:request_time_per_output_token_seconds",
                 "Histogram of time per output token in seconds.",
@@ -417,6 +431,17 @@ class TwinMetrics:
                     )
                 self._seen[key] = total
 
+    def realtime(self, totals: dict[str, int], dp_rank: int = 0) -> None:
+        """Bring `sglang:realtime_tokens_total{mode}` up to a scheduler's running totals."""
+        if self.realtime_tokens is None:
+            return
+        labels = self.sched_label_values(dp_rank)
+        for mode, total in totals.items():
+            seen = self._realtime_seen.get((dp_rank, mode), 0)
+            if total > seen:
+                self.realtime_tokens.labels(**labels, mode=mode).inc(total - seen)
+                self._realtime_seen[(dp_rank, mode)] = total
+
     def retracted(self, count: int, dp_rank: int = 0) -> None:
         if self.retracted_total is not None:
             self.retracted_total.labels(**self.sched_label_values(dp_rank)).inc(count)
@@ -478,6 +503,8 @@ class TwinMetrics:
             self.http_active.labels(endpoint=path, method=method).dec()
 
     def exposition(self) -> bytes:
+        if self.refresh is not None:
+            self.refresh()
         return generate_latest(self.registry)
 
 

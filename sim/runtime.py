@@ -246,6 +246,7 @@ class Runtime(PacedRuntime):
             ),
             hybrid_swa=cfg.capacity.swa_tokens is not None,
         )
+        self.metrics.refresh = self._count_realtime_tokens
         self._rr = itertools.count()
         self.workload: Profile | None = None
         self.workload_completed = 0
@@ -345,6 +346,17 @@ class Runtime(PacedRuntime):
         self.metrics.cache_movement(
             tree.backed_up_total, tree.device_evicted_total, engine.loaded_back_total, dp_rank
         )
+
+    def _count_realtime_tokens(self) -> None:
+        for rank, engine in enumerate(self.engines):
+            self.metrics.realtime(
+                {
+                    "prefill_compute": engine.prefill_computed_total,
+                    "prefill_cache": engine.prefill_cached_total,
+                    "decode": engine.decoded_total,
+                },
+                rank,
+            )
 
     def _swa_used(self, engine: Engine) -> int | None:
         """Sliding-window pool rows in use: each running request keeps at most a window."""

@@ -11,7 +11,7 @@ from sqlite_utils import Database
 
 from bot.app.config import Config, ConfigError, ServerConfig
 from bot.app.holds import hold_for
-from playbooks.campaigns.room import GpuRoom, room_of
+from playbooks.campaigns.room import GpuRoom, RoomBefore, read_after, read_before, room_of
 from playbooks.clock import Clock, at_scale
 from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import default_engine, engine_named
@@ -166,9 +166,27 @@ def gpu_reader(server: ServerConfig) -> GpuReader | None:
 
 def gpu_room(server: ServerConfig) -> GpuRoom | None:
     """The memory the server's GPUs leave free as it runs, where they can be read."""
+    return room_of(gpu_reader(server), _room_source(server))
+
+
+def room_before(
+    server: ServerConfig, client: EngineClient, adds_gib: float | None
+) -> RoomBefore | None:
+    """The room and the prefill chunk before a step that adds `adds_gib` per GPU to the pool,
+    where the GPUs can be read: what the room after it is measured against."""
+    return read_before(gpu_reader(server), _room_source(server), client, adds_gib)
+
+
+def room_after(
+    server: ServerConfig, client: EngineClient, before: RoomBefore | None
+) -> GpuRoom | None:
+    """The room after a kept step, with what its smaller prefill chunk was measured to free."""
+    return read_after(gpu_reader(server), _room_source(server), client, before)
+
+
+def _room_source(server: ServerConfig) -> str:
     m = server.metrics
-    source = "NVML on this host" if server.local_gpus else f"DCGM in Prometheus at {m.url}"
-    return room_of(gpu_reader(server), source)
+    return "NVML on this host" if server.local_gpus else f"DCGM in Prometheus at {m.url}"
 
 
 def restart_limiter(config: Config, server: ServerConfig, db: Database) -> RestartLimiter | None:

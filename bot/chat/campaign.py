@@ -15,13 +15,15 @@ import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from sqlite_utils import Database
+
 from bot.app.config import ConfigError
 from bot.app.wiring import (
     diagnose_settings,
     engine_client,
-    gpu_room,
     launch_args_of,
     launcher,
+    room_after,
 )
 from bot.chat.auth import Principal
 from bot.chat.messages import Button, Confirm, Message
@@ -31,6 +33,7 @@ from bot.chat.views import APPROVE, REJECT
 from bot.chat.when import hhmm
 from playbooks.campaigns import after
 from playbooks.campaigns.policy import Allowance, Choice, Tried, campaign_stop, choose_next
+from playbooks.campaigns.room import RoomBefore
 from playbooks.engines.base import EngineError
 from playbooks.launchers.base import LaunchError
 from playbooks.types import Option
@@ -39,6 +42,7 @@ from storage import chat
 from storage import experiments as store
 from storage import proposals as proposal_store
 from storage.chat import MessageRef
+from storage.errors import NotFound
 
 if TYPE_CHECKING:
     from bot.chat.flow import Kvpilot
@@ -85,13 +89,27 @@ def _after_verdict(
             stop = campaign_stop(tried, plan)
         choice = Choice(None, stop or "")
         if stop is None:
+            room = None
+            if final.state == store.State.kept:  # measured against the room before the step
+                room = room_after(cfg, client, _room_before(db, final))
             choice = after.next_after(
                 db, final, client, diagnose_settings(cfg), tried=tried, allowance=plan,
-                room=gpu_room(cfg) if final.state == store.State.kept else None,
+                room=room,
             ).choice  # fmt: skip
     finally:
         client.close()
     take_step(bot, surface, thread, final.server, choice, camp_id=camp.id if camp else None)
+
+
+def _room_before(db: Database, row: store.ExperimentRow) -> RoomBefore | None:
+    """The room its proposal read before the step (None: none was read, or no proposal)."""
+    if row.proposal_id is None:
+        return None
+    try:
+        snapshot = proposal_store.get_proposal(db, row.proposal_id).snapshot
+    except NotFound:
+        return None
+    return RoomBefore.from_json(snapshot.get("room"))
 
 
 def take_step(
@@ -124,6 +142,7 @@ def take_step(
         dict(option.change),
         force=False,
         thread=thread,
+        predicted=option.predicted_gain,
     )
     if proposal_id is None or camp is None or camp.approved_by is None:
         return

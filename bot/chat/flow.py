@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,6 +28,7 @@ from bot.app.wiring import (
     engine_client,
     launch_args_of,
     launcher,
+    room_before,
 )
 from bot.chat import campaign, freezes, notify, rollout, views
 from bot.chat.approvals import Approvals
@@ -45,6 +47,7 @@ from playbooks.diagnose.measure import MeasurementError
 from playbooks.diagnose.playbook import diagnose
 from playbooks.engines.base import ArgError, EngineClient, EngineError, MetricsDisabled, Snapshot
 from playbooks.experiments.sampling import store_scrapes
+from playbooks.gate.settings import sized_for
 from playbooks.launchers.base import LaunchError
 from playbooks.types import Option
 from storage import audit, chat
@@ -328,7 +331,12 @@ class Kvpilot(Approvals):
         except ArgError as exc:
             surface.whisper(who, Message.note(f":warning: {exc}"))
             return
-        self.propose(who, surface, diagnosis.server, change, force=False, diagnosis_id=diag_id)
+        gain = option.get("predicted_throughput_change")
+        predicted = (float(gain["low"]), float(gain["high"])) if isinstance(gain, dict) else None
+        self.propose(
+            who, surface, diagnosis.server, change, force=False, diagnosis_id=diag_id,
+            predicted=predicted,
+        )  # fmt: skip
 
     def propose(
         self,
@@ -340,9 +348,12 @@ class Kvpilot(Approvals):
         force: bool,
         diagnosis_id: int | None = None,
         thread: MessageRef | None = None,
+        predicted: tuple[float, float] | None = None,
     ) -> int | None:
         """Post an approval message for `change` (in `thread`, a campaign's verdict, when
-        given); returns the proposal id (None if refused)."""
+        given); returns the proposal id (None if refused). `predicted`: the throughput change
+        the rules predicted against a measurement (a diagnosis, a campaign's last window); the
+        message shows it and the trial is sized for it (`gate.settings.sized_for`)."""
         cfg = self.config.server(server)
         try:
             client = engine_client(
@@ -351,13 +362,17 @@ class Kvpilot(Approvals):
             try:
                 info = client.settings()
                 load = _load(client)
+                rules = client.engine.rules_for(info, diagnose_settings(cfg), measured=False)
+                option = rules.judge(change)
+                if predicted is not None:
+                    option = replace(option, predicted_gain=predicted)
+                # what the room after the step is measured against, where the GPUs can be read
+                before = room_before(cfg, client, option.static_gpu_gib)
             finally:
                 client.close()
             srv_launcher = launcher(self.config, cfg, self.clock)
             baseline = srv_launcher.current_args()
             trial = client.engine.with_change(baseline, change)
-            rules = client.engine.rules_for(info, diagnose_settings(cfg), measured=False)
-            option = rules.judge(change)
         except (EngineError, LaunchError, ConfigError, ArgError) as exc:
             surface.whisper(who, Message.note(f":x: Cannot propose a change to `{server}`: {exc}"))
             return None
@@ -379,7 +394,7 @@ class Kvpilot(Approvals):
             "to_args": trial,
             "verdict": option.verdict,
             "option": option.to_json(),
-            "gate": vars(cfg.gate),
+            "gate": vars(sized_for(cfg.gate, option.predicted_gain)),
         }
         snapshot = {
             "args": baseline,
@@ -388,6 +403,7 @@ class Kvpilot(Approvals):
             "running": load.running,
             "queued": load.queued,
             "diagnosis_id": diagnosis_id,
+            "room": None if before is None else before.to_json(),
         }
         created = self.now()
         ttl = self.config.access.approval_ttl_s if self.config.access else 1800.0

@@ -20,7 +20,7 @@ from sqlite_utils import Database
 
 from bot.app.config import Config
 from bot.app.identity import terminal_actor
-from bot.app.wiring import diagnose_settings, experiment_deps, gpu_room
+from bot.app.wiring import diagnose_settings, experiment_deps, room_after, room_before
 from bot.cli import exit_codes
 from bot.cli.experiment_summary import summarise
 from bot.cli.experiments import (
@@ -39,6 +39,7 @@ from playbooks.campaigns.policy import (
     campaign_stop,
     choose_next,
 )
+from playbooks.campaigns.room import RoomBefore
 from playbooks.clock import Clock
 from playbooks.diagnose.measure import MeasurementError
 from playbooks.diagnose.playbook import diagnose
@@ -46,6 +47,7 @@ from playbooks.engines.base import ArgError, EngineClient, Snapshot
 from playbooks.experiments import machine as engine
 from playbooks.experiments.ownership import Lease
 from playbooks.experiments.sampling import store_scrapes
+from playbooks.gate.settings import sized_for
 from playbooks.types import Option
 from storage import campaigns as campaign_store
 from storage import experiments as store
@@ -62,6 +64,9 @@ class Campaign:
     tried: list[Tried] = field(default_factory=list)
     codes: list[int] = field(default_factory=list)
     stop: str = ""
+    # the GPUs' room before the step now running: what a kept step's smaller chunk is
+    # measured against (`playbooks.campaigns.room`)
+    room_before: RoomBefore | None = None
 
 
 def cmd_tune(
@@ -212,7 +217,9 @@ def _after_step(
             force=ns.force,
             # the memory the kept server leaves free as it runs: evidence for a step past the
             # engine's reserve (a server just restarted by a revert has not run under load)
-            room=gpu_room(config.server(run.server)) if exp.state == store.State.kept else None,
+            room=room_after(config.server(run.server), deps.client, run.room_before)
+            if exp.state == store.State.kept
+            else None,
         ).choice
     finally:
         deps.client.close()
@@ -237,6 +244,9 @@ def _experiment(
         if run.allowance.ranges
         else f"step {len(run.tried) + 1} of campaign {run.id}, confirmed in the terminal"
     )
+    run.room_before = room_before(config.server(run.server), deps.client, option.static_gpu_gib)
+    # the trial sized for the gain predicted (`gate.settings.sized_for`), as approved
+    gate = sized_for(deps.plan, option.predicted_gain)
     exp_id = engine.create(
         deps,
         dict(option.change),
@@ -244,7 +254,7 @@ def _experiment(
         approved_by=who,
         reason=reason,
         owner=lease,
-        plan=engine.ApprovedPlan(tuple(baseline), tuple(trial), vars(deps.plan)),
+        plan=engine.ApprovedPlan(tuple(baseline), tuple(trial), vars(gate)),
     )
     campaign_store.add_step(db, run.id, exp_id, now=deps.now())
     if not carry(deps, lease, err):

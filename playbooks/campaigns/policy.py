@@ -317,7 +317,7 @@ def _unproven(option: Option, tried: Sequence[Tried], room: GpuRoom | None) -> s
             "shown this server runs a changed configuration under load"
         )
     if room is not None and option.static_gpu_gib is not None:
-        return room.refusal(option.static_gpu_gib)
+        return room.refusal(option.static_gpu_gib, option.change)
     return None
 
 
@@ -356,7 +356,9 @@ def choose_next(
             candidates.append(option)
         elif option.change:
             skipped.append((option.title, reason))
-            if room is not None and reason == room.refusal(option.static_gpu_gib or 0.0):
+            if room is not None and reason == room.refusal(
+                option.static_gpu_gib or 0.0, option.change
+            ):
                 too_large.append(option)
     if not candidates and too_large and reassess is not None and room is not None:
         for option in fitted(too_large, room, reassess):
@@ -378,7 +380,14 @@ def fitted(options: Sequence[Option], room: GpuRoom, reassess: Reassess) -> list
     holds with its margin, as the rules judge it (none where no smaller fraction adds memory,
     fits and is predicted to help). The fraction is the option's one value between 0 and 1
     (SGLang's `mem_fraction_static`; vLLM's options do not say what they add per GPU, so the
-    room is never what passes them over)."""
+    room is never what passes them over).
+
+    Where the server showed what its prefill chunk takes (`room.chunk`, a kept step that shrank
+    it), each option is also tried with half the chunk, from its own fraction down: the memory
+    the smaller chunk frees may hold the larger pool. The rules judge the pair (the smaller
+    chunk lowers their activation floor too); both cut-down options are returned and the
+    campaign takes the one predicted to gain more.
+    """
     out: list[Option] = []
     for option in options:
         fractions = [k for k, v in option.change.items() if isinstance(v, float) and 0 < v < 1]
@@ -386,18 +395,38 @@ def fitted(options: Sequence[Option], room: GpuRoom, reassess: Reassess) -> list
             continue
         key = fractions[0]
         top = option.change[key]
-        changes = [
-            {**option.change, key: round(top - FIT_STEP * i, 2)} for i in range(1, FIT_STEPS + 1)
-        ]
-        judged = sorted(reassess(changes), key=lambda o: -o.change[key])
-        for smaller in judged:
-            added = smaller.static_gpu_gib
-            if added is None or room.refusal(added) is not None:
-                continue  # adds nothing (at or below the fraction the server runs) or too much
-            if expected_gain(smaller) > 0:
-                out.append(smaller)
-            break
+        smaller = _largest_fitting(
+            [{**option.change, key: round(top - FIT_STEP * i, 2)} for i in range(1, FIT_STEPS + 1)],
+            key, room, reassess,
+        )  # fmt: skip
+        if smaller is not None:
+            out.append(smaller)
+        credit = room.chunk
+        if credit is None or credit.key in option.change or credit.chunk // 2 <= 0:
+            continue
+        halved = {**option.change, credit.key: credit.chunk // 2}
+        traded = _largest_fitting(
+            [{**halved, key: round(top - FIT_STEP * i, 2)} for i in range(FIT_STEPS + 1)],
+            key, room, reassess,
+        )  # fmt: skip
+        if traded is not None:
+            out.append(traded)
     return out
+
+
+def _largest_fitting(
+    changes: Sequence[dict[str, Any]], key: str, room: GpuRoom, reassess: Reassess
+) -> Option | None:
+    """The change with the largest `key` the rules judge to fit the room, if it is predicted
+    to help (None otherwise)."""
+    for judged in sorted(reassess(changes), key=lambda o: -o.change[key]):
+        added = judged.static_gpu_gib
+        if judged.verdict == "unsafe":
+            continue  # past the rules' own edge at this chunk: a smaller fraction may not be
+        if added is None or room.refusal(added, judged.change) is not None:
+            continue  # adds nothing (at or below the fraction the server runs) or too much
+        return judged if expected_gain(judged) > 0 else None
+    return None
 
 
 def campaign_stop(tried_in_campaign: Sequence[Tried], allowance: Allowance) -> str | None:

@@ -9,8 +9,11 @@ taken after a kept trial, from the GPUs of the server as it runs, and the tighte
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 
+from playbooks.engines.base import EngineClient, EngineError
 from playbooks.sources.gpu import GpuReader, GpuUnavailable
 
 GIB = 1 << 30
@@ -23,22 +26,137 @@ ROOM_MARGIN_GIB = 1.0
 
 
 @dataclass(frozen=True)
+class ChunkCredit:
+    """What a prefill-chunk token took of the GPUs' memory under load, as this server showed it.
+
+    A kept step that shrank the prefill chunk (SGLang's `chunked_prefill_size`) and grew the
+    pool by `added` GiB per GPU left the room `after` where it was `before`: the chunk's tokens
+    it gave up had taken `after - before + added` GiB, their activations at the largest prefill
+    batch. The GPUs' memory is read, never modelled here, so the activations' true peak (which no
+    server reports) is in it. A further, smaller chunk frees as much per token it gives up.
+    """
+
+    key: str  # the engine's chunk argument
+    chunk: int  # the chunk the server runs now
+    gib_per_token: float
+
+    def freed(self, change: Mapping[str, Any]) -> float:
+        """GiB per GPU the change's smaller chunk frees (0 where it keeps the chunk)."""
+        new = change.get(self.key)
+        if not isinstance(new, int) or isinstance(new, bool) or new >= self.chunk or new <= 0:
+            return 0.0
+        return self.gib_per_token * (self.chunk - new)
+
+
+def chunk_credit(
+    key: str, chunks: tuple[int, int], rooms: tuple[float, float], added_gib: float
+) -> ChunkCredit | None:
+    """The credit a kept step that went from chunk `chunks[0]` to `chunks[1]`, adding
+    `added_gib` per GPU to the pool, shows with the room `rooms[0]` before and `rooms[1]` after;
+    None where the step kept the chunk or shows no memory freed by it."""
+    before, after = chunks
+    if after >= before or after <= 0:
+        return None
+    freed = rooms[1] - rooms[0] + added_gib
+    if freed <= 0:
+        return None
+    return ChunkCredit(key, after, freed / (before - after))
+
+
+@dataclass(frozen=True)
 class GpuRoom:
     """The least free memory over the server's GPUs, after it ran under load."""
 
     free_gib: float
     source: str  # where it was read, for the operator
+    chunk: ChunkCredit | None = None  # what a smaller prefill chunk frees, where measured
 
-    def refusal(self, extra_gib: float) -> str | None:
-        """Why a change taking `extra_gib` more per GPU does not fit (None: it does)."""
-        left = self.free_gib - extra_gib
+    def refusal(self, extra_gib: float, change: Mapping[str, Any] | None = None) -> str | None:
+        """Why a change taking `extra_gib` more per GPU does not fit (None: it does); a smaller
+        chunk in `change` gives back what the measured credit says it frees."""
+        freed = self.chunk.freed(change) if self.chunk is not None and change else 0.0
+        left = self.free_gib + freed - extra_gib
         if left >= ROOM_MARGIN_GIB:
             return None
+        credit = (
+            f" and {freed:.1f} GiB its smaller prefill chunk frees (measured on the last kept step)"
+            if freed
+            else ""
+        )
         return (
             f"it takes {extra_gib:.1f} GiB more per GPU, and the GPUs had {self.free_gib:.1f} GiB "
-            f"free under load after the kept step ({self.source}): {left:.1f} GiB would be "
-            f"left, less than the {ROOM_MARGIN_GIB:g} GiB margin"
+            f"free under load after the kept step ({self.source}){credit}: {left:.1f} GiB would "
+            f"be left, less than the {ROOM_MARGIN_GIB:g} GiB margin"
         )
+
+
+@dataclass(frozen=True)
+class RoomBefore:
+    """What a step's room after it is measured against: the GPUs' free memory under load before
+    it, the chunk the server ran then (its settings' value), and the GPU memory per GPU the
+    step adds to the pool (the rules' `static_gpu_gib`)."""
+
+    free_gib: float
+    chunk: Any
+    adds_gib: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"free_gib": round(self.free_gib, 3), "chunk": self.chunk, "adds_gib": self.adds_gib}
+
+    @classmethod
+    def from_json(cls, data: Any) -> RoomBefore | None:
+        """Read back from a proposal's snapshot; None where it holds none (or not this shape)."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("free_gib"), (int, float)):
+            return None
+        adds = data.get("adds_gib")
+        return cls(
+            float(data["free_gib"]),
+            data.get("chunk"),
+            float(adds) if isinstance(adds, (int, float)) else None,
+        )
+
+
+def credited(
+    after: GpuRoom | None, before: RoomBefore | None, chunk_now: Any, key: str | None
+) -> GpuRoom | None:
+    """The room read after a kept step, with what its smaller chunk showed a chunk token takes
+    (`chunk_credit`) where the room before it was read too."""
+    if after is None or before is None or key is None:
+        return after
+    chunks = (before.chunk, chunk_now)
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in chunks):
+        return after
+    rooms = (before.free_gib, after.free_gib)
+    credit = chunk_credit(key, (int(chunks[0]), int(chunks[1])), rooms, before.adds_gib or 0.0)
+    return after if credit is None else replace(after, chunk=credit)
+
+
+def read_before(
+    reader: GpuReader | None, source: str, client: EngineClient, adds_gib: float | None
+) -> RoomBefore | None:
+    """The room and the chunk now, before a step that adds `adds_gib` (None: the GPUs or the
+    server's settings cannot be read)."""
+    room = room_of(reader, source)
+    if room is None:
+        return None
+    return RoomBefore(room.free_gib, _chunk(client), adds_gib)
+
+
+def read_after(
+    reader: GpuReader | None, source: str, client: EngineClient, before: RoomBefore | None
+) -> GpuRoom | None:
+    """The room after a kept step, credited with what its smaller chunk freed (`credited`)."""
+    return credited(room_of(reader, source), before, _chunk(client), client.engine.chunk_arg)
+
+
+def _chunk(client: EngineClient) -> Any:
+    key = client.engine.chunk_arg
+    if key is None:
+        return None
+    try:
+        return client.settings().settings.get(key)
+    except EngineError:
+        return None
 
 
 def room_of(reader: GpuReader | None, source: str) -> GpuRoom | None:

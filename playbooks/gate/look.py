@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from playbooks.engines.base import Snapshot
 from playbooks.gate import checks, latency
+from playbooks.gate.counted import counted
 from playbooks.gate.latency import SloCheck
 from playbooks.gate.settings import GateSettings
 from playbooks.gate.windows import (
@@ -99,6 +100,7 @@ def read_look(
 ) -> Look:
     """Everything the rules need from the whole baseline and the trial so far."""
     s = settings
+    trial = counted(trial)
     base = read_baseline(baseline, s)
     noise = base.noise
     base_iv = rate_interval(

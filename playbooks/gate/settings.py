@@ -7,7 +7,7 @@ reported when the configuration is loaded, not in the middle of an experiment.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 # Batches of readings that do not move, with requests in hand, before a server counts as stuck
@@ -130,3 +130,26 @@ class GateSettings:
 def _positive_or_none(value: float | None) -> bool:
     """An optional target: unset, or a finite positive number."""
     return value is None or (isinstance(value, (int, float)) and math.isfinite(value) and value > 0)
+
+
+# The smallest gain a trial is sized for, above `min_effect`: a trial sized for a gain barely
+# above the smallest worth keeping would run to its cap on every change that does nothing.
+SIZING_MARGIN = 0.02
+
+
+def sized_for(settings: GateSettings, predicted: tuple[float, float] | None) -> GateSettings:
+    """The gate sized for the gain the rules predict for this change.
+
+    The futility rule reverts once `planning_effect` is ruled out, so a trial sized for +10%
+    reverts a change whose true gain is +6% about as often as it keeps it. Where the rules
+    predict a gain whose low end is below the configured planning effect, the trial is sized
+    for that low end instead (never below `min_effect` + SIZING_MARGIN): it runs longer, and a
+    change doing what was predicted is kept. The keep rule does not change. Without a
+    prediction, or with one whose low end is above the configured effect, the settings stay.
+    """
+    if predicted is None:
+        return settings
+    wanted = max(predicted[0], settings.min_effect + SIZING_MARGIN)
+    if wanted >= settings.planning_effect:
+        return settings
+    return replace(settings, planning_effect=round(wanted, 4))

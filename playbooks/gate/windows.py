@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from playbooks.engines.base import Snapshot, ttft_quantile
 from playbooks.gate import latency
+from playbooks.gate.counted import counted
 from playbooks.gate.settings import GateSettings
 from playbooks.gate.warmup import warmup
 from playbooks.stats.batch_means import (
@@ -222,8 +223,9 @@ def _grid_start(samples: Sequence[Snapshot]) -> float:
 
 
 def read_baseline(samples: Sequence[Snapshot], settings: GateSettings) -> Baseline:
-    """The baseline's noise, batches, facts and request lifetime; ValueError if unusable."""
-    return _read_baseline(tuple(samples), settings)
+    """The baseline's noise, batches, facts and request lifetime; ValueError if unusable.
+    Decode rates are the decode count's where the engine keeps one (`counted`)."""
+    return _read_baseline(tuple(counted(samples)), settings)
 
 
 @lru_cache(maxsize=16)
@@ -259,7 +261,8 @@ class TrialWindow:
 
 
 def trial_window(trial: Sequence[Snapshot], settings: GateSettings) -> TrialWindow:
-    """Cut the warm-up and count the whole batches after it."""
+    """Cut the warm-up and count the whole batches after it (decode rates `counted`)."""
+    trial = counted(trial)
     cut, over = warmup(trial, settings)
     start = trial[0].t - scrape_spacing(trial) + cut
     batches = max(0, int((trial[-1].t - start) / settings.batch_s + 1e-9))

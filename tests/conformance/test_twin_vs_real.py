@@ -105,7 +105,6 @@ NOT_MODELLED = {
     "sglang:num_decode_host_receive_queue_reqs",
     "sglang:pending_prealloc_token_usage",
     "sglang:prealloc_full_token_usage",
-    "sglang:realtime_tokens_total",
     # process and internal-stage accounting of the real Python processes
     "sglang:process_cpu_seconds_total",
     "sglang:scheduler_process_cpu_seconds_total",

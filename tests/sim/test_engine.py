@@ -209,3 +209,31 @@ def test_decode_moments_skip_the_step_after_a_prefill_or_an_idle_gap() -> None:
     while not engine.idle:
         engine.step()
     assert engine.decode_moments[0] == 29 + 9  # again one step not counted after the prefill
+
+
+def test_the_decode_count_counts_decode_steps_and_the_metrics_show_it_at_every_scrape() -> None:
+    """SGLang 0.5.23 moves `realtime_tokens_total{mode="decode"}` at every decode step (not for
+    the token a prefill samples); the twin's exposition brings it up to the engines' totals
+    whenever it is scraped, so a count between two decode logs is current."""
+    from playbooks.engines.sglang import ENGINE  # noqa: PLC0415
+    from sim.runtime import Runtime  # noqa: PLC0415
+
+    rt = Runtime(resolve([*INCIDENT, "--sglang-version", "0.5.23"]))
+    rt.build_engines()
+    engine = rt.engines[0]
+    for i in range(4):
+        engine.submit(Request(f"a{i}", tuple(range(3, 203)), 31, 0.0))
+    while not engine.idle:
+        engine.step()
+    assert engine.decoded_total == 4 * 30 and engine.generated_total == 4 * 31
+    assert engine.prefill_computed_total == 4 * 200
+    snap = ENGINE.snapshot(ENGINE.parse_metrics(rt.metrics.exposition().decode()))
+    assert snap.decoded_tokens == 120.0
+    engine.submit(Request("b", tuple(range(3, 203)), 3, engine.now))
+    while not engine.idle:
+        engine.step()
+    snap = ENGINE.snapshot(ENGINE.parse_metrics(rt.metrics.exposition().decode()))
+    assert snap.decoded_tokens == 122.0
+    old = Runtime(resolve([*INCIDENT, "--sglang-version", "0.5.10"]))
+    old.build_engines()
+    assert "realtime_tokens" not in old.metrics.exposition().decode()

@@ -47,6 +47,9 @@ class SGLang:
     label = "SGLang"
     metrics: MetricsSpec = _metrics.SPEC
     readiness_paths = _client.PATHS["ready"]
+    # the largest prefill batch: a campaign may give some of it up for a larger pool
+    # (`playbooks.campaigns.room.ChunkCredit`)
+    chunk_arg: str | None = "chunked_prefill_size"
 
     def connect(
         self,

@@ -75,6 +75,12 @@ ITL_BUCKET = "sglang:inter_token_latency_seconds_bucket"
 # managers/scheduler_components/new_token_ratio_tracker.py), and the requests waiting for their
 # grammar to compile before they even join the waiting queue (constrained/grammar_manager.py).
 NEW_TOKEN_RATIO = "sglang:new_token_ratio"
+# Tokens processed, moved by every decode step and every prefill batch's report (0.5.23,
+# observability/metrics_collector.py::increment_realtime_tokens, called from
+# metrics_reporter.py::report_decode_stats each iteration); `mode` is prefill_compute,
+# prefill_cache or decode. Not in 0.5.10's twin; read where present.
+REALTIME_TOKENS = "sglang:realtime_tokens_total"
+DECODE_MODE = "decode"
 GRAMMAR_QUEUED = "sglang:num_grammar_queue_reqs"
 
 SPEC = MetricsSpec(
@@ -113,6 +119,7 @@ NAMES = (
     ITL_BUCKET,
     NEW_TOKEN_RATIO,
     GRAMMAR_QUEUED,
+    REALTIME_TOKENS,
 )
 
 # SGLang's label names (`SchedulerMetricsCollector.init_new`).
@@ -212,6 +219,15 @@ def _counter(m: Metrics, family: str) -> float | None:
     return 0.0 if m.has(family) else None
 
 
+def decoded_tokens(m: Metrics) -> float | None:
+    """The decode steps' tokens so far, DP ranks summed; None where the family is missing
+    (before its first decode step a 0.5.23 server exports no `decode` series yet)."""
+    values = [v for v in m.labelled(REALTIME_TOKENS) if v.labels.get("mode") == DECODE_MODE]
+    if not values:
+        return 0.0 if m.labelled(REALTIME_TOKENS) else None
+    return sum(per_dp_rank(REALTIME_TOKENS, values).values())
+
+
 def snapshot_from_metrics(m: Metrics) -> Snapshot:
     """Raises MetricsDisabled while the scheduler's gauges are missing: a reading without them
     would say nothing runs, so the caller reads the load report instead."""
@@ -239,6 +255,7 @@ def snapshot_from_metrics(m: Metrics) -> Snapshot:
         cached_tokens=_counter(m, CACHED_TOKENS),
         aborted_requests=_counter(m, ABORTED_REQUESTS),
         preemptions=_counter(m, RETRACTED_REQUESTS),
+        decoded_tokens=decoded_tokens(m),
         ttft_buckets=tuple(sorted(m.ttft_buckets.items())),
         itl_buckets=m.buckets(ITL_BUCKET),
         new_token_ratio=combined(m, NEW_TOKEN_RATIO, "mean"),

@@ -45,6 +45,8 @@ class VLLM:
     label = "vLLM"
     metrics: MetricsSpec = _metrics.SPEC
     readiness_paths = (_client.HEALTH,)
+    # vLLM's options do not say what GPU memory they add, so no room is traded for them
+    chunk_arg: str | None = None
 
     def connect(
         self,

@@ -171,3 +171,29 @@ def test_admission_gauges_survive_storage() -> None:
     snap = ENGINE.snapshot(scrape("real-0.5.23", 2))
     back = restore_snapshot(json.loads(json.dumps(snap.to_json())))
     assert (back.new_token_ratio, back.grammar_queued) == (snap.new_token_ratio, 0.0)
+
+
+@pytest.mark.parametrize(("source", "decoded"), [("real-0.5.23", 25544.0), ("twin-0.5.10", None)])
+def test_the_decode_steps_tokens_are_read_where_sglang_counts_them(
+    source: str, decoded: float | None
+) -> None:
+    """0.5.23's `realtime_tokens_total{mode="decode"}` (moved by every decode step), not its
+    prefill modes; a server without the family has no count (the gate keeps the gauge)."""
+    assert ENGINE.snapshot(scrape(source, 2)).decoded_tokens == decoded
+
+
+def test_a_server_that_only_prefilled_so_far_has_decoded_nothing() -> None:
+    text = (
+        "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 1\n"
+        "# TYPE sglang:realtime_tokens counter\n"
+        'sglang:realtime_tokens_total{mode="prefill_compute",tp_rank="0"} 512\n'
+    )
+    assert ENGINE.snapshot(parse_metrics(text)).decoded_tokens == 0.0
+
+
+def test_the_decode_count_sums_dp_ranks_and_counts_one_tp_rank_of_each() -> None:
+    text = "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 1\n" + "".join(
+        f'sglang:realtime_tokens_total{{dp_rank="{dp}",mode="decode",tp_rank="{tp}"}} {v}\n'
+        for dp, tp, v in ((0, 0, 100), (0, 1, 100), (1, 2, 40), (1, 3, 40))
+    )
+    assert ENGINE.snapshot(parse_metrics(text)).decoded_tokens == 140.0

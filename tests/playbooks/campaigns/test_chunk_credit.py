@@ -1,0 +1,194 @@
+"""The room a smaller prefill chunk frees, measured on a kept step, and the campaign step it
+lets through: the numbers are the twin's (incident, hidden peak x2.18, `bench/tune.py`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from playbooks.campaigns.policy import Tried, choose_next, fitted
+from playbooks.campaigns.room import (
+    GIB,
+    ChunkCredit,
+    GpuRoom,
+    RoomBefore,
+    chunk_credit,
+    credited,
+    read_after,
+    read_before,
+)
+from playbooks.engines.base import EngineError
+from playbooks.sources.gpu import FakeGpuReader, GpuState
+from playbooks.types import Option, Verdict
+
+KEY = "chunked_prefill_size"
+KEPT = Tried({KEY: 4096, "mem_fraction_static": 0.89}, kept=True, cause="improved")
+
+
+@pytest.mark.parametrize(
+    ("chunks", "rooms", "added", "per_token"),
+    [
+        # 8192 -> 4096 and 0.85 -> 0.89 (3.81 GiB more pool): 1.36 GiB free before, 1.93 after,
+        # so the 4096 tokens given up had taken 1.93 - 1.36 + 3.81 = 4.38 GiB
+        ((8192, 4096), (1.36, 1.93), 3.81, 4.38 / 4096),
+        ((8192, 4096), (7.28, 5.48), 3.81, 2.01 / 4096),  # the same step at the modelled peak
+        ((4096, 4096), (1.36, 1.93), 3.81, None),  # the chunk stayed: nothing to learn
+        ((4096, 8192), (1.36, 1.93), 3.81, None),  # a larger chunk is not what it measures
+        ((8192, 4096), (5.0, 1.0), 3.81, None),  # less room than the pool explains: no credit
+        ((8192, 0), (1.0, 2.0), 0.0, None),
+    ],
+)
+def test_a_kept_step_that_shrank_the_chunk_shows_what_a_chunk_token_takes(
+    chunks: tuple[int, int], rooms: tuple[float, float], added: float, per_token: float | None
+) -> None:
+    credit = chunk_credit(KEY, chunks, rooms, added)
+    if per_token is None:
+        assert credit is None
+    else:
+        assert credit is not None and credit.chunk == chunks[1]
+        assert credit.gib_per_token == pytest.approx(per_token)
+
+
+@pytest.mark.parametrize(
+    ("change", "freed"),
+    [
+        ({KEY: 2048, "mem_fraction_static": 0.92}, 2.19),  # half the chunk: half of 4.38
+        ({"mem_fraction_static": 0.92}, 0.0),  # keeps the chunk
+        ({KEY: 4096}, 0.0),
+        ({KEY: 8192}, 0.0),  # larger: takes more, credited nothing
+        ({KEY: True}, 0.0),  # not a chunk
+        ({KEY: "2048"}, 0.0),
+    ],
+)
+def test_what_a_change_gives_back(change: dict[str, Any], freed: float) -> None:
+    credit = ChunkCredit(KEY, 4096, 4.38 / 4096)
+    assert credit.freed(change) == pytest.approx(freed)
+
+
+def test_the_room_counts_what_the_smaller_chunk_frees_and_says_so() -> None:
+    room = GpuRoom(1.93, "NVML", ChunkCredit(KEY, 4096, 4.38 / 4096))
+    assert room.refusal(2.87, {"mem_fraction_static": 0.92}) is not None  # 0.06 GiB left
+    assert room.refusal(2.87, {KEY: 2048, "mem_fraction_static": 0.92}) is None  # 1.25 left
+    refused = room.refusal(3.83, {KEY: 2048, "mem_fraction_static": 0.93})
+    assert refused is not None and "2.2 GiB its smaller prefill chunk frees" in refused
+    assert GpuRoom(1.93, "NVML").refusal(2.87, {KEY: 2048}) is not None  # nothing measured
+
+
+def test_credited_needs_both_readings_and_whole_chunks() -> None:
+    after = GpuRoom(1.93, "NVML")
+    before = RoomBefore(1.36, 8192, 3.81)
+    room = credited(after, before, 4096, KEY)
+    assert room is not None and room.chunk is not None
+    assert room.chunk.gib_per_token == pytest.approx(4.38 / 4096)
+    assert credited(after, None, 4096, KEY) == after
+    assert credited(None, before, 4096, KEY) is None
+    assert credited(after, before, 4096, None) == after  # an engine that trades no chunk
+    assert credited(after, RoomBefore(1.36, None, 3.81), 4096, KEY) == after
+    assert credited(after, RoomBefore(1.36, 8192, 3.81), -1.0, KEY) == after
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [{"free_gib": 1.36, "chunk": 8192, "adds_gib": 3.81}, {"free_gib": 2, "chunk": None}],
+)
+def test_the_room_before_a_step_is_stored_with_its_proposal(stored: dict[str, Any]) -> None:
+    before = RoomBefore.from_json(stored)
+    assert before is not None
+    assert RoomBefore.from_json(before.to_json()) == before
+
+
+@pytest.mark.parametrize("stored", [None, {}, {"free_gib": "lots"}, [1.36], "1.36"])
+def test_a_snapshot_without_a_room_reads_back_as_none(stored: Any) -> None:
+    assert RoomBefore.from_json(stored) is None
+
+
+@dataclass
+class FakeEngine:
+    chunk_arg: str | None = KEY
+
+
+@dataclass
+class FakeSettings:
+    settings: dict[str, Any]
+
+
+class FakeClient:
+    """What the room readers ask of a client: its engine and its settings now."""
+
+    def __init__(self, chunk: Any, fails: bool = False, engine: FakeEngine | None = None):
+        self.engine = engine or FakeEngine()
+        self.chunk, self.fails = chunk, fails
+
+    def settings(self) -> FakeSettings:
+        if self.fails:
+            raise EngineError("down")
+        return FakeSettings({KEY: self.chunk})
+
+
+def gpus(*free: float) -> FakeGpuReader:
+    return FakeGpuReader(
+        [
+            GpuState(
+                i, "H200", f"GPU-{i}", 100 * GIB, round((100 - f) * GIB), round(f * GIB), None, None
+            )
+            for i, f in enumerate(free)
+        ]
+    )
+
+
+def test_the_readers_take_the_tightest_gpu_and_the_chunk_the_server_runs() -> None:
+    client: Any = FakeClient(8192)
+    before = read_before(gpus(2.0, 1.5), "NVML", client, 3.81)
+    assert before == RoomBefore(1.5, 8192, 3.81)
+    client.chunk = 4096
+    after = read_after(gpus(2.0, 3.0), "NVML", client, before)
+    assert after is not None and after.free_gib == 2.0
+    assert after.chunk is not None and after.chunk.chunk == 4096
+    assert read_before(None, "none", client, 3.81) is None  # no GPUs to read
+    down: Any = FakeClient(8192, fails=True)
+    assert read_before(gpus(1.5), "NVML", down, 3.81) == RoomBefore(1.5, None, 3.81)
+    vllm: Any = FakeClient(8192, engine=FakeEngine(None))
+    assert read_before(gpus(1.5), "NVML", vllm, None) == RoomBefore(1.5, None, None)
+
+
+def pair_rules(now: float, chunk: int) -> Any:
+    """Rules for a server at fraction `now` and `chunk`: each hundredth above `now` adds 0.955
+    GiB and 1-2 points of gain; past 0.92 at the server's chunk, or 0.93 at half of it, is
+    unsafe (their activation floors)."""
+
+    def reassess(changes: Any) -> list[Option]:
+        out = []
+        for change in changes:
+            fraction = change["mem_fraction_static"]
+            steps = round((fraction - now) * 100)
+            edge = 0.93 if change.get(KEY, chunk) < chunk else 0.92
+            verdict: Verdict = "unsafe" if fraction > edge + 1e-9 else "possible"
+            gain = (0.01 * steps, 0.02 * steps)
+            added = 0.955 * steps if steps > 0 else None
+            out.append(Option(str(change), change, verdict, None, gain, "", [], True, added))
+        return out
+
+    return reassess
+
+
+def test_a_step_too_large_for_the_room_is_taken_with_half_the_chunk_where_that_was_measured() -> (
+    None
+):
+    """After 4096 and 0.89 were kept at the highest hidden peak, 0.92 does not fit the 1.93 GiB
+    left, nor does 0.90; with half the chunk, which the kept step showed frees 2.19 GiB, 0.92
+    does (0.93 is past the rules' edge even there)."""
+    edge = Option("mem_fraction_static=0.92", {"mem_fraction_static": 0.92}, "possible", None,
+                  (0.06, 0.12), "", [], False, 2.87)  # fmt: skip
+    rules = pair_rules(0.89, 4096)
+    plain = GpuRoom(1.93, "NVML")
+    assert choose_next([edge], tried=[KEPT], room=plain, reassess=rules).option is None
+    room = GpuRoom(1.93, "NVML", ChunkCredit(KEY, 4096, 4.38 / 4096))
+    choice = choose_next([edge], tried=[KEPT], room=room, reassess=rules)
+    assert choice.option is not None
+    assert choice.option.change == {"mem_fraction_static": 0.92, KEY: 2048}
+    # a step that already names a chunk is only cut down, never halved again
+    paired = Option("pair", {KEY: 4096, "mem_fraction_static": 0.92}, "possible", None,
+                    (0.06, 0.12), "", [], False, 2.87)  # fmt: skip
+    assert all(KEY not in o.change or o.change[KEY] == 4096 for o in fitted([paired], room, rules))
