@@ -74,9 +74,11 @@ def run_window(
     duration: float,
     skip: float = 0.0,
     sample_s: float = SAMPLE_S,
+    decode_count: bool = False,
 ) -> list[Snapshot]:
     """Drive a fresh engine for `skip + duration` s; return the scrapes (every `sample_s`) after
-    `skip`."""
+    `skip` (with SGLang 0.5.23's decode count where `decode_count`, which the gate then reads
+    instead of the gauge)."""
     argv = [*PRESET_ARGS]
     if factor != 1.0:
         argv += ["--sim-step-time-factor", repr(factor)]
@@ -113,6 +115,7 @@ def run_window(
                     ttft_p95_s=p95,
                     aborted_requests=0.0,
                     preemptions=float(engine.retracted_total),
+                    decoded_tokens=float(engine.decoded_total) if decode_count else None,
                 )
             )
 
@@ -184,25 +187,28 @@ class BaselineSource:
     seconds: float
     stored: bool = False
     gap_s: float = 0.0
+    decode_count: bool = False  # scrapes carry the decode count (SGLang 0.5.23)
 
     @property
     def sample_s(self) -> float:
         return STORED_SAMPLE_S if self.stored else SAMPLE_S
 
     def describe(self) -> str:
+        rate = ", decode rate from the decode count" if self.decode_count else ""
         if not self.stored:
-            return f"baseline {self.seconds:g} s after {WARM_S:g} s up"
+            return f"baseline {self.seconds:g} s after {WARM_S:g} s up{rate}"
         return (
             f"stored baseline {self.seconds:g} s of {self.sample_s:g} s scrapes after "
-            f"{WARM_S:g} s up, ending {self.gap_s:g} s before the restart"
+            f"{WARM_S:g} s up, ending {self.gap_s:g} s before the restart{rate}"
         )
 
 
 def baseline_window(seed: int, source: BaselineSource) -> list[Snapshot]:
     """The old configuration's window: the server runs on through the gap, then restarts."""
     samples = run_window(
-        1.0, CONCURRENCY, seed, source.seconds + source.gap_s, WARM_S, source.sample_s
-    )
+        1.0, CONCURRENCY, seed, source.seconds + source.gap_s, WARM_S, source.sample_s,
+        source.decode_count,
+    )  # fmt: skip
     return [x for x in samples if x.t <= source.seconds + 1e-9]
 
 
@@ -216,7 +222,10 @@ def one_seed(seed: int, source: BaselineSource) -> list[Outcome]:
     baseline = baseline_window(seed, source)
     out: list[Outcome] = []
     for i, (name, _, factor, clients) in enumerate(SCENARIOS):
-        trial = run_window(factor, clients, 10_000 + 10 * seed + i, settings.max_trial_s)
+        trial = run_window(
+            factor, clients, 10_000 + 10 * seed + i, settings.max_trial_s,
+            decode_count=source.decode_count,
+        )  # fmt: skip
         out.append(judge(name, baseline, trial, settings))
     return out
 
@@ -390,13 +399,19 @@ def main(argv: list[str] | None = None) -> int:
         default=STORED_GAP_S,
         help="stored mode: seconds between the window's end and the restart",
     )
+    p.add_argument(
+        "--decode-count",
+        action="store_true",
+        help="scrapes carry SGLang 0.5.23's decode count, which the gate reads instead of the "
+        "gen_throughput gauge",
+    )
     ns = p.parse_args(argv)
     baseline_s = ns.baseline_s
     if baseline_s is None:
         baseline_s = STORED_BASELINE_S if ns.stored else 1200.0
     if ns.runs < 1 or ns.workers < 1 or baseline_s < 300 or ns.gap_s < 0:
         p.error("--runs and --workers must be at least 1, --baseline-s at least 300, --gap-s >= 0")
-    source = BaselineSource(baseline_s, ns.stored, ns.gap_s if ns.stored else 0.0)
+    source = BaselineSource(baseline_s, ns.stored, ns.gap_s if ns.stored else 0.0, ns.decode_count)
     start = time.perf_counter()
     jobs = [(s, source) for s in range(ns.seed, ns.seed + ns.runs)]
     if ns.workers > 1:

@@ -18,7 +18,9 @@ Statistical design (the reference notes on gate statistics, §3; measured in `be
   responds within seconds of the restart. The completed-token rate (deltas of the
   `generated_tokens` counter, counted when a request *finishes*) arrives in lumps with long
   requests and is biased after a restart (at first only short requests finish), so it is a
-  consistency check on a keep, not the gated statistic.
+  consistency check on a keep, not the gated statistic. Where the engine counts decode tokens
+  at every step (SGLang 0.5.23), each reading's rate is that count's increase since the reading
+  before (`counted`): the gauge covers only the last few decode steps before a scrape.
 * **Warm-up exclusion:** MSER-5 (White 1997) on the trial's decode rate, never less than
   `warmup_floor_s` and never more than half the trial. When MSER's best cut is that ceiling the
   rate is still settling (a long ramp, a cache filling) and the gate waits. A floor of one
@@ -43,7 +45,8 @@ Statistical design (the reference notes on gate statistics, §3; measured in `be
   `restart_variance_factor` (2) times.
 * **Sequential decision, at every trial batch:** keep when the effect's lower one-sided 1 - alpha/2
   bound is above 0 *and* the estimate is at least `min_effect`; revert ("no significant
-  improvement") when the upper 1 - beta bound is below the planning effect (+10%). The keep rule
+  improvement") when the upper 1 - beta bound is below the planning effect (+10%, or the low
+  end of a smaller predicted gain: `settings.sized_for`). The keep rule
   is the fixed-window test's own rule applied at every look (a Pocock-shaped boundary at the
   fixed test's critical value); the futility rule ends a trial as soon as the gain the experiment
   is sized for is ruled out, which is what stops no-gain trials early. Repeated looks would raise

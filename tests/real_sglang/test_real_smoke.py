@@ -254,6 +254,11 @@ class TestDefaultServer:
         finally:
             reader.close()
         assert before.steps is not None and after.steps is not None
+        # the decode count the gate's rate comes from (`playbooks/gate/counted.py`): every
+        # decode step's tokens, not the first token of a request, which its prefill samples
+        assert before.decoded_tokens is not None and after.decoded_tokens is not None
+        decoded = after.decoded_tokens - before.decoded_tokens
+        assert decoded == pytest.approx(20 * sum(range(1, 9)) - 8, abs=16)
         window = after.steps.minus(before.steps)
         n, sum_b, _, _, _ = window.moments
         assert n >= 150 and sum_b == pytest.approx(20 * sum(range(1, 9)), abs=16)

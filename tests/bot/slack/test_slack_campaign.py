@@ -12,6 +12,7 @@ import pytest
 from storage import audit
 from storage import campaigns as campaign_store
 from storage import experiments as store
+from storage import proposals as proposal_store
 from storage.db import open_db
 from tests.bot.harness import CHANNEL, buttons, running_bot, twin_config, wait_until
 from tests.bot.slack.test_slack_flow import SLACK, run_cli
@@ -70,6 +71,20 @@ def test_an_approved_plan_runs_its_steps_in_one_thread(config: Path, slack: Fake
     rows = [store.get_experiment(db, i) for i in camp.steps]
     assert rows[0].state == store.State.kept, rows[0]
     assert all(r.terminal for r in rows)
+    # each step shows the gain the rules predicted, and its trial is sized for it
+    for row in rows:
+        assert row.proposal_id is not None
+        step = proposal_store.get_proposal(db, row.proposal_id)
+        gain = step.plan["option"]["predicted_throughput_change"]
+        sized = 0.10 if gain is None else min(0.10, max(gain["low"], 0.05))
+        assert step.plan["gate"]["planning_effect"] == pytest.approx(sized), step.plan
+        assert row.settings["planning_effect"] == pytest.approx(sized)
+        assert step.snapshot["room"] is None  # the twin's GPUs cannot be read here
+    assert any(
+        proposal_store.get_proposal(db, r.proposal_id).plan["option"]["predicted_throughput_change"]
+        for r in rows
+        if r.proposal_id is not None
+    )
     # the plan's approval and each step's, all in the approver's name
     approvals = [e["actor"] for e in audit.events(db, name="proposal_approved")]
     assert approvals == ["U7", "U7", "U7"]
