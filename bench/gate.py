@@ -188,6 +188,7 @@ class BaselineSource:
     stored: bool = False
     gap_s: float = 0.0
     decode_count: bool = False  # scrapes carry the decode count (SGLang 0.5.23)
+    planning_effect: float = 0.10  # the gain the trial is sized for (`gate.settings.sized_for`)
 
     @property
     def sample_s(self) -> float:
@@ -195,6 +196,8 @@ class BaselineSource:
 
     def describe(self) -> str:
         rate = ", decode rate from the decode count" if self.decode_count else ""
+        if self.planning_effect != 0.10:
+            rate += f", trials sized for +{self.planning_effect:.0%}"
         if not self.stored:
             return f"baseline {self.seconds:g} s after {WARM_S:g} s up{rate}"
         return (
@@ -214,7 +217,7 @@ def baseline_window(seed: int, source: BaselineSource) -> list[Snapshot]:
 
 def settings_for(source: BaselineSource) -> GateSettings:
     """The gate's settings for an experiment with this baseline."""
-    return GateSettings()
+    return GateSettings(planning_effect=source.planning_effect)
 
 
 def one_seed(seed: int, source: BaselineSource) -> list[Outcome]:
@@ -405,13 +408,23 @@ def main(argv: list[str] | None = None) -> int:
         help="scrapes carry SGLang 0.5.23's decode count, which the gate reads instead of the "
         "gen_throughput gauge",
     )
+    p.add_argument(
+        "--planning-effect",
+        type=float,
+        default=0.10,
+        help="the gain each trial is sized for (a change predicted to gain less is sized for "
+        "the low end of its prediction, down to 0.05)",
+    )
     ns = p.parse_args(argv)
     baseline_s = ns.baseline_s
     if baseline_s is None:
         baseline_s = STORED_BASELINE_S if ns.stored else 1200.0
     if ns.runs < 1 or ns.workers < 1 or baseline_s < 300 or ns.gap_s < 0:
         p.error("--runs and --workers must be at least 1, --baseline-s at least 300, --gap-s >= 0")
-    source = BaselineSource(baseline_s, ns.stored, ns.gap_s if ns.stored else 0.0, ns.decode_count)
+    source = BaselineSource(
+        baseline_s, ns.stored, ns.gap_s if ns.stored else 0.0, ns.decode_count,
+        ns.planning_effect,
+    )  # fmt: skip
     start = time.perf_counter()
     jobs = [(s, source) for s in range(ns.seed, ns.seed + ns.runs)]
     if ns.workers > 1:

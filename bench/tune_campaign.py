@@ -33,7 +33,7 @@ from playbooks.campaigns.policy import Bound, Choice, Tried, bound_from, campaig
 from playbooks.campaigns.room import GpuRoom, RoomBefore, credited
 from playbooks.diagnose.measure import MeasurementError, measurement_of
 from playbooks.diagnose.playbook import DiagnoseSettings, diagnose
-from playbooks.engines.base import ServerSettings, Snapshot
+from playbooks.engines.base import Snapshot
 from playbooks.gate import GateDecision, GateSettings, decide
 from playbooks.gate.settings import sized_for
 from playbooks.gate.windows import trial_window
@@ -149,8 +149,9 @@ def _steps(st: _State, choice: Choice, out: Campaign) -> None:
         assert choice.option is not None
         # what production reads from NVML or DCGM before a step (the room, the chunk then)
         before = RoomBefore(
-            st.server.rt.gpu_free_gib(), _chunk(st.server.settings()), choice.option.static_gpu_gib
-        )
+            st.server.rt.gpu_free_gib(), SGLANG.chunk_of(st.server.settings()),
+            choice.option.static_gpu_gib, dict(choice.option.change),
+        )  # fmt: skip
         try:
             step, window = _experiment(st, choice.option, restart_s, out)
         except Died as exc:
@@ -171,7 +172,7 @@ def _steps(st: _State, choice: Choice, out: Campaign) -> None:
         if step.kept:
             room = credited(
                 GpuRoom(st.server.rt.gpu_free_gib(), "the twin's GPUs"),
-                before, _chunk(info), SGLANG.chunk_arg,
+                before, SGLANG.chunk_of(info), SGLANG.chunk_arg,
             )  # fmt: skip
         choice = choose_next(
             assessment.options,
@@ -181,10 +182,6 @@ def _steps(st: _State, choice: Choice, out: Campaign) -> None:
             room=room,
             reassess=reassessor(SGLANG, info, st.settings, m),
         )
-
-
-def _chunk(info: ServerSettings) -> object:
-    return info.settings.get(SGLANG.chunk_arg or "")
 
 
 def _experiment(

@@ -30,6 +30,7 @@ from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
 from playbooks.sources.metrics_source import with_metrics_source
 from playbooks.sources.model_config import LocalModelConfigs
 from playbooks.sources.prometheus import DcgmGpuReader, PrometheusAPI, PrometheusMetrics
+from playbooks.types import Option
 from storage import freezes
 from storage.clock_anchors import Anchor, anchor_for, continued, record_anchor
 from storage.db import open_db
@@ -169,12 +170,12 @@ def gpu_room(server: ServerConfig) -> GpuRoom | None:
     return room_of(gpu_reader(server), _room_source(server))
 
 
-def room_before(
-    server: ServerConfig, client: EngineClient, adds_gib: float | None
-) -> RoomBefore | None:
-    """The room and the prefill chunk before a step that adds `adds_gib` per GPU to the pool,
-    where the GPUs can be read: what the room after it is measured against."""
-    return read_before(gpu_reader(server), _room_source(server), client, adds_gib)
+def room_before(server: ServerConfig, client: EngineClient, option: Option) -> RoomBefore | None:
+    """The room and the prefill chunk before a step, where the GPUs can be read: what the room
+    after it is measured against."""
+    return read_before(
+        gpu_reader(server), _room_source(server), client, option.static_gpu_gib, option.change
+    )
 
 
 def room_after(

@@ -364,10 +364,10 @@ class Kvpilot(Approvals):
                 load = _load(client)
                 rules = client.engine.rules_for(info, diagnose_settings(cfg), measured=False)
                 option = rules.judge(change)
-                if predicted is not None:
+                if predicted is not None and option.verdict != "unsafe":
                     option = replace(option, predicted_gain=predicted)
                 # what the room after the step is measured against, where the GPUs can be read
-                before = room_before(cfg, client, option.static_gpu_gib)
+                before = room_before(cfg, client, option)
             finally:
                 client.close()
             srv_launcher = launcher(self.config, cfg, self.clock)

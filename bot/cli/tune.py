@@ -244,7 +244,7 @@ def _experiment(
         if run.allowance.ranges
         else f"step {len(run.tried) + 1} of campaign {run.id}, confirmed in the terminal"
     )
-    run.room_before = room_before(config.server(run.server), deps.client, option.static_gpu_gib)
+    run.room_before = room_before(config.server(run.server), deps.client, option)
     # the trial sized for the gain predicted (`gate.settings.sized_for`), as approved
     gate = sized_for(deps.plan, option.predicted_gain)
     exp_id = engine.create(

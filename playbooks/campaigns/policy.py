@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from playbooks.campaigns.room import GpuRoom
+from playbooks.campaigns.room import MIN_CREDITED_CHUNK, GpuRoom
 from playbooks.types import Option, Verdict
 
 # Causes (playbooks.experiments.outcome.CAUSES keys) that say the configuration itself cannot
@@ -402,8 +402,10 @@ def fitted(options: Sequence[Option], room: GpuRoom, reassess: Reassess) -> list
         if smaller is not None:
             out.append(smaller)
         credit = room.chunk
-        if credit is None or credit.key in option.change or credit.chunk // 2 <= 0:
+        if credit is None or credit.key in option.change:
             continue
+        if credit.chunk // 2 < MIN_CREDITED_CHUNK:
+            continue  # activations stop shrinking below it: nothing more to free
         halved = {**option.change, credit.key: credit.chunk // 2}
         traded = _largest_fitting(
             [{**halved, key: round(top - FIT_STEP * i, 2)} for i in range(FIT_STEPS + 1)],

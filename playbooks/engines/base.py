@@ -197,7 +197,8 @@ class Snapshot:
 
     Stored as JSON (`to_json`) with a version key: version 2 added the per-pool fields; rows
     of version 1 read back with them None. Rows stored before `itl_buckets` read back with it
-    None, as for a server that does not export the histogram.
+    None, as for a server that does not export the histogram, and rows stored before
+    `decoded_tokens` with that None (the gate then reads the gauge, for both windows).
     """
 
     t: float = 0.0
@@ -453,6 +454,11 @@ class Engine(Protocol):
     def chunk_arg(self) -> str | None:
         """The argument that sets the largest prefill batch, where a campaign may give some of
         it up for a larger pool (SGLang's `chunked_prefill_size`); None elsewhere."""
+        ...
+
+    def chunk_of(self, info: ServerSettings) -> int | None:
+        """The `chunk_arg` flag's value the server runs with, where its settings say it in the
+        flag's own units (None: no such argument, or a server that reports it otherwise)."""
         ...
 
     @property

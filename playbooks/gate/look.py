@@ -100,6 +100,8 @@ def read_look(
 ) -> Look:
     """Everything the rules need from the whole baseline and the trial so far."""
     s = settings
+    if not (_counts(baseline) and _counts(trial)):  # one window without the count: the gauge
+        baseline, trial = _gauge_only(baseline), _gauge_only(trial)
     trial = counted(trial)
     base = read_baseline(baseline, s)
     noise = base.noise
@@ -133,6 +135,15 @@ def read_look(
         trial_mean=tw.mean,
         evidence=_evidence(trial, base, tw, s) if ready else None,
     )
+
+
+def _counts(samples: Sequence[Snapshot]) -> bool:
+    return any(x.decoded_tokens is not None for x in samples)
+
+
+def _gauge_only(samples: Sequence[Snapshot]) -> list[Snapshot]:
+    """The samples without the decode count, so that both windows are read off the gauge."""
+    return [x if x.decoded_tokens is None else replace(x, decoded_tokens=None) for x in samples]
 
 
 def _evidence(

@@ -144,10 +144,12 @@ def sized_for(settings: GateSettings, predicted: tuple[float, float] | None) -> 
     reverts a change whose true gain is +6% about as often as it keeps it. Where the rules
     predict a gain whose low end is below the configured planning effect, the trial is sized
     for that low end instead (never below `min_effect` + SIZING_MARGIN): it runs longer, and a
-    change doing what was predicted is kept. The keep rule does not change. Without a
-    prediction, or with one whose low end is above the configured effect, the settings stay.
+    change doing what was predicted is kept. The keep rule does not change, but a longer trial
+    looks more often, which the futility bound pays for: a prediction whose low end is not above
+    `min_effect` (the rules cannot promise a gain worth keeping) leaves the settings as they are,
+    as do no prediction and one whose low end is above the configured effect.
     """
-    if predicted is None:
+    if predicted is None or predicted[0] <= settings.min_effect:
         return settings
     wanted = max(predicted[0], settings.min_effect + SIZING_MARGIN)
     if wanted >= settings.planning_effect:

@@ -13,6 +13,7 @@ measurement, diagnosis and the experiment engine work unchanged on either.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Protocol
 
 from playbooks.engines.base import (
@@ -87,10 +88,13 @@ class SourcedClient:
         return self.source.metrics()
 
     def snapshot(self) -> Snapshot:
-        return self.inner.snapshot_of(self.metrics())
+        return self.snapshot_of(self.metrics())
 
     def snapshot_of(self, metrics: Metrics) -> Snapshot:
-        return self.inner.snapshot_of(metrics)
+        # Another source's counters were read at its own scrape, not when this reading is
+        # stamped: the decode count's rate between two readings would be off by the difference
+        # (0, 0, then three scrapes' worth), so the gate keeps the engine's gauge.
+        return replace(self.inner.snapshot_of(metrics), decoded_tokens=None)
 
     def load_snapshot(self) -> Snapshot:
         return self.inner.load_snapshot()

@@ -51,6 +51,17 @@ class SGLang:
     # (`playbooks.campaigns.room.ChunkCredit`)
     chunk_arg: str | None = "chunked_prefill_size"
 
+    def chunk_of(self, info: ServerSettings) -> int | None:
+        """`chunked_prefill_size` as the flag says it; None under attention DP, where SGLang
+        reports it divided by the ranks (`parallel_hook.py::_handle_data_parallelism`), and
+        where chunking is off (-1)."""
+        if info.settings.get("enable_dp_attention"):
+            return None
+        value = info.settings.get("chunked_prefill_size")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        return None
+
     def connect(
         self,
         url: str,

@@ -220,8 +220,8 @@ def _counter(m: Metrics, family: str) -> float | None:
 
 
 def decoded_tokens(m: Metrics) -> float | None:
-    """The decode steps' tokens so far, DP ranks summed; None where the family is missing
-    (before its first decode step a 0.5.23 server exports no `decode` series yet)."""
+    """The decode steps' tokens so far, DP ranks summed; None where the family is missing (a
+    server before 0.5.23), 0 where it has only prefill series (no decode step yet)."""
     values = [v for v in m.labelled(REALTIME_TOKENS) if v.labels.get("mode") == DECODE_MODE]
     if not values:
         return 0.0 if m.labelled(REALTIME_TOKENS) else None

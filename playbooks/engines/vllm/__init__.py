@@ -48,6 +48,9 @@ class VLLM:
     # vLLM's options do not say what GPU memory they add, so no room is traded for them
     chunk_arg: str | None = None
 
+    def chunk_of(self, info: ServerSettings) -> int | None:
+        return None
+
     def connect(
         self,
         url: str,
