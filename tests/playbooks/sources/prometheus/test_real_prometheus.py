@@ -40,7 +40,8 @@ from tests.playbooks.sources.prometheus.prom_process import PrometheusProcess, r
 from tests.twin_process import TwinProcess, free_port, spawn, wait_healthy
 
 # Prometheus' scrape timeout cannot exceed its interval (100 ms here), so a twin starved of CPU
-# by other tests loses scrapes: the module runs in the serial tier, on a quiet machine.
+# by other tests loses scrapes: the module runs in the serial tier, away from the parallel one
+# (`make test` runs it beside the real daemons' tier, which mostly waits on its daemons).
 pytestmark = pytest.mark.serial
 
 
