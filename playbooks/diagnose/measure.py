@@ -3,7 +3,10 @@
 Two throughputs, because engines count tokens at two places (`Snapshot`):
 
 * **generation** — the scheduler's decode rate (`decode_rate`: tokens/s generated across all
-  running requests, refreshed every few decode steps). Smooth; the primary metric.
+  running requests, refreshed every few decode steps). Smooth; the primary metric. Where the
+  engine counts decode tokens (SGLang 0.5.23), each scrape's rate is the count's increase since
+  the scrape before (`playbooks.gate.counted`), the rate the gate judges, so that a diagnosis,
+  the prediction made from it and the experiment's verdict measure one thing.
 * **effective** — completed requests' output tokens per second, from deltas of the
   `generated_tokens` counter, which grows when a request *finishes*. Lumpy when requests are
   long, so its interval is wider; it is what a batch job actually gets.
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from playbooks.clock import Clock
 from playbooks.engines.base import EngineClient, MetricsDisabled, Snapshot
 from playbooks.engines.timebudget import TimeBudget, budget_between
+from playbooks.gate.counted import counted
 from playbooks.stats.batch_means import (
     S,
     batch_means,
@@ -133,6 +137,13 @@ def _gauge_interval(
     return window_interval(values, bin_s, batch_s, confidence) if values else None
 
 
+def _generation(
+    samples: Sequence[Snapshot], t0: float, batch_s: float, confidence: float
+) -> Interval | None:
+    """The decode rate's mean over the window with its interval, read as the gate reads it."""
+    return _gauge_interval(counted(samples), t0, batch_s, lambda x: x.decode_rate, confidence)
+
+
 def _counter_interval(
     samples: Sequence[S],
     t0: float,
@@ -195,7 +206,7 @@ def measure(
         keep(s)
         samples.append(s)
         elapsed = now - t0
-        interval = _gauge_interval(samples, t0, batch_s, lambda x: x.decode_rate, plan.confidence)
+        interval = _generation(samples, t0, batch_s, plan.confidence)
         batches = interval.n if interval else 0
         if on_progress is not None:
             precision = interval.relative_half_width if interval else math.inf
@@ -308,8 +319,8 @@ def _summarise(
     notes: list[str],
 ) -> Measurement:
     window = samples[-1].t - t0
-    gens = batch_means(samples, t0, batch_s, lambda x: x.decode_rate)
-    generation = _gauge_interval(samples, t0, batch_s, lambda x: x.decode_rate, plan.confidence)
+    gens = batch_means(counted(samples), t0, batch_s, lambda x: x.decode_rate)
+    generation = _generation(samples, t0, batch_s, plan.confidence)
     if len(gens) < MIN_BATCHES:
         notes.append(
             f"only {len(gens)} complete batches of {batch_s:g} s: the interval is wide; "

@@ -26,8 +26,10 @@ class Scripted:
         metrics: bool = True,
         restart_at: float | None = None,
         extra: str = "",
+        decode_count: float | None = None,
     ) -> None:
         self.clock = clock
+        self.decode_count = decode_count  # tokens/s SGLang 0.5.23's decode count grows by
         self.extra = extra  # more exposition lines, the same at every scrape
         self.rng = random.Random(seed)
         self.noise = noise
@@ -71,6 +73,11 @@ class Scripted:
             f"# TYPE sglang:new_token_ratio gauge\nsglang:new_token_ratio {0.2 + t / 600}\n"
             "# TYPE sglang:num_grammar_queue_reqs gauge\nsglang:num_grammar_queue_reqs 2\n"
         )
+        if self.decode_count is not None:
+            text += (
+                "# TYPE sglang:realtime_tokens counter\n"
+                f'sglang:realtime_tokens_total{{mode="decode"}} {self.decode_count * base}\n'
+            )
         return httpx.Response(200, text=text + self.extra)
 
     def client(self) -> SGLangClient:
@@ -97,6 +104,21 @@ def test_noisy_server_hits_the_cap_and_says_so() -> None:
     m = measure(Scripted(clock, noise=400).client(), clock, plan)
     assert m.window_s == pytest.approx(300, abs=5)
     assert "ended before ±1%" in m.stop_reason
+
+
+def test_the_decode_count_is_the_generation_rate_where_it_is_exported() -> None:
+    """The gauge covers the last few decode steps before a scrape and swings with the prefills
+    in them; the decode count's increase covers the whole interval, as the gate reads it, so
+    diagnose and the gate measure one rate."""
+    clock = ManualClock()
+    server = Scripted(clock, noise=400, decode_count=750)
+    m = measure(server.client(), clock, MeasurePlan(precision=0.02))
+    assert m.generation is not None
+    assert m.generation.mean == pytest.approx(750, rel=1e-6)
+    assert "known to ±2%" in m.stop_reason and m.window_s == 8 * 30  # the fewest batches
+    clock = ManualClock()
+    gauge = measure(Scripted(clock, noise=400).client(), clock, MeasurePlan(precision=0.02))
+    assert gauge.window_s > 3 * m.window_s  # off the swinging gauge alone
 
 
 def test_fixed_window_is_never_a_bare_sample() -> None:
