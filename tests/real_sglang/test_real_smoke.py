@@ -363,7 +363,16 @@ class TestCappedServer:
                 "/generate",
                 json={"input_ids": prompts[0], "sampling_params": {"max_new_tokens": 1}},
             ).json()["meta_info"]
-            text = client.get("/metrics").text
+            # The load-back counter moves when the scheduler polls the copy's completion on a
+            # later step (unified_radix_cache.py, loading_check from check_hicache_events), not
+            # when the request answers; an idle scheduler steps at least once a second
+            # (--sleep-on-idle polls its sockets for 1000 ms), later on a busy machine.
+            deadline = time.monotonic() + 30
+            while True:
+                text = client.get("/metrics").text
+                if "sglang:load_back_tokens_total{" in text or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
         assert (
             again["cached_tokens_details"]["host"] >= 3984
         )  # whole pages of the 4000-token prompt
