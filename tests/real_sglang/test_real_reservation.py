@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import math
 import re
 import threading
 import time
@@ -59,15 +60,18 @@ FIRST_WAVE = POOL // (PROMPT + OUTPUT)  # the requests admitted before the first
 _COMPLETED = re.compile(r"^sglang:num_requests_total(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
 
 
-def _wait_for_completed(url: str, n: int, timeout_s: float) -> None:
-    """Poll /metrics until `n` requests completed (SGLang counts a request when it finishes)."""
-    deadline = time.monotonic() + timeout_s
+def _wait_for_completed(url: str, n: int, timeout_s: float) -> float:
+    """Poll /metrics until `n` requests completed (SGLang counts a request when it finishes).
+
+    Returns the seconds it took."""
+    began = time.monotonic()
+    deadline = began + timeout_s
     done = 0.0
     while time.monotonic() < deadline:
         text = httpx.get(url + "/metrics", timeout=10).text
         done = sum(float(v) for v in _COMPLETED.findall(text))
         if done >= n:
-            return
+            return time.monotonic() - began
         time.sleep(1)
     raise AssertionError(f"only {done:.0f} of {n} requests completed in {timeout_s:.0f} s")
 
@@ -84,13 +88,19 @@ def test_a_pool_full_of_reservations_is_kv_bound() -> None:
             # a window over it reads a pool still filling up (a fresh clone's CI run, beside
             # other real servers: usage rose from 0.16 to 0.64 in the window, 8.7 running).
             # How long that takes depends on the CPU, so wait for the wave to complete.
-            _wait_for_completed(srv.url, FIRST_WAVE, timeout_s=150)
+            lifetime = _wait_for_completed(srv.url, FIRST_WAVE, timeout_s=150)
             out, err = io.StringIO(), io.StringIO()
-            # 30 s: two lifetimes of a request here. A window of one lifetime (15 s) could
-            # sit in a wave's last phase, where the averages say half the pool is held and
-            # little is reserved (8.7 running, 0.61 used, read as "too conservative").
+            # Two lifetimes of a request, at least 30 s (about 15 s a lifetime on an idle
+            # machine; the first wave, admitted together, ends after about one). A window of
+            # one lifetime could sit in a wave's last phase, where the averages say half the
+            # pool is held and little is reserved (8.7 running, 0.61 used, read as "too
+            # conservative"); a fixed 30 s on a busy CI machine, where a lifetime ran longer,
+            # sat in one wave's last part and read the pool 92% held.
+            window = min(max(30, math.ceil(2 * lifetime)), 80)
             code = main(
-                ["diagnose", "--server", srv.url, "--window", "30", "--json"], out=out, err=err
+                ["diagnose", "--server", srv.url, "--window", str(window), "--json"],
+                out=out,
+                err=err,
             )
         finally:
             until[0] = 0.0  # no new requests; those in flight end when the server stops
