@@ -191,6 +191,38 @@ class BotResumed(AuditEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExperimentResumed(AuditEvent):
+    """A process picked up an unfinished experiment. ``previous`` is the process that carried
+    it (None: nobody held it), ``how`` how its carrying ended, in words (its process is gone,
+    killed or crashed; its lease ran out; it gave the experiment up when it stopped), and
+    ``last_read_at`` when the server was last read for it (ISO, the experiment's clock)."""
+
+    name: ClassVar[str] = "experiment_resumed"
+    server: str
+    experiment_id: int
+    state: str
+    previous: str | None
+    how: str
+    last_read_at: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasurementGap(AuditEvent):
+    """The server went unread for ``seconds`` in the middle of a measurement (``phase``):
+    kvpilot was down, or the server's metrics did not answer (``cause``). A bridged gap is
+    measured around (its batches count for nothing); one that was not cut the measurement."""
+
+    name: ClassVar[str] = "measurement_gap"
+    server: str
+    experiment_id: int
+    phase: str
+    since: str  # the last reading before the gap (ISO, the experiment's clock)
+    seconds: float
+    bridged: bool
+    cause: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class BotStopped(AuditEvent):
     """The bot was asked to stop (SIGTERM): where each experiment it carried was left.
 
@@ -327,6 +359,8 @@ EVENT_TYPES: dict[str, type[AuditEvent]] = {
         RevertExecuted,
         VerdictReached,
         BotResumed,
+        ExperimentResumed,
+        MeasurementGap,
         BotStopped,
         Note,
         AccessDenied,

@@ -65,6 +65,7 @@ def summarise(db: Database, row: store.ExperimentRow) -> dict[str, Any]:
         if moves
         else None,
         "trial_s": result.get("trial_s"),
+        "unread_s": result.get("unread_s") or 0.0,
         "baseline_config": row.baseline_config,
         "trial_config": row.trial_config,
     }
@@ -109,9 +110,35 @@ def render_summary(s: dict[str, Any]) -> str:
         + (f", {s['baseline_source']}" if s.get("baseline_source") else ""),
         f"  trial     {_interval(s['trial'])}",
         f"  effect    {_interval(s['effect'], pct=True)}",
-        f"  took      {s['took_s']} s (trial {s['trial_s']} s)",
+        f"  took      {s['took_s']} s (trial {s['trial_s']} s{_unread(s)})",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _unread(s: dict[str, Any]) -> str:
+    """The part of the trial nobody read (kvpilot down), which the verdict did not count."""
+    unread = float(s.get("unread_s") or 0.0)
+    return f", {unread:.0f} s of it unread and not counted" if unread > 0 else ""
+
+
+def audit_line(event: dict[str, Any]) -> str:
+    """One audit event as `experiments show` lists it: what it was, by whom, and for the
+    events that tell an experiment's interruptions, what happened."""
+    props = event.get("properties") or {}
+    line = f"{event.get('name')} by {event.get('actor')}"
+    if event.get("name") == "experiment_resumed":
+        previous = props.get("previous") or "nobody"
+        read = props.get("last_read_at")
+        line += f": taken from {previous}, {props.get('how')}" + (
+            f"; last read {stored_time(read)}" if read else ""
+        )
+    elif event.get("name") == "measurement_gap":
+        kept = "bridged (not counted)" if props.get("bridged") else "cut the measurement"
+        line += (
+            f": {props.get('phase')} unread for {props.get('seconds')} s after "
+            f"{stored_time(props.get('since'))}, {kept}: {props.get('cause')}"
+        )
+    return line
 
 
 def cmd_list(ns: argparse.Namespace, db: Database, out: TextIO) -> int:
@@ -145,5 +172,5 @@ def cmd_show(ns: argparse.Namespace, db: Database, out: TextIO, err: TextIO) -> 
     out.write("  audit:\n")
     for ev in summary["audit"]:
         at = stored_time(ev.get("created_at"))
-        out.write(f"    {at}  {ev.get('name')} by {ev.get('actor')}\n")
+        out.write(f"    {at}  {audit_line(ev)}\n")
     return exit_codes.OK

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, fields, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +277,7 @@ def _scrape(
         )
         return
     store_sample(deps, row.id, phase, snapshot, facts.now_ts)
+    _record_gap(deps, row, view, facts, phase)
     changes: dict[str, Any] = {"last_ts": facts.now_ts, "by": facts.carrier, **step.progress}
     changes.update(stall.progress_after(row.progress, snapshot, facts.now_ts))
     if phase == "baseline":  # the baseline ends once the gate could use it (`steps._baseline`)
@@ -288,6 +290,30 @@ def _scrape(
     if row.progress.get("instance") is None and facts.instance is not None:
         changes["instance"] = facts.instance
     _progress(deps, row, **changes)
+
+
+# A reading later than this many scrape intervals after the one before ends a gap worth
+# recording (the same spacing beyond which the decode count is not read across: `counted`).
+GAP_SCRAPES = 2.5
+
+
+def _record_gap(
+    deps: Deps, row: store.ExperimentRow, view: steps.View, facts: steps.Facts, phase: str
+) -> None:
+    """A reading after a gap in the measurement (kvpilot down, the server's metrics silent):
+    audited, so the verdict's unread time has its story. Longer gaps never get here: the step
+    before cut the measurement (`steps._cut`, `_went_unread`)."""
+    last = row.progress.get("last_ts")
+    if last is None or facts.now_ts - float(last) <= GAP_SCRAPES * view.settings.scrape_s:
+        return
+    resumed = row.progress.get("by") != facts.carrier
+    _record(
+        deps, row, audit.MeasurementGap, phase=phase,
+        since=datetime.fromtimestamp(float(last), UTC).isoformat(timespec="seconds"),
+        seconds=round(facts.now_ts - float(last), 1), bridged=True,
+        cause="kvpilot was not running: the process carrying the experiment stopped"
+        if resumed else "the server's metrics did not answer",
+    )  # fmt: skip
 
 
 def _wait_or_probe(

@@ -10,6 +10,7 @@ table-style.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from playbooks.experiments.deps import Deps, Interrupted, args_of
@@ -239,6 +240,27 @@ def resume_policy(deps: Deps, exp_id: int, *, actor: str) -> None:
     audit.record(
         deps.db, audit.BotResumed(actor=actor, created=deps.now(), active_experiment_ids=[exp_id])
     )
+    row = store.get_experiment(deps.db, exp_id)
+    taken = None if deps.lease is None else deps.lease.taken_from
+    last = row.progress.get("last_ts")
+    audit.record(
+        deps.db,
+        audit.ExperimentResumed(
+            actor=actor,
+            created=deps.now(),
+            server=row.server,
+            experiment_id=exp_id,
+            state=str(row.state),
+            previous=None if taken is None else taken[0],
+            how="this process already held it" if taken is None else taken[1],
+            last_read_at=None if last is None else _iso(float(last)),
+        ),
+    )
+
+
+def _iso(ts: float) -> str:
+    """A moment of the experiment's clock, as the audit log writes it."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
 
 def checkpoint(deps: Deps, exp_id: int, state: State) -> None:

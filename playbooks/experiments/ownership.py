@@ -75,6 +75,20 @@ class Owner:
             return False
 
 
+GONE = "its process is gone (killed or crashed)"
+
+
+def _how_it_ended(holder: str | None, until: datetime | None) -> str:
+    """How a carrier's hold had ended when another process took the experiment."""
+    if holder is None:
+        return "nobody held it (the process before gave it up when it stopped)"
+    parsed = Owner.parse(holder)
+    if parsed is not None and parsed.gone():
+        return GONE
+    when = "" if until is None else f" at {until:%Y-%m-%d %H:%M:%S} UTC"
+    return f"its lease ran out{when}: the process stopped renewing it (hung, or on another host)"
+
+
 # Owners written before start marks were clock ticks carry epoch milliseconds (about 1.8e12);
 # ticks from boot stay far below this for a thousand years of uptime at 100 Hz.
 LEGACY_MS_ABOVE = 10**11
@@ -149,6 +163,8 @@ class Lease:
         self._lost_why = ""
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
+        # whom `acquire` took the experiment from, and how that carrier's hold had ended
+        self.taken_from: tuple[str | None, str] | None = None
 
     @contextmanager
     def _db(self) -> Iterator[Database]:
@@ -174,8 +190,12 @@ class Lease:
         return row.lease_owner, row.lease_expires_at
 
     def acquire(self) -> bool:
-        """Take the lease; False when a living process holds it (`holder()` says who)."""
+        """Take the lease; False when a living process holds it (`holder()` says who).
+        `taken_from` then says whom it was taken from, and how their hold had ended."""
+        before, until = self.holder()
         if self._take():
+            if before != self.owner:
+                self.taken_from = (before, _how_it_ended(before, until))
             return True
         held_by, _ = self.holder()
         parsed = None if held_by is None else Owner.parse(held_by)
@@ -183,6 +203,7 @@ class Lease:
             taken = self._take(take_from=held_by)
             if taken:
                 log.info("experiment %s: taken over from %s (gone)", self.experiment_id, held_by)
+                self.taken_from = (held_by, GONE)
             return taken
         return False
 

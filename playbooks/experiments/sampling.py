@@ -79,6 +79,7 @@ def gate_result(decision: gate_mod.GateDecision) -> dict[str, Any]:
         "trial": est(decision.trial),
         "effect": est(decision.effect),
         "batches": decision.batches,
+        "unread_s": decision.unread_s,
         "warmup_cut_s": decision.warmup_cut_s,
         "reasons": list(decision.reasons),
         "latency": decision.latency_json(),

@@ -60,9 +60,13 @@ Statistical design (the reference notes on gate statistics, §3; measured in `be
   above the target (or, where the baseline was already above it, when the trial is clearly
   worse); a keep waits until each target is measured.
   **Validity checks:** offered concurrency (running + queued) or the request mix (prompt and
-  output tokens per completed request) differing between the windows ("drifted"), or either window
+  output tokens per completed request) differing between the windows ("drifted"), or the baseline
   not saturated (queue mostly empty: throughput then equals offered load and no configuration can
-  show an effect; "inconclusive"). Completed requests (their mix, their token rate) are read from
+  show an effect; "inconclusive"). A trial whose queue emptied after a saturated baseline is
+  judged on its evidence (the change made room for the requests that waited: a significant gain
+  is a lower bound), unless its rate fell with the queue (fewer requests offered: "inconclusive").
+  Only batches holding a reading count, so a trial resumed after a gap measures what it read.
+  Completed requests (their mix, their token rate) are read from
   one request lifetime after the restart (Little's law on the baseline), once
   `min_requests_for_rates` have completed there: before that only the first wave's shortest
   requests have finished. A keep waits for them. Retractions come in bursts, one per cycle, and

@@ -122,3 +122,12 @@ def unsaturated(name: str, f: WindowFacts, s: GateSettings) -> str | None:
         f"the {name} was not saturated: the queue was non-empty in only "
         f"{f.queue_fraction:.0%} of scrapes (need {s.min_queue_fraction:.0%})"
     )
+
+
+def queue_cleared(bf: WindowFacts, tf: WindowFacts, s: GateSettings) -> bool:
+    """The baseline was saturated and the trial is not: requests no longer wait.
+
+    A change that makes room (a larger KV pool) lets the requests that queued run. The trial's
+    throughput is then the offered load, which the baseline could not serve: where it is higher,
+    the change showed at least that gain; where it is lower, the offered load itself changed."""
+    return unsaturated("baseline", bf, s) is None and unsaturated("trial", tf, s) is not None

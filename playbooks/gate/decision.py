@@ -31,6 +31,7 @@ class GateDecision:
     warmup_cut_s: float
     reasons: list[str] = field(default_factory=list)
     latency: tuple[SloCheck, ...] = ()  # each configured latency target, once judged
+    unread_s: float = 0.0  # trial batches after the warm-up without a reading, not counted
 
     @property
     def slo_held(self) -> bool | None:

@@ -47,6 +47,10 @@ class Evidence:
     rates_ready: bool  # enough requests completed there to compare them
     completed_rate_fell: str | None  # the completed-token check's objection to a keep
     latency: tuple[SloCheck, ...] = ()  # each configured latency target, judged
+    # the baseline's queue was there and the trial's is gone: the change made room for the
+    # requests that waited (`checks.queue_cleared`)
+    queue_cleared: bool = False
+    queue_shares: tuple[float, float] = (1.0, 1.0)  # scrapes with requests waiting: baseline, trial
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +67,7 @@ class Look:
     batches: int  # whole batches after the cut, 0 until the warm-up is over
     trial_mean: float | None  # decode rate over those batches
     evidence: Evidence | None  # None until there are min_batches with a positive rate
+    unread_s: float = 0.0  # whole batches after the cut without a reading: not counted
 
     @property
     def judged(self) -> Evidence:
@@ -134,6 +139,7 @@ def read_look(
         batches=tw.batches if tw.warmed_up else 0,
         trial_mean=tw.mean,
         evidence=_evidence(trial, base, tw, s) if ready else None,
+        unread_s=tw.unread_s if tw.warmed_up else 0.0,
     )
 
 
@@ -171,6 +177,8 @@ def _evidence(
         guardrails=tuple(checks.guardrails(bf, tf, rf, s)),
         drift=tuple(checks.drift(bf, tf, rf, s)),
         saturation=tuple(checks.saturation(bf, tf, s)),
+        queue_cleared=checks.queue_cleared(bf, tf, s),
+        queue_shares=(bf.queue_fraction, tf.queue_fraction),
         rates_from_s=rates_from,
         rates_ready=rates_ready,
         completed_rate_fell=checks.completed_rate_fell(bf, rf, s) if rf else None,

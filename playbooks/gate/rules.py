@@ -9,20 +9,28 @@ The order is part of the design, and it is this (`RULES`):
  5. latency target broken   the trial's p99 interval lies above a configured target (or, where
                             the baseline was already above it, the trial is clearly worse): revert
  6. drifted                 the load or request mix changed between the windows: not comparable
- 7. not saturated           a window's queue was mostly empty: throughput cannot show an effect
- 8. cap waiting for rates   a significant gain, but the cap came before enough requests completed
- 9. waiting for rates       a significant gain; completed requests are compared before a keep
-10. cap waiting for latency a significant gain, but the cap came before a target was measured
-11. waiting for latency     a significant gain; each latency target is measured before a keep
-12. completed rate fell     a significant gain, but completed requests' tokens/s fell: revert
-13. improved               significant and at least `min_effect`: keep
-14. futile                 the planning effect is ruled out: revert, no significant improvement
-15. cap                    the cap came without a clear answer: revert, inconclusive
-16. not yet clear          continue
+ 7. not saturated           the baseline's queue was mostly empty: throughput cannot show an
+                            effect (an empty trial queue after a saturated baseline is rule 8's)
+ 8. queue gone, rate fell   the baseline's queue is gone and the decode rate fell: the offered
+                            load changed, so the windows are not comparable: revert, inconclusive
+ 9. cap waiting for rates   a significant gain, but the cap came before enough requests completed
+10. waiting for rates       a significant gain; completed requests are compared before a keep
+11. cap waiting for latency a significant gain, but the cap came before a target was measured
+12. waiting for latency     a significant gain; each latency target is measured before a keep
+13. completed rate fell     a significant gain, but completed requests' tokens/s fell: revert
+14. improved               significant and at least `min_effect`: keep
+15. futile                 the planning effect is ruled out: revert, no significant improvement
+16. cap                    the cap came without a clear answer: revert, inconclusive
+17. not yet clear          continue
 
 Rules 1-3 run before the effect can be estimated; from rule 4 on the look has its evidence.
 Guardrails and validity come before any throughput verdict, so a keep is never built on a
 broken or incomparable comparison. Every inconclusive end reverts.
+
+A trial whose queue emptied after a saturated baseline is judged, not set aside: the change
+made room for the requests that used to wait, so the trial served the offered load at a rate
+the baseline could not reach, and a significant gain is a lower bound on what the change buys
+(the verdict says so). Only where the rate fell with the queue is the trial not comparable.
 """
 
 from __future__ import annotations
@@ -99,6 +107,7 @@ class Rule:
                 if look.evidence is not None
                 else latency.not_yet_judged(look.settings)
             ),
+            unread_s=look.unread_s,
         )
 
 
@@ -123,13 +132,38 @@ def awaited(look: Look) -> str | None:
 
 
 def effect_text(look: Look) -> str:
-    """The effect, its interval and the window it was read over."""
+    """The effect, its interval and the window it was read over (the time measured: batches
+    nobody read, while kvpilot was down, are said and not counted)."""
     effect, s = look.judged.effect, look.settings
+    unread = f" ({look.unread_s / 60:.1f} min unread, not counted)" if look.unread_s > 0 else ""
     return (
         f"{effect.mean:+.1%} ({1 - s.alpha:.0%} interval {effect.low:+.1%} … {effect.high:+.1%}) "
-        f"over {look.judged.window_s / 60:.1f} min after a {look.cut_s:.0f} s warm-up, "
-        f"{look.since_restart_s / 60:.1f} min after the restart"
+        f"over {look.judged.window_s / 60:.1f} min measured after a {look.cut_s:.0f} s "
+        f"warm-up{unread}, {look.since_restart_s / 60:.1f} min after the restart"
     )
+
+
+def _queue_gone_text(look: Look) -> str:
+    """What the queue did: the baseline's requests waited, the trial's (mostly) did not."""
+    baseline, trial = look.judged.queue_shares
+    return (
+        f"the queue that limited the baseline is gone (requests waited in {baseline:.0%} of the "
+        f"baseline's scrapes and {trial:.0%} of the trial's)"
+    )
+
+
+def _improved_text(look: Look) -> str:
+    """A keep: the gain, and where the change cleared the queue, that it is a lower bound."""
+    said = (
+        f"the decode rate rose significantly and by at least {look.settings.min_effect:.0%}: "
+        f"{effect_text(look)}"
+    )
+    if look.judged.queue_cleared:
+        said += (
+            f"; {_queue_gone_text(look)}, so {look.judged.effect.mean:+.1%} is a lower bound "
+            "(the trial served every request offered)"
+        )
+    return said
 
 
 def _evidence_notes(look: Look) -> list[str]:
@@ -185,8 +219,16 @@ def _drift(look: Look) -> tuple[str, ...]:
 
 
 def _unsaturated(look: Look) -> tuple[str, ...]:
-    """Which window had a mostly empty queue."""
-    return look.judged.saturation
+    """Which window had a mostly empty queue, where that leaves the comparison without meaning:
+    always where the baseline's was (its throughput was the offered load, not what its
+    configuration could do); an empty trial queue after a saturated baseline is the change
+    making room, judged by the rules after this one."""
+    return () if look.judged.queue_cleared else look.judged.saturation
+
+
+def _queue_gone_slower(look: Look) -> bool:
+    """The baseline's queue is gone and the decode rate fell: fewer requests were offered."""
+    return look.judged.queue_cleared and look.judged.estimate.d < 0
 
 
 def _found(pick: Callable[[Look], tuple[str, ...]]) -> Callable[[Look], bool]:
@@ -289,6 +331,19 @@ RULES: tuple[Rule, ...] = (
         notes=_listed(_unsaturated),
     ),
     Rule(
+        "queue gone, rate fell",
+        _judged_and(_queue_gone_slower),
+        "revert",
+        "inconclusive",
+        lambda look: (
+            "the windows are not comparable: "
+            + _queue_gone_text(look)
+            + f" while the decode rate fell ({look.judged.effect.mean:+.1%}), so fewer requests "
+            "were offered (a change cannot empty a queue by serving fewer tokens)"
+        ),
+        notes=_inconclusive_notes,
+    ),
+    Rule(
         "cap waiting for rates",
         lambda look: look.at_cap and _gain_without_rates(look),
         "revert",
@@ -347,10 +402,7 @@ RULES: tuple[Rule, ...] = (
         _judged_and(lambda look: look.gain),
         "keep",
         "improved",
-        lambda look: (
-            f"the decode rate rose significantly and by at least "
-            f"{look.settings.min_effect:.0%}: {effect_text(look)}"
-        ),
+        _improved_text,
         notes=_evidence_notes,
     ),
     Rule(

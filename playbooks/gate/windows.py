@@ -256,19 +256,26 @@ class TrialWindow:
     cut_s: float
     warmed_up: bool
     start: float
-    batches: int
+    batches: int  # whole batches with a reading: the time measured
     mean: float | None  # decode rate over those batches
+    unread_s: float = 0.0  # whole batches without a reading (kvpilot down, the server unread)
 
 
 def trial_window(trial: Sequence[Snapshot], settings: GateSettings) -> TrialWindow:
-    """Cut the warm-up and count the whole batches after it (decode rates `counted`)."""
+    """Cut the warm-up and count the whole batches after it (decode rates `counted`).
+
+    Only batches holding a reading count: a trial resumed after kvpilot was down has spanned
+    more time than it measured, and a batch nobody read is no evidence (its mean, and the
+    window's noise, would be taken from fewer readings than the count claims)."""
     trial = counted(trial)
     cut, over = warmup(trial, settings)
     start = trial[0].t - scrape_spacing(trial) + cut
-    batches = max(0, int((trial[-1].t - start) / settings.batch_s + 1e-9))
-    end = start + batches * settings.batch_s
+    whole = max(0, int((trial[-1].t - start) / settings.batch_s + 1e-9))
+    end = start + whole * settings.batch_s
     body = [s.decode_rate for s in trial if start < s.t <= end and s.decode_rate is not None]
-    return TrialWindow(cut, over, start, batches, statistics.fmean(body) if body else None)
+    batches = len(batch_means(trial, start, settings.batch_s, lambda s: s.decode_rate))
+    mean = statistics.fmean(body) if body else None
+    return TrialWindow(cut, over, start, batches, mean, (whole - batches) * settings.batch_s)
 
 
 def rate_window(

@@ -114,6 +114,8 @@ def test_every_kind_has_a_distinct_name() -> None:
         "request_rejected",
         "verdict_reached",
         "bot_resumed",
+        "experiment_resumed",
+        "measurement_gap",
         "bot_stopped",
         "note",
         "campaign_started",

@@ -26,11 +26,32 @@ SCALE = 200
 # as "cannot judge", not as "not improved"); at 100x they come every 10-15 s. A revert after a
 # failure needs no such evidence, so the others stay fast.
 MEASURING_SCALE = 100
-KEEPS = ("test_raising_the_fraction_is_kept", "test_harmful_host_cache_is_reverted", "anywhere")
+KEEPS = (
+    "test_raising_the_fraction_is_kept",
+    "test_harmful_host_cache_is_reverted",
+    "anywhere",
+    "counts_only_what_it_read",
+)
 
 
 def scale_for(test_name: str) -> int:
     return MEASURING_SCALE if any(k in test_name for k in KEEPS) else SCALE
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The twin's model and GPUs (a preset), the fraction it starts at, and the GPU memory
+    kvpilot is told of (nvidia-smi's total)."""
+
+    preset: str
+    fraction: float
+    gpu_memory_gib: float
+
+
+INCIDENT = Shape("kimi-k2.5-rtxpro6000-tp8", 0.85, 95.59)
+# The first real-GPU run's shape: Llama-3.1-8B on one H100 at a low fraction, where 150
+# clients queue (40 running, 110 waiting on the twin) until a raise to 0.82 runs them all.
+LOW_FRACTION_H100 = Shape("llama-3.1-8b-h100", 0.40, 79.65)
 
 
 @dataclass
@@ -68,22 +89,25 @@ def incident_workspace(
     *,
     port: int | None = None,
     url: str | None = None,
+    shape: Shape | None = None,
 ) -> Iterator[Workspace]:
     """The incident twin behind the process launcher, started, and its kvpilot.toml (`gate`:
     more `[gate]` lines; `twin_flags`: more twin arguments; `more_config`: tables after the
     server's; `kvpilot`: more `[kvpilot]` lines; `port`: the twin's, `url`: where kvpilot
-    reaches it, when something stands between them)."""
+    reaches it, when something stands between them; `shape`: another model, GPU and
+    fraction than the incident's, under the same clients)."""
     port = port or free_port()
+    shape = shape or INCIDENT
     command = [
         sys.executable,
         "-m",
         "sim.launch_server",
         "--preset",
-        "kimi-k2.5-rtxpro6000-tp8",
+        shape.preset,
         "--port",
         str(port),
         "--mem-fraction-static",
-        "0.85",
+        str(shape.fraction),
         "--enable-metrics",
         "--time-scale",
         str(scale),
@@ -97,7 +121,7 @@ def incident_workspace(
     config.write_text(
         f"[kvpilot]\ntime_scale = {scale}\n{kvpilot}\n[gate]\nscrape_s = 10\nbatch_s = 60\n{gate}\n"
         f'[servers.incident]\nurl = "{url or f"http://127.0.0.1:{port}"}"\n'
-        "gpu_memory_gib = 95.59\nhost_ram_gib = 256\n"
+        f"gpu_memory_gib = {shape.gpu_memory_gib}\nhost_ram_gib = 256\n"
         '[servers.incident.launcher]\nkind = "process"\n'
         f"command = {json.dumps(command)}\n{more_config}"
     )

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -19,8 +21,14 @@ from bot.cli import exit_codes
 from playbooks.experiments.outcome import CAUSES, ending
 from storage import audit
 from storage import experiments as store
+from storage import samples as sample_store
 from storage.db import open_db
-from tests.playbooks.experiments.incident import Workspace, incident_workspace, scale_for
+from tests.playbooks.experiments.incident import (
+    MEASURING_SCALE,
+    Workspace,
+    incident_workspace,
+    scale_for,
+)
 from tests.twin_process import REPO
 
 
@@ -148,3 +156,47 @@ def test_a_measurement_cut_by_a_server_restart_is_reverted(ws: Workspace, tmp_pa
     assert cut.details["cause"] == "interrupted" and "not by kvpilot" in cut.reason, cut
     assert code == exit_codes.BY_OUTCOME[CAUSES["interrupted"]], err
     assert ws.info()["mem_fraction_static"] == 0.85
+
+
+def test_a_trial_resumed_after_a_gap_counts_only_what_it_read(tmp_path: Path) -> None:
+    """kvpilot killed in the trial and resumed about three simulated minutes later: the crash,
+    the resume and the gap are in the audit log and `experiments show`, and the verdict counts
+    the batches it read, not the time that passed (which it once called "5.0 min" measured on
+    the first scrape after resuming, with less than two minutes read)."""
+    gate = "baseline_s = 360\nmax_gap_s = 480\n"  # the gap is bridged, not a cut
+    with incident_workspace(tmp_path, MEASURING_SCALE, gate) as ws:
+        row = kill_at(ws, tmp_path, "trial:look", RAISE)
+        assert row.state == "trial", row.state
+        time.sleep(200 / MEASURING_SCALE)  # 200 simulated seconds with nobody reading
+        code, _out, err = ws.cli("resume")
+        db = open_db(ws.config.parent / "var" / "kvpilot.db")
+        row = store.get_experiment(db, row.id)
+        assert str(row.state) in ("kept", "reverted"), err
+        assert code == exit_codes.BY_OUTCOME[ending(row, store.transitions(db, row.id)).outcome]
+
+        (resumed,) = audit.events(db, experiment_id=row.id, name="experiment_resumed")
+        assert resumed["properties"]["how"].startswith("its process is gone"), resumed
+        assert resumed["properties"]["previous"] and resumed["properties"]["state"] == "trial"
+        gaps = audit.events(db, experiment_id=row.id, name="measurement_gap")
+        assert [g["properties"]["phase"] for g in gaps] == ["trial"], gaps
+        gap = gaps[0]["properties"]
+        assert gap["bridged"] and 180 <= gap["seconds"] <= 480, gap
+        assert gap["cause"].startswith("kvpilot was not running"), gap
+
+        # the verdict's batches are the grid's batches after the warm-up that hold a reading
+        result = row.result or {}
+        times = [s.t for s in sample_store.samples_for(db, row.id, "trial")]
+        spacing = statistics.median(b - a for a, b in pairwise(times))
+        start = times[0] - spacing + float(result["warmup_cut_s"])
+        whole = int((times[-1] - start) / 60 + 1e-9)
+        read = {int((t - start - 1e-9) // 60) for t in times if start < t <= start + whole * 60}
+        assert result["batches"] == len(read), (result, whole, sorted(read))
+        assert result["unread_s"] == (whole - len(read)) * 60, result
+        before, after = next((a, b) for a, b in pairwise(times) if b - a > 2.5 * spacing)
+        if after - max(before, start) >= 120:  # a whole batch of the gap after the warm-up cut
+            assert result["unread_s"] >= 60 and "unread, not counted" in result["rule"], result
+
+        code, shown, _ = ws.cli("experiments", "show", str(row.id))
+        assert code == 0
+        assert "experiment_resumed by kvpilot: taken from" in shown, shown
+        assert "measurement_gap by kvpilot: trial unread for" in shown, shown

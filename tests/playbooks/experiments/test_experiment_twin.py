@@ -17,7 +17,13 @@ import pytest
 from storage import audit
 from storage import experiments as store
 from storage.db import open_db
-from tests.playbooks.experiments.incident import Workspace, incident_workspace, scale_for
+from tests.playbooks.experiments.incident import (
+    LOW_FRACTION_H100,
+    MEASURING_SCALE,
+    Workspace,
+    incident_workspace,
+    scale_for,
+)
 from tests.twin_process import REPO
 
 
@@ -48,6 +54,20 @@ def test_raising_the_fraction_is_kept(ws: Workspace) -> None:
     code, out, _ = ws.cli("experiments", "show", str(result["id"]), "--json")
     shown = json.loads(out)
     assert [e["name"] for e in shown["audit"]].count("restart_started") == 1
+
+
+def test_a_raise_that_clears_the_queue_is_kept(tmp_path: Path) -> None:
+    """The change the product exists for: a server at a low fraction, where most of 150
+    clients wait, raised until all of them run. The trial's queue is gone, and its faster
+    decode rate is the gain (a lower bound), not an invalid trial."""
+    with incident_workspace(tmp_path, MEASURING_SCALE, shape=LOW_FRACTION_H100) as ws:
+        code, result, err = experiment(ws, "mem_fraction_static=0.82")
+        assert code == 0, (err, result.get("rule"))
+        assert result["state"] == "kept", (result["rule"], result["reason"])
+        assert result["effect"]["mean"] > 0.2, result["effect"]
+        assert "the queue that limited the baseline is gone" in result["rule"], result["rule"]
+        assert "is a lower bound" in result["rule"]
+        assert ws.info()["mem_fraction_static"] == 0.82
 
 
 def test_harmful_host_cache_is_reverted(ws: Workspace) -> None:

@@ -238,8 +238,25 @@ def test_plan_trial_reads_the_horizon_off_the_baseline() -> None:
             450.0,
         ),
         (
-            "unsaturated trial",
+            # the change made room for the requests that waited: the queue is gone and the
+            # trial is faster, so the gain is shown (a lower bound), not an invalid trial
+            "queue cleared by a faster trial",
             Window(rate=1150.0, running=145.0, queued=25.0, queue_share=0.2),
+            "keep",
+            {"improved"},
+            450.0,
+        ),
+        (
+            # the queue emptied while the rate fell: the offered load changed
+            "queue cleared while slower",
+            Window(rate=850.0, running=145.0, queued=25.0, queue_share=0.2),
+            "revert",
+            {"inconclusive"},
+            150.0,
+        ),
+        (
+            "unsaturated baseline",
+            Window(rate=1150.0),
             "revert",
             {"inconclusive"},
             150.0,
@@ -266,6 +283,8 @@ def test_decisions(
     name: str, trial: Window, action: str, verdicts: set[str], max_time: float
 ) -> None:
     base_w = BASE if trial.with_optional else replace(BASE, with_optional=False)
+    if name == "unsaturated baseline":
+        base_w = replace(base_w, running=145.0, queued=25.0, queue_share=0.2)
     baseline = window(base_w, 11)
     decision, when = run_gate(window(trial, 12), baseline)
     assert decision.action == action, (name, decision.rule, decision.reasons)
@@ -384,3 +403,21 @@ def test_null_effect_false_keep_rate() -> None:
         decision, _ = run_gate(window(base_w, 10_000 + seed), window(base_w, seed), settings)
         keeps += decision.action == "keep"
     assert keeps / 200 <= 0.02
+
+
+def test_a_gap_in_the_trial_counts_for_nothing() -> None:
+    """kvpilot was down for three minutes of the trial (killed, then resumed): the batches it
+    did not see are not measured time, so the verdict counts only the batches it read and says
+    how long it went unread."""
+    baseline = window(BASE, 31)
+    whole = [s for s in window(Window(rate=1150.0, seconds=600.0), 32) if s.t <= 420.0]
+    gap = [s for s in whole if not 150.0 < s.t <= 330.0]
+    seen = decide(baseline, gap, SETTINGS)
+    unbroken = decide(baseline, whole, SETTINGS)
+    assert unbroken.batches - seen.batches == 6  # 180 s unread: six 30 s batches
+    assert seen.batches == scraped_batches([s for s in gap if s.t > 60.0], 30.0)
+    assert "3.0 min unread" in seen.rule, seen.rule
+    assert "unread" not in unbroken.rule
+    # the trial's interval is as wide as what was read, not as the time that passed
+    assert seen.trial is not None and unbroken.trial is not None
+    assert seen.trial.high - seen.trial.low > unbroken.trial.high - unbroken.trial.low

@@ -44,6 +44,8 @@ LOOK = Look(
 )
 GAIN = Estimate(d=0.2, se=0.02, trial_variance=0.0003, baseline_variance=0.0001)
 LOSS = Estimate(d=-0.1, se=0.02, trial_variance=0.0003, baseline_variance=0.0001)
+# the baseline's requests waited, the trial's no longer do (the change made room for them)
+CLEARED: dict[str, Any] = {"queue_cleared": True, "queue_shares": (1.0, 0.1)}
 ITL = Target("itl", 0.020)
 ITL_BROKEN = SloCheck(
     ITL,
@@ -72,6 +74,12 @@ CASES: list[tuple[str, Look, str, str]] = [
     ("latency target broken", look({"latency": (ITL_BROKEN,)}), "revert", "guardrail"),
     ("drifted", look({"drift": ("fewer clients",)}), "revert", "drifted"),
     ("not saturated", look({"saturation": ("queue empty",)}), "revert", "inconclusive"),
+    (
+        "queue gone, rate fell",
+        look({"saturation": ("the trial was not saturated",), **CLEARED, "estimate": LOSS}),
+        "revert",
+        "inconclusive",
+    ),
     (
         "cap waiting for rates",
         look({"estimate": GAIN, "rates_ready": False}, at_cap=True),
@@ -129,6 +137,15 @@ def test_each_rule_is_the_first_to_take_its_case(
         ("guardrail", look({"guardrails": ("g",), "drift": ("d",), "estimate": GAIN})),
         ("drifted", look({"drift": ("d",), "saturation": ("s",), "estimate": GAIN})),
         ("not saturated", look({"saturation": ("s",), "estimate": LOSS}, at_cap=True)),
+        # an empty trial queue after a saturated baseline is judged on its evidence: a gain is
+        # kept, a clear loss is reverted as inconclusive, anything else runs on
+        ("improved", look({"saturation": ("t",), **CLEARED, "estimate": GAIN})),
+        ("queue gone, rate fell", look({"saturation": ("t",), **CLEARED, "estimate": LOSS})),
+        ("not yet clear", look({"saturation": ("t",), **CLEARED})),
+        ("cap", look({"saturation": ("t",), **CLEARED}, at_cap=True)),
+        ("drifted", look({"drift": ("d",), "saturation": ("t",), **CLEARED, "estimate": GAIN})),
+        # the guardrails still come first
+        ("guardrail", look({"guardrails": ("g",), **CLEARED, "estimate": GAIN})),
         # a gain waits for completed requests even at the cap rather than being kept
         ("cap waiting for rates", look({"estimate": GAIN, "rates_ready": False}, at_cap=True)),
         # a broken latency target outranks a gain, and comes after the other guardrails
@@ -164,6 +181,18 @@ def test_earlier_rules_win(first: str, case: Look) -> None:
 def test_what_a_trial_waits_for(case: Look, expected: str | None) -> None:
     said = awaited(case)
     assert said == expected if expected is None else said is not None and said.startswith(expected)
+
+
+def test_a_keep_that_cleared_the_queue_says_its_gain_is_a_lower_bound() -> None:
+    cleared = look({"saturation": ("t",), **CLEARED, "estimate": GAIN})
+    decision = first_rule(cleared).decision(cleared)
+    assert decision.action == "keep"
+    assert (
+        "the queue that limited the baseline is gone (requests waited in 100% of the baseline's "
+        "scrapes and 10% of the trial's), so +5.0% is a lower bound" in decision.rule
+    ), decision.rule
+    plain = look({"estimate": GAIN})
+    assert "lower bound" not in first_rule(plain).decision(plain).rule
 
 
 def test_the_zero_rate_shows_a_total_loss() -> None:
