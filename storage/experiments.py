@@ -273,7 +273,6 @@ def transition(
     details: JSON | None = None,
     expected_state: State | None = None,
     lease_owner: str | None = None,
-    lease_now: datetime | None = None,
     deadline_at: datetime | None = None,
     progress: JSON | None = None,
 ) -> ExperimentRow:
@@ -281,9 +280,8 @@ def transition(
 
     Refuses with ``IllegalTransition`` if the table has no such move, with ``StaleState`` if
     ``expected_state`` is given and the experiment has moved on since the caller read it, and
-    with ``LeaseNotHeld`` if ``lease_owner`` is given and does not hold a live lease at
-    ``lease_now`` (leases are on the wall clock; ``now``, the time the move is stamped with, may
-    be an accelerated twin's).
+    with ``LeaseNotHeld`` if ``lease_owner`` is given and another process has taken the lease
+    (or it was given up): a lease that merely ran out is still its owner's (`_not_held`).
     ``deadline_at`` is the new step's deadline (``None`` clears the old one); ``progress`` is
     the new state's starting progress (empty by default: progress belongs to one state).
     Reaching a terminal state releases the lease.
@@ -295,10 +293,8 @@ def transition(
         current = get_experiment(db, experiment_id)
         if expected_state is not None and current.state != expected_state:
             raise StaleState(f"experiment {experiment_id} is {current.state}, not {expected_state}")
-        if lease_owner is not None and not _holds_lease(current, lease_owner, lease_now or now):
-            raise LeaseNotHeld(
-                f"experiment {experiment_id} is leased to {current.lease_owner}, not {lease_owner}"
-            )
+        if lease_owner is not None and current.lease_owner != lease_owner:
+            raise LeaseNotHeld(_not_held(current, lease_owner))
         if not is_legal(current.state, to_state):
             raise IllegalTransition(experiment_id, current.state, to_state)
         release = to_state in TERMINAL
@@ -346,7 +342,6 @@ def set_progress(
     now: datetime,
     expected_state: State,
     lease_owner: str | None = None,
-    lease_now: datetime | None = None,
 ) -> ExperimentRow:
     """Record what a step learnt within the current state (replacing the earlier progress).
 
@@ -358,10 +353,8 @@ def set_progress(
         current = get_experiment(db, experiment_id)
         if current.state != expected_state:
             raise StaleState(f"experiment {experiment_id} is {current.state}, not {expected_state}")
-        if lease_owner is not None and not _holds_lease(current, lease_owner, lease_now or now):
-            raise LeaseNotHeld(
-                f"experiment {experiment_id} is leased to {current.lease_owner}, not {lease_owner}"
-            )
+        if lease_owner is not None and current.lease_owner != lease_owner:
+            raise LeaseNotHeld(_not_held(current, lease_owner))
         db.execute(
             "UPDATE experiments SET progress_json = ?, updated_at = ? WHERE id = ?",
             [dumps(progress), utc_iso(now), experiment_id],
@@ -459,10 +452,20 @@ def release_lease(db: Database, experiment_id: int, owner: str) -> bool:
     return cursor.rowcount == 1
 
 
-def _holds_lease(row: ExperimentRow, owner: str, now: datetime) -> bool:
-    return (
-        row.lease_owner == owner and row.lease_expires_at is not None and row.lease_expires_at > now
+def _not_held(row: ExperimentRow, owner: str) -> str:
+    """Why `owner` may no longer write the experiment: who carries it now, if anyone.
+
+    Only another owner's name in the row takes the experiment away. A lease that ran out while
+    nobody took it (its renewal thread starved, say) is still its owner's: refusing it then
+    would leave the server on a trial configuration with nobody carrying it to a verdict."""
+    if row.lease_owner is None:
+        return f"experiment {row.id}: nobody carries it now (its lease was given up), not {owner}"
+    until = (
+        ""
+        if row.lease_expires_at is None
+        else f" (its lease runs until {row.lease_expires_at:%H:%M:%S} UTC)"
     )
+    return f"experiment {row.id} is carried by {row.lease_owner}{until}, not by {owner}"
 
 
 def _active_id(db: Database, server: str) -> int | None:

@@ -250,7 +250,6 @@ def _progress(deps: Deps, row: store.ExperimentRow, **changes: Any) -> None:
             now=deps.now(),
             expected_state=row.state,
             lease_owner=None if lease is None else lease.owner,
-            lease_now=None if lease is None else lease.now(),
         )
     except LeaseNotHeld as exc:
         raise OwnershipLost(str(exc)) from exc

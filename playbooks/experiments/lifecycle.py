@@ -79,7 +79,6 @@ def move(
             now=deps.now(),
             expected_state=came_from,
             lease_owner=None if lease is None else lease.owner,
-            lease_now=None if lease is None else lease.now(),
             progress=progress,
         )
     except LeaseNotHeld as exc:

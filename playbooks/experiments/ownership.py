@@ -233,7 +233,8 @@ class Lease:
                 if not store.acquire_lease(
                     db, self.experiment_id, self.owner, self.now(), self.ttl_s
                 ):
-                    self._lose("another kvpilot process took the experiment over")
+                    held_by = store.get_experiment(db, self.experiment_id).lease_owner
+                    self._lose(f"another kvpilot process took the experiment over: {held_by}")
                     return False
         except Exception as exc:  # the database is unreachable: stop acting
             log.warning("renewing the lease of %s failed: %s", self.experiment_id, exc)

@@ -27,10 +27,12 @@ from storage import (
     get_experiment,
     list_experiments,
     open_db,
+    release_lease,
     set_result,
     transition,
     transitions,
 )
+from storage.experiments import set_progress
 from tests.storage.conftest import T0
 
 CHANGE = {"flag": "--mem-fraction-static", "from": 0.8, "to": 0.85}
@@ -187,11 +189,37 @@ def test_transition_with_a_lease_owner_requires_the_lease(db: Database) -> None:
         db, experiment_id, State.approved, actor="bot", reason="x", now=T0, lease_owner="bot-a"
     )
     assert row.lease_owner == "bot-a"
-    with pytest.raises(LeaseNotHeld):  # expired
+
+
+def test_a_lease_that_lapsed_while_nobody_took_it_is_still_its_owners(db: Database) -> None:
+    """A starved renewal thread (the engine spinning on every core) lets the lease run out;
+    nobody else took the experiment, so its owner still carries it to a verdict."""
+    experiment_id = new(db)
+    assert acquire_lease(db, experiment_id, "bot-a", T0, ttl_s=30)
+    later = T0 + timedelta(seconds=90)
+    row = transition(
+        db, experiment_id, State.approved, actor="bot", reason="x", now=later,
+        lease_owner="bot-a",
+    )  # fmt: skip
+    assert row.state == State.approved and row.lease_owner == "bot-a"
+    set_progress(
+        db, experiment_id, {"k": 1}, now=later, expected_state=State.approved,
+        lease_owner="bot-a",
+    )  # fmt: skip
+    # once another process has taken it over, the old owner is refused, and told by whom
+    assert acquire_lease(db, experiment_id, "bot-b", later, ttl_s=30)
+    with pytest.raises(
+        LeaseNotHeld, match=r"carried by bot-b \(its lease runs until .*\), not by bot-a"
+    ):
         transition(
-            db, experiment_id, State.baseline, actor="bot", reason="x",
-            now=T0 + timedelta(seconds=31), lease_owner="bot-a",
+            db, experiment_id, State.baseline, actor="bot", reason="x", now=later,
+            lease_owner="bot-a",
         )  # fmt: skip
+    assert release_lease(db, experiment_id, "bot-b")
+    with pytest.raises(LeaseNotHeld, match="nobody carries it"):
+        set_progress(
+            db, experiment_id, {}, now=later, expected_state=State.approved, lease_owner="bot-a"
+        )
 
 
 def test_reaching_a_terminal_state_releases_the_lease(db: Database) -> None:

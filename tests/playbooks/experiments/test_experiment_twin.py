@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from playbooks.experiments.ownership import Lease
 from storage import audit
 from storage import experiments as store
 from storage.db import open_db
@@ -68,6 +69,27 @@ def test_a_raise_that_clears_the_queue_is_kept(tmp_path: Path) -> None:
         assert "the queue that limited the baseline is gone" in result["rule"], result["rule"]
         assert "is a lower bound" in result["rule"]
         assert ws.info()["mem_fraction_static"] == 0.82
+
+
+def test_a_starved_lease_renewal_does_not_abandon_the_experiment(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine spins on every core and the lease's renewal thread never runs: its 1 s lease
+    runs out again and again while nobody else wants the experiment. The process that carries
+    it still does, to the gate's verdict, and the server ends on the configuration that verdict
+    names (it once stopped with "leased to X, not X" and left the server on the trial)."""
+    made = Lease.__init__
+
+    def short_lease(self: Lease, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **{**kwargs, "ttl_s": 1.0})
+
+    monkeypatch.setattr(Lease, "__init__", short_lease)
+    monkeypatch.setattr(Lease, "renew", lambda self: True)  # starved: renews nothing
+    code, result, err = experiment(ws, "mem_fraction_static=0.88")
+    assert "stopped carrying" not in err, err
+    assert result.get("state") in ("kept", "reverted"), (code, err)
+    fraction = 0.88 if result["state"] == "kept" else 0.85
+    assert ws.info()["mem_fraction_static"] == fraction
 
 
 def test_harmful_host_cache_is_reverted(ws: Workspace) -> None:
