@@ -73,13 +73,14 @@ def resolve_gpu_memory(
         return GpuMemory(settings.gpu_memory_gib, "configuration", True), notes
     sa = info.memory.startup_available_gb
     fraction = info.mem_fraction_static
-    if sa is not None and fraction is not None and fraction < 1:
+    if sa is not None and fraction is not None and 0 < fraction < 1:
         graph = 0.0 if post_capture_kv_sizing(info) else info.memory.graph_gb or 0.0
         if info.arg("max_total_tokens") is None:
-            # Uncapped, the pool takes f * pre - static, so what is left after start-up is
-            # exactly (1 - f) * pre - graphs.
-            source = "server: (startup_available + graphs) / (1 - mem_fraction_static)"
-            return GpuMemory((sa + graph) / (1 - fraction), source, True), notes
+            source, pre = before_load_from_split(
+                sa, graph, (info.memory.weight_gb or 0.0) + (info.memory.kvcache_gb or 0.0),
+                fraction,
+            )  # fmt: skip
+            return GpuMemory(pre, f"server: {source}", True, total_mib=_nvml_total(settings)), notes
         known = sa + graph + (info.memory.weight_gb or 0.0) + (info.memory.kvcache_gb or 0.0)
         notes.append(
             "the KV pool is capped by --max-total-tokens, so GPU memory is taken as "
@@ -113,6 +114,45 @@ def resolve_gpu_memory(
         "mem_fraction_static are approximate. Set gpu_memory_gib for exact ones."
     )
     return None, notes
+
+
+def before_load_from_split(
+    free_after_start: float, graphs: float, weights_and_pool: float, fraction: float
+) -> tuple[str, float]:
+    """The GPU memory SGLang measured before loading the weights (`pre`), from its own report
+    of an uncapped pool: (which figure, GiB).
+
+    SGLang sizes the pool so that the weights, the pool and what it allocates inside the static
+    budget take `fraction * pre`; the rest, `(1 - fraction) * pre`, holds the CUDA graphs, what
+    is free after start-up (`startup_available`) and allocations `memory_usage` does not list
+    (0.5.17 on an H100: 1.11-1.20 GiB of eager buffers at every fraction). So each figure below
+    misses something and is a lower bound, and the largest is the closest:
+
+    * (startup_available + graphs) / (1 - fraction) misses the unlisted allocations, an error
+      that grows as the fraction rises (0.5.17, H100: 10% low at 0.85, 2.4% at 0.40);
+    * (weights + KV) / fraction misses static allocations besides the pool, an error that grows
+      as the fraction falls (the same server: within 0.13% at both);
+    * their sum misses both.
+    Overstating `pre` would overstate capacity and activation room, so no figure that can be
+    above it is taken: NVML's total is, by the CUDA context and whatever SGLang's start took."""
+    bounds = {
+        "(startup_available + graphs) / (1 - mem_fraction_static)": (free_after_start + graphs)
+        / (1 - fraction),
+        "(weights + KV) / mem_fraction_static": weights_and_pool / fraction,
+        "startup_available + graphs + weights + KV": free_after_start + graphs + weights_and_pool,
+    }
+    source, pre = max(bounds.items(), key=lambda item: item[1])
+    return f"{source}, the largest of three lower bounds", pre
+
+
+def _nvml_total(settings: DiagnoseSettings) -> float | None:
+    """The GPUs' total memory in MiB where they are local (SGLang's defaults read it)."""
+    if settings.gpus is None:
+        return None
+    try:
+        return float(min(g.memory_total_mib for g in settings.gpus.snapshot()))
+    except GpuUnavailable:
+        return None
 
 
 def effective_kv_dtype(info: ServerInfo, geometry: Geometry | None, bytes_per_token: float) -> str:

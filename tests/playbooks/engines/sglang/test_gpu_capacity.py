@@ -1,0 +1,83 @@
+"""Capacity predictions held to the real SGLang on a real GPU.
+
+The figures are what SGLang 0.5.17 reported on one H100 80GB (Llama-3-8B in bf16, random
+weights, 131,072 bytes per token): `max_total_num_tokens` at ten fractions, exactly linear,
+weights 15.02 GiB, CUDA graphs 1.473 GiB for prefill and 0.455 for decode, 78.50 GiB free before
+the weights loaded, and 1.11-1.20 GiB after start-up that `memory_usage` does not list (taken
+as 1.15 below to rebuild `startup_available` at each fraction). From any of those servers a
+prediction for every other fraction must land within 2% of what SGLang gave.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from playbooks.diagnose.playbook import DiagnoseSettings
+from playbooks.engines.sglang.client import ServerInfo, parse_server_info
+from playbooks.engines.sglang.rules import capacity_model, resolve_gpu_memory
+
+FIXTURES = Path(__file__).parents[3] / "fixtures" / "sglang"
+GIB = 1 << 30
+CELL = 131_072
+PRE = 78.50
+GRAPHS = {"prefill": 1.473, "decode": 0.455}
+UNLISTED = 1.15
+REAL = {
+    0.30: 69_481,
+    0.40: 133_847,
+    0.50: 198_213,
+    0.70: 326_945,
+    0.82: 404_184,
+    0.85: 423_494,
+    0.88: 442_803,
+    0.90: 455_677,
+    0.93: 474_986,
+    0.95: 487_860,
+}
+
+
+def h100_server(fraction: float) -> ServerInfo:
+    """The server SGLang 0.5.17 reported at `fraction`, on the recorded twin's frame."""
+    data = json.loads((FIXTURES / "twin-0.5.23" / "server_info.json").read_text())
+    tokens = REAL[fraction]
+    free_after = (1 - fraction) * PRE - sum(GRAPHS.values()) - UNLISTED
+    data.update(
+        version="0.5.17",
+        mem_fraction_static=fraction,
+        max_total_num_tokens=tokens,
+        tp_size=1,
+        dp_size=1,
+        enable_dp_attention=False,
+        model_path="meta-llama/Meta-Llama-3-8B",
+    )
+    data["internal_states"] = [
+        {
+            "memory_usage": {
+                "weight": 15.02,
+                "kvcache": tokens * CELL / GIB,
+                "token_capacity": tokens,
+                "startup_available": free_after,
+                "graph": GRAPHS,
+            }
+        }
+    ]
+    return parse_server_info(data)
+
+
+@pytest.mark.parametrize("start", sorted(REAL))
+def test_the_memory_before_loading_is_read_within_half_a_percent(start: float) -> None:
+    gpu, _ = resolve_gpu_memory(h100_server(start), DiagnoseSettings())
+    assert gpu is not None and gpu.exact
+    assert gpu.pre_gib == pytest.approx(PRE, rel=0.005), gpu.source
+
+
+@pytest.mark.parametrize("start", [0.40, 0.70, 0.85])
+def test_capacity_is_predicted_within_two_percent_from_any_fraction(start: float) -> None:
+    info = h100_server(start)
+    gpu, _ = resolve_gpu_memory(info, DiagnoseSettings())
+    model = capacity_model(info, start, gpu)
+    for fraction, tokens in REAL.items():
+        assert model.tokens_at(fraction) == pytest.approx(tokens, rel=0.02), (start, fraction)
