@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,7 +42,7 @@ def test_no_template_glues_a_line_to_the_next() -> None:
     )
 
 
-VERDICT = {
+VERDICT: dict[str, Any] = {
     "e": {"id": 7, "server": "incident", "state": "kept", "change": "mem_fraction_static=0.88"},
     "r": {
         "baseline": {"mean": 900.0, "ci95": [880.0, 920.0]},
@@ -80,8 +82,8 @@ VERDICT = {
     ],
     ids=["terminal", "slack"],
 )
-def test_the_verdict_reads_line_by_line(render: object, lines: list[str]) -> None:
-    text = render(Message.from_template("chat/verdict.md.j2", **VERDICT))  # type: ignore[operator]
+def test_the_verdict_reads_line_by_line(render: Callable[[Message], str], lines: list[str]) -> None:
+    text = render(Message.from_template("chat/verdict.md.j2", **VERDICT))
     shown = text.splitlines()
     for line in lines:
         assert line in shown, f"{line!r} is not a line of:\n{text}"
