@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import tempfile
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -59,23 +60,42 @@ def checks_of(config: Config, env: Mapping[str, str]) -> Iterator[Check]:
 
 
 def database_check(path: Path) -> Check:
-    """The database opens read-only, or its directory could be created and written."""
+    """The database opens read-only, or its directory could be created and written.
+
+    Permission bits are not the answer (root passes every one, also under /proc or on a
+    read-only mount): a file is created in the directory the database would go in, then
+    removed, so what is judged is what SQLite will meet."""
     fix = "set [kvpilot] database to a file in a directory kvpilot can write"
+    if path.is_dir():
+        return Check(
+            "database", False, f"{path} is a directory", f"name a file in it: {path}/kvpilot.db",
+            True,
+        )  # fmt: skip
     if path.exists():
         try:
-            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
             try:
                 conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
             finally:
                 conn.close()
         except sqlite3.DatabaseError as exc:
             return Check("database", False, f"{path} cannot be read: {exc}", fix, True)
-        if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
+        if not os.access(path, os.W_OK):
             return Check("database", False, f"{path} is read-only for this user", fix, True)
-        return Check("database", True, f"{path} opens")
-    if writable_ancestor(path.parent) is None:
-        return Check("database", False, f"{path} cannot be created: not writable here", fix, True)
-    return Check("database", True, f"{path} will be created on first use")
+    where = path.parent if path.exists() else writable_ancestor(path.parent)
+    cannot = "cannot be written" if path.exists() else "cannot be created"
+    if where is None:
+        return Check("database", False, f"{path} {cannot}: not writable here", fix, True)
+    try:
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as exc:
+        return Check("database", False, f"{path} {cannot}: {exc.strerror} in {where}", fix, True)
+    return Check(
+        "database",
+        True,
+        f"{path} opens" if path.exists() else f"{path} will be created on first use",
+    )
 
 
 def server_checks(server: ServerConfig) -> Iterator[Check]:

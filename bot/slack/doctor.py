@@ -58,6 +58,7 @@ def slack_checks(config: Config, env: Mapping[str, str]) -> Iterator[Check]:
         )
         return
     yield Check("slack", True, f"token of {who.get('user')} in team {who.get('team')}")
+    yield from connection_checks(client, env)
     granted = {s.strip() for s in str(who.headers.get("x-oauth-scopes", "")).split(",")}
     missing = [s for s in REQUIRED_SCOPES if s not in granted]
     if missing:
@@ -89,6 +90,36 @@ def slack_checks(config: Config, env: Mapping[str, str]) -> Iterator[Check]:
                 f"user group {group} cannot be read: {exc.response.get('error')}",
                 "check the ID (Slack shows it in the group's page) and the usergroups:read scope",
             )
+
+
+def connection_checks(client: WebClient, env: Mapping[str, str]) -> Iterator[Check]:
+    """How `serve` will reach Slack, by the rules it starts by (`slack_settings`): Socket Mode
+    with an app-level token Slack accepts (asked with `apps.connections.open`, which hands out a
+    WebSocket address and opens nothing), else HTTP mode with a signing secret."""
+    from bot.slack.serve import SettingsError, slack_settings  # noqa: PLC0415 - serve's rules
+
+    try:
+        settings = slack_settings(env)
+    except SettingsError as exc:
+        yield Check("slack", False, str(exc), "see docs/slack.md, Tokens", fatal=True)
+        return
+    if settings.app_token is None:
+        yield Check("slack", True, "HTTP mode: SLACK_SIGNING_SECRET is set")
+        return
+    try:
+        client.apps_connections_open(app_token=settings.app_token)
+    except SlackApiError as exc:
+        code = str(exc.response.get("error", "error"))
+        yield Check(
+            "slack",
+            False,
+            f"Slack refused SLACK_APP_TOKEN ({code})",
+            "copy the App-Level Token (scope connections:write) from the app's Basic "
+            "Information page into SLACK_APP_TOKEN",
+            fatal=True,
+        )
+        return
+    yield Check("slack", True, "Socket Mode: Slack accepts SLACK_APP_TOKEN")
 
 
 def configured_channels(config: Config) -> list[str]:

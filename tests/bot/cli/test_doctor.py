@@ -41,13 +41,17 @@ def write(tmp_path: Path, twin: TwinProcess, *, key: str = "sekrit", extra: str 
 
 
 def doctor(config: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, Any]:
-    for k in ("SLACK_BOT_TOKEN", "SLACK_API_URL"):
+    for k in ("SLACK_BOT_TOKEN", "SLACK_API_URL", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET"):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     out, err = io.StringIO(), io.StringIO()
     code = main(["doctor", "--config", str(config), "--json"], out=out, err=err)
     return code, json.loads(out.getvalue())
+
+
+# Socket Mode's app-level token, as `serve` needs it without a signing secret
+SOCKET = {"SLACK_APP_TOKEN": "xapp-1-A1-1-abc"}
 
 
 def failures(report: Any) -> list[str]:
@@ -58,8 +62,13 @@ def test_all_well_exits_0_and_writes_nothing(
     tmp_path: Path, twin: TwinProcess, slack: FakeSlack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = write(tmp_path, twin)
-    env = {"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_API_URL": slack.api_url}
+    env = {"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_API_URL": slack.api_url, **SOCKET}
     code, report = doctor(config, env, monkeypatch)
+    assert code == 0 and report["ok"], failures(report)
+    assert any("Socket Mode" in c["detail"] for c in report["checks"]), report
+    # HTTP mode instead: the signing secret is what serve needs
+    http = {**env, "SLACK_APP_TOKEN": "", "SLACK_SIGNING_SECRET": "s3cret"}
+    code, report = doctor(config, http, monkeypatch)
     assert code == 0 and report["ok"], failures(report)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kvpilot.toml"]  # no database made
     assert slack.calls("chat.postMessage") == []
@@ -80,6 +89,13 @@ def test_all_well_exits_0_and_writes_nothing(
         ("wrong API key", r"server kimi: .*(API key|api_key|401)"),
         ("server down", r"server kimi: .*127\.0\.0\.1:\d+.* \| check the url"),
         ("unwritable database", r"database: .* cannot be created: .* \| set \[kvpilot\] database"),
+        # what `serve` needs besides the bot token: doctor passed, then serve exited 2
+        ("no app token nor signing secret", r"slack: HTTP mode needs SLACK_SIGNING_SECRET"),
+        ("bot token as the app token", r"slack: SLACK_APP_TOKEN must be an app-level token"),
+        ("app token refused", r"slack: Slack refused SLACK_APP_TOKEN \(invalid_auth\) \| "),
+        # a directory SQLite cannot create a file in, although every permission bit says yes
+        ("database under /proc", r"database: /proc/kvpilot/kvpilot.db cannot be created"),
+        ("database is a directory", r"database: .* is a directory \| name a file in it"),
     ],
 )
 def test_each_thing_wrong_is_named_with_its_fix(
@@ -90,9 +106,21 @@ def test_each_thing_wrong_is_named_with_its_fix(
     case: str,
     expect: str,
 ) -> None:
-    env = {"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_API_URL": slack.api_url}
+    env = {"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_API_URL": slack.api_url, **SOCKET}
     config = write(tmp_path, twin)
-    if case == "revoked token":
+    if case == "no app token nor signing secret":
+        del env["SLACK_APP_TOKEN"]
+    elif case == "bot token as the app token":
+        env["SLACK_APP_TOKEN"] = "xoxb-test"
+    elif case == "app token refused":
+        slack.fail_next("apps.connections.open", error="invalid_auth")
+    elif case == "database under /proc":
+        config.write_text(
+            '[kvpilot]\ndatabase = "/proc/kvpilot/kvpilot.db"\n\n' + config.read_text()
+        )
+    elif case == "database is a directory":
+        config.write_text(f'[kvpilot]\ndatabase = "{tmp_path}"\n\n' + config.read_text())
+    elif case == "revoked token":
         slack.fail_next("auth.test", error="token_revoked")
     elif case == "app token given":
         env["SLACK_BOT_TOKEN"] = "xapp-1-A1-1-abc"  # the Socket Mode token, not the bot's
