@@ -89,13 +89,6 @@ def test_all_well_exits_0_and_writes_nothing(
         ("wrong API key", r"server kimi: .*(API key|api_key|401)"),
         ("server down", r"server kimi: .*127\.0\.0\.1:\d+.* \| check the url"),
         ("unwritable database", r"database: .* cannot be created: .* \| set \[kvpilot\] database"),
-        # what `serve` needs besides the bot token: doctor passed, then serve exited 2
-        ("no app token nor signing secret", r"slack: HTTP mode needs SLACK_SIGNING_SECRET"),
-        ("bot token as the app token", r"slack: SLACK_APP_TOKEN must be an app-level token"),
-        ("app token refused", r"slack: Slack refused SLACK_APP_TOKEN \(invalid_auth\) \| "),
-        # a directory SQLite cannot create a file in, although every permission bit says yes
-        ("database under /proc", r"database: /proc/kvpilot/kvpilot.db cannot be created"),
-        ("database is a directory", r"database: .* is a directory \| name a file in it"),
     ],
 )
 def test_each_thing_wrong_is_named_with_its_fix(
@@ -108,19 +101,7 @@ def test_each_thing_wrong_is_named_with_its_fix(
 ) -> None:
     env = {"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_API_URL": slack.api_url, **SOCKET}
     config = write(tmp_path, twin)
-    if case == "no app token nor signing secret":
-        del env["SLACK_APP_TOKEN"]
-    elif case == "bot token as the app token":
-        env["SLACK_APP_TOKEN"] = "xoxb-test"
-    elif case == "app token refused":
-        slack.fail_next("apps.connections.open", error="invalid_auth")
-    elif case == "database under /proc":
-        config.write_text(
-            '[kvpilot]\ndatabase = "/proc/kvpilot/kvpilot.db"\n\n' + config.read_text()
-        )
-    elif case == "database is a directory":
-        config.write_text(f'[kvpilot]\ndatabase = "{tmp_path}"\n\n' + config.read_text())
-    elif case == "revoked token":
+    if case == "revoked token":
         slack.fail_next("auth.test", error="token_revoked")
     elif case == "app token given":
         env["SLACK_BOT_TOKEN"] = "xapp-1-A1-1-abc"  # the Socket Mode token, not the bot's
@@ -144,6 +125,46 @@ def test_each_thing_wrong_is_named_with_its_fix(
         config.write_text(
             f'[kvpilot]\ndatabase = "{tmp_path}/file/db/kvpilot.db"\n\n' + config.read_text()
         )
+    code, report = doctor(config, env, monkeypatch)
+    assert code == 1 and not report["ok"]
+    found = failures(report)
+    assert any(re.search(expect, f) for f in found), found
+
+
+@pytest.mark.parametrize(
+    ("case", "expect"),
+    [
+        # what `serve` needs besides the bot token: doctor passed, then serve exited 2
+        ("no app token nor signing secret", r"slack: HTTP mode needs SLACK_SIGNING_SECRET"),
+        ("bot token as the app token", r"slack: SLACK_APP_TOKEN must be an app-level token"),
+        ("app token refused", r"slack: Slack refused SLACK_APP_TOKEN \(invalid_auth\) \| "),
+        # a directory SQLite cannot create a file in, although every permission bit says yes
+        ("database under /proc", r"database: /proc/kvpilot/kvpilot.db cannot be created"),
+        ("database is a directory", r"database: .* is a directory \| name a file in it"),
+    ],
+)
+def test_what_serve_needs_fails_doctor_too(
+    tmp_path: Path,
+    twin: TwinProcess,
+    slack: FakeSlack,
+    monkeypatch: pytest.MonkeyPatch,
+    case: str,
+    expect: str,
+) -> None:
+    env = {"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_API_URL": slack.api_url, **SOCKET}
+    config = write(tmp_path, twin)
+    database = {
+        "database under /proc": "/proc/kvpilot/kvpilot.db",
+        "database is a directory": str(tmp_path),
+    }
+    if case == "no app token nor signing secret":
+        del env["SLACK_APP_TOKEN"]
+    elif case == "bot token as the app token":
+        env["SLACK_APP_TOKEN"] = "xoxb-test"
+    elif case == "app token refused":
+        slack.fail_next("apps.connections.open", error="invalid_auth")
+    else:
+        config.write_text(f'[kvpilot]\ndatabase = "{database[case]}"\n\n' + config.read_text())
     code, report = doctor(config, env, monkeypatch)
     assert code == 1 and not report["ok"]
     found = failures(report)
