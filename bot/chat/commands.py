@@ -5,6 +5,7 @@ Parsing is pure and fast, so a mistake is answered within Slack's 3 s acknowledg
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ USAGE = {
     "history": "history [server]",
     "report": "report [server] [--since 24h]",
     "tune": "tune <server> [--allow KEY=RANGE ...] [--max-experiments N]",
-    "freeze": "freeze [server|group] [for 2h] [reason]",
+    "freeze": "freeze [server|group|all] [for 2h] [reason]",
     "unfreeze": "unfreeze [server|group]",
 }
 MAX_FREEZE_S = 30 * 86400.0
@@ -164,17 +165,29 @@ def _scope(config: Config, word: str) -> tuple[str, str] | None:
     return None
 
 
+def _unknown_target(config: Config, word: str, verb: str, said: str) -> str:
+    """A first word that names no server or group: the closest name, the names there are, and
+    how to freeze every server on purpose."""
+    names = sorted([*config.servers, *config.groups])
+    close = difflib.get_close_matches(word, names, n=1)
+    guess = f" (did you mean `{close[0]}`?)" if close else ""
+    known = ", ".join(names) or "none configured"
+    return (
+        f"unknown server or group `{word}`{guess}; servers and groups: {known}; to freeze every "
+        f"server: `/kvpilot {verb} all {said}`"
+    )
+
+
 def _freeze(config: Config, verb: str, args: list[str]) -> Command:
-    """`freeze [server|group] [for 2h] [reason]`: the first word names what is frozen when it
-    is a server or group (or `all`), else every server is; `unfreeze [server|group]`."""
+    """`freeze [server|group|all] [for 2h] [reason]`: the first word names what is frozen (a
+    server, a group, or `all`); with none, or `for` first, every server is; any other first
+    word is refused as an unknown name. `unfreeze [server|group]`."""
     scope: tuple[str, str] | None = _scope(config, args[0]) if args else None
     rest = args[1:] if scope is not None else args
-    if scope is None and len(args) > 1 and args[1].lower() == "for":
-        known = ", ".join(sorted([*config.servers, *config.groups])) or "none configured"
-        raise CommandError(
-            f"unknown server or group `{args[0]}` (servers and groups: {known}); "
-            f"`/kvpilot {USAGE[verb]}`"
-        )
+    if verb == "freeze" and scope is None and rest and rest[0].lower() != "for":
+        # every server is frozen only when that is said (`all`, `for 2h`, or nothing at all):
+        # a mistyped name must not freeze the whole fleet until someone notices
+        raise CommandError(_unknown_target(config, args[0], verb, " ".join(args)))
     if verb == "unfreeze":
         if rest:
             known = ", ".join(sorted([*config.servers, *config.groups])) or "none configured"

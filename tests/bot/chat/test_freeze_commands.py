@@ -31,7 +31,7 @@ def config(tmp_path: Path) -> Config:
         ("freeze kimi for 1d quarter end", FreezeSpec("group", "kimi", 86400.0, "quarter end")),
         ("freeze all busy", FreezeSpec("all", "*", None, "busy")),
         # not a server or group: the words are the reason, and every server is frozen
-        ("freeze peak traffic", FreezeSpec("all", "*", None, "peak traffic")),
+        ("freeze all peak traffic", FreezeSpec("all", "*", None, "peak traffic")),
         ("unfreeze", FreezeSpec("all", "*")),
         ("unfreeze kimi", FreezeSpec("group", "kimi")),
         ("unfreeze b", FreezeSpec("server", "b")),
@@ -50,6 +50,9 @@ def test_freeze_commands_parse(config: Config, text: str, spec: FreezeSpec) -> N
         ("unfreeze c", "unknown server or group `c`"),
         # a mistyped name before `for` must not freeze every server, endlessly
         ("freeze aa for 2h", "unknown server or group `aa`"),
+        # nor one without `for`: every server is frozen only when asked with `all` or `for`
+        ("freeze kmi", "unknown server or group `kmi` .did you mean `kimi`"),
+        ("freeze peak traffic", "to freeze every server: `/kvpilot freeze all peak traffic`"),
         ("unfreeze a b", "unknown server or group `b`"),
     ],
 )
