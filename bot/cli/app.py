@@ -615,6 +615,17 @@ def installed_version() -> str:
 
 
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    try:
+        return _main(argv, out, err)
+    except BrokenPipeError:
+        # The reader went away (`kvpilot experiments list | head`): stop quietly, as other
+        # command-line tools do. Python would still flush stdout at exit and complain, so
+        # stdout is pointed at /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str] | None, out: TextIO, err: TextIO) -> int:
     parser = build_parser()
     ns = parser.parse_args(normalise(list(sys.argv[1:] if argv is None else argv)))
     if getattr(ns, "output", None) is not None:
