@@ -16,6 +16,8 @@ Scripts and schedulers branch on these, so an outcome always exits with the same
 |   | approve (four-eyes); nothing was changed |
 | 8 | superseded: someone changed the server's configuration outside kvpilot |
 |   | during the experiment; kvpilot left it as they set it |
+| 9 | nothing to change: the server already runs the change (its arguments |
+|   | after it would be what runs now); nothing was proposed, approved or restarted |
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ NO_VERDICT = 5
 CANCELLED = 6
 AWAITING_APPROVAL = 7
 SUPERSEDED = 8
+NOTHING_TO_CHANGE = 9
 
 BY_OUTCOME: dict[Outcome, int] = {
     Outcome.kept: OK,

@@ -33,6 +33,7 @@ from playbooks.campaigns import after
 from playbooks.clock import Clock
 from playbooks.engines.base import ArgError, EngineError
 from playbooks.experiments import machine as engine
+from playbooks.experiments import no_change
 from playbooks.experiments.outcome import ending
 from playbooks.experiments.ownership import Lease, OwnershipLost
 from playbooks.launchers.base import LaunchError
@@ -86,6 +87,9 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
             out.write(f"{len(codes)} unfinished experiment(s) handled\n")
             return exit_codes.most_urgent(codes)
         return experiments_action(ns, config, db, clock, out, err, stdin)
+    except no_change.NothingToChange as exc:
+        err.write(f"refused: {exc}; nothing was done\n")
+        return exit_codes.NOTHING_TO_CHANGE
     except (ConfigError, ArgError) as exc:
         err.write(f"error: {exc}\n")
         return EXIT_USAGE
@@ -261,11 +265,18 @@ def cmd_experiment(
         )
         return EXIT_USAGE
     deps = experiment_deps(config, ns.server, db, _printer(err), clock=clock)
+    baseline = deps.launcher.current_args()
+    try:
+        trial = no_change.trial_args(
+            deps.client.engine, ns.server, baseline, change,
+            no_change.launcher_words(deps.launcher.kind),
+        )  # fmt: skip
+    except ArgError:  # nothing to change, or a change the engine refuses: said by dispatch
+        deps.client.close()
+        raise
     info = deps.client.settings()
     rules = deps.client.engine.rules_for(info, diagnose_settings(server), measured=False)
     option = rules.judge(change)
-    baseline = deps.launcher.current_args()
-    trial = deps.client.engine.with_change(baseline, change)
     err.write(f"server {ns.server} ({server.url}): change {option.title}\n")
     err.write(f"  from: {' '.join(baseline)}\n  to:   {' '.join(trial)}\n")
     if option.predicted_max_total_num_tokens is not None:

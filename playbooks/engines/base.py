@@ -11,8 +11,9 @@ The interface, in the order a playbook meets it:
 * **metrics** - `Engine.metrics` says which exposition families are the engine's, so a
   Prometheus server can be asked for exactly them; `Engine.snapshot()` turns them into a
   `Snapshot`.
-* **launch arguments** - the allow-list, parsing (`parse_change`), and how an argument is spelt
-  on a command line (`with_change`, `arg_value`).
+* **launch arguments** - the allow-list, parsing (`parse_change`), how an argument is spelt
+  on a command line (`with_change`, `arg_value`), and what it comes to once the engine's own
+  defaults and spellings are taken into account (`read_arg`).
 * **signatures** - the readiness path and what the engine's exit status and log lines mean.
 * **rules** - what a bottleneck looks like on this engine and which changes address it
   (`rules_for(...).assess`, `.judge`, `bottleneck_of`), as pure functions over typed facts.
@@ -63,6 +64,29 @@ class MetricsDisabled(EngineError):
 
 class ArgError(ValueError):
     """A launch argument or value that is not allowed; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class ArgReading:
+    """One launch argument as the engine would run it from an argument list: what "would this
+    change anything" compares (`playbooks.experiments.no_change`).
+
+    `origin` is `set` (given in the list: `spelt` is how, `value` typed and in one spelling),
+    `default` (absent, and the engine's own default is a constant: `value` is it, `source`
+    cites where the engine sets it) or `unknown` (absent, and the engine works the value out at
+    start-up from what kvpilot cannot see, or given in a form kvpilot cannot read: `source`
+    says which). An unknown reading equals nothing, so a change to it is always a real one."""
+
+    name: str
+    flag: str
+    origin: Literal["set", "default", "unknown"]
+    value: Any = None
+    spelt: str = ""
+    source: str = ""
+
+    @property
+    def known(self) -> bool:
+        return self.origin != "unknown"
 
 
 @dataclass(frozen=True)
@@ -524,6 +548,12 @@ class Engine(Protocol):
         ...
 
     def arg_value(self, args: Sequence[str], name: str) -> str | None: ...
+
+    def read_arg(self, args: Sequence[str], name: str) -> ArgReading:
+        """An allowed argument as the engine would run it from `args`: every spelling the
+        engine reads, the value typed, and the engine's own default where the flag is absent
+        and that default is a constant (raises ArgError for an argument kvpilot cannot change)."""
+        ...
 
     def spell(self, settings: Mapping[str, Any]) -> list[str]:
         """Settings as command-line arguments: the allowed ones, plus what kvpilot needs on

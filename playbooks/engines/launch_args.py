@@ -6,16 +6,20 @@ as digits, a float spelt as Python's shortest repr, a choice, an on/off flag) an
 found in or removed from an argument list is the same for every argparse-based server, so it
 lives here once. Values are checked twice: when an operator's text is parsed, and again when a
 stored or computed value is spelt onto a command line, so no path bypasses the ranges.
+
+What an argument comes to (`read`) is shared too: its last spelling in a list read as the
+engine's parser reads it, typed, and, where the flag is absent, the engine's own default when
+that is a constant (each engine lists its `Default`s, citing its source).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from playbooks.engines.base import ArgError
+from playbooks.engines.base import ArgError, ArgReading
 
 
 @dataclass(frozen=True)
@@ -270,3 +274,68 @@ def value_of(args: Sequence[str], flags: Sequence[str], *, underscores: bool = F
                 if tok.startswith(name + "="):
                     found = tok.split("=", 1)[1]
     return found
+
+
+# ----------------------------------------------------------------------------- readings
+@dataclass(frozen=True)
+class Default:
+    """What an engine runs when a flag is absent: a constant of its own (`known`), `source`
+    citing where the engine sets it; or a value it works out at start-up (`known=False`),
+    `source` saying from what."""
+
+    source: str
+    value: Any = None
+    known: bool = True
+
+
+def decided_at_start(source: str) -> Default:
+    """A default kvpilot cannot know: the engine picks it at start-up (from the GPU, the model)."""
+    return Default(source, known=False)
+
+
+def last_given(
+    args: Sequence[str], spec: ArgSpec, *, underscores: bool = False
+) -> tuple[str, str] | None:
+    """(how it is written, its value as text) for the last spelling of `spec` in an argument
+    list, as argparse reads it (a later one wins): `--flag value`, `--flag=value`, a bare on/off
+    flag ("true"), its `--no-` form ("false"); None where it is absent. A flag that takes a value
+    but is given none reads as "" (which no type parses)."""
+    names = _names(spec.spellings, underscores)
+    negated = _names((spec.negated,), underscores) if spec.negated else set()
+    found: tuple[str, str] | None = None
+    for i, tok in enumerate(args):
+        flag, eq, inline = tok.partition("=")
+        if eq and flag in names:
+            found = (tok, inline)
+        elif tok in names and not spec.takes_value:
+            found = (tok, "false" if tok in negated else "true")
+        elif tok in names:
+            has_value = i + 1 < len(args) and not args[i + 1].startswith("--")
+            found = (f"{tok} {args[i + 1]}", args[i + 1]) if has_value else (tok, "")
+    return found
+
+
+def read(
+    spec: ArgSpec,
+    args: Sequence[str],
+    default: Default,
+    *,
+    underscores: bool = False,
+    synonyms: Mapping[Any, Any] | None = None,
+) -> ArgReading:
+    """`spec` as the engine would run it from `args` (`base.ArgReading`): the value typed as
+    the engine's parser types it (`0.850` is 0.85, `--x=v` is `--x v`), a synonym in its one
+    spelling; absent, `default`."""
+    given = last_given(args, spec, underscores=underscores)
+    if given is None:
+        if not default.known:
+            return ArgReading(spec.name, spec.flag, "unknown", source=default.source)
+        return ArgReading(spec.name, spec.flag, "default", default.value, source=default.source)
+    spelt, text = given
+    try:
+        value = spec.parse(text)
+    except ArgError as exc:
+        why = f"kvpilot cannot read `{spelt}` ({exc})"
+        return ArgReading(spec.name, spec.flag, "unknown", spelt=spelt, source=why)
+    value = (synonyms or {}).get(value, value)
+    return ArgReading(spec.name, spec.flag, "set", value, spelt=spelt)

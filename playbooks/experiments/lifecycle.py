@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from playbooks.experiments import no_change
 from playbooks.experiments.deps import Deps, Interrupted, args_of
 from playbooks.experiments.ownership import Lease, OwnershipLost
 from playbooks.experiments.steps import CHANGED_OUTSIDE
@@ -119,7 +120,8 @@ def create(
     owner: Lease | None = None,
     plan: ApprovedPlan | None = None,
 ) -> int:
-    """Record the plan (proposed) and, when someone approved it, the approval.
+    """Record the plan (proposed) and, when someone approved it, the approval; raise
+    `no_change.NothingToChange`, recording nothing, when the server already runs the change.
 
     With `plan`, the experiment runs exactly the approved arguments and gate settings (its
     first step refuses it as expired when the server no longer runs `plan.from_args`);
@@ -130,6 +132,7 @@ def create(
     and the experiment's first move says so (`_record_running`).
     """
     current = deps.launcher.current_args()
+    _refuse_if_nothing_changes(deps, current, change, plan)
     if plan is None:
         plan = ApprovedPlan(
             tuple(current), tuple(deps.client.engine.with_change(current, change)), vars(deps.plan)
@@ -176,6 +179,21 @@ def create(
             progress={CHANGED_OUTSIDE: changed} if changed else None,
         )
     return exp_id
+
+
+def _refuse_if_nothing_changes(
+    deps: Deps, current: list[str], change: dict[str, Any], plan: ApprovedPlan | None
+) -> None:
+    """The last word before anything is recorded: a server that already runs the change (set
+    by hand since the plan was made, or always), or a plan whose arguments are what runs (made
+    before such plans were refused), raises `NothingToChange`."""
+    engine, where = deps.client.engine, no_change.launcher_words(deps.launcher.kind)
+    why = no_change.unchanged_by(engine, deps.server, current, where)(change)
+    if why is None and plan is not None and list(plan.from_args) == current:
+        facts = no_change.facts_of(engine, deps.server, current, plan.to_args, change, where)
+        why = no_change.nothing_changes(facts)
+    if why is not None:
+        raise no_change.NothingToChange(why)
 
 
 def _record_running(deps: Deps, exp_id: int, running: list[str], actor: str) -> str | None:

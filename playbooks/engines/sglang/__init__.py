@@ -16,7 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from playbooks.engines.base import LaunchArgs, Metrics, MetricsSpec, ServerSettings, Snapshot
+from playbooks.engines.base import (
+    ArgReading,
+    LaunchArgs,
+    Metrics,
+    MetricsSpec,
+    ServerSettings,
+    Snapshot,
+)
 from playbooks.engines.sglang import args as _args
 from playbooks.engines.sglang import client as _client
 from playbooks.engines.sglang import metrics as _metrics
@@ -109,13 +116,16 @@ class SGLang:
     def arg_value(self, args: Sequence[str], name: str) -> str | None:
         return _args.arg_value(args, name)
 
+    def read_arg(self, args: Sequence[str], name: str) -> ArgReading:
+        return _args.read_arg(args, name)
+
     def spell(self, settings: Mapping[str, Any]) -> list[str]:
         rest = dict(settings)
         metrics = bool(rest.pop("enable_metrics", False))
         return _args.with_change([], rest) + ([METRICS_FLAG] if metrics else [])
 
     def vocabulary(self) -> frozenset[str]:
-        flags = {spec.flag for spec in _args.ALLOWED.values()}
+        flags = {flag for spec in _args.ALLOWED.values() for flag in spec.spellings}
         return frozenset({*_metrics.NAMES, *flags, *ENDPOINTS, METRICS_FLAG})
 
     # signatures

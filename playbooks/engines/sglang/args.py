@@ -19,14 +19,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from playbooks.engines.base import ArgError
+from playbooks.engines.base import ArgError, ArgReading
 from playbooks.engines.launch_args import (
     ArgSpec,
     BoolValue,
     ChoiceValue,
+    Default,
     FloatValue,
     IntValue,
+    decided_at_start,
     normalise_key,
+    read,
     split_assignment,
     value_of,
     without,
@@ -45,6 +48,7 @@ __all__ = [
     "normalise_key",
     "parse_assignment",
     "parse_change",
+    "read_arg",
     "spec_of",
     "with_change",
 ]
@@ -113,7 +117,12 @@ ALLOWED: dict[str, ArgSpec] = {
             "how cautiously new requests are admitted",
         ),
         # memory.py `enable_hierarchical_cache: A[bool, Arg(aliases=["--enable-hicache"])]`.
-        ArgSpec("enable_hierarchical_cache", BoolValue(), "host-RAM tier for the prefix cache"),
+        ArgSpec(
+            "enable_hierarchical_cache",
+            BoolValue(),
+            "host-RAM tier for the prefix cache",
+            aliases=("--enable-hicache",),
+        ),
         # memory.py `hicache_ratio: A[Optional[float], ...] = None`.
         ArgSpec(
             "hicache_ratio",
@@ -149,10 +158,12 @@ ALLOWED: dict[str, ArgSpec] = {
         # parallel.py `attn_dp_size: int = 1` (0.5.23; `--enable-dp-attention --dp-size N` is
         # the deprecated spelling it folds in). parallel_hook.py asserts tp_size % attn_dp_size
         # == 0, which kvpilot checks against the server's TP size before a restart.
+        # `Arg(aliases=["--attention-data-parallel-size"])`.
         ArgSpec(
             "attn_dp_size",
             IntValue(1, 1024, unit="ranks"),
             "attention data-parallel ranks (a divisor of the TP size)",
+            aliases=("--attention-data-parallel-size",),
         ),
         # schedule.py `page_size: A[Optional[int], Arg(resolvable=True)] = None` (None -> 1);
         # a power of two up to PAGE_SIZE_MAX so that it divides SGLang's own chunk sizes.
@@ -217,7 +228,7 @@ def with_change(args: Sequence[str], change: Mapping[str, Any]) -> list[str]:
     out = list(args)
     for key, value in change.items():
         spec = spec_of(key)
-        out = without(out, (spec.flag,))
+        out = without(out, spec.spellings)
         if value is not None:
             out += spec.cli(value)
     if {"page_size", "chunked_prefill_size"} & {normalise_key(k) for k in change}:
@@ -236,6 +247,75 @@ def _int_or_none(text: str | None) -> int | None:
 
 
 def arg_value(args: Sequence[str], name: str) -> str | None:
-    """The value of `--name` in an argument list (True for a bare flag as "true")."""
-    flag = "--" + normalise_key(name).replace("_", "-")
-    return value_of(args, (flag,))
+    """The value of `--name` (or an alias) in an argument list (a bare flag as "true")."""
+    key = normalise_key(name)
+    spec = ALLOWED.get(key)
+    return value_of(args, spec.spellings if spec else ("--" + key.replace("_", "-"),))
+
+
+# ----------------------------------------------------------------------------- defaults
+# What SGLang 0.5.23 runs when a flag is absent, where that is a constant of its own: the
+# field's declared default in `sglang/srt/arg_groups/fields/<file>.py` (a `bool` field is a
+# store_true flag, off when absent). Read by `read_arg`, so that `--schedule-policy fcfs` on a
+# server without the flag is no change.
+DEFAULTS: dict[str, Default] = {
+    "kv_cache_dtype": Default(
+        'sglang/srt/arg_groups/fields/model.py `kv_cache_dtype = "auto"` (its start-up passes '
+        "read an explicit `auto` as they read the default: arg_groups/overrides.py)",
+        "auto",
+    ),
+    "max_total_tokens": Default(
+        "sglang/srt/arg_groups/fields/schedule.py `max_total_tokens = None`: no cap", None
+    ),
+    "max_prefill_tokens": Default(
+        "sglang/srt/arg_groups/fields/schedule.py `max_prefill_tokens = 16384`", 16384
+    ),
+    "schedule_conservativeness": Default(
+        "sglang/srt/arg_groups/fields/schedule.py `schedule_conservativeness = 1.0`", 1.0
+    ),
+    "schedule_policy": Default(
+        'sglang/srt/arg_groups/fields/schedule.py `schedule_policy = "fcfs"`', "fcfs"
+    ),
+    "enable_hierarchical_cache": Default(
+        "sglang/srt/arg_groups/fields/memory.py `enable_hierarchical_cache: bool = False` "
+        "(a store_true flag)",
+        False,
+    ),
+    "hicache_size": Default("sglang/srt/arg_groups/fields/memory.py `hicache_size = 0`", 0),
+    "hicache_write_policy": Default(
+        'sglang/srt/arg_groups/fields/memory.py `hicache_write_policy = "write_through"`',
+        "write_through",
+    ),
+}
+# Absent flags whose value SGLang works out at start-up from what kvpilot cannot know: a change
+# to any value of them is a real change (the server may have picked another).
+AT_START: dict[str, Default] = {
+    name: decided_at_start(why)
+    for name, why in {
+        "mem_fraction_static": "SGLang picks it from the GPU's memory at start-up "
+        "(arg_groups/memory_hook.py `handle_gpu_memory_settings`)",
+        "chunked_prefill_size": "SGLang picks it from the GPU's memory at start-up "
+        "(arg_groups/memory_hook.py `handle_gpu_memory_settings`)",
+        "cuda_graph_max_bs_decode": "SGLang picks it from the GPU's memory at start-up "
+        "(arg_groups/memory_hook.py `handle_gpu_memory_settings`)",
+        "max_running_requests": "SGLang derives it from the KV pool at start-up",
+        "hicache_ratio": "SGLang's default depends on the host memory mode (fields/memory.py "
+        "`hicache_ratio = None`: 2.0 in cache mode, 1.2 in buffer_only mode)",
+        "page_size": "SGLang's attention backend picks it at start-up (fields/schedule.py "
+        "`page_size = None`, resolvable)",
+        "attn_dp_size": "SGLang resolves it at start-up, also from the deprecated "
+        "`--enable-dp-attention --dp-size N` (fields/parallel.py)",
+    }.items()
+}
+# One value, two spellings: mem_cache/kv_cache_dtype.py `configure_kv_cache_dtype` reads
+# `bf16` and `bfloat16` as the same torch.bfloat16.
+SYNONYMS: dict[str, dict[Any, Any]] = {"kv_cache_dtype": {"bf16": "bfloat16"}}
+
+
+def read_arg(args: Sequence[str], name: str) -> ArgReading:
+    """An allowed argument as SGLang would run it from `args` (`base.ArgReading`)."""
+    spec = spec_of(name)
+    default = DEFAULTS.get(spec.name) or AT_START.get(spec.name)
+    if default is None:
+        default = decided_at_start("SGLang decides it at start-up")
+    return read(spec, args, default, synonyms=SYNONYMS.get(spec.name))

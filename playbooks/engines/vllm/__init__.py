@@ -18,7 +18,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from playbooks.engines.base import LaunchArgs, Metrics, MetricsSpec, ServerSettings, Snapshot
+from playbooks.engines.base import (
+    ArgReading,
+    LaunchArgs,
+    Metrics,
+    MetricsSpec,
+    ServerSettings,
+    Snapshot,
+)
 from playbooks.engines.vllm import args as _args
 from playbooks.engines.vllm import client as _client
 from playbooks.engines.vllm import metrics as _metrics
@@ -106,6 +113,9 @@ class VLLM:
 
     def arg_value(self, args: Sequence[str], name: str) -> str | None:
         return _args.arg_value(args, name)
+
+    def read_arg(self, args: Sequence[str], name: str) -> ArgReading:
+        return _args.read_arg(args, name)
 
     def spell(self, settings: Mapping[str, Any]) -> list[str]:
         """vLLM's metrics are on unless --disable-log-stats, so nothing is added for them."""

@@ -23,14 +23,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from playbooks.engines.base import ArgError
+from playbooks.engines.base import ArgError, ArgReading
 from playbooks.engines.launch_args import (
     ArgSpec,
     BoolValue,
     ChoiceValue,
+    Default,
     FloatValue,
     IntValue,
+    decided_at_start,
     normalise_key,
+    read,
     split_assignment,
     value_of,
     without,
@@ -344,6 +347,65 @@ def arg_value(args: Sequence[str], name: str) -> str | None:
                 state = "false"
         return state
     return value_of(args, (spec.flag, *spec.aliases), underscores=True)
+
+
+# ----------------------------------------------------------------------------- defaults
+# What vLLM 0.32 runs when a flag is absent, where that is a constant of its own: the config
+# dataclass field's default, which `EngineArgs` (vllm/engine/arg_utils.py) takes as the flag's
+# (`gpu_memory_utilization: float = CacheConfig.gpu_memory_utilization`, and so on). Read by
+# `read_arg`, so that `--gpu-memory-utilization 0.92` on a server without the flag is no change.
+DEFAULTS: dict[str, Default] = {
+    "gpu_memory_utilization": Default(
+        "vllm/config/cache.py:102 `gpu_memory_utilization: float = Field(default=0.92, ...)`",
+        0.92,
+    ),
+    "kv_cache_dtype": Default(
+        'vllm/config/cache.py `cache_dtype: CacheDType = "auto"` (resolved from the '
+        "checkpoint at start-up, an explicit `auto` as the default)",
+        "auto",
+    ),
+    "enforce_eager": Default("vllm/config/model.py:272 `enforce_eager: bool = False`", False),
+    "kv_offloading_size": Default(
+        "vllm/config/cache.py `kv_offloading_size: float | None = None`: no offloading", None
+    ),
+    "kv_offloading_backend": Default(
+        'vllm/config/cache.py `kv_offloading_backend: KVOffloadingBackend = "native"`',
+        "native",
+    ),
+    "kv_cache_memory_bytes": Default(
+        "vllm/config/cache.py `kv_cache_memory_bytes: int | None = None`: sized from "
+        "gpu_memory_utilization",
+        None,
+    ),
+}
+# Absent flags whose value vLLM works out at start-up from what kvpilot cannot know: a change to
+# any value of them is a real change (the server may have picked another).
+AT_START: dict[str, Default] = {
+    name: decided_at_start(why)
+    for name, why in {
+        "max_num_seqs": "vLLM picks it from the GPU and the model at start-up "
+        "(vllm/engine/arg_utils.py `EngineArgs.get_batch_defaults`)",
+        "max_num_batched_tokens": "vLLM picks it from the GPU and the model at start-up "
+        "(vllm/engine/arg_utils.py `EngineArgs.get_batch_defaults`)",
+        "block_size": "vLLM's platform and attention backend pick it at start-up "
+        "(vllm/config/cache.py `block_size = None`: 16 on GPU, 128 on CPU)",
+        "max_model_len": "vLLM derives it from the model's config.json at start-up",
+        "enable_prefix_caching": "vLLM turns it on where the model supports it "
+        "(vllm/engine/arg_utils.py: the flag's default is None)",
+        "max_cudagraph_capture_size": "vLLM derives it from max_num_seqs at start-up "
+        "(vllm/config/compilation.py), unless a compilation config sets it",
+    }.items()
+}
+
+
+def read_arg(args: Sequence[str], name: str) -> ArgReading:
+    """An allowed argument as vLLM would run it from `args` (`base.ArgReading`): every spelling
+    its parser reads (aliases, `--no-FLAG`, underscores), typed (`4k` is 4000, `-1` is `auto`)."""
+    spec = spec_of(name)
+    default = DEFAULTS.get(spec.name) or AT_START.get(spec.name)
+    if default is None:
+        default = decided_at_start("vLLM decides it at start-up")
+    return read(spec, args, default, underscores=True)
 
 
 def launch_settings(args: Sequence[str]) -> dict[str, Any]:

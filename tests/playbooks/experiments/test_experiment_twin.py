@@ -228,3 +228,35 @@ def test_experiments_abort_reverts_an_experiment_nobody_carries(
     assert code == 0 and "already ended (reverted)" in err
     code, _, err = ws.cli("experiments", "abort", "99")
     assert code == 2 and "no experiment 99" in err
+
+
+# --------------------------------------------------------------------------- nothing to change
+def server_instance(ws: Workspace) -> tuple[int, float]:
+    """The twin's process as kvpilot's process launcher recorded it: a restart changes both."""
+    state = json.loads((ws.config.parent / "var" / "state" / "incident.process.json").read_text())
+    return int(state["pid"]), float(state["started_at"])
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        # the value it runs, spelt with a trailing zero and as a flag
+        ("mem_fraction_static=0.850", "mem_fraction_static is already 0.85"),
+        ("mem-fraction-static=.85", "mem_fraction_static is already 0.85"),
+        # an on/off flag it does not have is off: SGLang's own default
+        ("enable_hierarchical_cache=false", "enable_hierarchical_cache is already off"),
+    ],
+)
+def test_a_change_that_changes_nothing_is_refused_without_a_restart(
+    ws: Workspace, change: str, why: str
+) -> None:
+    before = server_instance(ws)
+    code, result, err = experiment(ws, change)
+    assert code == 9, err  # nothing to change (bot/cli/exit_codes.py)
+    assert result == {} and "nothing would change" in err and why in err, err
+    assert "process launcher" in err, err  # where the arguments were read from
+    assert server_instance(ws) == before  # not restarted
+    db = open_db(ws.config.parent / "var" / "kvpilot.db")
+    assert store.list_experiments(db) == []
+    assert audit.events(db, name="restart_started") == []
+    assert ws.info()["mem_fraction_static"] == 0.85
