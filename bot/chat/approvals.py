@@ -18,7 +18,7 @@ from sqlite_utils import Database
 
 from bot.app.config import Config, ConfigError
 from bot.app.holds import hold_for
-from bot.app.wiring import launcher
+from bot.app.wiring import engine, launcher
 from bot.chat import campaign, decisions
 from bot.chat.auth import Action, Decision, Principal
 from bot.chat.messages import Message
@@ -28,7 +28,8 @@ from bot.chat.runner import ExperimentRunner
 from bot.chat.surface import LOCAL_CHANNEL, Surface
 from bot.chat.when import hhmm as _hhmm
 from playbooks.clock import Clock
-from playbooks.engines.base import EngineError
+from playbooks.engines.base import ArgError, EngineError
+from playbooks.experiments import no_change
 from playbooks.launchers.base import LaunchError
 from playbooks.launchers.gitops import ManagedByGitOps
 from storage import chat, freezes
@@ -82,13 +83,14 @@ class Approvals:
         where: MessageRef | None,
         *,
         start: bool = True,
+        refused: Callable[[decisions.Refusal], None] | None = None,
     ) -> int | None:
         """Approve or reject; an approval starts the experiment. Returns its id when started.
 
         The checks and their order are `bot.chat.decisions`'; this reads the facts they need
         (the server's only for an approval that passed the others) and acts on the outcome.
         `start=False` leaves the new experiment to the caller (the command line carries it in
-        the foreground)."""
+        the foreground); `refused` is told a refusal (the command line's exit status)."""
         verb: decisions.Verb = "approve" if decision == "approve" else "reject"
         row = self._proposal_or_say(who, surface, proposal_id, verb)
         if row is None:
@@ -105,16 +107,9 @@ class Approvals:
             outcome = decisions.judge_server(self._server_facts(row))
         if isinstance(outcome, decisions.Refusal):
             refuse(outcome.text, outcome.audited)
-            if outcome.reason is decisions.Reason.EXPIRED:
-                self._mark_expired(row)
-                ref = self._approval_ref(proposal_id, where)
-                self._stamp(
-                    row,
-                    ref,
-                    surface,
-                    f":hourglass: Expired at {_hhmm(row.expires_at)} without approval; "
-                    "nothing was changed.",
-                )
+            if refused is not None:
+                refused(outcome)
+            self._close_refused(row, outcome, where, surface)
             return None
         verdict: proposal_store.Decision = "approved" if verb == "approve" else "rejected"
         try:
@@ -137,6 +132,27 @@ class Approvals:
             )
             return None
         return self._start_experiment(who, surface, row, ref, start=start)
+
+    def _close_refused(
+        self,
+        row: proposal_store.ProposalRow,
+        outcome: decisions.Refusal,
+        where: MessageRef | None,
+        surface: Surface,
+    ) -> None:
+        """A proposal that can never run any more is closed, and its message says why: one
+        that expired, and one that would change nothing on the server as it runs now."""
+        if outcome.reason is decisions.Reason.EXPIRED:
+            self._close(row, f"expired at {_hhmm(row.expires_at)} without approval")
+            stamp = f":hourglass: Expired at {_hhmm(row.expires_at)} without approval"
+        elif outcome.reason is decisions.Reason.NOTHING_TO_CHANGE:
+            why = outcome.text.removesuffix("; nothing was changed")
+            self._close(row, why)
+            stamp = f":information_source: Closed: {why}"
+        else:
+            return
+        ref = self._approval_ref(row.id, where)
+        self._stamp(row, ref, surface, f"{stamp}; nothing was changed.")
 
     def _approval_ref(self, proposal_id: int, where: MessageRef | None) -> MessageRef | None:
         """The proposal's message in its channel, where its experiment's thread is, whichever
@@ -181,9 +197,12 @@ class Approvals:
     def _server_facts(self, row: proposal_store.ProposalRow) -> decisions.ServerFacts:
         """The server's launch arguments now (asks its launcher) and its running experiment."""
         cfg = self.config.server(row.server)
-        current, error = None, None
+        current, error, unchanged = None, None, None
         try:
-            current = tuple(launcher(self.config, cfg, self.clock).current_args())
+            found = launcher(self.config, cfg, self.clock)
+            current = tuple(found.current_args())
+            where = no_change.launcher_words(found.kind)
+            unchanged = no_change.unchanged_by(engine(cfg), row.server, current, where)(row.change)
         except (LaunchError, ConfigError) as exc:
             error = str(exc)
         active = [e.id for e in store.active_experiments(self.db()) if e.server == row.server]
@@ -193,6 +212,7 @@ class Approvals:
             current_args=current,
             config_error=error,
             running_experiment=active[0] if active else None,
+            unchanged=unchanged,
         )
 
     def _start_experiment(
@@ -211,7 +231,7 @@ class Approvals:
             return campaign.start_plan(self, who, surface, row, ref)  # type: ignore[arg-type]
         try:
             exp_id = self.runner.create(row, approved_by=who.user)
-        except (ActiveExperimentExists, StorageError, LaunchError, EngineError) as exc:
+        except (ActiveExperimentExists, StorageError, LaunchError, EngineError, ArgError) as exc:
             self._stamp(
                 row,
                 ref,
@@ -280,7 +300,8 @@ class Approvals:
             except Exception as exc:  # the channel's message says it; a copy may lag
                 log.warning("proposal %s: stamping the copy in %s failed: %s", row.id, copy, exc)
 
-    def _mark_expired(self, row: proposal_store.ProposalRow) -> None:
+    def _close(self, row: proposal_store.ProposalRow, reason: str) -> None:
+        """Record the proposal as rejected by kvpilot itself, with why (none may approve it)."""
         try:
             proposal_store.decide(
                 self.db(),
@@ -289,7 +310,7 @@ class Approvals:
                 actor="kvpilot",
                 plan_hash=row.plan_hash,
                 now=self.now(),
-                reason=f"expired at {_hhmm(row.expires_at)} without approval",
+                reason=reason,
             )
         except AlreadyDecided:
             return
@@ -301,7 +322,7 @@ class Approvals:
             row = proposal_store.get_proposal(self.db(), pid)
             if self.now() < row.expires_at:
                 continue
-            self._mark_expired(row)
+            self._close(row, f"expired at {_hhmm(row.expires_at)} without approval")
             ref = chat.find_message(self.db(), "proposal", pid, "approval")
             if ref is not None and ref.channel != LOCAL_CHANNEL:  # a terminal's is gone
                 self._stamp(

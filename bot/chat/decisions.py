@@ -16,8 +16,11 @@ Only an approval that passes those reads the server, since reading its launch ar
 the launcher (Docker, Kubernetes) and is not worth doing for a request refused anyway:
 
 5. Its configuration cannot be read.
-6. Its configuration changed since the proposal (the plan would restart it from other args).
-7. An experiment is already running on it.
+6. It already runs the change, so nothing would change (someone set it by hand since the
+   proposal, or the proposal was recorded before such changes were refused); the caller also
+   closes the proposal. Before 7, which would otherwise say only that the configuration changed.
+7. Its configuration changed since the proposal (the plan would restart it from other args).
+8. An experiment is already running on it.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class Reason(Enum):
     RESTARTING = "restarting"
     EXPIRED = "expired"
     CONFIG_UNREADABLE = "configuration unreadable"
+    NOTHING_TO_CHANGE = "nothing to change"
     CONFIG_CHANGED = "configuration changed"
     SERVER_BUSY = "server busy"
 
@@ -99,7 +103,9 @@ class ProposalFacts:
 class ServerFacts:
     """What the server's launcher says now, against what the proposal was made from.
 
-    `current_args` is None when the configuration could not be read (`config_error` says why).
+    `current_args` is None when the configuration could not be read (`config_error` says why);
+    `unchanged` says why the change would change nothing on what runs now
+    (`playbooks.experiments.no_change`), None when it changes something.
     """
 
     server: str
@@ -107,6 +113,7 @@ class ServerFacts:
     current_args: tuple[str, ...] | None
     config_error: str | None
     running_experiment: int | None
+    unchanged: str | None = None
 
 
 Facts = TypeVar("Facts", ProposalFacts, ServerFacts)
@@ -158,6 +165,11 @@ SERVER_CHECKS: tuple[Check[ServerFacts], ...] = (
         lambda f: f"cannot read the server's configuration: {f.config_error}",
     ),
     Check(
+        Reason.NOTHING_TO_CHANGE,
+        lambda f: f.unchanged is not None,
+        lambda f: f"{f.unchanged}; nothing was changed",
+    ),
+    Check(
         Reason.CONFIG_CHANGED,
         lambda f: f.current_args != f.proposed_args,
         lambda f: (
@@ -193,7 +205,7 @@ def judge_proposal(facts: ProposalFacts) -> Outcome:
 
 
 def judge_server(facts: ServerFacts) -> Outcome:
-    """Checks 5-7, for an approval that passed `judge_proposal`: the server's state."""
+    """Checks 5-8, for an approval that passed `judge_proposal`: the server's state."""
     return first_refusal(SERVER_CHECKS, facts)
 
 

@@ -46,6 +46,7 @@ from playbooks.clock import Clock
 from playbooks.diagnose.measure import MeasurementError
 from playbooks.diagnose.playbook import diagnose
 from playbooks.engines.base import ArgError, EngineClient, EngineError, MetricsDisabled, Snapshot
+from playbooks.experiments import no_change
 from playbooks.experiments.sampling import store_scrapes
 from playbooks.gate.settings import sized_for
 from playbooks.launchers.base import LaunchError
@@ -356,6 +357,10 @@ class Kvpilot(Approvals):
         message shows it and the trial is sized for it (`gate.settings.sized_for`)."""
         cfg = self.config.server(server)
         try:
+            srv_launcher = launcher(self.config, cfg, self.clock)
+            baseline = srv_launcher.current_args()
+            where = no_change.launcher_words(srv_launcher.kind)
+            trial = no_change.trial_args(engine(cfg), server, baseline, change, where)
             client = engine_client(
                 cfg, clock=self.clock, launch_args=launch_args_of(self.config, cfg, self.clock)
             )
@@ -370,9 +375,10 @@ class Kvpilot(Approvals):
                 before = room_before(cfg, client, option)
             finally:
                 client.close()
-            srv_launcher = launcher(self.config, cfg, self.clock)
-            baseline = srv_launcher.current_args()
-            trial = client.engine.with_change(baseline, change)
+        except no_change.NothingToChange as exc:
+            self.deny(who, "propose", str(exc), server=server)
+            surface.whisper(who, Message.note(f":information_source: Not proposed: {exc}."))
+            return None
         except (EngineError, LaunchError, ConfigError, ArgError) as exc:
             surface.whisper(who, Message.note(f":x: Cannot propose a change to `{server}`: {exc}"))
             return None

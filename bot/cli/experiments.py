@@ -25,6 +25,7 @@ from bot.app.wiring import database, diagnose_settings, experiment_deps, make_cl
 from bot.app.wiring import engine as engine_of
 from bot.app.wiring import launcher as wiring_launcher
 from bot.chat.auth import Principal
+from bot.chat.decisions import Reason, Refusal
 from bot.chat.render import change_text
 from bot.chat.surface import LOCAL_CHANNEL
 from bot.cli import access, exit_codes
@@ -470,6 +471,7 @@ def cmd_decide(
     who = terminal_actor()
     earlier = proposal_store.approvals(db, proposal.id)
     kv, surface = _terminal_bot(config, clock, err)
+    refusals: list[Refusal] = []
     try:
         exp_id = kv.decide(
             Principal(who, LOCAL_CHANNEL),
@@ -479,9 +481,12 @@ def cmd_decide(
             ns.action,
             None,
             start=False,
+            refused=refusals.append,
         )
     finally:
         kv.close()
+    if refusals and refusals[0].reason is Reason.NOTHING_TO_CHANGE:
+        return exit_codes.NOTHING_TO_CHANGE  # printed; the proposal is closed
     if earlier or not proposal_store.approvals(db, proposal.id):
         return EXIT_USAGE  # refused: the reason was printed (and audited)
     if ns.action == "reject":

@@ -178,6 +178,10 @@ CHANGED = (
     "`--model-path m --mem-fraction-static 0.85`); propose again against the current "
     "configuration"
 )
+NOOP = (
+    "nothing would change on `incident`: mem_fraction_static is already 0.88 "
+    "(`--mem-fraction-static 0.88` in its launch arguments as its process launcher reports them)"
+)
 SERVER_ROWS: list[Row] = [
     ("go ahead", {}, GO_AHEAD),
     (
@@ -201,6 +205,27 @@ SERVER_ROWS: list[Row] = [
             "the server's configuration changed since this was proposed (now: "
             f"`{' '.join(ARGS)}`); propose again against the current configuration",
         ),
+    ),
+    (
+        "nothing would change on what runs now",
+        {"unchanged": NOOP},
+        Refusal(Reason.NOTHING_TO_CHANGE, f"{NOOP}; nothing was changed"),
+    ),
+    (
+        # set by hand since the proposal: that nothing would change says more than "changed"
+        "set by hand to what was proposed",
+        {"current_args": (*ARGS[:3], "0.88"), "unchanged": NOOP},
+        Refusal(Reason.NOTHING_TO_CHANGE, f"{NOOP}; nothing was changed"),
+    ),
+    (
+        "unreadable comes first",
+        {"current_args": None, "config_error": "timed out", "unchanged": NOOP},
+        Refusal(Reason.CONFIG_UNREADABLE, "cannot read the server's configuration: timed out"),
+    ),
+    (
+        "nothing to change and busy",
+        {"unchanged": NOOP, "running_experiment": 12},
+        Refusal(Reason.NOTHING_TO_CHANGE, f"{NOOP}; nothing was changed"),
     ),
     (
         "experiment running",

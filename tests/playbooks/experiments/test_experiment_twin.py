@@ -9,14 +9,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bot.app.config import load
 from playbooks.experiments.ownership import Lease
 from storage import audit
 from storage import experiments as store
+from storage import proposals as proposal_store
 from storage.db import open_db
 from tests.playbooks.experiments.incident import (
     LOW_FRACTION_H100,
@@ -260,3 +263,32 @@ def test_a_change_that_changes_nothing_is_refused_without_a_restart(
     assert store.list_experiments(db) == []
     assert audit.events(db, name="restart_started") == []
     assert ws.info()["mem_fraction_static"] == 0.85
+
+
+def test_approving_a_proposal_that_changes_nothing_is_refused_without_a_restart(
+    ws: Workspace,
+) -> None:
+    """A proposal recorded before such changes were refused: approving it from the terminal
+    exits 9 and closes it."""
+    db = open_db(ws.config.parent / "var" / "kvpilot.db")
+    code, out, _ = ws.cli("server", "status", "--server", "incident", "--json")
+    current = json.loads(out)["args"]
+    now = datetime.now(UTC)
+    row = proposal_store.create_proposal(
+        db, server="incident", change={"mem_fraction_static": 0.85},
+        plan={"server": "incident", "change": {"mem_fraction_static": 0.85},
+              "from_args": current, "to_args": current, "verdict": "possible",
+              "gate": vars(load(str(ws.config)).server("incident").gate)},
+        snapshot={"args": current, "running": 0, "queued": 0}, created_by="cli:someone", now=now,
+        expires_at=now + timedelta(minutes=30),
+    )  # fmt: skip
+    before = server_instance(ws)
+    code, _, err = ws.cli("experiments", "approve", str(row.id), "--yes")
+    assert code == 9, err
+    assert "nothing would change" in err and "mem_fraction_static is already 0.85" in err, err
+    assert server_instance(ws) == before
+    assert store.list_experiments(db) == [] and audit.events(db, name="restart_started") == []
+    (closed,) = proposal_store.approvals(db, row.id)
+    assert (closed.decision, closed.actor) == ("rejected", "kvpilot")
+    code, _, err = ws.cli("experiments", "approve", str(row.id), "--yes")
+    assert code == 2 and "already rejected" in err, err
