@@ -11,11 +11,13 @@ from sqlite_utils import Database
 
 from bot.app.config import Config, ConfigError, ServerConfig
 from bot.app.holds import hold_for
+from playbooks.campaigns.policy import Unchanged
 from playbooks.campaigns.room import GpuRoom, RoomBefore, read_after, read_before, room_of
 from playbooks.clock import Clock, at_scale
 from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import default_engine, engine_named
 from playbooks.engines.base import Engine, EngineClient, LaunchArgs
+from playbooks.experiments import no_change
 from playbooks.experiments.machine import Deps
 from playbooks.experiments.restart_limits import RestartLimiter
 from playbooks.launchers import factory as launcher_factory
@@ -70,6 +72,14 @@ def launcher(config: Config, server: ServerConfig, clock: Clock) -> ManagedLaunc
         stop_timeout_s=float(server.launcher.options.get("stop_timeout_s", 30.0)),
     )
     return ProcessLauncher(spec, clock)
+
+
+def unchanged_on(config: Config, server: ServerConfig, clock: Clock) -> Unchanged:
+    """Why a change would change nothing on `server` as its launcher says it runs now
+    (`playbooks.experiments.no_change`): what a campaign's next step passes over."""
+    found = launcher(config, server, clock)
+    where = no_change.launcher_words(found.kind)
+    return no_change.unchanged_by(engine(server), server.name, found.current_args(), where)
 
 
 def make_clock(config: Config, db: Database | None = None) -> Clock:

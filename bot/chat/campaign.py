@@ -24,6 +24,7 @@ from bot.app.wiring import (
     launch_args_of,
     launcher,
     room_after,
+    unchanged_on,
 )
 from bot.chat.auth import Principal
 from bot.chat.messages import Button, Confirm, Message
@@ -32,7 +33,14 @@ from bot.chat.surface import Surface
 from bot.chat.views import APPROVE, REJECT
 from bot.chat.when import hhmm
 from playbooks.campaigns import after
-from playbooks.campaigns.policy import Allowance, Choice, Tried, campaign_stop, choose_next
+from playbooks.campaigns.policy import (
+    Allowance,
+    Choice,
+    Tried,
+    Unchanged,
+    campaign_stop,
+    choose_next,
+)
 from playbooks.campaigns.room import RoomBefore
 from playbooks.engines.base import EngineError
 from playbooks.launchers.base import LaunchError
@@ -94,7 +102,7 @@ def _after_verdict(
                 room = room_after(cfg, client, _room_before(db, final))
             choice = after.next_after(
                 db, final, client, diagnose_settings(cfg), tried=tried, allowance=plan,
-                room=room,
+                room=room, unchanged=_unchanged(bot, final.server),
             ).choice  # fmt: skip
     finally:
         client.close()
@@ -299,4 +307,16 @@ def start_plan(
 def first_choice(bot: Kvpilot, server: str, options: list[Option], plan: Allowance) -> Choice:
     bounds = after.bounds_of(bot.db(), server)
     tried: list[Tried] = []
-    return choose_next(options, tried=tried, bounds=bounds, allowance=plan)
+    return choose_next(
+        options, tried=tried, bounds=bounds, allowance=plan, unchanged=_unchanged(bot, server)
+    )
+
+
+def _unchanged(bot: Kvpilot, server: str) -> Unchanged | None:
+    """Which changes the server already runs (passed over); None where its launcher cannot say
+    now: the experiment's own creation asks it again before anything is recorded."""
+    try:
+        return unchanged_on(bot.config, bot.config.server(server), bot.clock)
+    except (ConfigError, LaunchError) as exc:
+        log.warning("%s: which changes it already runs is unknown: %s", server, exc)
+        return None

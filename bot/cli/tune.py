@@ -36,6 +36,7 @@ from playbooks.campaigns.policy import (
     Choice,
     PolicyError,
     Tried,
+    Unchanged,
     campaign_stop,
     choose_next,
 )
@@ -45,6 +46,7 @@ from playbooks.diagnose.measure import MeasurementError
 from playbooks.diagnose.playbook import diagnose
 from playbooks.engines.base import ArgError, EngineClient, Snapshot
 from playbooks.experiments import machine as engine
+from playbooks.experiments import no_change
 from playbooks.experiments.ownership import Lease
 from playbooks.experiments.sampling import store_scrapes
 from playbooks.gate.settings import sized_for
@@ -131,6 +133,7 @@ def cmd_tune(
                 bounds=after.bounds_of(db, ns.server),
                 allowance=allowance if allowance.ranges else None,
                 force=ns.force,
+                unchanged=_unchanged(deps),
             )
             _run_steps(ns, config, db, clock, run, choice, err, stdin)
         except BaseException as exc:  # recorded as the campaign's end, then raised on
@@ -220,6 +223,7 @@ def _after_step(
             room=room_after(config.server(run.server), deps.client, run.room_before)
             if exp.state == store.State.kept
             else None,
+            unchanged=_unchanged(deps),
         ).choice
     finally:
         deps.client.close()
@@ -237,7 +241,8 @@ def _experiment(
     """One step, carried to its end here; its row (None if another process took it over)."""
     deps = experiment_deps(config, run.server, db, _printer(err), clock=clock)
     baseline = deps.launcher.current_args()
-    trial = deps.client.engine.with_change(baseline, option.change)
+    where = no_change.launcher_words(deps.launcher.kind)
+    trial = no_change.trial_args(deps.client.engine, run.server, baseline, option.change, where)
     lease = Lease(lambda: engine_db(config))
     reason = (
         f"step {len(run.tried) + 1} of campaign {run.id}, inside its plan approved by {who}"
@@ -266,6 +271,13 @@ def _experiment(
     run.codes.append(int(summary["exit_code"]))
     err.write(f"  experiment {exp_id}: {summary['outcome']} ({summary['cause']})\n")
     return row
+
+
+def _unchanged(deps: engine.Deps) -> Unchanged:
+    """Which changes the server already runs, as its launcher says now: passed over."""
+    where = no_change.launcher_words(deps.launcher.kind)
+    current = deps.launcher.current_args()
+    return no_change.unchanged_by(deps.client.engine, deps.server, current, where)
 
 
 def engine_db(config: Config) -> Database:

@@ -21,6 +21,7 @@ from playbooks.campaigns.policy import (
     Choice,
     Reassess,
     Tried,
+    Unchanged,
     bound_from,
     choose_next,
 )
@@ -128,9 +129,11 @@ def next_after(
     allowance: Allowance | None = None,
     force: bool = False,
     room: GpuRoom | None = None,
+    unchanged: Unchanged | None = None,
 ) -> Next:
     """The next step after `row`, from its own stored window and the server's settings now
-    (`room`: the GPU memory the server leaves free as it runs, where its GPUs can be read)."""
+    (`room`: the GPU memory the server leaves free as it runs, where its GPUs can be read;
+    `unchanged`: which changes it already runs, passed over)."""
     try:
         m = measurement_of(
             window_now(db, row), diagnose.plan, why=f"the window experiment {row.id} measured"
@@ -147,6 +150,7 @@ def next_after(
         force=force,
         room=room,
         reassess=reassessor(client.engine, info, diagnose, m),
+        unchanged=unchanged,
     )
     return Next(assessment, choice)
 

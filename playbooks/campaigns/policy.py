@@ -45,6 +45,10 @@ RISK: dict[Verdict, int] = {
 }
 
 
+# Why a change would change nothing on the server as it runs now, None when it changes
+# something (`playbooks.experiments.no_change.unchanged_by`): such a step is passed over.
+Unchanged = Callable[[Mapping[str, Any]], str | None]
+
 # Judges changes against the measurement the options came from (`Rules.assess` with the changes
 # considered): how a campaign asks the rules about a step it cut down to fit the GPUs' room.
 Reassess = Callable[[Sequence[dict[str, Any]]], Sequence[Option]]
@@ -265,17 +269,23 @@ def _skip_reason(
     allowance: Allowance | None,
     force: bool,
     room: GpuRoom | None = None,
+    unchanged: Unchanged | None = None,
 ) -> str | None:
     """Why a campaign must pass over this option now (None: it may take it)."""
-    return _not_a_step(option, tried, force) or _outside_plan(
+    return _not_a_step(option, tried, force, unchanged) or _outside_plan(
         option, tried, bounds, allowance, force, room
     )
 
 
-def _not_a_step(option: Option, tried: Sequence[Tried], force: bool) -> str | None:
-    """Options no campaign takes: actions off the server, useless, unsafe, or already tried."""
+def _not_a_step(
+    option: Option, tried: Sequence[Tried], force: bool, unchanged: Unchanged | None
+) -> str | None:
+    """Options no campaign takes: actions off the server, useless, unsafe, already tried, or
+    what the server already runs (a restart that changes nothing, even with force)."""
     if not option.change:
         return "it is not a change to the server"
+    if unchanged is not None and (same := unchanged(option.change)) is not None:
+        return same
     if option.verdict == "not_useful":
         return "the rules expect no gain from it"
     if option.verdict == "unsafe" and not force:
@@ -330,6 +340,7 @@ def choose_next(
     force: bool = False,
     room: GpuRoom | None = None,
     reassess: Reassess | None = None,
+    unchanged: Unchanged | None = None,
 ) -> Choice:
     """The option with the most expected gain per restart (ties: the lower risk), or why none.
 
@@ -342,7 +353,8 @@ def choose_next(
     under load where its GPUs can be read (`playbooks.campaigns.room`). Where nothing else is
     left and a step was passed over only because it does not fit that room, `reassess` (the
     rules, asked about other changes against the same measurement) judges it cut down to the
-    largest memory fraction that fits (`fitted`). Counting restarts and stopping at the first
+    largest memory fraction that fits (`fitted`). `unchanged` says which changes the server
+    already runs (passed over, even with force). Counting restarts and stopping at the first
     change not kept is the caller's: `campaign_stop` below.
     """
     skipped: list[tuple[str, str]] = []
@@ -350,8 +362,9 @@ def choose_next(
     too_large: list[Option] = []
     for option in options:
         reason = _skip_reason(
-            option, tried=tried, bounds=bounds, allowance=allowance, force=force, room=room
-        )
+            option, tried=tried, bounds=bounds, allowance=allowance, force=force, room=room,
+            unchanged=unchanged,
+        )  # fmt: skip
         if reason is None:
             candidates.append(option)
         elif option.change:
@@ -363,7 +376,7 @@ def choose_next(
     if not candidates and too_large and reassess is not None and room is not None:
         for option in fitted(too_large, room, reassess):
             if _skip_reason(option, tried=tried, bounds=bounds, allowance=allowance,
-                            force=force, room=room) is None:  # fmt: skip
+                            force=force, room=room, unchanged=unchanged) is None:  # fmt: skip
                 candidates.append(option)
     if not candidates:
         stop = "nothing useful is left to try" if not skipped else "every option was passed over"

@@ -150,6 +150,49 @@ def test_a_passed_over_option_says_why() -> None:
     assert choice.option is None and choice.stop == "every option was passed over"
 
 
+def runs_already(*values: float) -> Any:
+    """A server running these fractions: a step to one of them changes nothing."""
+
+    def why(change: Any) -> str | None:
+        value = change.get("mem_fraction_static")
+        if value in values:
+            return f"nothing would change on `kimi`: mem_fraction_static is already {value}"
+        return None
+
+    return why
+
+
+@pytest.mark.parametrize(
+    ("options", "runs", "expected"),
+    [
+        ([SAFE, SMALL], (0.89,), SMALL.title),  # the best step is what runs: the next one
+        ([SAFE], (0.89,), None),
+        ([SAFE, SMALL], (0.85,), SAFE.title),
+    ],
+)
+def test_a_step_that_changes_nothing_is_passed_over(
+    options: list[Option], runs: tuple[float, ...], expected: str | None
+) -> None:
+    choice = choose_next(options, unchanged=runs_already(*runs))
+    assert (choice.option.title if choice.option else None) == expected
+    reasons = dict(choice.skipped)
+    if SAFE.change["mem_fraction_static"] in runs:
+        assert reasons[SAFE.title].startswith("nothing would change on `kimi`")
+
+
+def test_a_cut_down_step_that_changes_nothing_is_not_taken() -> None:
+    """The fraction a step is cut down to for room (0.91 here, as below) may be what runs."""
+    rules = linear_rules(0.89, 0.95, 0.02)
+    edge = Option("mem_fraction_static=0.92", {"mem_fraction_static": 0.92}, "possible", None,
+                  (0.06, 0.12), "", [], False, 2.85)  # fmt: skip
+    room = GpuRoom(3.7, "NVML")
+    taken = choose_next([edge], tried=[KEPT], room=room, reassess=rules)
+    assert taken.option is not None and taken.option.change == {"mem_fraction_static": 0.91}
+    choice = choose_next([edge], tried=[KEPT], room=room, reassess=rules,
+                         unchanged=runs_already(0.91))  # fmt: skip
+    assert choice.option is None and choice.stop == "every option was passed over"
+
+
 STOPS = [
     ("fresh", [], Allowance(max_experiments=2), None),
     ("restarts used", [KEPT, KEPT], Allowance(max_experiments=2), "restart(s) are used"),
