@@ -26,7 +26,8 @@ from bot.chat.render import change_text, mention
 from bot.chat.views import ROLLOUT
 from playbooks.clock import Clock
 from playbooks.engines import restore_snapshot
-from playbooks.engines.base import EngineError
+from playbooks.engines.base import Engine, EngineError
+from playbooks.experiments import no_change
 from playbooks.experiments.ownership import this_process
 from playbooks.experiments.rollout import Candidate, Plan, ServerPlan, eligible
 from playbooks.experiments.rollout_run import RolloutContext, advance_rollout
@@ -79,11 +80,12 @@ def offer(config: Config, db: Database, row: store.ExperimentRow, clock: Clock) 
     trial = [str(a) for a in row.trial_config.get("args", [])]
     source = replace(
         _candidate(config, db, row.server, clock, row.change),
-        values={k: engine.arg_value(base, k) for k in row.change},
+        values=_values(engine, base, row.change),
         capacity_tokens=_capacity_before(db, row.id),
         busy=None,
+        unchanged=None,  # it runs the change: it was kept there
     )
-    target = {k: engine.arg_value(trial, k) for k in row.change}
+    target = _values(engine, trial, row.change)
     plans, left = [], []
     for peer in members:
         if peer.name == row.server:
@@ -126,16 +128,25 @@ def _candidate(
     client = engine_client(cfg, timeout_s=5.0)
     try:
         settings = client.settings()
-        args = launcher(config, cfg, clock).current_args()
+        found = launcher(config, cfg, clock)
+        args = found.current_args()
     except (EngineError, LaunchError, ConfigError) as exc:
         return replace(base, error=str(exc))
     finally:
         client.close()
-    values = {k: client.engine.arg_value(args, k) for k in change}
+    where = no_change.launcher_words(found.kind)
+    unchanged = no_change.unchanged_by(client.engine, name, args, where)(change)
     return replace(
-        base, model=settings.model, capacity_tokens=settings.capacity_tokens, values=values,
-        busy=busy,
+        base, model=settings.model, capacity_tokens=settings.capacity_tokens,
+        values=_values(client.engine, args, change), busy=busy, unchanged=unchanged,
     )  # fmt: skip
+
+
+def _values(engine: Engine, args: list[str], change: dict[str, Any]) -> dict[str, Any]:
+    """The changed arguments as the engine would run them from `args` (`0.880` is 0.88, an
+    absent flag its constant default); one it works out at start-up as given (None: absent)."""
+    readings = {key: engine.read_arg(args, key) for key in change}
+    return {key: r.value if r.known else (r.spelt or None) for key, r in readings.items()}
 
 
 def with_rollout_offer(

@@ -13,7 +13,8 @@ launcher), that is busy with an experiment, or that cannot be read, is left out 
 What next (`next_move`), from the rollout's rows: start the next servers (at most `batch` at
 once, the group's `max_concurrent_restarts`); on the first step not kept, stop the steps still
 running (they revert themselves), then revert, one at a time and newest first, every server this
-rollout changed; then end, saying why.
+rollout changed; then end, saying why. A server found running the change already when its
+turn comes is skipped (nothing to restart, nothing to revert), not a step that failed.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Candidate:
     restartable: bool = True
     busy: str | None = None  # why it cannot take an experiment now
     error: str | None = None  # why it could not be read
+    unchanged: str | None = None  # why the change would change nothing there (no_change)
 
 
 def eligible(source: Candidate, peer: Candidate, target: Mapping[str, Any]) -> str | None:
@@ -53,6 +55,13 @@ def eligible(source: Candidate, peer: Candidate, target: Mapping[str, Any]) -> s
         return peer.busy
     if peer.engine != source.engine:
         return f"runs {peer.engine}, not {source.engine}"
+    if peer.unchanged is not None:  # (before its capacity, which the change itself moves)
+        return f"runs the change already: {peer.unchanged}"
+    return _other_hardware(source, peer) or _other_values(source, peer, target)
+
+
+def _other_hardware(source: Candidate, peer: Candidate) -> str | None:
+    """Why `peer` is not the same model on the same hardware as `source`, if it is not."""
     if peer.model != source.model:
         return f"serves {peer.model}, not {source.model}"
     if peer.gpu_memory_gib != source.gpu_memory_gib:
@@ -67,6 +76,11 @@ def eligible(source: Candidate, peer: Candidate, target: Mapping[str, Any]) -> s
             f"KV capacity {_tokens(peer.capacity_tokens)} tokens, not "
             f"{_tokens(source.capacity_tokens)} (other GPUs, parallel layout or memory settings)"
         )
+    return None
+
+
+def _other_values(source: Candidate, peer: Candidate, target: Mapping[str, Any]) -> str | None:
+    """Why the change would not be the same move on `peer`, if it would not."""
     if dict(peer.values) == dict(target):
         return "runs the change already"
     if dict(peer.values) != dict(source.values):
@@ -143,7 +157,9 @@ class Step:
 
     server: str
     kind: Literal["apply", "revert"]
-    status: str  # apply: started | aborted; revert: reverting | reverted | failed | left
+    # apply: started | aborted | not_started | skipped (it already ran the change);
+    # revert: reverting | reverted | failed | left
+    status: str
     experiment_id: int | None = None
     state: State | None = None  # the apply step's experiment's state
     cause: str | None = None  # why it ended, as its last move recorded
@@ -153,6 +169,11 @@ class Step:
         """It ended before any restart because a freeze or the change window held it (or its
         approval ran out while it waited): the servers already changed are not at fault."""
         return self.cause in HELD_CAUSES
+
+    @property
+    def skipped(self) -> bool:
+        """The server already ran the change: nothing was restarted, nothing is owed."""
+        return self.status == "skipped"
 
     @property
     def ended(self) -> bool:
@@ -204,11 +225,11 @@ def next_move(servers: Sequence[str], batch: int, rows: Sequence[Step]) -> Rollo
     failed = [
         applies[s] for s in servers if s in applies and applies[s].ended and not applies[s].kept
     ]
-    running = [a for a in applies.values() if not a.ended]
+    running = [a for a in applies.values() if not a.ended and not a.skipped]
     if not failed:
         pending = [s for s in servers if s not in applies]
         if not pending and not running:
-            return Finish("done", f"kept on all {len(servers)} server(s)")
+            return Finish("done", _done(servers, applies))
         room = batch - len(running)
         if pending and room > 0:
             return Start(tuple(pending[:room]))
@@ -239,6 +260,15 @@ def next_move(servers: Sequence[str], batch: int, rows: Sequence[Step]) -> Rollo
         if revert is None or revert.status not in REVERT_DONE:
             return Revert(server)
     return _finished(why, changed, {s: reverts[s].status for s in changed})
+
+
+def _done(servers: Sequence[str], applies: Mapping[str, Step]) -> str:
+    skipped = [s for s in servers if applies[s].skipped]
+    if not skipped:
+        return f"kept on all {len(servers)} server(s)"
+    if len(skipped) == len(servers):
+        return f"nothing to do: {', '.join(skipped)} already ran it"
+    return f"kept on {len(servers) - len(skipped)} server(s); {', '.join(skipped)} already ran it"
 
 
 def _finished(why: str, changed: list[str], reverts: Mapping[str, str]) -> Finish:

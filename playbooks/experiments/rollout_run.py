@@ -21,7 +21,7 @@ from typing import Any
 from sqlite_utils import Database
 
 from playbooks.engines.base import EngineError
-from playbooks.experiments import lifecycle, rotation_steps, steps
+from playbooks.experiments import lifecycle, no_change, rotation_steps, steps
 from playbooks.experiments.advance import gather
 from playbooks.experiments.deps import Deps
 from playbooks.experiments.rollout import (
@@ -137,7 +137,8 @@ def step_plan(row: rollout_store.RolloutRow, plan: Plan, server: str) -> dict[st
 
 def _start(ctx: RolloutContext, row: rollout_store.RolloutRow, plan: Plan, server: str) -> None:
     """The step's proposal, its derived approval, its experiment; each recorded before the
-    next, so a crash in between is picked up where it stopped."""
+    next, so a crash in between is picked up where it stopped. A server that runs the change
+    already (`lifecycle.create` refuses it) is skipped, with a line saying so."""
     step = row.step(server, "apply") or rollout_store.add_step(
         ctx.db, row.id, server, "apply", status="started", now=ctx.now()
     )
@@ -161,7 +162,14 @@ def _start(ctx: RolloutContext, row: rollout_store.RolloutRow, plan: Plan, serve
         None,
     )
     if exp_id is None:
-        exp_id = _create(ctx, row, plan, server, proposal_id)
+        try:
+            exp_id = _create(ctx, row, plan, server, proposal_id)
+        except no_change.NothingToChange as exc:  # it runs the change already: nothing to do
+            text = f"rollout {row.id}: {server} skipped: {exc}"
+            _note(ctx, server, text)
+            ctx.say(text)
+            rollout_store.update_step(ctx.db, step.id, now=ctx.now(), status="skipped")
+            return
         if exp_id is None:
             rollout_store.update_step(ctx.db, step.id, now=ctx.now(), status="not_started")
             return

@@ -23,6 +23,10 @@ from storage.experiments import State
 
 SOURCE = Candidate("a", "sglang", "kimi", 95.59, 116_171, {"mem_fraction_static": 0.85})
 TARGET = {"mem_fraction_static": 0.88}
+ALREADY = (
+    "nothing would change on `b`: mem_fraction_static is already 0.88 "
+    "(`--mem-fraction-static 0.880` in its launch arguments as its process launcher reports them)"
+)
 
 
 def peer(**changes: Any) -> Candidate:
@@ -47,9 +51,14 @@ def peer(**changes: Any) -> Candidate:
         (peer(capacity_tokens=58_000), "KV capacity 58,000 tokens, not 116,171"),  # half the GPUs
         (peer(capacity_tokens=None), "KV capacity unknown"),
         (peer(values=TARGET), "runs the change already"),
+        # what the engine makes of its arguments: 0.880 is 0.88 (read by no_change)
+        (peer(values={"mem_fraction_static": "0.880"}, unchanged=ALREADY),
+         f"runs the change already: {ALREADY}"),
+        # ... and before its capacity, which the change itself moved
+        (peer(capacity_tokens=124_000, unchanged=ALREADY), "runs the change already"),
         (peer(values={"mem_fraction_static": 0.80}), "not what the change was measured from"),
     ],
-)
+)  # fmt: skip
 def test_which_servers_qualify(candidate: Candidate, why: str | None) -> None:
     found = eligible(SOURCE, candidate, TARGET)
     assert found == why if why is None else found is not None and why in found
@@ -108,6 +117,14 @@ SERVERS = ("b", "c", "d")
                 "change; roll out again once the hold lifts")),
         (2, [apply("b", State.expired, exp=1, cause="expired_waiting"),
              apply("c", State.trial, exp=2)], Wait("c measuring before the rollout stops")),
+        # a server that already ran the change was skipped: nothing restarted, not a failure
+        (1, [apply("b", None, "skipped", 0), apply("c", State.kept), apply("d", State.kept)],
+         Finish("done", "kept on 2 server(s); b already ran it")),
+        (1, [apply("b", None, "skipped", 0)], Start(("c",))),
+        (2, [apply(s, None, "skipped", 0) for s in SERVERS],
+         Finish("done", "nothing to do: b, c, d already ran it")),
+        (1, [apply("b", None, "skipped", 0), apply("c", State.kept), apply("d", State.reverted)],
+         Revert("c")),
         # ... but a real failure beside it still reverts what was changed
         (2, [apply("b", State.kept, exp=1), apply("c", State.cancelled, exp=2, cause="held"),
              apply("d", State.reverted, exp=3)], Revert("b")),
