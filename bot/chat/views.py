@@ -44,9 +44,13 @@ def approval_message(
     drain: str | None = None,
 ) -> Message:
     """The proposal with its diff, prediction, risks and gate, and Approve/Reject buttons;
-    `drain`: how a router in front of the server spares its running requests (`routing`)."""
+    `drain`: how a router in front of the server spares its running requests (`routing`).
+
+    A plan whose arguments after are those before (recorded before such proposals were
+    refused) gets no Approve button: its approval would only be refused."""
     value = f"{row.id}:{row.plan_hash[:16]}"
     server = row.server
+    diff = arg_diff(row.plan["from_args"], row.plan["to_args"])
     buttons = (
         Button(
             APPROVE,
@@ -69,12 +73,14 @@ def approval_message(
             Confirm("Reject this change?", "Nothing will be changed on the server.", "Reject"),
         ),
     )
+    if diff == NO_CHANGE:
+        buttons = buttons[1:]
     return Message.from_template(
         "chat/proposal.md.j2",
         buttons=buttons if restartable else (),
         p=row,
         o=option,
-        diff=arg_diff(row.plan["from_args"], row.plan["to_args"]),
+        diff=diff,
         gate=row.plan["gate"],
         snap=row.snapshot,
         expires=hhmm(row.expires_at),
@@ -146,6 +152,9 @@ def history_message(db: Database, server: str | None) -> Message:
     return Message.from_template("chat/history.md.j2", items=items, server=server)
 
 
+NO_CHANGE = "(no change: the server already runs these arguments)"
+
+
 def arg_diff(before: list[str], after: list[str]) -> str:
     """A unified-diff-like view of the launch arguments, one `--flag value` per line."""
 
@@ -160,4 +169,4 @@ def arg_diff(before: list[str], after: list[str]) -> str:
 
     old, new = pairs(before), pairs(after)
     lines = [f"- {p}" for p in old if p not in new] + [f"+ {p}" for p in new if p not in old]
-    return "\n".join(lines) or "(no change)"
+    return "\n".join(lines) or NO_CHANGE

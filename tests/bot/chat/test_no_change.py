@@ -172,10 +172,12 @@ def test_a_stored_proposal_that_changes_nothing_is_refused_at_approval(
         snapshot={"args": current, "running": 0, "queued": 0},
         created_by="U1", now=now, expires_at=now + timedelta(minutes=30),
     )  # fmt: skip
-    ref = surface.post(bot.approval_message(row, OPTION))
-    assert approve_buttons(surface.posted[ref.message_id])  # as such proposals were shown
+    message = bot.approval_message(row, OPTION)
+    assert not approve_buttons(message) and "no change" in message.text  # shown now
+    ref = surface.post(message)
     chat.remember_message(db, "proposal", row.id, "approval", ref, now=now)
 
+    # the button such a proposal was posted with before
     reply = bot.action(APPROVER, APPROVE, f"{row.id}:{row.plan_hash[:16]}", ref)
     assert reply.work is not None
     reply.work(surface)
