@@ -51,7 +51,7 @@ def approval_message(
     value = f"{row.id}:{row.plan_hash[:16]}"
     server = row.server
     diff = arg_diff(row.plan["from_args"], row.plan["to_args"])
-    buttons = (
+    buttons: tuple[Button, ...] = (
         Button(
             APPROVE,
             value,

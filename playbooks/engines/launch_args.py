@@ -15,7 +15,7 @@ that is a constant (each engine lists its `Default`s, citing its source).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -291,6 +291,20 @@ class Default:
 def decided_at_start(source: str) -> Default:
     """A default kvpilot cannot know: the engine picks it at start-up (from the GPU, the model)."""
     return Default(source, known=False)
+
+
+def when_absent(
+    constants: Mapping[str, Default], at_start: Mapping[str, str], engine: str
+) -> Callable[[str], Default]:
+    """What an engine runs for an absent flag, by name: one of its `constants`, or a value it
+    works out at start-up (`at_start` says from what; any flag not listed is taken so)."""
+
+    def default(name: str) -> Default:
+        if name in constants:
+            return constants[name]
+        return decided_at_start(at_start.get(name, f"{engine} decides it at start-up"))
+
+    return default
 
 
 def last_given(

@@ -105,27 +105,15 @@ def facts_of(
     )
 
 
-def refuse_if_unchanged(
-    engine: Engine,
-    server: str,
-    current: Sequence[str],
-    trial: Sequence[str],
-    change: Mapping[str, Any],
-    where: str,
-) -> None:
-    """Raise `NothingToChange` when going from `current` to `trial` changes nothing."""
-    why = nothing_changes(facts_of(engine, server, current, trial, change, where))
-    if why is not None:
-        raise NothingToChange(why)
-
-
 def trial_args(
     engine: Engine, server: str, current: Sequence[str], change: Mapping[str, Any], where: str
 ) -> list[str]:
     """`current` with `change` applied: the arguments to restart with. Raises
     `NothingToChange` when that changes nothing (and ArgError for a change not allowed)."""
     trial = engine.with_change(current, change)
-    refuse_if_unchanged(engine, server, current, trial, change, where)
+    why = nothing_changes(facts_of(engine, server, current, trial, change, where))
+    if why is not None:
+        raise NothingToChange(why)
     return trial
 
 

@@ -27,11 +27,11 @@ from playbooks.engines.launch_args import (
     Default,
     FloatValue,
     IntValue,
-    decided_at_start,
     normalise_key,
     read,
     split_assignment,
     value_of,
+    when_absent,
     without,
 )
 
@@ -289,24 +289,22 @@ DEFAULTS: dict[str, Default] = {
 }
 # Absent flags whose value SGLang works out at start-up from what kvpilot cannot know: a change
 # to any value of them is a real change (the server may have picked another).
-AT_START: dict[str, Default] = {
-    name: decided_at_start(why)
-    for name, why in {
-        "mem_fraction_static": "SGLang picks it from the GPU's memory at start-up "
-        "(arg_groups/memory_hook.py `handle_gpu_memory_settings`)",
-        "chunked_prefill_size": "SGLang picks it from the GPU's memory at start-up "
-        "(arg_groups/memory_hook.py `handle_gpu_memory_settings`)",
-        "cuda_graph_max_bs_decode": "SGLang picks it from the GPU's memory at start-up "
-        "(arg_groups/memory_hook.py `handle_gpu_memory_settings`)",
-        "max_running_requests": "SGLang derives it from the KV pool at start-up",
-        "hicache_ratio": "SGLang's default depends on the host memory mode (fields/memory.py "
-        "`hicache_ratio = None`: 2.0 in cache mode, 1.2 in buffer_only mode)",
-        "page_size": "SGLang's attention backend picks it at start-up (fields/schedule.py "
-        "`page_size = None`, resolvable)",
-        "attn_dp_size": "SGLang resolves it at start-up, also from the deprecated "
-        "`--enable-dp-attention --dp-size N` (fields/parallel.py)",
-    }.items()
+AT_START: dict[str, str] = {
+    "mem_fraction_static": "SGLang picks it from the GPU's memory at start-up "
+    "(arg_groups/memory_hook.py `handle_gpu_memory_settings`)",
+    "chunked_prefill_size": "SGLang picks it from the GPU's memory at start-up "
+    "(arg_groups/memory_hook.py `handle_gpu_memory_settings`)",
+    "cuda_graph_max_bs_decode": "SGLang picks it from the GPU's memory at start-up "
+    "(arg_groups/memory_hook.py `handle_gpu_memory_settings`)",
+    "max_running_requests": "SGLang derives it from the KV pool at start-up",
+    "hicache_ratio": "SGLang's default depends on the host memory mode (fields/memory.py "
+    "`hicache_ratio = None`: 2.0 in cache mode, 1.2 in buffer_only mode)",
+    "page_size": "SGLang's attention backend picks it at start-up (fields/schedule.py "
+    "`page_size = None`, resolvable)",
+    "attn_dp_size": "SGLang resolves it at start-up, also from the deprecated "
+    "`--enable-dp-attention --dp-size N` (fields/parallel.py)",
 }
+ABSENT = when_absent(DEFAULTS, AT_START, "SGLang")
 # One value, two spellings: mem_cache/kv_cache_dtype.py `configure_kv_cache_dtype` reads
 # `bf16` and `bfloat16` as the same torch.bfloat16.
 SYNONYMS: dict[str, dict[Any, Any]] = {"kv_cache_dtype": {"bf16": "bfloat16"}}
@@ -315,7 +313,4 @@ SYNONYMS: dict[str, dict[Any, Any]] = {"kv_cache_dtype": {"bf16": "bfloat16"}}
 def read_arg(args: Sequence[str], name: str) -> ArgReading:
     """An allowed argument as SGLang would run it from `args` (`base.ArgReading`)."""
     spec = spec_of(name)
-    default = DEFAULTS.get(spec.name) or AT_START.get(spec.name)
-    if default is None:
-        default = decided_at_start("SGLang decides it at start-up")
-    return read(spec, args, default, synonyms=SYNONYMS.get(spec.name))
+    return read(spec, args, ABSENT(spec.name), synonyms=SYNONYMS.get(spec.name))

@@ -31,11 +31,11 @@ from playbooks.engines.launch_args import (
     Default,
     FloatValue,
     IntValue,
-    decided_at_start,
     normalise_key,
     read,
     split_assignment,
     value_of,
+    when_absent,
     without,
 )
 
@@ -380,32 +380,27 @@ DEFAULTS: dict[str, Default] = {
 }
 # Absent flags whose value vLLM works out at start-up from what kvpilot cannot know: a change to
 # any value of them is a real change (the server may have picked another).
-AT_START: dict[str, Default] = {
-    name: decided_at_start(why)
-    for name, why in {
-        "max_num_seqs": "vLLM picks it from the GPU and the model at start-up "
-        "(vllm/engine/arg_utils.py `EngineArgs.get_batch_defaults`)",
-        "max_num_batched_tokens": "vLLM picks it from the GPU and the model at start-up "
-        "(vllm/engine/arg_utils.py `EngineArgs.get_batch_defaults`)",
-        "block_size": "vLLM's platform and attention backend pick it at start-up "
-        "(vllm/config/cache.py `block_size = None`: 16 on GPU, 128 on CPU)",
-        "max_model_len": "vLLM derives it from the model's config.json at start-up",
-        "enable_prefix_caching": "vLLM turns it on where the model supports it "
-        "(vllm/engine/arg_utils.py: the flag's default is None)",
-        "max_cudagraph_capture_size": "vLLM derives it from max_num_seqs at start-up "
-        "(vllm/config/compilation.py), unless a compilation config sets it",
-    }.items()
+AT_START: dict[str, str] = {
+    "max_num_seqs": "vLLM picks it from the GPU and the model at start-up "
+    "(vllm/engine/arg_utils.py `EngineArgs.get_batch_defaults`)",
+    "max_num_batched_tokens": "vLLM picks it from the GPU and the model at start-up "
+    "(vllm/engine/arg_utils.py `EngineArgs.get_batch_defaults`)",
+    "block_size": "vLLM's platform and attention backend pick it at start-up "
+    "(vllm/config/cache.py `block_size = None`: 16 on GPU, 128 on CPU)",
+    "max_model_len": "vLLM derives it from the model's config.json at start-up",
+    "enable_prefix_caching": "vLLM turns it on where the model supports it "
+    "(vllm/engine/arg_utils.py: the flag's default is None)",
+    "max_cudagraph_capture_size": "vLLM derives it from max_num_seqs at start-up "
+    "(vllm/config/compilation.py), unless a compilation config sets it",
 }
+ABSENT = when_absent(DEFAULTS, AT_START, "vLLM")
 
 
 def read_arg(args: Sequence[str], name: str) -> ArgReading:
     """An allowed argument as vLLM would run it from `args` (`base.ArgReading`): every spelling
     its parser reads (aliases, `--no-FLAG`, underscores), typed (`4k` is 4000, `-1` is `auto`)."""
     spec = spec_of(name)
-    default = DEFAULTS.get(spec.name) or AT_START.get(spec.name)
-    if default is None:
-        default = decided_at_start("vLLM decides it at start-up")
-    return read(spec, args, default, underscores=True)
+    return read(spec, args, ABSENT(spec.name), underscores=True)
 
 
 def launch_settings(args: Sequence[str]) -> dict[str, Any]:
