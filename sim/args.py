@@ -226,9 +226,11 @@ def _peak_scale(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> floa
 
 
 def _resolve_preset(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> Preset:
-    """The preset with the twin's overrides: memory, step time, no CUDA graphs, the hidden
-    activation peak."""
+    """The preset with the twin's overrides: memory, start-up time, step time, no CUDA graphs,
+    the hidden activation peak."""
     preset = _replace_preset_memory(get_preset(ns.preset), ns)
+    if ns.sim_startup_s is not None:
+        preset = replace(preset, startup_s=ns.sim_startup_s)
     preset = _scale_step_time(preset, ns.sim_step_time_factor)
     if ns.disable_cuda_graph:
         preset = replace(preset, memory=replace(preset.memory, graph_gib=0.0))

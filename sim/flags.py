@@ -266,6 +266,13 @@ TWIN_FLAGS: tuple[Flag, ...] = (
         "CUDA's out-of-memory error. Hidden: not in server info, metrics or logs",
     ),
     flag(
+        "--sim-startup-s",
+        type=_positive_float,
+        default=None,
+        help="simulated seconds the weights and CUDA graphs take to load (default: the "
+        "preset's; a host pool adds its pinning): a model read from slow storage",
+    ),
+    flag(
         "--sim-gpu-gib",
         type=_positive_float,
         default=None,

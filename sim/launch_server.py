@@ -1,10 +1,12 @@
 """`python -m sim.launch_server`: start the SGLang twin like `python -m sglang.launch_server`.
 
-The startup follows SGLang's order and log lines (weights, KV pool, CUDA graphs, the capacity
-summary, HTTP server, warm-up request, "The server is fired up and ready to roll!"), taking the
-preset's startup time in simulated seconds. Configurations SGLang refuses fail the way SGLang
-fails: the scheduler's exception, "Received sigquit from a child process...", and the process
-killing itself. Runtime OOMs (GPU activations, host RAM) end the process under load.
+The startup follows SGLang's order and log lines (weights, KV pool, CUDA graphs, the
+hierarchical cache's host pool, the capacity summary, HTTP server, warm-up request, "The server
+is fired up and ready to roll!"), taking the preset's startup time (or `--sim-startup-s`) in
+simulated seconds, plus the host pool's pinning (`sim.memory.PIN_BYTES_PER_S`). Configurations
+SGLang refuses fail the way SGLang fails: the scheduler's exception, "Received sigquit from a
+child process...", and the process killing itself. Runtime OOMs (GPU activations, host RAM) end
+the process under load.
 
 `--engine vllm` hands the other flags to the vLLM twin (`sim.vllm.launch`, `vllm serve`'s flags).
 """
@@ -118,9 +120,9 @@ async def _load_weights(rt: Runtime, prefix: str) -> float:
     return load_time
 
 
-def _allocate_kv_cache(rt: Runtime, prefix: str) -> tuple[float, bool]:
-    """The KV pool (and the host pool); returns the GPU memory left and whether a host pool
-    exists. Raises the configuration's StartupFailure where SGLang fails here."""
+def _allocate_kv_cache(rt: Runtime, prefix: str) -> float:
+    """The KV pool; returns the GPU memory left. Raises the configuration's StartupFailure
+    where SGLang fails here."""
     cfg, log = rt.cfg, rt.log
     mem, cap = cfg.preset.memory, cfg.capacity
     if cfg.failure is not None:
@@ -137,22 +139,29 @@ def _allocate_kv_cache(rt: Runtime, prefix: str) -> tuple[float, bool]:
     log.line(
         f"KV Cache is allocated. {dtype_part}#tokens: {cap.max_total_num_tokens}, {sizes}", prefix
     )
-    pool = rt.plan_host_pool()
-    if pool is not None:
-        for line in pool.log_lines:
-            log.line(line, prefix)
     reserve = mem.free_before_load_gib - mem.weights_gib - mem.other_static_gib - kv_gb
     log.line(f"Memory pool end. avail mem={reserve:.2f} GB", prefix)
-    return reserve, pool is not None
+    return reserve
 
 
-async def _capture_cuda_graphs(
-    rt: Runtime, prefix: str, reserve: float, host_pool: bool
-) -> tuple[float, Headroom]:
+async def _allocate_host_pool(rt: Runtime, prefix: str) -> None:
+    """The hierarchical cache's host pool, after the CUDA graphs as in SGLang (the scheduler's
+    `build_kv_cache` follows `init_model_worker`), taking the time its pinning takes; raises
+    the StartupFailure SGLang raises when it does not fit."""
+    pool = rt.plan_host_pool()
+    if pool is None:
+        return
+    for line in pool.log_lines:
+        rt.log.line(line, prefix)
+    await _sleep_sim(rt.clock, pool.pin_s)
+
+
+async def _capture_cuda_graphs(rt: Runtime, prefix: str, reserve: float) -> tuple[float, Headroom]:
     """CUDA graph capture; returns its simulated time and the memory left for activations."""
     cfg = rt.cfg
     mem = cfg.preset.memory
     mfs = float(cfg.server_args["mem_fraction_static"])
+    host_pool = bool(cfg.server_args["enable_hierarchical_cache"])
     hr = headroom(cfg.preset, mfs, host_pool, cfg.capacity.kv_cache_gib)
     rt.log.line(
         "Capture cuda graph begin. This can take up to several minutes. "
@@ -236,8 +245,9 @@ async def startup(rt: Runtime) -> None:
     SGLang would fail."""
     prefix = rank_prefix(int(rt.cfg.server_args["tp_size"]), rt.dp_size)
     load_time = await _load_weights(rt, prefix)
-    reserve, host_pool = _allocate_kv_cache(rt, prefix)
-    graph_time, hr = await _capture_cuda_graphs(rt, prefix, reserve, host_pool)
+    reserve = _allocate_kv_cache(rt, prefix)
+    graph_time, hr = await _capture_cuda_graphs(rt, prefix, reserve)
+    await _allocate_host_pool(rt, prefix)
     rt.log.line(_capacity_line(rt.cfg, hr), prefix)
     rt.build_engines()
     _record_startup(rt, load_time, graph_time, hr)

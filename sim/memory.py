@@ -208,6 +208,17 @@ class HostPool:
     ratio_used: float
     log_lines: tuple[str, ...]
 
+    @property
+    def pin_s(self) -> float:
+        """Simulated seconds to allocate and pin the pool: every rank pins its own at once."""
+        return self.bytes_per_rank / PIN_BYTES_PER_S
+
+
+# SGLang allocates the host pool pinned (`torch.empty(..., pin_memory=True)`,
+# mem_cache/memory_pool_host.py `init_kv_buffer`); on the H100 of gpu-sglang.md pinning 35.09 GB
+# took about 31 s (start-up 83-86 s with HiCache ratio 2 against 37-54 s without).
+PIN_BYTES_PER_S = 35.09e9 / 31.0
+
 
 def plan_host_pool(
     preset: Preset,
