@@ -58,6 +58,7 @@ CHECK_TESTS := tests/storage tests/test_architecture.py tests/bot/app tests/bot/
 	tests/playbooks/gate tests/playbooks/campaigns tests/playbooks/stats tests/playbooks/engines tests/playbooks/test_http.py tests/playbooks/test_clock.py \
 	tests/playbooks/diagnose/test_measure.py tests/playbooks/launchers/test_launcher_config.py \
 	tests/playbooks/experiments/test_outcome.py tests/playbooks/experiments/test_ownership.py \
+	tests/playbooks/experiments/test_failures.py \
 	tests/playbooks/experiments/test_restart_slots.py tests/playbooks/experiments/test_engine_slots.py \
 	tests/playbooks/experiments/test_lifecycle.py tests/playbooks/experiments/test_steps.py \
 	tests/playbooks/experiments/test_rollout.py tests/playbooks/experiments/test_quality_steps.py \

@@ -31,6 +31,7 @@ from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import restore_snapshot
 from playbooks.engines.base import Assessment, Engine, EngineClient, ServerSettings, Snapshot
 from playbooks.experiments.advance import settings_of
+from playbooks.experiments.failures import lesson_words
 from playbooks.experiments.outcome import Ending, Outcome, ending
 from playbooks.gate.windows import trial_window
 from playbooks.types import Option
@@ -74,8 +75,9 @@ def learn(
     actor: str,
     now: datetime,
 ) -> list[Bound]:
-    """Store what a crashed step, or one that broke a latency target, teaches for its server;
-    returns the bounds that are new."""
+    """Store what a step that ran out of memory, or broke a latency target, teaches for its
+    server; returns the bounds that are new (none from a start still loading at the ready
+    timeout or a crash of another kind: `playbooks.experiments.failures`)."""
     end = ending(row, store.transitions(db, row.id))
     args = [str(a) for a in row.baseline_config.get("args", [])]
     before: dict[str, Any] = {}
@@ -87,7 +89,10 @@ def learn(
     words = _broken_words(row) if cause == "slo" else _crash_words(end)
     reason = f"{_change_text(row.change)} {words} (experiment {row.id})"
     learnt = []
-    for bound in bound_from(row.change, before, cause, reason=reason, experiment_id=row.id):
+    learnt_from = bound_from(
+        row.change, before, cause, failure=end.failure, reason=reason, experiment_id=row.id
+    )
+    for bound in learnt_from:
         if campaign_store.learn_bound(
             db,
             server=row.server,
@@ -196,4 +201,5 @@ def _broken_words(row: store.ExperimentRow) -> str:
 
 
 def _crash_words(end: Ending) -> str:
-    return "did not start" if end.cause_code == "failed_start" else "died under load"
+    did = "did not start" if end.cause_code == "failed_start" else "died under load"
+    return f"{did}: {lesson_words(end.failure)}"

@@ -12,8 +12,9 @@ takes a `possible` step only after one of its steps was kept on this server (the
 changed configuration under load and stayed up), never as its first move; where the server's
 GPUs can be read, also only if the memory it left free under load holds what the step adds;
 where it does not, the step is cut down to the largest memory fraction that fits, judged by the
-same rules. A step that crashed the server teaches a bound ("mem_fraction_static 0.91 died
-under load"): kept per server and never proposed again without `force`.
+same rules. A step that ran the server out of memory teaches a bound ("mem_fraction_static 0.91
+died under load: out of memory"): kept per server and never proposed again without `force`.
+A start still loading at the launcher's ready timeout, or a crash of another kind, teaches none.
 """
 
 from __future__ import annotations
@@ -24,10 +25,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from playbooks.campaigns.room import MIN_CREDITED_CHUNK, GpuRoom
+from playbooks.engines.exits import Failure
+from playbooks.experiments.failures import teaches_about_memory
 from playbooks.types import Option, Verdict
 
-# Causes (playbooks.experiments.outcome.CAUSES keys) that say the configuration itself cannot
-# run: a failed start or a death under load. A guardrail or a gate's "not improved" teaches no
+# Causes (playbooks.experiments.outcome.CAUSES keys) that may say the configuration itself
+# cannot run: a failed start or a death under load, when the failure they recorded is evidence
+# about memory (`playbooks.experiments.failures.teaches_about_memory`: an out-of-memory
+# signature or the engine's refusal for memory; not a start still loading at the ready timeout,
+# a refused argument or another crash). A guardrail or a gate's "not improved" teaches no
 # bound: the server ran.
 CRASH_CAUSES = frozenset({"died", "failed_start"})
 # A step reverted because it broke a latency target (`ttft_p99_s`, `itl_p99_ms`) teaches a bound
@@ -458,14 +464,18 @@ def bound_from(
     before: Mapping[str, Any],
     cause: str,
     *,
+    failure: Failure | None = None,
     reason: str,
     experiment_id: int | None = None,
 ) -> list[Bound]:
-    """What a crashed step (or one that broke a latency target, cause `slo`) teaches: for each
-    numeric argument it moved, the value that failed and everything further in the same
-    direction. `before` holds the values it moved from (absent: the engine's default, taken as
-    below any value set)."""
+    """What a step that ran out of memory (or broke a latency target, cause `slo`) teaches: for
+    each numeric argument it moved, the value that failed and everything further in the same
+    direction. A failed start or a death teaches only with memory evidence (`failure`; see
+    CRASH_CAUSES). `before` holds the values it moved from (absent: the engine's default, taken
+    as below any value set)."""
     if cause not in BOUND_CAUSES:
+        return []
+    if cause in CRASH_CAUSES and not teaches_about_memory(failure):
         return []
     bounds = []
     for key, value in change.items():

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from playbooks.engines.exits import ExitCause
 from playbooks.engines.timebudget import StepCounters
 
 if TYPE_CHECKING:
@@ -567,6 +568,10 @@ class Engine(Protocol):
     # signatures
     def classify_exit(self, code: int | None, log_tail: str) -> str:
         """Why a server went down, from its exit status and its own log lines."""
+        ...
+
+    def exit_cause(self, code: int | None, log_tail: str) -> ExitCause:
+        """The same reading with its kind: whether it is evidence about memory."""
         ...
 
     # rules

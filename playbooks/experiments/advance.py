@@ -19,8 +19,10 @@ from typing import Any
 
 from playbooks import gate as gate_mod
 from playbooks.engines.base import EngineError
+from playbooks.engines.exits import Failure
 from playbooks.experiments import quality_steps, rotation_steps, stall, steps
 from playbooks.experiments.deps import Deps, args_of
+from playbooks.experiments.failures import FAILURE, exited
 from playbooks.experiments.known_baseline import (
     KnownBaseline,
     NoKnownBaseline,
@@ -40,6 +42,7 @@ from playbooks.experiments.sampling import (
     store_sample,
     store_samples,
 )
+from playbooks.experiments.start_times import known_ready_s
 from playbooks.launchers.base import LaunchError, ServerState
 from playbooks.quality.check import stored_check
 from storage import audit, proposals, quality_answers, restart_slots, servers
@@ -77,6 +80,7 @@ def view_of(row: store.ExperimentRow, answers: dict[str, int] | None = None) -> 
         result=row.result,
         quality=stored_check(row.settings),
         answers=answers or {},
+        server=row.server,
     )
 
 
@@ -99,6 +103,7 @@ def gather(
     """What the step needs to see: the launcher's view of the server, and the time (and behind
     a router, while it restarts, the router's: `rotation_steps.facts`)."""
     identity = deps.launcher.identity()
+    failure = None
     if state in MEASURING and identity is not None:
         running, ready, reason = True, True, ""
     else:
@@ -106,6 +111,7 @@ def gather(
         running, ready, reason = seen.running, seen.ready, seen.reason
         if not running:
             identity = None
+            failure = None if seen.cause is None else seen.cause.failure
     try:
         current: tuple[str, ...] | None = tuple(deps.launcher.current_args())
     except LaunchError:
@@ -122,6 +128,7 @@ def gather(
         rotation=rotation_steps.facts(deps, state, progress or {}),
         hold=deps.hold(deps.wall_now()) if deps.hold is not None and state in HELD else None,
         approval_ran_out=state in HELD and _approval_ran_out(deps, proposal_id),
+        failure=failure,
     )
 
 
@@ -211,9 +218,9 @@ def _record(deps: Deps, row: store.ExperimentRow, event: Any, **fields_: Any) ->
 
 
 def _move(deps: Deps, row: store.ExperimentRow, step: steps.Move) -> None:
-    details = {k: v for k, v in step.details.items() if k != "give_up"}
     if step.details.get("give_up"):
-        deps.launcher.give_up()
+        step = steps.after_give_up(step, deps.launcher.give_up(), row.server)
+    details = {k: v for k, v in step.details.items() if k != "give_up"}
     if step.to in TERMINAL:
         rotation_steps.on_end(deps, row, step.to)
         _give_back_slot(deps, row)
@@ -352,7 +359,9 @@ def _went_unread(
         answers = False
     if not answers:
         return steps.Move(
-            to, f"the server stopped answering for {gone_s:.0f} s: {exc}", {"cause": "died"}
+            to,
+            f"the server stopped answering for {gone_s:.0f} s: {exc}",
+            {"cause": "died", FAILURE: str(Failure.unknown)},
         )
     return steps.Move(
         to,
@@ -523,7 +532,10 @@ def _issue(
     rotation_steps.before_issue(deps, row, facts)
     # Recorded before the launcher is called: a bot killed inside `issue` finds it, sees
     # what the system runs and issues again if the change never arrived.
-    _progress(deps, row, issued=facts.now_ts, before=facts.instance, waiting_since=None)
+    _progress(
+        deps, row, issued=facts.now_ts, before=facts.instance, waiting_since=None,
+        **({"known_ready_s": known_ready_s(deps.db, row)} if step.purpose == "restart" else {}),
+    )  # fmt: skip
     if step.purpose == "restart":
         _record(deps, row, audit.RestartStarted, args=row.trial_config)
     try:
@@ -554,10 +566,10 @@ def _launch_failed(deps: Deps, row: store.ExperimentRow, purpose: str, exc: Laun
         )  # fmt: skip
         # the slot stays taken: the server is down until the revert restores it
         deps.say(f"{fresh.state} -> reverting: {exc.reason}")
+        reason, kind = exited("the changed server did not start", exc.cause, exc.reason)
         move(
-            deps, fresh.id, fresh.state, State.reverting,
-            f"the changed server did not start: {exc.reason}",
-            details={"cause": "failed_start", "log_tail": exc.log_tail[-2000:]},
+            deps, fresh.id, fresh.state, State.reverting, reason,
+            details={"cause": "failed_start", **kind, "log_tail": exc.log_tail[-2000:]},
         )  # fmt: skip
         return
     _record(deps, fresh, audit.RevertExecuted, ok=False, error=exc.reason)

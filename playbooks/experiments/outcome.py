@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from playbooks.engines.exits import Failure
+from playbooks.experiments.failures import failure_of
 from storage.experiments import ExperimentRow, State, TransitionRow
 
 
@@ -69,6 +71,8 @@ class Ending:
     cause: str  # why it ended: the reason of the move that decided it, first
     then: str  # what followed (the last move's reason), when it differs from the cause
     cause_code: str  # the recorded cause key (`died`, `not_improved`, ...), or ""
+    # the kind of failure a failed start or a death recorded (None: none, or none recorded)
+    failure: Failure | None = None
 
     @property
     def description(self) -> str:
@@ -117,4 +121,4 @@ def ending(row: ExperimentRow, moves: list[TransitionRow]) -> Ending:
     elif row.state == State.cancelled:  # whatever cut it, nothing had been changed
         outcome = Outcome.cancelled
     then = "" if move is moves[-1] else last
-    return Ending(outcome, move.reason, then, code)
+    return Ending(outcome, move.reason, then, code, failure_of(move.details))

@@ -294,7 +294,7 @@ def _end_revert(
     chosen: steps.Move,
 ) -> None:
     if chosen.details.get("give_up"):
-        deps.launcher.give_up()
+        chosen = steps.after_give_up(chosen, deps.launcher.give_up(), step.server)
     if chosen.to == State.reverted:
         _reverted(ctx, deps, row, step, kept, ok=True)
     elif chosen.to == State.superseded:

@@ -39,11 +39,19 @@ state from the baseline on ends `superseded` on seeing them, leaving the server 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from playbooks import gate as gate_mod
+from playbooks.engines.exits import Failure, last_log_line
 from playbooks.experiments import stall
+from playbooks.experiments.failures import (
+    FAILURE,
+    StillLoading,
+    failure_of,
+    reverted,
+    what_it_teaches,
+)
 from playbooks.quality.check import QualityCheck
 from playbooks.quality.compare import QualityVerdict
 from playbooks.routers.drain import drain_state
@@ -66,6 +74,7 @@ class View:
     result: dict[str, Any] | None = None
     quality: QualityCheck | None = None  # the answer quality check the experiment carries
     answers: dict[str, int] = field(default_factory=dict)  # golden answers stored, per phase
+    server: str = ""  # its name in configuration, for the settings a message names
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,7 @@ class Facts:
     rotation: RotationFacts | None = None  # the router in front of it, while it restarts
     hold: Hold | None = None  # why no restart may start now (approved and baseline only)
     approval_ran_out: bool = False  # the approval's time is over (by the calendar's clock)
+    failure: Failure | None = None  # the kind of `reason` where the server exited
 
 
 @dataclass(frozen=True)
@@ -244,12 +254,22 @@ def gap_limit_s(settings: gate_mod.GateSettings) -> float:
     return settings.gap_limit_s
 
 
-def _cut(view: View, facts: Facts, what: str) -> Move | None:
+def _went_down(facts: Facts, what: str, *, teach: bool = True) -> Move:
+    """The server is down: the kind of its failure recorded, and (`teach`) said when it is no
+    evidence about memory."""
+    failure = facts.failure or Failure.unknown
+    said = what_it_teaches(failure) if teach else ""
+    return Move(
+        State.reverting,
+        f"the server went down {what}: {facts.reason}{said}",
+        {"cause": "died", FAILURE: str(failure)},
+    )
+
+
+def _cut(view: View, facts: Facts, what: str, *, teach: bool = True) -> Move | None:
     """The measurement of `what` was cut: the server is down, was replaced, or went unread."""
     if not facts.running:
-        return Move(
-            State.reverting, f"the server went down {what}: {facts.reason}", {"cause": "died"}
-        )
+        return _went_down(facts, what, teach=teach)
     measured = view.progress.get("instance")
     if measured is not None and facts.instance is not None and facts.instance != measured:
         return Move(
@@ -386,7 +406,7 @@ def _baseline(view: View, facts: Facts) -> Step:
     if "until" not in view.progress:
         # the golden answers come first, from the server as it runs before any change
         return next_answers(view, "baseline") or ChooseBaseline()
-    cut = _cut(view, facts, "during the baseline")
+    cut = _cut(view, facts, "during the baseline", teach=False)
     if cut is not None:  # nothing was changed yet: nothing to revert, and no restart is ours
         return Move(State.cancelled, cut.reason + "; nothing was changed", cut.details)
     if facts.now_ts >= float(view.progress["until"]) and measured_s(view) >= enough_baseline_s(
@@ -468,20 +488,36 @@ def _restart_or_revert(
     started = facts.ready and facts.instance != view.progress.get("before")
     if facts.now_ts - float(issued) > facts.ready_timeout_s and not started:
         # (A server that is ready on a new instance is polled, however late: kvpilot may have
-        # been away past the deadline while the restart went well.)
+        # been away past the deadline while the restart went well.) Still loading is no
+        # evidence about the change: it teaches nothing (`failures`).
+        known = view.progress.get("known_ready_s") if purpose == "restart" else None
+        slow = StillLoading(
+            view.server,
+            facts.now_ts - float(issued),
+            facts.ready_timeout_s,
+            None if known is None else float(known),
+        )
         if purpose == "restart":
             return Move(
                 State.reverting,
-                f"the changed server did not start: not ready after {facts.ready_timeout_s:g} s",
-                {"cause": "failed_start", "give_up": True},
+                slow.reason("restart"),
+                {"cause": "failed_start", **slow.details(), "give_up": True},
             )
-        return Move(
-            State.failed,
-            f"the revert failed: not ready after {facts.ready_timeout_s:g} s; a person must "
-            "restore the server",
-            {"give_up": True},
-        )
+        return Move(State.failed, slow.reason("revert"), {**slow.details(), "give_up": True})
     return Poll(purpose)
+
+
+def after_give_up(move: Move, log: str, server: str) -> Move:
+    """A start given up at its deadline, once the launcher has stopped it and read its log: the
+    server's last log line added to the reason (what it was still doing)."""
+    if failure_of(move.details) != Failure.timed_out:
+        return move
+    line = last_log_line(log)
+    if line is None:
+        return move
+    slow = replace(StillLoading.from_details(server, move.details), last_line=line)
+    purpose: Literal["restart", "revert"] = "restart" if move.to == State.reverting else "revert"
+    return replace(move, reason=slow.reason(purpose), details={**move.details, **slow.details()})
 
 
 def drain(view: View, facts: Facts, purpose: Literal["restart", "revert"]) -> Step | None:
@@ -608,11 +644,7 @@ def _checking_quality(view: View, facts: Facts) -> Step:
     if changed is not None:  # keeping would record the trial as good; reverting would undo it
         return changed
     if not facts.running:
-        return Move(
-            State.reverting,
-            f"the server went down while its answers were checked: {facts.reason}",
-            {"cause": "died"},
-        )
+        return _went_down(facts, "while its answers were checked")
     if view.quality is None:  # (cannot happen: only a check leads here) keep as the gate said
         return Keep(str((view.result or {}).get("rule", "the gate kept the change")))
     if view.quality.golden is not None:
@@ -683,7 +715,7 @@ def after_poll(
             {"ready_after_s": round(took, 1)},
             {"until": facts.now_ts + view.settings.warmup_s, "instance": instance},
         )
-    return Move(State.reverted, "back on the last-known-good configuration")
+    return Move(State.reverted, reverted(took), {"ready_after_s": round(took, 1)})
 
 
 def after_look(decision: gate_mod.GateDecision) -> Move | None:

@@ -11,19 +11,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from playbooks.engines.exits import ExitCause
+
 
 class LaunchError(Exception):
-    """Starting or stopping failed; `reason` is what an operator needs to read."""
+    """Starting or stopping failed; `reason` is what an operator needs to read, `cause` the
+    engine's reading of the server's exit (or the timeout) where there is one."""
 
     # True when the launcher refused before it changed anything on the system (the server still
     # runs what it ran): nothing needs undoing.
     wrote_nothing = False
 
-    def __init__(self, reason: str, log_tail: str = "", log_path: str | None = None) -> None:
+    def __init__(
+        self,
+        reason: str,
+        log_tail: str = "",
+        log_path: str | None = None,
+        cause: ExitCause | None = None,
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.log_tail = log_tail
         self.log_path = log_path  # the server's whole log, where the launcher keeps one
+        self.cause = cause
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,7 @@ class ServerState:
     pid: int | None
     exit_code: int | None
     reason: str  # why it is down, from the exit status and the engine's log lines ("" when fine)
+    cause: ExitCause | None = None  # the same, typed, where the server exited
 
 
 @dataclass(frozen=True)
@@ -78,8 +89,10 @@ class Launcher(Protocol):
         failed. Works on a fresh launcher, from what the system says."""
         ...
 
-    def give_up(self) -> None:
-        """The start took longer than `ready_timeout_s`: leave the system as `apply` would."""
+    def give_up(self) -> str:
+        """The start took longer than `ready_timeout_s`: leave the system as `apply` would.
+        Returns the server's last log lines where the launcher can read them ("" otherwise),
+        to say what it was still doing."""
         ...
 
     def identity(self) -> ServerIdentity | None:

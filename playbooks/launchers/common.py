@@ -17,6 +17,7 @@ from typing import Generic, Protocol, TypeVar
 
 from playbooks.clock import Clock
 from playbooks.engines.base import Engine
+from playbooks.engines.exits import ExitCause, Failure, last_log_line
 from playbooks.http import first_answer_ok
 from playbooks.launchers.base import Finding, Launcher, LaunchError
 
@@ -121,6 +122,19 @@ def poll_until(clock: Clock, timeout_s: float, ready: Callable[[], bool]) -> boo
         if clock.now() > deadline:
             return False
         clock.sleep(step)
+
+
+def still_starting(what: str, timeout_s: float, log: str, then: str) -> LaunchError:
+    """`wait_ready`'s deadline passed while the server was still starting: a timeout, which
+    says nothing about the server's configuration (a large model may take longer to load than
+    any deadline); `then` says what the launcher did with it."""
+    line = last_log_line(log)
+    doing = f"; its last log line: {line}" if line else ""
+    reason = (
+        f"{what} was still starting after {timeout_s:g} s (ready_timeout_s){doing}; {then}; "
+        "raise ready_timeout_s in the server's launcher table if the model takes longer to load"
+    )
+    return LaunchError(reason, log, cause=ExitCause(Failure.timed_out, reason))
 
 
 def rfc3339_epoch(text: object) -> float | None:

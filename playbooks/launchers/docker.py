@@ -17,7 +17,7 @@ next `apply` use. Readiness is the engine's readiness path; failure is the conta
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import httpx
@@ -25,6 +25,7 @@ import httpx
 from playbooks.clock import Clock, WallClock
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
+from playbooks.engines.exits import ExitCause, Failure
 from playbooks.launchers.base import Finding, LaunchError, ServerIdentity, ServerState
 from playbooks.launchers.common import (
     StartThenWait,
@@ -33,6 +34,7 @@ from playbooks.launchers.common import (
     poll_until,
     rfc3339_epoch,
     split_command,
+    still_starting,
 )
 
 API_VERSION = "v1.41"  # Docker Engine 20.10 and later
@@ -228,13 +230,18 @@ def recreate_body(info: dict[str, Any], args: list[str]) -> dict[str, Any]:
     return body
 
 
-def exit_reason(st: dict[str, Any], log: str, engine: Engine) -> str:
+def exit_cause(st: dict[str, Any], log: str, engine: Engine) -> ExitCause:
+    """Why the container stopped: Docker's OOMKilled first, then the engine's reading of its
+    exit code and log, with Docker's own error appended."""
     if st.get("OOMKilled"):
-        return "killed by the kernel's OOM killer (the container's memory limit or host RAM)"
+        return ExitCause(
+            Failure.out_of_memory,
+            "killed by the kernel's OOM killer (the container's memory limit or host RAM)",
+        )
     code = st.get("ExitCode")
-    reason = engine.classify_exit(code if isinstance(code, int) else None, log)
+    cause = engine.exit_cause(code if isinstance(code, int) else None, log)
     error = st.get("Error")
-    return f"{reason} ({error})" if error else reason
+    return replace(cause, reason=f"{cause.reason} ({error})") if error else cause
 
 
 def container_identity(info: dict[str, Any]) -> ServerIdentity | None:
@@ -324,10 +331,13 @@ class DockerLauncher(StartThenWait[DockerSpec]):
             return ServerState(False, False, None, None, "created but not started")
         code = st.get("ExitCode")
         log = self._log(info)
-        reason = exit_reason(st, log, self.spec.engine)
+        cause = exit_cause(st, log, self.spec.engine)
+        reason = cause.reason
         if st.get("Restarting"):
             reason += " (Docker restarts it, by its restart policy)"
-        return ServerState(False, False, pid, code if isinstance(code, int) else None, reason)
+        return ServerState(
+            False, False, pid, code if isinstance(code, int) else None, reason, cause
+        )
 
     def start(self, args: list[str]) -> None:
         current = self.find()
@@ -365,22 +375,19 @@ class DockerLauncher(StartThenWait[DockerSpec]):
             log = self._log(info)
             if st.get("Restarting"):
                 self.engine.stop(ident, self.spec.stop_timeout_s)
+            cause = exit_cause(st, log, self.spec.engine)
             raise LaunchError(
-                f"container {self.name} exited before it was ready: "
-                f"{exit_reason(st, log, self.spec.engine)}",
+                f"container {self.name} exited before it was ready: {cause.reason}",
                 log,
+                cause=cause,
             )
         ready = bool(st.get("Running")) and health_ok(self.spec.url, self.spec.engine)
         if ready:
             self.engine.remove(self.name + PREVIOUS_SUFFIX)
         return ready
 
-    def give_up(self) -> None:
-        """Stopped, so that a start that never got ready frees the GPUs."""
-        self._give_up()
-
-    def _give_up(self) -> str:
-        """Stop the container that did not get ready; its log, for the error."""
+    def give_up(self) -> str:
+        """Stopped, so that a start that never got ready frees the GPUs; its log, read before."""
         ident = self._starting()
         info = self.engine.inspect(ident)
         log = self._log(info) if info else ""
@@ -389,11 +396,11 @@ class DockerLauncher(StartThenWait[DockerSpec]):
 
     def wait_ready(self) -> None:
         if not poll_until(self.clock, self.spec.ready_timeout_s, self.poll_ready):
-            log = self._give_up()
-            raise LaunchError(
-                f"container {self.name} was not ready after {self.spec.ready_timeout_s:g} s; "
+            raise still_starting(
+                f"container {self.name}",
+                self.spec.ready_timeout_s,
+                self.give_up(),
                 "it was stopped",
-                log,
             )
 
     def identity(self) -> ServerIdentity | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from playbooks.engines import exits
 from playbooks.engines.base import Engine
 from playbooks.launchers.base import LaunchError, ServerIdentity
 from playbooks.launchers.common import flag_index, rfc3339_epoch, split_command
@@ -59,12 +60,16 @@ class Failure:
     message: str
     previous: bool  # the log to read is the previous (terminated) container's
 
-    def describe(self, log: str, engine: Engine) -> str:
+    def cause(self, log: str, engine: Engine) -> exits.ExitCause:
         if self.reason == "OOMKilled":
-            return "killed by the kernel's OOM killer (the pod's memory limit or node RAM)"
-        if self.exit_code is None:
-            return f"{self.reason}: {self.message}".rstrip(": ")
-        return engine.classify_exit(self.exit_code, log)
+            return exits.ExitCause(
+                exits.Failure.out_of_memory,
+                "killed by the kernel's OOM killer (the pod's memory limit or node RAM)",
+            )
+        if self.exit_code is None:  # waiting (an image, a crash loop): Kubernetes' word alone
+            reason = f"{self.reason}: {self.message}".rstrip(": ")
+            return exits.ExitCause(exits.Failure.unknown, reason)
+        return engine.exit_cause(self.exit_code, log)
 
 
 def escape(key: str) -> str:

@@ -37,7 +37,7 @@ from playbooks.clock import Clock, WallClock
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
 from playbooks.launchers.base import Finding, LaunchError, ServerIdentity, ServerState
-from playbooks.launchers.common import StartThenWait, health_ok, poll_until
+from playbooks.launchers.common import StartThenWait, health_ok, poll_until, still_starting
 from playbooks.launchers.gitops import (
     ManagedByGitOps,
     commit_patch,
@@ -330,9 +330,8 @@ class KubernetesLauncher(StartThenWait[KubernetesSpec]):
             why = failure(pod, t.container, strict=False)
             if why is not None:
                 log = self.pod_log(pod_name(pod), t.container, why.previous)
-                return ServerState(
-                    False, False, None, why.exit_code, why.describe(log, self.spec.engine)
-                )
+                cause = why.cause(log, self.spec.engine)
+                return ServerState(False, False, None, why.exit_code, cause.reason, cause)
         want = expected_pods(self.spec.workload, obj)
         running = [p for p, t in current if container_running(p, t.container)]
         if len(running) < want:
@@ -378,10 +377,12 @@ class KubernetesLauncher(StartThenWait[KubernetesSpec]):
             why = failure(pod, t.container, strict=True)
             if why is not None:
                 log = self.pod_log(pod_name(pod), t.container, why.previous)
+                cause = why.cause(log, self.spec.engine)
                 raise LaunchError(
                     f"pod {pod_name(pod)} of {self.what} failed before it was ready: "
-                    f"{why.describe(log, self.spec.engine)}",
+                    f"{cause.reason}",
                     log,
+                    cause=cause,
                 )
         problem = stalled(kind, obj)
         if problem:
@@ -397,18 +398,26 @@ class KubernetesLauncher(StartThenWait[KubernetesSpec]):
             and health_ok(self.spec.url, self.spec.engine)
         )
 
-    def give_up(self) -> None:
-        """Nothing to undo: the pods stay as the controller has them, for `kubectl describe`."""
+    def give_up(self) -> str:
+        """Nothing to undo: the pods stay as the controller has them, for `kubectl describe`.
+        The log of the first pod of the new template that serves, for the record."""
+        obj = self.read()
+        ts = self._templates(obj)
+        for pod, t in self._current_pods(obj, ts):
+            if t.primary:
+                return self.pod_log(pod_name(pod), t.container, False)
+        return ""
 
     def wait_ready(self) -> None:
         if not poll_until(self.clock, self.spec.ready_timeout_s, self.poll_ready):
             obj = self.read()
             ts = self._templates(obj)
             summary = "; ".join(pod_summary(p, ts[0].container) for p in self.pods(obj))
-            self.give_up()
-            raise LaunchError(
-                f"{self.what} was not ready after {self.spec.ready_timeout_s:g} s "
-                f"(pods: {summary or 'none'})"
+            raise still_starting(
+                f"{self.what} (pods: {summary or 'none'})",
+                self.spec.ready_timeout_s,
+                self.give_up(),
+                "its pods were left as they are",
             )
 
     def identity(self) -> ServerIdentity | None:

@@ -26,7 +26,13 @@ from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
 from playbooks.http import readiness
 from playbooks.launchers.base import Finding, LaunchError, ServerIdentity, ServerState
-from playbooks.launchers.common import StartThenWait, health_ok, poll_until, writable_ancestor
+from playbooks.launchers.common import (
+    StartThenWait,
+    health_ok,
+    poll_until,
+    still_starting,
+    writable_ancestor,
+)
 
 
 @dataclass
@@ -137,9 +143,8 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
             ready = self.healthy()
             return ServerState(True, ready, pid, None, "" if ready else "starting or not ready")
         code = self._exit_code()
-        return ServerState(
-            False, False, pid, code, self.spec.engine.classify_exit(code, self.log_tail())
-        )
+        cause = self.spec.engine.exit_cause(code, self.log_tail())
+        return ServerState(False, False, pid, code, cause.reason, cause)
 
     def permissions(self) -> list[Finding]:
         """The program runs here, and its log and pid file can be written."""
@@ -199,11 +204,12 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
         if not self._alive(pid):
             code = self._exit_code()
             tail = self.log_tail()
+            cause = self.spec.engine.exit_cause(code, tail)
             raise LaunchError(
-                "the server exited before it was ready: "
-                f"{self.spec.engine.classify_exit(code, tail)}",
+                f"the server exited before it was ready: {cause.reason}",
                 tail,
                 self._log_name(),
+                cause,
             )
         state = readiness(self.spec.url, self.spec.engine.readiness_paths)
         if state == "absent":
@@ -217,9 +223,12 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
             )
         return state == "ready"
 
-    def give_up(self) -> None:
-        """A server that never became ready is stopped, so it holds no GPU memory."""
+    def give_up(self) -> str:
+        """A server that never became ready is stopped, so it holds no GPU memory; its log's
+        tail, read before it stopped."""
+        tail = self.log_tail()
         self.stop()
+        return tail
 
     def wait_ready(self) -> None:
         try:
@@ -228,13 +237,11 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
             self.give_up()
             raise
         if not ready:
-            tail = self.log_tail()
-            self.give_up()
-            raise LaunchError(
-                f"the server was not ready after {self.spec.ready_timeout_s:g} s",
-                tail,
-                self._log_name(),
+            failed = still_starting(
+                "the server", self.spec.ready_timeout_s, self.give_up(), "it was stopped"
             )
+            failed.log_path = self._log_name()
+            raise failed
 
     def _log_name(self) -> str | None:
         path = self.log_path()

@@ -27,8 +27,16 @@ from pathlib import PurePosixPath
 from playbooks.clock import Clock, WallClock
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
+from playbooks.engines.exits import ExitCause, Failure
 from playbooks.launchers.base import Finding, LaunchError, ServerIdentity, ServerState
-from playbooks.launchers.common import StartThenWait, health_ok, poll_until, split_command, tail
+from playbooks.launchers.common import (
+    StartThenWait,
+    health_ok,
+    poll_until,
+    split_command,
+    still_starting,
+    tail,
+)
 from playbooks.launchers.systemd_exit import systemd_failure
 from playbooks.launchers.systemd_unit import (
     ExecCommand,
@@ -367,10 +375,11 @@ class SystemdLauncher(StartThenWait[SystemdSpec]):
             return ServerState(False, False, pid, code, "stopped")
         if active == "activating" and props.get("SubState") != "auto-restart":
             return ServerState(False, False, pid, code, "starting")
-        reason = self._why(code, self.journal(props.get("InvocationID")))
+        cause = self._why(code, self.journal(props.get("InvocationID")), props)
+        reason = cause.reason
         if props.get("SubState") == "auto-restart":
             reason += f" (systemd restarts it: restart {props.get('NRestarts', '?')})"
-        return ServerState(False, False, pid, code, reason)
+        return ServerState(False, False, pid, code, reason, cause)
 
     def start(self, args: list[str]) -> None:
         self.install(args)
@@ -381,7 +390,7 @@ class SystemdLauncher(StartThenWait[SystemdSpec]):
             raise LaunchError(
                 f"`systemctl restart {self.spec.unit}`{self.shell.where} failed: "
                 f"{(done.err or done.out).strip()} "
-                f"({self._why(exit_code(props), log)})",
+                f"({self._why(exit_code(props), log, props).reason})",
                 log,
             )
         self._started = self._invocation(props)
@@ -417,17 +426,16 @@ class SystemdLauncher(StartThenWait[SystemdSpec]):
         started = self._started
         if _ended(props, started):
             log = self.journal(started.invocation_id)
-            reason = self._why(exit_code(props), log)
+            cause = self._why(exit_code(props), log, props)
             self._stop_quietly()
-            raise LaunchError(f"{self.spec.unit} exited before it was ready: {reason}", log)
+            raise LaunchError(
+                f"{self.spec.unit} exited before it was ready: {cause.reason}", log, cause=cause
+            )
         return health_ok(self.spec.url, self.spec.engine)
 
-    def give_up(self) -> None:
-        """Stopped, so that `Restart=` does not keep a start that never got ready going."""
-        self._give_up()
-
-    def _give_up(self) -> str:
-        """Stop the unit that did not get ready; the journal of its invocation, for the error."""
+    def give_up(self) -> str:
+        """Stopped, so that `Restart=` does not keep a start that never got ready going; the
+        journal of its invocation, read before."""
         started = self._started or self._invocation(self.properties())
         log = self.journal(started.invocation_id)
         self._stop_quietly()
@@ -435,11 +443,8 @@ class SystemdLauncher(StartThenWait[SystemdSpec]):
 
     def wait_ready(self) -> None:
         if not poll_until(self.clock, self.spec.ready_timeout_s, self.poll_ready):
-            log = self._give_up()
-            raise LaunchError(
-                f"{self.spec.unit} was not ready after {self.spec.ready_timeout_s:g} s; "
-                "it was stopped",
-                log,
+            raise still_starting(
+                self.spec.unit, self.spec.ready_timeout_s, self.give_up(), "it was stopped"
             )
 
     def identity(self) -> ServerIdentity | None:
@@ -451,9 +456,19 @@ class SystemdLauncher(StartThenWait[SystemdSpec]):
         self._checked("stop", "--", self.spec.unit)
 
     # ----------------------------------------------------------------- helpers
-    def _why(self, code: int | None, log: str) -> str:
-        """systemd's own failure to run the command, or the engine's reading of its end."""
-        return systemd_failure(code, log) or self.spec.engine.classify_exit(code, log)
+    def _why(self, code: int | None, log: str, props: dict[str, str]) -> ExitCause:
+        """systemd's own failure to run the command, the kernel's OOM killer as systemd saw it
+        (`Result=oom-kill`), or the engine's reading of its end."""
+        unstarted = systemd_failure(code, log)
+        if unstarted is not None:
+            return ExitCause(Failure.crashed, unstarted)
+        if props.get("Result") == "oom-kill":
+            return ExitCause(
+                Failure.out_of_memory,
+                "killed by the kernel's OOM killer (systemd: Result=oom-kill; the unit's "
+                "MemoryMax= or host RAM)",
+            )
+        return self.spec.engine.exit_cause(code, log)
 
     def _invocation(self, props: dict[str, str]) -> Invocation:
         return Invocation(props.get("InvocationID", ""), _int(props.get("NRestarts")))

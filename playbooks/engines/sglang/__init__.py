@@ -24,6 +24,7 @@ from playbooks.engines.base import (
     ServerSettings,
     Snapshot,
 )
+from playbooks.engines.exits import ExitCause
 from playbooks.engines.sglang import args as _args
 from playbooks.engines.sglang import client as _client
 from playbooks.engines.sglang import metrics as _metrics
@@ -131,6 +132,9 @@ class SGLang:
     # signatures
     def classify_exit(self, code: int | None, log_tail: str) -> str:
         return _signatures.classify_exit(code, log_tail)
+
+    def exit_cause(self, code: int | None, log_tail: str) -> ExitCause:
+        return _signatures.exit_cause(code, log_tail)
 
     # rules
     def rules_for(

@@ -26,6 +26,7 @@ from playbooks.engines.base import (
     ServerSettings,
     Snapshot,
 )
+from playbooks.engines.exits import ExitCause
 from playbooks.engines.vllm import args as _args
 from playbooks.engines.vllm import client as _client
 from playbooks.engines.vllm import metrics as _metrics
@@ -128,6 +129,9 @@ class VLLM:
     # signatures
     def classify_exit(self, code: int | None, log_tail: str) -> str:
         return _signatures.classify_exit(code, log_tail)
+
+    def exit_cause(self, code: int | None, log_tail: str) -> ExitCause:
+        return _signatures.exit_cause(code, log_tail)
 
     # rules
     def rules_for(

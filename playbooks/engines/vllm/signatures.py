@@ -5,7 +5,9 @@ engine core logs its exception and the API server then fails with "Engine core i
 failed", so the cause is matched before that wrapper. A refusal by the argument parser exits 2
 with `vllm serve: error: argument --FLAG: ...`; one by a config's range check exits 1 with a
 pydantic `ValidationError`. A server that died without a line of its own is judged by its exit
-status (a SIGKILL with no error is most likely the kernel's OOM killer).
+status (a SIGKILL with no error is most likely the kernel's OOM killer). Each reading also says
+what kind of failure it is (`playbooks.engines.exits.Failure`): only an out-of-memory signature
+and vLLM's own refusals for memory are evidence about memory.
 """
 
 from __future__ import annotations
@@ -13,21 +15,26 @@ from __future__ import annotations
 import re
 import signal
 
-FAILURE_PATTERNS: list[tuple[str, str]] = [
+from playbooks.engines.exits import ExitCause, Failure
+
+FAILURE_PATTERNS: list[tuple[str, Failure, str]] = [
     # v1/core/kv_cache_utils.py:1003-1041, checked per worker after the null block is reserved
     (
         "No available memory for the cache blocks",
+        Failure.memory_refused,
         "the weights, activations and CUDA graphs leave no GPU memory for the KV cache: "
         "gpu_memory_utilization is too low for this model",
     ),
     (
         "Cannot auto-fit max_model_len",
+        Failure.memory_refused,
         "not even one token of KV cache fits (max_model_len auto): gpu_memory_utilization is "
         "too low for this model",
     ),
     # v1/worker/utils.py:761-770
     (
         "is less than desired GPU memory utilization",
+        Failure.memory_refused,
         "less GPU memory was free at start-up than gpu_memory_utilization asks for (another "
         "process holds GPU memory, or the old server had not let go yet): lower "
         "gpu_memory_utilization or free the GPU",
@@ -36,32 +43,41 @@ FAILURE_PATTERNS: list[tuple[str, str]] = [
     # (recorded: "No common block size for 7 (CPU_ATTN: [MultipleOf(32)])")
     (
         "No common block size for",
+        Failure.refused,
         "the attention backend does not take this block_size (see its rule in the log): pick "
         "one it supports",
     ),
     # gpu_model_runner.py:5139
     (
         "Failed to load model - not enough GPU memory",
+        Failure.out_of_memory,
         "the weights do not fit in GPU memory: more tensor parallelism or a quantized model",
     ),
     # config/model.py:2645-2665
     (
         "User-specified max_model_len",
+        Failure.refused,
         "max_model_len is longer than the model's own context length: vLLM refuses it",
     ),
     # config/scheduler.py:319 and :328
     (
         "must be greater than or equal to max_num_seqs",
+        Failure.refused,
         "max_num_batched_tokens is below max_num_seqs: vLLM refuses it",
     ),
     (
         "is smaller than max_model_len",
+        Failure.refused,
         "with chunked prefill off, max_num_batched_tokens must be at least max_model_len",
     ),
-    ("CUDA out of memory", "GPU out of memory (activations or CUDA graphs did not fit)"),
-    ("OutOfMemoryError", "GPU out of memory"),
-    ("Address already in use", "the port is already in use"),
-    ("address already in use", "the port is already in use"),
+    (
+        "CUDA out of memory",
+        Failure.out_of_memory,
+        "GPU out of memory (activations or CUDA graphs did not fit)",
+    ),
+    ("OutOfMemoryError", Failure.out_of_memory, "GPU out of memory"),
+    ("Address already in use", Failure.crashed, "the port is already in use"),
+    ("address already in use", Failure.crashed, "the port is already in use"),
 ]
 # v1/core/kv_cache_utils.py: "... Based on the available memory, the estimated maximum model
 # length is N. Try increasing gpu_memory_utilization ... or decreasing max_model_len ..."
@@ -94,21 +110,32 @@ def _refused(log_tail: str) -> str | None:
     return None
 
 
-def classify_exit(code: int | None, log_tail: str) -> str:
-    for needle, meaning in FAILURE_PATTERNS:
+def exit_cause(code: int | None, log_tail: str) -> ExitCause:
+    for needle, failure, meaning in FAILURE_PATTERNS:
         if needle in log_tail:
-            return meaning
-    for reading in (_too_long, _refused):
-        found = reading(log_tail)
-        if found is not None:
-            return found
+            return ExitCause(failure, meaning)
+    too_long = _too_long(log_tail)
+    if too_long is not None:  # not one request's KV cache fits: a refusal for memory
+        return ExitCause(Failure.memory_refused, too_long)
+    refused = _refused(log_tail)
+    if refused is not None:
+        return ExitCause(Failure.refused, refused)
     if ENGINE_FAILED in log_tail:
-        return "the engine core failed to start (its error is in the log above that line)"
+        return ExitCause(
+            Failure.crashed,
+            "the engine core failed to start (its error is in the log above that line)",
+        )
     if code == -signal.SIGKILL or code == 128 + signal.SIGKILL:
-        return (
+        return ExitCause(
+            Failure.out_of_memory,
             "killed by SIGKILL with no error of its own: most likely the kernel's OOM killer "
-            "(host RAM overcommitted, e.g. by a KV offloading buffer)"
+            "(host RAM overcommitted, e.g. by a KV offloading buffer)",
         )
     if code is None:
-        return "not running"
-    return f"exited with status {code}"
+        return ExitCause(Failure.unknown, "not running")
+    return ExitCause(Failure.crashed, f"exited with status {code}")
+
+
+def classify_exit(code: int | None, log_tail: str) -> str:
+    """The operator's sentence alone."""
+    return exit_cause(code, log_tail).reason

@@ -19,6 +19,7 @@ from playbooks.campaigns.policy import (
     fitted,
 )
 from playbooks.campaigns.room import GIB, GpuRoom, room_of
+from playbooks.engines.exits import Failure
 from playbooks.sources.gpu import FakeGpuReader, GpuState
 from playbooks.types import Option, Verdict
 
@@ -214,42 +215,63 @@ def test_campaign_stop(tried: list[Tried], allowance: Allowance, words: str | No
     assert (stop is None) if words is None else (stop is not None and words in stop)
 
 
+OOM, REFUSED_FOR_MEMORY = Failure.out_of_memory, Failure.memory_refused
 BOUNDS = [
     (
-        "a raised fraction died",
+        "a raised fraction ran out of memory under load",
         {"mem_fraction_static": 0.93},
         {"mem_fraction_static": "0.85"},
         "died",
+        OOM,
         [("mem_fraction_static", 0.93, True)],
     ),
-    ("from the default", {"hicache_size": 40}, {}, "failed_start", [("hicache_size", 40, True)]),
+    ("from the default", {"hicache_size": 40}, {}, "failed_start", REFUSED_FOR_MEMORY,
+     [("hicache_size", 40, True)]),
     (
-        "a lowered value failed to start",
+        "a lowered value refused for memory",
         {"chunked_prefill_size": 512},
         {"chunked_prefill_size": "8192"},
         "failed_start",
+        REFUSED_FOR_MEMORY,
         [("chunked_prefill_size", 512, False)],
     ),
-    ("not a crash: nothing learnt", {"mem_fraction_static": 0.9}, {}, "not_improved", []),
-    ("a guardrail: nothing learnt", {"mem_fraction_static": 0.9}, {}, "guardrail", []),
-    ("words are not bounds", {"kv_cache_dtype": "fp8_e4m3"}, {}, "died", []),
+    # no memory evidence: nothing learnt, the change may be proposed again
+    ("still loading at the ready timeout", {"mem_fraction_static": 0.88},
+     {"mem_fraction_static": "0.85"}, "failed_start", Failure.timed_out, []),
+    ("its arguments refused", {"max_running_requests": 64}, {}, "failed_start",
+     Failure.refused, []),
+    ("another crash at start", {"mem_fraction_static": 0.88}, {}, "failed_start",
+     Failure.crashed, []),
+    ("died without a cause to read", {"mem_fraction_static": 0.88}, {}, "died",
+     Failure.unknown, []),
+    ("a crash recorded before kinds were", {"mem_fraction_static": 0.88}, {}, "died", None, []),
+    ("not a crash: nothing learnt", {"mem_fraction_static": 0.9}, {}, "not_improved", None, []),
+    ("a guardrail: nothing learnt", {"mem_fraction_static": 0.9}, {}, "guardrail", None, []),
+    ("words are not bounds", {"kv_cache_dtype": "fp8_e4m3"}, {}, "died", OOM, []),
     (
         "a broken latency target: the cap and beyond",
         {"max_running_requests": 128},
         {"max_running_requests": "16"},
         "slo",
+        None,
         [("max_running_requests", 128, True)],
     ),
-]
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("change", "before", "cause", "expected"), [c[1:] for c in BOUNDS], ids=[c[0] for c in BOUNDS]
+    ("change", "before", "cause", "failure", "expected"),
+    [c[1:] for c in BOUNDS],
+    ids=[str(c[0]) for c in BOUNDS],
 )
 def test_bound_from(
-    change: dict[str, Any], before: dict[str, Any], cause: str, expected: list[tuple[Any, ...]]
+    change: dict[str, Any],
+    before: dict[str, Any],
+    cause: str,
+    failure: Failure | None,
+    expected: list[tuple[Any, ...]],
 ) -> None:
-    bounds = bound_from(change, before, cause, reason="r", experiment_id=7)
+    bounds = bound_from(change, before, cause, failure=failure, reason="r", experiment_id=7)
     assert [(b.key, b.limit, b.above) for b in bounds] == expected
     assert all(b.experiment_id == 7 for b in bounds)
 

@@ -65,8 +65,9 @@ class Launcher:
     def identity(self) -> ServerIdentity | None:
         return ServerIdentity(f"start-{self.starts}", None, "") if self.up else None
 
-    def give_up(self) -> None:
+    def give_up(self) -> str:
         self.up = False
+        return ""
 
     def state(self) -> ServerState:
         return ServerState(self.up, self.up, 1, None, "")

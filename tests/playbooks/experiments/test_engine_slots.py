@@ -63,8 +63,9 @@ class FakeLauncher:
     def identity(self) -> ServerIdentity | None:
         return ServerIdentity(f"start-{self.starts}", None, "") if self.up else None
 
-    def give_up(self) -> None:
+    def give_up(self) -> str:
         self.up = False
+        return ""
 
     def state(self) -> ServerState:
         up = self.up
