@@ -1,12 +1,12 @@
 """Campaigns in chat: the next step after every verdict, and bounded plans approved once.
 
-After any experiment's verdict, kvpilot learns from a crash (a bound for that server), assesses
-the server again from the window the experiment already measured, and posts the next step as a
-proposal in the verdict's thread, with its buttons, until nothing useful is left. `/kvpilot
-tune SERVER --allow KEY=RANGE --max-experiments N` proposes a bounded plan instead: once a
-person approves it, each step inside it is proposed by kvpilot and approved in that person's
-name (their authority checked again at every step), runs as a gated experiment in the same
-thread, and the campaign stops at the plan's limits or its first change not kept.
+After any experiment's verdict, kvpilot learns from an out-of-memory failure (a bound for that
+server), assesses the server again from the window the experiment already measured, and posts
+the next step as a proposal in the verdict's thread, with its buttons, until nothing useful is
+left. `/kvpilot tune SERVER --allow KEY=RANGE --max-experiments N` proposes a bounded plan
+instead: once a person approves it, each step inside it is proposed by kvpilot and approved in
+that person's name (their authority checked again at every step), runs as a gated experiment
+in the same thread, and the campaign stops at the plan's limits or its first change not kept.
 """
 
 from __future__ import annotations

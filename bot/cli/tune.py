@@ -4,8 +4,9 @@ The server is diagnosed once; after that, each verdict's own window is assessed 
 step needs an extra measurement. With `--allow KEY=RANGE`, the person approves a bounded plan
 once (those arguments in those ranges, at most `--max-experiments` restarts, stopping at the
 first change not kept) and the steps inside it run without asking; without `--allow`, each
-step is asked for (or taken with `--yes`). A step that crashes the server teaches a bound that
-is never proposed again for that server without `--force`. Every step is an experiment like
+step is asked for (or taken with `--yes`). A step that runs the server out of memory teaches a
+bound that is never proposed again for that server without `--force` (a start still loading at
+the ready timeout teaches nothing). Every step is an experiment like
 `kvpilot experiment`'s: recorded, leased, reverted on Ctrl-C, judged by the gate.
 """
 

@@ -11,6 +11,10 @@
 6. A restart in bounded steps: `issue` returns at once, `poll_ready` looks once (on a fresh
    launcher too) and raises what `apply` raises; `identity` stays while the same server runs and
    changes (or clears) whenever it is replaced, by kvpilot or by its death.
+7. A start still loading at `ready_timeout_s` is a timeout, never a failure of the arguments:
+   `apply` raises it as such, and `give_up` stops the server (a Kubernetes workload's pods stay
+   as the controller has them) and returns the log it read, whose last line says what the
+   server was doing.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import TypeVar
 
 import pytest
 
+from playbooks.engines.exits import Failure, last_log_line
 from playbooks.engines.sglang.args import with_change
 from playbooks.launchers.base import LaunchError, ServerIdentity
 from tests.playbooks.launchers.harness import Harness
@@ -90,6 +95,7 @@ def failure_rollback_and_bot_crash(h: Harness) -> None:
         launcher.apply(bad)
     assert "GPU out of memory" in failure.value.reason, failure.value.reason
     assert "CUDA out of memory" in failure.value.log_tail
+    assert failure.value.cause is not None and failure.value.cause.memory, failure.value.cause
     fresh = h.launcher()
     assert fresh.current_args() == bad  # the system says what it was told to run
     assert not fresh.state().ready
@@ -102,7 +108,9 @@ def failure_rollback_and_bot_crash(h: Harness) -> None:
 
     # A slow start (the twin at 1/100 of its usual speed takes ~20 s to load) leaves time to
     # kill the bot while it waits for readiness.
-    slow = set_flag(with_change(h.baseline, {"mem_fraction_static": 0.88}), "--time-scale", "2")
+    slow = set_flag(
+        with_change(h.baseline, {"mem_fraction_static": 0.88}), "--time-scale", SLOW_SCALE
+    )
     bot = subprocess.Popen(
         [
             sys.executable,
@@ -131,6 +139,41 @@ def failure_rollback_and_bot_crash(h: Harness) -> None:
     assert fresh.current_args() == slow
     assert not fresh.state().ready
     fresh.apply(h.baseline)
+    after = h.launcher()
+    assert after.current_args() == h.baseline and after.state().ready
+    assert h.info()["mem_fraction_static"] == 0.85
+    assert h.leftovers() == []
+
+
+# The twin at 1/100 of its usual speed: its 45 s load takes about 20 wall seconds.
+SLOW_SCALE = "2"
+LOADING = "Load weight begin"  # the twin's line (SGLang's) while the weights load
+
+
+def a_slow_start_is_a_timeout(h: Harness) -> None:
+    """Clause 7."""
+    slow = set_flag(
+        with_change(h.baseline, {"mem_fraction_static": 0.88}), "--time-scale", SLOW_SCALE
+    )
+    # an experiment gives up at its own deadline, with a fresh launcher: what was it doing?
+    h.launcher().issue(slow)
+    wait_for(
+        "the server to load its weights", lambda: LOADING in (last_log_line(h.server_log()) or "")
+    )
+    fresh = h.launcher()
+    assert not fresh.poll_ready()
+    log = fresh.give_up()
+    assert LOADING in (last_log_line(log) or ""), log[-2000:]
+    if h.kind != "deployment":  # the others are stopped, so the slow start frees its GPUs
+        wait_for("the slow start to stop", lambda: not h.launcher().state().running)
+    # `kvpilot server start` and `apply` wait out the deadline (80 s on this clock: 2 s)
+    with pytest.raises(LaunchError) as late:
+        h.launcher(ready_timeout_s=80).apply(slow)
+    cause = late.value.cause
+    assert cause is not None and cause.failure == Failure.timed_out and not cause.memory, cause
+    assert "was still starting after 80 s (ready_timeout_s)" in late.value.reason, late.value
+    assert "raise ready_timeout_s" in late.value.reason, late.value.reason
+    h.launcher().apply(h.baseline)
     after = h.launcher()
     assert after.current_args() == h.baseline and after.state().ready
     assert h.info()["mem_fraction_static"] == 0.85
@@ -264,6 +307,8 @@ def issue_poll_and_identity(h: Harness) -> None:
     assert without_pod_names(polled.value.reason) == without_pod_names(applied.value.reason)
     assert "GPU out of memory" in polled.value.reason, polled.value.reason
     assert "CUDA out of memory" in polled.value.log_tail
+    assert polled.value.cause == applied.value.cause, (polled.value.cause, applied.value.cause)
+    assert polled.value.cause is not None and polled.value.cause.failure == Failure.out_of_memory
     h.launcher().apply(h.baseline)
     assert h.launcher().state().ready and h.leftovers() == []
     figures = ", ".join(f"{k} {v:.3f} s" for k, v in sorted(longest.seconds.items()))

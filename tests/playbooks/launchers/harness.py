@@ -22,7 +22,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -100,18 +100,31 @@ class Harness:
     starts: Callable[[], int]
     exit_status_seen: bool = True  # the system records how the server ended
     extra: dict[str, Any] = field(default_factory=dict)
+    # the output of the server started last, as the system keeps it (log file, journal,
+    # container log, pod log)
+    server_log: Callable[[], str] = lambda: ""
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def launcher(self) -> ManagedLauncher:
-        """A new launcher, as a restarted bot builds it."""
+    def launcher(self, ready_timeout_s: float | None = None) -> ManagedLauncher:
+        """A new launcher, as a restarted bot builds it (with another `ready_timeout_s`)."""
         config = load(str(self.config))
-        return build_launcher(config, config.server("twin"), ScaledClock(CLOCK_SCALE))
+        server = config.server("twin")
+        if ready_timeout_s is not None and server.launcher is not None:
+            faster = replace(server.launcher, ready_timeout_s=ready_timeout_s)
+            server = replace(server, launcher=faster)
+        return build_launcher(config, server, ScaledClock(CLOCK_SCALE))
 
     def info(self) -> dict[str, Any]:
         return dict(httpx.get(self.url + "/server_info", timeout=10).json())
+
+
+def newest_text(folder: Path, pattern: str) -> str:
+    """The newest file matching `pattern` in `folder`, as text ("" when there is none)."""
+    found = sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime)
+    return found[-1].read_text(errors="replace") if found else ""
 
 
 def write_config(path: Path, port: int, launcher: str, engine: str = "sglang") -> Path:
@@ -150,6 +163,7 @@ def process_harness(
     )
     owner = h.launcher()
     h.server_pid = lambda: owner.state().pid
+    h.server_log = lambda: newest_text(tmp / "state", "twin-*.log")
     owner.start(args)
     try:
         owner.wait_ready()
@@ -203,8 +217,13 @@ def systemd_harness(
         started = fake_systemd.MESSAGE_IDS["started"]
         return len({e["INVOCATION_ID"] for e in entries if e.get("MESSAGE_ID") == started})
 
+    def journal_text() -> str:
+        lines = (root / "journal.jsonl").read_text().splitlines()
+        return "\n".join(str(json.loads(line).get("MESSAGE", "")) for line in lines)
+
     h = Harness("systemd", config, port, args, lambda: None, leftovers, invocations)
     h.server_pid = lambda: h.launcher().state().pid
+    h.server_log = journal_text
     h.extra["root"] = root
     try:
         h.launcher().wait_ready()
@@ -272,8 +291,14 @@ def docker_harness(
                     if method == "POST" and path.startswith("/containers/create")
                 )
 
+            def container_log() -> str:
+                c = daemon.find("sglang")
+                with c.lock:
+                    return b"".join(data for _, data in c.frames).decode(errors="replace")
+
             h = Harness("docker", config, port, args, lambda: None, leftovers, creations)
             h.server_pid = lambda: h.launcher().state().pid
+            h.server_log = container_log
             h.extra["engine"] = daemon
             try:
                 h.launcher().wait_ready()
@@ -442,6 +467,7 @@ def kubernetes_harness(
                 cluster.container_runs,
             )
             h.server_pid = lambda: cluster.pids()[0]
+            h.server_log = lambda: newest_text(cluster.logs, "*.log")
             h.extra["cluster"] = cluster
             if replicas(workload):
                 h.launcher().wait_ready()

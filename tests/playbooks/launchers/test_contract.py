@@ -15,6 +15,7 @@ CLAUSES: list[Any] = [  # clauses, or clauses wrapped in pytest.param with marks
     contract.apply_death_stop_and_start,
     contract.failure_rollback_and_bot_crash,
     contract.issue_poll_and_identity,
+    contract.a_slow_start_is_a_timeout,
     pytest.param(contract.one_process_carries_an_experiment, marks=pytest.mark.serial),
 ]
 
