@@ -111,7 +111,7 @@ class StillLoading:
         )
 
 
-def reverted(ready_after_s: float) -> str:
+def reverted_reason(ready_after_s: float) -> str:
     """The revert's own end, with the start time it measured."""
     return (
         "back on the last-known-good configuration: the unchanged server took "

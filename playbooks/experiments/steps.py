@@ -49,7 +49,7 @@ from playbooks.experiments.failures import (
     FAILURE,
     StillLoading,
     failure_of,
-    reverted,
+    reverted_reason,
     what_it_teaches,
 )
 from playbooks.quality.check import QualityCheck
@@ -715,7 +715,7 @@ def after_poll(
             {"ready_after_s": round(took, 1)},
             {"until": facts.now_ts + view.settings.warmup_s, "instance": instance},
         )
-    return Move(State.reverted, reverted(took), {"ready_after_s": round(took, 1)})
+    return Move(State.reverted, reverted_reason(took), {"ready_after_s": round(took, 1)})
 
 
 def after_look(decision: gate_mod.GateDecision) -> Move | None:

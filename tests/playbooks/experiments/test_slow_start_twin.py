@@ -65,11 +65,19 @@ def ws(tmp_path: Path) -> Iterator[Workspace]:
         yield w
 
 
-def experiment(ws: Workspace, *sets: str) -> tuple[int, dict[str, Any], str]:
+def experiment(ws: Workspace, *sets: str, force: bool = False) -> tuple[int, dict[str, Any], str]:
     code, out, err = ws.cli(
-        "experiment", "--server", SERVER, "--set", *sets, "--yes", "--force", "--json"
-    )
+        "experiment", "--server", SERVER, "--set", *sets, "--yes", "--json",
+        *(("--force",) if force else ()),
+    )  # fmt: skip
     return code, (json.loads(out) if out.strip() else {}), err
+
+
+def ready_after_s(ws: Workspace, exp_id: int) -> float:
+    """How long the revert of experiment `exp_id` took to become ready, as recorded."""
+    db = open_db(ws.config.parent / "var" / "kvpilot.db")
+    (back,) = [m for m in store.transitions(db, exp_id) if m.to_state == store.State.reverted]
+    return float(back.details["ready_after_s"])
 
 
 def test_a_start_slower_than_the_ready_timeout_teaches_nothing(ws: Workspace) -> None:
@@ -84,14 +92,18 @@ def test_a_start_slower_than_the_ready_timeout_teaches_nothing(ws: Workspace) ->
     # what it was doing when kvpilot gave up: pinning the host pool it had just announced
     assert "host memory for hierarchical KV cache" in why.split("its last log line:")[1], why
     # how long the unchanged server took, measured on the revert
-    assert "the unchanged server took " in result["then"], result["then"]
+    took = ready_after_s(ws, result["id"])
+    assert result["then"] == (
+        "back on the last-known-good configuration: the unchanged server took "
+        f"{took:.0f} s to become ready"
+    )
+    assert took < READY_TIMEOUT_S
     assert ws.info()["enable_hierarchical_cache"] is False
 
     db = open_db(ws.config.parent / "var" / "kvpilot.db")
     assert campaign_store.bounds_for(db, SERVER) == []
     assert "learnt:" not in err, err
-    (row,) = store.list_experiments(db)
-    moves = store.transitions(db, row.id)
+    moves = store.transitions(db, result["id"])
     (gave_up,) = [m for m in moves if m.to_state == store.State.reverting]
     assert gave_up.details["failure"] == "timed_out", gave_up.details
     assert gave_up.details["starting_s"] > READY_TIMEOUT_S, gave_up.details
@@ -100,3 +112,29 @@ def test_a_start_slower_than_the_ready_timeout_teaches_nothing(ws: Workspace) ->
     option = Option("the host pool", change, "recommended", None, (0.05, 0.1), "low", [])
     choice = choose_next([option], bounds=after.bounds_of(db, SERVER))
     assert choice.option == option and not choice.skipped, choice
+
+    # and it runs again: this time the timeout says how long the unchanged server took
+    code, again, err = experiment(ws, *SLOW_CHANGE)
+    assert code == 4 and again["id"] != result["id"], err
+    assert (
+        f"; the unchanged server took {took:.0f} s to become ready when kvpilot last started it;"
+    ) in again["reason"], again["reason"]
+    assert campaign_store.bounds_for(db, SERVER) == []
+
+
+def test_a_start_refused_for_memory_still_teaches_its_bound(ws: Workspace) -> None:
+    # SGLang's "Not enough memory. Please try to increase --mem-fraction-static": the weights
+    # leave no room for the KV cache, whatever the deadline
+    code, result, err = experiment(ws, "mem_fraction_static=0.15", force=True)
+    assert code == 4, err
+    assert result["reason"].startswith(
+        "the changed server did not start: the server exited before it was ready: the weights "
+        "leave no GPU memory for the KV cache"
+    ), result["reason"]
+    assert "nothing was learnt" not in result["reason"]
+    db = open_db(ws.config.parent / "var" / "kvpilot.db")
+    [bound] = campaign_store.bounds_for(db, SERVER)
+    assert (bound.arg, bound.limit, bound.above) == ("mem_fraction_static", 0.15, False)
+    assert "did not start: refused by the engine for lack of memory" in bound.reason
+    assert "learnt: mem_fraction_static <= 0.15" in err, err
+    assert ws.info()["mem_fraction_static"] == 0.85
