@@ -250,7 +250,7 @@ def _revert_once(
     progress = dict(step.progress)
     view = steps.View(
         State.reverting, GateSettings(), sp.from_args, sp.to_args, progress,
-        entered_ts=step.created_at.timestamp(),
+        entered_ts=step.created_at.timestamp(), server=step.server,
     )  # fmt: skip
     facts = gather(deps, State.reverting, progress)
     # the kept experiment stands for the revert in records and messages
