@@ -63,11 +63,67 @@ def title(change: Mapping[str, Any], implied: frozenset[str] = frozenset()) -> s
     return ", ".join(parts)
 
 
+@dataclass(frozen=True)
+class BatchCap:
+    """A setting that caps how many requests one step runs, as it stands after a change.
+
+    `setting` names it as the operator sets it (with how the engine applies it, per rank or
+    per engine, where that matters); `requests` is what it lets run over the whole server."""
+
+    setting: str
+    requests: int
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """What bounds the running batch after a change: the clients (those running and those
+    waiting now), the KV pool (its growth), and every cap the engine applies to the batch.
+    The batch grows to the tightest of them; a cap that is the tightest binds."""
+
+    running: float
+    queued: float
+    tokens_now: int
+    tokens_new: int
+    caps: tuple[BatchCap, ...] = ()
+
+    def binding(self) -> BatchCap | None:
+        """The cap the batch meets before the clients or the pool run out, if one does."""
+        if self.running <= 0 or self.tokens_now <= 0:
+            return None
+        ratio = min((self.running + self.queued) / self.running, self.tokens_new / self.tokens_now)
+        tightest = min(self.caps, key=lambda c: c.requests, default=None)
+        if tightest is None or tightest.requests / self.running >= ratio:
+            return None
+        return tightest
+
+    def ratio(self) -> float:
+        """How many times today's batch the batch after the change holds."""
+        if self.running <= 0 or self.tokens_now <= 0:
+            return 0.0
+        cap = self.binding()
+        if cap is not None:
+            return cap.requests / self.running
+        return min((self.running + self.queued) / self.running, self.tokens_new / self.tokens_now)
+
+    def reason(self) -> str | None:
+        """The sentence an option carries where a cap binds, so the operator can raise it too."""
+        cap = self.binding()
+        if cap is None:
+            return None
+        return (
+            f"the gain is capped by {cap.setting}: at most {cap.requests:,} requests run at "
+            f"once, {self.ratio():.1f}x today's {self.running:.0f}; raise it with the pool for more"
+        )
+
+
+def capped_by(limits: BatchLimits | None, kv_bound: bool) -> Finding:
+    """The option's sentence where a cap on the batch bounds what a larger pool buys."""
+    reason = limits.reason() if limits is not None and kv_bound else None
+    return Finding(reasons=(reason,)) if reason else NOTHING
+
+
 def kv_capacity_gain(
-    running: float,
-    queued: float,
-    tokens_now: int,
-    tokens_new: int,
+    limits: BatchLimits,
     kv_bound: bool,
     budget: TimeBudget | None = None,
     bytes_ratio: float = 1.0,
@@ -75,17 +131,17 @@ def kv_capacity_gain(
     """The throughput change a larger KV pool buys, as an interval meant to hold 90% of effects.
 
     Where the KV cache is not what limits the server, more of it buys nothing; where it is, the
-    batch grows with the pool until the queue is empty. What a larger batch buys is read from
-    the server's own time budget where it accounts for one (`timebudget`): only the decode
-    share speeds up, and only by spreading each step's fixed cost over more requests.
-    `bytes_ratio` is the new KV cell's size over the old one's (a KV dtype change): each
-    request's part of a step then shrinks somewhere between not at all (compute) and that ratio
-    (KV reads), so the interval spans both. Without a budget, the old rule of thumb: the batch's
-    growth at best, half of it at worst.
+    batch grows with the pool until the queue is empty or a cap on the batch binds
+    (`BatchLimits`). What a larger batch buys is read from the server's own time budget where
+    it accounts for one (`timebudget`): only the decode share speeds up, and only by spreading
+    each step's fixed cost over more requests. `bytes_ratio` is the new KV cell's size over the
+    old one's (a KV dtype change): each request's part of a step then shrinks somewhere between
+    not at all (compute) and that ratio (KV reads), so the interval spans both. Without a
+    budget, the old rule of thumb: the batch's growth at best, half of it at worst.
     """
-    if not kv_bound or running <= 0 or tokens_now <= 0:
+    if not kv_bound or limits.running <= 0 or limits.tokens_now <= 0:
         return (0.0, 0.0)
-    ratio = min((running + queued) / running, tokens_new / tokens_now)
+    ratio = limits.ratio()
     if budget is None:
         high = max(0.0, ratio - 1)
         return (high / 2, high)

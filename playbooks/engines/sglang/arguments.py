@@ -326,12 +326,20 @@ class RunningCapCheck(Check):
             )
         return NOTHING
 
+    def predicts_gain_for(self, change: Change) -> bool:
+        """Beside a larger pool the gain is the pool's, bounded by the cap after the change."""
+        return change.tokens > change.current
+
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
         limit = running_cap_total(ctx.server.info)
         if seen.bottleneck == "compute" and limit and int(value) > limit:
             return Finding(
                 "possible", (f"the batch sits at the cap of {limit} while the pool has room",)
             )
+        if seen.kv_bound and self.predicts_gain_for(ctx):
+            after = min(cap.requests for cap in ctx.batch_caps)
+            if after > seen.m.running:
+                return Finding(reasons=(f"up to {after:,} requests may run in the larger pool",))
         return Finding("not_useful", ("the running-request cap does not limit this server now",))
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from playbooks.engines.findings import NOTHING, Finding
+from playbooks.engines.findings import NOTHING, BatchCap, Finding
 from playbooks.engines.sglang.capacity import KV_DTYPE_BYTES, CapacityModel
 from playbooks.engines.sglang.deployment import attn_dp_size
 from playbooks.engines.sglang.facts import Observed, Server, context_len, running_cap_per_rank
@@ -85,6 +85,22 @@ class Change:
             grown = rest + self.cap.budget_growth_gib(self.fraction)
             cap = min(cap, int(now * grown / rest))
         return cap
+
+    @property
+    def batch_caps(self) -> tuple[BatchCap, ...]:
+        """The running-request cap after the change, over the whole server: SGLang divides the
+        global flag over the attention-DP ranks and each rank's scheduler admits up to its
+        share (`managers/scheduler.py` `get_num_allocatable_reqs`)."""
+        per_rank, ranks = self.running_cap_per_rank, self.ranks
+        user = self.values.get("max_running_requests", self.server.info.arg("max_running_requests"))
+        name = "max_running_requests" + ("" if user is None else f"={user}")
+        if ranks > 1:
+            name += f" ({per_rank:,} on each of {ranks} attention-DP ranks)"
+        elif user is None:
+            name += f" (SGLang's default for this pool, {per_rank:,})"
+        elif per_rank != int(user):
+            name += f" (SGLang lowers it to {per_rank:,} for this pool)"
+        return (BatchCap(name, per_rank * ranks),)
 
     @classmethod
     def of(cls, server: Server, values: Mapping[str, Any]) -> Change:

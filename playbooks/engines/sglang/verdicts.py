@@ -12,7 +12,9 @@ from typing import Any
 from playbooks.engines.findings import (
     NOTHING_AGAINST,
     RESTART_RISK,
+    BatchLimits,
     Finding,
+    capped_by,
     collect,
     kv_capacity_gain,
     option_of,
@@ -32,15 +34,24 @@ def findings_of(change: Change, seen: Observed | None) -> list[Finding]:
     return collect(checks_for(change), change, seen)
 
 
-def capacity_gain(change: Change, seen: Observed) -> tuple[float, float] | None:
-    """Throughput change from more KV room (`kv_capacity_gain`); None where an argument changes
+def batch_limits(change: Change, seen: Observed) -> BatchLimits | None:
+    """What bounds the batch after the change (`BatchLimits`); None where an argument changes
     something the capacity model cannot predict throughput for."""
     if not all(check.predicts_gain_for(change) for check in checks_for(change)):
         return None
     m = seen.m
+    return BatchLimits(m.running, m.queued, change.current, change.tokens, change.batch_caps)
+
+
+def capacity_gain(
+    change: Change, seen: Observed, limits: BatchLimits | None
+) -> tuple[float, float] | None:
+    """Throughput change from more KV room (`kv_capacity_gain`), where it can be predicted."""
+    if limits is None:
+        return None
     return kv_capacity_gain(
-        m.running, m.queued, change.current, change.tokens, seen.kv_bound,
-        m.time_budget, change.bytes_per_token / change.cap.bytes_per_token,
+        limits, seen.kv_bound, seen.m.time_budget,
+        change.bytes_per_token / change.cap.bytes_per_token,
     )  # fmt: skip
 
 
@@ -73,9 +84,10 @@ def evaluate(
     """Judge one change against a measured server: safe, and does it address the bottleneck."""
     proposed = Change.of(ctx.server, change)
     seen = Observed(ctx.m, bottleneck)
-    found = findings_of(proposed, seen)
+    limits = batch_limits(proposed, seen)
+    found = [*findings_of(proposed, seen), capped_by(limits, seen.kv_bound)]
     verdict = worst(found, "not_useful")
-    return option(proposed, found, verdict, capacity_gain(proposed, seen), considered)
+    return option(proposed, found, verdict, capacity_gain(proposed, seen, limits), considered)
 
 
 def judge_change(server: Server, change: dict[str, Any]) -> Option:

@@ -192,7 +192,14 @@ class SeqCapCheck(Check):
             )
         return NOTHING
 
+    def predicts_gain_for(self, change: Change) -> bool:
+        """Beside a larger pool the gain is the pool's, bounded by the cap after the change."""
+        return change.grows_pool
+
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
+        after = int(value) * ctx.server.info.engines
+        if seen.kv_bound and ctx.grows_pool and after > seen.m.running:
+            return Finding(reasons=(f"up to {after:,} requests may run in the larger pool",))
         limit = seq_cap_total(ctx.server.info)
         per_engine = ctx.server.info.arg("max_num_seqs")
         if limit is None or not isinstance(per_engine, int):

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from playbooks.engines.findings import NOTHING, Finding
+from playbooks.engines.findings import NOTHING, BatchCap, Finding
 from playbooks.engines.vllm.args import AUTO
 from playbooks.engines.vllm.capacity import (
     CapacityModel,
@@ -67,6 +67,30 @@ class Change:
             return self.values[name]
         return self.server.info.arg(name)
 
+    @property
+    def grows_pool(self) -> bool:
+        return self.tokens is not None and self.tokens > self.current
+
+    @property
+    def batch_caps(self) -> tuple[BatchCap, ...]:
+        """The caps on the running batch after the change, over all engines, where known. Each
+        engine's scheduler admits up to `max_num_seqs` (v1/core/sched/scheduler.py
+        `Scheduler.schedule`: the waiting loop stops at `max_num_running_reqs`) and a step
+        schedules at most `max_num_batched_tokens` tokens, one per decoding request
+        (`token_budget`); vLLM 0.32 refuses a budget below the sequence cap
+        (config/scheduler.py), so the budget binds only where the cap is not known."""
+        engines = self.server.info.engines
+        where = f" on each of {engines} engines" if engines > 1 else ""
+        caps = []
+        for name, what in (
+            ("max_num_seqs", ""),
+            ("max_num_batched_tokens", " (one token a step for each running request)"),
+        ):
+            value = self.after(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                caps.append(BatchCap(f"{name}={value}{what}{where}", value * engines))
+        return tuple(caps)
+
     @classmethod
     def of(cls, server: Server, values: Mapping[str, Any]) -> Change:
         cap = server.cap
@@ -112,6 +136,10 @@ class Check:
 
     def applies(self, change: Change) -> bool:
         return any(name in change.values for name in self.names)
+
+    def predicts_gain_for(self, change: Change) -> bool:
+        """`predicts_gain` for this change (a check may predict for some of its changes)."""
+        return self.predicts_gain
 
     def value(self, change: Change) -> Any:
         return change.values.get(self.names[0])

@@ -11,7 +11,9 @@ from typing import Any
 
 from playbooks.engines.findings import (
     NOTHING_AGAINST,
+    BatchLimits,
     Finding,
+    capped_by,
     collect,
     kv_capacity_gain,
     option_of,
@@ -27,13 +29,14 @@ def findings_of(change: Change, seen: Observed | None) -> list[Finding]:
     return collect(checks_for(change), change, seen)
 
 
-def capacity_gain(change: Change, seen: Observed) -> tuple[float, float] | None:
-    """Throughput change from more KV room; None where kvpilot cannot predict it (the capacity
-    is not predicted, or an argument changes more than the KV pool)."""
-    if change.tokens is None or not all(c.predicts_gain for c in checks_for(change)):
+def batch_limits(change: Change, seen: Observed) -> BatchLimits | None:
+    """What bounds the batch after the change (`BatchLimits`); None where kvpilot cannot
+    predict the gain (the capacity is not predicted, or an argument changes more than the KV
+    pool and the caps on the batch)."""
+    if change.tokens is None or not all(c.predicts_gain_for(change) for c in checks_for(change)):
         return None
     m = seen.m
-    return kv_capacity_gain(m.running, m.queued, change.current, change.tokens, seen.kv_bound)
+    return BatchLimits(m.running, m.queued, change.current, change.tokens, change.batch_caps)
 
 
 def option(
@@ -52,9 +55,11 @@ def evaluate(
     """Judge one change against a measured server: safe, and does it address the bottleneck."""
     proposed = Change.of(ctx.server, change)
     seen = Observed(ctx.m, bottleneck)
-    found = findings_of(proposed, seen)
+    limits = batch_limits(proposed, seen)
+    found = [*findings_of(proposed, seen), capped_by(limits, seen.kv_bound)]
     verdict = worst(found, "not_useful")
-    return option(proposed, found, verdict, capacity_gain(proposed, seen), considered)
+    gain = None if limits is None else kv_capacity_gain(limits, seen.kv_bound)
+    return option(proposed, found, verdict, gain, considered)
 
 
 def judge_change(server: Server, change: dict[str, Any]) -> Option:

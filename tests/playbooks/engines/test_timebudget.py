@@ -9,7 +9,13 @@ import pytest
 
 from playbooks.diagnose.measure import measurement_of
 from playbooks.engines.base import Snapshot
-from playbooks.engines.findings import MODEL_HIGH, MODEL_LOW, kv_capacity_gain
+from playbooks.engines.findings import (
+    MODEL_HIGH,
+    MODEL_LOW,
+    BatchCap,
+    BatchLimits,
+    kv_capacity_gain,
+)
 from playbooks.engines.sglang.client import SGLangClient, parse_loads
 from playbooks.engines.timebudget import StepCounters, TimeBudget, budget_between
 from tests.playbooks.diagnose.recorded import Recorded
@@ -113,30 +119,60 @@ def test_the_gain_of_a_larger_batch(
 HALF_FIXED = TimeBudget(0.0, 0.025, 0.0005, 50)
 
 
+SEVENTY = BatchCap("max_running_requests=70", 70)
+
+
 @pytest.mark.parametrize(
-    ("args", "interval"),
+    ("limits", "kv_bound", "budget", "bytes_ratio", "interval"),
     [
         # not KV-bound, or nothing running: more KV buys nothing
-        ((50, 100, 100_000, 150_000, False, HALF_FIXED), (0.0, 0.0)),
-        ((0, 100, 100_000, 150_000, True, HALF_FIXED), (0.0, 0.0)),
+        (BatchLimits(50, 100, 100_000, 150_000), False, HALF_FIXED, 1.0, (0.0, 0.0)),
+        (BatchLimits(0, 100, 100_000, 150_000), True, HALF_FIXED, 1.0, (0.0, 0.0)),
         # the model's point, widened by its measured error
-        ((50, 100, 100_000, 150_000, True, HALF_FIXED), (0.2 * MODEL_LOW, 0.2 * MODEL_HIGH)),
+        (
+            BatchLimits(50, 100, 100_000, 150_000),
+            True,
+            HALF_FIXED,
+            1.0,
+            (0.2 * MODEL_LOW, 0.2 * MODEL_HIGH),
+        ),
         # the queue caps the batch: 10 waiting grow 50 running by a fifth only
         (
-            (50, 10, 100_000, 150_000, True, HALF_FIXED),
+            BatchLimits(50, 10, 100_000, 150_000),
+            True,
+            HALF_FIXED,
+            1.0,
             (HALF_FIXED.gain(1.2) * MODEL_LOW, HALF_FIXED.gain(1.2) * MODEL_HIGH),
+        ),
+        # a cap of 70 running requests grows 50 by 1.4x, not the pool's 1.5x
+        (
+            BatchLimits(50, 100, 100_000, 150_000, (SEVENTY,)),
+            True,
+            HALF_FIXED,
+            1.0,
+            (HALF_FIXED.gain(1.4) * MODEL_LOW, HALF_FIXED.gain(1.4) * MODEL_HIGH),
         ),
         # FP8: each request's part shrinks between not at all and by the cell's ratio
         (
-            (50, 100, 100_000, 200_000, True, HALF_FIXED, 0.5),
+            BatchLimits(50, 100, 100_000, 200_000),
+            True,
+            HALF_FIXED,
+            0.5,
             (HALF_FIXED.gain(2.0) * MODEL_LOW, 1.0 * MODEL_HIGH),
         ),
         # no accounting: the rule of thumb, the batch's growth at best and half at worst
-        ((50, 100, 100_000, 150_000, True, None), (0.25, 0.5)),
+        (BatchLimits(50, 100, 100_000, 150_000), True, None, 1.0, (0.25, 0.5)),
+        (BatchLimits(50, 100, 100_000, 150_000, (SEVENTY,)), True, None, 1.0, (0.2, 0.4)),
     ],
 )
-def test_the_predicted_interval(args: tuple[object, ...], interval: tuple[float, float]) -> None:
-    low, high = kv_capacity_gain(*args)  # type: ignore[arg-type]
+def test_the_predicted_interval(
+    limits: BatchLimits,
+    kv_bound: bool,
+    budget: TimeBudget | None,
+    bytes_ratio: float,
+    interval: tuple[float, float],
+) -> None:
+    low, high = kv_capacity_gain(limits, kv_bound, budget, bytes_ratio)
     assert (low, high) == pytest.approx(interval)
 
 
