@@ -55,3 +55,12 @@ def test_the_sentence_names_the_cap_and_what_it_allows() -> None:
     # not KV-bound, or no prediction: the pool buys nothing, so no cap is named
     assert capped_by(limits, kv_bound=False) == Finding()
     assert capped_by(None, kv_bound=True) == Finding()
+
+
+def assert_cap_named(reasons: list[str], words: str | None) -> None:
+    """An option names the cap that binds once, in those words; none where none binds."""
+    capped = [r for r in reasons if r.startswith("the gain is capped by")]
+    if words is None:
+        assert not capped, reasons
+    else:
+        assert len(capped) == 1 and words in capped[0], reasons

@@ -17,6 +17,7 @@ import pytest
 from playbooks.engines.sglang.verdicts import evaluate
 from tests.playbooks.engines.sglang.test_deployment_rules import dp_reply, rules
 from tests.playbooks.engines.sglang.test_rules import context, measurement
+from tests.playbooks.engines.test_batch_limits import assert_cap_named
 
 RUNNING, QUEUED = 50, 100
 CLIENTS = (RUNNING + QUEUED) / RUNNING
@@ -59,11 +60,7 @@ def test_the_gain_is_bounded_by_the_running_cap(
     high = growth - 1
     assert option.predicted_gain == pytest.approx((high / 2, high))
     assert high < CLIENTS - 1
-    capped = [r for r in option.reasons if "capped by" in r]
-    if words is None:
-        assert not capped, option.reasons
-    else:
-        assert len(capped) == 1 and words in capped[0], option.reasons
+    assert_cap_named(option.reasons, words)
 
 
 def test_under_attention_dp_the_cap_is_divided_over_the_ranks() -> None:

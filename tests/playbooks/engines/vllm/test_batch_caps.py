@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from playbooks.engines.vllm.verdicts import evaluate
+from tests.playbooks.engines.test_batch_limits import assert_cap_named
 from tests.playbooks.engines.vllm.test_rules import context, measurement
 
 RUNNING, QUEUED = 39, 57
@@ -101,11 +102,7 @@ def test_the_gain_is_bounded_by_every_cap_that_binds(
     # no time budget on vLLM: the batch's growth at best, half of it at worst
     high = max(0.0, growth - 1)
     assert option.predicted_gain == pytest.approx((high / 2, high))
-    capped = [r for r in option.reasons if "capped by" in r]
-    if words is None:
-        assert not capped, option.reasons
-    else:
-        assert len(capped) == 1 and words in capped[0], option.reasons
+    assert_cap_named(option.reasons, words)
 
 
 def test_a_cap_only_change_predicts_nothing_from_the_pool() -> None:
