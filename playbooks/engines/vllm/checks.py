@@ -74,9 +74,10 @@ class Change:
     @property
     def batch_caps(self) -> tuple[BatchCap, ...]:
         """The caps on the running batch after the change, over all engines, where known. Each
-        engine's scheduler admits up to `max_num_seqs` (v1/core/sched/scheduler.py
-        `Scheduler.schedule`: the waiting loop stops at `max_num_running_reqs`) and a step
-        schedules at most `max_num_batched_tokens` tokens, one per decoding request
+        data-parallel engine builds its own scheduler from the one config (v1/engine/core.py
+        `EngineCore.__init__`), which admits up to `max_num_seqs` (v1/core/sched/scheduler.py
+        `Scheduler.schedule`: the waiting loop stops at `max_num_running_reqs`) and schedules
+        at most `max_num_batched_tokens` tokens a step, one per decoding request
         (`token_budget`); vLLM 0.32 refuses a budget below the sequence cap
         (config/scheduler.py), so the budget binds only where the cap is not known."""
         engines = self.server.info.engines
