@@ -116,9 +116,10 @@ class BatchLimits:
         )
 
 
-def capped_by(limits: BatchLimits | None, kv_bound: bool) -> Finding:
-    """The option's sentence where a cap on the batch bounds what a larger pool buys."""
-    reason = limits.reason() if limits is not None and kv_bound else None
+def capped_by(limits: BatchLimits | None, kv_bound: bool, verdict: Verdict) -> Finding:
+    """The option's sentence where a cap on the batch bounds what a larger pool buys (none
+    for an unsafe change, which is given no gain)."""
+    reason = limits.reason() if limits is not None and kv_bound and verdict != "unsafe" else None
     return Finding(reasons=(reason,)) if reason else NOTHING
 
 

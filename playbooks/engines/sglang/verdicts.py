@@ -85,8 +85,9 @@ def evaluate(
     proposed = Change.of(ctx.server, change)
     seen = Observed(ctx.m, bottleneck)
     limits = batch_limits(proposed, seen)
-    found = [*findings_of(proposed, seen), capped_by(limits, seen.kv_bound)]
+    found = findings_of(proposed, seen)
     verdict = worst(found, "not_useful")
+    found.append(capped_by(limits, seen.kv_bound, verdict))
     return option(proposed, found, verdict, capacity_gain(proposed, seen, limits), considered)
 
 

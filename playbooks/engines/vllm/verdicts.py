@@ -56,8 +56,9 @@ def evaluate(
     proposed = Change.of(ctx.server, change)
     seen = Observed(ctx.m, bottleneck)
     limits = batch_limits(proposed, seen)
-    found = [*findings_of(proposed, seen), capped_by(limits, seen.kv_bound)]
+    found = findings_of(proposed, seen)
     verdict = worst(found, "not_useful")
+    found.append(capped_by(limits, seen.kv_bound, verdict))
     gain = None if limits is None else kv_capacity_gain(limits, seen.kv_bound)
     return option(proposed, found, verdict, gain, considered)
 

@@ -51,10 +51,12 @@ def test_the_sentence_names_the_cap_and_what_it_allows() -> None:
         "the gain is capped by max_num_seqs=64: at most 64 requests run at once, 1.3x today's "
         "49; raise it with the pool for more"
     )
-    assert capped_by(limits, kv_bound=True) == Finding(reasons=(limits.reason() or "",))
-    # not KV-bound, or no prediction: the pool buys nothing, so no cap is named
-    assert capped_by(limits, kv_bound=False) == Finding()
-    assert capped_by(None, kv_bound=True) == Finding()
+    sentence = Finding(reasons=(limits.reason() or "",))
+    assert capped_by(limits, True, "recommended") == capped_by(limits, True, "possible") == sentence
+    # not KV-bound, no prediction, or unsafe: no gain, so no cap is named
+    assert capped_by(limits, False, "recommended") == Finding()
+    assert capped_by(None, True, "recommended") == Finding()
+    assert capped_by(limits, True, "unsafe") == Finding()
 
 
 def assert_cap_named(reasons: list[str], words: str | None) -> None:

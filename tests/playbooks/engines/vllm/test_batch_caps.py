@@ -108,3 +108,10 @@ def test_the_gain_is_bounded_by_every_cap_that_binds(
 def test_a_cap_only_change_predicts_nothing_from_the_pool() -> None:
     ctx = context(measurement(running=RUNNING, queued=QUEUED), **LOW_UTIL, max_num_seqs=64)
     assert evaluate({"max_num_seqs": 128}, ctx, "kv_cache").predicted_gain is None
+
+
+def test_an_unsafe_change_names_no_cap() -> None:
+    ctx = context(measurement(running=RUNNING, queued=QUEUED), **LOW_UTIL, max_num_seqs=64)
+    option = evaluate({"gpu_memory_utilization": 0.99}, ctx, "kv_cache")
+    assert option.verdict == "unsafe" and option.predicted_gain is None
+    assert_cap_named(option.reasons, None)
