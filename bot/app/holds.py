@@ -14,7 +14,7 @@ from bot.app.config import ServerConfig
 from bot.app.cron import LocalCron
 from bot.chat.render import mention
 from bot.chat.when import hhmm
-from playbooks.experiments.steps import Hold
+from playbooks.experiments.holds import Hold
 from storage.freezes import Freeze
 
 

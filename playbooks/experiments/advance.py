@@ -20,7 +20,7 @@ from typing import Any
 from playbooks import gate as gate_mod
 from playbooks.engines.base import EngineError
 from playbooks.engines.exits import Failure
-from playbooks.experiments import quality_steps, rotation_steps, stall, steps
+from playbooks.experiments import holds, quality_steps, rotation_steps, stall, steps
 from playbooks.experiments.deps import Deps, args_of
 from playbooks.experiments.failures import FAILURE, exited
 from playbooks.experiments.known_baseline import (
@@ -126,21 +126,27 @@ def gather(
         ready_timeout_s=deps.launcher.ready_timeout_s,
         carrier=None if deps.lease is None else deps.lease.owner,
         rotation=rotation_steps.facts(deps, state, progress or {}),
-        hold=deps.hold(deps.wall_now()) if deps.hold is not None and state in HELD else None,
-        approval_ran_out=state in HELD and _approval_ran_out(deps, proposal_id),
+        calendar=calendar(deps, proposal_id) if state in HELD else None,
         failure=failure,
     )
 
 
-def _approval_ran_out(deps: Deps, proposal_id: int | None) -> bool:
-    """Whether the approval of the experiment's proposal is over, by the calendar (a plan's
-    steps and experiments without a proposal have no such end)."""
-    if proposal_id is None:
-        return False
-    try:
-        return deps.wall_now() >= proposals.get_proposal(deps.db, proposal_id).expires_at
-    except NotFound:
-        return False
+def calendar(deps: Deps, proposal_id: int | None) -> holds.Calendar:
+    """The wall clock's facts, read at one instant: the hold in force (a freeze, the change
+    window) and when the approval of the experiment's proposal runs out (a plan's steps and
+    experiments without a proposal have no such end)."""
+    wall = deps.wall_now()
+    until = None
+    if proposal_id is not None:
+        try:
+            until = proposals.get_proposal(deps.db, proposal_id).expires_at.timestamp()
+        except NotFound:
+            until = None
+    return holds.Calendar(
+        now_ts=wall.timestamp(),
+        hold=deps.hold(wall) if deps.hold is not None else None,
+        approval_until_ts=until,
+    )
 
 
 def advance(deps: Deps, exp_id: int) -> Advanced:

@@ -23,7 +23,7 @@ from playbooks.quality.check import QualityCheck
 from playbooks.routers.drain import Rotation
 
 if TYPE_CHECKING:
-    from playbooks.experiments.steps import Hold
+    from playbooks.experiments.holds import Hold
 
 
 def args_of(config: dict[str, Any]) -> list[str]:
@@ -50,8 +50,8 @@ class Deps:
     # opted-in arguments carries it, and is kept only once it passes (lifecycle.create).
     quality: QualityCheck | None = None
     # Whether a freeze or the server's change window holds restarts at a time (None: never),
-    # asked with the calendar's time (`wall_now`), as approvals expire by it: an experiment's
-    # own clock (`now`) may run faster against a twin.
+    # asked with the calendar's time (`wall_now`), by which approvals also expire: an
+    # experiment's own clock (`now`) may run faster against a twin (`holds`).
     hold: Callable[[datetime], Hold | None] | None = None
     wall_now: Callable[[], datetime] = lambda: datetime.now(UTC)
 

@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 from playbooks import gate as gate_mod
 from playbooks.engines.exits import Failure, last_log_line
-from playbooks.experiments import stall
+from playbooks.experiments import holds, stall
 from playbooks.experiments.failures import (
     FAILURE,
     StillLoading,
@@ -52,6 +52,7 @@ from playbooks.experiments.failures import (
     reverted_reason,
     what_it_teaches,
 )
+from playbooks.experiments.holds import Calendar, Hold
 from playbooks.quality.check import QualityCheck
 from playbooks.quality.compare import QualityVerdict
 from playbooks.routers.drain import drain_state
@@ -90,18 +91,15 @@ class Facts:
     ready_timeout_s: float = 1800.0
     carrier: str | None = None  # the process taking the step (its lease owner)
     rotation: RotationFacts | None = None  # the router in front of it, while it restarts
-    hold: Hold | None = None  # why no restart may start now (approved and baseline only)
-    approval_ran_out: bool = False  # the approval's time is over (by the calendar's clock)
     failure: Failure | None = None  # the kind of `reason` where the server exited
+    # The wall clock's facts, read once: the hold in force and the approval's end (approved
+    # and baseline only; `holds` says why they are not on the experiment's clock, `now_ts`)
+    calendar: Calendar | None = None
 
-
-@dataclass(frozen=True)
-class Hold:
-    """Why a restart may not start now: a freeze, or outside the server's change window.
-    `until_ts` is when it lifts where that is known (a freeze's end, the window's opening)."""
-
-    why: str
-    until_ts: float | None = None
+    @property
+    def hold(self) -> Hold | None:
+        """Why no restart may start now (None: nothing holds it, or not asked in this state)."""
+        return None if self.calendar is None else self.calendar.hold
 
 
 @dataclass(frozen=True)
@@ -333,9 +331,6 @@ def changed_outside(view: View, facts: Facts) -> Move | None:
     )
 
 
-HELD_SINCE = "held_since"  # the approved state's progress key: when a hold first kept it waiting
-
-
 def _approved(view: View, facts: Facts) -> Step:
     held = _held(view, facts)
     if held is not None:
@@ -343,7 +338,10 @@ def _approved(view: View, facts: Facts) -> Step:
     if facts.current_args is None:
         # The plan is approved for a configuration; until the launcher says the server runs it,
         # going on could overwrite a configuration changed since the approval.
-        return Wait("the launcher cannot say what the server runs; checking the plan again")
+        return Wait(
+            "the launcher cannot say what the server runs; checking the plan again",
+            dict(holds.RELEASED) if view.progress.get(holds.HOLD) else {},
+        )
     if facts.current_args != view.baseline_args:
         return Move(
             State.expired,
@@ -367,29 +365,16 @@ def _approved(view: View, facts: Facts) -> Step:
 
 def _held(view: View, facts: Facts) -> Step | None:
     """An approved experiment waits while a freeze or its server's change window holds
-    restarts, and starts when it lifts only if the approval has not run out meanwhile."""
-    ran_out = facts.approval_ran_out
-    if facts.hold is None:
-        if ran_out:  # it waited (a hold, or kvpilot was away) past the approval's end
-            return Move(
-                State.expired,
-                "the approval ran out before the change could start; nothing was changed: "
-                "propose again (or set a longer [access] approval_ttl for changes that wait)",
-                {"cause": "expired_waiting"},
-            )
+    restarts, and starts when it lifts only if the approval has not run out meanwhile, both
+    judged on the wall clock (`holds.decide`)."""
+    if facts.calendar is None:
         return None
-    if ran_out:
-        return Move(
-            State.expired,
-            f"the approval ran out while the change waited ({facts.hold.why}); nothing was "
-            "changed: propose again (or set a longer [access] approval_ttl)",
-            {"cause": "expired_waiting"},
-        )
-    since = view.progress.get(HELD_SINCE, facts.now_ts)
-    return Wait(
-        f"waiting: {facts.hold.why}; it starts then if the approval is still valid",
-        {HELD_SINCE: since, "hold": facts.hold.why, "hold_until": facts.hold.until_ts},
-    )
+    held = holds.decide(view.progress, facts.calendar)
+    if held is None:
+        return None
+    if held.action == "expire":
+        return Move(State.expired, held.reason, {"cause": "expired_waiting"})
+    return Wait(held.reason, held.progress)
 
 
 def _baseline(view: View, facts: Facts) -> Step:

@@ -13,6 +13,7 @@ import pytest
 
 from playbooks.engines.base import Prompt
 from playbooks.experiments import steps
+from playbooks.experiments.holds import Calendar, Hold
 from playbooks.experiments.steps import Facts, Issue, Look, Move, Poll, Probe, Scrape, View
 from playbooks.gate import GateSettings
 from playbooks.quality.check import EvalCommand, GoldenPrompts, QualityCheck
@@ -57,9 +58,10 @@ DOWN = {"running": False, "ready": False, "reason": "exited with status 1", "ins
 # arguments kvpilot never runs in this experiment: someone set them by hand
 PERSON = ("--mem-fraction-static", "0.80")
 BY_HAND = {"current_args": PERSON, "instance": "i9"}  # restarted by them on their arguments
-HOLD = steps.Hold("every server frozen by U1 until 16:00 UTC", T + 3600)
-RAN_OUT = seen(approval_ran_out=True)
-RAN_OUT_HELD = seen(hold=HOLD, approval_ran_out=True)
+HOLD = Hold("every server frozen by U1 until 16:00 UTC", T + 3600)
+HELD = seen(calendar=Calendar(T, HOLD, T + 7200))
+RAN_OUT = seen(calendar=Calendar(T, None, T - 1))
+RAN_OUT_HELD = seen(calendar=Calendar(T, HOLD, T - 1))
 CASES: list[tuple[str, View, Facts, object]] = [
     # approved: the plan is checked against what the server runs
     ("approved, healthy", view(State.approved), seen(), State.baseline),
@@ -69,14 +71,14 @@ CASES: list[tuple[str, View, Facts, object]] = [
     # the launcher cannot say what runs: nothing is changed until it can
     ("approved, arguments unknown", view(State.approved), seen(current_args=None), steps.Wait),
     # a freeze or the change window holds restarts: it waits while the approval holds
-    ("approved, held", view(State.approved), seen(hold=HOLD), steps.Wait),
+    ("approved, held", view(State.approved), HELD, steps.Wait),
     ("approved, held, ran out", view(State.approved), RAN_OUT_HELD, State.expired),
     ("approved, hold lifted", view(State.approved, held_since=T - 60), seen(), State.baseline),
     ("approved, hold lifted late", view(State.approved, held_since=T - 60), RAN_OUT, State.expired),
     # never seen held (kvpilot was away while a freeze came and went): the approval's end rules
     ("approved, ran out unseen", view(State.approved), RAN_OUT, State.expired),
     # a hold begins while the baseline is chosen or measured: nothing changed, nothing restarts
-    ("baseline, first step, held", view(State.baseline), seen(hold=HOLD), State.cancelled),
+    ("baseline, first step, held", view(State.baseline), HELD, State.cancelled),
     # baseline
     ("baseline, first step", view(State.baseline), seen(), steps.ChooseBaseline),
     ("baseline, measuring", view(State.baseline, until=T + 5, instance="i1"), seen(), Scrape),
@@ -95,7 +97,7 @@ CASES: list[tuple[str, View, Facts, object]] = [
     (  # frozen while it measured: nothing changed yet, so nothing is restarted
         "baseline, over, held",
         view(State.baseline, until=T, instance="i1", first_ts=T - 600, last_ts=T - 10),
-        seen(hold=HOLD),
+        HELD,
         State.cancelled,
     ),
     (  # scrapes went missing (a stalled host): restarting now would end in "cannot judge"
