@@ -23,6 +23,7 @@ from sqlite_utils import Database
 from bot.app.config import Config
 from bot.app.ticker import Ticker
 from bot.app.wiring import experiment_deps
+from bot.chat.held import held_facts
 from bot.chat.messages import Message
 from bot.chat.render import change_text
 from bot.chat.rollout import resume_rollouts, with_rollout_offer
@@ -337,7 +338,9 @@ class ExperimentRunner:
 
     # ------------------------------------------------------------------ rendering
     def describe(self, row: store.ExperimentRow) -> dict[str, Any]:
-        """State, elapsed and remaining time (upper bound), on the experiment's clock."""
+        """State, elapsed and remaining time (upper bound), on the experiment's clock; for a
+        change waiting for a hold, what holds it and its approval's time left, on the wall
+        clock."""
         moves = store.transitions(self.db(), row.id)
         start = moves[0].created_at if moves else row.created_at
         entered = moves[-1].created_at if moves else row.created_at
@@ -366,6 +369,8 @@ class ExperimentRunner:
             "elapsed_s": elapsed,
             "remaining_s": remaining,
             "terminal": row.terminal,
+            # what holds an approved change, on the wall clock (bot.chat.held)
+            "held": held_facts(row.progress, self.now()) if row.state == State.approved else None,
         }
 
     def progress_message(self, row: store.ExperimentRow, note: str) -> Message:

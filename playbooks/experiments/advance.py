@@ -335,9 +335,9 @@ def _wait_or_probe(
     or working (its gauges kept the last batch's values), and the readings' clock starts
     again; one that does not is stuck."""
     if isinstance(step, steps.Wait):
-        deps.say(f"{row.state}: {step.reason}")
-        if step.progress:
+        if step.progress:  # stored first: what is said next reads it (what holds it, until when)
             _progress(deps, row, **step.progress)
+        deps.say(f"{row.state}: {step.reason}")
         return
     still = stall.still_for_s(row.progress)
     deps.say(
