@@ -327,6 +327,7 @@ class RolloutDriver:
             carry=lambda step: self._carry(db, step, thread),
             say=progress.say,
             now=runner.clock.utcnow,
+            wall_now=runner.now,
             owner=str(this_process()),
         )
         failures = 0

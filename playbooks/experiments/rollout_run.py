@@ -56,6 +56,9 @@ class RolloutContext:
     say: Callable[[str], None]  # progress, for people
     now: Callable[[], datetime]  # the process's clock
     owner: str  # this process, for the rollout's lease
+    # The calendar's time, for each step's derived approval: approvals run out by the wall
+    # clock (`holds`), and `now` may run faster against a twin.
+    wall_now: Callable[[], datetime] = lambda: datetime.now(UTC)
 
 
 def advance_rollout(ctx: RolloutContext, rollout_id: int) -> float | None:
@@ -145,15 +148,17 @@ def _start(ctx: RolloutContext, row: rollout_store.RolloutRow, plan: Plan, serve
     now = ctx.now()
     proposal_id = step.proposal_id
     if proposal_id is None:
+        approved_at = ctx.wall_now()
         proposal = proposal_store.create_proposal(
             ctx.db, server=server, change=dict(plan.change), plan=step_plan(row, plan, server),
             snapshot={"args": list(plan.server(server).from_args), "rollout_id": row.id},
-            created_by="kvpilot", now=now, expires_at=now + timedelta(hours=1),
+            created_by="kvpilot", now=approved_at, expires_at=approved_at + timedelta(hours=1),
         )  # fmt: skip
         proposal_store.decide(
             ctx.db, proposal.id, "approved", actor=row.approved_by, plan_hash=proposal.plan_hash,
-            now=now, reason=f"derived from rollout {row.id}, approved by {row.approved_by} (plan "
-            f"{row.plan_hash[:12]}: {len(plan.servers)} server(s), this one among them)",
+            now=approved_at, reason=f"derived from rollout {row.id}, approved by "
+            f"{row.approved_by} (plan {row.plan_hash[:12]}: {len(plan.servers)} server(s), this "
+            "one among them)",
         )  # fmt: skip
         proposal_id = proposal.id
         rollout_store.update_step(ctx.db, step.id, now=now, proposal_id=proposal_id)
