@@ -21,6 +21,8 @@ Progress keys, per state (stored on the experiment row, replaced on every move):
   (`playbooks.experiments.stall`; carried from the warm-up into the trial);
 - `changed_outside` (approved): what kvpilot said when, creating the experiment, it found the
   server changed by hand since it last recorded its configuration;
+- `held_since`, `hold`, `hold_until`, `approval_until` (approved): what holds the change (a
+  freeze, the change window) and when the approval runs out, on the wall clock (`holds`);
 - `eval` (checking_quality): the eval command's runner (its status file, pid and host);
 - behind a router (`Facts.rotation`), restarting/reverting: `out_at`, when kvpilot took the
   server out of rotation (the drain runs from then until nothing runs on it, or the drain
