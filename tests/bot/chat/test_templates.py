@@ -23,13 +23,15 @@ def _glued(path: Path) -> list[str]:
 
     The environment's trim_blocks removes the newline after every block tag, also after an
     `{% endif %}` closing a line of text, so such a line is glued to the next one ("...before
-    23:33 UTC*Trial*: 1,058 tok/s"). The templates keep that newline with an empty line after it.
+    23:33 UTC*Trial*: 1,058 tok/s"). The templates keep that newline with an empty line after it,
+    or with Jinja's `+%}`, which turns trim_blocks off for that tag.
     """
     lines = path.read_text().split("\n")
     return [
         f"{path.relative_to(TEMPLATES)}:{i + 1}: {line.strip()[-50:]}"
         for i, line in enumerate(lines[:-1])
         if line.strip().endswith("%}")
+        and not line.strip().endswith("+%}")
         and not ALONE.fullmatch(line.strip())
         and lines[i + 1].strip() != ""
     ]
