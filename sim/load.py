@@ -8,6 +8,11 @@ Against the twin, `--duration` is wall time; the server runs `time_scale` times 
 60-second run covers `60 * time_scale` simulated seconds. The report converts rates to simulated
 units when the server announces its time scale (`kvpilot_twin.time_scale` in server info); a real
 SGLang server announces none and the scale is 1.
+
+SIGTERM or SIGINT ends a run early and still prints its report, so a caller can keep the load
+on for as long as something else takes (an experiment) and stop it then. `--timeline` adds when
+each request finished (seconds after `started_at`, wall clock) and its output tokens, for rates
+over a window the caller chooses.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import statistics
 import sys
 import time
@@ -43,19 +49,24 @@ class LoadReport:
     cached_tokens: int = 0
     e2e_latencies: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
+    started_at: float = 0.0  # wall clock (epoch seconds) when the clients started
+    # (seconds after started_at, output tokens) of every completed request, in order
+    finished: list[tuple[float, int]] = field(default_factory=list)
 
     @property
     def sim_seconds(self) -> float:
         return self.wall_seconds * self.time_scale
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, timeline: bool = False) -> dict[str, Any]:
+        """Totals, rates and latency percentiles; with `timeline`, every request's finish."""
         lat = sorted(self.e2e_latencies)
 
         def pct(p: float) -> float | None:
             return lat[min(len(lat) - 1, int(p * len(lat)))] if lat else None
 
         sim = max(self.sim_seconds, 1e-9)
-        out = {k: v for k, v in asdict(self).items() if k != "e2e_latencies"}
+        hidden = {"e2e_latencies"} if timeline else {"e2e_latencies", "finished"}
+        out = {k: v for k, v in asdict(self).items() if k not in hidden}
         out.update(
             sim_seconds=round(self.sim_seconds, 2),
             completed_tokens_per_s=round(self.completion_tokens / sim, 2),
@@ -130,7 +141,10 @@ async def run_load(
     api_key: str | None = None,
     seed: int = 0,
     model: str = "default",
+    stop: asyncio.Event | None = None,
 ) -> LoadReport:
+    """Keep `concurrency` requests in flight for `duration` wall seconds, or until `stop` is
+    set, whichever comes first."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(
@@ -141,7 +155,7 @@ async def run_load(
     ) as client:
         scale = await _probe(client)
         prof = make_profile(profile, seed)
-        report = LoadReport(url, profile, concurrency, 0.0, scale)
+        report = LoadReport(url, profile, concurrency, 0.0, scale, started_at=time.time())
         start = time.monotonic()
         deadline = start + duration
 
@@ -165,7 +179,9 @@ async def run_load(
                     await asyncio.sleep(0.2)
                     continue
                 data = resp.json()
+                done_at = round(time.monotonic() - start, 3)
                 report.completed += 1
+                before = report.completion_tokens
                 report.prompt_tokens += len(spec.input_ids)
                 output_ids: list[int] = []
                 if api == "chat":
@@ -180,10 +196,11 @@ async def run_load(
                     if isinstance(meta.get("e2e_latency"), (int, float)):
                         report.e2e_latencies.append(float(meta["e2e_latency"]))
                     output_ids = [int(x) for x in data.get("output_ids") or []]
+                report.finished.append((done_at, report.completion_tokens - before))
                 prof.completed(uid, spec, output_ids)
 
         tasks = [asyncio.create_task(user(i)) for i in range(concurrency)]
-        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+        await _until(deadline, stop)
         for t in tasks:
             if not t.done():
                 report.cancelled_at_end += 1
@@ -192,6 +209,27 @@ async def run_load(
         report.wall_seconds = time.monotonic() - start
         report.sent -= report.cancelled_at_end
         return report
+
+
+async def _until(deadline: float, stop: asyncio.Event | None) -> None:
+    """Sleep until the monotonic `deadline`, or until `stop` is set."""
+    remaining = max(0.0, deadline - time.monotonic())
+    if stop is None:
+        await asyncio.sleep(remaining)
+        return
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=remaining)
+    except TimeoutError:
+        return
+
+
+async def _run_until_signalled(**kwargs: Any) -> LoadReport:
+    """`run_load`, ended early (with its report) by SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return await run_load(**kwargs, stop=stop)
 
 
 def format_report(summary: dict[str, Any]) -> str:
@@ -226,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="with --json: add `finished`, each request's finish time and output tokens",
+    )
     ns = p.parse_args(argv)
     if ns.concurrency <= 0:
         p.error("--concurrency must be a positive integer")
@@ -235,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--url must start with http:// or https://, got {ns.url!r}")
     try:
         report = asyncio.run(
-            run_load(
-                ns.url,
+            _run_until_signalled(
+                url=ns.url,
                 concurrency=ns.concurrency,
                 profile=ns.profile,
                 duration=ns.duration,
@@ -248,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     except LoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    summary = report.summary()
-    print(json.dumps(summary) if ns.json else format_report(summary))
+    summary = report.summary(timeline=ns.timeline)
+    print(json.dumps(summary) if ns.json else format_report(summary), flush=True)
     return 0 if report.completed or report.cancelled_at_end else 1
 
 

@@ -12,6 +12,9 @@ real SGLang server with a tiny test tokenizer.
   hierarchical cache once the GPU evicts) pays off. Users join a server mid-conversation (at a
   uniform turn), as real clients do after a restart.
 * `short-chat`: short prompts and answers; light KV pressure.
+* `uniform`: prompts of U(400, 1000) tokens and outputs of U(1000, 4000), each drawn
+  independently; the incident's shape with a wider, flat spread of request lengths, as used on
+  the real GPU (`tests/real_gpu/`).
 """
 
 from __future__ import annotations
@@ -163,10 +166,26 @@ class ShortChatProfile(Profile):
         return RequestSpec(self._system + _tokens(self.rng, body), out, user, 0)
 
 
+@dataclass
+class UniformProfile(Profile):
+    """Prompt and output lengths drawn uniformly from fixed ranges, nothing shared between
+    requests: a load whose mix does not depend on what the server answers."""
+
+    prompt_tokens: tuple[int, int] = (400, 1000)
+    output_tokens: tuple[int, int] = (1000, 4000)
+    name = "uniform"
+
+    def next_request(self, user: int) -> RequestSpec:
+        prompt = self.rng.randint(*self.prompt_tokens)
+        out = self.rng.randint(*self.output_tokens)
+        return RequestSpec(_tokens(self.rng, prompt), out, user, 0)
+
+
 PROFILES: dict[str, type[Profile]] = {
     "incident": IncidentProfile,
     "multi-turn": MultiTurnProfile,
     "short-chat": ShortChatProfile,
+    "uniform": UniformProfile,
 }
 
 

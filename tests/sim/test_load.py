@@ -173,3 +173,49 @@ def test_load_cli_json_and_errors() -> None:
         timeout=60,
     )
     assert bad.returncode == 2 and "must start with http://" in bad.stderr
+
+
+def test_sigterm_ends_the_load_early_with_its_report_and_timeline() -> None:
+    """A caller keeps the load on for as long as an experiment takes, then stops it."""
+    args = ["--time-scale", "500", "--preset", "llama-3.1-8b-h100", "--enable-metrics"]
+    with running_twin(args) as twin:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sim.load",
+                "--url",
+                twin.url,
+                "--concurrency",
+                "8",
+                "--profile",
+                "uniform",
+                "--duration",
+                "300",
+                "--json",
+                "--timeline",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while (
+            time.monotonic() < deadline and gauges(twin.url).get("sglang:num_running_reqs", 0.0) < 1
+        ):
+            time.sleep(0.2)
+        time.sleep(3)
+        began = time.time()
+        proc.terminate()
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["wall_seconds"] < 100  # ended by the signal, not by --duration
+    finished = summary["finished"]
+    assert summary["completed"] == len(finished) > 0
+    assert summary["completion_tokens"] == sum(tokens for _, tokens in finished)
+    assert all(1000 <= tokens <= 4000 for _, tokens in finished)
+    times = [t for t, _ in finished]
+    assert times == sorted(times) and times[-1] <= summary["wall_seconds"]
+    assert summary["started_at"] < began < summary["started_at"] + summary["wall_seconds"]

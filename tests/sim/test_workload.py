@@ -45,3 +45,18 @@ def test_a_session_still_ends_after_its_turns() -> None:
         spec = prof.next_request(0)
         seen.append(spec.turn)
     assert max(seen) == 7 and seen.count(0) >= 2  # back to turn 0 once a session is done
+
+
+def test_uniform_profile_draws_lengths_from_its_ranges() -> None:
+    prof = make_profile("uniform", 3)
+    specs = [prof.next_request(u % 150) for u in range(2000)]
+    prompts = [len(s.input_ids) for s in specs]
+    outputs = [s.max_new_tokens for s in specs]
+    assert 400 <= min(prompts) < 420 and 980 < max(prompts) <= 1000
+    assert 1000 <= min(outputs) < 1100 and 3900 < max(outputs) <= 4000
+    # flat, not peaked: each quarter of the output range holds about a quarter of the requests
+    quarters = [sum(1000 + 750 * q <= o < 1000 + 750 * (q + 1) for o in outputs) for q in range(4)]
+    assert all(400 <= n <= 600 for n in quarters), quarters
+    assert all(s.ignore_eos for s in specs)
+    again = make_profile("uniform", 3)
+    assert [again.next_request(u % 150) for u in range(2000)] == specs
