@@ -9,6 +9,8 @@
 #   make test-daemons      the launchers, the bot's image and unit on a real dockerd and systemd (root)
 #   make test              the six above, parts of them side by side (what .ci/run calls)
 #   make fuzz              the long fuzz run (over 100,000 generated inputs, ~25 min); RELIABILITY.md
+#   make gpu-bundle        the real SGLang's packages for a GPU machine, one 40 MiB archive in .gpu/
+#   make test-gpu          on an H100/H200 with the bundle: PHASES=smoke,capacity,... (docs/gpu.md)
 # Working on one tier, run its target; `PYTEST_ARGS=... make test-twin` narrows the parallel tier.
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,10 +20,10 @@ STAMP := $(VENV)/.installed
 .PHONY: help test check lint typecheck test-fast test-twin test-serial test-real-sglang venv demo \
 	lock bench clean real-sglang real-vllm test-real-vllm test-daemons bot-image \
 	test-beside-serial test-real-sglang-static test-real-sglang-measured test-real-sglang-servers \
-	test-real-vllm-static test-real-vllm-measured fuzz
+	test-real-vllm-static test-real-vllm-measured fuzz gpu-bundle test-gpu
 
 help:
-	@sed -n '3,12p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,14p' Makefile | sed 's/^# \{0,1\}//'
 
 venv: $(STAMP)
 
@@ -101,7 +103,7 @@ typecheck: venv
 PYTEST_ARGS ?= -n 4 --dist loadgroup --no-loadscope-reorder --durations=15
 
 test-twin: venv
-	$(BIN)/pytest -q $(PYTEST_ARGS) -m "not real_sglang and not real_vllm and not serial and not real_daemons" --cov --cov-report=term:skip-covered
+	$(BIN)/pytest -q $(PYTEST_ARGS) -m "not real_sglang and not real_vllm and not serial and not real_daemons and not network" --cov --cov-report=term:skip-covered
 
 # The serial and real-engine tiers compare timing-dependent behaviour (with the twin, with a real
 # Prometheus), so they run after the parallel tier, one test at a time, not next to anything else.
@@ -158,6 +160,19 @@ test-real-vllm-measured: venv real-vllm
 		tests/conformance/test_vllm_twin_vs_recorded.py
 	$(BIN)/pytest -q -p no:cacheprovider -m "real_vllm" --durations=10 \
 		$(addprefix --ignore=,$(REAL_VLLM_STATIC))
+
+# The real SGLang on a GPU (tests/real_gpu, docs/gpu.md). gpu-bundle runs here (PyPI on the first
+# build, then offline): the packages SGLang needs beyond the GPU machine's image, in
+# .gpu/kvpilot-gpu-bundle.tar.xz. test-gpu runs on the GPU machine with its own python3 (3.12,
+# torch 2.11), the bundle carried in .gpu/: PHASES picks the phases (smoke, capacity,
+# experiment-clear, ab), GPU_ARGS adds runner flags, results go to $$OUT (else ./gpu-results).
+GPU_PYTHON ?= python3
+PHASES ?= smoke
+gpu-bundle: venv
+	$(BIN)/python -m tests.real_gpu.bundle
+
+test-gpu:
+	PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m tests.real_gpu.run --phases $(PHASES) $(GPU_ARGS)
 
 # Bad input in bulk (tests/fuzz): the quick profile runs in the parallel tier of `make test`;
 # this is the long one, whose tally (printed at the end) RELIABILITY.md quotes.

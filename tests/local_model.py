@@ -83,6 +83,32 @@ def train_tokenizer(corpus: Corpus, vocab_size: int) -> Any:
     return tok
 
 
+# A filler token's spelling: the byte-level "Ġ" (a space) and "#" then a number, all characters
+# of the byte-level alphabet, so each decodes to text (" #128000"); none occurs in the corpus.
+FILLER = "\u0120#{}"
+
+
+def pad_vocabulary(tok: Any, entries: int) -> Any:
+    """`tok` with its BPE vocabulary filled up to exactly `entries` ids.
+
+    A model's sampled ids can be any id below its vocab size; with random weights they are, and
+    a tokenizer that lacks an id cannot decode it. The fillers have no merges, so encoding text
+    never produces them; they only make every id decode.
+    """
+    data = json.loads(tok.to_str())
+    vocab: dict[str, int] = data["model"]["vocab"]
+    added = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
+    size = max([*vocab.values(), *added.values()]) + 1
+    if size > entries:
+        raise ValueError(f"the tokenizer already has {size} entries, more than {entries}")
+    for token_id in range(size, entries):
+        vocab[FILLER.format(token_id)] = token_id
+    padded = type(tok).from_str(json.dumps(data))
+    if padded.get_vocab_size(with_added_tokens=True) != entries:
+        raise AssertionError(f"padding gave {padded.get_vocab_size()} entries, not {entries}")
+    return padded
+
+
 def write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 

@@ -1,12 +1,20 @@
-"""Build the weightless model directory the real-SGLang conformance server loads.
+"""Build the weightless model directories the real SGLang loads, on CPU and on a real GPU.
 
-The directory holds a ``config.json`` with the shape of Llama-3.1-8B (that shape is all the KV-cache
-sizing reads) and a small byte-level BPE tokenizer trained here, offline, from a fixed corpus.
-There are no weights: the shim replaces ``ModelRunner.load_model``.
+Each directory holds a ``config.json`` with the shape of Llama-3(.1)-8B (that shape is all the
+KV-cache sizing reads) and a small byte-level BPE tokenizer trained here, offline, from a fixed
+corpus. There are no weights. Two recipes:
 
-Run it with the SGLang venv's python (it needs the ``tokenizers`` package)::
+* ``cpu`` (default): for the CPU conformance server, whose shim replaces
+  ``ModelRunner.load_model`` and samples one fixed token id (``kvpilot_sample_token_id``);
+  context 131,072 as Llama-3.1-8B.
+* ``gpu``: for the real SGLang on a GPU (``tests/real_gpu/``), started with ``--load-format
+  dummy`` (random weights): Llama-3-8B's context of 8,192, and the tokenizer's vocabulary padded
+  to exactly the model's 128,256 entries so that every id random weights can sample decodes.
 
-    .venv-sglang/bin/python tests/real_sglang/make_model.py [OUT_DIR]
+Run it with a python that has the ``tokenizers`` package (the SGLang venv's, or any with the
+GPU bundle's ``tokenizers`` on its path)::
+
+    .venv-sglang/bin/python tests/real_sglang/make_model.py [--recipe gpu] [OUT_DIR]
 
 The output is deterministic. A file ``.kvpilot-model-version`` records the recipe version; a second
 run with the same version is a no-op.
@@ -14,7 +22,10 @@ run with the same version is a no-op.
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +33,6 @@ if not __package__:  # run as a script, by the SGLang environment's python
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests import local_model
 from tests.local_model import BOS, IM_END
-
-# Bump when anything below changes the produced files.
-RECIPE_VERSION = "2"
 
 # Llama-3.1-8B attention shape: 32 layers x 8 KV heads x head_dim 128.
 NUM_LAYERS = 32
@@ -36,6 +44,7 @@ INTERMEDIATE = 14336
 VOCAB_SIZE = 128256
 # As Llama-3.1-8B; launch.py passes --context-length 8192 unless told otherwise.
 CONTEXT_LENGTH = 131072
+LLAMA_3_CONTEXT_LENGTH = 8192
 
 TOKENIZER_VOCAB = 400
 _WORDS = [
@@ -140,8 +149,44 @@ _WORDS = [
 CORPUS = local_model.Corpus(_WORDS, seed=12345, lines=600, per_line=12, modulo=10000)
 
 
-def _model_config(vocab_size: int, bos_id: int, eos_id: int, sample_id: int) -> dict[str, Any]:
-    return {
+@dataclass(frozen=True)
+class Recipe:
+    """What differs between the model directories; `version` changes with any produced file."""
+
+    name: str
+    version: str
+    context_length: int  # max_position_embeddings
+    pad_vocabulary: bool  # the tokenizer gets exactly VOCAB_SIZE entries
+    sample_token: bool  # the CPU shim's fixed sampled id in config.json
+    note: str
+
+
+RECIPES = {
+    "cpu": Recipe(
+        "cpu",
+        "2",
+        CONTEXT_LENGTH,
+        pad_vocabulary=False,
+        sample_token=True,
+        note="weightless Llama-3.1-8B-shaped model for the real-SGLang test harness",
+    ),
+    "gpu": Recipe(
+        "gpu",
+        "gpu-1",
+        LLAMA_3_CONTEXT_LENGTH,
+        pad_vocabulary=True,
+        sample_token=False,
+        note="Llama-3-8B shape for the real SGLang on a GPU with --load-format dummy",
+    ),
+}
+# The CPU recipe's version, as the harnesses that check the CPU model read it.
+RECIPE_VERSION = RECIPES["cpu"].version
+
+
+def _model_config(
+    recipe: Recipe, vocab_size: int, bos_id: int, eos_id: int, sample_id: int
+) -> dict[str, Any]:
+    config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": HIDDEN,
@@ -151,7 +196,7 @@ def _model_config(vocab_size: int, bos_id: int, eos_id: int, sample_id: int) -> 
         "num_key_value_heads": NUM_KV_HEADS,
         "head_dim": HEAD_DIM,
         "hidden_act": "silu",
-        "max_position_embeddings": CONTEXT_LENGTH,
+        "max_position_embeddings": recipe.context_length,
         "rms_norm_eps": 1e-05,
         "rope_theta": 500000.0,
         "attention_bias": False,
@@ -162,29 +207,36 @@ def _model_config(vocab_size: int, bos_id: int, eos_id: int, sample_id: int) -> 
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,
         "pad_token_id": None,
-        # Read by the shim: the token id every simulated sampling step returns.
-        "kvpilot_sample_token_id": sample_id,
-        "kvpilot_note": "weightless Llama-3.1-8B-shaped model for the real-SGLang test harness",
     }
+    if recipe.sample_token:
+        # Read by the shim: the token id every simulated sampling step returns.
+        config["kvpilot_sample_token_id"] = sample_id
+    config["kvpilot_note"] = recipe.note
+    return config
 
 
-def _write(folder: Path) -> None:
-    tok = local_model.train_tokenizer(CORPUS, TOKENIZER_VOCAB)
-    vocab = tok.get_vocab()
-    bos_id, eos_id = vocab[BOS], vocab[IM_END]
-    # " token" in byte-level BPE spelling; generated text reads " token token token ...".
-    sample_id = vocab.get("\u0120token", vocab["t"])
-    local_model.write_json(
-        folder / "config.json", _model_config(VOCAB_SIZE, bos_id, eos_id, sample_id)
-    )
-    local_model.write_tokenizer(
-        folder, tok, CONTEXT_LENGTH, {"bos_token_id": bos_id, "eos_token_id": eos_id}
-    )
+def _writer(recipe: Recipe) -> Callable[[Path], None]:
+    def write(folder: Path) -> None:
+        tok = local_model.train_tokenizer(CORPUS, TOKENIZER_VOCAB)
+        vocab = tok.get_vocab()
+        bos_id, eos_id = vocab[BOS], vocab[IM_END]
+        # " token" in byte-level BPE spelling; generated text reads " token token token ...".
+        sample_id = vocab.get("\u0120token", vocab["t"])
+        if recipe.pad_vocabulary:
+            tok = local_model.pad_vocabulary(tok, VOCAB_SIZE)
+        local_model.write_json(
+            folder / "config.json", _model_config(recipe, VOCAB_SIZE, bos_id, eos_id, sample_id)
+        )
+        local_model.write_tokenizer(
+            folder, tok, recipe.context_length, {"bos_token_id": bos_id, "eos_token_id": eos_id}
+        )
+
+    return write
 
 
-def build(out_dir: Path) -> Path:
+def build(out_dir: Path, recipe: Recipe = RECIPES["cpu"]) -> Path:
     """Write the model directory to ``out_dir`` (atomically) unless it is already current."""
-    return local_model.build(out_dir, RECIPE_VERSION, _write)
+    return local_model.build(out_dir, recipe.version, _writer(recipe))
 
 
 def default_dir() -> Path:
@@ -192,8 +244,11 @@ def default_dir() -> Path:
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[0]) if argv else default_dir()
-    path = build(out)
+    p = argparse.ArgumentParser(prog="make_model.py", description=__doc__.split("\n")[0])
+    p.add_argument("--recipe", choices=sorted(RECIPES), default="cpu")
+    p.add_argument("out", nargs="?", type=Path, default=None, help="the model directory")
+    ns = p.parse_args(argv)
+    path = build(ns.out or default_dir(), RECIPES[ns.recipe])
     print(f"{path} sha256={local_model.digest(path)}")
     return 0
 

@@ -1,0 +1,1 @@
+"""Stand-in for IPython: `sglang.utils` imports `IPython.display` for notebook output."""
