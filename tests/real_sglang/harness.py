@@ -8,6 +8,9 @@ subprocess, talks HTTP with httpx and, on stop, tears the whole process tree dow
 
     with RealSGLang.start(None, ["--max-total-tokens", "20000"]) as srv:
         httpx.get(f"{srv.url}/server_info").json()["max_total_num_tokens"]  # 20000
+
+``command=`` starts another server command line the same way (the real SGLang on a GPU,
+``tests/real_gpu/``): supervised, waited for, and torn down with everything it started.
 """
 
 from __future__ import annotations
@@ -116,19 +119,22 @@ class RealSGLang:
         *,
         host: str = "127.0.0.1",
         timeout: float = DEFAULT_START_TIMEOUT_S,
+        command: Sequence[str] | None = None,
     ) -> RealSGLang:
         """Launch the server and wait until ``GET /health`` answers 200.
 
         ``port`` None picks a free port (and picks another if that one is taken by the time the
         server binds it). ``args`` are SGLang server flags (``--port`` and ``--host`` are
         appended from the parameters); ``env`` overrides environment variables (for example
-        ``KVPILOT_SIM_GPU_GIB``). On failure everything started is torn down and
-        :class:`RealSGLangError` carries the tail of the server log.
+        ``KVPILOT_SIM_GPU_GIB``). ``command`` replaces the CPU launcher (``launch.py`` under the
+        SGLang venv's python) by another server command line, for example
+        ``[python3, "-m", "sglang.launch_server", ...]``. On failure everything started is torn
+        down and :class:`RealSGLangError` carries the tail of the server log.
         """
         attempts = 3 if port is None else 1
         for attempt in range(attempts):
             try:
-                return cls._start_once(port, args, env, host=host, timeout=timeout)
+                return cls._start_once(port, args, env, host=host, timeout=timeout, command=command)
             except RealSGLangError as exc:
                 if attempt + 1 == attempts or "address already in use" not in str(exc).lower():
                     raise
@@ -143,8 +149,9 @@ class RealSGLang:
         *,
         host: str = "127.0.0.1",
         timeout: float = DEFAULT_START_TIMEOUT_S,
+        command: Sequence[str] | None = None,
     ) -> RealSGLang:
-        if not sglang_env_available():
+        if command is None and not sglang_env_available():
             raise RealSGLangError(
                 f"SGLang environment not installed at {sglang_venv()}; "
                 "run tests/real_sglang/setup.sh"
@@ -163,8 +170,7 @@ class RealSGLang:
         argv = [
             sys.executable,
             str(REAPER),
-            sys.executable,
-            str(LAUNCH),
+            *(command or (sys.executable, str(LAUNCH))),
             *args,
             "--host",
             host,

@@ -1,0 +1,250 @@
+"""`make test-gpu`: the real SGLang 0.5.17 on a GPU machine, in phases chosen by name.
+
+    python3 -m tests.real_gpu.run --phases smoke,capacity,experiment-clear
+    python3 -m tests.real_gpu.run --phases ab --ab-side a --ab-fractions 0.40,0.85
+    python3 -m tests.real_gpu.run --phases smoke --dry-run     # what it would run, anywhere
+
+Runs with the GPU image's own python3 (3.12, torch 2.11) in the repository's root, with the
+bundle carried in `.gpu/` (`make gpu-bundle`). It unpacks the bundle into /tmp/kvpilot-gpu (once
+per archive: a machine kept warm reuses it), checks the machine first (python, torch, the GPU,
+libnvrtc, the port), plans the phases within --budget-s, and writes one JSON per phase, run.json,
+results.txt, logs.tar.xz and the compile caches (jit-cache.tar.xz: put it in `.gpu/` so that the
+next call skips compiling) into $OUT, else ./gpu-results. docs/gpu.md says what each phase does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.real_gpu import commands as cmd
+from tests.real_gpu import env as genv
+from tests.real_gpu.plan import AB_SIDES, GATE_DEFAULTS, PHASES, Settings, make_plan
+
+REPO = Path(__file__).resolve().parents[2]
+WORK = Path("/tmp/kvpilot-gpu")
+EXIT_FAILED, EXIT_USAGE, EXIT_ENVIRONMENT = 1, 2, 3
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected fractions like 0.40,0.85, got {text!r}"
+        ) from None
+
+
+def _gate(text: str) -> dict[str, float]:
+    gate = dict(GATE_DEFAULTS)
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or key not in GATE_DEFAULTS:
+            raise argparse.ArgumentTypeError(
+                f"--gate takes KEY=SECONDS pairs of {', '.join(GATE_DEFAULTS)}; got {item!r}"
+            )
+        try:
+            gate[key] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--gate {key}: not a number: {value!r}") from None
+    return gate
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python3 -m tests.real_gpu.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--phases", required=True, help=f"comma-separated: {', '.join(PHASES)}")
+    p.add_argument(
+        "--out", type=Path, default=None, help="results folder ($OUT, else ./gpu-results)"
+    )
+    p.add_argument("--bundle", type=Path, default=REPO / ".gpu" / genv.BUNDLE_NAME)
+    p.add_argument("--work", type=Path, default=WORK, help="where the bundle is unpacked")
+    p.add_argument("--budget-s", type=float, default=585.0, help="seconds this call may take")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--dry-run", action="store_true", help="print the plan and commands, run none")
+    p.add_argument(
+        "--fraction", type=float, default=0.40, help="smoke's and the experiment's start"
+    )
+    p.add_argument("--capacity-fractions", type=_fractions, default=(0.40, 0.60, 0.85))
+    p.add_argument("--target", type=float, default=0.82, help="the experiment's fraction")
+    p.add_argument("--clients", type=int, default=150, help="closed-loop clients under load")
+    p.add_argument(
+        "--gate",
+        type=_gate,
+        default=dict(GATE_DEFAULTS),
+        metavar="KEY=S,...",
+        help="the experiment's gate ("
+        + ", ".join(f"{k}={v:g}" for k, v in GATE_DEFAULTS.items())
+        + ")",
+    )
+    p.add_argument("--ab-fractions", type=_fractions, default=(0.40, 0.85), metavar="A,B")
+    p.add_argument("--ab-extra-a", default="", help="more SGLang flags for side A")
+    p.add_argument("--ab-extra-b", default="", help="more SGLang flags for side B")
+    p.add_argument("--ab-side", choices=AB_SIDES, default="both")
+    p.add_argument("--ab-warmup-s", type=float, default=60.0)
+    p.add_argument("--ab-steady-s", type=float, default=300.0)
+    return p
+
+
+def settings_of(ns: argparse.Namespace) -> Settings:
+    if len(ns.ab_fractions) != 2:
+        raise ValueError("--ab-fractions takes two fractions, A,B")
+    return Settings(
+        phases=tuple(p.strip() for p in ns.phases.split(",") if p.strip()),
+        fraction=ns.fraction,
+        capacity_fractions=ns.capacity_fractions,
+        target=ns.target,
+        clients=ns.clients,
+        gate=ns.gate,
+        ab_fractions=(ns.ab_fractions[0], ns.ab_fractions[1]),
+        ab_extra=(tuple(ns.ab_extra_a.split()), tuple(ns.ab_extra_b.split())),
+        ab_side=ns.ab_side,
+        ab_warmup_s=ns.ab_warmup_s,
+        ab_steady_s=ns.ab_steady_s,
+        budget_s=ns.budget_s,
+        port=ns.port,
+    )
+
+
+def out_dir(given: Path | None, environ: dict[str, str]) -> Path:
+    if given is not None:
+        return given
+    return Path(environ["OUT"]) if environ.get("OUT") else REPO / "gpu-results"
+
+
+class Progress:
+    """Timestamped lines on stdout at once, and the same in the call's own log."""
+
+    def __init__(self, log: Path | None = None) -> None:
+        self.began = time.monotonic()
+        self.log = log
+
+    def __call__(self, message: str) -> None:
+        line = f"[+{time.monotonic() - self.began:6.1f}s {time.strftime('%H:%M:%S')}] {message}"
+        print(line, flush=True)
+        if self.log is not None:
+            with self.log.open("a") as f:
+                f.write(line + "\n")
+
+
+# -------------------------------------------------------------------------------- dry run
+
+
+def dry_run(s: Settings, bundle: Path, work: Path, out: Path, say: Callable[[str], None]) -> int:
+    """The plan, the environment and every command line, without a GPU or the bundle."""
+    cache = work / "cache"
+    jit = genv.has_files(cache) or (bundle.parent / genv.CACHE_NAME).is_file()
+    plan = make_plan(s, jit_cached=jit, unpacked=False)
+    say(f"dry run: results would go to {out}")
+    for line in plan_lines(plan, s):
+        say(line)
+    site = work / "bundle-<sha256 of the archive>" / "site"
+    model = site.parent / "model"
+    base = {"PATH": os.environ.get("PATH", "")}
+    server_env = genv.runtime_env(
+        base, site=site, cache=cache, nvrtc_dir=Path("<nvrtc>"), nvcc=None
+    )
+    shown = {k: server_env[k] for k in sorted(server_env) if k != "PATH"}
+    say("SGLang's environment: " + " ".join(f"{k}={v}" for k, v in shown.items()))
+    for command in planned_commands(s, "python3", model):
+        say("would run: " + " ".join(command))
+    if "experiment-clear" in s.phases:
+        url = f"http://127.0.0.1:{s.port}"
+        server = [*cmd.sglang_command("python3", model, s.fraction), "--host", "127.0.0.1"]
+        toml = cmd.kvpilot_config(
+            url,
+            [*server, "--port", str(s.port)],
+            {"PYTHONPATH": str(site)},
+            s.gate,
+            local_gpus=True,
+        )
+        say("the experiment's kvpilot.toml:\n" + toml.rstrip())
+    return 0
+
+
+def planned_commands(s: Settings, python: str, model: Path) -> list[list[str]]:
+    """Every command line the planned phases start (servers with --host/--port)."""
+    url = f"http://127.0.0.1:{s.port}"
+    config = "<call>/experiment/kvpilot.toml"
+
+    def server(f: float, extra: Sequence[str] = ()) -> list[str]:
+        host = ["--host", "127.0.0.1", "--port", str(s.port)]
+        return [*cmd.sglang_command(python, model, f, extra), *host]
+
+    out: list[list[str]] = []
+    if "smoke" in s.phases:
+        out.append(server(s.fraction))
+    if "capacity" in s.phases:
+        out.extend(server(f) for f in s.capacity_starts("smoke" in s.phases))
+    if "experiment-clear" in s.phases:
+        out.append(cmd.cli_command(python, config, "server", "start", "--server", cmd.SERVER))
+        out.append(cmd.load_command(python, url, s.clients))
+        out.append(cmd.cli_command(python, config, *cmd.experiment_args(s.target)))
+    if "ab" in s.phases:
+        for side in s.ab_runs:
+            i = 0 if side == "a" else 1
+            out.append(server(s.ab_fractions[i], s.ab_extra[i]))
+            out.append(cmd.load_command(python, url, s.clients))
+    return out
+
+
+def plan_lines(plan: Any, s: Settings) -> list[str]:
+    lines = [f"budget {s.budget_s:.0f} s; unpacking {plan.setup_s:.0f} s"]
+    lines += [f"  {phase}: about {t:.0f} s" for phase, t in plan.steps]
+    lines += [f"  {phase}: SKIPPED, {why}" for phase, why in plan.skipped]
+    lines.append(f"planned total about {plan.total_s:.0f} s")
+    return lines
+
+
+# ---------------------------------------------------------------------------- the real call
+
+
+def preflight(ns: argparse.Namespace, say: Callable[[str], None]) -> list[genv.Check]:
+    """What can be checked before unpacking anything."""
+    try:
+        torch = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch = None
+    checks = [
+        genv.check_python(genv.python_version()),
+        genv.check_torch(torch),
+        genv.check_bundle(ns.bundle),
+        genv.check_port(ns.port),
+        genv.check_disk(ns.work),
+    ]
+    for c in checks:
+        say(c.line())
+    return checks
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        s = settings_of(ns)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    out = out_dir(ns.out, dict(os.environ))
+    say = Progress()
+    if ns.dry_run:
+        return dry_run(s, ns.bundle, ns.work, out, say)
+    deadline = time.monotonic() + s.budget_s
+    if any(not c.ok and c.fatal for c in preflight(ns, say)):
+        say("stopping: fix the errors above (nothing was started)")
+        return EXIT_ENVIRONMENT
+    from tests.real_gpu.runner import prepare  # noqa: PLC0415 - after the checks
+
+    return prepare(ns, s, out, say, deadline, REPO)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,175 @@
+"""The GPU runner's phases end to end, with the twin standing in for SGLang on the GPU.
+
+The runner cannot be run here on a GPU, but everything around the GPU can: the same command
+lines (the twin accepts SGLang's flags it does not model), the harness's start and stop, the
+smoke checks, kvpilot's predictions from each server, kvpilot's own command line and process
+launcher running the experiment under the load generator, the A/B's windows, and the files a call
+returns. The processes kvpilot's tools start also record what they import, which must all be in
+the GPU image or the bundle's lock.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from packaging.utils import canonicalize_name
+
+from playbooks.sources.gpu import FakeGpuReader, GpuState
+from tests.real_gpu import image
+from tests.real_gpu.bundle import LOCK
+from tests.real_gpu.call import Call
+from tests.real_gpu.commands import sglang_command
+from tests.real_gpu.lock import parse_lock
+from tests.real_gpu.plan import Settings, make_plan
+from tests.real_gpu.runner import run_phases
+from tests.real_gpu.server import Machine
+from tests.twin_process import REPO, free_port
+
+TIME_SCALE = 20.0
+GIB = 1 << 30
+H100 = GpuState(
+    0, "NVIDIA H100 80GB HBM3", "GPU-0", 81559 << 20, GIB // 2, (81559 << 20) - GIB // 2, 0, 0
+)
+RECORDER = """\
+import atexit, os, sys
+def _record():
+    path = os.path.join(os.environ["KVPILOT_RECORD_MODULES"], f"{os.getpid()}.txt")
+    with open(path, "w") as f:
+        f.write("\\n".join(sorted({m.split(".")[0] for m in list(sys.modules)})))
+atexit.register(_record)
+"""
+
+
+def twin(fraction: float, extra: tuple[str, ...] | list[str]) -> list[str]:
+    """The runner's SGLang command line, served by the twin as SGLang 0.5.17 on an H100."""
+    command = sglang_command(sys.executable, Path("/nonexistent/model"), fraction, extra)
+    at = command.index("sglang.launch_server")
+    twin_flags = ["--preset", "llama-3.1-8b-h100", "--time-scale", f"{TIME_SCALE:g}"]
+    return [
+        *command[:at],
+        "sim.launch_server",
+        *twin_flags,
+        "--sglang-version",
+        "0.5.17",
+        *command[at + 1 :],
+    ]
+
+
+def machine(tmp_path: Path) -> Machine:
+    recorder = tmp_path / "recorder"
+    recorder.mkdir()
+    (recorder / "sitecustomize.py").write_text(RECORDER)
+    (tmp_path / "modules").mkdir()
+    server_env = {**os.environ, "PYTHONPATH": str(REPO)}
+    tool_env = {
+        **os.environ,
+        "PYTHONPATH": f"{recorder}{os.pathsep}{REPO}",
+        "KVPILOT_RECORD_MODULES": str(tmp_path / "modules"),
+    }
+    return Machine(
+        python=sys.executable,
+        server=twin,
+        server_env=server_env,
+        tool_env=tool_env,
+        gpus=FakeGpuReader([H100]),
+        logs=tmp_path / "logs",
+        local_gpus=False,
+        time_scale=TIME_SCALE,
+        start_timeout_s=60.0,
+    )
+
+
+def run(tmp_path: Path, s: Settings) -> tuple[int, dict[str, dict[str, object]]]:
+    m = machine(tmp_path)
+    lines: list[str] = []
+    call = Call(m, s, tmp_path / "call", lines.append, time.monotonic() + s.budget_s)
+    plan = make_plan(s, jit_cached=True, unpacked=True)
+    out = tmp_path / "out"
+    code = run_phases(call, plan, out, {"gpu": m.gpu()}, None)
+    found = {p.name: json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert (out / "results.txt").is_file() and (out / "logs.tar.xz").is_file()
+    assert len(list(out.iterdir())) <= 8
+    return code, found
+
+
+def test_smoke_and_capacity_on_the_twin(tmp_path: Path) -> None:
+    s = Settings(phases=("smoke", "capacity"), port=free_port(), budget_s=300)
+    code, found = run(tmp_path, s)
+    assert code == 0, found
+    smoke = found["smoke.json"]
+    assert [c["ok"] for c in smoke["checks"]] == [True] * 4, smoke["checks"]
+    assert [r["completion_tokens"] for r in smoke["requests"]] == [32, 128, 128, 128, 128]
+    capacity = found["capacity.json"]
+    servers = capacity["servers"]
+    assert [(x["fraction"], x["source"]) for x in servers] == [
+        (0.4, "smoke"),
+        (0.6, "capacity"),
+        (0.85, "capacity"),
+    ]
+    assert servers[0]["max_total_num_tokens"] < servers[1]["max_total_num_tokens"]
+    assert servers[0]["sglang_pre_load_gib"] == pytest.approx(79.1)
+    # every started server predicts every other fraction, and the experiment's target
+    assert {(r["from"], r["to"]) for r in capacity["rows"]} == {
+        (f, t) for f in (0.4, 0.6, 0.85) for t in (0.4, 0.6, 0.82, 0.85) if f != t
+    }
+    row = next(r for r in capacity["rows"] if (r["from"], r["to"]) == (0.4, 0.85))
+    assert row["real"] == servers[2]["max_total_num_tokens"] and abs(row["server_error"]) < 0.1
+    run_json = found["run.json"]
+    assert [(r["phase"], r["status"]) for r in run_json["ran"]] == [
+        ("smoke", "ok"),
+        ("capacity", "ok"),
+    ]
+
+
+def test_experiment_and_ab_on_the_twin(tmp_path: Path) -> None:
+    s = Settings(
+        phases=("experiment-clear", "ab"),
+        port=free_port(),
+        clients=16,
+        ab_warmup_s=1.0,
+        ab_steady_s=5.0,
+        budget_s=1000,  # the plan counts GPU seconds; the twin takes a tenth of them
+    )
+    code, found = run(tmp_path, s)
+    exp = found["experiment-clear.json"]
+    assert exp["status"] == "ok", exp.get("error")
+    assert exp["exit_status"] == exp["experiment"]["exit_code"]
+    assert exp["state"] in ("kept", "reverted") and exp["stored"]["id"] == exp["experiment"]["id"]
+    approval = exp["approval"]
+    assert approval["actor"].startswith("cli:") and approval["reason"] == "approved with --yes"
+    final = "0.82" if exp["state"] == "kept" else "0.4"
+    assert exp["final_args"][exp["final_args"].index("--mem-fraction-static") + 1] == final
+    assert exp["load"]["completed"] > 0
+    ab = found["ab.json"]
+    assert ab["status"] == "ok" and set(ab["summaries"]) == {"a", "b"}
+    assert (
+        ab["summaries"]["b"]["max_total_num_tokens"] > ab["summaries"]["a"]["max_total_num_tokens"]
+    )
+    assert ab["summaries"]["a"]["samples"] >= 3 and "decode_tokens_per_s" in ab["compare"]
+    assert code == 0
+    missing = unknown_imports(tmp_path / "modules")
+    assert missing == {}, "imported by kvpilot's tools, but neither in the GPU image nor the lock"
+
+
+def unknown_imports(folder: Path) -> dict[str, list[str]]:
+    """Top-level modules the recorded processes imported whose distribution the GPU machine
+    would lack (neither in its image nor in the bundle's lock)."""
+    recorded = [p.read_text().split() for p in folder.glob("*.txt")]
+    assert len(recorded) >= 4  # server start, experiment, show, status, stop, the loads
+    have = image.PACKAGES | {p.name for p in parse_lock(LOCK.read_text())}
+    owners = importlib.metadata.packages_distributions()
+    ours = {"bot", "playbooks", "storage", "sim", "tests", "sitecustomize"}
+    missing: dict[str, list[str]] = {}
+    for module in sorted({m for names in recorded for m in names}):
+        if module in sys.stdlib_module_names or module in ours or module.startswith("_"):
+            continue
+        dists = {canonicalize_name(d) for d in owners.get(module, [])}
+        if dists and not dists & have and "kubernetes" not in dists:
+            missing[module] = sorted(dists)
+    return missing
