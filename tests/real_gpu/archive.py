@@ -7,6 +7,7 @@ with the standard library everywhere, which is why the bundle is not zstd.
 
 from __future__ import annotations
 
+import hashlib
 import lzma
 import os
 import tarfile
@@ -16,6 +17,15 @@ from pathlib import Path
 # 2026-01-01T00:00:00Z: every member's modification time.
 FIXED_MTIME = 1_767_225_600
 MIB = 1 << 20
+
+
+def sha256_of(path: Path) -> str:
+    """The file's SHA-256, read in blocks (the bundle is 40 MiB, a wheel up to 400 MB)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _normalised(info: tarfile.TarInfo) -> tarfile.TarInfo:

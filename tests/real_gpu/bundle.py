@@ -27,6 +27,7 @@ import zipfile
 from pathlib import Path
 
 from tests.real_gpu import archive, image, stage
+from tests.real_gpu.archive import sha256_of
 from tests.real_gpu.lock import (
     LockError,
     Pin,
@@ -34,7 +35,6 @@ from tests.real_gpu.lock import (
     match_wheels,
     parse_lock,
     render_lock,
-    sha256_of,
     unmet,
     wheel_key,
 )

@@ -7,9 +7,11 @@ GPU, no bundle, no `libnvrtc.so.13`.
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
+import json
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -33,18 +35,10 @@ CACHE_VARIABLES = {
 GIB = 1 << 30
 
 
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def unpack(bundle: Path, work: Path) -> tuple[Path, bool]:
     """The bundle unpacked under `work` (reused when that exact archive was unpacked before,
     as on a machine kept warm between calls); True when it was reused."""
-    target = work / f"bundle-{file_digest(bundle)[:16]}"
+    target = work / f"bundle-{archive.sha256_of(bundle)[:16]}"
     if (target / COMPLETE).is_file():
         return target, True
     work.mkdir(parents=True, exist_ok=True)
@@ -150,6 +144,31 @@ def runtime_env(
     env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     env.setdefault("NVSHMEM_DISABLE_NVLS", "1")
     return env
+
+
+def leftover_servers(work: Path) -> list[int]:
+    """Servers kvpilot's process launcher started in an earlier call under `work` that still
+    run. The launcher starts SGLang in a session of its own, so that it outlives the bot; a call
+    cut off at its time limit therefore leaves the experiment's server holding the GPU."""
+    pids: list[int] = []
+    for state in sorted(work.glob("calls/*/experiment/state/*.process.json")):
+        try:
+            pid = int(json.loads(state.read_text())["pid"])
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if b"launch_server" in cmdline:
+            pids.append(pid)
+    return pids
+
+
+def stop_leftovers(work: Path) -> list[int]:
+    """Kill what `leftover_servers` finds (each with its process group); their pids."""
+    found = leftover_servers(work)
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    return found
 
 
 # ------------------------------------------------------------------------------ early checks

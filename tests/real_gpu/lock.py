@@ -8,11 +8,9 @@ carried, nor in the GPU image, nor known to be unneeded on SGLang's text path.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -88,14 +86,6 @@ def wheel_key(filename: str) -> tuple[str, str]:
     if len(parts) < 5 or not filename.endswith(".whl"):
         raise LockError(f"{filename} is not a wheel file name")
     return canonicalize_name(parts[0]), parts[1]
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def match_wheels(pins: Iterable[Pin], files: Mapping[str, str]) -> dict[str, str]:

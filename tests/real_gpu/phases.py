@@ -44,7 +44,8 @@ INFO_KEYS = (
 
 def start_server(call: Call, fraction: float, extra: tuple[str, ...] = ()) -> Server:
     call.say(f"starting SGLang at mem_fraction_static={fraction:g} {' '.join(extra)}".rstrip())
-    server = Server.start(call.machine, call.settings.port, fraction, extra)
+    timeout = max(30.0, min(call.machine.start_timeout_s, call.left_s() - 15.0))
+    server = Server.start(call.machine, call.settings.port, fraction, extra, timeout)
     call.say(f"  ready in {server.startup_s:.0f} s at {server.url}")
     return server
 

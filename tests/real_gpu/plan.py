@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 PHASES = ("smoke", "capacity", "experiment-clear", "ab")
 AB_SIDES = ("a", "b", "both")
 # The experiment's gate, short enough for one call (kvpilot's own defaults take tens of
-# minutes): six baseline batches of two scrapes, a 20 s warm-up floor, a two-minute cap.
+# minutes): six baseline batches of two scrapes, a 20 s warm-up floor, and a cap of 90 s on
+# the trial, so that a trial waiting for completed requests cannot run the call out of time.
 GATE_DEFAULTS: dict[str, float] = {
     "baseline_s": 60.0,
     "batch_s": 10.0,
     "scrape_s": 5.0,
     "warmup_floor_s": 20.0,
-    "max_trial_s": 120.0,
+    "max_trial_s": 90.0,
 }
 
 
@@ -197,3 +198,12 @@ def ab_hint(s: Settings, costs: Costs) -> str:
 
 def fits(need_s: float, left_s: float) -> bool:
     return need_s <= left_s
+
+
+def describe(plan: Plan, s: Settings) -> list[str]:
+    """The plan as lines for people: each phase's estimate, what is skipped and why."""
+    lines = [f"plan within the {s.budget_s:.0f} s budget; unpacking {plan.setup_s:.0f} s"]
+    lines += [f"  {phase}: about {t:.0f} s" for phase, t in plan.steps]
+    lines += [f"  {phase}: SKIPPED, {why}" for phase, why in plan.skipped]
+    lines.append(f"  total about {plan.total_s:.0f} s")
+    return lines

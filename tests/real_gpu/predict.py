@@ -53,7 +53,6 @@ def capacity_model(rules: Any) -> dict[str, Any] | None:
     cap = getattr(rules, "cap", None)
     if cap is None:
         return None
-    safe = cap.safe_max_fraction()
     return {
         "gpu_memory_before_load_gib": round(cap.gpu.pre_gib, 3),
         "gpu_memory_source": cap.gpu.source,
@@ -62,6 +61,6 @@ def capacity_model(rules: Any) -> dict[str, Any] | None:
         "weights_gib": cap.weights_gib,
         "graph_gib": cap.graph_gib,
         "kv_gib": cap.kv_gib,
-        "safe_max_fraction": None if safe is None else round(safe, 4),
+        "safe_max_fraction": round(cap.safe_max_fraction(), 4),
         "notes": list(getattr(rules, "notes", [])),
     }

@@ -21,11 +21,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from tests.real_gpu import commands as cmd
 from tests.real_gpu import env as genv
-from tests.real_gpu.plan import AB_SIDES, GATE_DEFAULTS, PHASES, Settings, make_plan
+from tests.real_gpu.plan import AB_SIDES, GATE_DEFAULTS, PHASES, Settings, describe, make_plan
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = Path("/tmp/kvpilot-gpu")
@@ -145,7 +144,7 @@ def dry_run(s: Settings, bundle: Path, work: Path, out: Path, say: Callable[[str
     jit = genv.has_files(cache) or (bundle.parent / genv.CACHE_NAME).is_file()
     plan = make_plan(s, jit_cached=jit, unpacked=False)
     say(f"dry run: results would go to {out}")
-    for line in plan_lines(plan, s):
+    for line in describe(plan, s):
         say(line)
     site = work / "bundle-<sha256 of the archive>" / "site"
     model = site.parent / "model"
@@ -197,14 +196,6 @@ def planned_commands(s: Settings, python: str, model: Path) -> list[list[str]]:
     return out
 
 
-def plan_lines(plan: Any, s: Settings) -> list[str]:
-    lines = [f"budget {s.budget_s:.0f} s; unpacking {plan.setup_s:.0f} s"]
-    lines += [f"  {phase}: about {t:.0f} s" for phase, t in plan.steps]
-    lines += [f"  {phase}: SKIPPED, {why}" for phase, why in plan.skipped]
-    lines.append(f"planned total about {plan.total_s:.0f} s")
-    return lines
-
-
 # ---------------------------------------------------------------------------- the real call
 
 
@@ -238,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     if ns.dry_run:
         return dry_run(s, ns.bundle, ns.work, out, say)
     deadline = time.monotonic() + s.budget_s
+    stopped = genv.stop_leftovers(ns.work)
+    if stopped:
+        say(f"stopped the server(s) an earlier call left running: pid {stopped}")
     if any(not c.ok and c.fatal for c in preflight(ns, say)):
         say("stopping: fix the errors above (nothing was started)")
         return EXIT_ENVIRONMENT

@@ -12,13 +12,17 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.real_gpu import archive
 from tests.real_gpu import env as genv
 from tests.real_gpu.commands import sglang_command
-from tests.real_gpu.plan import Plan, Settings, make_plan
+from tests.real_gpu.plan import Plan, Settings, describe, make_plan
 from tests.real_gpu.results import OUT_LIMIT, ab_file, load_dirs, render
+from tests.real_gpu.run import Progress
+
+if TYPE_CHECKING:  # imported at run time once the bundle is on the path
+    from tests.real_gpu.call import Call
 
 
 def prepare(
@@ -29,6 +33,7 @@ def prepare(
     deadline: float,
     repo: Path,
 ) -> int:
+    """Check the GPU side, unpack, set the environment, then run the phases; the exit status."""
     from playbooks.sources.gpu import GpuUnavailable, NvmlGpuReader  # noqa: PLC0415
 
     gpus = NvmlGpuReader()
@@ -66,6 +71,9 @@ def prepare(
     from tests.real_gpu.server import Machine  # noqa: PLC0415
 
     folder = ns.work / "calls" / time.strftime("%Y%m%d-%H%M%S")
+    if isinstance(say, Progress):  # its lines go into the call's logs too
+        (folder / "logs").mkdir(parents=True, exist_ok=True)
+        say.log = folder / "logs" / "00-runner.log"
     machine = Machine(
         python=sys.executable,
         server=lambda f, extra: sglang_command(sys.executable, model, f, extra),
@@ -88,7 +96,7 @@ def prepare(
     return run_phases(call, plan, out, meta, cache)
 
 
-def phase_functions() -> dict[str, Callable[[Any], dict[str, Any]]]:
+def phase_functions() -> dict[str, Callable[[Call], dict[str, Any]]]:
     from tests.real_gpu.ab import ab  # noqa: PLC0415 - imported once the bundle is on the path
     from tests.real_gpu.experiment import experiment_clear  # noqa: PLC0415
     from tests.real_gpu.phases import capacity, smoke  # noqa: PLC0415
@@ -100,7 +108,7 @@ def run_phases(call: Any, plan: Plan, out: Path, meta: dict[str, Any], cache: Pa
     """Each planned phase that still fits, in order; every file written as it ends."""
     out.mkdir(parents=True, exist_ok=True)
     functions = phase_functions()
-    for line in plan_text(plan, call.settings):
+    for line in describe(plan, call.settings):
         call.say(line)
     ran: list[dict[str, Any]] = []
     skipped = [list(x) for x in plan.skipped]
@@ -148,16 +156,8 @@ def run_phases(call: Any, plan: Plan, out: Path, meta: dict[str, Any], cache: Pa
     return 0 if ran and all(r["status"] == "ok" for r in ran) else 1
 
 
-def plan_text(plan: Plan, s: Settings) -> list[str]:
-    lines = [f"plan (budget {s.budget_s:.0f} s):"]
-    lines += [f"  {phase}: about {t:.0f} s" for phase, t in plan.steps]
-    lines += [f"  {phase}: SKIPPED, {why}" for phase, why in plan.skipped]
-    lines.append(f"  total about {plan.total_s:.0f} s")
-    return lines
-
-
 def write_summary(
-    call: Any,
+    call: Call,
     out: Path,
     meta: dict[str, Any],
     ran: list[dict[str, Any]],

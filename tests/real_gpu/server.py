@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +48,13 @@ class Machine:
     time_scale: float = 1.0  # the server's clock against the wall's (the twin's in tests)
     start_timeout_s: float = 300.0
     idle_used_gib: float = 2.0  # GPU memory in use that still counts as free of servers
-    log_index: list[int] = field(default_factory=lambda: [0])
+    logs_written: int = 0
 
     def log_path(self, name: str) -> Path:
-        self.log_index[0] += 1
+        """A new file under `logs`, numbered in the order the call wrote them."""
+        self.logs_written += 1
         self.logs.mkdir(parents=True, exist_ok=True)
-        return self.logs / f"{self.log_index[0]:02d}-{name}.log"
+        return self.logs / f"{self.logs_written:02d}-{name}.log"
 
     def gpu(self) -> dict[str, Any] | None:
         """GPU 0's memory now (GiB), or None when it cannot be read."""
@@ -97,13 +98,18 @@ class Server:
 
     @classmethod
     def start(
-        cls, machine: Machine, port: int, fraction: float, extra: Sequence[str] = ()
+        cls,
+        machine: Machine,
+        port: int,
+        fraction: float,
+        extra: Sequence[str] = (),
+        timeout_s: float | None = None,
     ) -> Server:
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join([f"sglang-{fraction:g}", *extra]))
         real = RealSGLang.start(
             port,
             env=machine.server_env,
-            timeout=machine.start_timeout_s,
+            timeout=machine.start_timeout_s if timeout_s is None else timeout_s,
             command=machine.server(fraction, extra),
         )
         return cls(machine, real, name[:60])

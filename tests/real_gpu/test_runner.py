@@ -153,7 +153,7 @@ def test_dry_run_prints_the_plan_and_every_command_without_a_gpu(
     )
     out = capsys.readouterr().out
     assert code == 0
-    assert "smoke: about 103 s" in out and "planned total about 576 s" in out
+    assert "smoke: about 103 s" in out and "total about 576 s" in out
     servers = [line for line in out.splitlines() if "would run: python3 -m sglang" in line]
     assert len(servers) == 3  # smoke's and capacity's two; kvpilot.toml holds the fourth
     assert all(
@@ -321,7 +321,7 @@ def test_the_experiments_configuration_is_one_kvpilot_accepts(tmp_path: Path) ->
     assert server.launcher is not None and server.launcher.kind == "process"
     assert server.launcher.command[:3] == ["/usr/bin/python3", "-m", "sglang.launch_server"]
     assert server.launcher.env == {"PYTHONPATH": "/tmp/kvpilot-gpu/b/site"}
-    assert (server.gate.baseline_s, server.gate.batch_s, server.gate.max_trial_s) == (60, 10, 120)
+    assert (server.gate.baseline_s, server.gate.batch_s, server.gate.max_trial_s) == (60, 10, 90)
     assert config.database == tmp_path / "kvpilot.db" and config.time_scale == 1.0
 
 
@@ -451,3 +451,27 @@ def test_the_runner_imports_nothing_beyond_the_standard_library_before_its_check
         env={**os.environ, "PYTHONPATH": str(run.REPO)},
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_a_server_an_earlier_cut_off_call_left_running_is_stopped(tmp_path: Path) -> None:
+    """kvpilot's launcher starts SGLang in its own session, which outlives a call killed at its
+    limit; the next call on the same machine stops it before checking the port."""
+    leftover = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "sglang.launch_server"],
+        start_new_session=True,
+    )
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        state = tmp_path / "calls" / "20261206-010000" / "experiment" / "state"
+        state.mkdir(parents=True)
+        (state / "gpu.process.json").write_text(json.dumps({"pid": leftover.pid}))
+        (state / "other.process.json").write_text(json.dumps({"pid": unrelated.pid}))
+        (state / "gone.process.json").write_text(json.dumps({"pid": 2**22 + 7}))
+        assert env.stop_leftovers(tmp_path) == [leftover.pid]
+        assert leftover.wait(10) == -9
+        assert unrelated.poll() is None  # not a server: left alone
+        assert env.stop_leftovers(tmp_path) == []
+    finally:
+        for proc in (leftover, unrelated):
+            proc.kill()
+            proc.wait()

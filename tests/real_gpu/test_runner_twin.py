@@ -15,7 +15,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.utils import canonicalize_name
@@ -46,7 +48,7 @@ atexit.register(_record)
 """
 
 
-def twin(fraction: float, extra: tuple[str, ...] | list[str]) -> list[str]:
+def twin(fraction: float, extra: Sequence[str]) -> list[str]:
     """The runner's SGLang command line, served by the twin as SGLang 0.5.17 on an H100."""
     command = sglang_command(sys.executable, Path("/nonexistent/model"), fraction, extra)
     at = command.index("sglang.launch_server")
@@ -85,7 +87,7 @@ def machine(tmp_path: Path) -> Machine:
     )
 
 
-def run(tmp_path: Path, s: Settings) -> tuple[int, dict[str, dict[str, object]]]:
+def run(tmp_path: Path, s: Settings) -> tuple[int, dict[str, Any]]:
     m = machine(tmp_path)
     lines: list[str] = []
     call = Call(m, s, tmp_path / "call", lines.append, time.monotonic() + s.budget_s)
