@@ -117,11 +117,22 @@ class Server:
     def stop(self) -> dict[str, Any]:
         """Stop the server, keep its log, wait for the GPU's memory; what that took."""
         began = time.monotonic()
-        self.real.stop()
+        slow: str | None = None
+        for attempt in range(3):
+            try:
+                self.real.stop()
+                break
+            except RuntimeError as exc:  # a process still exiting (a GPU's memory released)
+                slow = str(exc)
+                time.sleep(5.0 * (attempt + 1))
         log = self.real.log_text()
         self.machine.log_path(self.name).write_text(log)
         still = self.machine.wait_gpu_idle()
-        return {"stop_s": round(time.monotonic() - began, 1), "gpu_used_after_gib": still}
+        return {
+            "stop_s": round(time.monotonic() - began, 1),
+            "gpu_used_after_gib": still,
+            "slow_exit": slow,
+        }
 
     def pre_load_gib(self) -> float | None:
         """The free GPU memory SGLang logged before loading the weights."""
