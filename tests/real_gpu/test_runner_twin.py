@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import os
 import sys
+import tarfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,14 +23,16 @@ from typing import Any
 import pytest
 from packaging.utils import canonicalize_name
 
+from playbooks.sources import gpu as gpu_source
 from playbooks.sources.gpu import FakeGpuReader, GpuState
-from tests.real_gpu import image
+from tests.real_gpu import archive, image, runner
+from tests.real_gpu import env as genv
+from tests.real_gpu import run as run_cli
 from tests.real_gpu.bundle import LOCK
 from tests.real_gpu.call import Call
 from tests.real_gpu.commands import sglang_command
 from tests.real_gpu.lock import parse_lock
 from tests.real_gpu.plan import Settings, make_plan
-from tests.real_gpu.runner import run_phases
 from tests.real_gpu.server import Machine
 from tests.twin_process import REPO, free_port
 
@@ -93,7 +96,7 @@ def run(tmp_path: Path, s: Settings) -> tuple[int, dict[str, Any]]:
     call = Call(m, s, tmp_path / "call", lines.append, time.monotonic() + s.budget_s)
     plan = make_plan(s, jit_cached=True, unpacked=True)
     out = tmp_path / "out"
-    code = run_phases(call, plan, out, {"gpu": m.gpu()}, None)
+    code = runner.run_phases(call, plan, out, {"gpu": m.gpu()}, None)
     found = {p.name: json.loads(p.read_text()) for p in out.glob("*.json")}
     assert (out / "results.txt").is_file() and (out / "logs.tar.xz").is_file()
     assert len(list(out.iterdir())) <= 8
@@ -175,3 +178,63 @@ def unknown_imports(folder: Path) -> dict[str, list[str]]:
         if dists and not dists & have and "kubernetes" not in dists:
             missing[module] = sorted(dists)
     return missing
+
+
+def test_a_whole_call_with_the_twin_for_sglang_and_a_fake_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run.main` as on the GPU machine, past its checks: the bundle unpacked, the carried
+    compile caches restored and returned, the environment built, smoke run, every file in the
+    results folder. Only the GPU (NVML), libnvrtc, nvcc, the Python version and the server
+    (the twin) are stood in for."""
+    gpu_dir = tmp_path / ".gpu"
+    stage = tmp_path / "stage"
+    (stage / "site").mkdir(parents=True)
+    (stage / "model").mkdir()
+    (stage / "BUNDLE.json").write_text(json.dumps({"format": 1, "packages": {}}))
+    archive.write_archive(stage, gpu_dir / genv.BUNDLE_NAME, preset=1)
+    kernels = tmp_path / "kernels"
+    (kernels / "tvm-ffi" / "jit_kernel").mkdir(parents=True)
+    (kernels / "tvm-ffi" / "jit_kernel" / "kernel.so").write_bytes(b"\x7fELF")
+    archive.write_archive(kernels, gpu_dir / genv.CACHE_NAME, preset=1)
+    nvrtc = tmp_path / "nvidia" / "cu13" / "lib"
+    monkeypatch.setattr(gpu_source, "NvmlGpuReader", lambda: FakeGpuReader([H100]))
+    monkeypatch.setattr(genv, "find_library", lambda name, roots: nvrtc)
+    monkeypatch.setattr(genv, "find_nvcc", lambda path: Path("/usr/local/cuda/bin/nvcc"))
+    monkeypatch.setattr(genv, "python_version", lambda: (3, 12, 3))
+    monkeypatch.setattr(runner, "sglang_command", lambda python, model, f, extra: twin(f, extra))
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.11.0+cu130")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the runner puts the bundle first
+    out = tmp_path / "out"
+    code = run_cli.main(
+        [
+            "--phases",
+            "smoke",
+            "--bundle",
+            str(gpu_dir / genv.BUNDLE_NAME),
+            "--work",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+            "--port",
+            str(free_port()),
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "bundle unpacked at" in printed and "compile caches: restored" in printed
+    assert sorted(p.name for p in out.iterdir()) == [
+        "jit-cache.tar.xz",
+        "logs.tar.xz",
+        "results.txt",
+        "run.json",
+        "smoke.json",
+    ]
+    with tarfile.open(out / genv.CACHE_NAME) as tar:
+        assert "tvm-ffi/jit_kernel/kernel.so" in tar.getnames()
+    with tarfile.open(out / "logs.tar.xz") as tar:
+        names = tar.getnames()
+    assert "00-runner.log" in names and any(n.endswith("sglang-0.4.log") for n in names)
+    run_json = json.loads((out / "run.json").read_text())
+    assert run_json["gpu"]["name"] == H100.name and run_json["compile_cache"] == "restored"
+    assert json.loads((out / "smoke.json").read_text())["status"] == "ok"
