@@ -123,12 +123,11 @@ def run_experiment(call: Call, config: Path, target: float) -> dict[str, Any]:
     }
 
 
-def experiment_clear(call: Call) -> dict[str, Any]:
+def write_config(call: Call, folder: Path, url: str) -> Path:
+    """The call's kvpilot.toml: one server `gpu` that kvpilot's process launcher starts."""
     s, m = call.settings, call.machine
-    folder = call.work / "experiment"
-    folder.mkdir(parents=True, exist_ok=True)
-    url = f"http://127.0.0.1:{s.port}"
     command = [*m.server(s.fraction, ()), "--host", "127.0.0.1", "--port", str(s.port)]
+    # what SGLang's environment has that kvpilot's tools' has not: the path without the repo
     env = {k: v for k, v in m.server_env.items() if m.tool_env.get(k) != v}
     config = folder / "kvpilot.toml"
     config.write_text(
@@ -142,48 +141,41 @@ def experiment_clear(call: Call) -> dict[str, Any]:
             ready_timeout_s=m.start_timeout_s * m.time_scale,  # on kvpilot's clock
         )
     )
-    change = f"mem_fraction_static {s.fraction:g} -> {s.target:g}"
-    result: dict[str, Any] = {"phase": "experiment-clear", "change": change, "status": "failed"}
-    result["config"] = config.read_text()
-    call.say(f"kvpilot server start (mem_fraction_static={s.fraction:g})")
-    began = time.monotonic()
-    started = run_cli(
-        call, config, "server", "start", "--server", SERVER, timeout_s=m.start_timeout_s + 60
+    return config
+
+
+def under_load(call: Call, config: Path, url: str, result: dict[str, Any]) -> None:
+    """The clients on, the experiment run to its end, the clients off."""
+    s = call.settings
+    result["start_capacity"] = find_key(
+        httpx.get(url + "/get_server_info", timeout=30).json(), "max_total_num_tokens"
     )
-    result["server_start"] = {
-        "exit_status": started["exit_status"],
-        "seconds": round(time.monotonic() - began, 1),
-    }
-    if started["exit_status"] != 0:
-        result["error"] = "kvpilot could not start the server: " + started["err"][-3000:]
-        return result
-    load: Load | None = None
+    call.say(f"{s.clients} clients on (prompts U(400,1000), outputs U(1000,4000))")
+    load = Load.start(call.machine, url, s.clients, REPO)
     try:
-        result["start_capacity"] = find_key(
-            httpx.get(url + "/get_server_info", timeout=30).json(), "max_total_num_tokens"
-        )
-        call.say(f"{s.clients} clients on (prompts U(400,1000), outputs U(1000,4000))")
-        load = Load.start(m, url, s.clients, REPO)
         result["ramp_s"] = wait_full(call, url, s.clients)
         call.say(f"kvpilot experiment --set mem_fraction_static={s.target:g} --yes")
         ran = run_experiment(call, config, s.target)
-        summary = ran["summary"] or {}
-        result.update(
-            exit_status=ran["exit_status"],
-            interrupted=ran["interrupted"],
-            killed=ran["killed"],
-            experiment=summary,
-            state=summary.get("state"),
-            outcome=summary.get("outcome"),
-            rule=summary.get("rule"),
-            reason=summary.get("reason"),
-        )
-        call.say(f"  exit {ran['exit_status']}: {summary.get('state')}, {summary.get('reason')}")
     finally:
-        if load is not None:
-            report = load.stop()
-            report.pop("finished", None)
-            result["load"] = report
+        report = load.stop()
+        report.pop("finished", None)
+        result["load"] = report
+    summary = ran["summary"] or {}
+    result.update(
+        exit_status=ran["exit_status"],
+        interrupted=ran["interrupted"],
+        killed=ran["killed"],
+        experiment=summary,
+        state=summary.get("state"),
+        outcome=summary.get("outcome"),
+        rule=summary.get("rule"),
+        reason=summary.get("reason"),
+    )
+    call.say(f"  exit {ran['exit_status']}: {summary.get('state')}, {summary.get('reason')}")
+
+
+def record_after(call: Call, config: Path, url: str, result: dict[str, Any]) -> None:
+    """The stored experiment, its approval, and the arguments the server ended on."""
     if isinstance(result.get("experiment"), dict) and "id" in result["experiment"]:
         shown = run_cli(
             call, config, "experiments", "show", str(result["experiment"]["id"]), "--json"
@@ -200,9 +192,36 @@ def experiment_clear(call: Call) -> dict[str, Any]:
         result["final_capacity"] = find_key(info, "max_total_num_tokens")
     except (httpx.HTTPError, ValueError) as exc:
         result["final_error"] = f"{type(exc).__name__}: {exc}"
-    run_cli(call, config, "server", "stop", "--server", SERVER)
-    for log in sorted((folder / "state").glob("*.log")):
-        m.log_path(f"launcher-{log.stem}").write_text(log.read_text(errors="replace"))
-    m.wait_gpu_idle()
+
+
+def experiment_clear(call: Call) -> dict[str, Any]:
+    s, m = call.settings, call.machine
+    folder = call.work / "experiment"
+    folder.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{s.port}"
+    config = write_config(call, folder, url)
+    change = f"mem_fraction_static {s.fraction:g} -> {s.target:g}"
+    result: dict[str, Any] = {"phase": "experiment-clear", "change": change, "status": "failed"}
+    result["config"] = config.read_text()
+    call.say(f"kvpilot server start (mem_fraction_static={s.fraction:g})")
+    began = time.monotonic()
+    started = run_cli(
+        call, config, "server", "start", "--server", SERVER, timeout_s=m.start_timeout_s + 60
+    )
+    result["server_start"] = {
+        "exit_status": started["exit_status"],
+        "seconds": round(time.monotonic() - began, 1),
+    }
+    try:
+        if started["exit_status"] != 0:
+            result["error"] = "kvpilot could not start the server: " + started["err"][-3000:]
+            return result
+        under_load(call, config, url, result)
+        record_after(call, config, url, result)
+    finally:  # whatever happened, kvpilot stops the server it started
+        run_cli(call, config, "server", "stop", "--server", SERVER)
+        for log in sorted((folder / "state").glob("*.log")):
+            m.log_path(f"launcher-{log.stem}").write_text(log.read_text(errors="replace"))
+        m.wait_gpu_idle()
     result["status"] = "ok" if result.get("state") and not result.get("killed") else "failed"
     return result

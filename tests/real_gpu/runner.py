@@ -104,7 +104,7 @@ def phase_functions() -> dict[str, Callable[[Call], dict[str, Any]]]:
     return {"smoke": smoke, "capacity": capacity, "experiment-clear": experiment_clear, "ab": ab}
 
 
-def run_phases(call: Any, plan: Plan, out: Path, meta: dict[str, Any], cache: Path | None) -> int:
+def run_phases(call: Call, plan: Plan, out: Path, meta: dict[str, Any], cache: Path | None) -> int:
     """Each planned phase that still fits, in order; every file written as it ends."""
     out.mkdir(parents=True, exist_ok=True)
     functions = phase_functions()

@@ -175,7 +175,7 @@ def unknown_imports(folder: Path) -> dict[str, list[str]]:
         if module in sys.stdlib_module_names or module in ours or module.startswith("_"):
             continue
         dists = {canonicalize_name(d) for d in owners.get(module, [])}
-        if dists and not dists & have and "kubernetes" not in dists:
+        if dists and not dists & have:
             missing[module] = sorted(dists)
     return missing
 
