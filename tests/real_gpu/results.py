@@ -178,12 +178,14 @@ def render(found: Mapping[str, Mapping[str, Any]]) -> str:
     run = found.get("run.json")
     if run:
         parts.append(
-            f"GPU call: {run.get('gpu', {}).get('name', '?')}; phases "
+            f"GPU call: {(run.get('gpu') or {}).get('name', '?')}; phases "
             + ", ".join(f"{p['phase']} {p['status']} ({p['seconds']:.0f} s)" for p in run["ran"])
             + "".join(f"; {p} skipped: {why}" for p, why in run.get("skipped", []))
         )
     smoke = found.get("smoke.json")
-    if smoke:
+    if smoke and "server" not in smoke:
+        parts.append(f"smoke: {smoke['status']}: {smoke.get('error', 'no server info')}")
+    elif smoke:
         s = smoke.get("server", {})
         parts.append(
             f"smoke: {smoke['status']}; SGLang {s.get('version')} started in "

@@ -475,3 +475,17 @@ def test_a_server_an_earlier_cut_off_call_left_running_is_stopped(tmp_path: Path
         for proc in (leftover, unrelated):
             proc.kill()
             proc.wait()
+
+
+def test_the_table_of_a_call_whose_smoke_failed() -> None:
+    found = {
+        "run.json": {
+            "gpu": None,
+            "ran": [{"phase": "smoke", "status": "failed", "seconds": 31.0}],
+            "skipped": [["capacity", "smoke failed"]],
+        },
+        "smoke.json": {"status": "failed", "error": "SGLang exited with code 1"},
+    }
+    text = results.render(found)
+    assert "GPU call: ?; phases smoke failed (31 s); capacity skipped: smoke failed" in text
+    assert "smoke: failed: SGLang exited with code 1" in text
