@@ -478,7 +478,7 @@ def test_a_server_an_earlier_cut_off_call_left_running_is_stopped(tmp_path: Path
 
 
 def test_the_table_of_a_call_whose_smoke_failed() -> None:
-    found = {
+    found: dict[str, dict[str, object]] = {
         "run.json": {
             "gpu": None,
             "ran": [{"phase": "smoke", "status": "failed", "seconds": 31.0}],
