@@ -11,6 +11,7 @@ phase keeps the verdict, the exit status, the stored experiment and the server's
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import threading
@@ -222,6 +223,8 @@ def experiment_clear(call: Call) -> dict[str, Any]:
         run_cli(call, config, "server", "stop", "--server", SERVER)
         for log in sorted((folder / "state").glob("*.log")):
             m.log_path(f"launcher-{log.stem}").write_text(log.read_text(errors="replace"))
+        if (folder / "kvpilot.db").exists():  # every scrape of the experiment, for fixtures
+            shutil.copyfile(folder / "kvpilot.db", m.log_path("kvpilot-db").with_suffix(".db"))
         m.wait_gpu_idle()
     result["status"] = "ok" if result.get("state") and not result.get("killed") else "failed"
     return result

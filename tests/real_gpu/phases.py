@@ -8,9 +8,12 @@ exception out of the runner.
 
 from __future__ import annotations
 
+import json
 import random
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import httpx
 
 from playbooks.engines import detect
 from tests.real_gpu.call import Call, find_key
@@ -59,9 +62,23 @@ def start_failure(call: Call, exc: RealSGLangError, name: str) -> dict[str, Any]
     return {"status": "failed", "error": first, "log_tail": str(exc)[-4000:]}
 
 
+def keep_raw(call: Call, server: Server, name: str, info: dict[str, Any]) -> None:
+    """The server's own answers, whole, for fixtures: its server info, its metrics and its load
+    report (SGLang's step accounting), as the logs' `raw-NAME-*` files."""
+    m = call.machine
+    m.log_path(f"raw-{name}-server_info").write_text(json.dumps(info, indent=1, default=str))
+    for path, what in (("/metrics", "metrics"), ("/v1/loads?include=all", "loads")):
+        try:
+            with server.client() as c:
+                m.log_path(f"raw-{name}-{what}").write_text(c.get(path).text)
+        except httpx.HTTPError as exc:
+            m.log_path(f"raw-{name}-{what}").write_text(f"{type(exc).__name__}: {exc}")
+
+
 def server_record(call: Call, server: Server, fraction: float, source: str) -> dict[str, Any]:
     """What a started server says about its capacity, and kvpilot's predictions from it."""
     info = server.server_info()
+    keep_raw(call, server, f"{fraction:g}", info)
     s = call.settings
     targets = sorted({*s.capacity_fractions, s.target, s.fraction} - {fraction})
     predicted = predictions(
