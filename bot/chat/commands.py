@@ -13,8 +13,8 @@ from datetime import timedelta
 from typing import Any
 
 from bot.app.config import Config, ConfigError, parse_duration
+from bot.app.wiring import engine
 from playbooks.campaigns.policy import Allowance, PolicyError
-from playbooks.engines import engine_named
 from playbooks.engines.base import ArgError
 from playbooks.reports.throughput import parse_window
 
@@ -115,8 +115,7 @@ def parse_command(text: str, config: Config) -> Command:
                 f"`/kvpilot propose {server} mem_fraction_static=0.88`"
             )
         try:
-            engine = engine_named(config.servers[server].engine)
-            change = engine.parse_change(args[1:])
+            change = engine(config.servers[server]).parse_change(args[1:])
         except ArgError as exc:
             raise CommandError(str(exc)) from None
         return Command(verb, server=server, change=change, force=force)
@@ -241,14 +240,14 @@ def _tune(config: Config, args: list[str]) -> Command:
             max_experiments = int(value)
     try:
         plan = Allowance.parse(allow, max_experiments)
-        engine = engine_named(config.servers[server or ""].engine)
+        serves = engine(config.servers[server or ""])
     except PolicyError as exc:
         raise CommandError(str(exc)) from None
-    unknown = [key for key in plan.ranges if key not in engine.allowed_args()]
+    unknown = [key for key in plan.ranges if key not in serves.allowed_args()]
     if unknown:
         raise CommandError(
             f"`{unknown[0]}` is not an argument kvpilot may change "
-            f"(it may: {', '.join(sorted(engine.allowed_args()))})"
+            f"(it may: {', '.join(sorted(serves.allowed_args()))})"
         )
     if not plan.ranges:
         raise CommandError(

@@ -120,7 +120,7 @@ def _candidate(
     config: Config, db: Database, name: str, clock: Clock, change: dict[str, Any]
 ) -> Candidate:
     cfg = config.server(name)
-    base = Candidate(name, cfg.engine, gpu_memory_gib=cfg.gpu_memory_gib)
+    base = Candidate(name, engine_of(cfg).name, gpu_memory_gib=cfg.gpu_memory_gib)
     if cfg.launcher is None:
         return replace(base, restartable=False)
     active = [e for e in store.active_experiments(db) if e.server == name]

@@ -100,7 +100,12 @@ def database_check(path: Path) -> Check:
 
 def server_checks(server: ServerConfig) -> Iterator[Check]:
     from bot.app.wiring import engine_client  # noqa: PLC0415 - engines load only here
-    from playbooks.engines.base import EngineError, MetricsDisabled, Unauthorized  # noqa: PLC0415
+    from playbooks.engines.base import (  # noqa: PLC0415
+        EngineError,
+        MetricsDisabled,
+        Unauthorized,
+        WrongEngine,
+    )
 
     area = f"server {server.name}"
     client = engine_client(server, timeout_s=5.0, attempts=1)
@@ -112,6 +117,9 @@ def server_checks(server: ServerConfig) -> Iterator[Check]:
         except Unauthorized as exc:
             fix = exc.hint or "set api_key (or api_key_env) in [servers.NAME]"
             yield Check(area, False, without(str(exc), fix), fix)
+            return
+        except WrongEngine as exc:
+            yield wrong_engine(server, exc)
             return
         except EngineError as exc:
             yield Check(area, False, str(exc), down_fix(server))
@@ -126,6 +134,28 @@ def server_checks(server: ServerConfig) -> Iterator[Check]:
             yield Check(area, False, f"metrics: {without(str(exc), exc.hint)}", exc.hint)
     finally:
         client.close()
+
+
+def wrong_engine(server: ServerConfig, exc: Exception) -> Check:
+    """The configured engine does not answer there: which one does, and the key to set."""
+    from playbooks.engines import detect  # noqa: PLC0415 - engines load only here
+    from playbooks.engines.base import EngineError  # noqa: PLC0415
+
+    area = f"server {server.name}"
+    try:
+        client = detect(server.url, api_key=server.api_key, timeout_s=5.0)
+    except EngineError:
+        return Check(area, False, str(exc), down_fix(server))
+    try:
+        version = client.settings().version
+    finally:
+        client.close()
+    return Check(
+        area,
+        False,
+        f"this is {client.engine.label} {version} at {server.url}, not {server.engine}",
+        f'set engine = "{client.engine.name}" in [servers.{server.name}]',
+    )
 
 
 def without(message: str, fix: str) -> str:

@@ -84,6 +84,7 @@ class ServerConfig:
     local_gpus: bool = False
     gate: GateSettings = field(default_factory=GateSettings)
     engine: str = DEFAULT_ENGINE  # which engine serves it (playbooks.engines)
+    engine_given: bool = False  # named in the configuration; else found at first contact
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     group: str | None = None
     # the answer quality check, its own [servers.NAME.quality] or its group's (quality.py)
@@ -256,6 +257,7 @@ def server(name: str, table: Any, gate_defaults: GateSettings) -> ServerConfig:
         metrics=_metrics(table.get("metrics"), f"{where}.metrics", url.rstrip("/")),
         group=string(table, "group", where),
         engine=str(engine),
+        engine_given="engine" in table,
         change_window=change_window(table.get("change_window"), where),
     )
 
