@@ -362,8 +362,11 @@ def cmd_server(
         launcher.stop()
         out.write(f"{ns.server} stopped\n")
         return EXIT_OK
-    if launcher.state().running:
-        out.write(f"{ns.server} is already running\n")
+    state = launcher.state()
+    if state.running:
+        out.write(
+            f"{ns.server} is already running" + (f"; {state.reason}" if state.reason else "") + "\n"
+        )
         return EXIT_OK
     launcher.start(launcher.current_args())
     launcher.wait_ready()
@@ -373,7 +376,8 @@ def cmd_server(
 
 def status_text(name: str, url: str, state: Any, args: list[str]) -> str:
     if state.running and state.ready:
-        head = f"{name}: ready at {url}"
+        # a note where there is one: a server this launcher did not start says whose it is
+        head = f"{name}: ready at {url}" + (f"; {state.reason}" if state.reason else "")
     elif state.running:
         head = f"{name}: running but not ready at {url} ({state.reason or 'starting'})"
     else:

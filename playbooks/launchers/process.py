@@ -142,6 +142,8 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
         if alive:
             ready = self.healthy()
             return ServerState(True, ready, pid, None, "" if ready else "starting or not ready")
+        if pid is None and self.healthy():
+            return ServerState(True, True, None, None, self._not_ours())
         code = self._exit_code()
         cause = self.spec.engine.exit_cause(code, self.log_tail())
         return ServerState(False, False, pid, code, cause.reason, cause)
@@ -172,7 +174,18 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
             )
         return found
 
+    def _not_ours(self) -> str:
+        """A server answering at the URL that this launcher never started."""
+        return (
+            f"it answers at {self.spec.url}, but kvpilot's process launcher did not start it (no "
+            "process recorded), so kvpilot can read it and cannot restart it: stop it, then "
+            f"`kvpilot server start --server {self.spec.name}`"
+        )
+
     def start(self, args: list[str]) -> None:
+        if self._pid() is None and self.healthy():
+            # a second server on its port would only die: the one there is not ours to replace
+            raise LaunchError(self._not_ours())
         exe, _ = self.spec.split()
         self.spec.state_dir.mkdir(parents=True, exist_ok=True)
         log = self.spec.state_dir / f"{self.spec.name}-{int(time.time() * 1000)}.log"

@@ -10,8 +10,15 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+import pytest
+
+from bot.app.config import load
+from bot.app.wiring import launcher
 from bot.cli import main
-from tests.twin_process import free_port
+from playbooks.clock import WallClock
+from playbooks.launchers.base import LaunchError
+from tests.twin_process import free_port, running_twin
 
 
 def write_config(tmp_path: Path, command: list[str], port: int) -> Path:
@@ -69,3 +76,21 @@ def test_status_reads_as_text_and_its_exit_code_says_whether_it_serves(tmp_path:
     assert out.startswith("s: down (") and "arguments:" in out, out
     code, out, _ = cli(config, "server", "status", "--json")
     assert code == 1 and json.loads(out)["running"] is False
+
+
+def test_a_server_the_launcher_did_not_start_is_not_called_down(tmp_path: Path) -> None:
+    """Someone started the server by hand: it answers, and kvpilot says whose it is and what
+    to do, instead of "down"; a start refuses rather than die on the busy port."""
+    with running_twin(["--time-scale", "100"]) as twin:
+        config = write_config(tmp_path, [sys.executable, "-m", "sim.launch_server"], twin.port)
+        code, out, _ = cli(config, "server", "status")
+        assert "down" not in out, out
+        assert "did not start it" in out and "kvpilot server start --server s" in out, out
+        code, out, err = cli(config, "server", "start")
+        assert code == 0 and "already running" in out and "did not start it" in out, (out, err)
+        # a restart of an experiment would start a second one: refused, the first left alone
+        loaded = load(str(config))
+        found = launcher(loaded, loaded.server("s"), WallClock())
+        with pytest.raises(LaunchError, match="did not start it"):
+            found.start(found.current_args())
+        assert httpx.get(twin.url + "/health", timeout=5).status_code == 200  # left alone
