@@ -336,7 +336,7 @@ class Kvpilot(Approvals):
         predicted = (float(gain["low"]), float(gain["high"])) if isinstance(gain, dict) else None
         self.propose(
             who, surface, diagnosis.server, change, force=False, diagnosis_id=diag_id,
-            predicted=predicted,
+            predicted=predicted, recommended=option.get("verdict") == "recommended",
         )  # fmt: skip
 
     def propose(
@@ -350,11 +350,14 @@ class Kvpilot(Approvals):
         diagnosis_id: int | None = None,
         thread: MessageRef | None = None,
         predicted: tuple[float, float] | None = None,
+        recommended: bool = False,
     ) -> int | None:
         """Post an approval message for `change` (in `thread`, a campaign's verdict, when
         given); returns the proposal id (None if refused). `predicted`: the throughput change
         the rules predicted against a measurement (a diagnosis, a campaign's last window); the
-        message shows it and the trial is sized for it (`gate.settings.sized_for`)."""
+        message shows it and the trial is sized for it (`gate.settings.sized_for`).
+        `recommended`: the measurement recommended it; the check here, of safety alone, can
+        only take that back (unsafe, an opt-in), never lower it to "possible"."""
         cfg = self.config.server(server)
         try:
             srv_launcher = launcher(self.config, cfg, self.clock)
@@ -371,6 +374,8 @@ class Kvpilot(Approvals):
                 option = rules.judge(change)
                 if predicted is not None and option.verdict != "unsafe":
                     option = replace(option, predicted_gain=predicted)
+                if recommended and option.verdict == "possible":
+                    option = replace(option, verdict="recommended")
                 # what the room after the step is measured against, where the GPUs can be read
                 before = room_before(cfg, client, option)
             finally:

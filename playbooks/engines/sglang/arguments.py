@@ -81,8 +81,8 @@ def activation_room(ctx: Change) -> Finding:
             f"CUDA graphs take {cap.graph_gib:.2f} GiB"
             + (" and the hierarchical cache's buffers 0.50 GiB" if ctx.hicache else "")
             + f", so {room:.2f} GiB remain for activations, below the "
-            f"{ACTIVATION_FLOOR_GIB:g} GiB SGLang needs: it would start, then run out of GPU "
-            "memory under load (as 0.93 did in the incident)",
+            f"{ACTIVATION_FLOOR_GIB:g} GiB floor kvpilot keeps for them (SGLang's tuning guide "
+            "asks for 5-8 GB): it may start, then run out of GPU memory under a large prefill",
         ),
         ("GPU OOM under load",),
     )

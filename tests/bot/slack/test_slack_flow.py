@@ -105,6 +105,14 @@ def test_diagnose_propose_approve_experiment_verdict_and_chart(
             lambda: posted(slack, "Change proposed for incident"), 20, "approval"
         )
         assert "--mem-fraction-static 0.85" in approval["text"]
+        # the diagnosis recommended the option: the approval says so, not "possible"
+        chosen = get_diagnosis(
+            open_db(config.parent / "var" / "kvpilot.db"), int(propose_value.split(":")[0])
+        )
+        index = int(propose_value.split(":")[1])
+        if chosen.finding["options"][index]["verdict"] == "recommended":
+            assert "*recommended* by the diagnosis" in approval["text"], approval["text"]
+        assert "safety verdict" not in approval["text"]
         assert "Risks" in approval["text"] and "Gate" in approval["text"]
         value = buttons(approval)["kvpilot.approve"]
         # The proposer (U1) cannot approve under four-eyes; a member of the approver group can.

@@ -36,7 +36,7 @@ def usefulness(
 # change, server, verdict of the safety half (None: nothing against it), words in its reasons
 SAFETY = [
     ({"mem_fraction_static": 0.9}, {}, None, "keeps 7.53 GiB for activations"),
-    ({"mem_fraction_static": 0.93}, {}, "unsafe", "below the 5 GiB SGLang needs"),
+    ({"mem_fraction_static": 0.93}, {}, "unsafe", "below the 5 GiB floor kvpilot keeps"),
     ({"mem_fraction_static": 0.7}, {}, "unsafe", "SGLang refuses to start below ~0.770"),
     ({"kv_cache_dtype": "bf16"}, {}, None, ""),
     ({"kv_cache_dtype": "fp8_e4m3"}, {}, "needs_opt_in", "FP8 KV costs accuracy"),
