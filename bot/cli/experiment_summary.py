@@ -110,9 +110,16 @@ def render_summary(s: dict[str, Any]) -> str:
         + (f", {s['baseline_source']}" if s.get("baseline_source") else ""),
         f"  trial     {_interval(s['trial'])}",
         f"  effect    {_interval(s['effect'], pct=True)}",
-        f"  took      {s['took_s']} s (trial {s['trial_s']} s{_unread(s)})",
+        f"  took      {s['took_s']} s" + _trial(s),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _trial(s: dict[str, Any]) -> str:
+    """How long the trial measured, where one ran (one cancelled before its restart had none)."""
+    if s.get("trial_s") is None:
+        return " (no trial)"
+    return f" (trial {s['trial_s']} s{_unread(s)})"
 
 
 def _unread(s: dict[str, Any]) -> str:

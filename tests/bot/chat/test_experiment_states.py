@@ -35,7 +35,9 @@ def test_a_superseded_experiment_says_a_person_took_over() -> None:
         "then": "", "change": {"mem_fraction_static": 0.88}, "baseline": None,
         "baseline_source": None, "trial": None, "effect": None, "took_s": 60.0, "trial_s": None,
     }  # fmt: skip
-    first = render_summary(summary).splitlines()[0]
+    lines = render_summary(summary).splitlines()
+    assert "  took      60.0 s (no trial)" in lines and "None" not in "\n".join(lines), lines
+    first = lines[0]
     assert first == (
         "experiment 3 on kimi: SUPERSEDED (superseded: someone changed the server's configuration "
         "outside kvpilot during the experiment; kvpilot left it as they set it; exit 8)"
