@@ -32,6 +32,7 @@ from bot.cli.experiments import (
     resume_unfinished,
 )
 from playbooks.campaigns import after
+from playbooks.campaigns.cutdown import Reassess
 from playbooks.campaigns.policy import (
     Allowance,
     Choice,
@@ -43,7 +44,7 @@ from playbooks.campaigns.policy import (
 )
 from playbooks.campaigns.room import RoomBefore
 from playbooks.clock import Clock
-from playbooks.diagnose.measure import MeasurementError
+from playbooks.diagnose.measure import MeasurementError, measurement_of
 from playbooks.diagnose.playbook import diagnose
 from playbooks.engines.base import ArgError, EngineClient, Snapshot
 from playbooks.experiments import machine as engine
@@ -128,12 +129,14 @@ def cmd_tune(
         )
         run = Campaign(row.id, ns.server, allowance)
         try:
-            options = _diagnose(deps.client, clock, server, db, ns.server, err)
+            options, reassess = _diagnose(deps.client, clock, server, db, ns.server, err)
             choice = choose_next(
                 options,
+                tried=after.history_of(db, ns.server),
                 bounds=after.bounds_of(db, ns.server),
                 allowance=allowance if allowance.ranges else None,
                 force=ns.force,
+                reassess=reassess,
                 unchanged=_unchanged(deps),
             )
             _run_steps(ns, config, db, clock, run, choice, err, stdin)
@@ -177,7 +180,12 @@ def _run_steps(
                 ns.yes, stdin, err, "Run this step?", "step declined; the campaign ends"
             )
             if refused is not None:
-                run.stop = "a person declined the next step"
+                run.stop = (
+                    "no terminal to ask about the next step: re-run with --yes, or approve a "
+                    "plan with --allow KEY=RANGE"
+                    if refused == exit_codes.USAGE
+                    else "a person declined the next step"
+                )
                 run.codes.append(refused)
                 return
         exp = _experiment(config, db, clock, run, option, who, err)
@@ -289,9 +297,9 @@ def engine_db(config: Config) -> Database:
 
 def _diagnose(
     client: EngineClient, clock: Clock, server: Any, db: Database, name: str, err: TextIO
-) -> list[Option]:
+) -> tuple[list[Option], Reassess | None]:
     """The campaign's one measurement: the server as it runs now, stored so the first step
-    can take it as its baseline."""
+    can take it as its baseline; its options, and the rules asked again against it."""
     err.write(f"diagnosing {name} ...\n")
     scrapes: list[Snapshot] = []
     settings = diagnose_settings(server)
@@ -306,7 +314,12 @@ def _diagnose(
         raise ArgError(f"{name} could not be measured: {exc}") from None
     store_scrapes(db, name, scrapes)
     err.write(f"  bottleneck: {finding.bottleneck}\n")
-    return finding.options
+    try:
+        m = measurement_of(scrapes, settings.plan, why="the campaign's diagnosis")
+        reassess: Reassess | None = after.reassessor(client.engine, client.settings(), settings, m)
+    except (MeasurementError, ValueError):
+        reassess = None  # the window cannot be judged again: only its own options are
+    return finding.options, reassess
 
 
 def _check_keys(client: EngineClient, allowance: Allowance) -> None:
@@ -334,6 +347,8 @@ def _exit_code(run: Campaign) -> int:
         for c in run.codes
         if c in (exit_codes.FAILED, exit_codes.CANCELLED, exit_codes.SUPERSEDED)
     ]
+    if not serious and exit_codes.USAGE in run.codes:
+        return exit_codes.USAGE  # nobody could be asked about a step: how it was run was wrong
     return exit_codes.most_urgent(serious)
 
 

@@ -15,11 +15,11 @@ from typing import Any
 
 from sqlite_utils import Database
 
+from playbooks.campaigns.cutdown import Reassess
 from playbooks.campaigns.policy import (
     Allowance,
     Bound,
     Choice,
-    Reassess,
     Tried,
     Unchanged,
     bound_from,
@@ -58,6 +58,13 @@ def tried_of(db: Database, experiment_ids: Sequence[int]) -> list[Tried]:
         end = ending(row, store.transitions(db, exp_id))
         tried.append(Tried(row.change, end.outcome == Outcome.kept, end.cause_code))
     return tried
+
+
+def history_of(db: Database, server: str) -> list[Tried]:
+    """Every ended experiment on the server, oldest first: a campaign's first step knows what
+    was tried and kept before it (a kept step is the evidence a step past the reserve needs)."""
+    ids = sorted(r.id for r in store.list_experiments(db, server=server) if r.terminal)
+    return tried_of(db, ids)
 
 
 def bounds_of(db: Database, server: str) -> list[Bound]:

@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from playbooks.campaigns.room import MIN_CREDITED_CHUNK, GpuRoom
+from playbooks.campaigns.cutdown import Reassess, expected_gain, fitted, within_plan
+from playbooks.campaigns.room import GpuRoom
 from playbooks.engines.exits import Failure
 from playbooks.experiments.failures import teaches_about_memory
 from playbooks.types import Option, Verdict
@@ -57,9 +58,6 @@ Unchanged = Callable[[Mapping[str, Any]], str | None]
 
 # Judges changes against the measurement the options came from (`Rules.assess` with the changes
 # considered): how a campaign asks the rules about a step it cut down to fit the GPUs' room.
-Reassess = Callable[[Sequence[dict[str, Any]]], Sequence[Option]]
-FIT_STEP = 0.01  # memory fractions are tried this far apart, largest first
-FIT_STEPS = 10  # and at most this many below the option's own
 
 
 class PolicyError(ValueError):
@@ -254,15 +252,6 @@ class Choice:
     skipped: tuple[tuple[str, str], ...] = ()
 
 
-def expected_gain(option: Option) -> float:
-    """The middle of the predicted throughput change (0 when the rules predict none)."""
-    if option.predicted_gain is None:
-        return 0.0
-    low, high = option.predicted_gain
-    middle = (low + high) / 2
-    return middle if math.isfinite(middle) else 0.0
-
-
 def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return {k: str(v) for k, v in a.items()} == {k: str(v) for k, v in b.items()}
 
@@ -359,34 +348,41 @@ def choose_next(
     under load where its GPUs can be read (`playbooks.campaigns.room`). Where nothing else is
     left and a step was passed over only because it does not fit that room, `reassess` (the
     rules, asked about other changes against the same measurement) judges it cut down to the
-    largest memory fraction that fits (`fitted`). `unchanged` says which changes the server
-    already runs (passed over, even with force). Counting restarts and stopping at the first
-    change not kept is the caller's: `campaign_stop` below.
+    largest memory fraction that fits (`fitted`); and, under a plan, a step passed over only
+    for arguments the plan does not name is judged cut down to those it does (`within_plan`).
+    `unchanged` says which changes the server already runs (passed over, even with force).
+    Counting restarts and stopping at the first change not kept is the caller's:
+    `campaign_stop` below.
     """
+
+    def reason(option: Option) -> str | None:
+        return _skip_reason(
+            option, tried=tried, bounds=bounds, allowance=allowance, force=force, room=room,
+            unchanged=unchanged,
+        )  # fmt: skip
+
     skipped: list[tuple[str, str]] = []
     candidates: list[Option] = []
     too_large: list[Option] = []
     for option in options:
-        reason = _skip_reason(
-            option, tried=tried, bounds=bounds, allowance=allowance, force=force, room=room,
-            unchanged=unchanged,
-        )  # fmt: skip
-        if reason is None:
+        why = reason(option)
+        if why is None:
             candidates.append(option)
         elif option.change:
-            skipped.append((option.title, reason))
-            if room is not None and reason == room.refusal(
+            skipped.append((option.title, why))
+            if room is not None and why == room.refusal(
                 option.static_gpu_gib or 0.0, option.change
             ):
                 too_large.append(option)
+    cut: list[Option] = []
     if not candidates and too_large and reassess is not None and room is not None:
-        for option in fitted(too_large, room, reassess):
-            if _skip_reason(option, tried=tried, bounds=bounds, allowance=allowance,
-                            force=force, room=room, unchanged=unchanged) is None:  # fmt: skip
-                candidates.append(option)
+        cut += fitted(too_large, room, reassess)
+    if allowance is not None and reassess is not None:
+        cut += within_plan(options, allowance, reassess)
+    candidates += [option for option in cut if reason(option) is None]
     if not candidates:
         stop = "nothing useful is left to try" if not skipped else "every option was passed over"
-        return Choice(None, stop, tuple(skipped))
+        return Choice(None, stop + _plan_lacks(options, allowance), tuple(skipped))
     best = min(
         candidates,
         key=lambda o: (o.verdict == "possible", -expected_gain(o), RISK[o.verdict]),
@@ -394,60 +390,19 @@ def choose_next(
     return Choice(best, "", tuple(skipped))
 
 
-def fitted(options: Sequence[Option], room: GpuRoom, reassess: Reassess) -> list[Option]:
-    """Each option cut down to the largest memory fraction whose added GPU memory the room
-    holds with its margin, as the rules judge it (none where no smaller fraction adds memory,
-    fits and is predicted to help). The fraction is the option's one value between 0 and 1
-    (SGLang's `mem_fraction_static`; vLLM's options do not say what they add per GPU, so the
-    room is never what passes them over).
-
-    Where the server showed what its prefill chunk takes (`room.chunk`, a kept step that shrank
-    it), each option is also tried with half the chunk, from its own fraction down: the memory
-    the smaller chunk frees may hold the larger pool. The rules judge the pair (the smaller
-    chunk lowers their activation floor too); both cut-down options are returned and the
-    campaign takes the one predicted to gain more.
-    """
-    out: list[Option] = []
+def _plan_lacks(options: Sequence[Option], allowance: Allowance | None) -> str:
+    """Where the plan lacks an argument the rules' recommendation needs: which, and how to add
+    it ("" when nothing recommended was passed over for that)."""
+    if allowance is None or not allowance.ranges:
+        return ""
     for option in options:
-        fractions = [k for k, v in option.change.items() if isinstance(v, float) and 0 < v < 1]
-        if len(fractions) != 1:
-            continue
-        key = fractions[0]
-        top = option.change[key]
-        smaller = _largest_fitting(
-            [{**option.change, key: round(top - FIT_STEP * i, 2)} for i in range(1, FIT_STEPS + 1)],
-            key, room, reassess,
-        )  # fmt: skip
-        if smaller is not None:
-            out.append(smaller)
-        credit = room.chunk
-        if credit is None or credit.key in option.change:
-            continue
-        if credit.chunk // 2 < MIN_CREDITED_CHUNK:
-            continue  # activations stop shrinking below it: nothing more to free
-        halved = {**option.change, credit.key: credit.chunk // 2}
-        traded = _largest_fitting(
-            [{**halved, key: round(top - FIT_STEP * i, 2)} for i in range(FIT_STEPS + 1)],
-            key, room, reassess,
-        )  # fmt: skip
-        if traded is not None:
-            out.append(traded)
-    return out
-
-
-def _largest_fitting(
-    changes: Sequence[dict[str, Any]], key: str, room: GpuRoom, reassess: Reassess
-) -> Option | None:
-    """The change with the largest `key` the rules judge to fit the room, if it is predicted
-    to help (None otherwise)."""
-    for judged in sorted(reassess(changes), key=lambda o: -o.change[key]):
-        added = judged.static_gpu_gib
-        if judged.verdict == "unsafe":
-            continue  # past the rules' own edge at this chunk: a smaller fraction may not be
-        if added is None or room.refusal(added, judged.change) is not None:
-            continue  # adds nothing (at or below the fraction the server runs) or too much
-        return judged if expected_gain(judged) > 0 else None
-    return None
+        missing = [k for k in option.change if k not in allowance.ranges]
+        if option.verdict == "recommended" and missing:
+            return (
+                f"; the rules recommend {option.title}, which needs {', '.join(missing)} in the "
+                f"plan: add --allow {missing[0]}=LOW..HIGH"
+            )
+    return ""
 
 
 def campaign_stop(tried_in_campaign: Sequence[Tried], allowance: Allowance) -> str | None:

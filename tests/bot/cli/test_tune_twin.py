@@ -12,6 +12,7 @@ import pytest
 from storage import audit
 from storage import campaigns as campaign_store
 from storage.db import open_db
+from tests.paths import REPO
 from tests.playbooks.experiments.incident import MEASURING_SCALE, Workspace, incident_workspace
 
 
@@ -86,3 +87,37 @@ def test_bad_plans_are_refused_before_anything_runs(ws: Workspace) -> None:
         assert result == {}
     db = open_db(ws.config.parent / "var" / "kvpilot.db")
     assert campaign_store.open_campaigns(db) == []
+
+
+def test_the_readmes_campaign_runs_as_written(ws: Workspace) -> None:
+    """The README's first campaign command, as written there, takes a step and keeps it."""
+    section = (REPO / "README.md").read_text().split("### Campaigns", 1)[1]
+    line = section.split("```bash\n", 1)[1].splitlines()[0]
+    words = line.replace("[--yes]", "--yes").replace("[--json]", "").split()
+    assert words[:4] == ["kvpilot", "tune", "--server", "incident"], line
+    code, result, err = tune(ws, *words[4:])
+    assert code == 0, err
+    assert result["steps"] and result["steps"][0]["outcome"] == "kept", (result, err)
+
+
+def test_a_plan_without_the_argument_the_rules_need_says_which(ws: Workspace) -> None:
+    """Fractions alone: SGLang's reserve holds a larger pool only with a smaller prefill chunk,
+    so nothing within the plan is recommended. The campaign stops saying what to add, and the
+    server was never restarted."""
+    code, result, err = tune(
+        ws,
+        *("--allow", "mem_fraction_static=0.85..0.95", "--max-experiments", "2", "--yes"),
+    )
+    assert code == 0, err
+    assert (
+        "needs chunked_prefill_size in the plan: add --allow chunked_prefill_size"
+        in (result["stop"])
+    ), result
+    assert result["steps"] == []
+
+
+def test_without_a_terminal_a_step_needs_yes(ws: Workspace) -> None:
+    """No plan, no terminal and no --yes: nobody can be asked, which is no one's decline."""
+    code, result, err = tune(ws)
+    assert code == 2, (code, err)
+    assert "--yes" in err and "declined" not in result.get("stop", ""), (result, err)

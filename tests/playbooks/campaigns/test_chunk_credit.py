@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from playbooks.campaigns.policy import Tried, choose_next, fitted
+from playbooks.campaigns.cutdown import fitted
+from playbooks.campaigns.policy import Tried, choose_next
 from playbooks.campaigns.room import (
     GIB,
     ChunkCredit,

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from playbooks.campaigns.cutdown import expected_gain, fitted
 from playbooks.campaigns.policy import (
     Allowance,
     Bound,
@@ -15,8 +16,6 @@ from playbooks.campaigns.policy import (
     bound_from,
     campaign_stop,
     choose_next,
-    expected_gain,
-    fitted,
 )
 from playbooks.campaigns.room import GIB, GpuRoom, room_of
 from playbooks.engines.exits import Failure
