@@ -81,3 +81,27 @@ def test_capacity_is_predicted_within_two_percent_from_any_fraction(start: float
     model = capacity_model(info, start, gpu)
     for fraction, tokens in REAL.items():
         assert model.tokens_at(fraction) == pytest.approx(tokens, rel=0.02), (start, fraction)
+
+
+# --------------------------------------------------------------------------- recorded on an H200
+# SGLang 0.5.17 on one H200 (143,771 MiB), the same model, started at six fractions by the GPU
+# tier (`make test-gpu`, docs/gpu.md); each server's own `/get_server_info`, whole.
+H200 = FIXTURES.parent / "gpu" / "h200-sglang-0.5.17"
+
+
+def recorded(fraction: str) -> ServerInfo:
+    return parse_server_info(json.loads((H200 / f"server_info-{fraction}.json").read_text()))
+
+
+RECORDED = ("0.3", "0.55", "0.85", "0.93", "0.95", "0.97")
+
+
+@pytest.mark.parametrize("start", RECORDED)
+def test_recorded_h200_capacity_is_predicted_within_two_percent(start: str) -> None:
+    info = recorded(start)
+    gpu, _ = resolve_gpu_memory(info, DiagnoseSettings())
+    assert gpu is not None and gpu.pre_gib == pytest.approx(139.13, rel=0.005), gpu
+    model = capacity_model(info, float(start), gpu)
+    for other in RECORDED:
+        real = recorded(other).max_total_num_tokens
+        assert model.tokens_at(float(other)) == pytest.approx(real, rel=0.02), (start, other)

@@ -1,0 +1,56 @@
+"""The gate over an experiment recorded on a real GPU: SGLang 0.5.17 on one H200, 150 clients,
+`mem_fraction_static` 0.30 -> 0.82 through kvpilot's own command line and process launcher
+(`make test-gpu`, the experiment-clear phase; docs/gpu.md). At 0.30 about 96 requests ran and
+53 waited; at 0.82 all 150 ran and the queue was gone. Before the gate judged such a trial, it
+reverted the change as "not saturated"."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from playbooks.engines import restore_snapshot
+from playbooks.engines.base import Snapshot
+from playbooks.gate import GateSettings, decide
+
+RUN = Path(__file__).parents[2] / "fixtures" / "gpu" / "h200-sglang-0.5.17"
+# the gate the experiment ran with (`--gate` of the run, stored with it)
+SETTINGS = GateSettings(baseline_s=120, batch_s=15, scrape_s=5, warmup_floor_s=30, max_trial_s=270)
+
+
+def windows() -> tuple[list[Snapshot], list[Snapshot]]:
+    rows = [
+        json.loads(line) for line in (RUN / "experiment-samples.jsonl").read_text().splitlines()
+    ]
+    read = {
+        p: [restore_snapshot(r["metrics"], r["t"]) for r in rows if r["phase"] == p]
+        for p in ("baseline", "trial")
+    }
+    return read["baseline"], read["trial"]
+
+
+def test_the_recorded_queue_clearing_raise_is_kept() -> None:
+    baseline, trial = windows()
+    decision = decide(baseline, trial, SETTINGS)
+    assert decision.action == "keep" and decision.verdict == "improved", decision.rule
+    assert "the queue that limited the baseline is gone" in decision.rule
+    assert decision.effect is not None and 0.03 < decision.effect.low < decision.effect.mean
+    recorded = json.loads((RUN / "experiment-clear.json").read_text())
+    assert recorded["state"] == "kept" and recorded["final_fraction"] == 0.82
+
+
+def test_the_same_trial_with_its_rate_falling_is_not_kept() -> None:
+    """The queue gone while the decode rate fell is a changed workload, not a gain."""
+    baseline, trial = windows()
+    slower = [
+        replace(
+            s,
+            decode_rate=None if s.decode_rate is None else s.decode_rate * 0.8,
+            decoded_tokens=None,
+        )
+        for s in trial
+    ]
+    decision = decide([replace(s, decoded_tokens=None) for s in baseline], slower, SETTINGS)
+    assert decision.action == "revert" and decision.verdict == "inconclusive", decision.rule
+    assert "while the decode rate fell" in decision.rule
