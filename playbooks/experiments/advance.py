@@ -304,8 +304,9 @@ def _scrape(
     _progress(deps, row, **changes)
 
 
-# A reading later than this many scrape intervals after the one before ends a gap worth
-# recording (the same spacing beyond which the decode count is not read across: `counted`).
+# A reading later than this many scrape intervals after the one before (and than a gate batch,
+# the least a gap can take from the verdict) ends a gap worth recording (the spacing beyond which
+# the decode count is not read across: `counted`).
 GAP_SCRAPES = 2.5
 
 
@@ -316,7 +317,8 @@ def _record_gap(
     audited, so the verdict's unread time has its story. Longer gaps never get here: the step
     before cut the measurement (`steps._cut`, `_went_unread`)."""
     last = row.progress.get("last_ts")
-    if last is None or facts.now_ts - float(last) <= GAP_SCRAPES * view.settings.scrape_s:
+    s = view.settings
+    if last is None or facts.now_ts - float(last) <= max(GAP_SCRAPES * s.scrape_s, s.batch_s):
         return
     resumed = row.progress.get("by") != facts.carrier
     _record(
@@ -324,7 +326,8 @@ def _record_gap(
         since=datetime.fromtimestamp(float(last), UTC).isoformat(timespec="seconds"),
         seconds=round(facts.now_ts - float(last), 1), bridged=True,
         cause="kvpilot was not running: the process carrying the experiment stopped"
-        if resumed else "the server's metrics did not answer",
+        if resumed else "nothing was read: the server's metrics did not answer, or kvpilot "
+        "fell behind",
     )  # fmt: skip
 
 

@@ -89,7 +89,9 @@ def test_counters_become_increases_over_contiguous_time(
     assert snap.info["mem_fraction_static"] == 0.85
     assert "api_key" not in snap.info and "kvpilot_twin" not in snap.info
     assert snap.info["internal_states"] == [{"memory_usage": {"weight": 69.25, "kvcache": 7.6}}]
-    assert fake.requests.count("/server_info") == 1
+    # once to find the engine at first contact (no `engine` in the configuration), once to
+    # read the settings
+    assert fake.requests.count("/server_info") == 2
 
 
 def test_a_down_server_is_a_gap_and_a_restart_is_recognised(
@@ -138,7 +140,8 @@ def test_a_restart_between_two_scrapes_is_a_restart_gap(
     assert gap.kind == "restart" and gap.restarted and gap.end_ts - gap.start_ts == 5
     last = all_samples(db)[-1]
     assert last.dt is None and last.gen_tokens == 4000.0
-    assert fake.requests.count("/server_info") == 2  # settings read again after a restart
+    # the engine found once, the settings read, and read again after a restart
+    assert fake.requests.count("/server_info") == 3
 
 
 def test_time_the_sampler_was_not_running_is_no_data(

@@ -177,11 +177,14 @@ def test_a_trial_resumed_after_a_gap_counts_only_what_it_read(tmp_path: Path) ->
         (resumed,) = audit.events(db, experiment_id=row.id, name="experiment_resumed")
         assert resumed["properties"]["how"].startswith("its process is gone"), resumed
         assert resumed["properties"]["previous"] and resumed["properties"]["state"] == "trial"
-        gaps = audit.events(db, experiment_id=row.id, name="measurement_gap")
-        assert [g["properties"]["phase"] for g in gaps] == ["trial"], gaps
-        gap = gaps[0]["properties"]
+        gaps = [
+            g["properties"]
+            for g in audit.events(db, experiment_id=row.id, name="measurement_gap")
+            if g["properties"]["cause"].startswith("kvpilot was not running")
+        ]  # (a busy machine can leave other readings late too: recorded, with their own cause)
+        assert [g["phase"] for g in gaps] == ["trial"], gaps
+        gap = gaps[0]
         assert gap["bridged"] and 180 <= gap["seconds"] <= 480, gap
-        assert gap["cause"].startswith("kvpilot was not running"), gap
 
         # the verdict's batches are the grid's batches after the warm-up that hold a reading
         result = row.result or {}
@@ -192,7 +195,7 @@ def test_a_trial_resumed_after_a_gap_counts_only_what_it_read(tmp_path: Path) ->
         read = {int((t - start - 1e-9) // 60) for t in times if start < t <= start + whole * 60}
         assert result["batches"] == len(read), (result, whole, sorted(read))
         assert result["unread_s"] == (whole - len(read)) * 60, result
-        before, after = next((a, b) for a, b in pairwise(times) if b - a > 2.5 * spacing)
+        before, after = max(pairwise(times), key=lambda ab: ab[1] - ab[0])  # kvpilot's absence
         if after - max(before, start) >= 120:  # a whole batch of the gap after the warm-up cut
             assert result["unread_s"] >= 60 and "unread, not counted" in result["rule"], result
 
