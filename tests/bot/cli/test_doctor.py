@@ -54,6 +54,16 @@ def doctor(config: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -
 SOCKET = {"SLACK_APP_TOKEN": "xapp-1-A1-1-abc"}
 
 
+def fails_with(
+    config: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, expect: str
+) -> None:
+    """doctor exits 1 and one of its failures (area: detail | fix) matches `expect`."""
+    code, report = doctor(config, env, monkeypatch)
+    assert code == 1 and not report["ok"]
+    found = failures(report)
+    assert any(re.search(expect, f) for f in found), found
+
+
 def failures(report: Any) -> list[str]:
     return [f"{c['area']}: {c['detail']} | {c['fix']}" for c in report["checks"] if not c["ok"]]
 
@@ -125,10 +135,7 @@ def test_each_thing_wrong_is_named_with_its_fix(
         config.write_text(
             f'[kvpilot]\ndatabase = "{tmp_path}/file/db/kvpilot.db"\n\n' + config.read_text()
         )
-    code, report = doctor(config, env, monkeypatch)
-    assert code == 1 and not report["ok"]
-    found = failures(report)
-    assert any(re.search(expect, f) for f in found), found
+    fails_with(config, env, monkeypatch, expect)
 
 
 @pytest.mark.parametrize(
@@ -165,10 +172,7 @@ def test_what_serve_needs_fails_doctor_too(
         slack.fail_next("apps.connections.open", error="invalid_auth")
     else:
         config.write_text(f'[kvpilot]\ndatabase = "{database[case]}"\n\n' + config.read_text())
-    code, report = doctor(config, env, monkeypatch)
-    assert code == 1 and not report["ok"]
-    found = failures(report)
-    assert any(re.search(expect, f) for f in found), found
+    fails_with(config, env, monkeypatch, expect)
 
 
 def test_the_scopes_checked_are_the_manifests() -> None:
