@@ -24,6 +24,11 @@ LONGEST_FIRST = (
     "tests/playbooks/launchers/test_contract.py",
     "tests/playbooks/launchers/test_contract_crash.py",
     "tests/bot/cli/test_tune_twin.py",
+    "tests/faults/test_stuck_server.py",
+    "tests/real_gpu/test_runner_twin.py",
+    "tests/playbooks/experiments/test_slow_start_twin.py",
+    "tests/playbooks/experiments/test_experiment_twin.py",
+    "tests/faults/test_metrics_faults.py",
     "tests/bot/slack/test_slack_campaign.py",
     "tests/playbooks/experiments/test_quality_twin.py",
     "tests/playbooks/experiments/test_latency_twin.py",
@@ -33,7 +38,7 @@ LONGEST_FIRST = (
 )
 RANK = {path: i for i, path in enumerate(LONGEST_FIRST)}
 # Files with no module- or session-scoped fixtures, whose tests each take 10-45 s.
-SPLIT_BY_TEST = frozenset(LONGEST_FIRST[:6])
+SPLIT_BY_TEST = frozenset(LONGEST_FIRST[:11])
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks (its loadgroup hook)
