@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from bot.app.checks import Check
 from bot.app.config import ConfigError, load
@@ -51,7 +51,7 @@ def checks_of(config: Config, env: Mapping[str, str]) -> Iterator[Check]:
     yield from slack_checks(config, env)
 
     def of_server(server: ServerConfig) -> list[Check]:
-        return [*server_checks(server), *launcher_checks(config, server)]
+        return [*server_checks(server, config.time_scale), *launcher_checks(config, server)]
 
     # a server that does not answer costs its timeout: many are looked at side by side
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -98,7 +98,7 @@ def database_check(path: Path) -> Check:
     )
 
 
-def server_checks(server: ServerConfig) -> Iterator[Check]:
+def server_checks(server: ServerConfig, time_scale: float = 1.0) -> Iterator[Check]:
     from bot.app.wiring import engine_client  # noqa: PLC0415 - engines load only here
     from playbooks.engines.base import (  # noqa: PLC0415
         EngineError,
@@ -111,7 +111,8 @@ def server_checks(server: ServerConfig) -> Iterator[Check]:
     client = engine_client(server, timeout_s=5.0, attempts=1)
     try:
         try:
-            version = client.settings().version
+            settings = client.settings()
+            version = settings.version
             # what the settings could read without a key; the model's info needs it
             client.model_info()
         except Unauthorized as exc:
@@ -125,6 +126,7 @@ def server_checks(server: ServerConfig) -> Iterator[Check]:
             yield Check(area, False, str(exc), down_fix(server))
             return
         yield Check(area, True, f"{server.url} answers: {client.engine.label} {version}")
+        yield from time_scale_check(area, settings, time_scale)
         try:
             client.metrics()
             yield Check(area, True, f"metrics: {client.describe_metrics()}")
@@ -134,6 +136,25 @@ def server_checks(server: ServerConfig) -> Iterator[Check]:
             yield Check(area, False, f"metrics: {without(str(exc), exc.hint)}", exc.hint)
     finally:
         client.close()
+
+
+def time_scale_check(area: str, settings: Any, configured: float) -> Iterator[Check]:
+    """A server that runs faster than real time (kvpilot's twin) needs the same time scale in
+    the configuration: kvpilot reads rates on its own clock, which would make each of them that
+    many times too high."""
+    from playbooks.engines import announced_time_scale  # noqa: PLC0415
+
+    announced = announced_time_scale(settings)
+    if announced is None or abs(announced - configured) < 1e-9:
+        return
+    yield Check(
+        area,
+        False,
+        f"it runs {announced:g} times faster than real time (kvpilot's twin) and [kvpilot] "
+        f"time_scale is {configured:g}: every rate kvpilot read would be "
+        f"{announced / configured:g} times off",
+        f"set time_scale = {announced:g} in [kvpilot]",
+    )
 
 
 def wrong_engine(server: ServerConfig, exc: Exception) -> Check:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from playbooks.engines.base import Engine, EngineClient, Snapshot, WrongEngine
+from playbooks.engines.base import Engine, EngineClient, ServerSettings, Snapshot, WrongEngine
 
 DEFAULT = "sglang"
 NAMES = ("sglang", "vllm")  # detect() asks them in this order
@@ -76,3 +76,13 @@ def restore_snapshot(stored: Mapping[str, Any], t: float = 0.0) -> Snapshot:
     if "v" in stored:
         return Snapshot.from_json(stored, t)
     return engine_named("sglang").restore_snapshot(stored, t)
+
+
+def announced_time_scale(settings: ServerSettings) -> float | None:
+    """How many times faster than real time the server says it runs: kvpilot's twin announces
+    it (`kvpilot_twin.time_scale` in its server info); a real engine says nothing (None). The
+    rates kvpilot reads on its own clock are that many times too high unless `[kvpilot]
+    time_scale` matches."""
+    twin = settings.raw.get("kvpilot_twin") if isinstance(settings.raw, dict) else None
+    scale = twin.get("time_scale") if isinstance(twin, dict) else None
+    return float(scale) if isinstance(scale, (int, float)) and scale > 0 else None

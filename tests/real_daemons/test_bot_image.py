@@ -28,6 +28,7 @@ SECRET = "image-signing-secret"
 TWIN = ["--preset", "llama-3.1-8b-h100", "--time-scale", "200", "--enable-metrics"]
 CONFIG = """[kvpilot]
 database = "/var/lib/kvpilot/kvpilot.db"
+time_scale = 200
 
 [access]
 approvers = ["U0123ALICE"]

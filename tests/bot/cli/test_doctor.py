@@ -34,6 +34,7 @@ def slack() -> Iterator[FakeSlack]:
 def write(tmp_path: Path, twin: TwinProcess, *, key: str = "sekrit", extra: str = "") -> Path:
     config = tmp_path / "kvpilot.toml"
     config.write_text(
+        "[kvpilot]\ntime_scale = 300\n\n"  # the twin's (`twin` below)
         '[slack]\napprovers = ["U1"]\nchannels = ["C0OPS"]\n\n'
         f'[servers.kimi]\nurl = "{twin.url}"\napi_key = "{key}"\n' + extra
     )
@@ -133,7 +134,9 @@ def test_each_thing_wrong_is_named_with_its_fix(
     elif case == "unwritable database":
         (tmp_path / "file").write_text("x")
         config.write_text(
-            f'[kvpilot]\ndatabase = "{tmp_path}/file/db/kvpilot.db"\n\n' + config.read_text()
+            config.read_text().replace(
+                "[kvpilot]\n", f'[kvpilot]\ndatabase = "{tmp_path}/file/db/kvpilot.db"\n', 1
+            )
         )
     fails_with(config, env, monkeypatch, expect)
 
@@ -148,6 +151,12 @@ def test_each_thing_wrong_is_named_with_its_fix(
         # a directory SQLite cannot create a file in, although every permission bit says yes
         ("database under /proc", r"database: /proc/kvpilot/kvpilot.db cannot be created"),
         ("database is a directory", r"database: .* is a directory \| name a file in it"),
+        # the twin runs 300x faster than real time: every rate read on the wall clock would be
+        # 300 times too high, as Slack once showed ("effective 168,019.6 tok/s")
+        (
+            "time scale missing",
+            r"server kimi: .*runs 300 times faster than real time.*\| set time_scale = 300",
+        ),
     ],
 )
 def test_what_serve_needs_fails_doctor_too(
@@ -170,8 +179,14 @@ def test_what_serve_needs_fails_doctor_too(
         env["SLACK_APP_TOKEN"] = "xoxb-test"
     elif case == "app token refused":
         slack.fail_next("apps.connections.open", error="invalid_auth")
+    elif case == "time scale missing":  # the twin announces 300x; the configuration says nothing
+        config.write_text(config.read_text().replace("time_scale = 300\n", ""))
     else:
-        config.write_text(f'[kvpilot]\ndatabase = "{database[case]}"\n\n' + config.read_text())
+        config.write_text(
+            config.read_text().replace(
+                "[kvpilot]\n", f'[kvpilot]\ndatabase = "{database[case]}"\n', 1
+            )
+        )
     fails_with(config, env, monkeypatch, expect)
 
 

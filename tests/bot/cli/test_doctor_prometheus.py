@@ -35,6 +35,7 @@ Prometheus = PrometheusProcess
 def doctor(tmp_path: Path, twin: TwinProcess, prom: Prometheus, selector: str) -> tuple[int, str]:
     config = tmp_path / "kvpilot.toml"
     config.write_text(
+        "[kvpilot]\ntime_scale = 100\n\n"  # the twin's
         f'[servers.kimi]\nurl = "{twin.url}"\n\n[servers.kimi.metrics]\nsource = "prometheus"\n'
         f"url = \"{prom.url}\"\nselector = '{selector}'\n"
     )
