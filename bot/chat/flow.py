@@ -62,6 +62,10 @@ from storage.errors import (
 log = logging.getLogger(__name__)
 
 
+class StaleDiagnosis(Exception):
+    """An option from a diagnosis of a configuration the server no longer runs."""
+
+
 class Kvpilot(Approvals):
     """The bot, minus its transport."""
 
@@ -334,9 +338,11 @@ class Kvpilot(Approvals):
             return
         gain = option.get("predicted_throughput_change")
         predicted = (float(gain["low"]), float(gain["high"])) if isinstance(gain, dict) else None
+        measured = (diagnosis.finding.get("capacity") or {}).get("max_total_num_tokens")
         self.propose(
             who, surface, diagnosis.server, change, force=False, diagnosis_id=diag_id,
             predicted=predicted, recommended=option.get("verdict") == "recommended",
+            measured_tokens=measured if isinstance(measured, int) else None,
         )  # fmt: skip
 
     def propose(
@@ -351,13 +357,16 @@ class Kvpilot(Approvals):
         thread: MessageRef | None = None,
         predicted: tuple[float, float] | None = None,
         recommended: bool = False,
+        measured_tokens: int | None = None,
     ) -> int | None:
         """Post an approval message for `change` (in `thread`, a campaign's verdict, when
         given); returns the proposal id (None if refused). `predicted`: the throughput change
         the rules predicted against a measurement (a diagnosis, a campaign's last window); the
         message shows it and the trial is sized for it (`gate.settings.sized_for`).
         `recommended`: the measurement recommended it; the check here, of safety alone, can
-        only take that back (unsafe, an opt-in), never lower it to "possible"."""
+        only take that back (unsafe, an opt-in), never lower it to "possible".
+        `measured_tokens`: the KV capacity the diagnosis measured; a server that has another
+        now was reconfigured since, and what was measured no longer describes it."""
         cfg = self.config.server(server)
         try:
             srv_launcher = launcher(self.config, cfg, self.clock)
@@ -369,6 +378,13 @@ class Kvpilot(Approvals):
             )
             try:
                 info = client.settings()
+                if measured_tokens is not None and info.capacity_tokens != measured_tokens:
+                    raise StaleDiagnosis(
+                        f"diagnosis {diagnosis_id} measured `{server}` with {measured_tokens:,} "
+                        f"tokens of KV cache and it has {info.capacity_tokens:,} now (its "
+                        "configuration changed since): diagnose it again for options that hold "
+                        "today"
+                    )
                 load = _load(client)
                 rules = client.engine.rules_for(info, diagnose_settings(cfg), measured=False)
                 option = rules.judge(change)
@@ -380,7 +396,7 @@ class Kvpilot(Approvals):
                 before = room_before(cfg, client, option)
             finally:
                 client.close()
-        except no_change.NothingToChange as exc:
+        except (no_change.NothingToChange, StaleDiagnosis) as exc:
             self.deny(who, "propose", str(exc), server=server)
             surface.whisper(who, Message.note(f":information_source: Not proposed: {exc}."))
             return None

@@ -107,3 +107,25 @@ def _stored_no_op(db: Database, current: list[str]) -> proposal_store.ProposalRo
         snapshot={"args": current, "running": 0, "queued": 0}, created_by="U1", now=at,
         expires_at=at + timedelta(minutes=30),
     )  # fmt: skip
+
+
+def test_an_old_propose_button_refuses_once_the_server_changed(
+    config: Path, slack: FakeSlack
+) -> None:
+    """A diagnosis's Propose button proposes what was measured: once the server runs another
+    configuration, its options (and their predictions) describe a server that is gone."""
+    db = open_db(config.parent / "var" / "kvpilot.db")
+    srv = launcher(load(str(config)), load(str(config)).server("incident"), WallClock())
+    with running_bot(config, slack) as (_bot, driver):
+        driver.slash("diagnose incident", user="U1")
+        diag_ts, diagnosis = wait_until(
+            lambda: posted(slack, "Diagnosis of incident"), 90, "the diagnosis"
+        )
+        value = buttons(diagnosis)["kvpilot.propose"]
+        srv.stop()
+        srv.start(with_change(srv.current_args(), {"mem_fraction_static": 0.88}))
+        srv.wait_ready()
+        driver.click("kvpilot.propose", value, user="U1", message_ts=diag_ts)
+        (text,) = wait_until(lambda: said(slack, "diagnose it again"), 30, "the refusal")
+        assert "116,171" in text, text  # what the diagnosis measured, and what runs now
+        assert approve_buttons(slack) == [] and chat.pending_proposals(db) == []
