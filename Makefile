@@ -18,7 +18,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: help test check lint typecheck test-fast test-twin test-serial test-real-sglang venv demo \
-	lock bench clean real-sglang real-vllm test-real-vllm test-daemons bot-image \
+	lock bench clean dist real-sglang real-vllm test-real-vllm test-daemons bot-image \
 	test-beside-serial test-real-sglang-static test-real-sglang-measured test-real-sglang-servers \
 	test-real-vllm-static test-real-vllm-measured fuzz gpu-bundle test-gpu
 
@@ -178,6 +178,14 @@ test-gpu:
 # this is the long one, whose tally (printed at the end) RELIABILITY.md quotes.
 fuzz: venv
 	KVPILOT_FUZZ=long $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/fuzz
+
+# The package an operator installs: kvpilot's wheel (the bot, its playbooks and storage, and
+# the deployment files `kvpilot files` prints), built with the locked setuptools, nothing fetched.
+DIST ?= dist
+dist: venv
+	rm -rf build
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation -w $(DIST) .
+	@ls $(DIST)/kvpilot-*.whl
 
 # The incident end to end on the SGLang twin (or `make demo ENGINE=vllm`, the vLLM twin), in the
 # terminal front end (files in demo/).

@@ -92,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="print a shell completion script: source <(kvpilot completion bash)",
     )
     comp.add_argument("shell", choices=("bash", "zsh"))
+    files = sub.add_parser(
+        "files",
+        help="print a deployment file kvpilot ships, e.g. kvpilot files slack-manifest",
+    )
+    files.add_argument("name", choices=("slack-manifest", "systemd-unit", "systemd-env"))
     return parser
 
 
@@ -648,6 +653,10 @@ def _main(argv: list[str] | None, out: TextIO, err: TextIO) -> int:
         from bot.cli.completion import completion  # noqa: PLC0415
 
         return completion(parser, ns.shell, out)
+    if ns.command == "files":
+        from bot.cli.files import show  # noqa: PLC0415
+
+        return show(ns.name, out, err)
     if ns.command in ("experiment", "experiments", "resume", "server", "tune"):
         from bot.cli import experiments as experiments_cli  # noqa: PLC0415 - keeps `diagnose` free of storage
 

@@ -36,7 +36,7 @@ def run_checks(config_path: str | None, env: Mapping[str, str]) -> Iterator[Chec
         config = load(config_path)
     except ConfigError as exc:
         yield Check(
-            "config", False, str(exc), "edit the key named above (README, Configuration)", True
+            "config", False, str(exc), "edit the key named above (docs/configuration.md)", True
         )
         return
     yield Check("config", True, f"{config.path}: {len(config.servers)} server(s)")

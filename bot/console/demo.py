@@ -15,6 +15,7 @@ what it started, and leaves `demo/` (database, logs, charts) to explore.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import json
 import math
@@ -197,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
         "--engine", choices=sorted(SCENARIOS), default="sglang", help="whose twin runs the incident"
     )
     ns = p.parse_args(argv)
+    if importlib.util.find_spec("sim") is None:
+        sys.stderr.write(
+            "error: the demo runs kvpilot's twin, which comes with the source, not with the "
+            "installed package: run `make demo` in a checkout\n"
+        )
+        return 2
     auto = "--yes" if ns.yes else None if sys.stdin.isatty() else "no terminal"
     return run(Path(ns.dir), sys.stdout, sys.stdin, auto, SCENARIOS[ns.engine])
 

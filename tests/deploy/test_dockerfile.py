@@ -177,14 +177,17 @@ def test_dependencies_come_from_the_lock_with_hashes_and_the_project_without() -
     assert len(locked) == 1 and "--require-hashes" in locked[0] and " -r " in locked[0]
     project = [r for r in installs if r not in locked]
     assert len(project) == 1
-    assert "--no-deps" in project[0] and "--no-build-isolation" in project[0]
+    # the project as `make dist` builds it: a wheel with the locked setuptools, then installed
+    # without resolving anything again
+    assert "pip wheel --no-deps --no-build-isolation -w /src/dist ." in project[0]
+    assert "pip install --no-deps /src/dist/kvpilot-*.whl" in project[0]
     # Nothing else is installed by name (no unpinned package, no SGLang).
     for command in installs:
         for part in command.split("&&"):
             if "pip install" in part:
                 words = part.split("pip install", 1)[1].split()
                 named = [w for w in words if not w.startswith("-") and w not in (".",)]
-                assert named in ([], ["/src/image.lock"]), part
+                assert named in ([], ["/src/image.lock"], ["/src/dist/kvpilot-*.whl"]), part
     # ... the image's lock being the lock less the tests' schema validator
     assert "/src/requirements.lock > /src/image.lock" in locked[0]
     # The message templates travel as package data, and the build checks they arrived.

@@ -38,7 +38,7 @@ PACKAGES = "python3,python3-venv,python-is-python3,openssh-client,ca-certificate
 MIRROR = "http://deb.debian.org/debian"
 # What the Dockerfile copies (and so what decides whether the image must be built again).
 CONTEXT = ["deploy/docker/Dockerfile", "requirements.lock", "pyproject.toml", "README.md"]
-SOURCES = ["bot", "playbooks", "storage", "sim"]
+SOURCES = ["bot", "playbooks", "storage", "deploy/slack", "deploy/systemd"]
 
 
 def context_hash() -> str:

@@ -79,8 +79,8 @@ def load(explicit: str | None = None, *, warn: Callable[[str], None] | None = No
         data = tomllib.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(
-            f"no configuration at {path}: create it (see README, "
-            '"Configuration") or pass --config PATH'
+            f"no configuration at {path}: create it (see docs/configuration.md) or pass "
+            "--config PATH"
         ) from None
     except OSError as exc:  # a directory, no permission, an I/O error
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None

@@ -90,8 +90,9 @@ def test_bad_plans_are_refused_before_anything_runs(ws: Workspace) -> None:
 
 
 def test_the_readmes_campaign_runs_as_written(ws: Workspace) -> None:
-    """The README's first campaign command, as written there, takes a step and keeps it."""
-    section = (REPO / "README.md").read_text().split("### Campaigns", 1)[1]
+    """The first campaign command of docs/experiments.md, as written there, takes a step and
+    keeps it."""
+    section = (REPO / "docs" / "experiments.md").read_text().split("### Campaigns", 1)[1]
     line = section.split("```bash\n", 1)[1].splitlines()[0]
     words = line.replace("[--yes]", "--yes").replace("[--json]", "").split()
     assert words[:4] == ["kvpilot", "tune", "--server", "incident"], line

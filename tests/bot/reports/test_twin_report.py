@@ -1,7 +1,7 @@
 """The sampler and the report against the SGLang twin: the incident at 0.85, then a restart
 at 0.88, sampled by the sampler's own thread in the twin's (accelerated) time.
 
-The twin's known behaviour (README, "The incident on the twin"): at 0.85 about 50 requests run
+The twin's known behaviour (docs/twin.md, "The incident on the twin"): at 0.85 about 50 requests run
 and 100 wait, token usage around 0.9, decode 830-880 tok/s, capacity 116,171 tokens; at 0.88
 capacity 159,856 and about 1,000 tok/s. The test also reads the twin's counters and simulated
 clock itself, to check the report's effective rate against the twin's own.
