@@ -181,10 +181,14 @@ fuzz: venv
 
 # The package an operator installs: kvpilot's wheel (the bot, its playbooks and storage, and
 # the deployment files `kvpilot files` prints), built with the locked setuptools, nothing fetched.
+# setuptools' build folders go to a private temporary folder (DIST_EXTRA_CONFIG), not the
+# checkout's build/: a build beside other work in the checkout has nothing to share with it.
 DIST ?= dist
 dist: venv
-	rm -rf build
-	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation -w $(DIST) .
+	@work=$$(mktemp -d) \
+	  && printf '[build]\nbuild_base = %s/build\n[egg_info]\negg_base = %s\n' $$work $$work > $$work/build.cfg \
+	  && DIST_EXTRA_CONFIG=$$work/build.cfg $(BIN)/python -m pip wheel --quiet --no-deps \
+	    --no-build-isolation -w $(DIST) . ; status=$$?; rm -rf $$work; exit $$status
 	@ls $(DIST)/kvpilot-*.whl
 
 # The incident end to end on the SGLang twin (or `make demo ENGINE=vllm`, the vLLM twin), in the

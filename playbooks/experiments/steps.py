@@ -694,15 +694,16 @@ def after_poll(
         return Issue(target, "restart" if restart else "revert")
     if facts.rotation is not None and facts.rotation.out:
         return Rejoin("restart" if restart else "revert")
-    took = facts.now_ts - float(view.progress.get("issued", facts.now_ts))
+    # rounded once, so the reason says the figure the move records
+    took = round(facts.now_ts - float(view.progress.get("issued", facts.now_ts)), 1)
     if restart:
         return Move(
             State.warming_up,
             f"ready after {took:.0f} s; warming up for {view.settings.warmup_s:g} s",
-            {"ready_after_s": round(took, 1)},
+            {"ready_after_s": took},
             {"until": facts.now_ts + view.settings.warmup_s, "instance": instance},
         )
-    return Move(State.reverted, reverted_reason(took), {"ready_after_s": round(took, 1)})
+    return Move(State.reverted, reverted_reason(took), {"ready_after_s": took})
 
 
 def after_look(decision: gate_mod.GateDecision) -> Move | None:

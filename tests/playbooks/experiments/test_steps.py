@@ -614,6 +614,19 @@ def test_after_poll(
         assert outcome.progress == {"until": T + SETTINGS.warmup_s, "instance": "i2"}
 
 
+@pytest.mark.parametrize("took_s", [52.54, 52.46, 40.0, 0.05])
+def test_the_time_a_start_took_is_said_as_it_is_recorded(took_s: float) -> None:
+    """The message and the recorded figure are the same number: a reader comparing `experiments
+    show` with the reason never sees 53 s beside 52.5 s."""
+    for state, before, to in ((State.restarting, "i1", State.warming_up),
+                              (State.reverting, "i2", State.reverted)):  # fmt: skip
+        v = view(state, issued=T - took_s, before=before)
+        move = steps.after_poll(v, seen(), True, None, instance="i9")
+        assert isinstance(move, Move) and move.to == to, move
+        recorded = move.details["ready_after_s"]
+        assert f"{recorded:.0f} s" in move.reason, (move.reason, recorded)
+
+
 @pytest.mark.parametrize(
     ("answers", "expected"),
     [
