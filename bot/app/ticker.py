@@ -99,7 +99,13 @@ class Ticker:
         return True if item is None else item.done.wait(timeout)
 
     def shutdown(self) -> None:
+        """No step or renewal fires any more, and those running finish. What is still carried
+        is left where it stands (persisted: the next start resumes it), and its waiters let go."""
         self._timers.shutdown(wait=True)
+        with self._lock:
+            left = list(self._carried.values())
+        for item in left:
+            item.done.set()
 
     def _tick(self, exp_id: int) -> None:
         with self._lock:

@@ -169,6 +169,10 @@ class ExperimentRunner:
             self.db(),
             audit.BotStopped(actor="kvpilot", created=self.now(), experiments=left, signal=why),
         )
+        with self._lock:
+            ticker = self._ticker
+        if ticker is not None:  # nothing of a stopped bot fires later (a step, a renewal)
+            ticker.shutdown()
         return left
 
     def abort(self, exp_id: int, *, actor: str) -> None:
@@ -182,8 +186,10 @@ class ExperimentRunner:
             self.start(exp_id, thread=None)  # nobody is carrying it: carry out the revert
 
     def join(self, timeout: float | None = None) -> None:
-        for exp_id in self.running():
-            self.ticker.wait(exp_id, timeout)
+        with self._lock:
+            ticker = self._ticker
+        for exp_id in [] if ticker is None else ticker.carrying():
+            ticker.wait(exp_id, timeout)
 
     def running(self) -> list[int]:
         """Experiments this process is carrying now."""

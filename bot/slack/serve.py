@@ -332,6 +332,9 @@ class Bot:
         if self.socket is not None:
             self.socket.close()  # type: ignore[no-untyped-call]
         self.kv.work.shutdown(wait=False, cancel_futures=True)
+        # Bolt's listeners: idle threads that would otherwise outlive the bot
+        executor = self.app.listener_runner.listener_executor
+        executor.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ transports
     def health(self) -> tuple[int, dict[str, Any]]:

@@ -263,6 +263,7 @@ def running_bot(
 ) -> Iterator[tuple[Bot, SlackDriver]]:
     config = load(str(config_path))
     settings = SlackSettings("xoxb-test", app_token, None if app_token else SECRET, slack.api_url)
+    before = set(threading.enumerate())
     bot = Bot(config, settings, progress_every_s=0.5, now=now or FakeNow(), **bot_options)
     bot.start_background()
     port = free_port()
@@ -283,3 +284,25 @@ def running_bot(
         bot.kv.runner.join(60)
         server.should_exit = True
         thread.join(10)
+        left_running(before, "the stopped bot")
+
+
+# Threads of the process that a stopped bot may leave: uvicorn's, Python's own and the
+# stand-in Slack's (the test's fixtures stop those).
+NOT_THE_BOTS = ("asyncio_", "Thread-", "MainThread", "slackfake")
+
+
+def left_running(before: set[threading.Thread], what: str) -> None:
+    """Nothing a stopped bot started may still run: a timer of an experiment left behind
+    posts to a Slack that is gone, into whichever test runs next on the same worker."""
+    deadline = time.monotonic() + 10
+    while True:
+        left = [
+            t.name
+            for t in set(threading.enumerate()) - before
+            if t.is_alive() and not t.name.startswith(NOT_THE_BOTS)
+        ]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not left, f"{what} left threads running: {sorted(left)}"
