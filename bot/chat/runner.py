@@ -188,7 +188,9 @@ class ExperimentRunner:
     def join(self, timeout: float | None = None) -> None:
         with self._lock:
             ticker = self._ticker
-        for exp_id in [] if ticker is None else ticker.carrying():
+        if ticker is None:
+            return
+        for exp_id in ticker.carrying():
             ticker.wait(exp_id, timeout)
 
     def running(self) -> list[int]:
