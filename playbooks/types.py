@@ -162,6 +162,7 @@ class DiagnoseFinding:
             if self.time_budget is None
             else {
                 "prefill_share": r(self.time_budget.prefill_share),
+                "decode_step_ms": round(self.time_budget.step_s(self.time_budget.batch) * 1e3, 3),
                 "decode_step_base_ms": round(self.time_budget.step_base_s * 1e3, 3),
                 "decode_step_per_request_ms": round(self.time_budget.step_per_request_s * 1e3, 4),
                 "decode_batch": round(self.time_budget.batch, 1),

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from playbooks.engines.timebudget import TimeBudget
+from playbooks.engines.timebudget import KV_COST, TimeBudget, Traffic
 from playbooks.types import VERDICT_ORDER, Option, Verdict
 
 # How far the time-budget model's point errs, as measured against the twin's long-run effects
@@ -128,6 +128,7 @@ def kv_capacity_gain(
     kv_bound: bool,
     budget: TimeBudget | None = None,
     bytes_ratio: float = 1.0,
+    traffic: Traffic | None = None,
 ) -> tuple[float, float]:
     """The throughput change a larger KV pool buys, as an interval meant to hold 90% of effects.
 
@@ -137,17 +138,27 @@ def kv_capacity_gain(
     it accounts for one (`timebudget`): only the decode share speeds up, and only by spreading
     each step's fixed cost over more requests. `bytes_ratio` is the new KV cell's size over the
     old one's (a KV dtype change): each request's part of a step then shrinks somewhere between
-    not at all (compute) and that ratio (KV reads), so the interval spans both. Without a
-    budget, the old rule of thumb: the batch's growth at best, half of it at worst.
+    not at all (compute) and that ratio (KV reads), so the interval spans both. Where what a
+    step reads is known (`traffic`), the step's fixed part is the weights' share of it, a KV
+    byte costing one to two weight bytes (`timebudget.KV_COST`), rather than the window's line
+    over the batch, which a full pool leaves flat. Without a budget, the old rule of thumb: the
+    batch's growth at best, half of it at worst.
     """
     if not kv_bound or limits.running <= 0 or limits.tokens_now <= 0:
         return (0.0, 0.0)
     ratio = limits.ratio()
+    if budget is not None and traffic is None and not budget.line:
+        budget = None  # a mean step with nothing to split it by: no model of the step
     if budget is None:
         high = max(0.0, ratio - 1)
         return (high / 2, high)
-    low = max(0.0, budget.gain(ratio))
-    high = max(low, budget.gain(ratio, min(1.0, bytes_ratio)))
+    cheap, dear = (
+        (budget, budget)
+        if traffic is None
+        else (budget.split_by(traffic, KV_COST[0]), budget.split_by(traffic, KV_COST[1]))
+    )
+    low = max(0.0, dear.gain(ratio))
+    high = max(low, cheap.gain(ratio, min(1.0, bytes_ratio)))
     return (low * MODEL_LOW, high * MODEL_HIGH)
 
 

@@ -25,6 +25,7 @@ from packaging.utils import canonicalize_name
 
 from playbooks.sources import gpu as gpu_source
 from playbooks.sources.gpu import FakeGpuReader, GpuState
+from sim.presets import PRESETS
 from tests.real_gpu import archive, image, runner
 from tests.real_gpu import env as genv
 from tests.real_gpu import run as run_cli
@@ -49,6 +50,8 @@ def _record():
         f.write("\\n".join(sorted({m.split(".")[0] for m in list(sys.modules)})))
 atexit.register(_record)
 """
+
+TWIN = PRESETS["llama-3.1-8b-h100"]  # the twin stands in for the GPU with this preset
 
 
 def twin(fraction: float, extra: Sequence[str]) -> list[str]:
@@ -118,7 +121,7 @@ def test_smoke_and_capacity_on_the_twin(tmp_path: Path) -> None:
         (0.85, "capacity"),
     ]
     assert servers[0]["max_total_num_tokens"] < servers[1]["max_total_num_tokens"]
-    assert servers[0]["sglang_pre_load_gib"] == pytest.approx(79.1)
+    assert servers[0]["sglang_pre_load_gib"] == pytest.approx(TWIN.memory.free_before_load_gib)
     # every started server predicts every other fraction, and the experiment's target
     assert {(r["from"], r["to"]) for r in capacity["rows"]} == {
         (f, t) for f in (0.4, 0.6, 0.85) for t in (0.4, 0.6, 0.82, 0.85) if f != t

@@ -31,6 +31,9 @@ from playbooks.engines.hf_config import (
 Kind = Literal["mha", "mla", "dsa"]
 DSA_QUANT_BLOCK = 128  # the indexer's fp8 keys carry one 4-byte scale per 128 elements
 FP8_NAMES = ("FP8",)
+# The names Hugging Face configs give the routed experts per MoE layer (DeepSeek and Kimi,
+# Qwen-MoE, Mixtral and gpt-oss, ERNIE)
+ROUTED_EXPERTS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,10 @@ class Geometry:
     sliding_layers: int = 0  # hybrid SWA: layers with a sliding window (their own pool)
     linear_layers: int = 0  # hybrid mamba / linear attention: state, not KV
     kv_quant_fp8: bool = False  # the checkpoint asks for FP8 KV under `auto`
+    # Routed experts per MoE layer (0: a dense model). A decode step of a dense model reads all
+    # its weights whatever the batch; an MoE step reads the experts its batch routes to, more
+    # of them as the batch grows, so its weights are not a fixed cost (`timebudget.Traffic`).
+    routed_experts: int = 0
 
     @property
     def mla(self) -> bool:
@@ -146,13 +153,15 @@ def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
     if not layers:
         return None
     fp8 = _kv_quant_fp8(config)
+    experts = first_int(config, *ROUTED_EXPERTS) or 0
     lora, rope = first_int(config, "kv_lora_rank"), first_int(config, "qk_rope_head_dim")
     if lora and rope is not None:
         index = first_int(config, "index_head_dim") or 0
         kind: Kind = "dsa" if index else "mla"
         return Geometry(
-            kind, layers, latent_dim=lora + rope, index_head_dim=index, kv_quant_fp8=fp8
-        )
+            kind, layers, latent_dim=lora + rope, index_head_dim=index, kv_quant_fp8=fp8,
+            routed_experts=experts,
+        )  # fmt: skip
     kv_heads = first_int(config, *KV_HEADS) or first_int(config, *HEADS)
     dim = head_dim(config)
     if not kv_heads or not dim:
@@ -170,4 +179,5 @@ def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
         sliding_layers=sliding,
         linear_layers=linear,
         kv_quant_fp8=fp8,
+        routed_experts=experts,
     )

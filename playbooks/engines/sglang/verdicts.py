@@ -23,6 +23,7 @@ from playbooks.engines.findings import (
 from playbooks.engines.sglang.arguments import checks_for
 from playbooks.engines.sglang.checks import Change
 from playbooks.engines.sglang.facts import Context, Observed, Server
+from playbooks.engines.timebudget import Traffic
 from playbooks.types import Bottleneck, Option, Verdict
 
 __all__ = ["NOTHING_AGAINST", "RESTART_RISK", "evaluate", "judge_change", "worst"]
@@ -51,8 +52,21 @@ def capacity_gain(
         return None
     return kv_capacity_gain(
         limits, seen.kv_bound, seen.m.time_budget,
-        change.bytes_per_token / change.cap.bytes_per_token,
+        change.bytes_per_token / change.cap.bytes_per_token, traffic_of(change, seen),
     )  # fmt: skip
+
+
+def traffic_of(change: Change, seen: Observed) -> Traffic | None:
+    """What a decode step reads per GPU today: the weights SGLang reports and the pool's
+    share in use over the window. Only for a model its config.json shows dense: an MoE step
+    reads more experts as its batch grows, so its weights are no fixed cost, and where the
+    config is out of reach kvpilot cannot tell which it is. None otherwise, or where the
+    weights or the usage are unknown."""
+    cap, usage = change.cap, seen.m.token_usage
+    dense = cap.geometry is not None and cap.geometry.routed_experts == 0
+    if not dense or cap.weights_gib is None or usage is None:
+        return None
+    return Traffic(cap.weights_gib, usage * cap.kv_gib)
 
 
 def option(

@@ -100,11 +100,10 @@ def test_the_busy_time_is_shown_where_the_server_accounts_for_it() -> None:
     budgeted = replace(plain, time_budget=TimeBudget(0.575, 0.02533, 0.000731, 28.4)).to_json()
     assert budgeted["time_budget"] == {
         "prefill_share": 0.575,
+        "decode_step_ms": 46.09,  # the window's mean: 25.33 + 0.731 x 28.4
         "decode_step_base_ms": 25.33,
         "decode_step_per_request_ms": 0.731,
         "decode_batch": 28.4,
     }
     text = render("diagnose.txt.j2", f=budgeted)
-    assert (
-        "busy time               57% prefill; a decode step 25.3 ms + 0.73 ms per request" in text
-    )
+    assert "busy time               57% prefill; a decode step 46.1 ms at a batch of 28.4" in text

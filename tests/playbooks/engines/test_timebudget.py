@@ -17,7 +17,7 @@ from playbooks.engines.findings import (
     kv_capacity_gain,
 )
 from playbooks.engines.sglang.client import SGLangClient, parse_loads
-from playbooks.engines.timebudget import StepCounters, TimeBudget, budget_between
+from playbooks.engines.timebudget import StepCounters, TimeBudget, Traffic, budget_between
 from tests.playbooks.diagnose.recorded import Recorded
 from tests.playbooks.engines.sglang.test_client import no_wait
 
@@ -85,6 +85,18 @@ def test_a_steady_window_takes_its_line_from_every_step_since_the_start() -> Non
     budget = budget_between(ramp, later(ramp, window))
     assert budget is not None
     assert budget.step_base_s == pytest.approx(0.030) and budget.batch == 50
+
+
+def test_a_window_with_no_line_anywhere_keeps_its_mean_step_for_a_traffic_split() -> None:
+    steady = steps([50] * 300, 0.030, 0.0005, prefill=1.0)  # never moved, since the start
+    budget = budget_between(steps([], 0, 0), steady)
+    assert budget is not None and not budget.line
+    assert budget.step_s(50) == pytest.approx(0.055) and budget.step_per_request_s == 0.0
+    limits = BatchLimits(50, 100, 100_000, 150_000)
+    # nothing to split it by: the rule of thumb, as with no accounting at all
+    assert kv_capacity_gain(limits, True, budget) == kv_capacity_gain(limits, True, None)
+    split = kv_capacity_gain(limits, True, budget, 1.0, Traffic(15.0, 15.0))
+    assert split != kv_capacity_gain(limits, True, None) and 0 < split[0] < split[1]
 
 
 def test_no_budget_without_accounting_or_across_a_restart() -> None:
@@ -174,6 +186,60 @@ def test_the_predicted_interval(
 ) -> None:
     low, high = kv_capacity_gain(limits, kv_bound, budget, bytes_ratio)
     assert (low, high) == pytest.approx(interval)
+
+
+@pytest.mark.parametrize(
+    ("traffic", "kv_cost", "share"),
+    [
+        (Traffic(15.0, 15.0), 1.0, 0.5),
+        (Traffic(15.0, 15.0), 2.0, 1 / 3),
+        (Traffic(15.0, 0.0), 2.0, 1.0),  # an empty pool: the weights are all a step reads
+        (Traffic(0.0, 10.0), 1.0, 0.0),
+        (Traffic(0.0, 0.0), 1.0, None),  # nothing known to be read: no split
+        (Traffic(-1.0, -1.0), 1.0, None),
+    ],
+)
+def test_the_weights_share_of_a_step(traffic: Traffic, kv_cost: float, share: float | None) -> None:
+    got = traffic.weights_share(kv_cost)
+    assert got == (None if share is None else pytest.approx(share))
+
+
+def test_a_split_keeps_the_windows_mean_step_and_moves_its_fixed_part() -> None:
+    flat = TimeBudget(0.06, 0.0129, 0.0000176, 97.2)  # the H200's line: nearly all fixed
+    split = flat.split_by(Traffic(15.0, 25.0), 1.0)
+    assert split.step_s(97.2) == pytest.approx(flat.step_s(97.2))
+    assert split.step_base_s == pytest.approx(flat.step_s(97.2) * 15 / 40)
+    assert (split.prefill_share, split.batch) == (flat.prefill_share, flat.batch)
+    assert flat.split_by(Traffic(0.0, 0.0), 1.0) is flat
+    assert TimeBudget(0.0, 0.0, 0.0, 0.0).split_by(Traffic(1.0, 1.0), 1.0).step_base_s == 0.0
+
+
+# What the GPUs measured, each a raise that admitted every waiting client (H100: the reference
+# run, 0.40 -> 0.85, its steady state; H200: tests/fixtures/gpu/h200-sglang-0.5.17, 0.30 ->
+# 0.82): the step's mean, the batch and the pool in use before, the batch after, the gain.
+GPU_RAISES = [
+    # card, weights GiB, KV in use GiB, prefill share, step s, batch, batch after, measured
+    ("H100", 15.02, 0.95 * 133_847 * 131_072 / 2**30, 0.06, 0.0135, 57.0, 150.0, 0.48),
+    ("H200", 14.977, 0.9165 * 26.713, 0.061, 0.01458, 96.7, 150.0, 0.122),
+]
+
+
+@pytest.mark.parametrize(
+    ("card", "weights", "kv", "prefill", "step", "batch", "after", "measured"),
+    GPU_RAISES,
+    ids=[r[0] for r in GPU_RAISES],
+)
+def test_the_interval_holds_what_the_gpus_measured(
+    card: str, weights: float, kv: float, prefill: float, step: float, batch: float,
+    after: float, measured: float,
+) -> None:  # fmt: skip
+    budget = TimeBudget(prefill, step, 0.0, batch)  # as flat as a full pool leaves the line
+    limits = BatchLimits(batch, after - batch, 100_000, 400_000)
+    low, high = kv_capacity_gain(limits, True, budget, 1.0, Traffic(weights, kv))
+    assert low <= measured <= high, (card, low, high)
+    # without the split, the flat line calls the whole step fixed and misses it from above
+    flat_low, _ = kv_capacity_gain(limits, True, budget, 1.0)
+    assert flat_low > measured, (card, flat_low)
 
 
 # A 0.5.23 /v1/loads entry as the real server writes it (`load_snapshot.py`, core fields).

@@ -79,6 +79,24 @@ def test_mla_latent_is_not_split_by_tp() -> None:
     assert g.fp8_gain() == pytest.approx(2.0)
 
 
+@pytest.mark.parametrize(
+    ("config", "experts"),
+    [
+        (LLAMA_8B, 0),
+        ({**KIMI_K2, "n_routed_experts": 384, "num_experts_per_tok": 8}, 384),  # DeepSeek, Kimi
+        ({**LLAMA_8B, "num_experts": 128}, 128),  # Qwen3-MoE
+        ({**GPT_OSS, "num_local_experts": 128}, 128),  # gpt-oss, Mixtral
+        ({**LLAMA_8B, "moe_num_experts": 64}, 64),  # ERNIE
+        ({"text_config": {**KIMI_K2, "n_routed_experts": 384}}, 384),  # Kimi-K2.5's wrapper
+    ],
+)
+def test_the_routed_experts_say_whether_a_model_is_dense(
+    config: dict[str, Any], experts: int
+) -> None:
+    g = geometry_of(config)
+    assert g is not None and g.routed_experts == experts
+
+
 def test_dsa_gains_less_than_twice_from_fp8() -> None:
     g = geometry_of(DSA)
     assert g is not None and g.kind == "dsa"
