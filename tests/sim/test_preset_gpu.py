@@ -14,29 +14,18 @@ import pytest
 from sim.memory import headroom, plan_capacity
 from sim.presets import PRESETS
 from sim.version import SGLangVersion
+from tests.playbooks.engines.sglang.test_gpu_capacity import REAL  # SGLang's, on the H100
 
 H100 = PRESETS["llama-3.1-8b-h100"]
-REAL_CAPACITY = {
-    0.30: 69_481,
-    0.40: 133_847,
-    0.50: 198_213,
-    0.70: 326_945,
-    0.82: 404_184,
-    0.85: 423_494,
-    0.88: 442_803,
-    0.90: 455_677,
-    0.93: 474_986,
-    0.95: 487_860,
-}
 TOKENS_PER_REQUEST = 2_100
 # (running requests, decode step seconds) under the load, at 0.40 and at 0.85
 REAL_STEPS = [(57, 0.0135), (150, 0.024)]
 
 
-@pytest.mark.parametrize("fraction", sorted(REAL_CAPACITY))
+@pytest.mark.parametrize("fraction", sorted(REAL))
 def test_the_pool_is_the_gpus_at_every_fraction(fraction: float) -> None:
     cap = plan_capacity(H100, SGLangVersion.parse("0.5.17"), fraction, "bf16", 1, 1, None)
-    assert cap.max_total_num_tokens == pytest.approx(REAL_CAPACITY[fraction], rel=2e-4)
+    assert cap.max_total_num_tokens == pytest.approx(REAL[fraction], rel=2e-4)
 
 
 def test_weights_graphs_and_start_up_are_the_gpus() -> None:
