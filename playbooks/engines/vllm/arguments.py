@@ -393,17 +393,33 @@ class OffloadCheck(Check):
                 ("host OOM",),
             )
         budget = host.available_gib * HOST_SHARE
-        if float(value) > budget:
+        engines = max(1, ctx.server.info.engines)
+        pinned = float(value) * engines
+        # vLLM gives each data-parallel engine the whole size and divides it over that
+        # engine's TP x PP ranks only (v1/kv_offload/cpu/spec.py: bytes per block times
+        # `parallel_config.world_size`, which leaves DP out)
+        per_engine = (
+            f" (vLLM pins it once per data-parallel engine: {engines} x {float(value):g} GiB = "
+            f"{pinned:g} GiB)"
+            if engines > 1
+            else ""
+        )
+        if pinned > budget:
             return Finding(
                 "unsafe",
                 (
-                    f"{float(value):g} GiB of pinned host memory is more than "
+                    f"{float(value):g} GiB of pinned host memory{per_engine} is more than "
                     f"{budget:.1f} GiB ({HOST_SHARE:.0%} of the {host.available_gib:.1f} GiB "
                     "available): the kernel's OOM killer ends the server",
                 ),
                 ("host OOM",),
             )
-        found = [f"{float(value):g} GiB of {host.available_gib:.1f} GiB of host RAM available"]
+        found = [
+            f"{pinned:g} GiB pinned over {engines} data-parallel engines, of "
+            f"{host.available_gib:.1f} GiB of host RAM available"
+            if engines > 1
+            else f"{float(value):g} GiB of {host.available_gib:.1f} GiB of host RAM available"
+        ]
         if ctx.after("kv_offloading_backend") == "lmcache":
             found.append(
                 "with the lmcache backend vLLM does not pass the size on: LMCache's own server "

@@ -154,7 +154,8 @@ def offloading(ctx: Context, bottleneck: Bottleneck) -> Option | None:
         return None
     if not prefix_heavy(ctx.m):
         return None
-    budget = ctx.host.available_gib * HOST_SHARE if ctx.host is not None else None
+    engines = max(1, ctx.info.engines)  # each data-parallel engine pins the whole size
+    budget = ctx.host.available_gib * HOST_SHARE / engines if ctx.host is not None else None
     kv = ctx.cap.kv_gib
     wanted = kv * ctx.info.tp_size * OFFLOAD_KV_MULTIPLE if kv is not None else None
     sizes = [x for x in (wanted, budget) if x is not None]

@@ -315,6 +315,36 @@ def test_judging_a_change_without_a_measurement(
     assert words in " ".join(option.reasons), option.reasons
 
 
+def test_offloading_is_pinned_once_per_data_parallel_engine() -> None:
+    """vLLM gives every data-parallel engine the whole `kv_offloading_size` and divides it
+    only over that engine's TP x PP ranks (`v1/kv_offload/cpu/spec.py`: bytes per block
+    times `parallel_config.world_size`, which leaves DP out): four engines pin it four times."""
+    four = gpu_rules(host_gib=200, engines=4)
+    said = four.judge({"kv_offloading_size": 80.0})
+    assert said.verdict == "unsafe", said.reasons
+    assert "once per data-parallel engine: 4 x 80 GiB = 320 GiB" in " ".join(said.reasons)
+    assert gpu_rules(host_gib=200).judge({"kv_offloading_size": 80.0}).verdict == "possible"
+    fits = four.judge({"kv_offloading_size": 40.0})
+    assert fits.verdict == "possible"
+    assert "160 GiB pinned over 4 data-parallel engines" in " ".join(fits.reasons)
+
+
+def test_a_proposed_host_tier_is_sized_for_every_engine() -> None:
+    prefixes = {"avg_prompt_tokens": 8000, "avg_output_tokens": 200, "cached_fraction": 0.5}
+    (one,) = [
+        o for o in propose(context(measurement(**prefixes), host_gib=200), "kv_cache")
+        if "kv_offloading_size" in o.change
+    ]  # fmt: skip
+    (four,) = [
+        o
+        for o in propose(context(measurement(**prefixes), host_gib=200, engines=4), "kv_cache")
+        if "kv_offloading_size" in o.change
+    ]
+    assert four.verdict != "unsafe", four.reasons
+    assert four.change["kv_offloading_size"] * 4 <= 200 * 0.9
+    assert four.change["kv_offloading_size"] <= one.change["kv_offloading_size"]
+
+
 def test_the_engine_judges_through_the_seam() -> None:
     info = parse_settings(gpu_server())
     probes = DiagnoseSettings(gpu_memory_gib=140.0)
