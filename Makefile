@@ -147,7 +147,8 @@ test-real-sglang-servers: venv real-sglang
 # at a time: vLLM pins the cores.
 VLLM_LIVE ?= .venv-vllm/live-recording
 # Static: vLLM's parser and pool sizing judged against kvpilot's; measured: everything else.
-REAL_VLLM_STATIC := tests/real_vllm/test_judge_kvpilot.py tests/real_vllm/test_real_arg_parser.py
+REAL_VLLM_STATIC := tests/real_vllm/test_judge_kvpilot.py tests/real_vllm/test_real_arg_parser.py \
+	tests/real_vllm/test_offload_judge.py
 test-real-vllm: test-real-vllm-static test-real-vllm-measured
 
 test-real-vllm-static: venv real-vllm
