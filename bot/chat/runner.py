@@ -92,6 +92,11 @@ class ExperimentRunner:
                 self._ticker = Ticker(self.clock)
             return self._ticker
 
+    def _started_ticker(self) -> Ticker | None:
+        """The scheduler if one was started; unlike `ticker`, never starts one."""
+        with self._lock:
+            return self._ticker
+
     def connect(self) -> Database:
         """A connection of its own, for a lease (which may outlive a thread's connection)."""
         return open_db(self.config.database)
@@ -169,8 +174,7 @@ class ExperimentRunner:
             self.db(),
             audit.BotStopped(actor="kvpilot", created=self.now(), experiments=left, signal=why),
         )
-        with self._lock:
-            ticker = self._ticker
+        ticker = self._started_ticker()
         if ticker is not None:  # nothing of a stopped bot fires later (a step, a renewal)
             ticker.shutdown()
         return left
@@ -186,8 +190,7 @@ class ExperimentRunner:
             self.start(exp_id, thread=None)  # nobody is carrying it: carry out the revert
 
     def join(self, timeout: float | None = None) -> None:
-        with self._lock:
-            ticker = self._ticker
+        ticker = self._started_ticker()
         if ticker is None:
             return
         for exp_id in ticker.carrying():
@@ -195,8 +198,7 @@ class ExperimentRunner:
 
     def running(self) -> list[int]:
         """Experiments this process is carrying now."""
-        with self._lock:
-            ticker = self._ticker
+        ticker = self._started_ticker()
         return [] if ticker is None else ticker.carrying()
 
     def busy(self) -> bool:
