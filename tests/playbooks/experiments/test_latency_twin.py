@@ -2,11 +2,13 @@
 reverted with the numbers.
 
 A Llama-3.1-8B server on an H100 serves short chats to 150 clients with
-`--max-running-requests 16`: decode steps are short, every token comes within 10-15 ms, and the
-operator's target is `itl_p99_ms = 20`. Raising the cap to 128 triples the decode rate, but a
-step over 128 requests takes twice as long, so inter-token latency doubles and its p99 leaves
-the target: the gate reverts the change as a guardrail, with the trial's p99 and its interval in
-the reason. The same change without the target is kept (`test_experiment_twin.py` shows keeps).
+`--max-running-requests 16`: decode steps are short, every token comes within 10 ms (the p99
+measured 10.0 ms), and the operator's target is `itl_p99_ms = 15`. Raising the cap to 128
+more than triples the decode rate, but a step over 128 requests reads eight times the KV cache
+and prefills more often, so inter-token latency doubles (p99 measured 22 ms, 95% 17-28 ms) and
+leaves the target: the gate reverts the change as a guardrail, with the trial's p99 and its
+interval in the reason. The same change without the target is kept (`test_experiment_twin.py`
+shows keeps).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def ws(tmp_path: Path) -> Iterator[Workspace]:
     config = tmp_path / "kvpilot.toml"
     config.write_text(
         f"[kvpilot]\ntime_scale = {SCALE}\n\n[gate]\nscrape_s = 10\nbatch_s = 60\n\n"
-        f'[servers.chat]\nurl = "http://127.0.0.1:{port}"\nitl_p99_ms = 20\n'
+        f'[servers.chat]\nurl = "http://127.0.0.1:{port}"\nitl_p99_ms = 15\n'
         '[servers.chat.launcher]\nkind = "process"\n'
         f"command = {json.dumps(command)}\n"
     )
@@ -62,7 +64,7 @@ def test_a_change_that_breaks_the_itl_target_is_reverted(ws: Workspace) -> None:
     result: dict[str, Any] = json.loads(out) if out.strip() else {}
     assert code == 4, (err, result)  # reverted after a guardrail
     assert result["state"] == "reverted", result
-    assert result["reason"].startswith("ITL p99 broke its 20.0 ms target: trial "), result
+    assert result["reason"].startswith("ITL p99 broke its 15.0 ms target: trial "), result
     assert "95% interval" in result["reason"] and "the whole interval above it" in result["reason"]
     assert ws.info()["max_running_requests"] == 16  # back on the last-known-good
     db = open_db(ws.config.parent / "var" / "kvpilot.db")
@@ -71,8 +73,8 @@ def test_a_change_that_breaks_the_itl_target_is_reverted(ws: Workspace) -> None:
     latency = stored["latency"]
     assert latency["slo_held"] is False
     [itl] = latency["targets"]
-    assert (itl["target"], itl["limit"], itl["verdict"]) == ("itl_p99_ms", 20.0, "broken")
-    assert itl["trial"]["ci"][0] > 20.0 > itl["baseline"]["p99"]
+    assert (itl["target"], itl["limit"], itl["verdict"]) == ("itl_p99_ms", 15.0, "broken")
+    assert itl["trial"]["ci"][0] > 15.0 > itl["baseline"]["p99"]
     # the throughput the change bought is reported beside it: a campaign reads both
     assert stored["effect"]["mean"] > 0.5
     assert stored["verdict"] == "guardrail"
