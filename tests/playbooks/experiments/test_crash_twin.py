@@ -94,8 +94,8 @@ def kill_at(ws: Workspace, tmp_path: Path, point: str, change: str) -> store.Exp
         time.sleep(0.05)
     if bot.poll() is None:
         bot.send_signal(signal.SIGKILL)
-    bot.wait(timeout=10)
-    assert bot.returncode == -signal.SIGKILL, bot.stderr.read().decode() if bot.stderr else ""
+    _, log = bot.communicate(timeout=10)
+    assert bot.returncode == -signal.SIGKILL, log.decode()[-3000:]
     (row,) = store.list_experiments(open_db(ws.config.parent / "var" / "kvpilot.db"))
     return row
 
