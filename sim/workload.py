@@ -181,8 +181,19 @@ class UniformProfile(Profile):
         return RequestSpec(_tokens(self.rng, prompt), out, user, 0)
 
 
+@dataclass
+class LongContextProfile(UniformProfile):
+    """Long prompts, shorter answers, within an 8,192-token context: every request a long
+    (chunked) prefill while the pool is full of long histories, where activations peak."""
+
+    prompt_tokens: tuple[int, int] = (5000, 7000)
+    output_tokens: tuple[int, int] = (500, 1000)
+    name = "long-context"
+
+
 PROFILES: dict[str, type[Profile]] = {
     "incident": IncidentProfile,
+    "long-context": LongContextProfile,
     "multi-turn": MultiTurnProfile,
     "short-chat": ShortChatProfile,
     "uniform": UniformProfile,

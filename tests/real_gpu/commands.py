@@ -19,6 +19,9 @@ SGLANG_FLAGS = (
     "--enable-metrics",
 )
 PROFILE = "uniform"  # prompts U(400, 1000) tokens, outputs U(1000, 4000): sim/workload.py
+# prompts U(5000, 7000), outputs U(500, 1000): within the model's 8,192 context, every request
+# a long prefill, the pool full of long histories (the OOM probe's load)
+LONG_PROFILE = "long-context"
 LONGEST_S = 86_400  # the load runs until a phase stops it
 SERVER = "gpu"  # the server's name in the experiment's kvpilot.toml
 
@@ -65,17 +68,10 @@ def cli_command(python: str, config: Path | str, *args: str) -> list[str]:
     return [python, "-m", "bot.cli", *args, "--config", str(config)]
 
 
-def experiment_args(target: float) -> list[str]:
-    """`kvpilot experiment`: the change, approved by the operator running the call (--yes)."""
-    return [
-        "experiment",
-        "--server",
-        SERVER,
-        "--set",
-        f"mem_fraction_static={target:g}",
-        "--yes",
-        "--json",
-    ]
+def experiment_args(change: str) -> list[str]:
+    """`kvpilot experiment`: the change (KEY=VALUE), approved by the operator running the call
+    (--yes)."""
+    return ["experiment", "--server", SERVER, "--set", change, "--yes", "--json"]
 
 
 def kvpilot_config(

@@ -1,8 +1,10 @@
-"""The `experiment-clear` phase: kvpilot's own command line and process launcher run one
-experiment on the real SGLang under a queue-bound load, exactly as an operator would.
+"""The `experiment` phase (`experiment-clear` with its default change): kvpilot's own command
+line and process launcher run one experiment on the real SGLang under load, exactly as an
+operator would.
 
-kvpilot starts the server at the starting fraction (`kvpilot server start`), 150 closed-loop
-clients fill it and stay on, then `kvpilot experiment --set mem_fraction_static=TARGET --yes`
+kvpilot starts the server at the starting fraction (`kvpilot server start`, with
+`--start-extra`), 150 closed-loop clients fill it and stay on, then `kvpilot experiment --set
+CHANGE --yes` (CHANGE: `--set`, else mem_fraction_static=TARGET, the queue-clearing raise)
 measures a baseline, restarts the server with the change, measures the trial and keeps or
 reverts it. `--yes` is the operator's approval, recorded as the OS account that ran it. The
 phase keeps the verdict, the exit status, the stored experiment and the server's final arguments.
@@ -79,11 +81,11 @@ def wait_full(call: Call, url: str, clients: int, timeout_s: float = 60.0) -> fl
     return round(time.monotonic() - began, 1)
 
 
-def run_experiment(call: Call, config: Path, target: float) -> dict[str, Any]:
+def run_experiment(call: Call, config: Path, change: str) -> dict[str, Any]:
     """`kvpilot experiment ... --yes --json`, its progress shown as it comes; interrupted (and
     so reverted by kvpilot) if it would outlast the call."""
     m = call.machine
-    argv = cli_command(m.python, config, *experiment_args(target))
+    argv = cli_command(m.python, config, *experiment_args(change))
     log = m.log_path("kvpilot-experiment")
     out_path = log.with_suffix(".json")
     with out_path.open("w") as out:
@@ -127,7 +129,7 @@ def run_experiment(call: Call, config: Path, target: float) -> dict[str, Any]:
 def write_config(call: Call, folder: Path, url: str) -> Path:
     """The call's kvpilot.toml: one server `gpu` that kvpilot's process launcher starts."""
     s, m = call.settings, call.machine
-    command = [*m.server(s.fraction, ()), "--host", "127.0.0.1", "--port", str(s.port)]
+    command = [*m.server(s.fraction, s.start_extra), "--host", "127.0.0.1", "--port", str(s.port)]
     # what SGLang's environment has that kvpilot's tools' has not: the path without the repo
     env = {k: v for k, v in m.server_env.items() if m.tool_env.get(k) != v}
     config = folder / "kvpilot.toml"
@@ -155,8 +157,8 @@ def under_load(call: Call, config: Path, url: str, result: dict[str, Any]) -> No
     load = Load.start(call.machine, url, s.clients, REPO)
     try:
         result["ramp_s"] = wait_full(call, url, s.clients)
-        call.say(f"kvpilot experiment --set mem_fraction_static={s.target:g} --yes")
-        ran = run_experiment(call, config, s.target)
+        call.say(f"kvpilot experiment --set {s.experiment_change} --yes")
+        ran = run_experiment(call, config, s.experiment_change)
     finally:
         report = load.stop()
         report.pop("finished", None)
@@ -177,6 +179,7 @@ def under_load(call: Call, config: Path, url: str, result: dict[str, Any]) -> No
 
 def record_after(call: Call, config: Path, url: str, result: dict[str, Any]) -> None:
     """The stored experiment, its approval, and the arguments the server ended on."""
+    s = call.settings
     if isinstance(result.get("experiment"), dict) and "id" in result["experiment"]:
         shown = run_cli(
             call, config, "experiments", "show", str(result["experiment"]["id"]), "--json"
@@ -191,20 +194,28 @@ def record_after(call: Call, config: Path, url: str, result: dict[str, Any]) -> 
         info = httpx.get(url + "/get_server_info", timeout=30).json()
         result["final_fraction"] = find_key(info, "mem_fraction_static")
         result["final_capacity"] = find_key(info, "max_total_num_tokens")
+        key = s.experiment_change.partition("=")[0].strip().replace("-", "_")
+        result["final_value"] = {key: find_key(info, key)}
     except (httpx.HTTPError, ValueError) as exc:
         result["final_error"] = f"{type(exc).__name__}: {exc}"
 
 
 def experiment_clear(call: Call) -> dict[str, Any]:
+    """The phase under its first name: the fraction raised to --target."""
+    return experiment(call, "experiment-clear")
+
+
+def experiment(call: Call, phase: str = "experiment") -> dict[str, Any]:
     s, m = call.settings, call.machine
     folder = call.work / "experiment"
     folder.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{s.port}"
     config = write_config(call, folder, url)
-    change = f"mem_fraction_static {s.fraction:g} -> {s.target:g}"
-    result: dict[str, Any] = {"phase": "experiment-clear", "change": change, "status": "failed"}
+    start = " ".join([f"mem_fraction_static={s.fraction:g}", *s.start_extra])
+    change = f"{start} -> {s.experiment_change}"
+    result: dict[str, Any] = {"phase": phase, "change": change, "status": "failed"}
     result["config"] = config.read_text()
-    call.say(f"kvpilot server start (mem_fraction_static={s.fraction:g})")
+    call.say(f"kvpilot server start ({start})")
     began = time.monotonic()
     started = run_cli(
         call, config, "server", "start", "--server", SERVER, timeout_s=m.start_timeout_s + 60

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.real_gpu.commands import load_command
+from tests.real_gpu.commands import PROFILE, load_command
 from tests.real_gpu.server import Machine
 
 
@@ -18,12 +18,14 @@ class Load:
         self.proc, self.out, self.err = proc, out, err
 
     @classmethod
-    def start(cls, machine: Machine, url: str, clients: int, cwd: Path) -> Load:
+    def start(
+        cls, machine: Machine, url: str, clients: int, cwd: Path, profile: str = PROFILE
+    ) -> Load:
         out = machine.log_path("load-report").with_suffix(".json")
         err = machine.log_path("load")
         with out.open("wb") as stdout, err.open("wb") as stderr:
             proc = subprocess.Popen(
-                load_command(machine.python, url, clients),
+                load_command(machine.python, url, clients, profile),
                 stdout=stdout,
                 stderr=stderr,
                 stdin=subprocess.DEVNULL,

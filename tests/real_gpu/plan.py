@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-PHASES = ("smoke", "capacity", "experiment-clear", "ab")
+PHASES = ("smoke", "capacity", "experiment-clear", "experiment", "oom-probe", "ab")
+# `experiment-clear` is `experiment` with its default change (mem_fraction_static=--target), the
+# name the first recordings were made under; `experiment` takes any change (`--set`).
+EXPERIMENTS = ("experiment-clear", "experiment")
+# At most 8 files come back from a call: run.json, results.txt, the logs' and the compile
+# caches' archives, and one file per phase.
+MAX_PHASES = 4
 AB_SIDES = ("a", "b", "both")
 # The experiment's gate, short enough for one call (kvpilot's own defaults take tens of
 # minutes): six baseline batches of two scrapes, a 20 s warm-up floor, and a cap of 90 s on
@@ -41,6 +47,7 @@ class Costs:
     ramp_s: float = 10.0  # closed-loop clients filling the server
     revert_queue_s: float = 50.0  # /health stays 503 while SGLang's warm-up waits behind them
     cli_s: float = 10.0  # kvpilot's commands around the experiment
+    drain_s: float = 15.0  # the probe's clients stopped, their requests aborted
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,11 @@ class Settings:
     ab_side: str = "both"
     ab_warmup_s: float = 60.0
     ab_steady_s: float = 300.0
+    change: str | None = None  # the experiment's `--set KEY=VALUE` (else the fraction to --target)
+    start_extra: tuple[str, ...] = ()  # more SGLang flags for the experiment's first server
+    probe_fractions: tuple[float, ...] = (0.93, 0.95, 0.97)
+    probe_s: float = 100.0  # each probe server under the long-context load
+    probe_clients: int = 200
     budget_s: float = 585.0  # a call may run 600 s; the last files are written after
     port: int = 30000
 
@@ -68,14 +80,30 @@ class Settings:
                 f"unknown phase {', '.join(unknown) or '(none given)'}: choose from "
                 + ", ".join(PHASES)
             )
-        fractions = [self.fraction, self.target, *self.capacity_fractions, *self.ab_fractions]
+        if len(set(self.phases)) > MAX_PHASES:
+            raise ValueError(
+                f"at most {MAX_PHASES} phases a call: only 8 files come back from the machine"
+            )
+        if all(p in self.phases for p in EXPERIMENTS):
+            raise ValueError("experiment-clear is experiment with its default change: name one")
+        if self.change is not None and not _is_assignment(self.change):
+            raise ValueError(f"--set takes KEY=VALUE (an SGLang setting), got {self.change!r}")
+        fractions = [
+            self.fraction,
+            self.target,
+            *self.capacity_fractions,
+            *self.ab_fractions,
+            *self.probe_fractions,
+        ]
         bad = [f for f in fractions if not 0 < f < 1]
         if bad:
             raise ValueError(f"a memory fraction must be between 0 and 1, got {bad[0]:g}")
         if self.ab_side not in AB_SIDES:
             raise ValueError(f"--ab-side must be one of {', '.join(AB_SIDES)}")
-        if self.clients < 1 or self.budget_s <= 0:
-            raise ValueError("--clients and --budget-s must be positive")
+        if self.clients < 1 or self.probe_clients < 1 or self.budget_s <= 0:
+            raise ValueError("--clients, --probe-clients and --budget-s must be positive")
+        if self.probe_s < 10:
+            raise ValueError("--probe-s must be at least 10 s (the load takes seconds to fill)")
         if self.ab_steady_s < 1 or self.ab_warmup_s < 0:
             raise ValueError("--ab-steady-s must be positive and --ab-warmup-s not negative")
 
@@ -83,6 +111,11 @@ class Settings:
     def ordered(self) -> tuple[str, ...]:
         """The phases asked for, in the order they run."""
         return tuple(p for p in PHASES if p in self.phases)
+
+    @property
+    def experiment_change(self) -> str:
+        """What the experiment sets: `--set`, else the memory fraction raised to --target."""
+        return self.change or f"mem_fraction_static={self.target:g}"
 
     @property
     def ab_runs(self) -> tuple[str, ...]:
@@ -96,6 +129,11 @@ class Settings:
             for f in dict.fromkeys(self.capacity_fractions)
             if not (smoke_measured and f == self.fraction)
         )
+
+
+def _is_assignment(text: str) -> bool:
+    key, eq, value = text.partition("=")
+    return bool(eq and key.strip() and value.strip() and " " not in key.strip())
 
 
 def trial_s(gate: Mapping[str, float]) -> float:
@@ -120,7 +158,7 @@ def estimate(phase: str, s: Settings, costs: Costs, *, first_start: bool, smoke:
     if phase == "capacity":
         n = len(s.capacity_starts(smoke))
         return starts(n) + n * costs.probe_s
-    if phase == "experiment-clear":
+    if phase in EXPERIMENTS:
         g = s.gate
         return (
             starts(1)  # kvpilot starts the server at the starting fraction
@@ -134,6 +172,10 @@ def estimate(phase: str, s: Settings, costs: Costs, *, first_start: bool, smoke:
             + costs.revert_queue_s  # the revert, under load
             + costs.cli_s
         )
+    if phase == "oom-probe":
+        n = len(dict.fromkeys(s.probe_fractions))
+        per = costs.probe_s + costs.ramp_s + s.probe_s + costs.drain_s
+        return starts(n) + n * per
     if phase == "ab":
         per_side = s.ab_warmup_s + s.ab_steady_s + costs.probe_s
         n = len(s.ab_runs)

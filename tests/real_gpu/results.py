@@ -22,7 +22,8 @@ OUT_FILES = (
     "results.txt",
     "smoke.json",
     "capacity.json",
-    "experiment-clear.json",
+    "experiment-clear.json",  # or experiment.json (any change)
+    "oom-probe.json",
     "ab.json",  # or ab-a.json / ab-b.json, one side per call
     "jit-cache.tar.xz",
     "logs.tar.xz",
@@ -196,17 +197,42 @@ def render(found: Mapping[str, Mapping[str, Any]]) -> str:
     capacity = found.get("capacity.json")
     if capacity:
         parts.append(capacity_table(capacity.get("servers", [])))
-    exp = found.get("experiment-clear.json")
-    if exp:
-        parts.append(
-            f"experiment-clear: {exp.get('change')} exit {exp.get('exit_status')}, "
-            f"{exp.get('state')}: {exp.get('reason')}; final mem_fraction_static "
-            f"{exp.get('final_fraction')}"
-        )
+    for name in ("experiment-clear", "experiment"):
+        exp = found.get(f"{name}.json")
+        if exp:
+            parts.append(
+                f"{name}: {exp.get('change')} exit {exp.get('exit_status')}, "
+                f"{exp.get('state')}: {exp.get('reason')}; final mem_fraction_static "
+                f"{exp.get('final_fraction')}, {exp.get('final_value')}"
+            )
+    probe = found.get("oom-probe.json")
+    if probe:
+        parts.append(probe_table(probe))
     sides = ab_sides(found)
     if sides:
         parts.append(ab_table(sides))
     return "\n\n".join(parts) + "\n"
+
+
+def probe_table(probe: Mapping[str, Any]) -> str:
+    """One line per probed fraction: what happened under the long load, and kvpilot's word."""
+    lines = [
+        f"oom-probe: {probe.get('clients')} clients, {probe.get('profile')}, "
+        f"{probe.get('probe_s')} s each",
+        "fraction | verdict | max_total_num_tokens | peak GPU GiB | peak token usage | "
+        "completed | errors | prefill graph dropped",
+    ]
+    for p in probe.get("probes", []):
+        peak = p.get("peak") or {}
+        load = p.get("load") or {}
+        dropped = "Disabling auto-selected prefill CUDA graph" in (p.get("degraded") or {})
+        lines.append(
+            f"{p.get('fraction')} | {p.get('verdict', p.get('status'))} | "
+            f"{_num(p.get('max_total_num_tokens'))} | {peak.get('gpu_used_gib')} | "
+            f"{peak.get('sglang:token_usage')} | {load.get('completed')} | "
+            f"{load.get('errors')} | {'yes' if dropped else 'no'}"
+        )
+    return "\n".join(lines)
 
 
 def capacity_table(servers: Sequence[Mapping[str, Any]]) -> str:

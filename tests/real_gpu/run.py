@@ -1,6 +1,8 @@
 """`make test-gpu`: the real SGLang 0.5.17 on a GPU machine, in phases chosen by name.
 
     python3 -m tests.real_gpu.run --phases smoke,capacity,experiment-clear
+    python3 -m tests.real_gpu.run --phases experiment --fraction 0.82 --set max_running_requests=48
+    python3 -m tests.real_gpu.run --phases oom-probe --probe-fractions 0.93,0.95,0.97
     python3 -m tests.real_gpu.run --phases ab --ab-side a --ab-fractions 0.40,0.85
     python3 -m tests.real_gpu.run --phases smoke --dry-run     # what it would run, anywhere
 
@@ -24,7 +26,15 @@ from pathlib import Path
 
 from tests.real_gpu import commands as cmd
 from tests.real_gpu import env as genv
-from tests.real_gpu.plan import AB_SIDES, GATE_DEFAULTS, PHASES, Settings, describe, make_plan
+from tests.real_gpu.plan import (
+    AB_SIDES,
+    EXPERIMENTS,
+    GATE_DEFAULTS,
+    PHASES,
+    Settings,
+    describe,
+    make_plan,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = Path("/tmp/kvpilot-gpu")
@@ -85,6 +95,24 @@ def build_parser() -> argparse.ArgumentParser:
         + ", ".join(f"{k}={v:g}" for k, v in GATE_DEFAULTS.items())
         + ")",
     )
+    p.add_argument(
+        "--set",
+        dest="change",
+        default=None,
+        metavar="KEY=VALUE",
+        help="the experiment phase's change (default mem_fraction_static=--target)",
+    )
+    p.add_argument(
+        "--start-extra", default="", help="more SGLang flags for the experiment's first server"
+    )
+    p.add_argument(
+        "--probe-fractions",
+        type=_fractions,
+        default=(0.93, 0.95, 0.97),
+        help="the oom-probe phase's fractions",
+    )
+    p.add_argument("--probe-s", type=float, default=100.0, help="each probe's load, seconds")
+    p.add_argument("--probe-clients", type=int, default=200)
     p.add_argument("--ab-fractions", type=_fractions, default=(0.40, 0.85), metavar="A,B")
     p.add_argument("--ab-extra-a", default="", help="more SGLang flags for side A")
     p.add_argument("--ab-extra-b", default="", help="more SGLang flags for side B")
@@ -109,6 +137,11 @@ def settings_of(ns: argparse.Namespace) -> Settings:
         ab_side=ns.ab_side,
         ab_warmup_s=ns.ab_warmup_s,
         ab_steady_s=ns.ab_steady_s,
+        change=ns.change,
+        start_extra=tuple(ns.start_extra.split()),
+        probe_fractions=ns.probe_fractions,
+        probe_s=ns.probe_s,
+        probe_clients=ns.probe_clients,
         budget_s=ns.budget_s,
         port=ns.port,
     )
@@ -156,9 +189,13 @@ def dry_run(s: Settings, bundle: Path, work: Path, out: Path, say: Callable[[str
     say("SGLang's environment: " + " ".join(f"{k}={v}" for k, v in shown.items()))
     for command in planned_commands(s, "python3", model):
         say("would run: " + " ".join(command))
-    if "experiment-clear" in s.phases:
+    if any(p in s.phases for p in EXPERIMENTS):
         url = f"http://127.0.0.1:{s.port}"
-        server = [*cmd.sglang_command("python3", model, s.fraction), "--host", "127.0.0.1"]
+        server = [
+            *cmd.sglang_command("python3", model, s.fraction, s.start_extra),
+            "--host",
+            "127.0.0.1",
+        ]
         toml = cmd.kvpilot_config(
             url,
             [*server, "--port", str(s.port)],
@@ -184,10 +221,14 @@ def planned_commands(s: Settings, python: str, model: Path) -> list[list[str]]:
         out.append(server(s.fraction))
     if "capacity" in s.phases:
         out.extend(server(f) for f in s.capacity_starts("smoke" in s.phases))
-    if "experiment-clear" in s.phases:
+    if any(p in s.phases for p in EXPERIMENTS):
         out.append(cmd.cli_command(python, config, "server", "start", "--server", cmd.SERVER))
         out.append(cmd.load_command(python, url, s.clients))
-        out.append(cmd.cli_command(python, config, *cmd.experiment_args(s.target)))
+        out.append(cmd.cli_command(python, config, *cmd.experiment_args(s.experiment_change)))
+    if "oom-probe" in s.phases:
+        for f in dict.fromkeys(s.probe_fractions):
+            out.append(server(f))
+            out.append(cmd.load_command(python, url, s.probe_clients, cmd.LONG_PROFILE))
     if "ab" in s.phases:
         for side in s.ab_runs:
             i = 0 if side == "a" else 1

@@ -98,10 +98,18 @@ def prepare(
 
 def phase_functions() -> dict[str, Callable[[Call], dict[str, Any]]]:
     from tests.real_gpu.ab import ab  # noqa: PLC0415 - imported once the bundle is on the path
-    from tests.real_gpu.experiment import experiment_clear  # noqa: PLC0415
+    from tests.real_gpu.experiment import experiment, experiment_clear  # noqa: PLC0415
+    from tests.real_gpu.oom import oom_probe  # noqa: PLC0415
     from tests.real_gpu.phases import capacity, smoke  # noqa: PLC0415
 
-    return {"smoke": smoke, "capacity": capacity, "experiment-clear": experiment_clear, "ab": ab}
+    return {
+        "smoke": smoke,
+        "capacity": capacity,
+        "experiment-clear": experiment_clear,
+        "experiment": experiment,
+        "oom-probe": oom_probe,
+        "ab": ab,
+    }
 
 
 def run_phases(call: Call, plan: Plan, out: Path, meta: dict[str, Any], cache: Path | None) -> int:

@@ -63,6 +63,25 @@ def test_an_ab_of_two_five_minute_windows_is_split_into_two_calls() -> None:
     assert one.skipped == () and one.steps[0][1] >= 300 + 60
 
 
+def test_the_oom_probe_costs_a_start_and_its_load_per_fraction() -> None:
+    s = Settings(phases=("oom-probe",), probe_fractions=(0.93, 0.95, 0.97, 0.95), probe_s=100)
+    c = Costs()
+    (step,) = make_plan(s, jit_cached=True, unpacked=True).steps
+    per = c.start_s + c.stop_s + c.probe_s + c.ramp_s + 100 + c.drain_s
+    assert step == ("oom-probe", 3 * per) and 3 * per < 585  # one call, the repeat not run
+
+
+def test_the_experiment_changes_what_set_says_else_the_fraction() -> None:
+    assert Settings(phases=("experiment",), target=0.7).experiment_change == (
+        "mem_fraction_static=0.7"
+    )
+    s = Settings(phases=("experiment",), change="max_running_requests=48")
+    assert s.experiment_change == "max_running_requests=48"
+    p = make_plan(s, jit_cached=True, unpacked=True)
+    clear = make_plan(Settings(phases=("experiment-clear",)), jit_cached=True, unpacked=True)
+    assert p.steps[0][1] == clear.steps[0][1]
+
+
 def test_the_trial_is_expected_to_end_at_the_gates_first_looks() -> None:
     gate = dict(plan.GATE_DEFAULTS)
     assert plan.trial_s(gate) == 20 + 3 * 10
@@ -78,6 +97,12 @@ def test_the_trial_is_expected_to_end_at_the_gates_first_looks() -> None:
         ({"phases": ("ab",), "ab_fractions": (0.4, 0.0)}, "between 0 and 1, got 0"),
         ({"phases": ("ab",), "ab_side": "c"}, "--ab-side must be one of a, b, both"),
         ({"phases": ("ab",), "clients": 0}, "must be positive"),
+        ({"phases": ("experiment", "experiment-clear")}, "name one"),
+        ({"phases": ("experiment",), "change": "max_running_requests"}, "takes KEY=VALUE"),
+        ({"phases": ("experiment",), "change": "=48"}, "takes KEY=VALUE"),
+        ({"phases": ("oom-probe",), "probe_fractions": (0.95, 1.0)}, "between 0 and 1, got 1"),
+        ({"phases": ("oom-probe",), "probe_s": 5}, "at least 10 s"),
+        ({"phases": ("oom-probe",), "probe_clients": 0}, "must be positive"),
     ],
 )
 def test_bad_settings_are_named(kwargs: dict[str, object], message: str) -> None:
@@ -103,9 +128,22 @@ def test_command_line_options_become_settings() -> None:
             "--enable-hierarchical-cache --hicache-ratio 2",
             "--ab-side",
             "b",
+            "--set",
+            "max_running_requests=48",
+            "--start-extra",
+            "--max-running-requests 200",
+            "--probe-fractions",
+            "0.9,0.96",
+            "--probe-s",
+            "60",
+            "--probe-clients",
+            "120",
         ]
     )
     s = run.settings_of(ns)
+    assert s.change == "max_running_requests=48"
+    assert s.start_extra == ("--max-running-requests", "200")
+    assert (s.probe_fractions, s.probe_s, s.probe_clients) == ((0.9, 0.96), 60.0, 120)
     assert s.phases == ("smoke", "ab")
     assert s.capacity_fractions == (0.5, 0.7)
     assert s.gate == {**plan.GATE_DEFAULTS, "baseline_s": 48.0, "batch_s": 8.0}
@@ -168,6 +206,26 @@ def test_dry_run_prints_the_plan_and_every_command_without_a_gpu(
     assert 'kind = "process"' in out and "baseline_s = 60" in out
     assert '"--mem-fraction-static", "0.4", "--host", "127.0.0.1", "--port", "31000"]' in out
     assert not (tmp_path / "work").exists()  # nothing unpacked, nothing started
+
+
+def test_dry_run_of_any_change_and_the_oom_probe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = run.main(
+        [
+            *("--phases", "experiment,oom-probe", "--dry-run", "--budget-s", "1200"),
+            *("--fraction", "0.82", "--set", "max_running_requests=48"),
+            *("--start-extra", "--chunked-prefill-size 4096", "--probe-fractions", "0.93,0.97"),
+            *("--bundle", str(tmp_path / "absent.tar.xz"), "--work", str(tmp_path / "work")),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0 and "SKIPPED" not in out
+    assert "experiment --server gpu --set max_running_requests=48 --yes" in out
+    assert '"--mem-fraction-static", "0.82", "--chunked-prefill-size", "4096", "--host"' in out
+    probes = [line for line in out.splitlines() if "--profile long-context" in line]
+    assert len(probes) == 2 and all("--concurrency 200" in line for line in probes)
+    assert "--mem-fraction-static 0.97 --host" in out
 
 
 def test_a_machine_that_cannot_run_it_is_told_why_before_anything_starts(
@@ -408,7 +466,10 @@ def test_an_ab_over_two_calls_is_compared_and_a_gpu_change_is_flagged(tmp_path: 
 
 
 def test_at_most_eight_files_come_back() -> None:
-    assert len(results.OUT_FILES) == results.OUT_LIMIT == 8
+    # a call's own four files (run.json, results.txt, the logs, the caches) and a file per phase
+    assert results.OUT_LIMIT == 8 and plan.MAX_PHASES == 8 - 4
+    with pytest.raises(ValueError, match="at most 4 phases a call"):
+        Settings(phases=("smoke", "capacity", "experiment", "oom-probe", "ab"))
     assert results.ab_file("both") == "ab.json" and results.ab_file("a") == "ab-a.json"
 
 

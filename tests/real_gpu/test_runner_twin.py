@@ -135,25 +135,40 @@ def test_smoke_and_capacity_on_the_twin(tmp_path: Path) -> None:
     ]
 
 
-def test_experiment_and_ab_on_the_twin(tmp_path: Path) -> None:
+def test_experiment_probe_and_ab_on_the_twin(tmp_path: Path) -> None:
     s = Settings(
-        phases=("experiment-clear", "ab"),
+        phases=("experiment", "oom-probe", "ab"),
         port=free_port(),
         clients=16,
+        change="max_running_requests=4",  # a cap far below the 16 running: it must go back
+        start_extra=("--chunked-prefill-size", "4096"),
+        probe_fractions=(0.95,),
+        probe_s=10.0,
+        probe_clients=8,
         ab_warmup_s=1.0,
         ab_steady_s=5.0,
         budget_s=1000,  # the plan counts GPU seconds; the twin takes a tenth of them
     )
     code, found = run(tmp_path, s)
-    exp = found["experiment-clear.json"]
+    exp = found["experiment.json"]
     assert exp["status"] == "ok", exp.get("error")
+    assert exp["change"] == (
+        "mem_fraction_static=0.4 --chunked-prefill-size 4096 -> max_running_requests=4"
+    )
     assert exp["exit_status"] == exp["experiment"]["exit_code"]
-    assert exp["state"] in ("kept", "reverted") and exp["stored"]["id"] == exp["experiment"]["id"]
+    assert exp["state"] == "reverted" and exp["stored"]["id"] == exp["experiment"]["id"]
     approval = exp["approval"]
     assert approval["actor"].startswith("cli:") and approval["reason"] == "approved with --yes"
-    final = "0.82" if exp["state"] == "kept" else "0.4"
-    assert exp["final_args"][exp["final_args"].index("--mem-fraction-static") + 1] == final
+    assert "--max-running-requests" not in exp["final_args"]
+    assert exp["final_args"][exp["final_args"].index("--chunked-prefill-size") + 1] == "4096"
+    assert exp["final_value"] == {"max_running_requests": None}  # unset again
     assert exp["load"]["completed"] > 0
+    probe = found["oom-probe.json"]
+    assert probe["status"] == "ok" and probe["verdicts"] == {"0.95": "survived"}, probe
+    (one,) = probe["probes"]
+    assert len(one["samples"]) >= 3 and one["peak"]["sglang:token_usage"] > 0
+    assert one["kvpilot"]["server"]["targets"]["0.85"]["predicted_max_total_num_tokens"] > 0
+    assert one["load"]["sent"] > 0 and one["exit_code"] is None
     ab = found["ab.json"]
     assert ab["status"] == "ok" and set(ab["summaries"]) == {"a", "b"}
     assert (
