@@ -248,7 +248,11 @@ def check_nvcc(nvcc: Path | None, cache_ready: bool) -> Check:
 
 
 def check_port(port: int, host: str = "127.0.0.1") -> Check:
+    """Free if a server could listen on it: with SO_REUSEADDR, as uvicorn binds SGLang's
+    (uvicorn/config.py `bind_socket`), so connections a stopped server left in TIME_WAIT do
+    not count."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:

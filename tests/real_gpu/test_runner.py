@@ -359,6 +359,23 @@ def test_a_taken_port_is_named(tmp_path: Path) -> None:
         assert "pass another --port" in env.check_port(port).line()
 
 
+def test_a_port_a_stopped_server_left_in_time_wait_is_free(tmp_path: Path) -> None:
+    """On the GPU machine the call after a server's stop was refused "port 30000 is taken"
+    with nothing listening: the server had closed its connections first (TIME_WAIT). SGLang's
+    server binds with SO_REUSEADDR, as the check now does."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        served, _ = listener.accept()
+        served.close()  # the server's side closes first and holds the port in TIME_WAIT
+        client.recv(1)
+        client.close()
+    assert env.check_port(port).ok, env.check_port(port).line()
+
+
 # --------------------------------------------------------------------------- kvpilot's config
 
 
