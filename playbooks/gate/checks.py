@@ -124,6 +124,15 @@ def unsaturated(name: str, f: WindowFacts, s: GateSettings) -> str | None:
     )
 
 
+def queue_formed(bf: WindowFacts, tf: WindowFacts, s: GateSettings) -> bool:
+    """The baseline's queue was mostly empty and the trial's is not: requests now wait.
+
+    The baseline then served the whole offered load. A trial that makes the same load wait
+    and decodes fewer tokens a second cannot serve what the baseline served: that is measured
+    harm, not a comparison without meaning (a cap below the running count, on a real H100)."""
+    return unsaturated("baseline", bf, s) is not None and unsaturated("trial", tf, s) is None
+
+
 def queue_cleared(bf: WindowFacts, tf: WindowFacts, s: GateSettings) -> bool:
     """The baseline was saturated and the trial is not: requests no longer wait.
 

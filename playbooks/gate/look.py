@@ -50,6 +50,9 @@ class Evidence:
     # the baseline's queue was there and the trial's is gone: the change made room for the
     # requests that waited (`checks.queue_cleared`)
     queue_cleared: bool = False
+    # the baseline's queue was empty and the trial's is not: the change made requests wait
+    # (`checks.queue_formed`)
+    queue_formed: bool = False
     queue_shares: tuple[float, float] = (1.0, 1.0)  # scrapes with requests waiting: baseline, trial
 
 
@@ -81,6 +84,12 @@ class Look:
         """The effect's lower one-sided 1 - alpha/2 bound is above zero."""
         est = self.judged.estimate
         return est.d - self.settings.keep_z * est.se > 0
+
+    @property
+    def significantly_worse(self) -> bool:
+        """The effect's upper one-sided 1 - alpha/2 bound is below zero."""
+        est = self.judged.estimate
+        return est.d + self.settings.keep_z * est.se < 0
 
     @property
     def gain(self) -> bool:
@@ -178,6 +187,7 @@ def _evidence(
         drift=tuple(checks.drift(bf, tf, rf, s)),
         saturation=tuple(checks.saturation(bf, tf, s)),
         queue_cleared=checks.queue_cleared(bf, tf, s),
+        queue_formed=checks.queue_formed(bf, tf, s),
         queue_shares=(bf.queue_fraction, tf.queue_fraction),
         rates_from_s=rates_from,
         rates_ready=rates_ready,

@@ -9,19 +9,21 @@ The order is part of the design, and it is this (`RULES`):
  5. latency target broken   the trial's p99 interval lies above a configured target (or, where
                             the baseline was already above it, the trial is clearly worse): revert
  6. drifted                 the load or request mix changed between the windows: not comparable
- 7. not saturated           the baseline's queue was mostly empty: throughput cannot show an
-                            effect (an empty trial queue after a saturated baseline is rule 8's)
- 8. queue gone, rate fell   the baseline's queue is gone and the decode rate fell: the offered
+ 7. queue made, rate fell   the baseline served every request offered (no queue); the trial
+                            made them wait and its decode rate fell significantly: revert, worse
+ 8. not saturated           the baseline's queue was mostly empty: throughput cannot show an
+                            effect (an empty trial queue after a saturated baseline is rule 9's)
+ 9. queue gone, rate fell   the baseline's queue is gone and the decode rate fell: the offered
                             load changed, so the windows are not comparable: revert, inconclusive
- 9. cap waiting for rates   a significant gain, but the cap came before enough requests completed
-10. waiting for rates       a significant gain; completed requests are compared before a keep
-11. cap waiting for latency a significant gain, but the cap came before a target was measured
-12. waiting for latency     a significant gain; each latency target is measured before a keep
-13. completed rate fell     a significant gain, but completed requests' tokens/s fell: revert
-14. improved               significant and at least `min_effect`: keep
-15. futile                 the planning effect is ruled out: revert, no significant improvement
-16. cap                    the cap came without a clear answer: revert, inconclusive
-17. not yet clear          continue
+10. cap waiting for rates   a significant gain, but the cap came before enough requests completed
+11. waiting for rates       a significant gain; completed requests are compared before a keep
+12. cap waiting for latency a significant gain, but the cap came before a target was measured
+13. waiting for latency     a significant gain; each latency target is measured before a keep
+14. completed rate fell     a significant gain, but completed requests' tokens/s fell: revert
+15. improved               significant and at least `min_effect`: keep
+16. futile                 the planning effect is ruled out: revert, no significant improvement
+17. cap                    the cap came without a clear answer: revert, inconclusive
+18. not yet clear          continue
 
 Rules 1-3 run before the effect can be estimated; from rule 4 on the look has its evidence.
 Guardrails and validity come before any throughput verdict, so a keep is never built on a
@@ -31,6 +33,10 @@ A trial whose queue emptied after a saturated baseline is judged, not set aside:
 made room for the requests that used to wait, so the trial served the offered load at a rate
 the baseline could not reach, and a significant gain is a lower bound on what the change buys
 (the verdict says so). Only where the rate fell with the queue is the trial not comparable.
+The mirror case is judged too: a baseline with no queue served every request offered, so a
+trial that makes them wait while decoding significantly fewer tokens a second cannot serve that
+load (a cap below the running count did this on a real H100); only a trial that cannot be told
+apart from the baseline is left "not saturated".
 """
 
 from __future__ import annotations
@@ -149,6 +155,15 @@ def _queue_gone_text(look: Look) -> str:
     return (
         f"the queue that limited the baseline is gone (requests waited in {baseline:.0%} of the "
         f"baseline's scrapes and {trial:.0%} of the trial's)"
+    )
+
+
+def _queue_made_text(look: Look) -> str:
+    """What the queue did: the baseline's requests ran at once, the trial's waited."""
+    baseline, trial = look.judged.queue_shares
+    return (
+        f"requests waited in {baseline:.0%} of the baseline's scrapes and {trial:.0%} of the "
+        "trial's, so it cannot serve the load the baseline served"
     )
 
 
@@ -321,6 +336,17 @@ RULES: tuple[Rule, ...] = (
             + _drift(look)[0]
         ),
         notes=_listed(_drift),
+    ),
+    Rule(
+        "queue made, rate fell",
+        _judged_and(lambda look: look.judged.queue_formed and look.significantly_worse),
+        "revert",
+        "not_improved",
+        lambda look: (
+            "the change made requests wait and decoded fewer tokens: the decode rate fell "
+            f"significantly, {effect_text(look)}; {_queue_made_text(look)}"
+        ),
+        notes=_evidence_notes,
     ),
     Rule(
         "not saturated",

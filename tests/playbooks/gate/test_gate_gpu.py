@@ -1,8 +1,15 @@
-"""The gate over an experiment recorded on a real GPU: SGLang 0.5.17 on one H200, 150 clients,
-`mem_fraction_static` 0.30 -> 0.82 through kvpilot's own command line and process launcher
-(`make test-gpu`, the experiment-clear phase; docs/gpu.md). At 0.30 about 96 requests ran and
-53 waited; at 0.82 all 150 ran and the queue was gone. Before the gate judged such a trial, it
-reverted the change as "not saturated"."""
+"""The gate over experiments recorded on real GPUs: SGLang 0.5.17, 150 closed-loop clients,
+through kvpilot's own command line and process launcher (`make test-gpu`, the experiment
+phases; docs/gpu.md).
+
+- H200, `mem_fraction_static` 0.30 -> 0.82: at 0.30 about 96 requests ran and 53 waited; at
+  0.82 all 150 ran and the queue was gone. Before the gate judged such a trial, it reverted the
+  change as "not saturated".
+- H100, 0.30 -> 0.45: a raise that leaves the server KV-bound (queue in both windows): kept.
+- H100, at 0.82 (all 150 running, no queue), `max_running_requests=48`: the cap made requests
+  wait and the decode rate fell. The gate reverted it, but as "the baseline was not
+  saturated", as if nothing could be told; a change that cannot serve the load the baseline
+  served is measurably worse, and the verdict now says so."""
 
 from __future__ import annotations
 
@@ -19,10 +26,12 @@ RUN = Path(__file__).parents[2] / "fixtures" / "gpu" / "h200-sglang-0.5.17"
 SETTINGS = GateSettings(baseline_s=120, batch_s=15, scrape_s=5, warmup_floor_s=30, max_trial_s=270)
 
 
-def windows() -> tuple[list[Snapshot], list[Snapshot]]:
-    rows = [
-        json.loads(line) for line in (RUN / "experiment-samples.jsonl").read_text().splitlines()
-    ]
+H100 = Path(__file__).parents[2] / "fixtures" / "gpu" / "h100-sglang-0.5.17"
+H100_SETTINGS = replace(SETTINGS, max_trial_s=200)
+
+
+def windows(path: Path = RUN / "experiment-samples.jsonl") -> tuple[list[Snapshot], list[Snapshot]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
     read = {
         p: [restore_snapshot(r["metrics"], r["t"]) for r in rows if r["phase"] == p]
         for p in ("baseline", "trial")
@@ -54,3 +63,23 @@ def test_the_same_trial_with_its_rate_falling_is_not_kept() -> None:
     decision = decide([replace(s, decoded_tokens=None) for s in baseline], slower, SETTINGS)
     assert decision.action == "revert" and decision.verdict == "inconclusive", decision.rule
     assert "while the decode rate fell" in decision.rule
+
+
+def test_the_recorded_kv_bound_raise_is_kept() -> None:
+    baseline, trial = windows(H100 / "experiment-raise-0.45-samples.jsonl")
+    decision = decide(baseline, trial, H100_SETTINGS)
+    assert decision.action == "keep" and decision.verdict == "improved", decision.rule
+    assert "lower bound" not in decision.rule  # requests still waited: the gain is the gain
+    assert decision.effect is not None and decision.effect.low > 0.15
+    recorded = json.loads((H100 / "experiment-raise-0.45.json").read_text())
+    assert recorded["state"] == "kept" and recorded["final_fraction"] == 0.45
+
+
+def test_a_cap_that_makes_requests_wait_is_reverted_as_worse() -> None:
+    baseline, trial = windows(H100 / "experiment-cap-48-samples.jsonl")
+    decision = decide(baseline, trial, H100_SETTINGS)
+    assert decision.action == "revert" and decision.verdict == "not_improved", decision.rule
+    assert "made requests wait" in decision.rule and "not saturated" not in decision.rule
+    assert decision.effect is not None and decision.effect.high < 0
+    recorded = json.loads((H100 / "experiment-cap-48.json").read_text())
+    assert recorded["state"] == "reverted" and "not saturated" in recorded["reason"]

@@ -46,6 +46,12 @@ GAIN = Estimate(d=0.2, se=0.02, trial_variance=0.0003, baseline_variance=0.0001)
 LOSS = Estimate(d=-0.1, se=0.02, trial_variance=0.0003, baseline_variance=0.0001)
 # the baseline's requests waited, the trial's no longer do (the change made room for them)
 CLEARED: dict[str, Any] = {"queue_cleared": True, "queue_shares": (1.0, 0.1)}
+# the baseline's requests ran at once, the trial's wait (the change took room away)
+FORMED: dict[str, Any] = {
+    "saturation": ("the baseline was not saturated",),
+    "queue_formed": True,
+    "queue_shares": (0.0, 1.0),
+}
 ITL = Target("itl", 0.020)
 ITL_BROKEN = SloCheck(
     ITL,
@@ -73,6 +79,12 @@ CASES: list[tuple[str, Look, str, str]] = [
     ("guardrail", look({"guardrails": ("errors rose",)}), "revert", "guardrail"),
     ("latency target broken", look({"latency": (ITL_BROKEN,)}), "revert", "guardrail"),
     ("drifted", look({"drift": ("fewer clients",)}), "revert", "drifted"),
+    (
+        "queue made, rate fell",
+        look({**FORMED, "estimate": LOSS}),
+        "revert",
+        "not_improved",
+    ),
     ("not saturated", look({"saturation": ("queue empty",)}), "revert", "inconclusive"),
     (
         "queue gone, rate fell",
@@ -226,3 +238,13 @@ def test_a_decision_before_evidence_has_its_targets_unjudged() -> None:
     decision = first_rule(waiting).decision(waiting)
     assert [c.verdict for c in decision.latency] == ["unmeasured"]
     assert decision.slo_held is None
+
+
+def test_a_queue_made_without_a_significant_fall_is_still_not_saturated() -> None:
+    """Only a fall the interval is sure of is harm; the same queue with an unclear rate
+    leaves the baseline's empty queue the reason, and the change reverted."""
+    unclear = look({**FORMED})
+    assert first_rule(unclear).name == "not saturated"
+    worse = first_rule(look({**FORMED, "estimate": LOSS}))
+    text = worse.decision(look({**FORMED, "estimate": LOSS})).rule
+    assert "waited in 0% of the baseline's scrapes and 100% of the trial's" in text
