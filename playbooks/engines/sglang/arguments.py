@@ -74,18 +74,50 @@ def activation_room(ctx: Change) -> Finding:
             ),
             ("GPU OOM if the GPU really is that small",),
         )
+    graphs = cap.graphs_at(fraction, ctx.hicache, ctx.bytes_per_token)
     return Finding(
         "unsafe",
         (
             f"{fraction:g} leaves {outside:.2f} GiB outside the weights and the KV pool; "
-            f"CUDA graphs take {cap.graph_gib:.2f} GiB"
+            f"CUDA graphs take {graphs:.2f} GiB"
             + (" and the hierarchical cache's buffers 0.50 GiB" if ctx.hicache else "")
             + f", so {room:.2f} GiB remain for activations, below the "
             f"{ACTIVATION_FLOOR_GIB:g} GiB floor kvpilot keeps for them (SGLang's tuning guide "
-            "asks for 5-8 GB): it may start, then run out of GPU memory under a large prefill",
+            "asks for 5-8 GB; {:.2f} GiB short of it): it may start, then run out of GPU "
+            "memory under a large prefill".format(ACTIVATION_FLOOR_GIB - room),
+            *prefill_graph_notes(ctx),
         ),
         ("GPU OOM under load",),
     )
+
+
+def prefill_graph_notes(ctx: Change) -> tuple[str, ...]:
+    """What SGLang 0.5.16-0.5.17 will do with its prefill CUDA graph at the change's fraction,
+    where that differs from today: skip it (the server starts and prefills without it, which
+    frees its memory and slows prefill), or capture it again (its size is not known here)."""
+    cap, fraction = ctx.cap, ctx.fraction
+    gate = cap.prefill_graph_gate_gib
+    if gate is None:
+        return ()
+    free = cap.outside_gib(fraction, ctx.bytes_per_token, ctx.hicache)
+    version = ctx.server.info.version
+    if cap.prefill_graph_skipped(fraction, ctx.hicache, ctx.bytes_per_token):
+        if cap.prefill_graph_gib == 0.0:
+            return ()  # skipped today too
+        return (
+            f"SGLang {version} captures no prefill CUDA graph with less than {gate:g} GiB free "
+            f"after allocation ({free:.2f} GiB at {fraction:g}): it starts and prefills "
+            f"without it (slower prefill), and the graph's {cap.prefill_graph_gib:.2f} GiB "
+            "stay free for activations",
+        )
+    if cap.prefill_graph_returns(fraction, ctx.hicache):
+        return (
+            f"SGLang {version} skipped its prefill CUDA graph on this server and captures it "
+            f"again at {fraction:g} ({free:.2f} GiB free, at least {gate:g} needed): its memory, "
+            "not known from this server (1.47 GiB for an 8B model's 8,192-token chunks on an "
+            "H100 and an H200), comes out of the room for activations",
+        )
+    return ()
 
 
 def chunk_after(ctx: Change) -> int | None:
@@ -162,13 +194,18 @@ class StaticPoolCheck(Check):
             return found
         cap = ctx.cap
         room = cap.activation_room_gib(ctx.fraction, ctx.hicache, ctx.bytes_per_token)
-        return Finding(
-            reasons=(
-                f"{ctx.fraction:g} keeps {room:.2f} GiB for activations after "
-                f"{cap.graph_gib:.2f} GiB of CUDA graphs (floor "
-                f"{ACTIVATION_FLOOR_GIB:g} GiB + 0.5 GiB margin)",
+        graphs = cap.graphs_at(ctx.fraction, ctx.hicache, ctx.bytes_per_token)
+        kept = f"{ctx.fraction:g} keeps {room:.2f} GiB for activations after {graphs:.2f} GiB "
+        if room >= ACTIVATION_FLOOR_GIB:
+            said = kept + f"of CUDA graphs (floor {ACTIVATION_FLOOR_GIB:g} GiB + 0.5 GiB margin)"
+        else:  # below the floor, but no less than what the server runs with today
+            now = cap.activation_room_gib(cap.mem_fraction_static, ctx.hicache)
+            said = (
+                kept + f"of CUDA graphs, below kvpilot's {ACTIVATION_FLOOR_GIB:g} GiB floor but "
+                f"no less than the server runs with now at {cap.mem_fraction_static:g} "
+                f"({now:.2f} GiB): what it runs with is the evidence"
             )
-        )
+        return Finding(reasons=(said, *prefill_graph_notes(ctx)))
 
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
         if not moves_fraction(ctx):

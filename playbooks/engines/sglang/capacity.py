@@ -72,6 +72,12 @@ class CapacityModel:
     kv_share: float = 1.0
     graphs_inside: bool = False  # post-capture sizing: the graphs are part of the static pool
     deployment: Deployment | None = None  # what `reserve` was computed from
+    # SGLang 0.5.16 and 0.5.17 capture no prefill CUDA graph where less than this is free after
+    # the model, the pool and the eager buffers (`cuda_graph_setup.py`,
+    # `should_skip_auto_prefill_cuda_graph_for_memory`, 4.0 GiB; 0.5.18 removed the rule):
+    # the server starts and prefills without the graph. None on other releases.
+    prefill_graph_gate_gib: float | None = None
+    prefill_graph_gib: float = 0.0  # the prefill graph's share of `graph_gib` now
 
     def reserve_with(self, chunked_prefill_size: int | None = None) -> Reserve | None:
         """SGLang's default reserve for the deployment, with another prefill chunk if given:
@@ -115,10 +121,37 @@ class CapacityModel:
         extra = HICACHE_GPU_EXTRA_GIB if hicache and not self.hicache_on else 0.0
         return self.outside_now_gib - (pool - now) / self.kv_share - extra
 
+    def prefill_graph_skipped(
+        self, fraction: float, hicache: bool = False, bytes_per_token: float | None = None
+    ) -> bool:
+        """SGLang will start at `fraction` without its prefill CUDA graph (0.5.16-0.5.17)."""
+        gate = self.prefill_graph_gate_gib
+        return gate is not None and self.outside_gib(fraction, bytes_per_token, hicache) < gate
+
+    def graphs_at(
+        self, fraction: float, hicache: bool = False, bytes_per_token: float | None = None
+    ) -> float:
+        """The CUDA graphs' memory outside the pool at `fraction`: today's, less the prefill
+        graph where SGLang will skip it. (Where today's server skipped it and the fraction
+        leaves room for it, its size is not known here: `prefill_graph_returns` says so.)"""
+        if self.graphs_inside:
+            return 0.0
+        if self.prefill_graph_skipped(fraction, hicache, bytes_per_token):
+            return self.graph_gib - self.prefill_graph_gib
+        return self.graph_gib
+
+    def prefill_graph_returns(self, fraction: float, hicache: bool = False) -> bool:
+        """Today's server skipped its prefill graph and `fraction` leaves room to capture it."""
+        return (
+            self.prefill_graph_gate_gib is not None
+            and self.prefill_graph_gib == 0.0
+            and not self.prefill_graph_skipped(fraction, hicache)
+        )
+
     def activation_room_gib(
         self, fraction: float, hicache: bool = False, bytes_per_token: float | None = None
     ) -> float:
-        graphs = 0.0 if self.graphs_inside else self.graph_gib
+        graphs = self.graphs_at(fraction, hicache, bytes_per_token)
         return self.outside_gib(fraction, bytes_per_token, hicache) - graphs
 
     def _max_fraction(self, need_outside_gib: float, hicache: bool) -> float:
@@ -131,9 +164,11 @@ class CapacityModel:
 
     def safe_max_fraction(self, hicache: bool = False) -> float:
         """Highest fraction that leaves the activation floor after the CUDA graphs."""
-        graphs = 0.0 if self.graphs_inside else self.graph_gib
-        need = graphs + ACTIVATION_FLOOR_GIB + SAFETY_MARGIN_GIB
-        return self._max_fraction(need, hicache)
+        need = ACTIVATION_FLOOR_GIB + SAFETY_MARGIN_GIB
+        for step in range(99, 0, -1):
+            if self.activation_room_gib(step / 100, hicache) >= need:
+                return step / 100
+        return 0.0
 
     def recommended_max_fraction(
         self, hicache: bool = False, chunked_prefill_size: int | None = None

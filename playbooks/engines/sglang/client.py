@@ -68,6 +68,9 @@ class MemoryReport:
     # (0.5.23 `managers/scheduler_components/memory_usage.py`, from the scheduler's
     # `swa_tokens_per_layer` in `internal_state.py`).
     token_capacity_swa: int | None = None
+    # The prefill CUDA graph's share of `graph_gb` where SGLang reports graphs per phase
+    # (0.5.16 on); 0.0 where it captured none.
+    prefill_graph_gb: float | None = None
 
 
 @dataclass(frozen=True)
@@ -375,7 +378,9 @@ def parse_server_info(data: dict[str, Any]) -> ServerInfo:
     first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
     usage = first.get("memory_usage") or {}
     graph = usage.get("graph", usage.get("cuda_graph"))
-    if isinstance(graph, dict):  # 0.5.23 reports graph memory per phase
+    prefill_graph = None
+    if isinstance(graph, dict):  # 0.5.16 on report graph memory per phase
+        prefill_graph = graph.get("prefill")
         graph = sum(v for v in graph.values() if isinstance(v, (int, float)))
     effective = first.get("effective_max_running_requests_per_dp")
     server_args = {k: v for k, v in data.items() if k not in ("internal_states",)}
@@ -391,6 +396,7 @@ def parse_server_info(data: dict[str, Any]) -> ServerInfo:
             token_capacity=_int(usage.get("token_capacity")),
             startup_available_gb=_float(usage.get("startup_available")),
             token_capacity_swa=_int(usage.get("token_capacity_swa")),
+            prefill_graph_gb=_float(prefill_graph),
         ),
         effective_max_running_requests=_int(effective),
         dp_ranks=len(states) if isinstance(states, list) and states else 1,

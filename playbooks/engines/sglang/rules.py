@@ -211,7 +211,24 @@ def capacity_model(
         mla=deployment.mla,
         graphs_inside=deployment.post_capture and not deployment.mla,
         kv_dtype=effective_kv_dtype(info, geometry, cap.bytes_per_token),
+        prefill_graph_gate_gib=prefill_graph_gate(info),
+        prefill_graph_gib=info.memory.prefill_graph_gb or 0.0,
     )
+
+
+PREFILL_GRAPH_GATE_GIB = 4.0  # 0.5.16-0.5.17 `_MIN_AUTO_PREFILL_CUDA_GRAPH_FREE_MEMORY_GB`
+
+
+def prefill_graph_gate(info: ServerInfo) -> float | None:
+    """The free memory below which this release skips its prefill CUDA graph, if it does: only
+    0.5.16 and 0.5.17 (read in their wheels), and only while the graph is SGLang's own choice
+    (an explicit prefill backend overrides the rule) and the per-phase report says which."""
+    version = parse_version(info.version)
+    if not ((0, 5, 16) <= version[:3] < (0, 5, 18)) or info.memory.prefill_graph_gb is None:
+        return None
+    if info.arg("cuda_graph_backend_prefill") or info.arg("disable_cuda_graph"):
+        return None
+    return PREFILL_GRAPH_GATE_GIB
 
 
 def model_geometry(info: ServerInfo, settings: DiagnoseSettings) -> Geometry | None:

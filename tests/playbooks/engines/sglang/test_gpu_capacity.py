@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from playbooks.diagnose.playbook import DiagnoseSettings
+from playbooks.engines import engine_named
 from playbooks.engines.sglang.client import ServerInfo, parse_server_info
 from playbooks.engines.sglang.rules import capacity_model, resolve_gpu_memory
 
@@ -105,3 +106,51 @@ def test_recorded_h200_capacity_is_predicted_within_two_percent(start: str) -> N
     for other in RECORDED:
         real = recorded(other).max_total_num_tokens
         assert model.tokens_at(float(other)) == pytest.approx(real, rel=0.02), (start, other)
+
+
+# ------------------------------------------------------------- the prefill graph SGLang drops
+# SGLang 0.5.16 and 0.5.17 capture no prefill CUDA graph where less than 4 GiB is free after the
+# model, the KV pool and the eager buffers (`cuda_graph_setup.py`,
+# `should_skip_auto_prefill_cuda_graph_for_memory`); 0.5.18 removed the rule. On the H200 the
+# 0.97 server logged 3.88 GiB free and captured only its decode graph.
+
+
+@pytest.mark.parametrize("start", ["0.85", "0.93"])
+def test_the_room_at_097_counts_only_the_decode_graph_sglang_keeps(start: str) -> None:
+    info = recorded(start)
+    gpu, _ = resolve_gpu_memory(info, DiagnoseSettings())
+    model = capacity_model(info, float(start), gpu)
+    assert model.prefill_graph_skipped(0.97) and not model.prefill_graph_skipped(0.93)
+    # what the real 0.97 server had free once started, its decode graph captured
+    real = recorded("0.97").memory.startup_available_gb
+    assert real == pytest.approx(3.516)
+    assert model.activation_room_gib(0.97) == pytest.approx(real, abs=0.25)
+    # at 0.93 the prefill graph is captured, as on the GPU (7.67 GiB free after both graphs)
+    assert model.activation_room_gib(0.93) == pytest.approx(7.67, abs=0.25)
+
+
+def test_a_server_that_dropped_its_prefill_graph_says_it_comes_back_where_room_returns() -> None:
+    """From the 0.97 server (no prefill graph), 0.93 leaves more than 4 GiB: SGLang captures
+    the prefill graph again. Its size cannot be read from a server that has none, so the room
+    is overstated by it, and the verdict says so."""
+    info = recorded("0.97")
+    gpu, _ = resolve_gpu_memory(info, DiagnoseSettings())
+    model = capacity_model(info, 0.97, gpu)
+    assert not model.prefill_graph_skipped(0.93) and model.prefill_graph_returns(0.93)
+    assert model.activation_room_gib(0.93) == pytest.approx(7.67 + 1.473, abs=0.25)
+    engine = engine_named("sglang")
+    rules = engine.rules_for(info, DiagnoseSettings(), measured=False)
+    option = rules.judge(engine.parse_change(["mem_fraction_static=0.93"]))
+    assert any("captures it again at 0.93" in r for r in option.reasons), option.reasons
+
+
+def test_the_drop_is_said_in_the_verdict_and_only_for_the_versions_that_do_it() -> None:
+    engine = engine_named("sglang")
+    info = recorded("0.93")
+    rules = engine.rules_for(info, DiagnoseSettings(), measured=False)
+    option = rules.judge(engine.parse_change(["mem_fraction_static=0.97"]))
+    text = " ".join(option.reasons)
+    assert "captures no prefill CUDA graph" in text and "4 GiB" in text, text
+    newer = parse_server_info({**info.raw, "version": "0.5.23"})
+    model = capacity_model(newer, 0.93, resolve_gpu_memory(newer, DiagnoseSettings())[0])
+    assert not model.prefill_graph_skipped(0.97)
