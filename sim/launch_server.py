@@ -26,7 +26,7 @@ import uvicorn
 from sim.args import TwinConfig, resolve
 from sim.engine import GpuOutOfMemory, HostOutOfMemory
 from sim.logfmt import SimLog, rank_prefix
-from sim.memory import Headroom, StartupFailure, headroom
+from sim.memory import PREFILL_GRAPH_GATE_GIB, Headroom, StartupFailure, headroom
 from sim.runtime import Runtime, SimClock, wedge_on_sigusr1
 from sim.server import TwinApp
 from sim.vllm import launch as vllm_launch
@@ -162,7 +162,16 @@ async def _capture_cuda_graphs(rt: Runtime, prefix: str, reserve: float) -> tupl
     mem = cfg.preset.memory
     mfs = float(cfg.server_args["mem_fraction_static"])
     host_pool = bool(cfg.server_args["enable_hierarchical_cache"])
-    hr = headroom(cfg.preset, mfs, host_pool, cfg.capacity.kv_cache_gib)
+    hr = headroom(cfg.preset, mfs, host_pool, cfg.capacity.kv_cache_gib, cfg.version)
+    if hr.prefill_graph_skipped:  # SGLang 0.5.17's own warning, word for word
+        rt.log.line(
+            "Disabling auto-selected prefill CUDA graph: only "
+            f"{hr.reserve_gib:.2f} GiB is free after model/KV/eager-buffer allocation; at "
+            f"least {PREFILL_GRAPH_GATE_GIB:.2f} GiB is required for capture. Set an explicit "
+            "prefill CUDA graph backend to override this safety gate.",
+            prefix,
+        )
+    rt.prefill_graph_skipped = hr.prefill_graph_skipped
     rt.log.line(
         "Capture cuda graph begin. This can take up to several minutes. "
         f"avail mem={reserve:.2f} GB",

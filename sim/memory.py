@@ -306,6 +306,7 @@ class Headroom:
     reserve_gib: float  # pre * (1 - mem_fraction_static)
     graph_gib: float
     activation_gib: float  # what is left for a batch's activations
+    prefill_graph_skipped: bool = False  # SGLang 0.5.16-0.5.17 with less than 4 GiB free
 
     def batch_fits(self, preset: Preset, tokens_in_batch: int) -> bool:
         return activation_need_gib(preset, tokens_in_batch) <= self.activation_gib
@@ -324,7 +325,11 @@ def modelled_activation_gib(preset: Preset, tokens_in_batch: int) -> float:
 
 
 def headroom(
-    preset: Preset, mem_fraction_static: float, hicache: bool, kv_cache_gib: float | None = None
+    preset: Preset,
+    mem_fraction_static: float,
+    hicache: bool,
+    kv_cache_gib: float | None = None,
+    version: SGLangVersion | None = None,
 ) -> Headroom:
     """Memory left after weights, other static memory and the KV pool, then after CUDA graphs.
 
@@ -336,5 +341,30 @@ def headroom(
     if kv_cache_gib is not None:
         static = mem.weights_gib + mem.other_static_gib
         reserve = max(reserve, mem.free_before_load_gib - static - kv_cache_gib)
-    graphs = mem.graph_gib + (mem.hicache_extra_gib if hicache else 0.0)
-    return Headroom(reserve_gib=reserve, graph_gib=graphs, activation_gib=reserve - graphs)
+    skipped = version is not None and skips_prefill_graph(version, reserve)
+    graphs = (
+        mem.graph_gib
+        - (mem.prefill_graph_gib if skipped else 0.0)
+        + (mem.hicache_extra_gib if hicache else 0.0)
+    )
+    return Headroom(
+        reserve_gib=reserve,
+        graph_gib=graphs,
+        activation_gib=reserve - graphs,
+        prefill_graph_skipped=skipped,
+    )
+
+
+# SGLang 0.5.16 and 0.5.17 capture no prefill CUDA graph with less than this free after the
+# model, the KV pool and the eager buffers, and start without it
+# (`model_runner_components/cuda_graph_setup.py`, `_MIN_AUTO_PREFILL_CUDA_GRAPH_FREE_MEMORY_GB`;
+# 0.5.18 removed the rule). On an H100 the real 0.5.17 did so at 0.95 (3.67 GiB free) and 0.97.
+PREFILL_GRAPH_GATE_GIB = 4.0
+
+
+def skips_prefill_graph(version: SGLangVersion, free_gib: float) -> bool:
+    return (
+        version.at_least("0.5.16")
+        and not version.at_least("0.5.18")
+        and free_gib < PREFILL_GRAPH_GATE_GIB
+    )

@@ -54,6 +54,9 @@ class MemoryModel:
     activation_base_gib: float  # activations of the smallest batch
     activation_per_ktoken_gib: float  # activation growth per 1K prefill tokens in one batch
     hicache_extra_gib: float = 0.5  # transfer buffers the hierarchical cache keeps on the GPU
+    # The prefill CUDA graph's part of `graph_gib` (SGLang 0.5.17 reports graphs per phase, and
+    # 0.5.16-0.5.17 skip the prefill graph with less than 4 GiB free: `sim.memory`)
+    prefill_graph_gib: float = 0.0
     # The true activation peak over the modelled one (`--sim-activation-peak-scale`): real
     # servers peak higher than any model (allocator fragmentation, drivers, kernels' workspaces).
     # Twin-only and hidden from everything the server reports; only start-up ignores it.
@@ -142,6 +145,7 @@ LLAMA_H100 = Preset(
         graph_gib=1.928,
         activation_base_gib=0.5,
         activation_per_ktoken_gib=0.12,
+        prefill_graph_gib=1.473,
     ),
     step=StepModel(
         decode_base_s=0.0065,

@@ -230,6 +230,7 @@ class Runtime(PacedRuntime):
         self.started_at_sim = 0.0
         self.startup_time = 0.0
         self.startup_available_gib = 0.0  # free GPU memory once start-up is done
+        self.prefill_graph_skipped = False  # 0.5.16-0.5.17 with less than 4 GiB free
         self.startup_phases: dict[str, Any] = {}
         self.metrics = TwinMetrics(
             cfg.version,
@@ -291,6 +292,7 @@ class Runtime(PacedRuntime):
                 float(sa["mem_fraction_static"]),
                 hp is not None,
                 self.cfg.capacity.kv_cache_gib,
+                self.cfg.version,
             ),
             tp_size=int(sa["tp_size"]),
             host_oom_on_first_batch=bool(hp and hp.will_oom_host),

@@ -34,15 +34,16 @@ def _memory_usage(rt: Runtime) -> dict[str, Any]:
         "token_capacity": cap.max_total_num_tokens,
         "graph": round(mem.graph_gib, 2),
     }
-    if rt.cfg.version.refactored:
+    if rt.cfg.version.at_least("0.5.17"):
         # SGLang reads free GPU memory once start-up is done (the `available_gpu_mem`
-        # of its summary line): what is left after the KV pool and the CUDA graphs.
+        # of its summary line): what is left after the KV pool and the CUDA graphs; and
+        # reports the graphs per phase (both as the real 0.5.17 did on an H100 and an H200).
         usage["startup_available"] = round(rt.startup_available_gib, 3)
         usage["token_capacity_swa"] = cap.swa_tokens
         usage["kvcache"] = round(cap.kv_cache_gib, 3)
-        usage["graph"] = {
-            phase: (round(mem.graph_gib, 3) if phase == "decode" else 0.0) for phase in GRAPH_PHASES
-        }
+        prefill = 0.0 if rt.prefill_graph_skipped else mem.prefill_graph_gib
+        by_phase = {"prefill": prefill, "decode": mem.graph_gib - mem.prefill_graph_gib}
+        usage["graph"] = {phase: round(by_phase.get(phase, 0.0), 3) for phase in GRAPH_PHASES}
     return usage
 
 

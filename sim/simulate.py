@@ -91,6 +91,7 @@ def engine_config(cfg: TwinConfig) -> EngineConfig:
             float(sa["mem_fraction_static"]),
             pool is not None,
             cfg.capacity.kv_cache_gib,
+            cfg.version,
         ),
         tp_size=int(sa["tp_size"]),
         host_oom_on_first_batch=bool(pool and pool.will_oom_host),
