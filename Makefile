@@ -148,7 +148,7 @@ test-real-sglang-servers: venv real-sglang
 VLLM_LIVE ?= .venv-vllm/live-recording
 # Static: vLLM's parser and pool sizing judged against kvpilot's; measured: everything else.
 REAL_VLLM_STATIC := tests/real_vllm/test_judge_kvpilot.py tests/real_vllm/test_real_arg_parser.py \
-	tests/real_vllm/test_offload_judge.py
+	tests/real_vllm/test_offload_judge.py tests/real_vllm/test_start_judge.py
 test-real-vllm: test-real-vllm-static test-real-vllm-measured
 
 test-real-vllm-static: venv real-vllm

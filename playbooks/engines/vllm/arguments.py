@@ -7,6 +7,7 @@ usefulness mean, in vLLM's terms, with the source each limit comes from.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from playbooks.engines.findings import NOTHING, Finding
@@ -28,9 +29,16 @@ from playbooks.engines.vllm.checks import (
 from playbooks.engines.vllm.facts import (
     PREEMPTIONS_PER_MIN_HIGH,
     Observed,
+    Server,
     preemption_rate,
     prefix_heavy,
     seq_cap_total,
+)
+from playbooks.engines.vllm.shared_gpu import (
+    StartLimit,
+    highest_that_starts,
+    ranks_of,
+    start_limit,
 )
 from playbooks.types import Verdict
 
@@ -51,6 +59,15 @@ class UtilizationCheck(Check):
         u, cap = float(value), ctx.cap
         if cap.sized_by_bytes:
             return NOTHING
+        found = self.budget(ctx, u)
+        start = starts_on_shared_gpu(ctx, u)
+        if start.verdict == "unsafe" or (start.verdict and found.verdict in (None, "recommended")):
+            return Finding(start.verdict, found.reasons + start.reasons, found.risks + start.risks)
+        return found
+
+    def budget(self, ctx: Change, u: float) -> Finding:
+        """What the share left outside vLLM's budget says."""
+        cap = ctx.cap
         headroom = cap.headroom_gib(u)
         left = f"{1 - u:.0%} of the GPU" + (
             f" ({headroom:.1f} GiB)" if headroom is not None else ""
@@ -88,6 +105,45 @@ class UtilizationCheck(Check):
                 ),
             )
         return capacity_usefulness(ctx, seen, f"gpu_memory_utilization {value:g}")
+
+
+def server_start_limit(server: Server) -> StartLimit | None:
+    """What the GPUs the server may run on let it start with (None: not known here)."""
+    cap, info = server.cap, server.info
+    if cap.gpu is None or not cap.gpu.gpus or cap.sized_by_bytes:
+        return None
+    pp = int(info.arg("pipeline_parallel_size", 1) or 1)
+    return start_limit(cap.utilization, cap.gpu.gpus, ranks_of(info.tp_size, pp, info.engines))
+
+
+def starts_on_shared_gpu(ctx: Change, u: float) -> Finding:
+    """Whether vLLM can start at `u` with what the GPUs it may run on have free now."""
+    if u <= ctx.cap.utilization:
+        return NOTHING
+    limit = server_start_limit(ctx.server)
+    if limit is None or u <= limit.worst + 1e-9:
+        return NOTHING
+    asks = f"at {u:g} vLLM asks for {u * limit.total_gib:.1f} GiB free on startup"
+    if u > limit.highest + 1e-9:
+        return Finding(
+            "unsafe",
+            (
+                f"vLLM refuses to start: {asks}, and its GPU would have "
+                f"{limit.total_gib - limit.others_gib:.1f} GiB ({limit.others_gib:.1f} GiB are "
+                f"held beside this server's budget now; {limit.free_gib:.1f} GiB free): at most "
+                f"{highest_that_starts(limit):.2f} starts (v1/worker/utils.py "
+                "`request_memory`)",
+            ),
+            ("the restart fails to start and is reverted",),
+        )
+    return Finding(
+        "possible",
+        (
+            f"{asks}; one of the GPUs it may run on has {limit.worst_others_gib:.1f} GiB held "
+            f"beside its budget, where at most {math.floor(limit.worst * 100) / 100:.2f} starts",
+        ),
+        ("vLLM refuses to start if the server runs on that GPU (then the change is reverted)",),
+    )
 
 
 class KvBytesCheck(Check):

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from playbooks.engines.vllm.args import FP8_DTYPES
 from playbooks.engines.vllm.geometry import Geometry
+from playbooks.sources.gpu import GpuState
 
 GIB = 1 << 30
 # Bytes per KV element (config/cache.py `CacheDType`; `auto` is the model's dtype, 16-bit for
@@ -56,6 +57,9 @@ class GpuMemory:
 
     total_gib: float
     source: str
+    # NVML's reading of every GPU of the host, where the bot runs there: what is free now
+    # bounds the utilization a restart can start with (`shared_gpu.py`)
+    gpus: tuple[GpuState, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 
 from playbooks.engines.vllm.args import FP8_DTYPES
+from playbooks.engines.vllm.arguments import server_start_limit
 from playbooks.engines.vllm.capacity import HIGHEST_UTILIZATION, RECOMMENDED_UTILIZATION
 from playbooks.engines.vllm.checks import HOST_SHARE
 from playbooks.engines.vllm.facts import (
@@ -25,6 +26,7 @@ from playbooks.engines.vllm.facts import (
     requests_fitting,
     seq_cap_total,
 )
+from playbooks.engines.vllm.shared_gpu import highest_that_starts
 from playbooks.engines.vllm.verdicts import evaluate
 from playbooks.types import Bottleneck, Option
 
@@ -62,8 +64,13 @@ def _utilization(ctx: Context, bottleneck: Bottleneck, target: float) -> Option 
 
 
 def recommended_utilization(ctx: Context, bottleneck: Bottleneck) -> Option | None:
-    """Up to the share that keeps 5% of the GPU outside vLLM's budget."""
-    return _utilization(ctx, bottleneck, RECOMMENDED_UTILIZATION)
+    """Up to the share that keeps 5% of the GPU outside vLLM's budget, or, on a GPU another
+    process shares, the highest share that still starts there (`shared_gpu.py`)."""
+    limit = server_start_limit(ctx.server)
+    target = RECOMMENDED_UTILIZATION
+    if limit is not None:
+        target = min(target, highest_that_starts(limit))
+    return _utilization(ctx, bottleneck, target)
 
 
 def highest_utilization(ctx: Context, bottleneck: Bottleneck) -> Option | None:

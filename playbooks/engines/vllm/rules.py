@@ -62,7 +62,7 @@ def resolve_gpu_memory(settings: DiagnoseSettings) -> tuple[GpuMemory | None, li
         try:
             gpus = settings.gpus.snapshot()
             total = min(g.memory_total_gib for g in gpus)
-            return GpuMemory(total, f"NVML: {gpus[0].name}, total"), notes
+            return GpuMemory(total, f"NVML: {gpus[0].name}, total", tuple(gpus)), notes
         except GpuUnavailable as exc:
             notes.append(f"GPU probe unavailable ({exc})")
     notes.append(
