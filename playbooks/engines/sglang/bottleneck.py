@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from playbooks.diagnose.measure import Measurement
+from playbooks.engines.sglang.deployment import dp_replicas
 from playbooks.engines.sglang.facts import (
     SATURATED_USAGE,
     Context,
@@ -70,7 +71,8 @@ def evidence(ctx: Context) -> list[str]:
     ranks = cap // max(1, ctx.info.max_total_num_tokens)
     usage = "unknown" if m.token_usage is None else f"{m.token_usage:.2f}"
     per_rank = ctx.info.max_total_num_tokens
-    split = f" ({ranks} DP-attention ranks of {per_rank:,})" if ranks > 1 else ""
+    kind = "--dp-size replicas" if dp_replicas(ctx.info) > 1 else "DP-attention ranks"
+    split = f" ({ranks} {kind} of {per_rank:,})" if ranks > 1 else ""
     found = [
         f"on average {m.running:.1f} requests ran and {m.queued:.1f} waited "
         f"(queue non-empty {m.queue_nonempty_fraction:.0%} of the time, at most "

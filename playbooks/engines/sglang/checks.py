@@ -14,7 +14,7 @@ from typing import Any
 
 from playbooks.engines.findings import NOTHING, BatchCap, Finding
 from playbooks.engines.sglang.capacity import KV_DTYPE_BYTES, CapacityModel
-from playbooks.engines.sglang.deployment import attn_dp_size
+from playbooks.engines.sglang.deployment import attn_dp_size, dp_replicas
 from playbooks.engines.sglang.facts import Observed, Server, context_len, running_cap_per_rank
 
 # The checks import a finding's type from here, beside the rest.
@@ -53,7 +53,7 @@ class Change:
     fraction: float  # mem_fraction_static after the change
     dtype: str  # kv_cache_dtype after the change
     hicache: bool  # whether the hierarchical cache is on after the change
-    tokens: int  # predicted KV capacity after the change, over all attention-DP ranks
+    tokens: int  # predicted KV capacity after the change, over all schedulers (ranks, replicas)
     bytes_per_token: float  # of the pool after the change
     ranks: int = 1  # attention-DP ranks after the change
 
@@ -66,18 +66,23 @@ class Change:
         return attn_dp_size(self.server.info)
 
     @property
+    def replicas(self) -> int:
+        """`--dp-size` replicas: each has the pool and the request cap a change gives one."""
+        return dp_replicas(self.server.info)
+
+    @property
     def current(self) -> int:
-        return self.server.info.max_total_num_tokens * self.ranks_now
+        return self.server.info.max_total_num_tokens * self.ranks_now * self.replicas
 
     @property
     def running_cap_per_rank(self) -> int:
         """The per-rank request cap SGLang will resolve after the change."""
         info = self.server.info
         user = self.values.get("max_running_requests", info.arg("max_running_requests"))
+        per_scheduler = self.tokens // (self.ranks * self.replicas)
         cap = running_cap_per_rank(
-            self.tokens // self.ranks, None if user is None else int(user), self.ranks,
-            context_len(info),
-        )  # fmt: skip
+            per_scheduler, None if user is None else int(user), self.ranks, context_len(info)
+        )
         now = info.effective_max_running_requests
         if self.cap.kv_share < 1 and now is not None:
             # The mamba state cache caps requests too; it grows with the budget it shares.
@@ -94,7 +99,10 @@ class Change:
         per_rank, ranks = self.running_cap_per_rank, self.ranks
         user = self.values.get("max_running_requests", self.server.info.arg("max_running_requests"))
         name = "max_running_requests" + ("" if user is None else f"={user}")
-        if ranks > 1:
+        if self.replicas > 1:
+            name += f" ({per_rank:,} on each of {self.replicas} --dp-size replicas)"
+            ranks = self.replicas
+        elif ranks > 1:
             name += f" ({per_rank:,} on each of {ranks} attention-DP ranks)"
         elif user is None:
             name += f" (SGLang's default for this pool, {per_rank:,})"
@@ -119,7 +127,8 @@ class Change:
         if "max_total_tokens" in values:
             tokens = min(tokens, int(values["max_total_tokens"]))
         ranks = attn_ranks_after(server, values)
-        return cls(server, dict(values), fraction, dtype, hicache, tokens * ranks, bytes_new, ranks)
+        total = tokens * ranks * dp_replicas(server.info)
+        return cls(server, dict(values), fraction, dtype, hicache, total, bytes_new, ranks)
 
 
 def attn_ranks_after(server: Server, values: Mapping[str, Any]) -> int:

@@ -63,6 +63,21 @@ def attn_dp_size(info: ServerInfo) -> int:
     return 1
 
 
+def dp_replicas(info: ServerInfo) -> int:
+    """Whole-model replicas behind SGLang's DP controller (`--dp-size N` without attention DP):
+    each a scheduler with its own KV pool and the whole `--max-running-requests`, of which
+    /server_info reports the first's pool (0.5.23 `data_parallel_controller.py`). Replicas and
+    attention DP exclude each other (`arg_groups/parallel_hook.py`)."""
+    if attn_dp_size(info) > 1:
+        return 1
+    return max(1, _int(info.arg("dp_size"), 1))
+
+
+def schedulers(info: ServerInfo) -> int:
+    """Schedulers with a KV pool of their own: attention-DP ranks, or replicas."""
+    return attn_dp_size(info) * dp_replicas(info)
+
+
 def decode_max_bs(info: ServerInfo, gpu_mib: float) -> int:
     for name in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs"):
         if isinstance(info.arg(name), int):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from playbooks.diagnose.measure import Measurement
 from playbooks.engines.sglang.capacity import CapacityModel
 from playbooks.engines.sglang.client import ServerInfo
-from playbooks.engines.sglang.deployment import attn_dp_size
+from playbooks.engines.sglang.deployment import attn_dp_size, schedulers
 from playbooks.engines.sglang.reservation import Reservation, binding_reservation
 from playbooks.sources.host import HostMemory
 from playbooks.types import Bottleneck
@@ -109,17 +109,18 @@ def ranks_on_host(info: ServerInfo) -> int:
 
 
 def pool_tokens(info: ServerInfo) -> int:
-    """KV tokens over all attention-DP ranks: `max_total_num_tokens` is one rank's pool
-    (`mem_cache/kv_cache_configurator.py`: each DP rank is a scheduler with its own pool)."""
-    return info.max_total_num_tokens * attn_dp_size(info)
+    """KV tokens over all schedulers: `max_total_num_tokens` is one scheduler's pool
+    (`mem_cache/kv_cache_configurator.py`: each attention-DP rank, and each `--dp-size`
+    replica, is a scheduler with its own pool)."""
+    return info.max_total_num_tokens * schedulers(info)
 
 
 def running_cap_total(info: ServerInfo) -> int | None:
-    """The running-request cap of the whole server: SGLang reports it per DP rank, having
-    divided the global `--max-running-requests` by the attention-DP size
-    (`kv_cache_configurator.py::resolve_max_num_reqs`)."""
+    """The running-request cap of the whole server: SGLang reports it per scheduler, having
+    divided the global `--max-running-requests` by the attention-DP size only
+    (`kv_cache_configurator.py::resolve_max_num_reqs`), so each replica has the whole cap."""
     per_rank = info.effective_max_running_requests
-    return None if per_rank is None else per_rank * attn_dp_size(info)
+    return None if per_rank is None else per_rank * schedulers(info)
 
 
 def context_len(info: ServerInfo) -> int | None:

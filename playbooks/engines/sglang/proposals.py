@@ -15,7 +15,7 @@ from playbooks.engines.sglang.arguments import LPM_QUEUE_LIMIT, MIN_CHUNK, prefi
 from playbooks.engines.sglang.bottleneck import kv_bound, signals
 from playbooks.engines.sglang.capacity import GIB, HostBudget
 from playbooks.engines.sglang.checks import dtype_bytes
-from playbooks.engines.sglang.deployment import attn_dp_size, decode_max_bs
+from playbooks.engines.sglang.deployment import attn_dp_size, decode_max_bs, dp_replicas
 from playbooks.engines.sglang.facts import (
     RETRACTIONS_PER_MIN_HIGH,
     Context,
@@ -222,12 +222,14 @@ def pinned(ctx: Context, change: dict[str, Any]) -> dict[str, Any]:
 
 
 def larger_batch(ctx: Context, bottleneck: Bottleneck) -> Option | None:
-    """Twice the cap: `--max-running-requests` is global, so twice today's total over all
-    attention-DP ranks (SGLang divides it by their number)."""
+    """Twice the cap: `--max-running-requests` is global over attention-DP ranks (SGLang
+    divides it by their number) but each `--dp-size` replica's own, so twice today's total,
+    per replica."""
     limit = running_cap_total(ctx.info)
     if bottleneck != "compute" or not limit:
         return None
-    return evaluate(pinned(ctx, {"max_running_requests": limit * 2}), ctx, bottleneck)
+    flag = limit * 2 // dp_replicas(ctx.info)
+    return evaluate(pinned(ctx, {"max_running_requests": flag}), ctx, bottleneck)
 
 
 GRAPH_BATCH_STEP = 16
