@@ -82,3 +82,17 @@ def test_a_hybrid_model_full_of_fixed_length_reservations() -> None:
     assert data["bottleneck"] == "kv_cache", data["evidence"]
     assert "full of reservations" in data["evidence"][-1]
     assert any(e.startswith("hybrid model, pool usage full") for e in data["evidence"])
+
+
+def test_dp_replicas_count_every_replicas_pool_and_cap() -> None:
+    # --dp-size 2 without attention DP: two whole replicas, each with its own pool and the whole
+    # --max-running-requests 64 (SGLang divides it only by the attention-DP size).
+    args = [*WORKLOAD, *V0523, "--preset", "llama-3.1-8b-h100", "--dp-size", "2"]
+    with running_twin([*args, "--max-running-requests", "64", "--concurrency", "200"]) as twin:
+        data = diagnose_json(twin.url, "--window", "400")
+    assert data["bottleneck"] == "compute", data["evidence"]
+    assert any("2 --dp-size replicas of" in e for e in data["evidence"]), data["evidence"]
+    assert any("max_running_requests (128)" in e for e in data["evidence"]), data["evidence"]
+    caps = fraction_options(data, "max_running_requests")
+    # twice the server's 128 is 128 on each replica: the flag is each replica's own
+    assert caps and caps[0]["change"]["max_running_requests"] == 128, data["options"]
