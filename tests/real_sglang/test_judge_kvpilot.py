@@ -106,6 +106,12 @@ MLA_SPEC = shape(
 FP8_AUTO = shape("FP8 checkpoint, auto", "deepseek-v3-fp8-kv", ["--tp", "8", MFS, "0.85"], 80.0)
 SWA = shape("hybrid SWA (gpt-oss)", "gpt-oss-120b", [MFS, "0.85"], 65.0)
 MAMBA = shape("hybrid mamba (Qwen3-Next)", "qwen3-next-80b", ["--tp", "4", MFS, "0.85"], 40.0)
+DENSE_DP2 = shape(
+    "dense GQA TP4 x DP2 replicas",
+    "llama-3.1-8b",
+    ["--tp", "4", "--dp-size", "2", "--max-running-requests", "200", MFS, "0.85"],
+    4.0,
+)
 DENSE_TP8_HOST = shape(
     "dense TP8, HiCache off", "llama-3.1-8b", ["--tp", "8", MFS, "0.85"], 2.0, **HOST
 )
@@ -124,6 +130,14 @@ PAIRS = [
         ("--max-running-requests",),
     ),
     Pair("MLA DP attention, fraction", MLA_DP8, {"mem_fraction_static": 0.88}, (MFS,)),
+    # replicas: the cap is each replica's own, the pool each replica's (one reported)
+    Pair(
+        "dense TP4 x DP2 replicas, cap",
+        DENSE_DP2,
+        {"max_running_requests": 400},
+        ("--max-running-requests",),
+    ),
+    Pair("dense TP4 x DP2 replicas, fraction", DENSE_DP2, {"mem_fraction_static": 0.9}, (MFS,)),
     Pair("MLA speculative, fraction", MLA_SPEC, {"mem_fraction_static": 0.88}, (MFS,)),
     Pair("FP8 checkpoint, auto -> fp8_e4m3", FP8_AUTO, {"kv_cache_dtype": "fp8_e4m3"}),
     Pair("FP8 checkpoint, fraction", FP8_AUTO, {"mem_fraction_static": 0.88}, (MFS,)),
@@ -229,7 +243,14 @@ def kvpilot_server(s: Shape, result: dict[str, Any]) -> Server:
 
 
 def sglang_capacity(result: dict[str, Any]) -> int:
-    return int(result["max_total_num_tokens"]) * int(result["resolved"]["attn_dp_size"] or 1)
+    """Every scheduler's pool: attention-DP ranks, or `--dp-size` replicas (SGLang 0.5.23
+    resolves the two exclusive; each replica sizes the pool one scheduler reports)."""
+    resolved = result["resolved"]
+    return (
+        int(result["max_total_num_tokens"])
+        * int(resolved["attn_dp_size"] or 1)
+        * int(resolved["dp_size"] or 1)
+    )
 
 
 def error(predicted: float, real: float) -> float:
