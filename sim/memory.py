@@ -236,7 +236,8 @@ def plan_host_pool(
     budget_per_rank = max(0, (available - HOST_RESERVE_BYTES) // max(1, ranks_on_host))
     logs: list[str] = []
     ratio = hicache_ratio
-    if version.refactored and ratio is None and hicache_size_gb <= 0:
+    # mem_cache/hicache_auto_size.py, in the wheels from 0.5.21 on
+    if version.at_least("0.5.21") and ratio is None and hicache_size_gb <= 0:
         device_bytes = device_tokens * cell_size
         auto = min(2.0, 0.95 * budget_per_rank * 0.8 / max(1, device_bytes))
         if auto <= 0:

@@ -149,6 +149,8 @@ PAIRS = [
         {"enable_hierarchical_cache": True, "hicache_ratio": 2},
         refused_by_sglang=True,
     ),
+    # neither ratio nor size: 0.5.23 lowers the ratio until 0.8 of the host fits
+    Pair("HiCache off -> on, sized by SGLang", DENSE_TP8_HOST, {"enable_hierarchical_cache": True}),
     Pair(
         "HiCache off -> ratio 0.5",
         DENSE_TP8_HOST,

@@ -115,3 +115,11 @@ def test_auto_sizing_in_0_5_23() -> None:
     pool = plan_host_pool(KIMI_INCIDENT, V0523, 116_171, 70_272, 1, 8, None, 0, 256)
     assert any("HiCache auto-sizing" in line for line in pool.log_lines)
     assert not pool.will_oom_host
+
+
+@pytest.mark.parametrize(("version", "auto"), [("0.5.20", False), ("0.5.21", True)])
+def test_auto_sizing_arrived_in_0_5_21(version: str, auto: bool) -> None:
+    """mem_cache/hicache_auto_size.py is in the 0.5.21 wheel and not in 0.5.20's."""
+    v = SGLangVersion.parse(version)
+    pool = plan_host_pool(KIMI_INCIDENT, v, 116_171, 70_272, 1, 8, None, 0, 256)
+    assert any("HiCache auto-sizing" in line for line in pool.log_lines) is auto

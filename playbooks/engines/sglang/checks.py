@@ -71,6 +71,11 @@ class Change:
         return dp_replicas(self.server.info)
 
     @property
+    def per_scheduler(self) -> int:
+        """One scheduler's pool after the change (an attention-DP rank's, or a replica's)."""
+        return self.tokens // (self.ranks * self.replicas)
+
+    @property
     def current(self) -> int:
         return self.server.info.max_total_num_tokens * self.ranks_now * self.replicas
 
@@ -79,9 +84,8 @@ class Change:
         """The per-rank request cap SGLang will resolve after the change."""
         info = self.server.info
         user = self.values.get("max_running_requests", info.arg("max_running_requests"))
-        per_scheduler = self.tokens // (self.ranks * self.replicas)
         cap = running_cap_per_rank(
-            per_scheduler, None if user is None else int(user), self.ranks, context_len(info)
+            self.per_scheduler, None if user is None else int(user), self.ranks, context_len(info)
         )
         now = info.effective_max_running_requests
         if self.cap.kv_share < 1 and now is not None:

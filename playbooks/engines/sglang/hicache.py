@@ -27,6 +27,14 @@ from playbooks.engines.sglang.checks import (
 from playbooks.engines.sglang.facts import Observed, Server
 
 DEFAULT_RATIO = 2.0  # SGLang's hicache_ratio when neither size nor ratio is given
+# 0.5.21 on: with neither size nor ratio given, SGLang lowers the default ratio until the host
+# pools of all ranks fit this share of the host's free memory after its 10 GiB reserve, less 5%
+# slack (mem_cache/hicache_auto_size.py `auto_size_hicache`, `_ALLOCATION_SLACK_FRACTION`;
+# --hicache-host-memory-fraction, arg_groups/fields/memory.py; read in 0.5.21-0.5.23)
+AUTO_SIZE_SINCE = (0, 5, 21)
+AUTO_HOST_FRACTION = 0.8
+AUTO_SLACK = 0.05
+SGLANG_HOST_RESERVE_GIB = 10.0
 REUSE_WORTH_A_TIER = 0.10  # share of prompt tokens already hitting the cache
 PROMPT_HEAVY = 2.0  # prompt tokens per output token above which prefill is worth saving
 PAGE_SIZE_ADVISED = 64  # docs/advanced_features/hicache_best_practices.md: "--page-size 64"
@@ -299,17 +307,58 @@ def over_budget_outcome(server: Server) -> str:
     )
 
 
+def auto_fraction(ctx: Change) -> float | None:
+    """The host share SGLang sizes the pool to when the change leaves it to SGLang (0.5.21 on,
+    neither `--hicache-ratio` nor `--hicache-size` set, here or on the running server, which
+    reports the fraction as None when they were); None where the ratio is taken as given."""
+    if ctx.server.version < AUTO_SIZE_SINCE:
+        return None
+    info = ctx.server.info
+    if ctx.values.get("hicache_ratio") is not None or float(ctx.values.get("hicache_size") or 0):
+        return None
+    if "hicache_size" not in ctx.values and float(info.arg("hicache_size") or 0) > 0:
+        return None
+    args = info.server_args
+    if "hicache_host_memory_fraction" in args and args["hicache_host_memory_fraction"] is None:
+        return None  # the running server's ratio was given: the change keeps it
+    given = ctx.values.get("hicache_host_memory_fraction", args.get("hicache_host_memory_fraction"))
+    return AUTO_HOST_FRACTION if given is None else float(given)
+
+
+def auto_ratio(ctx: Change, fraction: float) -> float | None:
+    """The ratio SGLang resolves to (`auto_size_hicache`): the default, lowered until every
+    rank's pool fits its share of the host; None where host RAM is not known here."""
+    host = ctx.server.host
+    if host is None:
+        return None
+    budget_gib = (host.available_gib - SGLANG_HOST_RESERVE_GIB) / max(1, ctx.server.ranks_on_host)
+    device_gib = ctx.per_scheduler * ctx.bytes_per_token / GIB
+    requested = float(ctx.values.get("hicache_ratio") or DEFAULT_RATIO)
+    return min(requested, budget_gib * fraction * (1 - AUTO_SLACK) / device_gib)
+
+
+def ratio_after(ctx: Change) -> float:
+    """The host-to-device ratio the change runs with: given, auto-sized, or the default."""
+    fraction = auto_fraction(ctx)
+    if fraction is not None:
+        ratio = auto_ratio(ctx, fraction)
+        if ratio is not None:
+            return max(0.0, ratio)
+    given = ctx.values.get("hicache_ratio") or ctx.server.info.arg("hicache_ratio")
+    return float(given or DEFAULT_RATIO)
+
+
 def host_pool_tokens(ctx: Change) -> int:
     """One rank's host pool in tokens, as SGLang sizes it (`mem_cache/pool_host/base.py`
     `HostKVCache.__init__`): `hicache_size` GB (decimal) over the bytes per token, else the GPU
-    pool times the ratio, then one page more than whole pages."""
+    pool times the ratio (auto-sized where SGLang sizes it), then one page more than whole
+    pages."""
     size_gb = float(ctx.values.get("hicache_size") or ctx.server.info.arg("hicache_size") or 0)
-    per_rank = ctx.tokens // ctx.ranks
+    per_rank = ctx.per_scheduler
     if size_gb > 0:
         tokens = int(size_gb * 1e9 // ctx.bytes_per_token)
     else:
-        ratio = ctx.values.get("hicache_ratio") or ctx.server.info.arg("hicache_ratio")
-        tokens = int(per_rank * float(ratio or DEFAULT_RATIO))
+        tokens = int(per_rank * ratio_after(ctx))
     page = ctx.cap.page_size
     return (tokens // page + 1) * page
 
@@ -329,19 +378,22 @@ def pool_safety(ctx: Change, per_rank_gb: float) -> Finding:
         )
     budget = HostBudget.of(server.host.total_gib, server.host.available_gib, ranks)
     arithmetic = host_arithmetic(ctx, per_rank_gb, budget)
+    fraction = auto_fraction(ctx)
+    if fraction is not None:
+        return auto_sized_safety(ctx, fraction, arithmetic)
     if per_rank_gb * ranks > budget.per_rank_budget_gib * ranks * GIB / 1e9:
         return Finding("unsafe", (arithmetic, over_budget_outcome(server)), ("host OOM",))
     host_tokens = host_pool_tokens(ctx)
-    if host_tokens > ctx.tokens // ctx.ranks:
+    if host_tokens > ctx.per_scheduler:
         return Finding(reasons=(arithmetic + ": fits",))
-    sizes = f"the host pool ({host_tokens:,} tokens) and the GPU pool ({ctx.tokens // ctx.ranks:,})"
+    sizes = f"the host pool ({host_tokens:,} tokens) and the GPU pool ({ctx.per_scheduler:,})"
     if not server.host_pool_may_be_smaller:
         # mem_cache/memory_pool_host.py HostKVCache.__init__ asserts it up to 0.5.14
         return Finding(
             "unsafe",
             (
                 f"the host pool ({host_tokens:,} tokens) must be larger than the GPU pool "
-                f"({ctx.tokens // ctx.ranks:,}): SGLang {server.info.version} refuses to start",
+                f"({ctx.per_scheduler:,}): SGLang {server.info.version} refuses to start",
             ),
         )
     # mem_cache/pool_host/base.py HostKVCache.__init__ only warns from 0.5.15
@@ -353,6 +405,37 @@ def pool_safety(ctx: Change, per_rank_gb: float) -> Finding:
         ),
         risks=("a host pool no larger than the GPU pool",),
     )
+
+
+def auto_sized_safety(ctx: Change, fraction: float, arithmetic: str) -> Finding:
+    """SGLang sizes the pool to fit the host: safe by construction, unless nothing is left."""
+    ratio = auto_ratio(ctx, fraction)
+    version = ctx.server.info.version
+    if ratio is None or ratio <= 0:
+        return Finding(
+            "unsafe",
+            (
+                f"SGLang {version} sizes the host pool to {fraction:g} of the host's free "
+                f"memory after its {SGLANG_HOST_RESERVE_GIB:g} GiB reserve, and refuses to start "
+                'where that leaves nothing: "No host memory is left for HiCache after the 10 GiB '
+                'reserve" (mem_cache/hicache_auto_size.py)',
+            ),
+            ("the restart fails to start and is reverted",),
+        )
+    requested = float(ctx.values.get("hicache_ratio") or DEFAULT_RATIO)
+    lowered = f"ratio {requested:g} -> {ratio:.2f}" if ratio < requested else f"ratio {ratio:g}"
+    said = (
+        f"SGLang {version} sizes the host pool to fit when neither --hicache-ratio nor "
+        f"--hicache-size is given: {lowered} ({fraction:g} of the host's free memory after a "
+        f"{SGLANG_HOST_RESERVE_GIB:g} GiB reserve, over {ctx.server.ranks_on_host} ranks; "
+        "mem_cache/hicache_auto_size.py), "
+        f"{host_pool_tokens(ctx):,} tokens a rank"
+    )
+    risks: tuple[str, ...] = ()
+    if ratio <= 1:
+        said += ": a host pool no larger than the GPU pool keeps little the GPU does not"
+        risks = ("a host pool no larger than the GPU pool",)
+    return Finding(reasons=(said,), risks=risks)
 
 
 class HostPoolCheck(Check):
@@ -371,9 +454,8 @@ class HostPoolCheck(Check):
         size_gb = float(change.values.get("hicache_size") or 0)
         if size_gb > 0:
             return size_gb
-        ratio = float(change.values.get("hicache_ratio") or DEFAULT_RATIO)
         # each rank sizes its pool from its own GPU pool (pool_host/base.py)
-        return ratio * (change.tokens // change.ranks) * change.bytes_per_token / 1e9
+        return ratio_after(change) * change.per_scheduler * change.bytes_per_token / 1e9
 
     def safety(self, ctx: Change, value: Any) -> Finding:
         """Refused combinations first (in SGLang's words), then the pool, then side effects."""

@@ -13,7 +13,7 @@ from playbooks.engines.sglang.checks import Change, Finding
 from playbooks.engines.sglang.client import parse_server_info
 from playbooks.engines.sglang.deployment import parse_version
 from playbooks.engines.sglang.facts import Server
-from playbooks.engines.sglang.hicache import HostPoolCheck, refusals, side_effects
+from playbooks.engines.sglang.hicache import HostPoolCheck, host_pool_tokens, refusals, side_effects
 from playbooks.sources.host import GIB, HostMemory
 from tests.paths import FIXTURES
 from tests.playbooks.engines.sglang.test_rules import context
@@ -181,3 +181,40 @@ def test_side_effects_reach_the_finding_and_the_decode_overhead_is_always_a_risk
 def test_a_server_with_hicache_on_is_not_told_its_side_effects_again() -> None:
     found = hicache_safety({"hicache_size": 20}, "0.5.10", enable_hierarchical_cache=True)
     assert found.risks == ()
+
+
+def host_of(gib: float) -> HostMemory:
+    return HostMemory(int(gib * GIB), int(gib * GIB), "test")
+
+
+# SGLang 0.5.21 on: with neither --hicache-ratio nor --hicache-size, the default ratio 2 is
+# reduced until the host pools fit 0.8 of the host's free memory after a 10 GiB reserve, split
+# over the host's ranks, less 5% slack (mem_cache/hicache_auto_size.py `auto_size_hicache`;
+# --hicache-host-memory-fraction 0.8, arg_groups/fields/memory.py). The incident's 8 ranks hold
+# 7.6 GiB of KV each: ratio 2 wants 8 x 15.2 GiB, more than a 96 GiB host gives.
+# change, version, host GiB, verdict, words
+AUTO = [
+    ({}, "0.5.20", 96, "unsafe", "refuses to start"),
+    ({}, "0.5.21", 96, None, "SGLang 0.5.21 sizes the host pool to fit"),
+    ({}, "0.5.23", 96, None, "ratio 2 -> 1.07"),
+    ({}, "0.5.23", 9, "unsafe", "No host memory is left for HiCache"),
+    ({"hicache_ratio": 2}, "0.5.23", 96, "unsafe", "refuses to start"),
+    ({"hicache_size": 40}, "0.5.23", 96, "unsafe", "refuses to start"),
+]
+
+
+@pytest.mark.parametrize(("change", "version", "host_gib", "verdict", "words"), AUTO)
+def test_the_hierarchical_cache_alone_is_sized_by_sglang_from_0_5_21(
+    change: dict[str, Any], version: str, host_gib: float, verdict: str | None, words: str
+) -> None:
+    found = hicache_safety(change, version, host_of(host_gib))
+    assert found.verdict == verdict, found.reasons
+    assert words in " ".join(found.reasons), found.reasons
+
+
+def test_an_auto_sized_pool_is_predicted_in_tokens_as_sglang_sizes_it() -> None:
+    server = replace(context(version="0.5.23").server, host=host_of(96))
+    proposed = Change.of(server, {"enable_hierarchical_cache": True})
+    per_rank = proposed.tokens // proposed.ranks
+    tokens = host_pool_tokens(proposed)
+    assert tokens == pytest.approx(per_rank * 1.0753, rel=0.01)
