@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from playbooks.diagnose.measure import Measurement
 from playbooks.engines.base import Assessment
+from playbooks.engines.disaggregation import ROLES, not_judged
 from playbooks.engines.sglang.bottleneck import analyse
+from playbooks.engines.sglang.bottleneck import evidence as measured_evidence
 from playbooks.engines.sglang.capacity import CapacityModel, GpuMemory, build_model
 from playbooks.engines.sglang.client import ServerInfo
 from playbooks.engines.sglang.deployment import (
@@ -63,6 +65,19 @@ __all__ = [
 ]
 
 CUDA_CONTEXT_GIB = 0.5  # what the CUDA context takes before SGLang measures free memory
+# What judging a disaggregated SGLang node would take (0.5.23 disaggregation/decode.py and the
+# queue gauges of observability/metrics_collector.py)
+PD_NEEDS = (
+    "the transfer queues (sglang:num_decode_prealloc_queue_reqs, "
+    "sglang:num_decode_transfer_queue_reqs, sglang:num_prefill_inflight_queue_reqs) and the "
+    "other role's load, which kvpilot does not read"
+)
+
+
+def pd_role(info: ServerInfo) -> str | None:
+    """`--disaggregation-mode` prefill or decode; None for a colocated server ("null")."""
+    mode = info.arg("disaggregation_mode")
+    return str(mode) if mode in ROLES else None
 
 
 def resolve_gpu_memory(
@@ -264,6 +279,9 @@ class ServerRules:
     def assess(self, m: Measurement) -> Assessment:
         """The bottleneck, the changes that address it, and the capacity facts behind them."""
         ctx = self.context(m)
+        role = pd_role(ctx.info)
+        if role is not None:
+            return self.not_judged(ctx, role)
         bottleneck, evidence = analyse(ctx)
         consider = self.settings.consider
         asked = [evaluate(change, ctx, bottleneck, considered=True) for change in consider]
@@ -277,6 +295,19 @@ class ServerRules:
             gpu_memory_source=self.cap.gpu.source,
             requests_that_fit=requests_fitting(ctx.info, m),
             notes=list(self.notes),
+        )
+
+    def not_judged(self, ctx: Context, role: str) -> Assessment:
+        """A disaggregated node: what was measured, and why nothing is proposed."""
+        return Assessment(
+            bottleneck="unknown",
+            evidence=measured_evidence(ctx)[:1],
+            options=[],
+            bytes_per_token=self.cap.bytes_per_token,
+            gpu_memory_gib=self.cap.gpu.pre_gib,
+            gpu_memory_source=self.cap.gpu.source,
+            requests_that_fit=None,
+            notes=[*self.notes, not_judged(role, "SGLang --disaggregation-mode", PD_NEEDS)],
         )
 
     def judge(self, change: dict[str, Any]) -> Option:

@@ -419,7 +419,22 @@ def launch_settings(args: Sequence[str]) -> dict[str, Any]:
         text = value_of(args, flags, underscores=True)
         if text is not None and text.isdigit():
             found[name] = int(text)
+    found.update(kv_transfer(value_of(args, ("--kv-transfer-config",), underscores=True)))
     return found
+
+
+def kv_transfer(text: str | None) -> dict[str, Any]:
+    """`--kv-transfer-config` JSON's connector and role (vllm/config/kv_transfer.py), which
+    kvpilot reads and never edits; {} where absent or not JSON."""
+    if not text:
+        return {}
+    try:
+        config = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    return {k: str(config[k]) for k in ("kv_connector", "kv_role") if config.get(k)}
 
 
 # Parallelism kvpilot reads but does not edit (arg_utils.py: `--tensor-parallel-size/-tp`,

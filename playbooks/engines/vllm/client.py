@@ -111,6 +111,8 @@ class VLLMSettings:
 
 # Flat keys: vLLM's argument names kvpilot keeps as settings, and the state beside them.
 SETTING_KEYS = (
+    "kv_connector",  # `--kv-transfer-config`'s connector and role: a disaggregated instance
+    "kv_role",
     "gpu_memory_utilization",
     "kv_cache_memory_bytes",
     "kv_cache_dtype",
@@ -285,11 +287,20 @@ TEXT_FIELDS = {
 }
 
 
+def transfer_of(config: Any) -> dict[str, Any]:
+    """`vllm_config.kv_transfer_config`'s connector and role, where the report has them."""
+    transfer = config.get("kv_transfer_config") if isinstance(config, dict) else None
+    if not isinstance(transfer, dict):
+        return {}
+    return {k: transfer[k] for k in ("kv_connector", "kv_role") if transfer.get(k)}
+
+
 def from_server_info(data: Any) -> dict[str, Any]:
     """The settings `/server_info` holds (dev mode), in either of its formats; with the JSON
     one also the blocks and capacity, the same way the metrics' cache config gives them."""
     config = data.get("vllm_config") if isinstance(data, dict) else None
     out: dict[str, Any] = {}
+    out.update(transfer_of(config))
     if isinstance(config, dict):
         for section, pairs in SERVER_INFO_FIELDS.items():
             part = config.get(section)

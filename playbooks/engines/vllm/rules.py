@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from playbooks.diagnose.measure import Measurement
 from playbooks.engines.base import Assessment
+from playbooks.engines.disaggregation import not_judged
 from playbooks.engines.vllm.args import FP8_DTYPES
 from playbooks.engines.vllm.bottleneck import analyse
 from playbooks.engines.vllm.capacity import CapacityModel, GpuMemory, block_bytes_of
@@ -49,6 +50,22 @@ __all__ = [
 ]
 
 DEFAULT_UTILIZATION = 0.92  # config/cache.py:102, when the server does not say
+# kvpilot's own host offload is a KV connector too (config/vllm.py sets it for
+# --kv-offloading-size); every other connector moves KV between instances
+OWN_CONNECTORS = frozenset({"OffloadingConnector"})
+ROLE_WORDS = {"kv_producer": "prefill", "kv_consumer": "decode"}
+PD_NEEDS = (
+    "the requests waiting for KV from other instances (vllm:num_requests_waiting_by_reason) "
+    "and the other role's load, which kvpilot does not read"
+)
+
+
+def transfer_connector(info: VLLMSettings) -> str | None:
+    """The connector of an instance that moves KV between instances, if it is one."""
+    connector = info.arg("kv_connector")
+    if not connector or str(connector) in OWN_CONNECTORS:
+        return None
+    return str(connector)
 
 
 def resolve_gpu_memory(settings: DiagnoseSettings) -> tuple[GpuMemory | None, list[str]]:
@@ -139,6 +156,9 @@ class ServerRules:
 
     def assess(self, m: Measurement) -> Assessment:
         ctx = self.context(m)
+        connector = transfer_connector(self.info)
+        if connector is not None:
+            return self.not_judged(ctx, connector)
         bottleneck, evidence = analyse(ctx)
         consider = self.settings.consider
         asked = [evaluate(change, ctx, bottleneck, considered=True) for change in consider]
@@ -153,6 +173,28 @@ class ServerRules:
             gpu_memory_source=gpu.source if gpu is not None else "unknown",
             requests_that_fit=requests_fitting(self.info, m),
             notes=list(self.notes),
+        )
+
+    def not_judged(self, ctx: Context, connector: str) -> Assessment:
+        """An instance that moves KV to or from others: why nothing is proposed."""
+        role = str(self.info.arg("kv_role") or "kv_both")
+        gpu = self.cap.gpu
+        return Assessment(
+            bottleneck="unknown",
+            evidence=[],
+            options=[],
+            bytes_per_token=self.cap.bytes_per_token,
+            gpu_memory_gib=gpu.total_gib if gpu is not None else 0.0,
+            gpu_memory_source=gpu.source if gpu is not None else "unknown",
+            requests_that_fit=None,
+            notes=[
+                *self.notes,
+                not_judged(
+                    ROLE_WORDS.get(role, "prefill or decode"),
+                    f"vLLM --kv-transfer-config {connector}, {role}",
+                    PD_NEEDS,
+                ),
+            ],
         )
 
     def judge(self, change: dict[str, Any]) -> Option:
