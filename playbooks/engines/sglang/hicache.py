@@ -383,6 +383,9 @@ def pool_safety(ctx: Change, per_rank_gb: float) -> Finding:
         return auto_sized_safety(ctx, fraction, arithmetic)
     if per_rank_gb * ranks > budget.per_rank_budget_gib * ranks * GIB / 1e9:
         return Finding("unsafe", (arithmetic, over_budget_outcome(server)), ("host OOM",))
+    raced = race_finding(server, per_rank_gb, arithmetic)
+    if raced is not None:
+        return raced
     host_tokens = host_pool_tokens(ctx)
     if host_tokens > ctx.per_scheduler:
         return Finding(reasons=(arithmetic + ": fits",))
@@ -404,6 +407,36 @@ def pool_safety(ctx: Change, per_rank_gb: float) -> Finding:
             "(SGLang only warns)",
         ),
         risks=("a host pool no larger than the GPU pool",),
+    )
+
+
+def race_limit_gb(server: Server) -> float | None:
+    """The largest explicit pool a rank that starts last still accepts, from the release that
+    splits the host per rank (0.5.19): each rank reads the memory free after the ranks before
+    it pinned theirs, and divides by all of them (pool_host/base.py `host_memory_budget_bytes`;
+    sglang#38156), so the last of r sees F - (r-1) x S: S <= (F - 10 GiB) / (2r - 1)."""
+    ranks = server.ranks_on_host
+    if server.host is None or not server.per_rank_checked or ranks <= 1:
+        return None
+    free = max(0.0, server.host.available_gib - SGLANG_HOST_RESERVE_GIB)
+    return free / (2 * ranks - 1) * GIB / 1e9
+
+
+def race_finding(server: Server, per_rank_gb: float, arithmetic: str) -> Finding | None:
+    limit = race_limit_gb(server)
+    if limit is None or per_rank_gb <= limit:
+        return None
+    return Finding(
+        "possible",
+        (
+            arithmetic + ": fits the split",
+            f"but SGLang {server.info.version} checks each rank against the host memory free "
+            f"when that rank starts, after the ranks before it pinned theirs, divided by all "
+            f"{server.ranks_on_host} (pool_host/base.py `host_memory_budget_bytes`, sglang#38156): "
+            f"above {limit:.1f} GB a rank the last ranks can be refused, so starts fail "
+            "intermittently",
+        ),
+        ("the start may fail intermittently and be reverted",),
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from playbooks.engines.sglang.arguments import LPM_QUEUE_LIMIT, MIN_CHUNK, prefix_heavy
 from playbooks.engines.sglang.bottleneck import kv_bound, signals
-from playbooks.engines.sglang.capacity import GIB, HostBudget
+from playbooks.engines.sglang.capacity import GIB, HOST_MARGIN, HostBudget
 from playbooks.engines.sglang.checks import dtype_bytes
 from playbooks.engines.sglang.deployment import attn_dp_size, decode_max_bs, dp_replicas
 from playbooks.engines.sglang.facts import (
@@ -26,6 +26,7 @@ from playbooks.engines.sglang.facts import (
     retraction_rate,
     running_cap_total,
 )
+from playbooks.engines.sglang.hicache import race_limit_gb
 from playbooks.engines.sglang.reservation import CONSERVATIVENESS_SATURATION
 from playbooks.engines.sglang.verdicts import evaluate
 from playbooks.types import Bottleneck, Option
@@ -148,6 +149,9 @@ def hicache_proposal(ctx: Context, bottleneck: Bottleneck) -> Option | None:
     budget = HostBudget.of(ctx.host.total_gib, ctx.host.available_gib, ctx.ranks_on_host)
     device_gb = ctx.info.max_total_num_tokens * ctx.cap.bytes_per_token / 1e9
     per_rank_gb = min(budget.per_rank_budget_gib * GIB / 1e9, 2 * device_gb)
+    raced = race_limit_gb(ctx.server)
+    if raced is not None:  # a size the last rank to start still accepts, with the margin
+        per_rank_gb = min(per_rank_gb, raced * (1 - HOST_MARGIN))
     size_gb = math.floor(per_rank_gb)
     if size_gb <= 0 or (not ctx.host_pool_may_be_smaller and size_gb <= device_gb):
         return _hicache_refused(

@@ -14,6 +14,7 @@ from playbooks.engines.sglang.client import parse_server_info
 from playbooks.engines.sglang.deployment import parse_version
 from playbooks.engines.sglang.facts import Server
 from playbooks.engines.sglang.hicache import HostPoolCheck, host_pool_tokens, refusals, side_effects
+from playbooks.engines.sglang.proposals import hicache_proposal
 from playbooks.sources.host import GIB, HostMemory
 from tests.paths import FIXTURES
 from tests.playbooks.engines.sglang.test_rules import context
@@ -218,3 +219,35 @@ def test_an_auto_sized_pool_is_predicted_in_tokens_as_sglang_sizes_it() -> None:
     per_rank = proposed.tokens // proposed.ranks
     tokens = host_pool_tokens(proposed)
     assert tokens == pytest.approx(per_rank * 1.0753, rel=0.01)
+
+
+# From 0.5.19 each rank checks an explicit pool against the host memory free *when it starts*,
+# after the ranks before it pinned theirs, divided by all ranks (pool_host/base.py
+# `host_memory_budget_bytes`; sglang#38156). The last of r ranks sees F - (r-1) x S, so a size
+# above (F - 10 GiB) / (2r - 1) a rank can be refused there: at TP8 on the incident's 256 GiB
+# host that is 16.4 GiB (17.6 GB), where the per-rank split alone allows 30.75 GiB.
+# change, version, verdict, words
+RACE = [
+    ({"hicache_size": 16}, "0.5.23", None, "fits"),
+    ({"hicache_size": 20}, "0.5.23", "possible", "sglang#38156"),
+    ({"hicache_size": 20}, "0.5.19", "possible", "intermittently"),
+    ({"hicache_size": 20}, "0.5.18", None, "fits"),  # checked against the whole host
+]
+
+
+@pytest.mark.parametrize(("change", "version", "verdict", "words"), RACE)
+def test_an_explicit_pool_the_last_rank_may_be_refused_is_only_possible(
+    change: dict[str, Any], version: str, verdict: str | None, words: str
+) -> None:
+    found = hicache_safety(change, version)
+    assert found.verdict == verdict, found.reasons
+    assert words in " ".join(found.reasons + found.risks), found.reasons
+
+
+def test_the_proposed_pool_is_one_every_rank_accepts() -> None:
+    # a 128 GiB host: the split allows 13.3 GiB a rank with kvpilot's margin, the last rank
+    # 7.9 GiB (8.4 GB; 7.6 GB with the margin)
+    option = hicache_proposal(context(version="0.5.23", host_gib=128), "kv_cache")
+    assert option is not None and option.change["hicache_size"] == 7, option.change
+    older = hicache_proposal(context(version="0.5.18", host_gib=128), "kv_cache")
+    assert older is not None and older.change["hicache_size"] == 14, older.change
