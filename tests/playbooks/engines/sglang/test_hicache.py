@@ -248,6 +248,8 @@ def test_the_proposed_pool_is_one_every_rank_accepts() -> None:
     # a 128 GiB host: the split allows 13.3 GiB a rank with kvpilot's margin, the last rank
     # 7.9 GiB (8.4 GB; 7.6 GB with the margin)
     option = hicache_proposal(context(version="0.5.23", host_gib=128), "kv_cache")
-    assert option is not None and option.change["hicache_size"] == 7, option.change
+    assert option is not None
+    assert option.change["hicache_size"] == 7, option.change
     older = hicache_proposal(context(version="0.5.18", host_gib=128), "kv_cache")
-    assert older is not None and older.change["hicache_size"] == 14, older.change
+    assert older is not None
+    assert older.change["hicache_size"] == 14, older.change

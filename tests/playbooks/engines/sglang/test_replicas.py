@@ -12,6 +12,7 @@ Read as one replica, two replicas running 120 of 200 each looked "at max_running
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,7 @@ POOL = 116_171  # one replica's, as /server_info reports it
         ({}, 1),
     ],
 )
-def test_replicas_are_dp_size_without_attention_dp(args: dict[str, object], replicas: int) -> None:
+def test_replicas_are_dp_size_without_attention_dp(args: dict[str, Any], replicas: int) -> None:
     assert dp_replicas(info(**args)) == replicas
 
 
