@@ -437,9 +437,11 @@ def kv_transfer(text: str | None) -> dict[str, Any]:
     return {k: str(config[k]) for k in ("kv_connector", "kv_role") if config.get(k)}
 
 
-# Parallelism kvpilot reads but does not edit (arg_utils.py: `--tensor-parallel-size/-tp`,
+# Counts kvpilot reads but does not edit (arg_utils.py: `--tensor-parallel-size/-tp`,
 # `--data-parallel-size/-dp`).
 PARALLEL_FLAGS = {
     "tensor_parallel_size": ("--tensor-parallel-size", "-tp"),
     "data_parallel_size": ("--data-parallel-size", "-dp"),
+    # the admission cap (config/scheduler.py), read to judge the batch, never edited
+    "max_num_active_seqs": ("--max-num-active-seqs",),
 }

@@ -31,6 +31,7 @@ from playbooks.engines.vllm.facts import (
     prompt_waits_for_blocks,
     requests_fitting,
     resident_tokens,
+    seq_cap_name,
     seq_cap_total,
 )
 from playbooks.types import Bottleneck
@@ -47,6 +48,7 @@ class Signals:
     usage_text: str
     preempting: bool
     seq_cap: int | None
+    seq_cap_flag: str  # the flag that sets it (`facts.seq_cap_name`)
     prompt_waits: bool  # a waiting prompt is larger than the free blocks
     free_tokens: float | None  # per engine
 
@@ -63,6 +65,7 @@ def signals(ctx: Context) -> Signals:
         usage_text,
         is_preempting(m),
         seq_cap_total(ctx.info),
+        seq_cap_name(ctx.info),
         prompt_waits_for_blocks(ctx.info, m),
         free_tokens_per_engine(ctx.info, m),
     )
@@ -133,10 +136,16 @@ def kv_bound(s: Signals) -> str | None:
 
 def seq_cap_bound(s: Signals) -> str | None:
     if s.seq_cap and s.m.running >= 0.95 * s.seq_cap:
-        return (
-            f"the batch is at max_num_seqs ({s.seq_cap}) while the KV cache has room: the "
+        said = (
+            f"the batch is at {s.seq_cap_flag} ({s.seq_cap}) while the KV cache has room: the "
             "sequence cap limits the batch"
         )
+        if s.seq_cap_flag == "max_num_active_seqs":
+            said += (
+                " (below max_num_seqs, which only sizes the runner; kvpilot does not edit it: "
+                "raise --max-num-active-seqs by hand)"
+            )
+        return said
     return None
 
 

@@ -111,6 +111,7 @@ class VLLMSettings:
 
 # Flat keys: vLLM's argument names kvpilot keeps as settings, and the state beside them.
 SETTING_KEYS = (
+    "max_num_active_seqs",  # read, never edited: the admission cap where set
     "kv_connector",  # `--kv-transfer-config`'s connector and role: a disaggregated instance
     "kv_role",
     "gpu_memory_utilization",
@@ -263,6 +264,7 @@ SERVER_INFO_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "scheduler_config": (
         ("max_num_seqs", "max_num_seqs"),
+        ("max_num_active_seqs", "max_num_active_seqs"),
         ("max_num_batched_tokens", "max_num_batched_tokens"),
         ("enable_chunked_prefill", "enable_chunked_prefill"),
     ),

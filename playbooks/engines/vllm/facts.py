@@ -73,10 +73,27 @@ class Observed:
 
 
 def seq_cap_total(info: VLLMSettings) -> int | None:
-    """Requests that may run at once over the server: `--max-num-seqs` is each engine
-    scheduler's own (v1/core/sched/scheduler.py `max_num_running_reqs`), one per DP engine."""
+    """Requests that may run at once over the server: each engine scheduler's own
+    `max_num_running_reqs` (v1/core/sched/scheduler.py), one per DP engine: `--max-num-seqs`,
+    or `--max-num-active-seqs` where set (config/scheduler.py: at most max_num_seqs)."""
     value = info.arg("max_num_seqs")
-    return int(value) * info.engines if isinstance(value, int) else None
+    if not isinstance(value, int):
+        return None
+    active = active_seq_cap(info)
+    return min(value, active if active is not None else value) * info.engines
+
+
+def active_seq_cap(info: VLLMSettings) -> int | None:
+    """`--max-num-active-seqs` where it is set below `--max-num-seqs`: the admission cap."""
+    active, seqs = info.arg("max_num_active_seqs"), info.arg("max_num_seqs")
+    if not isinstance(active, int) or (isinstance(seqs, int) and active >= seqs):
+        return None
+    return active
+
+
+def seq_cap_name(info: VLLMSettings) -> str:
+    """The flag that caps the running batch."""
+    return "max_num_active_seqs" if active_seq_cap(info) is not None else "max_num_seqs"
 
 
 def pool_tokens(info: VLLMSettings) -> int:

@@ -21,6 +21,7 @@ from playbooks.engines.vllm.checks import HOST_SHARE
 from playbooks.engines.vllm.facts import (
     PREEMPTIONS_PER_MIN_HIGH,
     Context,
+    active_seq_cap,
     preemption_rate,
     prefix_heavy,
     requests_fitting,
@@ -120,8 +121,12 @@ def fewer_seqs(ctx: Context, bottleneck: Bottleneck) -> Option | None:
 
 
 def more_seqs(ctx: Context, bottleneck: Bottleneck) -> Option | None:
+    """Twice the sequence cap, unless `--max-num-active-seqs` is the cap (more max_num_seqs
+    would not lift it, and kvpilot does not edit that flag)."""
     now = ctx.info.arg("max_num_seqs")
     if bottleneck != "compute" or seq_cap_total(ctx.info) is None or not isinstance(now, int):
+        return None
+    if active_seq_cap(ctx.info) is not None:
         return None
     change: dict[str, int] = {"max_num_seqs": now * 2}
     budget = ctx.info.arg("max_num_batched_tokens")
