@@ -31,6 +31,7 @@ from playbooks.engines.vllm.facts import (
     Observed,
     Server,
     preemption_rate,
+    preempts_often,
     prefix_heavy,
     seq_cap_total,
 )
@@ -494,11 +495,25 @@ class OffloadCheck(Check):
                     "RAM instead of being computed again",
                 ),
             )
+        rpm = preemption_rate(m)
+        if seen.kv_bound and preempts_often(m):
+            return Finding(
+                "possible",
+                (
+                    f"{rpm:.1f} preemptions/min: vLLM computes a preempted request again from "
+                    "the start, and with KV offloading its stored blocks are flushed to the CPU "
+                    "when it is preempted and found again when it returns "
+                    "(kv_connector/v1/offloading/scheduler.py), so it may pay without prefix "
+                    "reuse; the experiment measures whether it does",
+                ),
+                ("each step's blocks are also copied to the CPU",),
+            )
         return Finding(
             "not_useful",
             (
-                "KV offloading serves prefix hits only: running requests still need their "
-                "blocks on the GPU, and this workload does not reuse prefixes enough",
+                "KV offloading serves prefix hits and preempted requests' return only: running "
+                "requests still need their blocks on the GPU, and this workload neither reuses "
+                "prefixes enough nor preempts often",
             ),
         )
 

@@ -72,6 +72,12 @@ class Observed:
         return self.bottleneck == "kv_cache"
 
 
+def preempts_often(m: Measurement) -> bool:
+    """More preemptions a minute than vLLM's guide treats as a problem."""
+    rate = preemption_rate(m)
+    return rate is not None and rate > PREEMPTIONS_PER_MIN_HIGH
+
+
 def seq_cap_total(info: VLLMSettings) -> int | None:
     """Requests that may run at once over the server: each engine scheduler's own
     `max_num_running_reqs` (v1/core/sched/scheduler.py), one per DP engine: `--max-num-seqs`,

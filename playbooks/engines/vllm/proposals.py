@@ -23,6 +23,7 @@ from playbooks.engines.vllm.facts import (
     Context,
     active_seq_cap,
     preemption_rate,
+    preempts_often,
     prefix_heavy,
     requests_fitting,
     seq_cap_total,
@@ -161,10 +162,11 @@ def eager(ctx: Context, bottleneck: Bottleneck) -> Option | None:
 
 
 def offloading(ctx: Context, bottleneck: Bottleneck) -> Option | None:
-    """A host tier for evicted prefixes, sized to the host, where prefixes are reused."""
+    """A host tier for evicted prefixes, sized to the host, where prefixes are reused or
+    requests are preempted often (their blocks come back from it: `OffloadCheck`)."""
     if ctx.info.arg("kv_offloading_size") is not None or bottleneck != "kv_cache":
         return None
-    if not prefix_heavy(ctx.m):
+    if not (prefix_heavy(ctx.m) or preempts_often(ctx.m)):
         return None
     engines = max(1, ctx.info.engines)  # each data-parallel engine pins the whole size
     budget = ctx.host.available_gib * HOST_SHARE / engines if ctx.host is not None else None

@@ -205,7 +205,14 @@ ROWS: list[tuple[dict[str, Any], dict[str, Any], Bottleneck, list[str]]] = [
         {"retractions": 30},
         {},
         "kv_cache",
-        [*UTIL, FP8, "max_num_seqs=37", "max_num_batched_tokens=4096", "enforce_eager=true"],
+        [
+            *UTIL,
+            FP8,
+            "max_num_seqs=37",
+            "max_num_batched_tokens=4096",
+            "enforce_eager=true",
+            "kv_offloading_size=80",  # preempted requests' blocks come back from the host
+        ],
     ),
     ({}, {}, "compute", [*UTIL, FP8, "max_num_seqs=512"]),
     (
