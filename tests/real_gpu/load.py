@@ -21,6 +21,7 @@ class Load:
     def start(
         cls, machine: Machine, url: str, clients: int, cwd: Path, profile: str = PROFILE
     ) -> Load:
+        cwd.mkdir(parents=True, exist_ok=True)  # a call's first phase may be this one
         out = machine.log_path("load-report").with_suffix(".json")
         err = machine.log_path("load")
         with out.open("wb") as stdout, err.open("wb") as stderr:

@@ -135,18 +135,13 @@ def test_smoke_and_capacity_on_the_twin(tmp_path: Path) -> None:
     ]
 
 
-def test_experiment_probe_and_ab_on_the_twin(tmp_path: Path) -> None:
+def test_an_experiment_the_gate_reverts_on_the_twin(tmp_path: Path) -> None:
     s = Settings(
-        phases=("experiment", "oom-probe", "ab"),
+        phases=("experiment",),
         port=free_port(),
         clients=16,
         change="max_running_requests=4",  # a cap far below the 16 running: it must go back
         start_extra=("--chunked-prefill-size", "4096"),
-        probe_fractions=(0.95,),
-        probe_s=10.0,
-        probe_clients=8,
-        ab_warmup_s=1.0,
-        ab_steady_s=5.0,
         budget_s=1000,  # the plan counts GPU seconds; the twin takes a tenth of them
     )
     code, found = run(tmp_path, s)
@@ -163,6 +158,24 @@ def test_experiment_probe_and_ab_on_the_twin(tmp_path: Path) -> None:
     assert exp["final_args"][exp["final_args"].index("--chunked-prefill-size") + 1] == "4096"
     assert exp["final_value"] == {"max_running_requests": None}  # unset again
     assert exp["load"]["completed"] > 0
+    assert code == 0
+    missing = unknown_imports(tmp_path / "modules")
+    assert missing == {}, "imported by kvpilot's tools, but neither in the GPU image nor the lock"
+
+
+def test_the_oom_probe_and_an_ab_on_the_twin(tmp_path: Path) -> None:
+    s = Settings(
+        phases=("oom-probe", "ab"),
+        port=free_port(),
+        clients=16,
+        probe_fractions=(0.95,),
+        probe_s=10.0,
+        probe_clients=8,
+        ab_warmup_s=0.5,
+        ab_steady_s=3.0,
+        budget_s=1000,
+    )
+    code, found = run(tmp_path, s)
     probe = found["oom-probe.json"]
     assert probe["status"] == "ok" and probe["verdicts"] == {"0.95": "survived"}, probe
     (one,) = probe["probes"]
@@ -176,8 +189,6 @@ def test_experiment_probe_and_ab_on_the_twin(tmp_path: Path) -> None:
     )
     assert ab["summaries"]["a"]["samples"] >= 3 and "decode_tokens_per_s" in ab["compare"]
     assert code == 0
-    missing = unknown_imports(tmp_path / "modules")
-    assert missing == {}, "imported by kvpilot's tools, but neither in the GPU image nor the lock"
 
 
 def unknown_imports(folder: Path) -> dict[str, list[str]]:
