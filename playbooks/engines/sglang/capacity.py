@@ -19,6 +19,7 @@ memory outside also covers SGLang's own reserve floor (`reserve.py`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from playbooks.engines.sglang.geometry import Geometry
@@ -154,21 +155,24 @@ class CapacityModel:
         graphs = self.graphs_at(fraction, hicache, bytes_per_token)
         return self.outside_gib(fraction, bytes_per_token, hicache) - graphs
 
-    def _max_fraction(self, need_outside_gib: float, hicache: bool) -> float:
-        """Highest fraction (two decimals) keeping `need_outside_gib` outside the pool; what
-        stays outside never grows with the fraction, so the first from the top is it."""
+    @staticmethod
+    def _highest(holds: Callable[[float], bool]) -> float:
+        """Highest fraction (two decimals) for which `holds`; the rooms it is asked about never
+        grow with the fraction (above SGLang's prefill-graph gate they shrink again), so the
+        first from the top is it."""
         for step in range(99, 0, -1):
-            if self.outside_gib(step / 100, hicache=hicache) >= need_outside_gib:
+            if holds(step / 100):
                 return step / 100
         return 0.0
+
+    def _max_fraction(self, need_outside_gib: float, hicache: bool) -> float:
+        """Highest fraction keeping `need_outside_gib` outside the pool."""
+        return self._highest(lambda f: self.outside_gib(f, hicache=hicache) >= need_outside_gib)
 
     def safe_max_fraction(self, hicache: bool = False) -> float:
         """Highest fraction that leaves the activation floor after the CUDA graphs."""
         need = ACTIVATION_FLOOR_GIB + SAFETY_MARGIN_GIB
-        for step in range(99, 0, -1):
-            if self.activation_room_gib(step / 100, hicache) >= need:
-                return step / 100
-        return 0.0
+        return self._highest(lambda f: self.activation_room_gib(f, hicache) >= need)
 
     def recommended_max_fraction(
         self, hicache: bool = False, chunked_prefill_size: int | None = None

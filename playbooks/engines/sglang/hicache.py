@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from playbooks.engines.sglang.capacity import GIB, HostBudget
+from playbooks.engines.sglang.capacity import GIB, HOST_RESERVE_GIB, HostBudget
 from playbooks.engines.sglang.checks import (
     SWA_OFF_WITH_HICACHE,
     Change,
@@ -34,7 +34,6 @@ DEFAULT_RATIO = 2.0  # SGLang's hicache_ratio when neither size nor ratio is giv
 AUTO_SIZE_SINCE = (0, 5, 21)
 AUTO_HOST_FRACTION = 0.8
 AUTO_SLACK = 0.05
-SGLANG_HOST_RESERVE_GIB = 10.0
 REUSE_WORTH_A_TIER = 0.10  # share of prompt tokens already hitting the cache
 PROMPT_HEAVY = 2.0  # prompt tokens per output token above which prefill is worth saving
 PAGE_SIZE_ADVISED = 64  # docs/advanced_features/hicache_best_practices.md: "--page-size 64"
@@ -331,7 +330,7 @@ def auto_ratio(ctx: Change, fraction: float) -> float | None:
     host = ctx.server.host
     if host is None:
         return None
-    budget_gib = (host.available_gib - SGLANG_HOST_RESERVE_GIB) / max(1, ctx.server.ranks_on_host)
+    budget_gib = (host.available_gib - HOST_RESERVE_GIB) / max(1, ctx.server.ranks_on_host)
     device_gib = ctx.per_scheduler * ctx.bytes_per_token / GIB
     requested = float(ctx.values.get("hicache_ratio") or DEFAULT_RATIO)
     return min(requested, budget_gib * fraction * (1 - AUTO_SLACK) / device_gib)
@@ -418,7 +417,7 @@ def race_limit_gb(server: Server) -> float | None:
     ranks = server.ranks_on_host
     if server.host is None or not server.per_rank_checked or ranks <= 1:
         return None
-    free = max(0.0, server.host.available_gib - SGLANG_HOST_RESERVE_GIB)
+    free = max(0.0, server.host.available_gib - HOST_RESERVE_GIB)
     return free / (2 * ranks - 1) * GIB / 1e9
 
 
@@ -449,7 +448,7 @@ def auto_sized_safety(ctx: Change, fraction: float, arithmetic: str) -> Finding:
             "unsafe",
             (
                 f"SGLang {version} sizes the host pool to {fraction:g} of the host's free "
-                f"memory after its {SGLANG_HOST_RESERVE_GIB:g} GiB reserve, and refuses to start "
+                f"memory after its {HOST_RESERVE_GIB:g} GiB reserve, and refuses to start "
                 'where that leaves nothing: "No host memory is left for HiCache after the 10 GiB '
                 'reserve" (mem_cache/hicache_auto_size.py)',
             ),
@@ -460,7 +459,7 @@ def auto_sized_safety(ctx: Change, fraction: float, arithmetic: str) -> Finding:
     said = (
         f"SGLang {version} sizes the host pool to fit when neither --hicache-ratio nor "
         f"--hicache-size is given: {lowered} ({fraction:g} of the host's free memory after a "
-        f"{SGLANG_HOST_RESERVE_GIB:g} GiB reserve, over {ctx.server.ranks_on_host} ranks; "
+        f"{HOST_RESERVE_GIB:g} GiB reserve, over {ctx.server.ranks_on_host} ranks; "
         "mem_cache/hicache_auto_size.py), "
         f"{host_pool_tokens(ctx):,} tokens a rank"
     )

@@ -7,7 +7,6 @@ usefulness mean, in vLLM's terms, with the source each limit comes from.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from playbooks.engines.findings import NOTHING, Finding
@@ -40,6 +39,7 @@ from playbooks.engines.vllm.shared_gpu import (
     highest_that_starts,
     ranks_of,
     start_limit,
+    two_decimals_down,
 )
 from playbooks.types import Verdict
 
@@ -141,7 +141,7 @@ def starts_on_shared_gpu(ctx: Change, u: float) -> Finding:
         "possible",
         (
             f"{asks}; one of the GPUs it may run on has {limit.worst_others_gib:.1f} GiB held "
-            f"beside its budget, where at most {math.floor(limit.worst * 100) / 100:.2f} starts",
+            f"beside its budget, where at most {two_decimals_down(limit.worst):.2f} starts",
         ),
         ("vLLM refuses to start if the server runs on that GPU (then the change is reverted)",),
     )

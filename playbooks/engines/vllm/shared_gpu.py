@@ -72,6 +72,10 @@ def ranks_of(tp: int, pp: int, engines: int) -> int:
     return max(1, tp) * max(1, pp) * max(1, engines)
 
 
+def two_decimals_down(utilization: float) -> float:
+    """A limit in the two decimals a proposal uses, never rounded up past it."""
+    return math.floor(utilization * 100 + 1e-9) / 100
+
+
 def highest_that_starts(limit: StartLimit) -> float:
-    """The limit in the two decimals a proposal uses, never rounded up past it."""
-    return math.floor(limit.highest * 100 + 1e-9) / 100
+    return two_decimals_down(limit.highest)
