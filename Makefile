@@ -108,7 +108,7 @@ test-twin: venv
 # The serial and real-engine tiers compare timing-dependent behaviour (with the twin, with a real
 # Prometheus), so they run after the parallel tier, one test at a time, not next to anything else.
 test-serial: venv
-	$(BIN)/pytest -q -m "serial and not real_sglang and not real_vllm and not real_daemons"
+	$(BIN)/pytest -q -m "serial and not real_sglang and not real_vllm and not real_daemons" --durations=10
 
 # The launchers against the real daemons: a Docker Engine (the running one, or dockerd started
 # on a socket of its own and stopped after) and systemd as PID 1 of a container of it, reached
@@ -133,13 +133,13 @@ test-real-sglang: venv real-sglang
 	$(MAKE) --no-print-directory test-real-sglang-static
 
 test-real-sglang-static: venv real-sglang
-	$(BIN)/pytest -q -p no:cacheprovider -m "real_sglang" $(REAL_SGLANG_STATIC)
+	$(BIN)/pytest -q -p no:cacheprovider -m "real_sglang" --durations=5 $(REAL_SGLANG_STATIC)
 
 test-real-sglang-measured: venv real-sglang
-	$(BIN)/pytest -q -p no:cacheprovider -m "real_sglang" $(REAL_SGLANG_MEASURED)
+	$(BIN)/pytest -q -p no:cacheprovider -m "real_sglang" --durations=10 $(REAL_SGLANG_MEASURED)
 
 test-real-sglang-servers: venv real-sglang
-	$(BIN)/pytest -q -p no:cacheprovider -m "real_sglang" \
+	$(BIN)/pytest -q -p no:cacheprovider -m "real_sglang" --durations=10 \
 		$(addprefix --ignore=,$(REAL_SGLANG_STATIC) $(REAL_SGLANG_MEASURED))
 
 # The real vLLM: the capped server is recorded again here (record_fixtures.py, about a minute and
@@ -152,11 +152,11 @@ REAL_VLLM_STATIC := tests/real_vllm/test_judge_kvpilot.py tests/real_vllm/test_r
 test-real-vllm: test-real-vllm-static test-real-vllm-measured
 
 test-real-vllm-static: venv real-vllm
-	$(BIN)/pytest -q -p no:cacheprovider -m "real_vllm" $(REAL_VLLM_STATIC)
+	$(BIN)/pytest -q -p no:cacheprovider -m "real_vllm" --durations=5 $(REAL_VLLM_STATIC)
 
 test-real-vllm-measured: venv real-vllm
 	rm -rf $(VLLM_LIVE)
-	$(BIN)/python tests/real_vllm/record_fixtures.py --only capped --out $(VLLM_LIVE)
+	$(BIN)/python -m tests.real_vllm.record_fixtures --only capped --out $(VLLM_LIVE)
 	KVPILOT_VLLM_RECORDED=$(VLLM_LIVE) $(BIN)/pytest -q -p no:cacheprovider \
 		tests/conformance/test_vllm_twin_vs_recorded.py
 	$(BIN)/pytest -q -p no:cacheprovider -m "real_vllm" --durations=10 \

@@ -29,8 +29,9 @@ from bot.cli import main as kvpilot
 from storage import experiments as store
 from storage.db import open_db
 from tests.bot.harness import SECRET, SlackDriver, buttons, twin_config, wait_until
+from tests.ports import free_port
 from tests.slackfake import FakeSlack
-from tests.twin_process import REPO, free_port
+from tests.twin_process import REPO
 
 SLACK = '[slack]\napprovers = ["U2"]\noperators = ["U1"]\n'
 MIX = [

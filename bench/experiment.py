@@ -53,7 +53,7 @@ from playbooks.gate import GateSettings
 from storage import experiments as store
 from storage.experiments import State
 from tests.playbooks.launchers.harness import HARNESSES, Harness
-from tests.twin_process import free_port
+from tests.ports import free_port
 
 PRESET = "kimi-k2.5-rtxpro6000-tp8"
 SERVER = "incident"

@@ -23,8 +23,9 @@ from typing import Any
 
 from tests.bot.harness import click_payload
 from tests.bot.test_quick_start import SCALE, TWIN, blocks, commands, quick_start
+from tests.ports import free_port
 from tests.slackfake import FakeSlack
-from tests.twin_process import REPO, free_port
+from tests.twin_process import REPO
 
 CHANNEL, ALICE = "C0123OPS", "U0123ALICE"
 GLUED = re.compile(r"[^\s*_(`\[]\*[A-Z][a-z]")  # a bold word glued to the word before it

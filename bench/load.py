@@ -44,8 +44,9 @@ from bench.ack import serve_answers
 from storage import experiments as store
 from storage.db import open_db
 from tests.bot.harness import SECRET, SlackDriver, buttons, wait_until
+from tests.ports import free_port
 from tests.slackfake import FakeSlack
-from tests.twin_process import REPO, free_port
+from tests.twin_process import REPO
 
 SLACK = '[slack]\napprovers = ["U2"]\noperators = ["U1"]\nchannels = ["C0OPS"]\n'
 INTERVAL_S = 15.0

@@ -27,7 +27,7 @@ from sim.vllm.memory import plan_kv
 from sim.vllm.runtime import scheduler_config
 from sim.vllm.scheduler import Scheduler
 from sim.workload import make_profile
-from tests.twin_process import free_port
+from tests.ports import free_port
 
 ARGS = [
     "--preset", "llama-3.1-8b-h100", "--gpu-memory-utilization", "0.35",

@@ -24,7 +24,9 @@ from sim.runtime import Pending, Runtime
 from sim.server_requests import ApiError, ids_batch, int_param, json_body, openai_error
 
 Handler = Callable[[Request], Awaitable[Response]]
-DEFAULT_MAX_NEW_TOKENS = 128
+DEFAULT_MAX_NEW_TOKENS = 128  # /generate: sampling/sampling_params.py `max_new_tokens = 128`
+# /v1/completions: entrypoints/openai/protocol.py `CompletionRequest.max_tokens: int = 16`
+DEFAULT_COMPLETION_TOKENS = 16
 
 
 def health_generates(path: str) -> bool:
@@ -380,7 +382,7 @@ class TwinApp:
                     raise ApiError(400, "prompt must be a string or a list of token ids")
             max_new = int_param(
                 body.get("max_completion_tokens", body.get("max_tokens")),
-                DEFAULT_MAX_NEW_TOKENS
+                DEFAULT_COMPLETION_TOKENS
                 if not chat
                 else max(1, self.cfg.context_len - len(prompt_ids) - 1),
                 "max_tokens",

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any, TextIO
@@ -374,6 +375,23 @@ def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 1
 
 
+def _changes_some_engine_reads(items: Sequence[Sequence[str]]) -> tuple[Any, ...]:
+    """Check `--consider` before the engine is known: each change must be one some engine
+    reads (raises the default engine's ArgError otherwise); nothing is kept until detection."""
+    for change in items:
+        first: ArgError | None = None
+        for name in ENGINE_NAMES:
+            try:
+                engine_named(name).parse_change(change)
+                break
+            except ArgError as exc:
+                first = first or exc
+        else:
+            assert first is not None
+            raise first
+    return ()
+
+
 def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if ns.group is not None:
         return cmd_diagnose_group(ns, out, err)
@@ -385,9 +403,16 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             "server's facts as flags (--api-key, --gpu-memory-gib, ...)\n"
         )
         return 2
-    engine = engine_named(ns.engine or DEFAULT_ENGINE)  # for --consider; detected below
+    engine = engine_named(ns.engine or DEFAULT_ENGINE)  # detected below unless --engine
     try:
-        consider = tuple(engine.parse_change(items) for items in ns.consider)
+        # each engine has its own arguments: without --engine a change any engine knows is
+        # read again once the server's engine is detected (a vLLM-only `kv_offloading_size`
+        # is no SGLang argument); one no engine knows is refused now, as the default's
+        consider = (
+            tuple(engine.parse_change(items) for items in ns.consider)
+            if ns.engine
+            else _changes_some_engine_reads(ns.consider)
+        )
         plan = MeasurePlan(
             precision=ns.precision,
             max_window_s=max(ns.max_window, ns.window or 0),
@@ -421,13 +446,12 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if ns.engine is None:  # whichever engine answers
             client.close()
             client = detect(ns.server, api_key=ns.api_key, clock=clock.now)
-            if client.engine.name != engine.name:
-                try:
-                    consider = tuple(client.engine.parse_change(i) for i in ns.consider)
-                except ArgError as exc:
-                    err.write(f"error: {exc}\n")
-                    return 2
-                settings = replace(settings, consider=consider)
+            try:
+                consider = tuple(client.engine.parse_change(i) for i in ns.consider)
+            except ArgError as exc:
+                err.write(f"error: {exc} (for {client.engine.label} at {ns.server})\n")
+                return 2
+            settings = replace(settings, consider=consider)
         finding = diagnose(client, clock, settings, progress)
     except (EngineError, MeasurementError) as exc:
         progress.finish()

@@ -104,6 +104,8 @@ class Measurement:
     notes: list[str] = field(default_factory=list)
     new_token_ratio: float | None = None  # the engine's reserve share of remaining output, mean
     grammar_queued: float | None = None  # mean requests waiting for a grammar to compile
+    deferred_queued: float | None = None  # mean of `queued` waiting for other than KV room
+    rejections: int | None = None  # requests refused at admission by a queue limit, window
     # where the schedulers' busy time went (None where the engine does not account for it)
     time_budget: TimeBudget | None = None
 
@@ -269,6 +271,7 @@ class _Counters:
     avg_output: float | None = None
     cached_fraction: float | None = None
     retractions: int | None = None
+    rejections: int | None = None
 
 
 def _counters(
@@ -297,6 +300,9 @@ def _counters(
     retractions = None
     if first.preemptions is not None and last.preemptions is not None:
         retractions = int(last.preemptions - first.preemptions)
+    rejections = None
+    if first.rejected_requests is not None and last.rejected_requests is not None:
+        rejections = int(last.rejected_requests - first.rejected_requests)
     return _Counters(
         effective=effective,
         prompt_rate=d_prompt / window if window else None,
@@ -306,6 +312,7 @@ def _counters(
         avg_output=d_gen / d_req if d_req > 0 else None,
         cached_fraction=d_cached / d_prompt if d_prompt > 0 else None,
         retractions=retractions,
+        rejections=rejections,
     )
 
 
@@ -367,6 +374,8 @@ def _summarise(
         notes=notes,
         new_token_ratio=_window_mean(body, lambda x: x.new_token_ratio),
         grammar_queued=_window_mean(body, lambda x: x.grammar_queued),
+        deferred_queued=_window_mean(body, lambda x: x.deferred_queued),
+        rejections=c.rejections,
         time_budget=budget_between(
             next((s.steps for s in samples if s.steps is not None), None),
             next((s.steps for s in reversed(samples) if s.steps is not None), None),

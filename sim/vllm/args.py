@@ -76,6 +76,10 @@ class VllmConfig:
     kv_cache_memory_bytes: int | None
     num_gpu_blocks_override: int | None
     tensor_parallel_size: int
+    data_parallel_size: int
+    kv_offloading_size: float | None  # GiB of pinned host memory, each DP engine the whole
+    kv_offloading_backend: str
+    host_ram_gib: float  # the twin's host (its preset's unless --host-ram-gb)
     time_scale: float
     seed: int
     dev_mode: bool
@@ -100,6 +104,7 @@ def build_parser(prog: str = "vllm serve") -> argparse.ArgumentParser:
     p.add_argument("--enforce-eager", action="store_true", default=False)
     p.add_argument("--served-model-name", nargs="+", default=None)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None)
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument(
         "--gpu-memory-utilization", "--device-memory-utilization", type=float, default=0.92
@@ -111,8 +116,12 @@ def build_parser(prog: str = "vllm serve") -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=parse_bytes, default=None)
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--disable-log-stats", action="store_true", default=False)
+    # config/cache.py `kv_offloading_size: float | None` (GiB), `kv_offloading_backend`
+    p.add_argument("--kv-offloading-size", type=float, default=None)
+    p.add_argument("--kv-offloading-backend", choices=("native", "lmcache"), default="native")
     # The twin's own flags.
     p.add_argument("--preset", default=DEFAULT_VLLM_PRESET)
+    p.add_argument("--host-ram-gb", type=float, default=None)
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workload", default=None)
@@ -143,7 +152,7 @@ def resolve(argv: list[str], prog: str = "vllm serve") -> VllmConfig:
         parser.error(str(exc))
     model = ns.model_tag or ns.model or preset.model.name
     ns.model = model  # vLLM: a positional model_tag becomes --model; both are listed
-    twin_flags = ("preset", "time_scale", "seed", "workload", "concurrency")
+    twin_flags = ("preset", "time_scale", "seed", "workload", "concurrency", "host_ram_gb")
     non_default = {
         k: v for k, v in vars(ns).items() if v != parser.get_default(k) and k not in twin_flags
     }
@@ -151,6 +160,12 @@ def resolve(argv: list[str], prog: str = "vllm serve") -> VllmConfig:
         non_default["api_key"] = "[REDACTED]"
     spec = preset.model
     _check_utilization(ns.gpu_memory_utilization)
+    if ns.data_parallel_size < 1:  # config/parallel.py `Field(default=1, ge=1)`
+        raise ConfigError(
+            "1 validation error for ParallelConfig\ndata_parallel_size\n  Input should be "
+            f"greater than or equal to 1 [input_value={ns.data_parallel_size}, input_type=int]",
+            "pydantic_core._pydantic_core.ValidationError",
+        )
     max_model_len = _max_model_len(ns.max_model_len, spec.context_length)
     max_num_seqs, mnbt = _batch_limits(ns, preset, max_model_len)
     dtype_bytes = KV_CACHE_DTYPES[ns.kv_cache_dtype]
@@ -177,6 +192,10 @@ def resolve(argv: list[str], prog: str = "vllm serve") -> VllmConfig:
         kv_cache_memory_bytes=ns.kv_cache_memory_bytes,
         num_gpu_blocks_override=ns.num_gpu_blocks_override,
         tensor_parallel_size=ns.tensor_parallel_size or preset.base.tp_size,
+        data_parallel_size=ns.data_parallel_size,
+        kv_offloading_size=ns.kv_offloading_size,
+        kv_offloading_backend=ns.kv_offloading_backend,
+        host_ram_gib=ns.host_ram_gb if ns.host_ram_gb is not None else preset.base.host_ram_gib,
         time_scale=ns.time_scale,
         seed=ns.seed,
         dev_mode=os.environ.get("VLLM_SERVER_DEV_MODE") == "1",

@@ -22,7 +22,15 @@ from sim.runtime import SimClock, wedge_on_sigusr1
 from sim.vllm import logfmt as lf
 from sim.vllm.args import ConfigError, VllmConfig, resolve
 from sim.vllm.logfmt import VllmLog
-from sim.vllm.memory import KvPlan, StartupError, format_gib, kv_size_line, plan_kv
+from sim.vllm.memory import (
+    KvPlan,
+    StartupError,
+    engine_killed_by_host_oom,
+    engine_name,
+    format_gib,
+    kv_size_line,
+    plan_kv,
+)
 from sim.vllm.runtime import VllmRuntime, make_log
 from sim.vllm.server import VLLM_VERSION, VllmApp
 
@@ -90,6 +98,27 @@ def engine_failed(log: VllmLog, exc_type: str, message: str) -> None:
     log.stream.flush()
 
 
+class HostOomKill(Exception):
+    """The host ran out of memory pinning KV offload buffers: the kernel killed an engine."""
+
+    def __init__(self, engine: str) -> None:
+        super().__init__(engine)
+        self.engine = engine
+
+
+def engine_killed(log: VllmLog, name: str) -> None:
+    """An engine core ended by the kernel's OOM killer: no traceback of its own, only the API
+    server's RuntimeError with the process's exit code (v1/engine/utils.py:1431)."""
+    log.stream.write(
+        "Traceback (most recent call last):\n"
+        '  File "vllm/entrypoints/cli/main.py", line 75, in main\n'
+        "    args.dispatch_function(args)\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. "
+        f"Failed core proc(s): {{'{name}': -9}}\n"
+    )
+    log.stream.flush()
+
+
 async def _sim_sleep(clock: SimClock, seconds: float) -> None:
     await asyncio.sleep(clock.wall_seconds(seconds))
 
@@ -120,6 +149,9 @@ async def startup(cfg: VllmConfig, log: VllmLog, clock: SimClock) -> KvPlan:
         engine=True,
     )
     log.emit(kv_size_line(plan, cfg.max_model_len), lf.SITE_KV_SIZE, engine=True)
+    killed = engine_killed_by_host_oom(cfg)
+    if killed is not None:
+        raise HostOomKill(engine_name(cfg, killed))
     await _sim_sleep(clock, 0.5 * t)
     log.emit(
         f"init engine (profile, create kv cache, warmup model) took {clock.now() - start:.2f} s",
@@ -146,6 +178,9 @@ async def serve(cfg: VllmConfig) -> int:
         plan = await startup(cfg, log, clock)
     except StartupError as exc:
         engine_failed(log, exc.exc_type, exc.message)
+        return 1
+    except HostOomKill as exc:
+        engine_killed(log, exc.engine)
         return 1
     rt = VllmRuntime(cfg, plan, log, clock)
     host = cfg.host

@@ -153,6 +153,32 @@ def _check_enough(cfg: VllmConfig, available: int, per_block: int) -> None:
     )
 
 
+def engine_name(cfg: VllmConfig, index: int) -> str:
+    """The engine core's process name (v1/engine/utils.py: `EngineCore_DP{i}` under DP)."""
+    return f"EngineCore_DP{index}" if cfg.data_parallel_size > 1 else "EngineCore"
+
+
+def offload_pinned_bytes(cfg: VllmConfig) -> int:
+    """The host memory one engine pins for KV offloading: the whole `--kv-offloading-size`
+    (config/vllm.py hands every engine's connector `cpu_bytes_to_use` = size x 2**30, and
+    v1/kv_offload/cpu/spec.py splits it only over that engine's TP x PP workers)."""
+    return int((cfg.kv_offloading_size or 0) * GIB)
+
+
+def engine_killed_by_host_oom(cfg: VllmConfig) -> int | None:
+    """The engine whose pinning passes the host's free memory, which the kernel's OOM killer
+    ends (SIGKILL); None when every engine's fits. The twin's host has `host_ram_gib` less
+    what else it runs (the preset's `host_other_gib`)."""
+    per_engine = offload_pinned_bytes(cfg)
+    if not per_engine:
+        return None
+    free = (cfg.host_ram_gib - cfg.preset.base.host_other_gib) * GIB
+    for index in range(cfg.data_parallel_size):
+        if (index + 1) * per_engine > free:
+            return index
+    return None
+
+
 def kv_size_line(plan: KvPlan, max_model_len: int) -> str:
     """kv_cache_utils.py:2327 (update_kv_cache_capacity), one line in 0.32."""
     return (

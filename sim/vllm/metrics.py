@@ -119,8 +119,8 @@ def cache_config_fields(cfg: VllmConfig, plan: KvPlan) -> dict[str, object]:
         "kv_sharing_fast_prefill": False,
         "swa_bounded_replay": True,
         "kv_cache_memory_bytes": cfg.kv_cache_memory_bytes,
-        "kv_offloading_size": None,
-        "kv_offloading_backend": "native",
+        "kv_offloading_size": cfg.kv_offloading_size,
+        "kv_offloading_backend": cfg.kv_offloading_backend,
         "_block_size_resolved": True,
     }
 
@@ -133,19 +133,25 @@ class VllmMetrics:
         self.process_registry = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.process_registry.register(collector)
-        self.labels = {"model_name": cfg.served_model_name, "engine": "0"}
+        # one label set per data-parallel engine (loggers.py `create_metric_per_engine`)
+        self.per_engine = [
+            {"model_name": cfg.served_model_name, "engine": str(i)}
+            for i in range(cfg.data_parallel_size)
+        ]
+        self.labels = self.per_engine[0]
         self._init_gauges()
         self._init_counters(cfg)
         self._init_histograms(cfg)
         info = cache_config_labels(cfg, plan)
-        info["engine"] = "0"
-        Gauge(
+        config_info = Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
-            list(info),
+            [*info, "engine"],
             registry=self.registry,
-        ).labels(**info).set(1)
-        self._seen: dict[str, int] = {}
+        )
+        for lab in self.per_engine:
+            config_info.labels(**info, engine=lab["engine"]).set(1)
+        self._seen: dict[tuple[str, int], int] = {}
 
     def gauge(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
         return Gauge(name, doc, [*LABEL_NAMES, *extra], registry=self.registry)
@@ -153,16 +159,17 @@ class VllmMetrics:
     def counter(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
         c = Counter(name, doc, [*LABEL_NAMES, *extra], registry=self.registry)
         if not extra:
-            c.labels(**self.labels)
+            for lab in self.per_engine:
+                c.labels(**lab)
         return c
 
     def hist(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
         h = Histogram(name, doc, LABEL_NAMES, buckets=buckets, registry=self.registry)
-        h.labels(**self.labels)
+        for lab in self.per_engine:
+            h.labels(**lab)
         return h
 
     def _init_gauges(self) -> None:
-        lab = self.labels
         gauge = self.gauge
         self.running = gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches."
@@ -184,18 +191,18 @@ class VllmMetrics:
             "level 2.",
             ("sleep_state",),
         )
-        for state in SLEEP_STATES:
-            sleep_state.labels(**lab, sleep_state=state).set(1 if state == "awake" else 0)
         self.kv_usage = gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
         )
-        for family in (self.running, self.waiting, self.kv_usage):
-            family.labels(**lab)
-        for reason in ("capacity", "deferred"):
-            self.waiting_by_reason.labels(**lab, reason=reason)
+        for lab in self.per_engine:
+            for state in SLEEP_STATES:
+                sleep_state.labels(**lab, sleep_state=state).set(1 if state == "awake" else 0)
+            for family in (self.running, self.waiting, self.kv_usage):
+                family.labels(**lab)
+            for reason in ("capacity", "deferred"):
+                self.waiting_by_reason.labels(**lab, reason=reason)
 
     def _init_counters(self, cfg: VllmConfig) -> None:
-        lab = self.labels
         counter = self.counter
         self.prefix_queries = counter(
             "vllm:prefix_cache_queries",
@@ -274,12 +281,13 @@ class VllmMetrics:
         )
         for reason in ADMISSION_REASONS:
             rejections.labels(model_name=cfg.served_model_name, reason=reason)
-        for reason in FINISH_REASONS:
-            self.success.labels(**lab, finished_reason=reason)
-        for source in PROMPT_SOURCES:
-            self.prompt_by_source.labels(**lab, source=source)
-        for source in CACHED_SOURCES:
-            self.cached_by_source.labels(**lab, source=source)
+        for lab in self.per_engine:
+            for reason in FINISH_REASONS:
+                self.success.labels(**lab, finished_reason=reason)
+            for source in PROMPT_SOURCES:
+                self.prompt_by_source.labels(**lab, source=source)
+            for source in CACHED_SOURCES:
+                self.cached_by_source.labels(**lab, source=source)
 
     def _init_histograms(self, cfg: VllmConfig) -> None:
         hist = self.hist
@@ -361,35 +369,37 @@ class VllmMetrics:
             token_buckets,
         )
 
-    def _counter(self, counter: Counter, key: str, value: int) -> None:
-        delta = value - self._seen.get(key, 0)
+    def _counter(self, counter: Counter, key: str, value: int, engine: int) -> None:
+        delta = value - self._seen.get((key, engine), 0)
         if delta > 0:
-            counter.labels(**self.labels).inc(delta)
-            self._seen[key] = value
+            counter.labels(**self.per_engine[engine]).inc(delta)
+            self._seen[(key, engine)] = value
 
-    def sync(self, sched: Scheduler) -> None:
-        lab = self.labels
-        self.running.labels(**lab).set(len(sched.running))
-        self.waiting.labels(**lab).set(len(sched.waiting))
-        self.waiting_by_reason.labels(**lab, reason="capacity").set(len(sched.waiting))
-        self.kv_usage.labels(**lab).set(sched.kv_usage)
-        c = sched.counters
-        self._counter(self.preemptions, "preemptions", c.preemptions)
-        self._counter(self.prompt_tokens, "prompt", c.prompt_tokens)
-        self._counter(self.generation_tokens, "generation", c.generation_tokens)
-        self._counter(self.prefix_queries, "queries", c.prefix_queries)
-        self._counter(self.prefix_hits, "hits", c.prefix_hits)
+    def sync(self, schedulers: list[Scheduler]) -> None:
+        for engine, sched in enumerate(schedulers):
+            lab = self.per_engine[engine]
+            self.running.labels(**lab).set(len(sched.running))
+            self.waiting.labels(**lab).set(len(sched.waiting))
+            self.waiting_by_reason.labels(**lab, reason="capacity").set(len(sched.waiting))
+            self.kv_usage.labels(**lab).set(sched.kv_usage)
+            c = sched.counters
+            self._counter(self.preemptions, "preemptions", c.preemptions, engine)
+            self._counter(self.prompt_tokens, "prompt", c.prompt_tokens, engine)
+            self._counter(self.generation_tokens, "generation", c.generation_tokens, engine)
+            self._counter(self.prefix_queries, "queries", c.prefix_queries, engine)
+            self._counter(self.prefix_hits, "hits", c.prefix_hits, engine)
 
-    def step(self, iteration_tokens: int, steps: int = 1) -> None:
-        observe_many(self.iteration_tokens.labels(**self.labels), iteration_tokens, steps)
+    def step(self, iteration_tokens: int, steps: int = 1, engine: int = 0) -> None:
+        hist = self.iteration_tokens.labels(**self.per_engine[engine])
+        observe_many(hist, iteration_tokens, steps)
 
-    def request_finished(self, req: Request) -> None:
+    def request_finished(self, req: Request, engine: int = 0) -> None:
         """One finished request's counters and histograms (loggers.py, FinishedRequestStats).
         The phases on the scheduler's clock: queued from arrival to (last) admission, prefill
         until the first token, decode after it; prompt counters count each request once, as
         `vllm:prompt_tokens_total` does (metrics_after_load.txt: 3072 = 8 x 384 after 8
         preemptions)."""
-        lab = self.labels
+        lab = self.per_engine[engine]
         assert req.finished_at is not None
         n_prompt, n_out = len(req.input_ids), req.out_len
         cached = min(req.cached_tokens, n_prompt)
@@ -421,11 +431,11 @@ class VllmMetrics:
                 # the twin delivers a request's tokens evenly: one interval per later token
                 observe_many(self.itl.labels(**lab), tpot, n_out - 1)
 
-    def exposition(self, sched: Scheduler, *, vllm_families: bool = True) -> bytes:
+    def exposition(self, schedulers: list[Scheduler], *, vllm_families: bool = True) -> bytes:
         """The /metrics body; without `vllm_families` (--disable-log-stats: no stat loggers,
         v1/engine/async_llm.py:195) only the process and Python families."""
         body = generate_latest(self.process_registry)
         if vllm_families:
-            self.sync(sched)
+            self.sync(schedulers)
             body += generate_latest(self.registry)
         return body

@@ -1,5 +1,11 @@
-"""The vLLM twin's runtime: one v1 scheduler paced by `sim.runtime.PacedRuntime` (the scaled
-clock and delivery the SGLang twin uses), vLLM's metrics and periodic stats line."""
+"""The vLLM twin's runtime: a v1 scheduler per data-parallel engine, paced by
+`sim.runtime.PacedRuntime` (the scaled clock and delivery the SGLang twin uses), vLLM's metrics
+and periodic stats lines.
+
+Under `--data-parallel-size N` each engine has its own scheduler and KV pool, and the API server
+sends a request to the least loaded engine (v1/engine/core_client.py `DPLBAsyncMPClient.
+get_core_engine_for_request`: waiting + running, plus 6 x waiting x (KV usage - 0.5) where the
+pool is over half full, the scan starting one engine further each time)."""
 
 from __future__ import annotations
 
@@ -49,21 +55,38 @@ class VllmRuntime(PacedRuntime):
         self.vlog = log
         self.cfg = cfg
         self.plan = plan
-        self.scheduler = Scheduler(scheduler_config(cfg, plan), on_step=self._on_step)
-        self.scheduler.now = clock.now()
-        self.engines = [self.scheduler]
+        self.schedulers = [
+            Scheduler(scheduler_config(cfg, plan), on_step=self._on_step)
+            for _ in range(cfg.data_parallel_size)
+        ]
+        for sched in self.schedulers:
+            sched.now = clock.now()
+        self.scheduler = self.schedulers[0]
+        self.engines = list(self.schedulers)
         self.metrics = VllmMetrics(cfg, plan)
         self.workload: Profile | None = None
         self.workload_completed = 0
-        # the periodic log's interval accumulators
-        self._last_log_at = self.scheduler.now
-        self._prompt_since = 0
-        self._gen_since = 0
-        self._preempt_since = 0
-        self._last_was_idle = True
-        # (queries, hits) at each admission, for the rolling hit rate of the periodic line
-        self._prefix_window: deque[tuple[int, int]] = deque(maxlen=PREFIX_RATE_WINDOW)
-        self._prefix_seen = (0, 0)
+        self._scan_from = 0
+        self._intervals = [_Interval(sched.now) for sched in self.schedulers]
+
+    def index_of(self, sched: Scheduler) -> int:
+        return next(i for i, s in enumerate(self.schedulers) if s is sched)
+
+    def route(self) -> int:
+        """The engine a new request goes to: the least loaded (see the module's docstring)."""
+        n = len(self.schedulers)
+        best, best_score = 0, float("inf")
+        for k in range(n):
+            i = (self._scan_from + k) % n
+            sched = self.schedulers[i]
+            waiting = len(sched.waiting)
+            score = float(waiting + len(sched.running))
+            if waiting:
+                score += waiting * 6.0 * max(0.0, sched.kv_usage - 0.5)
+            if score < best_score:
+                best, best_score = i, score
+        self._scan_from = (self._scan_from + 1) % n
+        return best
 
     # ----------------------------------------------------------------- requests
     def stop_at(self, input_ids: tuple[int, ...], ignore_eos: bool) -> int | None:
@@ -72,7 +95,8 @@ class VllmRuntime(PacedRuntime):
         return natural_answer_length(input_ids, self.cfg.seed, self.cfg.preset.base.answer_tokens)
 
     def submit(self, input_ids: tuple[int, ...], max_tokens: int, *, ignore_eos: bool) -> Pending:
-        sched = self.scheduler
+        index = self.route()
+        sched = self.schedulers[index]
         if sched.idle:
             sched.advance_idle(self.clock.now())
         req = Request(
@@ -82,7 +106,7 @@ class VllmRuntime(PacedRuntime):
             sched.now,
             stop_at=self.stop_at(input_ids, ignore_eos),
         )
-        pending = Pending(req, 0, sched.now)
+        pending = Pending(req, index, sched.now)
         req.on_finish = lambda r, p=pending: self._finished(r, p)
         self._pending[req.rid] = pending
         sched.submit(req)
@@ -90,7 +114,7 @@ class VllmRuntime(PacedRuntime):
         return pending
 
     def _record_finish(self, req: Request, dp_rank: int = 0) -> None:
-        self.metrics.request_finished(req)
+        self.metrics.request_finished(req, dp_rank)
 
     # ----------------------------------------------------------------- built-in workload
     def start_workload(self, profile_name: str, concurrency: int) -> None:
@@ -101,7 +125,10 @@ class VllmRuntime(PacedRuntime):
     def _workload_next(self, user: int) -> None:
         assert self.workload is not None
         spec = self.workload.next_request(user)
-        sched = self.scheduler
+        index = self.route()
+        sched = self.schedulers[index]
+        if sched.idle:
+            sched.advance_idle(self.clock.now())
         max_tokens = min(spec.max_new_tokens, self.cfg.max_model_len - len(spec.input_ids))
         req = Request(
             f"wl-{uuid.uuid4().hex[:12]}",
@@ -111,10 +138,10 @@ class VllmRuntime(PacedRuntime):
             stop_at=self.stop_at(spec.input_ids, spec.ignore_eos),
         )
 
-        def done(r: Request, spec: Any = spec, user: int = user) -> None:
+        def done(r: Request, spec: Any = spec, user: int = user, index: int = index) -> None:
             assert self.workload is not None
             self.workload_completed += 1
-            self._record_finish(r)
+            self._record_finish(r, index)
             self.workload.completed(user, spec, r.output_ids)
             self._workload_next(user)
 
@@ -126,51 +153,69 @@ class VllmRuntime(PacedRuntime):
         scrape never sees tokens from the future and each line closes its own interval."""
         horizon = target
         if not self.cfg.disable_log_stats:
-            horizon = min(horizon, self._last_log_at + self.cfg.log_stats_interval)
+            since = self._intervals[self.index_of(engine)].since
+            horizon = min(horizon, since + self.cfg.log_stats_interval)
         return float(engine.step(horizon))
 
     # ----------------------------------------------------------------- the periodic line
-    def _prefix_rate(self, sched: Scheduler) -> tuple[int, int]:
-        """Queried and hit tokens of the last PREFIX_RATE_WINDOW lookups (stats.py:47)."""
-        c = sched.counters
-        seen_q, seen_h = self._prefix_seen
-        if c.prefix_queries > seen_q:
-            self._prefix_window.append((c.prefix_queries - seen_q, c.prefix_hits - seen_h))
-            self._prefix_seen = (c.prefix_queries, c.prefix_hits)
-        return sum(q for q, _ in self._prefix_window), sum(h for _, h in self._prefix_window)
-
     def _on_step(self, sched: Scheduler, stats: StepStats) -> None:
+        index = self.index_of(sched)
         if not self.cfg.disable_log_stats:
-            self.metrics.step(stats.iteration_tokens, stats.steps)
-        self._prompt_since += stats.prompt_computed
-        self._gen_since += stats.generated
-        self._preempt_since += stats.preempted
-        elapsed = sched.now - self._last_log_at
+            self.metrics.step(stats.iteration_tokens, stats.steps, index)
+        iv = self._intervals[index]
+        iv.prompt += stats.prompt_computed
+        iv.generated += stats.generated
+        iv.preempted += stats.preempted
+        elapsed = sched.now - iv.since
         if self.cfg.disable_log_stats or elapsed < self.cfg.log_stats_interval:
             return
-        prompt_tp = self._prompt_since / elapsed
-        gen_tp = self._gen_since / elapsed
+        prompt_tp = iv.prompt / elapsed
+        gen_tp = iv.generated / elapsed
         idle = not (prompt_tp or gen_tp)
         # loggers.py:261-280: at DEBUG when this and the previous interval were both idle
-        if not (idle and self._last_was_idle):
-            queries, hits = self._prefix_rate(sched)
+        if not (idle and iv.last_was_idle):
+            queries, hits = iv.prefix_rate(sched)
             line = stats_line(
                 IntervalStats(
                     prompt_throughput=prompt_tp,
                     generation_throughput=gen_tp,
                     running=len(sched.running),
                     waiting=len(sched.waiting),
-                    preemptions=self._preempt_since,
+                    preemptions=iv.preempted,
                     kv_usage=sched.kv_usage,
                     prefix_hit_rate=(
                         hits / queries if queries and self.cfg.enable_prefix_caching else None
                     ),
-                )
+                ),
+                index,
             )
             self.vlog.emit(line, SITE_STATS, at=sched.now)
-        self._last_was_idle = idle
-        self._last_log_at = sched.now
-        self._prompt_since = self._gen_since = self._preempt_since = 0
+        iv.last_was_idle = idle
+        iv.since = sched.now
+        iv.prompt = iv.generated = iv.preempted = 0
+
+
+class _Interval:
+    """One engine's periodic-line accumulators (LoggingStatLogger, one per engine)."""
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        self.prompt = 0
+        self.generated = 0
+        self.preempted = 0
+        self.last_was_idle = True
+        # (queries, hits) at each admission, for the rolling hit rate of the periodic line
+        self.window: deque[tuple[int, int]] = deque(maxlen=PREFIX_RATE_WINDOW)
+        self.seen = (0, 0)
+
+    def prefix_rate(self, sched: Scheduler) -> tuple[int, int]:
+        """Queried and hit tokens of the last PREFIX_RATE_WINDOW lookups (stats.py:47)."""
+        c = sched.counters
+        seen_q, seen_h = self.seen
+        if c.prefix_queries > seen_q:
+            self.window.append((c.prefix_queries - seen_q, c.prefix_hits - seen_h))
+            self.seen = (c.prefix_queries, c.prefix_hits)
+        return sum(q for q, _ in self.window), sum(h for _, h in self.window)
 
 
 def make_log(clock: SimClock) -> VllmLog:

@@ -145,7 +145,7 @@ class VllmApp:
 
     async def metrics(self, request: Request) -> Response:
         body = self.rt.metrics.exposition(
-            self.rt.scheduler, vllm_families=not self.cfg.disable_log_stats
+            self.rt.schedulers, vllm_families=not self.cfg.disable_log_stats
         )
         return Response(
             body,
@@ -198,7 +198,7 @@ class VllmApp:
             "parallel_config": {
                 "pipeline_parallel_size": 1,
                 "tensor_parallel_size": c.tensor_parallel_size,
-                "data_parallel_size": 1,
+                "data_parallel_size": c.data_parallel_size,
             },
             "scheduler_config": {
                 "max_num_batched_tokens": c.max_num_batched_tokens,
@@ -224,7 +224,8 @@ class VllmApp:
             f"tokenizer_revision=None, trust_remote_code=False, dtype=torch.bfloat16, "
             f"max_seq_len={c.max_model_len}, download_dir=None, load_format=auto, "
             f"tensor_parallel_size={c.tensor_parallel_size}, pipeline_parallel_size=1, "
-            f"data_parallel_size=1, quantization=None, enforce_eager={c.enforce_eager}, "
+            f"data_parallel_size={c.data_parallel_size}, quantization=None, "
+            f"enforce_eager={c.enforce_eager}, "
             f"kv_cache_dtype={c.kv_cache_dtype}, device_config=cuda, seed={c.seed}, "
             f"served_model_name={c.served_model_name}, "
             f"enable_prefix_caching={c.enable_prefix_caching}, enable_chunked_prefill=True"
@@ -252,7 +253,8 @@ class VllmApp:
         )
 
     async def reset_prefix_cache(self, request: Request) -> Response:
-        self.rt.scheduler.reset_prefix_cache()
+        for sched in self.rt.schedulers:
+            sched.reset_prefix_cache()
         return JSONResponse({"success": True})  # probes.json
 
     async def tokenize(self, request: Request) -> Response:
@@ -311,7 +313,7 @@ class VllmApp:
                 await asyncio.wait_for(pending.event.wait(), timeout=1.0)
             except TimeoutError:
                 if await request.is_disconnected():  # vLLM aborts a request whose client left
-                    self.rt.scheduler.abort(pending.req.rid)
+                    self.rt.schedulers[pending.dp_rank].abort(pending.req.rid)
         return pending
 
     # Response shapes as recorded (tests/real_vllm/fixtures/completions.json): every key the

@@ -22,8 +22,8 @@ from bot.app.config import load
 from bot.cli import main as cli_main
 from bot.slack.serve import Bot, SlackSettings
 from sim.models import LLAMA_3_1_8B, write_model_dir
+from tests.ports import free_port
 from tests.slackfake import FakeSlack
-from tests.twin_process import free_port
 
 SECRET = "test-signing-secret"
 CHANNEL = "C0OPS"

@@ -21,7 +21,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.real_sglang.harness import RealSGLang, free_port, sglang_env_available, sglang_venv
+from tests.ports import free_port
+from tests.real_sglang.harness import RealSGLang, sglang_env_available, sglang_venv
 from tests.twin_process import TwinProcess, running_twin
 
 pytestmark = [

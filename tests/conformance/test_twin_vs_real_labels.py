@@ -12,7 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conformance.test_twin_vs_real import REAL_ENV, TWIN_ARGS
-from tests.real_sglang.harness import RealSGLang, free_port, sglang_env_available
+from tests.ports import free_port
+from tests.real_sglang.harness import RealSGLang, sglang_env_available
 from tests.twin_process import running_twin
 
 pytestmark = [

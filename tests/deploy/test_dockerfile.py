@@ -26,7 +26,7 @@ import pytest
 
 from bot.cli import build_parser
 from tests.deploy.units import DEPLOY, REPO
-from tests.twin_process import free_port
+from tests.ports import free_port
 
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 

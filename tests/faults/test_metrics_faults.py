@@ -21,7 +21,7 @@ from tests.faults.bot_process import BotProcess
 from tests.faults.checks import RAISE, judged, moves, outcome_of
 from tests.faults.proxy import FaultProxy
 from tests.playbooks.experiments.incident import MEASURING_SCALE, Workspace, incident_workspace
-from tests.twin_process import free_port
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -29,8 +29,8 @@ from tests.bot.harness import (
     twin_config,
     wait_until,
 )
+from tests.ports import free_port
 from tests.slackfake import FakeSlack
-from tests.twin_process import free_port
 
 pytestmark = pytest.mark.slow
 

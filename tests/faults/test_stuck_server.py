@@ -57,10 +57,13 @@ def generating(ws: Workspace) -> bool:
 
 @pytest.mark.parametrize("pause_before", ["trial", "baseline"])
 def test_a_server_that_stops_generating_is_not_measured_as_healthy(
-    tmp_path: Path, pause_before: str
+    tmp_path: Path, pause_before: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Stopping a stuck server takes wall time its readiness probes hold it for (a generating
-    # `/health` answers after 20 s): more than the 1800 s ready timeout is at 100x
+    # `/health` answers after SGLANG_HEALTH_CHECK_TIMEOUT s, 20 by default): more than the
+    # 1800 s ready timeout is at 100x. 2 s here, which the twins kvpilot starts inherit, as
+    # SGLang's servers would: each probe of the stuck server costs that much wall time.
+    monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "2")
     with incident_workspace(tmp_path, MEASURING_SCALE, more_config=NO_READY_LIMIT) as ws:
         bot = BotProcess(ws.config, "incident", RAISE, pause_before, tmp_path)
         try:

@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from storage.db import open_db
 from tests.bot.harness import CHANNEL, SlackDriver, running_bot
 from tests.fuzz.conftest import scaled, tally
+from tests.ports import free_port
 from tests.slackfake import FakeSlack
-from tests.twin_process import free_port
 
 SLACK = """[slack]
 approvers = ["U2"]

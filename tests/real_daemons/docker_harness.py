@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from tests.playbooks.launchers.harness import Harness, twin_args, twin_command, write_config
+from tests.ports import free_port
 from tests.real_daemons.dockerd import BASE_IMAGE, Dockerd
-from tests.twin_process import REPO, free_port
+from tests.twin_process import REPO
 
 LABEL = "org.kvpilot.test"
 MEMLOCK = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]

@@ -24,9 +24,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.ports import free_port
 from tests.real_daemons.docker_harness import mounts
 from tests.real_daemons.dockerd import BASE_IMAGE, Dockerd, unavailable
-from tests.twin_process import REPO, free_port
+from tests.twin_process import REPO
 
 SYSTEMD = "/lib/systemd/systemd"
 SOURCE = "/opt/kvpilot-src"  # the checkout again, outside /tmp

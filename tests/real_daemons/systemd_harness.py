@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.playbooks.launchers.harness import Harness, twin_args, unit_text, write_config
+from tests.ports import free_port
 from tests.real_daemons.systemd_box import SystemdBox
-from tests.twin_process import free_port
 
 # systemd's SD_MESSAGE_UNIT_STARTED (src/systemd/sd-messages.h): "Started UNIT." once a start
 # job of a unit has completed, one per start, whoever asked for it.

@@ -16,11 +16,12 @@ import httpx
 import pytest
 from slack_sdk.signature import SignatureVerifier
 
+from tests.ports import free_port
 from tests.real_daemons.bot_image import IMAGE, IMAGE_TAR
 from tests.real_daemons.dockerd import Dockerd, unavailable
 from tests.real_daemons.systemd_box import docker
 from tests.slackfake import FakeSlack
-from tests.twin_process import free_port, running_twin
+from tests.twin_process import running_twin
 
 pytestmark = pytest.mark.real_daemons
 

@@ -20,9 +20,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.ports import free_port
 from tests.real_daemons.systemd_box import SOURCE, SystemdBox
 from tests.slackfake import FakeSlack
-from tests.twin_process import REPO, free_port, running_twin
+from tests.twin_process import REPO, running_twin
 
 pytestmark = pytest.mark.real_daemons
 

@@ -68,10 +68,11 @@ def cli_command(python: str, config: Path | str, *args: str) -> list[str]:
     return [python, "-m", "bot.cli", *args, "--config", str(config)]
 
 
-def experiment_args(change: str) -> list[str]:
+def experiment_args(change: str, force: bool = False) -> list[str]:
     """`kvpilot experiment`: the change (KEY=VALUE), approved by the operator running the call
-    (--yes)."""
-    return ["experiment", "--server", SERVER, "--set", change, "--yes", "--json"]
+    (--yes); with --force, run although kvpilot's safety checks call it unsafe."""
+    forced = ["--force"] if force else []
+    return ["experiment", "--server", SERVER, "--set", change, "--yes", *forced, "--json"]
 
 
 def kvpilot_config(

@@ -81,11 +81,11 @@ def wait_full(call: Call, url: str, clients: int, timeout_s: float = 60.0) -> fl
     return round(time.monotonic() - began, 1)
 
 
-def run_experiment(call: Call, config: Path, change: str) -> dict[str, Any]:
+def run_experiment(call: Call, config: Path, change: str, force: bool = False) -> dict[str, Any]:
     """`kvpilot experiment ... --yes --json`, its progress shown as it comes; interrupted (and
     so reverted by kvpilot) if it would outlast the call."""
     m = call.machine
-    argv = cli_command(m.python, config, *experiment_args(change))
+    argv = cli_command(m.python, config, *experiment_args(change, force))
     log = m.log_path("kvpilot-experiment")
     out_path = log.with_suffix(".json")
     with out_path.open("w") as out:
@@ -157,8 +157,9 @@ def under_load(call: Call, config: Path, url: str, result: dict[str, Any]) -> No
     load = Load.start(call.machine, url, s.clients, REPO)
     try:
         result["ramp_s"] = wait_full(call, url, s.clients)
-        call.say(f"kvpilot experiment --set {s.experiment_change} --yes")
-        ran = run_experiment(call, config, s.experiment_change)
+        forced = " --force" if s.force else ""
+        call.say(f"kvpilot experiment --set {s.experiment_change} --yes{forced}")
+        ran = run_experiment(call, config, s.experiment_change, s.force)
     finally:
         report = load.stop()
         report.pop("finished", None)

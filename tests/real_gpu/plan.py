@@ -67,6 +67,7 @@ class Settings:
     ab_steady_s: float = 300.0
     change: str | None = None  # the experiment's `--set KEY=VALUE` (else the fraction to --target)
     start_extra: tuple[str, ...] = ()  # more SGLang flags for the experiment's first server
+    force: bool = False  # the experiment runs a change kvpilot's safety checks call unsafe
     probe_fractions: tuple[float, ...] = (0.93, 0.95, 0.97)
     probe_s: float = 100.0  # each probe server under the long-context load
     probe_clients: int = 200

@@ -106,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--start-extra", default="", help="more SGLang flags for the experiment's first server"
     )
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="the experiment runs its change although kvpilot calls it unsafe (kvpilot's --force)",
+    )
+    p.add_argument(
         "--probe-fractions",
         type=_fractions,
         default=(0.93, 0.95, 0.97),
@@ -139,6 +144,7 @@ def settings_of(ns: argparse.Namespace) -> Settings:
         ab_steady_s=ns.ab_steady_s,
         change=ns.change,
         start_extra=tuple(ns.start_extra.split()),
+        force=ns.force,
         probe_fractions=ns.probe_fractions,
         probe_s=ns.probe_s,
         probe_clients=ns.probe_clients,
@@ -224,7 +230,9 @@ def planned_commands(s: Settings, python: str, model: Path) -> list[list[str]]:
     if any(p in s.phases for p in EXPERIMENTS):
         out.append(cmd.cli_command(python, config, "server", "start", "--server", cmd.SERVER))
         out.append(cmd.load_command(python, url, s.clients))
-        out.append(cmd.cli_command(python, config, *cmd.experiment_args(s.experiment_change)))
+        out.append(
+            cmd.cli_command(python, config, *cmd.experiment_args(s.experiment_change, s.force))
+        )
     if "oom-probe" in s.phases:
         for f in dict.fromkeys(s.probe_fractions):
             out.append(server(f))

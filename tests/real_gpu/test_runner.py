@@ -228,6 +228,19 @@ def test_dry_run_of_any_change_and_the_oom_probe(
     assert "--mem-fraction-static 0.97 --host" in out
 
 
+def test_an_unsafe_change_is_run_only_when_forced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = [
+        *("--phases", "experiment", "--dry-run", "--set", "mem_fraction_static=0.99"),
+        *("--bundle", str(tmp_path / "absent.tar.xz"), "--work", str(tmp_path / "work")),
+    ]
+    assert run.main(common) == 0
+    assert "--set mem_fraction_static=0.99 --yes --json" in capsys.readouterr().out
+    assert run.main([*common, "--force"]) == 0
+    assert "--set mem_fraction_static=0.99 --yes --force --json" in capsys.readouterr().out
+
+
 def test_a_machine_that_cannot_run_it_is_told_why_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -26,6 +26,7 @@ from packaging.utils import canonicalize_name
 from playbooks.sources import gpu as gpu_source
 from playbooks.sources.gpu import FakeGpuReader, GpuState
 from sim.presets import PRESETS
+from tests.ports import free_port
 from tests.real_gpu import archive, image, runner
 from tests.real_gpu import env as genv
 from tests.real_gpu import run as run_cli
@@ -35,7 +36,7 @@ from tests.real_gpu.commands import sglang_command
 from tests.real_gpu.lock import parse_lock
 from tests.real_gpu.plan import Settings, make_plan
 from tests.real_gpu.server import Machine
-from tests.twin_process import REPO, free_port
+from tests.twin_process import REPO
 
 TIME_SCALE = 20.0
 GIB = 1 << 30

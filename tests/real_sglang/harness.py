@@ -19,7 +19,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,8 @@ from types import TracebackType
 
 import httpx
 import psutil
+
+from tests.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 LAUNCH = HERE / "launch.py"
@@ -53,13 +54,6 @@ def sglang_env_available() -> bool:
     """True when ``setup.sh`` has completed (the venv's python and its stamp file exist)."""
     venv = sglang_venv()
     return (venv / "bin" / "python").exists() and (venv / STAMP_NAME).is_file()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to port 0 and read it back)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _flag_value(args: Sequence[str], flag: str) -> str | None:

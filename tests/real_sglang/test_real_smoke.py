@@ -160,6 +160,16 @@ class TestDefaultServer:
             assert out["meta_info"]["finish_reason"]["type"] == "length"
             assert out["text"].split() == ["token"] * 8  # the constant sampled token
 
+            # a stop string of three words ends the answer at three tokens, whatever the limit
+            # (test_real_reservation.py's short answers under a generous max_tokens)
+            params = {"max_new_tokens": 4000, "stop": ["token token token"], "temperature": 0}
+            out = client.post("/generate", json={"text": "Hi", "sampling_params": params}).json()
+            assert out["meta_info"]["completion_tokens"] == 3, out["meta_info"]
+            assert out["meta_info"]["finish_reason"]["type"] == "stop"
+            # /v1/completions without max_tokens: OpenAI's default of 16 (the twin's too)
+            resp = client.post("/v1/completions", json={"model": "default", "prompt": "Hi"})
+            assert resp.json()["usage"]["completion_tokens"] == 16
+
             began = time.monotonic()
             resp = client.post(
                 "/v1/chat/completions",

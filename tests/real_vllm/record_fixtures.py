@@ -2,7 +2,7 @@
 
 Usage (any Python 3.11+, standard library only; needs ``setup.sh`` to have run)::
 
-    python tests/real_vllm/record_fixtures.py [--out DIR] [--only default|capped|runtime]
+    python -m tests.real_vllm.record_fixtures [--out DIR] [--only default|capped|runtime]
         [--case NAME ...]   # with --only runtime: re-run these RUNTIME_CASES only
 
 Every server is started through ``launch.py`` (so the command is ``vllm serve MODEL ...`` with
@@ -45,7 +45,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -56,6 +55,8 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from tests.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 LAUNCH = HERE / "launch.py"
@@ -77,12 +78,6 @@ def _prctl(option: int, value: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(option, value, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 # ---- /proc helpers -------------------------------------------------------------------------

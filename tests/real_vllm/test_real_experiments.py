@@ -27,7 +27,8 @@ import httpx
 import pytest
 
 from bot.cli import main
-from tests.twin_process import REPO, free_port
+from tests.ports import free_port
+from tests.twin_process import REPO
 
 from .harness import MARKS
 

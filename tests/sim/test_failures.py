@@ -9,7 +9,8 @@ import sys
 import httpx
 import pytest
 
-from tests.twin_process import REPO, free_port, running_twin, spawn, wait_healthy
+from tests.ports import free_port
+from tests.twin_process import REPO, running_twin, spawn, wait_healthy
 
 FAST = ["--time-scale", "2000", "--enable-metrics"]
 

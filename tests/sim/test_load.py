@@ -14,7 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sim.load import run_load
-from tests.twin_process import REPO, free_port, running_twin
+from tests.ports import free_port
+from tests.twin_process import REPO, running_twin
 
 
 def gauges(url: str) -> dict[str, float]:

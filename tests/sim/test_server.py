@@ -221,6 +221,9 @@ def test_completions_and_abort() -> None:
             headers={"content-type": "application/json"},
         ).json()
         assert done["object"] == "text_completion" and done["usage"]["completion_tokens"] == 3
+        # without max_tokens: SGLang's CompletionRequest default, 16 (test_real_smoke.py)
+        default = httpx.post(proc.url + "/v1/completions", json={"prompt": "a b c"}).json()
+        assert default["usage"]["completion_tokens"] == 16
         result: dict[str, object] = {}
 
         def slow() -> None:

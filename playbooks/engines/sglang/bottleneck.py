@@ -28,7 +28,12 @@ from playbooks.engines.sglang.facts import (
     running_cap_total,
 )
 from playbooks.engines.sglang.metrics import binding_pool
-from playbooks.engines.sglang.reservation import Reservation, floor_ratio, initial_ratio
+from playbooks.engines.sglang.reservation import (
+    CLIP_MAX_NEW_TOKENS,
+    Reservation,
+    floor_ratio,
+    initial_ratio,
+)
 from playbooks.types import Bottleneck
 
 FILLING_RISE = 0.15  # usage rising by more than this over the window: the server is filling up
@@ -188,6 +193,18 @@ def reservation_bound(s: Signals) -> str | None:
     r = s.reservation
     if r is None:
         return None
+    if r.basis == "max_tokens":
+        return (
+            f"the pool is only {r.usage:.0%} in use, yet it is full of reservations if the "
+            f"clients send max_tokens well above their answers (~{r.answer:,.0f} tokens) or "
+            "none: SGLang reserves for what a request may still generate, not for its answer, "
+            f"up to {CLIP_MAX_NEW_TOKENS:,} tokens ({r.ratio:.2f} of it for each running "
+            f"request, {r.ratio_source}), and admits the next only with its whole limit free. "
+            f"{r.running:.0f} running reserve ~{r.reserved:,.0f} tokens, the next needs "
+            f"~{r.next_need:,.0f}, {r.held:,.0f} are held, of {r.pool:,}. kvpilot cannot see "
+            "max_tokens; clients sending limits near their answers would let more run: "
+            "admission is limited by KV-cache capacity"
+        )
     how = (
         "SGLang 0.5.23 reserves all that is left of a fixed-length request (ignore_eos with "
         "max_tokens), whatever new_token_ratio says"

@@ -207,6 +207,7 @@ def reservation_binding(
         conservativeness(info),
         retracting=is_retracting(m),
         page_size=int(info.arg("page_size") or 1),
+        context_len=context_len(info),
     )
 
 

@@ -22,13 +22,26 @@ mean, and how far it has got from the tokens held: held per running request less
 prompt is the output so far (half the answer where that figure is out of range, as
 `facts.resident_tokens` assumes). A server measured soon after a burst is early in its answers
 and reserves more than half of each.
+
+What a request may still generate is its `max_new_tokens`, not its answer: a client that sends
+no `max_tokens` gets the context less its prompt (`Scheduler.init_req_max_new_tokens`: `1 << 30`
+capped by `max_req_len - input_len - 1`), and one that sends a generous limit keeps it. Such
+requests reserve up to the clip each, and the next one is admitted only with its whole limit
+(up to the clip) free, so answers far shorter than their limit leave a pool full of
+reservations at low usage. Where the mean answer explains no refused admission, kvpilot tries
+that reading too (`Basis` "max_tokens") before it suspects admission itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from playbooks.diagnose.measure import Measurement
+
+# What a running request is taken to reserve for: its answer's mean length, that length in full
+# (0.5.23's fixed-length requests), or a max_tokens larger than its answer (absent: the context).
+Basis = Literal["ratio", "fixed_length", "max_tokens"]
 
 INIT_NEW_TOKEN_RATIO = 0.7  # environ.py SGLANG_INIT_NEW_TOKEN_RATIO
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # environ.py SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
@@ -43,6 +56,8 @@ FIXED_LENGTH_FULL_RESERVE = (0, 5, 23)  # `ratio = 1.0 if ignore_eos` from this 
 # (tests/real_sglang/test_real_reservation.py) averaged 0.886 of the pool over 30 s while it
 # refused every admission (10.8 running, 32.8 waiting); 0.9 read that as "too conservative".
 FULL_OF_RESERVATIONS = 0.85
+# A max_tokens reading is tried where the largest limit exceeds the mean answer by this much.
+GENEROUS = 1.25
 
 
 def initial_ratio(conservativeness: float) -> float:
@@ -66,7 +81,13 @@ class Reservation:
     next_need: float  # what the next waiting request needs: prompt + output + a page
     ratio: float  # the share of remaining output reserved
     ratio_source: str  # where the ratio comes from, for the evidence
-    fixed_length: bool  # reserved in full, as 0.5.23 does for fixed-length requests
+    basis: Basis = "ratio"
+    answer: float = 0.0  # the completed requests' mean output, tokens
+
+    @property
+    def fixed_length(self) -> bool:
+        """Reserved in full, as 0.5.23 does for fixed-length requests."""
+        return self.basis == "fixed_length"
 
     @property
     def full(self) -> bool:
@@ -93,10 +114,14 @@ def reservation_of(
     pool: int,
     *,
     ratio: tuple[float, str],
-    fixed_length: bool,
+    fixed_length: bool = False,
     page_size: int = 1,
+    limit: int | None = None,
 ) -> Reservation | None:
-    """The reservation of the measured running requests, None without the numbers for it."""
+    """The reservation of the measured running requests, None without the numbers for it.
+
+    `limit`: the requests' max_new_tokens where it exceeds their answers (a client's generous
+    max_tokens; with none, the context less the prompt), else each reserves for its answer."""
     if (
         m.token_usage is None
         or m.avg_output_tokens is None
@@ -109,18 +134,21 @@ def reservation_of(
     so_far = held / m.running - m.avg_prompt_tokens
     if not 0 <= so_far <= m.avg_output_tokens:
         so_far = m.avg_output_tokens / 2
-    remaining = min(m.avg_output_tokens - so_far, CLIP_MAX_NEW_TOKENS)
+    allowed = m.avg_output_tokens if limit is None else max(limit, m.avg_output_tokens)
+    remaining = min(allowed - so_far, CLIP_MAX_NEW_TOKENS)
     share = 1.0 if fixed_length else ratio[0]
     source = "fixed-length requests, reserved in full" if fixed_length else ratio[1]
+    basis: Basis = "fixed_length" if fixed_length else "ratio" if limit is None else "max_tokens"
     return Reservation(
         running=m.running,
         pool=pool,
         held=held,
         reserved=m.running * remaining * share,
-        next_need=m.avg_prompt_tokens + min(m.avg_output_tokens, CLIP_MAX_NEW_TOKENS) + page_size,
+        next_need=m.avg_prompt_tokens + min(allowed, CLIP_MAX_NEW_TOKENS) + page_size,
         ratio=share,
         ratio_source=source,
-        fixed_length=fixed_length,
+        basis=basis,
+        answer=m.avg_output_tokens,
     )
 
 
@@ -132,14 +160,24 @@ def binding_reservation(
     *,
     retracting: bool = False,
     page_size: int = 1,
+    context_len: int | None = None,
 ) -> Reservation | None:
-    """The reservation that fills the pool, if one does: by the ratio first, then (0.5.23) as
-    fixed-length requests reserved in full. None when neither explains a refused admission."""
+    """The reservation that fills the pool, if one does: by the ratio over the mean answer
+    first, then (0.5.23) as fixed-length requests reserved in full, then as requests whose
+    max_tokens is larger than their answers (up to the clip, or to the context where that is
+    shorter). None when none explains a refused admission."""
     ratio = ratio_in_use(m, conservativeness, retracting)
-    by_ratio = reservation_of(m, pool, ratio=ratio, fixed_length=False, page_size=page_size)
+    by_ratio = reservation_of(m, pool, ratio=ratio, page_size=page_size)
     if by_ratio is None or by_ratio.full:
         return by_ratio
-    if version < FIXED_LENGTH_FULL_RESERVE:
-        return None
-    in_full = reservation_of(m, pool, ratio=ratio, fixed_length=True, page_size=page_size)
-    return in_full if in_full is not None and in_full.full else None
+    if version >= FIXED_LENGTH_FULL_RESERVE:
+        in_full = reservation_of(m, pool, ratio=ratio, fixed_length=True, page_size=page_size)
+        if in_full is not None and in_full.full:
+            return in_full
+    # SGLang's max_req_len: min(context_len - 1, pool - 1); unknown context: the pool binds
+    longest = min(context_len or pool, pool) - 1
+    limit = min(CLIP_MAX_NEW_TOKENS, max(0, int(longest - (m.avg_prompt_tokens or 0))))
+    if limit < GENEROUS * (m.avg_output_tokens or 0):
+        return None  # answers near the limit already: the mean answer was the reading
+    generous = reservation_of(m, pool, ratio=ratio, page_size=page_size, limit=limit)
+    return generous if generous is not None and generous.full else None

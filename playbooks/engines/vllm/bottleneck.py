@@ -6,12 +6,14 @@ newest when a running request needs a block it cannot get; it admits waiting req
 nothing was preempted in the step, fewer than `max_num_seqs` run, the step's token budget
 (`max_num_batched_tokens`) has room and the prompt's blocks fit. So:
 
-1. nobody waits: the clients are the limit;
-2. the block pool is (nearly) full, or requests are being preempted with a full-ish pool: KV;
-3. the batch is at `max_num_seqs` while blocks are free: the sequence cap (compute);
-4. a waiting prompt does not fit the free blocks (admission needs the whole prompt): KV;
-5. prompts dominate the work: prefill (the token budget);
-6. otherwise the wait is not explained by what vLLM exports.
+1. nobody waits (and nobody was refused at admission): the clients are the limit;
+2. most of the waiting requests are deferred (a LoRA budget, a KV transfer, a blocked status),
+   not held for room: no KV change helps (`unknown`);
+3. the block pool is (nearly) full, or requests are being preempted with a full-ish pool: KV;
+4. the batch is at `max_num_seqs` while blocks are free: the sequence cap (compute);
+5. a waiting prompt does not fit the free blocks (admission needs the whole prompt): KV;
+6. prompts dominate the work: prefill (the token budget);
+7. otherwise the wait is not explained by what vLLM exports.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from playbooks.engines.vllm.facts import (
 from playbooks.types import Bottleneck
 
 FILLING_RISE = 0.15  # usage rising by more than this over the window: the server is filling up
+DEFERRED_SEEN = 0.5  # mean deferred requests worth naming in the evidence
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,20 @@ def evidence(ctx: Context) -> list[str]:
             f"{m.retractions} preemptions in {m.window_s / 60:.1f} min ({rpm:.1f}/min): vLLM "
             "frees a preempted request's blocks and computes it again from the start"
         )
+    if (m.deferred_queued or 0) >= DEFERRED_SEEN:
+        found.append(
+            f"{m.deferred_queued:.1f} of the {m.queued:.1f} waiting were deferred "
+            "(num_requests_waiting_by_reason): held back for a LoRA budget, a KV transfer or a "
+            "blocked status (a structured-output grammar compiling, remote KV arriving), not "
+            "for room in the KV cache"
+        )
+    if m.rejections:
+        found.append(
+            f"{m.rejections:,} requests were refused at admission (HTTP 503, "
+            "admission_rejections) in the window: --max-num-queued-reqs or "
+            "--max-num-queued-tokens was reached, so clients offered more than the waiting "
+            "count shows"
+        )
     cap_now = seq_cap_total(info)
     if cap_now is None:
         found.append(
@@ -113,12 +130,23 @@ def evidence(ctx: Context) -> list[str]:
 
 
 def client_bound(s: Signals) -> str | None:
-    if s.m.queue_nonempty_fraction < 0.2 and s.m.queued < 1:
+    if s.m.queue_nonempty_fraction < 0.2 and s.m.queued < 1 and not s.m.rejections:
         return (
             "nothing waits: the server takes every request the clients send, so "
             "throughput equals the offered load and no server change can raise it"
         )
     return None
+
+
+def deferred_bound(s: Signals) -> str | None:
+    deferred = s.m.deferred_queued or 0.0
+    if deferred < 1 or deferred < s.m.queued - deferred:
+        return None
+    return (
+        f"{deferred:.1f} of the {s.m.queued:.1f} waiting requests were deferred by vLLM, not "
+        "held for KV room (a LoRA budget, a KV transfer, a grammar compiling or remote KV "
+        "arriving): no KV-cache or batch-size change shortens that wait"
+    )
 
 
 def kv_bound(s: Signals) -> str | None:
@@ -173,16 +201,21 @@ def prefill_bound(s: Signals) -> str | None:
 
 def unexplained(s: Signals) -> str:
     """What is left when requests wait and nothing above explains it."""
+    reasons = (
+        ""
+        if s.m.deferred_queued is not None
+        else " and the waiting queue's reasons (num_requests_waiting_by_reason, vLLM 0.32 on)"
+    )
     return (
         f"requests wait although the KV cache is only {s.usage_text} used and no rule above "
-        "explains it: check max_num_seqs and the waiting queue's reasons "
-        "(num_requests_waiting_by_reason) on the server"
+        f"explains it: check max_num_seqs{reasons} on the server"
     )
 
 
 # In priority order: the first rule that matches names the bottleneck.
 BOTTLENECK_RULES: tuple[tuple[Bottleneck, Callable[[Signals], str | None]], ...] = (
     ("client", client_bound),
+    ("unknown", deferred_bound),
     ("kv_cache", kv_bound),
     ("compute", seq_cap_bound),
     ("kv_cache", prompt_bound),

@@ -25,6 +25,9 @@ What vLLM does not export, and how the `Snapshot` is filled anyway:
 * no hit-rate gauge: `prefix_cache_hits_total / prefix_cache_queries_total` (tokens), over the
   interval where there is an earlier reading, else since start.
 * `num_requests_waiting` includes preempted requests (they go back to the front of the queue).
+* `num_requests_waiting_by_reason` splits it (0.32 on): `deferred` requests wait for a LoRA budget,
+  a KV transfer or a blocked status, not for KV room; `admission_rejections_total` counts requests
+  the API server refused (HTTP 503) at a `--max-num-queued-reqs`/`-tokens` limit: never queued.
 
 Older names read as fallbacks: `vllm:gpu_cache_usage_perc` and `vllm:gpu_prefix_cache_*`
 (deprecated in 0.10, removed in 0.12), `vllm:time_per_output_token_seconds` (before 0.11).
@@ -42,6 +45,12 @@ from playbooks.engines.base import LabelledValue, Metrics, MetricsDisabled, Metr
 PREFIX = "vllm:"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
+# The waiting requests split by why (loggers.py, 0.32 on; `capacity` + `deferred` = WAITING):
+# `deferred` waits for a LoRA budget, a KV transfer or a blocked status (a structured-output
+# grammar compiling, remote KV arriving), not for room in the pool.
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+REASON = "reason"
+DEFERRED = "deferred"
 KV_USAGE = "vllm:kv_cache_usage_perc"  # 0..1 ("1 means 100 percent")
 KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"  # before 0.12
 CACHE_CONFIG = "vllm:cache_config_info"  # an info gauge: CacheConfig's fields as labels
@@ -50,6 +59,9 @@ GENERATION_TOKENS = "vllm:generation_tokens"
 PROMPT_TOKENS = "vllm:prompt_tokens"
 PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached"  # 0.32: per request, every cache tier
 PREEMPTIONS = "vllm:num_preemptions"
+# Requests the API server refused (HTTP 503) because --max-num-queued-reqs or
+# --max-num-queued-tokens was reached (v1/engine/async_llm.py `check_admission`), by `reason`
+ADMISSION_REJECTIONS = "vllm:admission_rejections"
 REQUEST_SUCCESS = "vllm:request_success"  # finished requests, by finished_reason
 PREFIX_QUERIES = "vllm:prefix_cache_queries"  # tokens looked up in the local prefix cache
 PREFIX_HITS = "vllm:prefix_cache_hits"  # tokens found there
@@ -78,6 +90,7 @@ NAMES = (
     KV_USAGE,
     KV_USAGE_OLD,
     CACHE_CONFIG,
+    WAITING_BY_REASON,
     *(
         family + "_total"
         for family in (
@@ -85,6 +98,7 @@ NAMES = (
             PROMPT_TOKENS,
             PROMPT_TOKENS_CACHED,
             PREEMPTIONS,
+            ADMISSION_REJECTIONS,
             REQUEST_SUCCESS,
             PREFIX_QUERIES,
             PREFIX_HITS,
@@ -148,6 +162,12 @@ def finished(m: Metrics, aborted: bool) -> float | None:
         return 0.0 if m.has(REQUEST_SUCCESS) else None
     kept = [v for v in values if (v.labels.get(FINISHED_REASON) == ABORT) == aborted]
     return sum(per_engine(kept).values())
+
+
+def deferred(m: Metrics) -> float | None:
+    """Waiting requests deferred for other than KV room, engines summed; None before 0.32."""
+    values = [v for v in m.labelled(WAITING_BY_REASON) if v.labels.get(REASON) == DEFERRED]
+    return sum(per_engine(values).values()) if values else None
 
 
 def has_scheduler_metrics(m: Metrics) -> bool:
@@ -308,6 +328,8 @@ def snapshot_from_metrics(
         cached_tokens=counter(m, PROMPT_TOKENS_CACHED, PREFIX_HITS, PREFIX_HITS_OLD),
         aborted_requests=finished(m, aborted=True),
         preemptions=counter(m, PREEMPTIONS),
+        rejected_requests=counter(m, ADMISSION_REJECTIONS),
+        deferred_queued=deferred(m),
         ttft_buckets=tuple(sorted(m.ttft_buckets.items())),
         itl_buckets=m.buckets(ITL_BUCKET, ITL_BUCKET_OLD),
     )

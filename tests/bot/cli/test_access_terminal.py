@@ -18,7 +18,8 @@ from bot.chat.auth import person
 from storage import audit
 from storage.db import open_db
 from tests.bot.harness import twin_config
-from tests.twin_process import REPO, free_port
+from tests.ports import free_port
+from tests.twin_process import REPO
 
 ME = person("cli:" + os_user())  # local:NAME
 

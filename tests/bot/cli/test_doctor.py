@@ -15,8 +15,9 @@ import pytest
 from bot.cli import main
 from bot.slack.doctor import REQUIRED_SCOPES
 from tests.paths import REPO
+from tests.ports import free_port
 from tests.slackfake import FakeSlack
-from tests.twin_process import TwinProcess, free_port, running_twin
+from tests.twin_process import TwinProcess, running_twin
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 from bot.cli import main
 from sim.models import LLAMA_3_1_8B, write_model_dir
 from tests.paths import REPO
-from tests.twin_process import free_port
+from tests.ports import free_port
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ from storage import audit
 from storage import experiments as store
 from storage import proposals as proposal_store
 from storage.db import open_db
-from tests.twin_process import REPO, free_port
+from tests.ports import free_port
+from tests.twin_process import REPO
 
 SYSTEM_PYTHON = Path("/usr/bin/python3.11")
 SITE = REPO / ".venv" / "lib" / "python3.11" / "site-packages"

@@ -18,7 +18,8 @@ from bot.app.wiring import launcher
 from bot.cli import main
 from playbooks.clock import WallClock
 from playbooks.launchers.base import LaunchError
-from tests.twin_process import free_port, running_twin
+from tests.ports import free_port
+from tests.twin_process import running_twin
 
 
 def write_config(tmp_path: Path, command: list[str], port: int) -> Path:

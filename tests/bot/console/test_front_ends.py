@@ -26,9 +26,10 @@ from storage import experiments as store
 from storage import proposals
 from storage.db import open_db
 from tests.bot.harness import CHANNEL, running_bot, twin_config, wait_until
+from tests.ports import free_port
 from tests.slackfake import FakeSlack
 from tests.slackfake.blocks import block_problems
-from tests.twin_process import REPO, free_port
+from tests.twin_process import REPO
 
 SLACK = '[slack]\napprovers = ["U2"]\noperators = ["U1"]\n'
 

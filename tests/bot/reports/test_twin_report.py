@@ -27,7 +27,8 @@ from playbooks.clock import ScaledClock
 from playbooks.reports.throughput import Report, build_report
 from storage.db import open_db
 from storage.metric_samples import gaps_between, samples_between
-from tests.twin_process import TwinProcess, free_port, spawn, wait_healthy
+from tests.ports import free_port
+from tests.twin_process import TwinProcess, spawn, wait_healthy
 
 pytestmark = pytest.mark.slow
 

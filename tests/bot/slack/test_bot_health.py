@@ -10,8 +10,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.bot.harness import running_bot, twin_config
+from tests.ports import free_port
 from tests.slackfake import FakeSlack
-from tests.twin_process import free_port
 
 SLACK = '[slack]\napprovers = ["U2"]\noperators = ["U1"]\n'
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.bot.harness import running_bot, twin_config, wait_until
+from tests.ports import free_port
 from tests.slackfake import FakeSlack
-from tests.twin_process import free_port
 
 SLACK = '[slack]\napprovers = ["U1"]\noperators = ["U1"]\nchannels = ["C0OPS"]\n'
 

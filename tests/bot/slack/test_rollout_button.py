@@ -19,8 +19,8 @@ from storage import audit
 from storage import rollouts as rollout_store
 from storage.db import open_db
 from tests.bot.harness import CHANNEL, buttons, running_bot, wait_until
+from tests.ports import free_port
 from tests.slackfake import FakeSlack
-from tests.twin_process import free_port
 
 pytestmark = [
     pytest.mark.slow,

@@ -22,8 +22,9 @@ import pytest
 
 from tests.bot.harness import SlackDriver, twin_config
 from tests.bot.reports.fake_sglang import fake_sglang
+from tests.ports import free_port
 from tests.slackfake import FakeSlack
-from tests.twin_process import REPO, free_port
+from tests.twin_process import REPO
 
 SLACK = '[slack]\napprovers = ["U2"]\noperators = ["U1"]\n'
 

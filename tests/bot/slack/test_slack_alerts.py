@@ -12,8 +12,8 @@ from storage import audit
 from storage.db import open_db
 from tests.bot.harness import CHANNEL, buttons, posted, running_bot, started, twin_config
 from tests.bot.harness import wait_until as until
+from tests.ports import free_port
 from tests.slackfake import FakeSlack
-from tests.twin_process import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ from storage import proposals as proposal_store
 from storage.db import open_db
 from tests.bot.harness import CHANNEL, buttons, running_bot, twin_config, wait_until
 from tests.bot.slack.test_slack_flow import SLACK, run_cli
+from tests.ports import free_port
 from tests.slackfake import FakeSlack
-from tests.twin_process import free_port
 
 pytestmark = pytest.mark.slow
 

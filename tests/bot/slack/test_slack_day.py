@@ -15,8 +15,8 @@ from storage import experiments as store
 from storage.db import open_db
 from tests.bot.harness import CHANNEL, FakeNow, buttons, posted, running_bot, started, twin_config
 from tests.bot.harness import wait_until as until
+from tests.ports import free_port
 from tests.slackfake import FakeSlack
-from tests.twin_process import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,8 @@ import pytest
 
 from bot.cli import main
 from sim.load import run_load
-from tests.real_sglang.harness import RealSGLang, free_port, sglang_env_available
+from tests.ports import free_port
+from tests.real_sglang.harness import RealSGLang, sglang_env_available
 
 pytestmark = [
     pytest.mark.real_sglang,

@@ -96,3 +96,30 @@ def test_dp_replicas_count_every_replicas_pool_and_cap() -> None:
     caps = fraction_options(data, "max_running_requests")
     # twice the server's 128 is 128 on each replica: the flag is each replica's own
     assert caps and caps[0]["change"]["max_running_requests"] == 128, data["options"]
+
+
+def test_vllm_dp_engines_are_one_server_and_offloading_is_sized_for_all_of_them() -> None:
+    """The vLLM twin with four data-parallel engines, each its own pool at utilization 0.3,
+    200 clients spread over them: diagnose reads the four pools as one server (kv_cache), and
+    an offload of 80 GiB on a 200 GiB host is unsafe, since each engine pins it whole (the twin
+    itself is killed by the host's OOM killer at that size: tests/sim/vllm/test_server.py)."""
+    args = [
+        *("--engine", "vllm", "--time-scale", SCALE, "-dp", "4"),
+        *("--gpu-memory-utilization", "0.3", "--max-model-len", "8192"),
+        *("--workload", "incident", "--concurrency", "200"),
+    ]
+    with running_twin(args) as twin:
+        data = diagnose_json(
+            twin.url,
+            *("--window", "400", "--host-ram-gib", "200"),
+            *("--consider", "kv_offloading_size=80"),
+        )
+    assert data["bottleneck"] == "kv_cache", data["evidence"]
+    assert any("(4 data-parallel engines)" in e for e in data["evidence"]), data["evidence"]
+    asked = [o for o in data["options"] if o["considered"]]
+    assert [o["verdict"] for o in asked] == ["unsafe"], asked
+    assert "4 x 80 GiB = 320 GiB" in " ".join(asked[0]["reasons"]), asked
+    for option in data["options"]:
+        size = option["change"].get("kv_offloading_size")
+        if size is not None and not option["considered"]:
+            assert 4 * size <= 200, option  # every engine's copy fits the host

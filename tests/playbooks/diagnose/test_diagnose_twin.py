@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from bot.cli import main
-from tests.twin_process import free_port, running_twin
+from tests.ports import free_port
+from tests.twin_process import running_twin
 
 SCALE = "300"
 
@@ -217,6 +218,11 @@ def test_clear_errors(not_sglang: str) -> None:
     assert code == 2 and "mem_fraction_static: must be in (0, 1)" in err
     code, _, err = run_cli("diagnose", "--server", not_sglang, "--consider", "oops")
     assert code == 2 and "is not KEY=VALUE" in err
+    # a vLLM argument is no SGLang one, but is not refused before the engine is known
+    code, _, err = run_cli(
+        "diagnose", "--server", not_sglang, "--consider", "kv_offloading_size=40"
+    )
+    assert code == 1 and "does not look like" in err, err
     with pytest.raises(SystemExit) as exc:
         run_cli("diagnose", "--server", not_sglang, "--window", "-5")
     assert exc.value.code == 2

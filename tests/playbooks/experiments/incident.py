@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from bot.cli import main
-from tests.twin_process import free_port
+from tests.ports import free_port
 
 SCALE = 200
 # A test whose outcome needs the gate to *judge* a change measures at half that speed: at 200x
@@ -52,6 +52,10 @@ INCIDENT = Shape("kimi-k2.5-rtxpro6000-tp8", 0.85, 95.59)
 # The first real-GPU run's shape: Llama-3.1-8B on one H100 at a low fraction, where 150
 # clients queue (40 running, 110 waiting on the twin) until a raise to 0.82 runs them all.
 LOW_FRACTION_H100 = Shape("llama-3.1-8b-h100", 0.40, 79.65)
+# The twin's simulated start-up for these tests: the Kimi preset's 480 s (a 547 GB model) is
+# 4.8 s of every start and restart at 100x, and no test here is about how long a start takes
+# (tests/playbooks/experiments/test_slow_start_twin.py is, with its own twin).
+STARTUP_S = 60
 
 
 @dataclass
@@ -115,6 +119,7 @@ def incident_workspace(
         "incident",
         "--concurrency",
         "150",
+        *(() if "--sim-startup-s" in twin_flags else ("--sim-startup-s", str(STARTUP_S))),
         *twin_flags,
     ]
     config = tmp_path / "kvpilot.toml"

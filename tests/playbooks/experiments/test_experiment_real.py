@@ -15,8 +15,9 @@ import pytest
 
 from bot.cli import main
 from sim.load import LoadError, run_load
+from tests.ports import free_port
 from tests.real_sglang.harness import sglang_env_available
-from tests.twin_process import REPO, free_port
+from tests.twin_process import REPO
 
 pytestmark = [
     pytest.mark.real_sglang,

@@ -27,7 +27,8 @@ from sim.models import LLAMA_3_1_8B, write_model_dir
 from storage import audit
 from storage import experiments as store
 from storage.experiments import State
-from tests.twin_process import TwinProcess, free_port, spawn, wait_healthy
+from tests.ports import free_port
+from tests.twin_process import TwinProcess, spawn, wait_healthy
 
 SCALE = 200
 SERVERS = ("kimi-a", "kimi-b", "kimi-c")

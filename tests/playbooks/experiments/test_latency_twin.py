@@ -25,7 +25,7 @@ from storage import campaigns as campaign_store
 from storage import experiments as store
 from storage.db import open_db
 from tests.playbooks.experiments.incident import Workspace
-from tests.twin_process import free_port
+from tests.ports import free_port
 
 # The gate judges both throughput and latency here, from batches of scrapes: at 50x the bot's
 # scrapes stay about 10 simulated seconds apart on a busy two-core machine (at 100x they

@@ -31,7 +31,7 @@ from storage import proposals as proposal_store
 from storage import rollouts as rollout_store
 from storage.experiments import State
 from tests.playbooks.routers.fakes import sglang_router
-from tests.twin_process import free_port
+from tests.ports import free_port
 
 SCALE = 200
 GATE = "[gate]\nscrape_s = 10\nbatch_s = 60\nbaseline_s = 360\n\n"

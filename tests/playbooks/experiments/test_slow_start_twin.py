@@ -25,7 +25,7 @@ from storage import campaigns as campaign_store
 from storage import experiments as store
 from storage.db import open_db
 from tests.playbooks.experiments.incident import Workspace
-from tests.twin_process import free_port
+from tests.ports import free_port
 
 SERVER = "h100"
 SCALE = 20  # a second of the bot's or the twin's own overhead is 20 s on the clock

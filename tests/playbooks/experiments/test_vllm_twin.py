@@ -28,7 +28,7 @@ import pytest
 
 from bot.cli import main
 from sim.models import LLAMA_3_1_8B, write_model_dir
-from tests.twin_process import free_port
+from tests.ports import free_port
 
 SCALE = 50
 GPU_TOTAL_GIB = 79.65  # the preset's H100: 81,559 MiB, the base of vLLM's utilization

@@ -39,7 +39,8 @@ from tests.playbooks.launchers import fake_systemd
 from tests.playbooks.launchers.fake_docker import FakeDockerEngine, Image
 from tests.playbooks.launchers.fake_kubernetes import FakeCluster
 from tests.playbooks.launchers.serving import serving
-from tests.twin_process import REPO, free_port
+from tests.ports import free_port
+from tests.twin_process import REPO
 
 SCALE = 200  # the twin's --time-scale: a 45 s model load takes a quarter of a second
 # The launchers' clock runs slower than the twin's, so that waiting polls every 0.125 s of wall

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -231,6 +232,57 @@ def test_disable_log_stats_hides_the_vllm_families() -> None:
     try:
         wait_healthy(twin)
         assert "vllm:" not in httpx.get(twin.url + "/metrics").text
+    finally:
+        twin.stop()
+        twin.log_path.unlink(missing_ok=True)
+
+
+def test_data_parallel_engines_each_schedule_their_own_pool() -> None:
+    """`-dp 2`: two schedulers behind one API server, the load spread over both; every
+    per-engine family carries `engine="0"` and `engine="1"`, each engine its own cache config
+    and its own periodic line."""
+    args = [*FAST[:2], "--time-scale", "50", *FAST[4:], "-dp", "2"]
+    twin = spawn_with_env(
+        [*args, "--workload", "incident", "--concurrency", "40"],
+        {"VLLM_LOG_STATS_INTERVAL": "0.5", "VLLM_SERVER_DEV_MODE": "1"},
+    )
+    try:
+        wait_healthy(twin)
+        deadline = time.monotonic() + 30
+        while True:
+            fams = families(httpx.get(twin.url + "/metrics").text)
+            running = {labels["engine"]: v for labels, v in fams["vllm:num_requests_running"]}
+            if all(running.get(e, 0) > 0 for e in ("0", "1")) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert set(running) == {"0", "1"} and sum(running.values()) == 40, running
+        assert all(v >= 10 for v in running.values()), running  # spread, not all on one
+        configs = [labels["engine"] for labels, _ in fams["vllm:cache_config_info"]]
+        assert sorted(configs) == ["0", "1"]
+        info = httpx.get(twin.url + "/server_info?config_format=json").json()
+        assert info["vllm_config"]["parallel_config"]["data_parallel_size"] == 2
+        time.sleep(1.5)
+        log = twin.log()
+        assert re.search(r"Engine 000: Avg prompt", log) and re.search(r"Engine 001: Avg", log)
+    finally:
+        twin.stop()
+        twin.log_path.unlink(missing_ok=True)
+
+
+def test_offloading_pinned_by_every_engine_past_the_host_is_an_oom_kill() -> None:
+    """`--kv-offloading-size` is pinned whole by each DP engine (config/vllm.py, the CPU
+    offload spec divides it only over TP x PP): 4 x 80 GiB on a 200 GiB host (176 free after
+    the preset's other 24) is past it at the third engine, which the kernel kills."""
+    host = ["-dp", "4", "--host-ram-gb", "200"]
+    rc, out = _fails([*host, "--kv-offloading-size", "80"])
+    assert rc == 1
+    assert "Failed core proc(s): {'EngineCore_DP2': -9}" in out, out[-2000:]
+    twin = spawn([*FAST, *host, "--kv-offloading-size", "40"])  # 160 GiB in all: it starts
+    try:
+        wait_healthy(twin)
+        fams = families(httpx.get(twin.url + "/metrics").text)
+        sizes = {labels["kv_offloading_size"] for labels, _ in fams["vllm:cache_config_info"]}
+        assert sizes == {"40.0"}
     finally:
         twin.stop()
         twin.log_path.unlink(missing_ok=True)

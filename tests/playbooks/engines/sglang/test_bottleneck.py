@@ -57,6 +57,15 @@ ADMISSION_ROWS = [
     (HALF_HELD, "0.5.23", "kv_cache", "~136,914 tokens for their remaining output"),
     # 0.5.10 applies the settled ratio to every request: room is left, admission is suspect
     (HALF_HELD, "0.5.10", "unknown", "admission looks too conservative"),
+    # answers of ~300 tokens from 50 requests holding 40% of the pool at new_token_ratio 0.3: by
+    # their answers there is room, but clients sending a generous max_tokens (or none) reserve
+    # 0.3 x up to 4,096 each and the next needs its whole limit: not "too conservative"
+    (
+        {**HALF_HELD, "token_usage": 0.4, "avg_output_tokens": 300, "new_token_ratio": 0.3},
+        "0.5.10",
+        "kv_cache",
+        "full of reservations if the clients send max_tokens well above their answers",
+    ),
     # an exported ratio that binds, on either version
     ({**HALF_HELD, "new_token_ratio": 0.7}, "0.5.10", "kv_cache", "0.70 of it each"),
     # a full pool is named as such, and the running-request cap is checked first by SGLang

@@ -104,23 +104,36 @@ def test_no_reservation_without_the_numbers(over: dict[str, Any]) -> None:
     assert reservation_of(m, POOL, ratio=(0.1, "test"), fixed_length=True) is None
 
 
-# measurement overrides, version, conservativeness, None or (fixed length, ratio)
-BINDING: list[tuple[dict[str, Any], tuple[int, int, int], float, tuple[bool, float] | None]] = [
-    (SMALL_POOL, NEW, 1.0, (True, 1.0)),  # 0.5.23: fixed-length requests reserve in full
-    (SMALL_POOL, OLD, 1.0, None),  # 0.5.10 applies the settled ratio: room left
-    ({**SMALL_POOL, "new_token_ratio": 0.7}, OLD, 1.0, (False, 0.7)),  # the ratio binds
-    ({**SMALL_POOL, "new_token_ratio": 0.7}, NEW, 1.0, (False, 0.7)),  # by the ratio first
-    ({**SMALL_POOL, "retractions_seen_in_gauge": 2}, OLD, 1.0, (False, 0.7)),
-    ({**SMALL_POOL, "token_usage": 0.3, "running": 5}, NEW, 1.0, None),  # room either way
+# measurement overrides, version, conservativeness, context length, None or (basis, ratio)
+Expected = tuple[str, float] | None
+BindingRow = tuple[dict[str, Any], tuple[int, int, int], float, int | None, Expected]
+# 13 running with 1,000-token answers hold 11,680 of 16,000: by their answers 0.5.10 leaves room
+# (11,680 + 13 x 300 x 0.098 + 1,201 = 13,263 < 0.85 x 16,000), but with a max_tokens of 4,096
+# (or none) each reserves 0.098 x ~3,400 and the next needs 4,297: 20,305, full
+BINDING: list[BindingRow] = [
+    (SMALL_POOL, NEW, 1.0, None, ("fixed_length", 1.0)),  # 0.5.23: fixed length, in full
+    (SMALL_POOL, OLD, 1.0, None, ("max_tokens", 0.098)),  # 0.5.10: only a generous max_tokens
+    # a context of 2,048 still lets a request ask 1,847: full; one of 1,400 only 1,199, near
+    # the answers, so nothing beyond them is read
+    (SMALL_POOL, OLD, 1.0, 2048, ("max_tokens", 0.098)),
+    (SMALL_POOL, OLD, 1.0, 1400, None),
+    ({**SMALL_POOL, "new_token_ratio": 0.7}, OLD, 1.0, None, ("ratio", 0.7)),  # the ratio binds
+    ({**SMALL_POOL, "new_token_ratio": 0.7}, NEW, 1.0, None, ("ratio", 0.7)),  # ratio first
+    ({**SMALL_POOL, "retractions_seen_in_gauge": 2}, OLD, 1.0, None, ("ratio", 0.7)),
+    # 5 running hold 4,800: even 4,096-token limits leave room (4,800 + 1,767 + 4,297)
+    ({**SMALL_POOL, "token_usage": 0.3, "running": 5}, NEW, 1.0, None, None),
+    # answers of ~3,500 against a limit of at most 4,096: no reading beyond the answers'
+    ({**SMALL_POOL, "avg_output_tokens": 3500, "token_usage": 0.3}, OLD, 1.0, None, None),
 ]
 
 
-@pytest.mark.parametrize(("over", "version", "c", "expected"), BINDING)
+@pytest.mark.parametrize(("over", "version", "c", "context", "expected"), BINDING)
 def test_binding_reservation(
     over: dict[str, Any],
     version: tuple[int, int, int],
     c: float,
-    expected: tuple[bool, float] | None,
+    context: int | None,
+    expected: tuple[str, float] | None,
 ) -> None:
     r = binding_reservation(
         measurement(**over),
@@ -128,10 +141,21 @@ def test_binding_reservation(
         version,
         c,
         retracting=bool(over.get("retractions_seen_in_gauge")),
+        context_len=context,
     )
     if expected is None:
         assert r is None
         return
     assert r is not None and r.full
-    assert r.fixed_length is expected[0]
+    assert r.basis == expected[0]
+    assert r.fixed_length is (expected[0] == "fixed_length")
     assert r.ratio == pytest.approx(expected[1])
+
+
+def test_a_generous_max_tokens_reserves_up_to_the_clip_and_the_next_needs_it_whole() -> None:
+    m = measurement(**SMALL_POOL)
+    r = reservation_of(m, POOL, ratio=(0.098, "test"), limit=4096)
+    assert r is not None and r.basis == "max_tokens" and r.answer == 1000
+    # 11,680 held by 13: 698 out so far, 4,096 - 698 = 3,398 may still come
+    assert r.reserved == pytest.approx(13 * (4096 - (11680 / 13 - 200)) * 0.098)
+    assert r.next_need == 200 + 4096 + 1

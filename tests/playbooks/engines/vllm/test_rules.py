@@ -187,12 +187,30 @@ BOTTLENECKS: list[tuple[dict[str, Any], dict[str, Any], Bottleneck]] = [
     ({"token_usage": 0.8, "avg_prompt_tokens": 80_000}, {}, "kv_cache"),
     ({"token_usage": 0.8, "avg_prompt_tokens": 80_000}, {"version": "0.31.0"}, "unknown"),
     ({"token_usage": 0.5, "prompt_tokens_per_s": 5000}, {}, "prefill"),
+    # most of the 100 waiting are deferred (a grammar, a LoRA budget, a KV transfer): no KV
+    # change helps, however full the pool; a few deferred beside a full pool change nothing
+    ({"deferred_queued": 60.0}, {}, "unknown"),
+    ({"deferred_queued": 10.0}, {}, "kv_cache"),
+    # nothing waits because the queue is capped: clients were refused, not idle
+    (
+        {"queued": 0, "queued_max": 0, "queue_nonempty_fraction": 0.0, "rejections": 40},
+        {},
+        "kv_cache",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("over", "args", "bottleneck"), BOTTLENECKS)
 def test_bottleneck_rules(over: dict[str, Any], args: dict[str, Any], bottleneck: str) -> None:
     assert analyse(context(measurement(**over), **args))[0] == bottleneck
+
+
+def test_deferred_requests_and_refusals_are_named() -> None:
+    found, evidence = analyse(context(measurement(deferred_queued=60.0, rejections=1234)))
+    assert found == "unknown"
+    assert "60.0 of the 100.0 waiting were deferred" in evidence[-3]
+    assert "1,234 requests were refused at admission (HTTP 503" in evidence[-2]
+    assert "no KV-cache or batch-size change shortens that wait" in evidence[-1]
 
 
 UTIL = ["gpu_memory_utilization=0.95", "gpu_memory_utilization=0.98", "=0.99"]

@@ -53,6 +53,20 @@ def test_each_field_is_the_series(name: str, field: str, series: str) -> None:
     assert getattr(ENGINE.snapshot(m), field) == pytest.approx(expected)
 
 
+def test_deferred_waiting_and_admission_refusals_are_read() -> None:
+    """vLLM 0.32 splits the waiting gauge by reason and counts refused admissions; the
+    recorded server had five waiting for capacity, none deferred, none refused."""
+    snap = ENGINE.snapshot(scrape("metrics_loaded.txt"))
+    assert (snap.queued, snap.deferred_queued, snap.rejected_requests) == (5.0, 0.0, 0.0)
+    text = metrics_text("metrics_loaded.txt")
+    text = text.replace('reason="deferred"} 0.0', 'reason="deferred"} 3.0').replace(
+        'reason="max_num_queued_reqs"} 0.0', 'reason="max_num_queued_reqs"} 7.0'
+    )
+    snap = ENGINE.snapshot(parse_metrics(text))
+    assert (snap.deferred_queued, snap.rejected_requests) == (3.0, 7.0)
+    assert restore_snapshot(json.loads(json.dumps(snap.to_json()))) == snap
+
+
 def test_finished_requests_split_into_completed_and_aborted() -> None:
     # recorded after five requests that stopped at max_tokens (finished_reason="length")
     snap = ENGINE.snapshot(scrape("metrics_idle_after.txt"))

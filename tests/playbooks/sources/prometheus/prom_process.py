@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.twin_process import free_port
+from tests.ports import free_port
 
 INSTALL_HINT = "apt-get install -y --no-install-recommends prometheus"
 

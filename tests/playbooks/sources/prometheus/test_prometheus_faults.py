@@ -29,7 +29,7 @@ from tests.playbooks.sources.prometheus.test_real_prometheus import (
     SCALE,
     write_experiment_config,
 )
-from tests.twin_process import free_port
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.serial, pytest.mark.slow]  # Prometheus scrapes every 100 ms
 

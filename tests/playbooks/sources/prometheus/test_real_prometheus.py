@@ -37,7 +37,8 @@ from storage import experiments as store
 from storage import samples as sample_store
 from storage.experiments import State
 from tests.playbooks.sources.prometheus.prom_process import PrometheusProcess, running_prometheus
-from tests.twin_process import TwinProcess, free_port, spawn, wait_healthy
+from tests.ports import free_port
+from tests.twin_process import TwinProcess, spawn, wait_healthy
 
 # Prometheus' scrape timeout cannot exceed its interval (100 ms here), so a twin starved of CPU
 # by other tests loses scrapes: the module runs in the serial tier, away from the parallel one
