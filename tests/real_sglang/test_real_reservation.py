@@ -6,8 +6,8 @@ reserves all that is left of each running request's output, so a dozen run, the 
 reservations, not advise a lower `--schedule-conservativeness` (which cannot help: the ratio is
 not applied to fixed-length requests).
 
-Short answers to requests with a limit far above them (they end at a stop string; a limit past
-the context, as a chat request without `max_tokens` gets): SGLang reserves for the limit, so
+Short answers to requests that set no limit (they end at a stop string; a chat request without
+`max_tokens` is the same): SGLang takes the context less the prompt and reserves for that, so
 the pool fills with reservations at about a third in use. kvpilot, which sees only the answers'
 lengths, must read it as reservations for a generous limit, not as a too cautious admission.
 Both run on one server, one after the other.
@@ -77,17 +77,25 @@ def fixed_length(uid: int, turn: int) -> Request:
     return "/generate", {"input_ids": _prompt(uid, turn), "sampling_params": params}
 
 
-# The CPU shim samples token 319 (" token") every step, so a stop string of ANSWER words ends
-# each answer after ANSWER tokens. The limit, 8,000, is more than the context (8,192) leaves a
-# 200-token prompt, so SGLang caps it there (7,990), as it sets a chat request that sends no
-# max_tokens (`Scheduler.init_req_max_new_tokens`), and reserves up to 4,096 of it
-# (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION).
-ANSWER = 150
-STOP = " ".join(["token"] * ANSWER)
+# The CPU shim samples token 319 (" token") every step, so a stop string of N words ends an
+# answer after N tokens: 100 to 300 here, 200 on average, so that requests finish one by one.
+# (Answers of one length finish together, and SGLang then admits in waves: a prefill batch
+# charges each request it admits its whole limit, and after one is refused the batch counts as
+# full until a running request finishes, `batch_is_full`.) No limit (`max_new_tokens` null, as
+# a chat request without max_tokens sends): SGLang takes the context (8,192) less the prompt,
+# 7,991 (`Scheduler.init_req_max_new_tokens`), and reserves up to 4,096 of it
+# (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION). An explicit limit past the context is refused
+# (HTTP 400, `validate_total_tokens`).
+ANSWER = 200
+
+
+def _answer(uid: int, turn: int) -> int:
+    return 100 + 2 * ((uid * 37 + turn * 11) % 101)
 
 
 def open_ended(uid: int, turn: int) -> Request:
-    params = {"max_new_tokens": 8000, "stop": [STOP], "temperature": 0}
+    stop = " ".join(["token"] * _answer(uid, turn))
+    params = {"max_new_tokens": None, "stop": [stop], "temperature": 0}
     return "/generate", {"input_ids": _prompt(uid, turn), "sampling_params": params}
 
 
@@ -172,8 +180,9 @@ def test_a_pool_full_of_reservations_is_kv_bound(server: RealSGLang) -> None:
 def test_short_answers_without_max_tokens_fill_the_pool_with_reservations(
     server: RealSGLang,
 ) -> None:
-    """About 17 of 48 run (16,000 >= 350 held + ~394 reserved each + 4,297 for the next), the
-    pool about a third in use: a generous limit, not a cautious admission."""
+    """About 12 of 48 run with the pool about a fifth in use (measured: 11.7 running, 35
+    waiting, 22%): a finish makes room for one more 4,297-token need beside the others'
+    reservations, not for two. A generous limit, not a cautious admission."""
     data = diagnose_under(server, open_ended, CLIENTS)
     evidence = " ".join(data["evidence"])
     assert data["bottleneck"] == "kv_cache", evidence
@@ -181,5 +190,5 @@ def test_short_answers_without_max_tokens_fill_the_pool_with_reservations(
     assert "if the clients send max_tokens well above their answers" in last, last
     assert "too conservative" not in evidence and "schedule-conservativeness" not in evidence
     measured = data["capacity"]
-    assert measured["avg_output_tokens"] == pytest.approx(ANSWER, rel=0.05), measured
+    assert measured["avg_output_tokens"] == pytest.approx(ANSWER, rel=0.1), measured
     assert measured["token_usage"] < 0.6 and measured["queued"] > 10, measured

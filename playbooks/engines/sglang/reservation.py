@@ -56,6 +56,18 @@ FIXED_LENGTH_FULL_RESERVE = (0, 5, 23)  # `ratio = 1.0 if ignore_eos` from this 
 # (tests/real_sglang/test_real_reservation.py) averaged 0.886 of the pool over 30 s while it
 # refused every admission (10.8 running, 32.8 waiting); 0.9 read that as "too conservative".
 FULL_OF_RESERVATIONS = 0.85
+# After a request it cannot fit, SGLang marks the batch full and tries the queue again only when
+# a running request finishes (`batch_is_full`, reset as requests leave the batch), and a prefill
+# batch charges each request it admits its whole prompt and limit. So the running count settles
+# where a finish makes room for one waiting request but not for two: with one fewer running,
+# held + reserved + two needs pass the pool. Where the next request's need is its answer, a few
+# hundred tokens, the margin above covers that; where it is a limit of up to 4,096 tokens, it
+# does not, and the max_tokens reading asks it as such, against `LIMIT_MARGIN` of the pool. On
+# the real 0.5.23 server (200-token prompts, no max_tokens, answers of 100-300 tokens, a
+# 16,000-token pool) 11.7 ran at 22% usage: 1.0 of the pool by that count (0.77 by one need),
+# while 5 running at 30% (0.86) would still grow (tests/real_sglang/test_real_reservation.py).
+REFUSED_AT_LIMIT = 2
+LIMIT_MARGIN = 0.9
 # A max_tokens reading is tried where the largest limit exceeds the mean answer by this much.
 GENEROUS = 1.25
 
@@ -83,6 +95,7 @@ class Reservation:
     ratio_source: str  # where the ratio comes from, for the evidence
     basis: Basis = "ratio"
     answer: float = 0.0  # the completed requests' mean output, tokens
+    refused_at: int = 1  # waiting requests that must not fit for admission to stop
 
     @property
     def fixed_length(self) -> bool:
@@ -91,8 +104,12 @@ class Reservation:
 
     @property
     def full(self) -> bool:
-        """Whether admission would refuse the next request for want of room."""
-        return self.held + self.reserved + self.next_need >= FULL_OF_RESERVATIONS * self.pool
+        """Whether admission refuses waiting requests for want of room (`REFUSED_AT_LIMIT`)."""
+        if self.refused_at == 1:
+            return self.held + self.reserved + self.next_need >= FULL_OF_RESERVATIONS * self.pool
+        # one request finished: the others' share, and the next ones' needs
+        left = (self.held + self.reserved) * (self.running - 1) / self.running
+        return left + self.refused_at * self.next_need >= LIMIT_MARGIN * self.pool
 
     @property
     def usage(self) -> float:
@@ -149,6 +166,7 @@ def reservation_of(
         ratio_source=source,
         basis=basis,
         answer=m.avg_output_tokens,
+        refused_at=1 if limit is None else REFUSED_AT_LIMIT,
     )
 
 

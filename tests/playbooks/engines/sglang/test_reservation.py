@@ -120,7 +120,8 @@ BINDING: list[BindingRow] = [
     ({**SMALL_POOL, "new_token_ratio": 0.7}, OLD, 1.0, None, ("ratio", 0.7)),  # the ratio binds
     ({**SMALL_POOL, "new_token_ratio": 0.7}, NEW, 1.0, None, ("ratio", 0.7)),  # ratio first
     ({**SMALL_POOL, "retractions_seen_in_gauge": 2}, OLD, 1.0, None, ("ratio", 0.7)),
-    # 5 running hold 4,800: even 4,096-token limits leave room (4,800 + 1,767 + 4,297)
+    # 5 running hold 4,800: with 4,096-token limits a finish still makes room for two more
+    # ((4,800 + 1,635) x 4/5 + 2 x 4,297 = 13,742 < 0.9 x 16,000): the count still grows
     ({**SMALL_POOL, "token_usage": 0.3, "running": 5}, NEW, 1.0, None, None),
     # answers of ~3,500 against a limit of at most 4,096: no reading beyond the answers'
     ({**SMALL_POOL, "avg_output_tokens": 3500, "token_usage": 0.3}, OLD, 1.0, None, None),
@@ -150,6 +151,18 @@ def test_binding_reservation(
     assert r.basis == expected[0]
     assert r.fixed_length is (expected[0] == "fixed_length")
     assert r.ratio == pytest.approx(expected[1])
+
+
+def test_under_limits_admission_stops_where_a_finish_makes_room_for_one_but_not_two() -> None:
+    """The real 0.5.23 server with no max_tokens: 11.7 running at 22% of 16,000, answers of
+    200 tokens, 200-token prompts; one request's need leaves it at 0.77 of the pool."""
+    m = measurement(
+        avg_prompt_tokens=200, avg_output_tokens=200, running=11.7, queued=35, token_usage=0.22
+    )
+    r = reservation_of(m, POOL, ratio=(0.098, "test"), limit=4096)
+    assert r is not None and r.refused_at == 2 and r.full
+    one_need = r.held + r.reserved + r.next_need
+    assert one_need / POOL == pytest.approx(0.77, abs=0.01)
 
 
 def test_a_generous_max_tokens_reserves_up_to_the_clip_and_the_next_needs_it_whole() -> None:
