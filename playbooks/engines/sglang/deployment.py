@@ -148,4 +148,18 @@ def deployment_of(
         speculative=info.arg("speculative_algorithm") or None,
         version=version,
         post_capture=post_capture_kv_sizing(info),
+        vision=vision_of(info, geometry),
     )
+
+
+def vision_of(info: ServerInfo, geometry: Geometry | None) -> tuple[int, int] | None:
+    """The image encoder SGLang keeps room for: a VLM's, unless it serves the language model
+    alone (`--language-only`, `--language-model-only`) or is a decode node (`memory_hook.py`
+    `is_vlm`)."""
+    if geometry is None or geometry.vision is None:
+        return None
+    if info.arg("language_only") or info.arg("language_model_only"):
+        return None
+    if str(info.arg("disaggregation_mode") or "null") == "decode":
+        return None
+    return geometry.vision

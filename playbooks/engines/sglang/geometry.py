@@ -52,6 +52,10 @@ class Geometry:
     # its weights whatever the batch; an MoE step reads the experts its batch routes to, more
     # of them as the batch grows, so its weights are not a fixed cost (`timebudget.Traffic`).
     routed_experts: int = 0
+    # A vision-language model's image encoder as SGLang sizes its headroom: (layers, hidden) read
+    # as `getattr(vision_config, "num_hidden_layers", 24)` and `"hidden_size", 1024`
+    # (`arg_groups/memory_hook.py::adjust_mem_fraction_for_vlm`); None for a text model.
+    vision: tuple[int, int] | None = None
 
     @property
     def mla(self) -> bool:
@@ -146,8 +150,21 @@ def _kv_quant_fp8(config: Mapping[str, Any]) -> bool:
     )
 
 
+def vision_tower(config: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(layers, hidden) of the image encoder SGLang's memory hook reads, None without one.
+    Qwen2.5-VL names its depth `depth`, which SGLang does not read: the default 24 counts."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, Mapping):
+        return None
+    layers, hidden = vision.get("num_hidden_layers", 24), vision.get("hidden_size", 1024)
+    if not (isinstance(layers, int) and isinstance(hidden, int)):
+        return None
+    return layers, hidden
+
+
 def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
     """The geometry, or None for a config kvpilot cannot read (it then says it does not know)."""
+    vision = vision_tower(config)
     config = language_model(config)
     layers = first_int(config, *LAYERS)
     if not layers:
@@ -160,7 +177,7 @@ def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
         kind: Kind = "dsa" if index else "mla"
         return Geometry(
             kind, layers, latent_dim=lora + rope, index_head_dim=index, kv_quant_fp8=fp8,
-            routed_experts=experts,
+            routed_experts=experts, vision=vision,
         )  # fmt: skip
     kv_heads = first_int(config, *KV_HEADS) or first_int(config, *HEADS)
     dim = head_dim(config)
@@ -180,4 +197,5 @@ def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
         linear_layers=linear,
         kv_quant_fp8=fp8,
         routed_experts=experts,
+        vision=vision,
     )

@@ -16,6 +16,13 @@ terms: the prefill-graph term arrives in 0.5.10 (piecewise graphs, on by default
 decoding adds, after the floor, 2048 MiB before 0.5.10 and 4096 MiB in 0.5.10-0.5.13 (6144 for
 STANDALONE, nothing for NGRAM), and nothing from 0.5.14; DeepEP's 2048 MiB arrives in 0.5.16.
 
+A vision-language model (SGLang's `is_multimodal`, unless `--language-only` or a decode node)
+gets a lower default: the fraction above times 0.95 times
+`clamp(1 - 0.1 x (L x H**2 / (24 x 1024**2) - 1), 0.8, 1.05)` for an image encoder of L layers
+of width H (`adjust_mem_fraction_for_vlm`; with post-capture sizing, 8 GiB less instead). That
+is room kept for the encoder's activations, and kvpilot counts it in the reserve and its floor:
+a fraction above a VLM's own default leaves the first batch of large images short.
+
 kvpilot's rule: a fraction is *recommended* only where what stays outside the static pool
 covers `floor_mib` (the part of `R` SGLang never goes below: the 10 GiB floor or the fixed and
 graph terms, plus the DeepEP and DP-attention terms), and the measured activation room holds.
@@ -26,7 +33,7 @@ default reserve as the risk of a closer fraction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MIB_PER_GIB = 1024
 BASE_MIB = 512  # constant metadata (attention backends)
@@ -79,6 +86,8 @@ class Deployment:
     # only 1536 MiB plus the TP x PP slack (`memory_hook.py`, `overrides.py::
     # post_capture_kv_sizing_planned`).
     post_capture: bool = False
+    # the image encoder of a vision-language model, (layers, hidden), as `Geometry.vision`
+    vision: tuple[int, int] | None = None
 
     @property
     def new_layout(self) -> bool:
@@ -97,6 +106,9 @@ class Reserve:
     activation_mib: float  # SGLang's 1.5 MB-per-token activation estimate
     graph_mib: float
     parts: tuple[tuple[str, float], ...]
+    rule_mib: float = 0.0  # SGLang's `reserved_mem` before a VLM's cut (0: the total)
+    vision_factor: float = 1.0  # a VLM's default fraction is the rule's times this
+    vision_gib_cut: float = 0.0  # with post-capture sizing: 8 GiB off a VLM's fraction
 
     @property
     def total_gib(self) -> float:
@@ -107,7 +119,11 @@ class Reserve:
         return self.floor_mib / MIB_PER_GIB
 
     def default_fraction(self, gpu_mib: float) -> float:
-        return round((gpu_mib - self.total_mib) / gpu_mib, 3)
+        """SGLang's own `--mem-fraction-static` when unset (`memory_hook.py`)."""
+        rule = round((gpu_mib - (self.rule_mib or self.total_mib)) / gpu_mib, 3)
+        if self.vision_gib_cut:
+            return rule - self.vision_gib_cut * MIB_PER_GIB / gpu_mib
+        return rule * self.vision_factor
 
 
 def _dp_padding_mib(d: Deployment) -> float:
@@ -144,12 +160,53 @@ def _beyond_floor_mib(d: Deployment) -> tuple[tuple[str, float], ...]:
     return tuple(parts)
 
 
+VLM_BASE_FACTOR = 0.95  # adjust_mem_fraction_for_vlm: a regular ViT's cut
+VIT_BASELINE = 24 * 1024**2  # ViT-L/14: 24 layers of 1024
+VLM_POST_CAPTURE_GIB = 8.0
+
+
+def vision_factor(vision: tuple[int, int]) -> float:
+    """What SGLang multiplies a VLM's default fraction by, for an encoder of (layers, hidden)."""
+    layers, hidden = vision
+    ratio = layers * hidden**2 / VIT_BASELINE
+    return VLM_BASE_FACTOR * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+
+
+def _with_vision(d: Deployment, r: Reserve) -> Reserve:
+    """The reserve of a VLM: SGLang's rule, then the encoder's room its lower default keeps."""
+    if d.vision is None:
+        return r
+    rule = round((d.gpu_mib - r.total_mib) / d.gpu_mib, 3)
+    if d.post_capture and d.since(0, 5, 16) and not d.mla:
+        factor, cut = 1.0, VLM_POST_CAPTURE_GIB
+        room = cut * MIB_PER_GIB
+    else:
+        factor, cut = vision_factor(d.vision), 0.0
+        room = d.gpu_mib * rule * (1.0 - factor)
+    layers, hidden = d.vision
+    part = (f"image encoder ({layers} layers x {hidden})", room)
+    return replace(
+        r,
+        total_mib=r.total_mib + room,
+        floor_mib=r.floor_mib + room,
+        parts=(*r.parts, part),
+        rule_mib=r.total_mib,
+        vision_factor=factor,
+        vision_gib_cut=cut,
+    )
+
+
 POST_CAPTURE_MIB = 1536  # 0.5.18 on
 POST_CAPTURE_MIB_0516 = 512  # 0.5.16, 0.5.17
 
 
 def sglang_reserve(d: Deployment) -> Reserve:
     """SGLang's own default reserve for this deployment, term by term."""
+    return _with_vision(d, _text_reserve(d))
+
+
+def _text_reserve(d: Deployment) -> Reserve:
+    """SGLang's `reserved_mem` (memory_hook.py), before a VLM's cut."""
     if d.post_capture and d.since(0, 5, 16) and not d.mla:
         base = POST_CAPTURE_MIB if d.since(0, 5, 18) else POST_CAPTURE_MIB_0516
         total = base + d.tp * d.pp / 8 * MIB_PER_GIB

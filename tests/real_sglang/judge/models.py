@@ -198,6 +198,56 @@ QWEN3_NEXT_80B: dict[str, Any] = {
     "vocab_size": 151936,
 }
 
+# huggingface.co/Qwen/Qwen2.5-VL-7B-Instruct/blob/main/config.json: the language model's fields
+# at the top level, the image encoder in `vision_config` (32 blocks of 1280, which it calls
+# `depth`: SGLang's memory hook reads `num_hidden_layers` and takes 24).
+QWEN25_VL_7B: dict[str, Any] = {
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "model_type": "qwen2_5_vl",
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "vision_token_id": 151654,
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "initializer_range": 0.02,
+    "intermediate_size": 18944,
+    "max_position_embeddings": 128000,
+    "max_window_layers": 28,
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    "sliding_window": 32768,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 152064,
+    "vision_config": {
+        "depth": 32,
+        "hidden_act": "silu",
+        "hidden_size": 1280,
+        "intermediate_size": 3420,
+        "num_heads": 16,
+        "in_chans": 3,
+        "out_hidden_size": 3584,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "spatial_patch_size": 14,
+        "window_size": 112,
+        "fullatt_block_indexes": [7, 15, 23, 31],
+        "tokens_per_second": 2,
+        "temporal_patch_size": 2,
+    },
+}
+
 MODELS: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": LLAMA_31_8B,
     "deepseek-v3-bf16": DEEPSEEK_V3_BF16,
@@ -205,6 +255,7 @@ MODELS: dict[str, dict[str, Any]] = {
     "deepseek-v3-fp8-kv": DEEPSEEK_V3_FP8_KV,
     "gpt-oss-120b": GPT_OSS_120B,
     "qwen3-next-80b": QWEN3_NEXT_80B,
+    "qwen2.5-vl-7b": QWEN25_VL_7B,
 }
 
 

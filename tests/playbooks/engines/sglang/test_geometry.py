@@ -10,6 +10,7 @@ import pytest
 
 from playbooks.engines.sglang.geometry import geometry_of
 from playbooks.sources.model_config import LocalModelConfigs
+from tests.real_sglang.judge.models import LLAMA_31_8B, QWEN25_VL_7B
 
 # meta-llama/Llama-3.1-8B-Instruct config.json
 LLAMA_8B = {
@@ -185,3 +186,13 @@ def test_only_a_static_float_tensor_scheme_is_fp8_kv() -> None:
 
 def test_a_model_without_full_attention_layers_has_no_cell() -> None:
     assert geometry_of({**LLAMA_8B, "layer_types": ["sliding_attention"] * 32}) is None
+
+
+def test_a_vlm_names_its_image_encoder_as_sglang_reads_it() -> None:
+    """Qwen2.5-VL-7B: 32 encoder blocks of 1280 under `depth`, which SGLang's memory hook does
+    not read (it takes 24); the language model's cell as for any GQA model; a text model none."""
+    g = geometry_of(QWEN25_VL_7B)
+    assert g is not None and g.vision == (24, 1280)
+    assert (g.layers, g.kv_heads, g.head_dim) == (28, 4, 128)
+    text = geometry_of(LLAMA_31_8B)
+    assert text is not None and text.vision is None

@@ -146,3 +146,38 @@ def test_chunking_off_counts_max_prefill_tokens() -> None:
         Deployment(40960, chunked_prefill_size=-1, max_prefill_tokens=16384, version=OLD)
     )
     assert off.activation_mib - on.activation_mib == pytest.approx((16384 - 4096) * 1.5)
+
+
+# (layers, hidden) of the image encoder, SGLang's factor on a VLM's default fraction:
+# 0.95 x clamp(1 - 0.1 x (L x H**2 / (24 x 1024**2) - 1), 0.8, 1.05)
+VISION = [
+    ((24, 1024), 0.95),  # ViT-L/14, the baseline
+    ((24, 1280), 0.95 * (1 - 0.1 * 0.5625)),  # Qwen2.5-VL: `depth` 32 unread, so 24 x 1280
+    ((40, 1536), 0.95 * 0.8),  # past the clamp
+    ((12, 768), 0.95 * 1.05),  # a small encoder: the upper clamp
+]
+
+
+@pytest.mark.parametrize(("vision", "factor"), VISION)
+def test_a_vlm_default_is_the_rules_times_the_encoders_factor(
+    vision: tuple[int, int], factor: float
+) -> None:
+    text = sglang_reserve(Deployment(81559, decode_max_bs=256))
+    vlm = sglang_reserve(Deployment(81559, decode_max_bs=256, vision=vision))
+    rule = text.default_fraction(81559)
+    assert vlm.rule_mib == text.total_mib  # SGLang's `reserved_mem` is the text model's
+    assert vlm.default_fraction(81559) == pytest.approx(rule * factor)
+    # the encoder's room is counted in the reserve and in the floor a recommendation keeps
+    room = 81559 * rule * (1 - factor)
+    assert vlm.total_mib == pytest.approx(text.total_mib + room)
+    assert vlm.floor_mib == pytest.approx(text.floor_mib + room)
+    assert any(name.startswith("image encoder") for name, _ in vlm.parts)
+
+
+def test_a_vlm_sized_after_capture_keeps_8_gib() -> None:
+    d = Deployment(81559, decode_max_bs=256, post_capture=True, vision=(24, 1280))
+    text = sglang_reserve(Deployment(81559, decode_max_bs=256, post_capture=True))
+    vlm = sglang_reserve(d)
+    assert vlm.total_mib == pytest.approx(text.total_mib + 8192)
+    expected = text.default_fraction(81559) - 8192 / 81559
+    assert vlm.default_fraction(81559) == pytest.approx(expected)
