@@ -85,11 +85,16 @@ class Geometry:
         return float(heads * (self.head_dim + self.v_head_dim) * self.layers)
 
     def cell_bytes(self, elem_bytes: float, attn_tp: int = 1) -> float:
-        cell = self.elements_per_token(attn_tp) * elem_bytes
-        if self.kind == "dsa":
-            per_layer = self.index_head_dim + self.index_head_dim // DSA_QUANT_BLOCK * 4
-            cell += per_layer * self.layers
-        return cell
+        return self.elements_per_token(attn_tp) * elem_bytes + self.indexer_bytes
+
+    @property
+    def indexer_bytes(self) -> int:
+        """A DSA model's indexer keys per token over its layers (FP8 keys and one FP32 scale
+        per 128, `mem_cache/pool_host/dsa.py::dsa_indexer_bytes_per_token_per_layer`); 0
+        otherwise. The same bytes on the GPU and in a HiCache host pool."""
+        if self.kind != "dsa":
+            return 0
+        return (self.index_head_dim + self.index_head_dim // DSA_QUANT_BLOCK * 4) * self.layers
 
     def pool_elem_bytes(self, bytes_per_token: float, attn_tp: int = 1) -> float:
         """The element size a pool of `bytes_per_token` really uses (inverts `cell_bytes`)."""

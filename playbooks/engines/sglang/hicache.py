@@ -278,9 +278,16 @@ def host_arithmetic(ctx: Change, per_rank_gb: float, budget: HostBudget) -> str:
     ranks = ctx.server.ranks_on_host
     usable_gb = budget.per_rank_budget_gib * ranks * GIB / 1e9
     where = "the container may use" if _container_limited(ctx.server) else "the host has"
+    indexer_gb = host_pool_tokens(ctx) * indexer_bytes(ctx) / 1e9
+    split = (
+        f" ({per_rank_gb - indexer_gb:.1f} GB of KV and {indexer_gb:.1f} GB of DSA indexer keys, "
+        "a host pool SGLang sizes outside --hicache-size)"
+        if indexer_gb
+        else ""
+    )
     return (
-        f"{ranks} ranks x {per_rank_gb:.1f} GB = {per_rank_gb * ranks:.0f} GB of pinned host RAM "
-        f"(every rank builds its own pool); {where} {budget.host_total_gib:.0f} GiB, "
+        f"{ranks} ranks x {per_rank_gb:.1f} GB{split} = {per_rank_gb * ranks:.0f} GB of pinned "
+        f"host RAM (every rank builds its own pool); {where} {budget.host_total_gib:.0f} GiB, "
         f"{budget.host_available_gib:.0f} GiB available, {usable_gb:.0f} GB usable after "
         "SGLang's 10 GiB reserve and a 10% margin"
     )
@@ -347,6 +354,19 @@ def ratio_after(ctx: Change) -> float:
     return float(given or DEFAULT_RATIO)
 
 
+def indexer_bytes(ctx: Change) -> int:
+    """A DSA model's indexer keys per token, which its HiCache keeps in a host pool of its own
+    beside the KV one (`pool_host/dsa.py`, `DSAIndexerPoolHost`: as many tokens as the KV host
+    pool, outside `--hicache-size`, checked against free host memory after the KV pool)."""
+    geometry = ctx.cap.geometry
+    return geometry.indexer_bytes if geometry is not None else 0
+
+
+def host_kv_bytes(ctx: Change) -> float:
+    """Bytes per token of the KV host pool `--hicache-size` sizes (the indexer's apart)."""
+    return ctx.bytes_per_token - indexer_bytes(ctx)
+
+
 def host_pool_tokens(ctx: Change) -> int:
     """One rank's host pool in tokens, as SGLang sizes it (`mem_cache/pool_host/base.py`
     `HostKVCache.__init__`): `hicache_size` GB (decimal) over the bytes per token, else the GPU
@@ -355,7 +375,7 @@ def host_pool_tokens(ctx: Change) -> int:
     size_gb = float(ctx.values.get("hicache_size") or ctx.server.info.arg("hicache_size") or 0)
     per_rank = ctx.per_scheduler
     if size_gb > 0:
-        tokens = int(size_gb * 1e9 // ctx.bytes_per_token)
+        tokens = int(size_gb * 1e9 // host_kv_bytes(ctx))
     else:
         tokens = int(per_rank * ratio_after(ctx))
     page = ctx.cap.page_size
@@ -363,8 +383,10 @@ def host_pool_tokens(ctx: Change) -> int:
 
 
 def pool_safety(ctx: Change, per_rank_gb: float) -> Finding:
-    """Whether all ranks' pools fit, judged by what this SGLang version checks itself."""
+    """Whether all ranks' pools fit, judged by what this SGLang version checks itself; a DSA
+    model's indexer pool counted beside the KV pool `per_rank_gb` names."""
     server, ranks = ctx.server, ctx.server.ranks_on_host
+    per_rank_gb += host_pool_tokens(ctx) * indexer_bytes(ctx) / 1e9
     if server.host is None:
         return Finding(
             "unsafe",
@@ -487,7 +509,7 @@ class HostPoolCheck(Check):
         if size_gb > 0:
             return size_gb
         # each rank sizes its pool from its own GPU pool (pool_host/base.py)
-        return ratio_after(change) * change.per_scheduler * change.bytes_per_token / 1e9
+        return ratio_after(change) * change.per_scheduler * host_kv_bytes(change) / 1e9
 
     def safety(self, ctx: Change, value: Any) -> Finding:
         """Refused combinations first (in SGLang's words), then the pool, then side effects."""

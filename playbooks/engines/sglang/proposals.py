@@ -147,8 +147,15 @@ def hicache_proposal(ctx: Context, bottleneck: Bottleneck) -> Option | None:
             "pool cannot be checked against it",
         )
     budget = HostBudget.of(ctx.host.total_gib, ctx.host.available_gib, ctx.ranks_on_host)
-    device_gb = ctx.info.max_total_num_tokens * ctx.cap.bytes_per_token / 1e9
-    per_rank_gb = min(budget.per_rank_budget_gib * GIB / 1e9, 2 * device_gb)
+    geometry = ctx.cap.geometry
+    indexer = geometry.indexer_bytes if geometry is not None else 0
+    kv_bytes = ctx.cap.bytes_per_token - indexer
+    device_gb = ctx.info.max_total_num_tokens * kv_bytes / 1e9
+    # a DSA model pins its indexer keys beside the KV host pool, as many tokens again
+    per_rank_gb = min(
+        budget.per_rank_budget_gib * GIB / 1e9 * kv_bytes / ctx.cap.bytes_per_token,
+        2 * device_gb,
+    )
     raced = race_limit_gb(ctx.server)
     if raced is not None:  # a size the last rank to start still accepts, with the margin
         per_rank_gb = min(per_rank_gb, raced * (1 - HOST_MARGIN))

@@ -13,10 +13,12 @@ from playbooks.engines.sglang.checks import Change, Finding
 from playbooks.engines.sglang.client import parse_server_info
 from playbooks.engines.sglang.deployment import parse_version
 from playbooks.engines.sglang.facts import Server
+from playbooks.engines.sglang.geometry import geometry_of
 from playbooks.engines.sglang.hicache import HostPoolCheck, host_pool_tokens, refusals, side_effects
 from playbooks.engines.sglang.proposals import hicache_proposal
 from playbooks.sources.host import GIB, HostMemory
 from tests.paths import FIXTURES
+from tests.playbooks.engines.sglang.test_geometry import DSA
 from tests.playbooks.engines.sglang.test_rules import context
 
 # version: (per-rank host budget, smaller host pool only warns, container limit, startup_available)
@@ -253,3 +255,29 @@ def test_the_proposed_pool_is_one_every_rank_accepts() -> None:
     older = hicache_proposal(context(version="0.5.18", host_gib=128), "kv_cache")
     assert older is not None
     assert older.change["hicache_size"] == 14, older.change
+
+
+def as_dsa(version: str, host_gib: float) -> Any:
+    """The incident's context with DeepSeek-V3.2's geometry: MLA plus the indexer's 128-dim
+    FP8 keys and their scales, 132 bytes a token a layer, 8,052 over 61 layers (12% of the
+    65,420-byte cell)."""
+    ctx = context(version=version, host_gib=host_gib)
+    return replace(ctx, cap=replace(ctx.cap, geometry=geometry_of(DSA)))
+
+
+def test_a_dsa_model_pins_its_indexer_keys_beside_the_kv_host_pool() -> None:
+    """SGLang sizes a DSA model's indexer host pool outside --hicache-size, as many tokens as
+    the KV one, and checks it against the host memory left after that pool (pool_host/dsa.py).
+    A size that fits as KV alone is refused with it; the proposal leaves room for both."""
+    text = hicache_proposal(context(version="0.5.18", host_gib=128), "kv_cache")
+    dsa = as_dsa("0.5.18", 128)
+    option = hicache_proposal(dsa, "kv_cache")
+    assert text is not None and option is not None
+    assert option.change["hicache_size"] < text.change["hicache_size"] == 14
+    server = dsa.server
+    check = HostPoolCheck()
+    for size, verdict in ((option.change["hicache_size"], None), (14, "unsafe")):
+        change = Change.of(server, {"enable_hierarchical_cache": True, "hicache_size": size})
+        found = check.safety(change, check.value(change))
+        assert found.verdict == verdict, found.reasons
+        assert "GB of DSA indexer keys, a host pool SGLang sizes outside" in found.reasons[0]
