@@ -106,6 +106,8 @@ class Measurement:
     grammar_queued: float | None = None  # mean requests waiting for a grammar to compile
     deferred_queued: float | None = None  # mean of `queued` waiting for other than KV room
     rejections: int | None = None  # requests refused at admission by a queue limit, window
+    evicted_tokens: int | None = None  # prefix-cache tokens dropped from the GPU, window
+    loaded_back_tokens: int | None = None  # tokens loaded back from a host tier, window
     # where the schedulers' busy time went (None where the engine does not account for it)
     time_budget: TimeBudget | None = None
 
@@ -272,6 +274,8 @@ class _Counters:
     cached_fraction: float | None = None
     retractions: int | None = None
     rejections: int | None = None
+    evicted: int | None = None
+    loaded_back: int | None = None
 
 
 def _counters(
@@ -300,9 +304,7 @@ def _counters(
     retractions = None
     if first.preemptions is not None and last.preemptions is not None:
         retractions = int(last.preemptions - first.preemptions)
-    rejections = None
-    if first.rejected_requests is not None and last.rejected_requests is not None:
-        rejections = int(last.rejected_requests - first.rejected_requests)
+    rejections = _increase(first.rejected_requests, last.rejected_requests)
     return _Counters(
         effective=effective,
         prompt_rate=d_prompt / window if window else None,
@@ -313,7 +315,14 @@ def _counters(
         cached_fraction=d_cached / d_prompt if d_prompt > 0 else None,
         retractions=retractions,
         rejections=rejections,
+        evicted=_increase(first.evicted_tokens, last.evicted_tokens),
+        loaded_back=_increase(first.loaded_back_tokens, last.loaded_back_tokens),
     )
+
+
+def _increase(first: float | None, last: float | None) -> int | None:
+    """A counter's increase over the window; None where the engine does not export it."""
+    return None if first is None or last is None else int(last - first)
 
 
 def _summarise(
@@ -376,6 +385,8 @@ def _summarise(
         grammar_queued=_window_mean(body, lambda x: x.grammar_queued),
         deferred_queued=_window_mean(body, lambda x: x.deferred_queued),
         rejections=c.rejections,
+        evicted_tokens=c.evicted,
+        loaded_back_tokens=c.loaded_back,
         time_budget=budget_between(
             next((s.steps for s in samples if s.steps is not None), None),
             next((s.steps for s in reversed(samples) if s.steps is not None), None),

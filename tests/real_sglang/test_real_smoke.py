@@ -16,7 +16,8 @@ import httpx
 import psutil
 import pytest
 
-from playbooks.engines.sglang.client import SGLangClient
+from playbooks.engines.sglang import ENGINE as SGLANG
+from playbooks.engines.sglang.client import SGLangClient, parse_metrics
 from playbooks.engines.timebudget import budget_between
 
 from .harness import RealSGLang, sglang_env_available
@@ -396,3 +397,7 @@ class TestCappedServer:
         # Host pool: 20000 x 2 tokens, rounded to pages, plus one padding page.
         assert metric("hicache_host_total_tokens") == 40000 + 16
         assert metric("load_back_tokens_total") >= 3984
+        # kvpilot reads both counters, the load-back from the KV pool's series alone
+        snap = SGLANG.snapshot(parse_metrics(text))
+        assert snap.evicted_tokens is not None and snap.evicted_tokens >= 28000 - 20000
+        assert snap.loaded_back_tokens == metric("load_back_tokens_total")

@@ -104,7 +104,24 @@ def evidence(ctx: Context) -> list[str]:
         found.append(f"{m.retractions} retractions in {m.window_s / 60:.1f} min ({rpm:.1f}/min)")
     elif m.retractions_seen_in_gauge:
         found.append(f"retractions seen in {m.retractions_seen_in_gauge} scrapes")
-    return found + admission_evidence(ctx)
+    return found + cache_evidence(m) + admission_evidence(ctx)
+
+
+def cache_evidence(m: Measurement) -> list[str]:
+    """What the prefix cache lost and the host tier gave back, where SGLang counts them."""
+    found = []
+    minutes = m.window_s / 60
+    if m.evicted_tokens:
+        found.append(
+            f"{m.evicted_tokens:,} tokens of cached prefixes were evicted from the GPU in "
+            f"{minutes:.1f} min ({m.evicted_tokens / m.window_s:,.0f}/s)"
+        )
+    if m.loaded_back_tokens:
+        found.append(
+            f"{m.loaded_back_tokens:,} tokens were loaded back from the host tier (HiCache) "
+            f"in {minutes:.1f} min instead of being computed again"
+        )
+    return found
 
 
 def admission_evidence(ctx: Context) -> list[str]:

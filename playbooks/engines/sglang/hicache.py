@@ -557,13 +557,26 @@ class HostPoolCheck(Check):
             )
         reuse = m.cached_fraction
         if reuse is not None and reuse >= REUSE_WORTH_A_TIER:
+            if m.evicted_tokens == 0:
+                return Finding(
+                    "not_useful",
+                    (
+                        f"{reuse:.0%} of prompt tokens hit the cache, but nothing was evicted "
+                        "from the GPU in the window (sglang:evicted_tokens_total): what comes "
+                        "back is still there, so a host tier would keep nothing more and adds "
+                        "decode cost",
+                    ),
+                )
+            evicted = (
+                f" ({m.evicted_tokens:,} tokens evicted in the window)" if m.evicted_tokens else ""
+            )
             return Finding(
                 "recommended",
                 (
                     f"prompts are long ({prompt:,.0f} tokens) and "
                     f"{reuse:.0%} of prompt tokens already hit the cache while the pool is "
-                    "full: prefixes come back and are being evicted, so a host tier should "
-                    "serve them instead of recomputing",
+                    f"full: prefixes come back and are being evicted{evicted}, so a host tier "
+                    "should serve them instead of recomputing",
                 ),
                 ("pinned host memory",),
             )

@@ -82,6 +82,13 @@ NEW_TOKEN_RATIO = "sglang:new_token_ratio"
 REALTIME_TOKENS = "sglang:realtime_tokens_total"
 DECODE_MODE = "decode"
 GRAMMAR_QUEUED = "sglang:num_grammar_queue_reqs"
+# Prefix-cache tokens freed from the GPU pool by eviction, and tokens loaded back from the
+# HiCache host pool, by `pool` (kv, swa, mamba: the same tokens in each pool, so the KV pool's
+# alone counts); counters (observability/metrics_collector.py, 0.5.23). Every TP rank reports
+# the same count, as for the other scheduler series.
+EVICTED_TOKENS = "sglang:evicted_tokens"
+LOAD_BACK_TOKENS = "sglang:load_back_tokens"
+POOL_LABEL, KV_POOL = "pool", "kv"
 
 SPEC = MetricsSpec(
     label="SGLang",
@@ -113,6 +120,8 @@ NAMES = (
             CACHED_TOKENS,
             ABORTED_REQUESTS,
             RETRACTED_REQUESTS,
+            EVICTED_TOKENS,
+            LOAD_BACK_TOKENS,
         )
     ),
     TTFT_BUCKET,
@@ -260,7 +269,19 @@ def snapshot_from_metrics(m: Metrics) -> Snapshot:
         itl_buckets=m.buckets(ITL_BUCKET),
         new_token_ratio=combined(m, NEW_TOKEN_RATIO, "mean"),
         grammar_queued=combined(m, GRAMMAR_QUEUED),
+        evicted_tokens=_counter(m, EVICTED_TOKENS),
+        loaded_back_tokens=loaded_back(m),
     )
+
+
+def loaded_back(m: Metrics) -> float | None:
+    """Tokens loaded back from the host pool: the KV pool's series (every pool moves the same
+    tokens); None without HiCache's counter."""
+    name = LOAD_BACK_TOKENS + "_total"
+    values = [v for v in m.labelled(name) if v.labels.get(POOL_LABEL, KV_POOL) == KV_POOL]
+    if not values:
+        return 0.0 if m.has(LOAD_BACK_TOKENS) else None
+    return sum(per_dp_rank(name, values).values())
 
 
 def snapshot_from_loads(loads: list[RankLoad]) -> Snapshot:

@@ -97,6 +97,19 @@ def test_admission_rules(
     assert ("schedule-conservativeness" in evidence[-1]) is (words.startswith("admission"))
 
 
+def test_evictions_and_load_backs_are_evidence() -> None:
+    m = measurement(evicted_tokens=120_000, loaded_back_tokens=30_000)
+    _found, evidence = analyse(context(m, version="0.5.23"))
+    assert any(
+        e.startswith("120,000 tokens of cached prefixes were evicted from the GPU in 10.0 min")
+        and "(200/s)" in e
+        for e in evidence
+    ), evidence
+    assert any("30,000 tokens were loaded back from the host tier" in e for e in evidence)
+    quiet = analyse(context(measurement(), version="0.5.23"))[1]
+    assert not any("evicted" in e or "loaded back" in e for e in quiet)
+
+
 def test_exported_admission_signals_are_evidence() -> None:
     m = measurement(**HALF_HELD, new_token_ratio=0.098, grammar_queued=2.0)
     _found, evidence = analyse(context(m, version="0.5.23"))

@@ -100,6 +100,10 @@ USEFULNESS = [
     ({"kv_cache_dtype": "fp8_e4m3"}, "kv_cache", {}, None, ""),
     ({"kv_cache_dtype": "bf16"}, "kv_cache", {}, "not_useful", "does not shrink"),
     (HICACHE, "kv_cache", LONG_REUSED, "recommended", "15% of prompt tokens already hit"),
+    # SGLang counts evictions (evicted_tokens_total): where none happened in the window what
+    # comes back is still on the GPU, and a host tier would keep nothing more
+    (HICACHE, "kv_cache", {**LONG_REUSED, "evicted_tokens": 0}, "not_useful", "nothing was"),
+    (HICACHE, "kv_cache", {**LONG_REUSED, "evicted_tokens": 91_000}, "recommended", "91,000"),
     (HICACHE, "kv_cache", LONG_NEW, "possible", "little is reused now"),
     (HICACHE, "kv_cache", {}, "not_useful", "dominated by generation (3,500 output"),
     (HICACHE, "compute", LONG_REUSED, "not_useful", "not the bottleneck"),
