@@ -6,7 +6,10 @@ vLLM allocates KV in blocks of `block_size` tokens; one layer's page is (v1/kv_c
     GQA/MHA: block_size * kv_heads_per_rank * (head_size + head_size_v) * dtype_bytes
     MLA:     block_size * 1 * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes
 
-with `kv_heads_per_rank = max(1, kv_heads // tensor_parallel_size)` (config/model.py
+plus, for a DSA model (DeepSeek-V3.2: `index_head_dim` in its config), one indexer page per layer
+of `block_size * (index_head_dim + index_head_dim // 128 * 4)` bytes (FP8 keys and an FP32 scale
+per 128, model_executor/models/deepseek_v2.py `DeepseekV32IndexerCache`, an `MLAAttentionSpec`
+of uint8), with `kv_heads_per_rank = max(1, kv_heads // tensor_parallel_size)` (config/model.py
 `get_num_kv_heads`: heads are split over TP ranks, replicated where there are fewer heads than
 ranks) and `head_size_v = head_size` unless the model says otherwise; an MLA latent is not split
 by TP, every rank holds it whole. A plain model's block is one page per attention layer, so a
@@ -40,6 +43,7 @@ from playbooks.engines.hf_config import (
 )
 
 Kind = Literal["mha", "mla"]
+DSA_QUANT_BLOCK = 128  # the indexer's FP8 keys carry one FP32 scale per 128
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class Geometry:
     head_size: int = 0
     head_size_v: int = 0
     latent: int = 0  # MLA: kv_lora_rank + qk_rope_head_dim
+    indexer: int = 0  # DSA: the indexer keys' bytes per token per layer (uint8, any KV dtype)
     sliding_layers: int = 0
     linear_layers: int = 0  # mamba / linear attention: state, not KV
     kv_quant_fp8: bool = False  # the checkpoint declares an FP8 KV scheme, which `auto` takes
@@ -67,7 +72,7 @@ class Geometry:
     def token_bytes_per_layer(self, dtype_bytes: float, tp: int = 1) -> float:
         """One token of one layer's page on one GPU."""
         if self.kind == "mla":
-            return self.latent * dtype_bytes
+            return self.latent * dtype_bytes + self.indexer
         return self.kv_heads_per_rank(tp) * (self.head_size + self.head_size_v) * dtype_bytes
 
     @property
@@ -92,6 +97,8 @@ class Geometry:
     def describe(self) -> str:
         if self.kind == "mla":
             shape = f"MLA, latent {self.latent} x {self.layers} layers"
+            if self.indexer:
+                shape += f", DSA indexer {self.indexer} bytes a layer"
         else:
             shape = (
                 f"{self.kv_heads} KV heads x ({self.head_size} + {self.head_size_v}) x "
@@ -147,8 +154,14 @@ def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
     positions = first_int(config, "max_position_embeddings")
     lora, rope = first_int(config, "kv_lora_rank"), first_int(config, "qk_rope_head_dim")
     if lora and rope is not None:
+        index = first_int(config, "index_head_dim") or 0
         return Geometry(
-            "mla", layers, latent=lora + rope, kv_quant_fp8=fp8, max_positions=positions
+            "mla",
+            layers,
+            latent=lora + rope,
+            indexer=index + index // DSA_QUANT_BLOCK * 4,
+            kv_quant_fp8=fp8,
+            max_positions=positions,
         )
     kv_heads = first_int(config, *KV_HEADS) or first_int(config, *HEADS)
     size = head_dim(config)

@@ -161,6 +161,19 @@ def test_geometry_from_config(config: dict[str, Any], described: str) -> None:
     assert geometry is not None and geometry.describe() == described
 
 
+def test_a_dsa_block_holds_the_indexer_keys_beside_the_latent() -> None:
+    """DeepSeek-V3.2: each layer's block also holds the indexer's 128 FP8 keys and their FP32
+    scale (132 bytes a token, deepseek_v2.py `DeepseekV32IndexerCache`): 11.5% more than the
+    bf16 latent (1,152 bytes), 23% more than a plain FP8 one (576)."""
+    v32 = {"num_hidden_layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+    dsa = geometry_of({**v32, "index_head_dim": 128})
+    mla = geometry_of(v32)
+    assert dsa is not None and mla is not None
+    assert dsa.block_bytes(64, 2.0) == 64 * 61 * (576 * 2 + 132)
+    assert dsa.block_bytes(64, 1.0) / mla.block_bytes(64, 1.0) == pytest.approx(708 / 576)
+    assert dsa.describe() == "MLA, latent 576 x 61 layers, DSA indexer 132 bytes a layer"
+
+
 def test_tensor_parallelism_splits_heads_but_not_a_latent() -> None:
     gqa = geometry_of({"num_hidden_layers": 32, "num_key_value_heads": 8, "head_dim": 128})
     mla = geometry_of({"num_hidden_layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64})
