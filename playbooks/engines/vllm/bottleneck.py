@@ -112,6 +112,12 @@ def evidence(ctx: Context) -> list[str]:
             "blocked status (a structured-output grammar compiling, remote KV arriving), not "
             "for room in the KV cache"
         )
+    if m.loaded_back_tokens:
+        found.append(
+            f"{m.loaded_back_tokens:,} prompt tokens came from the KV connector (KV offloading "
+            f"to the CPU, or another instance) in {m.window_s / 60:.1f} min instead of being "
+            "computed again (external_prefix_cache_hits)"
+        )
     if m.rejections:
         found.append(
             f"{m.rejections:,} requests were refused at admission (HTTP 503, "

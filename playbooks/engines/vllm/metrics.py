@@ -65,6 +65,9 @@ ADMISSION_REJECTIONS = "vllm:admission_rejections"
 REQUEST_SUCCESS = "vllm:request_success"  # finished requests, by finished_reason
 PREFIX_QUERIES = "vllm:prefix_cache_queries"  # tokens looked up in the local prefix cache
 PREFIX_HITS = "vllm:prefix_cache_hits"  # tokens found there
+# prompt tokens a KV connector supplied (the CPU offloading connector, another instance):
+# loaded instead of computed, kvpilot's `loaded_back_tokens` (loggers.py, 0.11 on)
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits"
 PREFIX_QUERIES_OLD = "vllm:gpu_prefix_cache_queries"  # before 0.12
 PREFIX_HITS_OLD = "vllm:gpu_prefix_cache_hits"
 TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
@@ -102,6 +105,7 @@ NAMES = (
             REQUEST_SUCCESS,
             PREFIX_QUERIES,
             PREFIX_HITS,
+            EXTERNAL_HITS,
             PREFIX_QUERIES_OLD,
             PREFIX_HITS_OLD,
         )
@@ -329,6 +333,7 @@ def snapshot_from_metrics(
         aborted_requests=finished(m, aborted=True),
         preemptions=counter(m, PREEMPTIONS),
         rejected_requests=counter(m, ADMISSION_REJECTIONS),
+        loaded_back_tokens=counter(m, EXTERNAL_HITS),
         deferred_queued=deferred(m),
         ttft_buckets=tuple(sorted(m.ttft_buckets.items())),
         itl_buckets=m.buckets(ITL_BUCKET, ITL_BUCKET_OLD),

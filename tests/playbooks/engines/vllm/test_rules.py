@@ -205,6 +205,11 @@ def test_bottleneck_rules(over: dict[str, Any], args: dict[str, Any], bottleneck
     assert analyse(context(measurement(**over), **args))[0] == bottleneck
 
 
+def test_prompt_tokens_from_the_kv_connector_are_named() -> None:
+    _found, evidence = analyse(context(measurement(loaded_back_tokens=52_000)))
+    assert any("52,000 prompt tokens came from the KV connector" in e for e in evidence)
+
+
 def test_deferred_requests_and_refusals_are_named() -> None:
     found, evidence = analyse(context(measurement(deferred_queued=60.0, rejections=1234)))
     assert found == "unknown"

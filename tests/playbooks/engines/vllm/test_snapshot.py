@@ -42,6 +42,7 @@ def scrape(name: str) -> Metrics:
             ("prompt_tokens", "vllm:prompt_tokens_total"),
             ("cached_tokens", "vllm:prompt_tokens_cached_total"),
             ("preemptions", "vllm:num_preemptions_total"),
+            ("loaded_back_tokens", "vllm:external_prefix_cache_hits_total"),
             ("kv_usage", "vllm:kv_cache_usage_perc"),
         ]
     ],
