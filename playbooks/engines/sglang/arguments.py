@@ -19,6 +19,7 @@ from playbooks.engines.sglang.facts import (
     Observed,
     conservativeness,
     conservativeness_scale,
+    context_len,
     grammar_waiting,
     requests_fitting,
     reservation_binding,
@@ -343,6 +344,39 @@ class ConservativenessCheck(Check):
         return None
 
 
+REQUEST_TABLE_BYTES = 4  # int32 per slot and context position (memory_pool.py ReqToTokenPool)
+TABLE_WORTH_NAMING_GIB = 0.1
+
+
+def request_table_growth(ctx: Change, per_rank: int) -> Finding:
+    """A larger cap grows SGLang's request table: one row of the model's context length in
+    int32 per request slot (`mem_cache/memory_pool.py` `ReqToTokenPool`), `max_running_requests`
+    rows per rank where it is set, at most half the pool (`kv_cache_configurator.py`
+    `resolve_max_num_reqs`). It is allocated after the KV pool, out of the room activations
+    have: at a 128K context every 1,000 slots take 0.5 GiB."""
+    info = ctx.server.info
+    context, now = context_len(info), info.effective_max_running_requests
+    if context is None or now is None:
+        return NOTHING
+    after = min(per_rank, ctx.per_scheduler // 2)
+    growth_gib = max(0, after - now) * context * REQUEST_TABLE_BYTES / (1 << 30)
+    if growth_gib < TABLE_WORTH_NAMING_GIB:
+        return NOTHING
+    room = ctx.cap.activation_room_gib(ctx.fraction, ctx.hicache) - growth_gib
+    said = (
+        f"SGLang's request table grows with the cap: {after - now:,} more slots a rank x "
+        f"{context:,} positions x 4 bytes = {growth_gib:.2f} GiB of GPU memory outside the KV "
+        f"pool, leaving {room:.2f} GiB for activations"
+    )
+    if room >= ACTIVATION_FLOOR_GIB:
+        return Finding(reasons=(said,))
+    return Finding(
+        "possible",
+        (f"{said}, below the {ACTIVATION_FLOOR_GIB:g} GiB floor kvpilot keeps for them",),
+        ("GPU OOM at a peak: the request table takes activation headroom",),
+    )
+
+
 class RunningCapCheck(Check):
     """max_running_requests: the batch's cap; it helps only where the batch sits at it."""
 
@@ -361,7 +395,7 @@ class RunningCapCheck(Check):
                 ),
                 ("a smaller batch on every rank",),
             )
-        return NOTHING
+        return request_table_growth(ctx, per_rank)
 
     def predicts_gain_for(self, change: Change) -> bool:
         """Beside a larger pool the gain is the pool's, bounded by the cap after the change."""

@@ -61,6 +61,15 @@ SAFETY = [
     # no value in range is unsafe for these: their safety half has nothing against any
     ({"schedule_conservativeness": 0.3}, {}, None, ""),
     ({"max_running_requests": 4096}, {}, None, ""),
+    # a larger cap grows SGLang's request table (int32 per slot and context position), out of
+    # the activations' room: 6,144 more slots at a 131,072 context are 3 GiB
+    ({"max_running_requests": 4096}, {"context_length": 131072}, None, "= 1.00 GiB of GPU"),
+    (
+        {"max_running_requests": 8192},
+        {"context_length": 131072, "mem_fraction_static": 0.9},
+        "possible",
+        "3.00 GiB of GPU memory outside the KV pool, leaving 4.53 GiB for activations, below",
+    ),
     ({"max_total_tokens": 50_000}, {}, None, ""),
     ({"page_size": 16}, {}, None, ""),
     ({"max_prefill_tokens": 4096}, {}, None, ""),
