@@ -170,7 +170,9 @@ def test_a_dsa_block_holds_the_indexer_keys_beside_the_latent() -> None:
     mla = geometry_of(v32)
     assert dsa is not None and mla is not None
     assert dsa.block_bytes(64, 2.0) == 64 * 61 * (576 * 2 + 132)
-    assert dsa.block_bytes(64, 1.0) / mla.block_bytes(64, 1.0) == pytest.approx(708 / 576)
+    with_keys, latent_only = dsa.block_bytes(64, 1.0), mla.block_bytes(64, 1.0)
+    assert with_keys is not None and latent_only is not None
+    assert with_keys / latent_only == pytest.approx(708 / 576)
     assert dsa.describe() == "MLA, latent 576 x 61 layers, DSA indexer 132 bytes a layer"
 
 
