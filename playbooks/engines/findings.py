@@ -22,6 +22,11 @@ from playbooks.types import VERDICT_ORDER, Option, Verdict
 # prefill steps the model does not count, so effects fall short of it more than they exceed it.
 MODEL_LOW = 0.6
 MODEL_HIGH = 1.3
+# Without any model of a step, the share of the batch's growth a larger pool turns into
+# throughput at worst. Measured: the incident twin 46 -> 64 running (+38%) for +16% long-run
+# (0.42), the real H100 57 -> 150 (+163%) for +48% (0.29), the real H200 96 -> 150 (+56%) for
+# +12% steady (0.21). The rule said a half, above all three: a fifth holds them.
+BATCH_SHARE_AT_WORST = 0.2
 RESTART_RISK = "restart: the server is down while it reloads the model"
 NOTHING_AGAINST = "no safety check objects to it; the experiment measures whether it helps"
 
@@ -141,8 +146,8 @@ def kv_capacity_gain(
     not at all (compute) and that ratio (KV reads), so the interval spans both. Where what a
     step reads is known (`traffic`), the step's fixed part is the weights' share of it, a KV
     byte costing one to two weight bytes (`timebudget.KV_COST`), rather than the window's line
-    over the batch, which a full pool leaves flat. Without a budget, the old rule of thumb: the
-    batch's growth at best, half of it at worst.
+    over the batch, which a full pool leaves flat. Without a budget, a rule of thumb: the
+    batch's growth at best, a fifth of it at worst (`BATCH_SHARE_AT_WORST`).
     """
     if not kv_bound or limits.running <= 0 or limits.tokens_now <= 0:
         return (0.0, 0.0)
@@ -151,7 +156,7 @@ def kv_capacity_gain(
         budget = None  # a mean step with nothing to split it by: no model of the step
     if budget is None:
         high = max(0.0, ratio - 1)
-        return (high / 2, high)
+        return (high * BATCH_SHARE_AT_WORST, high)
     cheap, dear = (
         (budget, budget)
         if traffic is None

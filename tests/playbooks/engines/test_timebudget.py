@@ -172,9 +172,9 @@ SEVENTY = BatchCap("max_running_requests=70", 70)
             0.5,
             (HALF_FIXED.gain(2.0) * MODEL_LOW, 1.0 * MODEL_HIGH),
         ),
-        # no accounting: the rule of thumb, the batch's growth at best and half at worst
-        (BatchLimits(50, 100, 100_000, 150_000), True, None, 1.0, (0.25, 0.5)),
-        (BatchLimits(50, 100, 100_000, 150_000, (SEVENTY,)), True, None, 1.0, (0.2, 0.4)),
+        # no accounting: the rule of thumb, the batch's growth at best and a fifth at worst
+        (BatchLimits(50, 100, 100_000, 150_000), True, None, 1.0, (0.1, 0.5)),
+        (BatchLimits(50, 100, 100_000, 150_000, (SEVENTY,)), True, None, 1.0, (0.08, 0.4)),
     ],
 )
 def test_the_predicted_interval(
