@@ -301,9 +301,7 @@ def _counters(
             f"only {completed} requests completed in the window: averages per "
             "request and the effective rate are rough"
         )
-    retractions = None
-    if first.preemptions is not None and last.preemptions is not None:
-        retractions = int(last.preemptions - first.preemptions)
+    retractions = _increase(first.preemptions, last.preemptions)
     rejections = _increase(first.rejected_requests, last.rejected_requests)
     return _Counters(
         effective=effective,
