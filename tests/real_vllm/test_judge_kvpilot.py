@@ -30,7 +30,7 @@ import pytest
 
 from playbooks.engines.vllm.capacity import GIB, CapacityModel, GpuMemory
 from playbooks.engines.vllm.client import parse_settings
-from playbooks.engines.vllm.geometry import geometry_of
+from playbooks.engines.vllm.geometry import geometry_of, with_draft
 from playbooks.engines.vllm.metrics import capacity_tokens
 from playbooks.engines.vllm.rules import capacity_model
 
@@ -63,6 +63,10 @@ class Model:
     config: dict[str, Any]
     layers: list[dict[str, Any]]
     window: int | None = None  # what vLLM's cache_config_info reports as `sliding_window`
+    # `--speculative-config` as kvpilot reads it, and the draft head's config.json (None: not
+    # readable where the bot runs); `layers` then holds the drafter's layers too
+    speculative: dict[str, Any] = field(default_factory=dict)
+    draft_config: dict[str, Any] | None = None
 
 
 LLAMA_8B = Model(
@@ -90,6 +94,30 @@ DEEPSEEK_V3 = Model(
      "v_head_dim": 128, "max_position_embeddings": 163840},
     [{"type": "mla", "kv_heads": 1, "head_size": 576}] * 61,
 )  # fmt: skip
+EAGLE_HEAD_8B = {  # yuhuili/EAGLE-LLaMA3.1-Instruct-8B: one decoder layer of the target's shape
+    "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "hidden_size": 4096, "max_position_embeddings": 2048,
+}  # fmt: skip
+LLAMA_8B_EAGLE = replace(  # the drafter's layer is sized in the target's blocks
+    LLAMA_8B,
+    name="Llama-3.1-8B + EAGLE head",
+    layers=[full(8, 128)] * 33,
+    speculative={"speculative_method": "eagle", "speculative_model": "eagle-llama3.1-8b"},
+    draft_config=EAGLE_HEAD_8B,
+)
+LLAMA_8B_EAGLE3_UNREAD = replace(  # the head's config not readable: one layer assumed
+    LLAMA_8B_EAGLE,
+    name="Llama-3.1-8B + EAGLE-3 head (config unread)",
+    speculative={"speculative_method": "eagle3", "speculative_model": "eagle3-llama3.1-8b"},
+    draft_config=None,
+)
+DEEPSEEK_V3_MTP = replace(  # the MTP module: num_nextn_predict_layers MLA layers
+    DEEPSEEK_V3,
+    name="DeepSeek-V3 + MTP",
+    config={**DEEPSEEK_V3.config, "num_nextn_predict_layers": 1},
+    layers=[{"type": "mla", "kv_heads": 1, "head_size": 576}] * 62,
+    speculative={"speculative_method": "mtp", "num_speculative_tokens": 1},
+)
 GPT_OSS = Model(
     "gpt-oss-120b",
     {"num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8,
@@ -156,6 +184,9 @@ L8 = Server(LLAMA_8B, H200, 0.9, 17.5)
 L70 = Server(LLAMA_70B, H100, 0.9, 38.0, tp=4)
 QW = Server(QWEN3_235B, H200, 0.9, 62.0, tp=8, max_model_len=40960)
 DS = Server(DEEPSEEK_V3, H200, 0.9, 88.0, tp=8, block_size=64, max_model_len=163840)
+L8_EAGLE = Server(LLAMA_8B_EAGLE, H200, 0.9, 18.3)
+L8_EAGLE3 = Server(LLAMA_8B_EAGLE3_UNREAD, H100, 0.85, 18.3)
+DS_MTP = replace(DS, model=DEEPSEEK_V3_MTP, non_kv_gib=89.5)
 OSS = Server(GPT_OSS, H200, 0.9, 68.0)
 GEMMA = Server(GEMMA3_27B, H100, 0.9, 32.0, tp=2)
 
@@ -187,6 +218,11 @@ PAIRS = [
     Pair("DeepSeek-V3 MLA TP8, u 0.9->0.95", DS, {"utilization": 0.95}),
     Pair("DeepSeek-V3 MLA TP8, fp8 KV", DS, {"dtype": "fp8"}),
     Pair("DeepSeek-V3 MLA TP8, KV bytes 30 GiB", DS, {"kv_bytes": 30 * GIB}),
+    Pair("Llama-8B + EAGLE, u 0.9->0.95", L8_EAGLE, {"utilization": 0.95}),
+    Pair("Llama-8B + EAGLE, u 0.9->0.45", L8_EAGLE, {"utilization": 0.45}),
+    Pair("Llama-8B + EAGLE, fp8 KV + u 0.95", L8_EAGLE, {"dtype": "fp8", "utilization": 0.95}),
+    Pair("Llama-8B + EAGLE-3 H100, u 0.85->0.95", L8_EAGLE3, {"utilization": 0.95}),
+    Pair("DeepSeek-V3 + MTP TP8, u 0.9->0.95", DS_MTP, {"utilization": 0.95}),
     Pair("gpt-oss-120b SWA, u 0.9->0.95", OSS, {"utilization": 0.95}),
     Pair("gpt-oss-120b SWA, u 0.9->0.7", OSS, {"utilization": 0.7}),
     Pair("gpt-oss-120b SWA, fp8 KV", OSS, {"dtype": "fp8"}),
@@ -301,10 +337,15 @@ def kvpilot_model(s: Server, result: dict[str, Any]) -> CapacityModel:
             "block_size": s.block_size,
             "max_model_len": s.max_model_len,
             "tensor_parallel_size": s.tp,
+            **s.model.speculative,
         }
     )
     gpu = GpuMemory(s.gpu_bytes / GIB, "the judge's GPU")
-    return capacity_model(info, gpu, geometry_of(s.model.config))
+    geometry = geometry_of(s.model.config)
+    method = s.model.speculative.get("speculative_method")
+    if geometry is not None and method:
+        geometry, _ = with_draft(geometry, method, s.model.config, s.model.draft_config)
+    return capacity_model(info, gpu, geometry)
 
 
 def error(predicted: float | None, real: float) -> float:

@@ -420,7 +420,61 @@ def launch_settings(args: Sequence[str]) -> dict[str, Any]:
         if text is not None and text.isdigit():
             found[name] = int(text)
     found.update(kv_transfer(value_of(args, ("--kv-transfer-config",), underscores=True)))
+    found.update(speculative(args))
     return found
+
+
+def speculative(args: Sequence[str]) -> dict[str, Any]:
+    """The drafter `--speculative-config` (or `-sc`) and its short forms `--spec-method`,
+    `--spec-model`, `--spec-tokens` name (engine/arg_utils.py `create_speculative_config`), as
+    `speculative_method`, `speculative_model`, `num_speculative_tokens`; read, never edited.
+    Where no method is named, it is inferred from the model's name as vLLM does first
+    (config/speculative.py: "eagle-" -> eagle, "eagle3" -> eagle3; a draft with no model is
+    the target's own MTP module); a name that says nothing is left `draft_model`."""
+    config: dict[str, Any] = {}
+    text = value_of(args, ("--speculative-config", "-sc"), underscores=True)
+    if text:
+        try:
+            loaded = json.loads(text)
+        except ValueError:
+            loaded = None
+        if isinstance(loaded, dict):
+            config = {str(k).replace("-", "_"): v for k, v in loaded.items()}
+    for flag, key in (
+        ("--spec-method", "method"),
+        ("--spec-model", "model"),
+        ("--spec-tokens", "num_speculative_tokens"),
+    ):
+        value = value_of(args, (flag,), underscores=True)
+        if value is not None:
+            config[key] = value
+    return speculative_settings(config)
+
+
+def speculative_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """kvpilot's keys for a speculative config's method, draft model and token count."""
+    if not config:
+        return {}
+    model = config.get("model")
+    method = config.get("method")
+    if not method:
+        name = str(model or "").lower()
+        method = (
+            "eagle3"
+            if "eagle3" in name
+            else "eagle"
+            if "eagle-" in name
+            else "draft_model"
+            if model
+            else "mtp"
+        )
+    out: dict[str, Any] = {"speculative_method": str(method)}
+    if model:
+        out["speculative_model"] = str(model)
+    tokens = config.get("num_speculative_tokens")
+    if isinstance(tokens, int) or (isinstance(tokens, str) and tokens.isdigit()):
+        out["num_speculative_tokens"] = int(tokens)
+    return out
 
 
 def kv_transfer(text: str | None) -> dict[str, Any]:

@@ -46,7 +46,7 @@ from playbooks.engines.base import (
     WrongEngine,
 )
 from playbooks.engines.vllm import metrics as _m
-from playbooks.engines.vllm.args import launch_settings
+from playbooks.engines.vllm.args import launch_settings, speculative_settings
 from playbooks.http import http_client, http_retrying, is_http_url, retried_get
 
 VERSION = "/version"
@@ -131,6 +131,9 @@ SETTING_KEYS = (
     "max_cudagraph_capture_size",
     "tensor_parallel_size",
     "data_parallel_size",
+    "speculative_method",  # the drafter, read to size its KV beside the target's
+    "speculative_model",
+    "num_speculative_tokens",
 )
 STATE_KEYS = ("num_gpu_blocks", "kv_cache_size_tokens", "capacity_tokens", "engines")
 # The settings a report shows for the configuration now.
@@ -297,12 +300,33 @@ def transfer_of(config: Any) -> dict[str, Any]:
     return {k: transfer[k] for k in ("kv_connector", "kv_role") if transfer.get(k)}
 
 
+SPECULATIVE_TEXT = re.compile(
+    r"speculative_config=SpeculativeConfig\(method='([\w-]+)', model=(?:'([^']*)'|None), "
+    r"num_spec_tokens=(\d+)\)"
+)
+
+
+def speculative_of(config: Any) -> dict[str, Any]:
+    """The drafter, from either format of `vllm_config` (`SpeculativeConfig.__repr__` in the
+    text one); {} where speculative decoding is off."""
+    if isinstance(config, dict):
+        spec = config.get("speculative_config")
+        return speculative_settings(spec) if isinstance(spec, dict) else {}
+    match = SPECULATIVE_TEXT.search(config) if isinstance(config, str) else None
+    if match is None:
+        return {}
+    method, model, tokens = match.groups()
+    found = {"method": method, "model": model, "num_speculative_tokens": int(tokens)}
+    return speculative_settings({k: v for k, v in found.items() if v})
+
+
 def from_server_info(data: Any) -> dict[str, Any]:
     """The settings `/server_info` holds (dev mode), in either of its formats; with the JSON
     one also the blocks and capacity, the same way the metrics' cache config gives them."""
     config = data.get("vllm_config") if isinstance(data, dict) else None
     out: dict[str, Any] = {}
     out.update(transfer_of(config))
+    out.update(speculative_of(config))
     if isinstance(config, dict):
         for section, pairs in SERVER_INFO_FIELDS.items():
             part = config.get(section)

@@ -25,12 +25,24 @@ gpt-oss-120b (18 sliding + 18 full) has blocks of 18 pages, not 36, and Gemma-3-
 of 10. State-space (mamba, linear attention) hybrids pad their state to the attention page,
 which kvpilot does not model: for them the bytes per block are left unknown and capacity is
 predicted by scaling the server's own figure.
+
+A speculative drafter with attention (EAGLE, EAGLE-3, DFlash, and the MTP modules that
+`--speculative-config` names `mtp`) registers its layers in the same config as the target's, so
+vLLM sizes their KV with the target's (v1/spec_decode/llm_base_proposer.py `load_model`: the
+draft layers are every attention layer the draft added; v1/worker/gpu_model_runner.py
+`get_kv_cache_spec` takes every attention layer): a plain model's block is then one page in
+each of the target's layers and the draft's. An MTP module has `num_nextn_predict_layers` of
+the target's own shape (config/speculative.py reads that key); an EAGLE head has its config's
+`num_hidden_layers`, one in every published head. n-gram, suffix, Medusa and MLP speculators
+have no attention and no KV. A separate draft model (`draft_model`) or a draft layer of another
+shape makes a second group of another page size, which kvpilot does not model: there the
+bytes per block are left unknown.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from playbooks.engines.hf_config import (
@@ -61,6 +73,9 @@ class Geometry:
     # The model's own context length (`max_position_embeddings`), above which vLLM refuses a
     # --max-model-len (config/model.py `get_and_verify_max_len`) unless told otherwise.
     max_positions: int | None = None
+    # a speculative drafter's attention layers of the target's shape, in the target's blocks;
+    # None where a drafter has KV kvpilot cannot place (module docstring)
+    draft_layers: int | None = 0
 
     @property
     def hybrid(self) -> bool:
@@ -79,10 +94,12 @@ class Geometry:
     def layers_per_block(self) -> int | None:
         """The layers whose pages one block id takes (module docstring); None where kvpilot
         cannot say (a state-space hybrid)."""
-        if self.linear_layers:
+        if self.linear_layers or self.draft_layers is None:
             return None
+        if self.draft_layers and self.sliding_layers:
+            return None  # a drafter's full layers regroup a hybrid's: not modelled
         if not self.sliding_layers:
-            return self.layers
+            return self.layers + self.draft_layers
         # kv_cache_utils.py:1467-1477: the smaller count, or the larger if under 1.5x it
         fewer, more = sorted((self.layers, self.sliding_layers))
         return more if more < fewer * 1.5 else fewer
@@ -108,6 +125,8 @@ class Geometry:
             *([f"{self.sliding_layers} sliding-window layers"] if self.sliding_layers else []),
             *([f"{self.linear_layers} mamba/linear layers"] if self.linear_layers else []),
             *(["FP8 KV under auto"] if self.kv_quant_fp8 else []),
+            *([f"{self.draft_layers} draft layers"] if self.draft_layers else []),
+            *(["a drafter's KV of another shape"] if self.draft_layers is None else []),
         ]
         return shape + "".join(f", {e}" for e in extras)
 
@@ -180,4 +199,65 @@ def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
         linear_layers=linear,
         kv_quant_fp8=fp8,
         max_positions=positions,
+    )
+
+
+# `--speculative-config` methods whose drafter has no attention, so no KV (config/speculative.py
+# `SpeculativeMethod`)
+NO_DRAFT_KV = frozenset(
+    {"ngram", "ngram_gpu", "suffix", "medusa", "mlp_speculator", "custom_class"}
+)
+EAGLE_HEADS = frozenset({"eagle", "eagle3", "dflash"})
+EAGLE_LAYERS = 1  # every published EAGLE / EAGLE-3 head: one decoder layer
+
+
+def is_mtp(method: str) -> bool:
+    """`mtp` and the model-specific names vLLM folds into it (`deepseek_mtp`, ...)."""
+    return method == "mtp" or method.endswith("_mtp")
+
+
+def with_draft(
+    geometry: Geometry,
+    method: str | None,
+    target: Mapping[str, Any],
+    draft: Mapping[str, Any] | None = None,
+) -> tuple[Geometry, str | None]:
+    """The geometry with a speculative drafter's layers added (module docstring), and a note
+    where kvpilot assumed or could not place them."""
+    if not method or method in NO_DRAFT_KV or method == "extract_hidden_states":
+        return geometry, None
+    layers, note = None, None
+    if is_mtp(method):
+        layers = first_int(language_model(target), "num_nextn_predict_layers") or 1
+    elif method in EAGLE_HEADS and draft is None:
+        layers = EAGLE_LAYERS
+        note = (
+            f"the {method} head's config.json is not readable here: its KV is taken as "
+            f"{EAGLE_LAYERS} layer of the target's shape, as every published head has"
+        )
+    elif method in EAGLE_HEADS:
+        head = geometry_of(draft or {})
+        if head is not None and _same_page(head, geometry):
+            layers = head.layers
+    if layers is not None and not geometry.sliding_layers:
+        return replace(geometry, draft_layers=layers), note
+    why = (
+        "its layers regroup the sliding-window model's pools"
+        if layers is not None
+        else "it keeps KV of another shape than the target's, which vLLM pools apart"
+    )
+    return replace(geometry, draft_layers=None), (
+        f"the {method} drafter: {why}, which kvpilot does not model; KV bytes per block are "
+        "not known, so capacity after a change of memory is not predicted"
+    )
+
+
+def _same_page(a: Geometry, b: Geometry) -> bool:
+    return (a.kind, a.kv_heads, a.head_size, a.head_size_v, a.latent, a.indexer) == (
+        b.kind,
+        b.kv_heads,
+        b.head_size,
+        b.head_size_v,
+        b.latent,
+        b.indexer,
     )

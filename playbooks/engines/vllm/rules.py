@@ -26,7 +26,7 @@ from playbooks.engines.vllm.bottleneck import analyse
 from playbooks.engines.vllm.capacity import CapacityModel, GpuMemory, block_bytes_of
 from playbooks.engines.vllm.client import VLLMSettings
 from playbooks.engines.vllm.facts import Context, Server, requests_fitting
-from playbooks.engines.vllm.geometry import Geometry, geometry_of
+from playbooks.engines.vllm.geometry import Geometry, geometry_of, with_draft
 from playbooks.engines.vllm.proposals import propose
 from playbooks.engines.vllm.verdicts import evaluate, judge_change
 from playbooks.sources.gpu import GpuUnavailable
@@ -89,11 +89,23 @@ def resolve_gpu_memory(settings: DiagnoseSettings) -> tuple[GpuMemory | None, li
     return None, notes
 
 
-def model_geometry(info: VLLMSettings, settings: DiagnoseSettings) -> Geometry | None:
+def model_geometry(
+    info: VLLMSettings, settings: DiagnoseSettings, notes: list[str] | None = None
+) -> Geometry | None:
+    """The KV geometry from the model's config.json, a speculative drafter's layers added."""
     if settings.models is None:
         return None
     config = settings.models.read(info.model)
-    return geometry_of(config) if config is not None else None
+    geometry = geometry_of(config) if config is not None else None
+    method = info.arg("speculative_method")
+    if geometry is None or config is None or not method:
+        return geometry
+    draft_path = info.arg("speculative_model")
+    draft = settings.models.read(str(draft_path)) if draft_path else None
+    geometry, note = with_draft(geometry, str(method), config, draft)
+    if note and notes is not None:
+        notes.append(note)
+    return geometry
 
 
 def effective_kv_dtype(info: VLLMSettings, geometry: Geometry | None) -> str:
@@ -219,7 +231,7 @@ def rules_for(
             host = settings.host.memory()
         except HostUnavailable as exc:
             notes.append(f"host memory unknown ({exc})")
-    geometry = model_geometry(info, settings)
+    geometry = model_geometry(info, settings, notes)
     if geometry is not None:
         notes.append(f"KV geometry from the model's config.json: {geometry.describe()}")
     cap = capacity_model(info, gpu, geometry)
