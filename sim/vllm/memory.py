@@ -1,12 +1,17 @@
 """vLLM's KV-cache sizing (v1 GPU worker), pure arithmetic.
 
+The sizing functions named below live in `v1/core/kv_cache_utils.py` up to vLLM 0.32 and in
+`v1/core/kv_cache_planning.py` from 0.33 (read in both wheels: the same arithmetic; the
+capacity figures' `get_kv_cache_capacity` and `update_kv_cache_capacity` stay in
+`kv_cache_utils.py`).
+
 `gpu_memory_utilization` is the share of the GPU's TOTAL memory the instance may use for
 everything (vllm/v1/worker/gpu_worker.py:634-790):
 
     requested   = ceil(total x utilization)                     (v1/worker/utils.py:716-772)
     non_kv      = weights + non-torch memory + activation peak of a max_num_batched_tokens run
     available   = requested - non_kv - CUDA-graph estimate      (no graphs with --enforce-eager)
-    num_blocks  = available // (page_size x layers)             (v1/core/kv_cache_utils.py:1627)
+    num_blocks  = available // (page_size x layers)             (get_kv_cache_config_from_groups)
 
 `--kv-cache-memory-bytes` replaces `available`; `--num-gpu-blocks-override` replaces the block
 count. A GQA page is `2 x block_size x kv_heads_per_rank x head_dim x dtype bytes` per layer; an
@@ -98,15 +103,15 @@ def plan_kv(cfg: VllmConfig) -> KvPlan:
     overridden_from = None
     effective = available
     if cfg.num_gpu_blocks_override is not None:
-        # kv_cache_utils.py:2613-2630: the override decides the memory planned against
+        # get_kv_cache_configs: the override decides the memory planned against
         overridden_from = max(0, available) // per_block
         effective = cfg.num_gpu_blocks_override * per_block
-    # kv_cache_utils.py:2632-2636: the null block is reserved before the capacity check
+    # get_kv_cache_configs: the null block is reserved before the capacity check
     check = effective - per_block
     _check_enough(cfg, check, per_block)
     num_blocks = effective // per_block
     blocks_per_request = math.ceil(cfg.max_model_len / cfg.block_size)
-    # kv_cache_utils.py:2300-2334 (get_kv_cache_capacity): max_concurrency x max_model_len
+    # get_kv_cache_capacity: max_concurrency x max_model_len
     max_concurrency = num_blocks / blocks_per_request
     return KvPlan(
         requested_bytes=requested,
@@ -125,7 +130,7 @@ def plan_kv(cfg: VllmConfig) -> KvPlan:
 
 
 def _check_enough(cfg: VllmConfig, available: int, per_block: int) -> None:
-    """vllm/v1/core/kv_cache_utils.py:1003-1041 (_check_enough_kv_cache_memory)."""
+    """`_check_enough_kv_cache_memory` (v1/core/, module docstring)."""
     if available <= 0:
         raise StartupError(
             "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
@@ -180,7 +185,7 @@ def engine_killed_by_host_oom(cfg: VllmConfig) -> int | None:
 
 
 def kv_size_line(plan: KvPlan, max_model_len: int) -> str:
-    """kv_cache_utils.py:2327 (update_kv_cache_capacity), one line in 0.32."""
+    """`update_kv_cache_capacity` (kv_cache_utils.py:2327 in 0.32), one line."""
     return (
         f"GPU KV cache size: {plan.kv_cache_size_tokens:,} tokens, Maximum concurrency for "
         f"{max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x"

@@ -14,7 +14,7 @@ One step:
   (`scheduler_reserve_full_isl=True`, config/scheduler.py:190), else the loop stops (FCFS);
 * blocks of `block_size` tokens from one pool with a permanent null block; full blocks are
   hashed and stay cached after their requests let go, counted as free and evicted LRU on demand
-  (v1/core/block_pool.py, kv_cache_utils.py:246).
+  (v1/core/block_pool.py, `FreeKVCacheBlockQueue` in kv_cache_utils.py).
 
 The step's duration comes from the preset's step model, the one the SGLang engine uses: the
 decoding requests cost a decode step (weights, per-sequence cost, their KV read, routed experts)

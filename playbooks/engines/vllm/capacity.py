@@ -1,5 +1,10 @@
 """vLLM's KV-cache memory arithmetic, and capacity predicted from the running server's own figure.
 
+The sizing functions named below live in `v1/core/kv_cache_utils.py` up to vLLM 0.32 and in
+`v1/core/kv_cache_planning.py` from 0.33 (read in both wheels: the same arithmetic; the
+capacity figures' `get_kv_cache_capacity` and `update_kv_cache_capacity` stay in
+`kv_cache_utils.py`).
+
 How vLLM sizes the KV cache, per GPU (v1/worker/gpu_worker.py:634-790,
 `Worker.determine_available_memory`; v1/worker/utils.py:716-772, `request_memory`):
 
@@ -7,7 +12,8 @@ How vLLM sizes the KV cache, per GPU (v1/worker/gpu_worker.py:634-790,
     KV bytes  = requested - non_kv - cuda_graphs
     non_kv    = weights + persistent torch + non-torch (NCCL, cuBLAS) + peak activations
                 (a profiling forward pass of max_num_batched_tokens tokens, utils/mem_utils.py)
-    blocks    = KV bytes // (page size of a block over its layers)  (v1/core/kv_cache_utils.py:1627)
+    blocks    = KV bytes // (page size of a block over its layers)
+                (`get_kv_cache_config_from_groups`)
     tokens    = (blocks - 1) * block_size   (one block is the null block, v1/core/block_pool.py:877)
 
 so `gpu_memory_utilization` is a share of the GPU's *total* memory for everything vLLM holds, not
@@ -78,7 +84,7 @@ class CapacityModel:
     geometry: Geometry | None = None
     max_model_len: int | None = None
     # --num-gpu-blocks-override: the pool has exactly this many blocks whatever the memory
-    # (kv_cache_utils.py "Overriding num_gpu_blocks=%d with num_gpu_blocks_override=%d")
+    # (`get_kv_cache_configs`: "Overriding num_gpu_blocks=%d with num_gpu_blocks_override=%d")
     blocks_override: int | None = None
 
     @property
@@ -173,7 +179,7 @@ class CapacityModel:
 
     def one_request_fits(self, tokens: int, max_model_len: int | None = None) -> bool:
         """Whether one engine's pool of (`tokens` over all engines) holds one request of the
-        model's full length: vLLM refuses to start otherwise (kv_cache_utils.py:1003-1041, "To
+        model's full length: vLLM refuses to start otherwise (`_check_enough_kv_cache_memory`, "To
         serve at least one request with the model's max seq len ...")."""
         length = max_model_len or self.max_model_len
         if not length or length < 0:

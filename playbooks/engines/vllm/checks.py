@@ -204,7 +204,7 @@ class StartsCheck(Check):
     for one full-length request, or vLLM refuses to start: a --max-model-len above the model's
     own context length (config/model.py `get_and_verify_max_len`, "User-specified max_model_len
     ... is greater than the derived max_model_len"), or a pool that cannot hold one request of
-    it (v1/core/kv_cache_utils.py:1003-1041)."""
+    it (`_check_enough_kv_cache_memory`)."""
 
     names = (*sorted(POOL_ARGS), "max_model_len")
 

@@ -1,5 +1,10 @@
 """A model's KV page from its Hugging Face config, the way vLLM's v1 engine sizes one.
 
+The sizing functions named below live in `v1/core/kv_cache_utils.py` up to vLLM 0.32 and in
+`v1/core/kv_cache_planning.py` from 0.33 (read in both wheels: the same arithmetic; the
+capacity figures' `get_kv_cache_capacity` and `update_kv_cache_capacity` stay in
+`kv_cache_utils.py`).
+
 vLLM allocates KV in blocks of `block_size` tokens; one layer's page is (v1/kv_cache_interface.py,
 `FullAttentionSpec.real_page_size_bytes` and `MLAAttentionSpec.real_page_size_bytes`):
 
@@ -13,16 +18,16 @@ of uint8), with `kv_heads_per_rank = max(1, kv_heads // tensor_parallel_size)` (
 `get_num_kv_heads`: heads are split over TP ranks, replicated where there are fewer heads than
 ranks) and `head_size_v = head_size` unless the model says otherwise; an MLA latent is not split
 by TP, every rank holds it whole. A plain model's block is one page per attention layer, so a
-block costs `layers * page` bytes on each GPU (kv_cache_utils.py, `get_num_blocks`:
-`available_memory // page_size // num_layers`).
+block costs `layers * page` bytes on each GPU (`get_kv_cache_config_from_groups`:
+`available_memory // bytes_per_block`).
 
 A sliding-window hybrid (gpt-oss, Gemma 2/3: full and sliding layers of one head shape) keeps
-its layers in groups of equal size that share one block pool (kv_cache_utils.py:1362-1502,
-`_get_kv_cache_groups_uniform_page_size`): the group size is the smaller layer count, or the
+its layers in groups of equal size that share one block pool
+(`_get_kv_cache_groups_uniform_page_size`): the group size is the smaller layer count, or the
 larger where it is under 1.5 times the smaller, and a block id costs one page in each layer of
-one group, the widest group's (kv_cache_utils.py:1520-1531, `_get_kv_cache_bytes_per_block`). So
-gpt-oss-120b (18 sliding + 18 full) has blocks of 18 pages, not 36, and Gemma-3-27B (52 + 10)
-of 10. State-space (mamba, linear attention) hybrids pad their state to the attention page,
+one group, the widest group's (`_get_kv_cache_bytes_per_block`). So gpt-oss-120b (18 sliding
++ 18 full) has blocks of 18 pages, not 36, and Gemma-3-27B (52 + 10) of 10. State-space
+(mamba, linear attention) hybrids pad their state to the attention page,
 which kvpilot does not model: for them the bytes per block are left unknown and capacity is
 predicted by scaling the server's own figure.
 
@@ -100,7 +105,8 @@ class Geometry:
             return None  # a drafter's full layers regroup a hybrid's: not modelled
         if not self.sliding_layers:
             return self.layers + self.draft_layers
-        # kv_cache_utils.py:1467-1477: the smaller count, or the larger if under 1.5x it
+        # `_get_kv_cache_groups_uniform_page_size`: the smaller count, or the larger if
+        # under 1.5x it
         fewer, more = sorted((self.layers, self.sliding_layers))
         return more if more < fewer * 1.5 else fewer
 

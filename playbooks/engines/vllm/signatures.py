@@ -18,7 +18,7 @@ import signal
 from playbooks.engines.exits import ExitCause, Failure
 
 FAILURE_PATTERNS: list[tuple[str, Failure, str]] = [
-    # v1/core/kv_cache_utils.py:1003-1041, checked per worker after the null block is reserved
+    # `_check_enough_kv_cache_memory`, checked per worker after the null block is reserved
     (
         "No available memory for the cache blocks",
         Failure.memory_refused,
@@ -79,7 +79,7 @@ FAILURE_PATTERNS: list[tuple[str, Failure, str]] = [
     ("Address already in use", Failure.crashed, "the port is already in use"),
     ("address already in use", Failure.crashed, "the port is already in use"),
 ]
-# v1/core/kv_cache_utils.py: "... Based on the available memory, the estimated maximum model
+# `_check_enough_kv_cache_memory`: "... Based on the available memory, the estimated maximum model
 # length is N. Try increasing gpu_memory_utilization ... or decreasing max_model_len ..."
 TOO_LONG = re.compile(r"estimated maximum model length is (\d+)")
 # utils/argparse_utils.py `FlexibleArgumentParser.error`: "vllm serve: error: argument --F: ..."
