@@ -286,7 +286,7 @@ def experiment_deps(
         ),
         launcher=launcher(config, server, clock),
         clock=clock,
-        plan=server.gate,
+        gate=server.gate,
         on_progress=on_progress,
         restarts=restart_limiter(config, server, db),
         quality=server.quality,

@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from bot.app.config import Config, ConfigError
+from bot.app.config import Config, ConfigError, ServerConfig
 from bot.app.wiring import (
     diagnose_settings,
     engine,
@@ -45,7 +45,15 @@ from bot.reports.alerts import Alerter
 from playbooks.clock import Clock
 from playbooks.diagnose.measure import MeasurementError
 from playbooks.diagnose.playbook import diagnose
-from playbooks.engines.base import ArgError, EngineClient, EngineError, MetricsDisabled, Snapshot
+from playbooks.engines.base import (
+    ArgError,
+    EngineClient,
+    EngineError,
+    MetricsDisabled,
+    Rules,
+    ServerSettings,
+    Snapshot,
+)
 from playbooks.experiments import no_change
 from playbooks.experiments.sampling import store_scrapes
 from playbooks.gate.settings import sized_for
@@ -60,6 +68,16 @@ from storage.errors import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def rules_to_judge(client: EngineClient, info: ServerSettings, cfg: ServerConfig) -> Rules:
+    """The engine's rules for judging one change; an engine that cannot reason about this
+    server (its `rules_for` raises ValueError, as the interface allows) becomes an
+    EngineError, which every front end says in words."""
+    try:
+        return client.engine.rules_for(info, diagnose_settings(cfg), measured=False)
+    except ValueError as exc:
+        raise EngineError(f"kvpilot cannot judge a change on this server: {exc}") from exc
 
 
 class StaleDiagnosis(Exception):
@@ -386,7 +404,7 @@ class Kvpilot(Approvals):
                         "today"
                     )
                 load = _load(client)
-                rules = client.engine.rules_for(info, diagnose_settings(cfg), measured=False)
+                rules = rules_to_judge(client, info, cfg)
                 option = rules.judge(change)
                 if predicted is not None and option.verdict != "unsafe":
                     option = replace(option, predicted_gain=predicted)

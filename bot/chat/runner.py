@@ -29,7 +29,7 @@ from bot.chat.render import change_text
 from bot.chat.rollout import resume_rollouts, with_rollout_offer
 from bot.reports.charts import verdict_chart
 from playbooks.clock import Clock
-from playbooks.experiments import machine as engine
+from playbooks.experiments import machine
 from playbooks.experiments.outcome import ending
 from playbooks.experiments.ownership import Lease, OwnershipLost
 from storage import audit, chat
@@ -108,7 +108,7 @@ class ExperimentRunner:
     def create(self, proposal: ProposalRow, *, approved_by: str) -> int:
         deps = experiment_deps(self.config, proposal.server, self.db(), clock=self.clock)
         try:
-            return engine.create(
+            return machine.create(
                 deps,
                 proposal.change,
                 actor=proposal.created_by,
@@ -116,7 +116,7 @@ class ExperimentRunner:
                 reason=f"approved in chat (proposal {proposal.id})",
                 proposal_id=proposal.id,
                 owner=self.lease(),
-                plan=engine.ApprovedPlan.of_proposal(proposal.plan, proposal.plan_hash),
+                plan=machine.ApprovedPlan.of_proposal(proposal.plan, proposal.plan_hash),
             )
         finally:
             deps.client.close()
@@ -139,7 +139,7 @@ class ExperimentRunner:
     def resume_all(self) -> list[int]:
         """After a bot restart: pick up every experiment that was running and that no other
         living kvpilot process carries."""
-        resumed = engine.resume_unfinished(self.db(), self.lease, self._resume)
+        resumed = machine.resume_unfinished(self.db(), self.lease, self._resume)
         resume_rollouts(self)  # open fleet rollouts carry on too (bot/chat/rollout.py)
         return resumed
 
@@ -183,7 +183,7 @@ class ExperimentRunner:
         row = store.get_experiment(self.db(), exp_id)
         deps = experiment_deps(self.config, row.server, self.db(), clock=self.clock)
         try:
-            engine.abort(deps, exp_id, actor=actor, reason=f"aborted by {actor}")
+            machine.abort(deps, exp_id, actor=actor, reason=f"aborted by {actor}")
         finally:
             deps.client.close()
         if exp_id not in self.running() and not store.get_experiment(self.db(), exp_id).terminal:
@@ -240,7 +240,7 @@ class ExperimentRunner:
         )
         deps.lease = lease
         if resume:
-            engine.resume_policy(deps, exp_id, actor="kvpilot")
+            machine.resume_policy(deps, exp_id, actor="kvpilot")
 
         def ended(final: store.ExperimentRow | None, error: BaseException | None) -> None:
             try:

@@ -21,11 +21,12 @@ from bot.app.config import Config, ConfigError, load
 from bot.app.identity import terminal_actor
 from bot.app.interrupts import StopOnSignal
 from bot.app.ticker import Ticker
-from bot.app.wiring import database, diagnose_settings, experiment_deps, make_clock
+from bot.app.wiring import database, experiment_deps, make_clock
 from bot.app.wiring import engine as engine_of
 from bot.app.wiring import launcher as wiring_launcher
 from bot.chat.auth import Principal
 from bot.chat.decisions import Reason, Refusal
+from bot.chat.flow import rules_to_judge
 from bot.chat.render import change_text
 from bot.chat.surface import LOCAL_CHANNEL
 from bot.cli import access, exit_codes
@@ -33,8 +34,7 @@ from bot.cli.experiment_summary import cmd_list, cmd_show, report
 from playbooks.campaigns import after
 from playbooks.clock import Clock
 from playbooks.engines.base import ArgError, EngineError
-from playbooks.experiments import machine as engine
-from playbooks.experiments import no_change
+from playbooks.experiments import machine, no_change
 from playbooks.experiments.outcome import ending
 from playbooks.experiments.ownership import Lease, OwnershipLost
 from playbooks.launchers.base import LaunchError
@@ -156,7 +156,7 @@ def resume_unfinished(
         err.write(f"experiment {row.id}: {final.state}\n")
         return exit_code(db, final)
 
-    codes = engine.resume_unfinished(
+    codes = machine.resume_unfinished(
         db,
         lambda exp_id: Lease(lambda: database(config), exp_id),
         resume,
@@ -175,7 +175,7 @@ def _say_carried_elsewhere(lease: Lease, err: TextIO) -> None:
     )
 
 
-def carry(deps: engine.Deps, lease: Lease, err: TextIO, *, resume: bool = False) -> bool:
+def carry(deps: machine.Deps, lease: Lease, err: TextIO, *, resume: bool = False) -> bool:
     """Run the experiment to its end in the foreground, holding `lease` (already acquired).
 
     Its steps are taken by the process's scheduler (`bot.app.ticker`); this thread waits and
@@ -196,7 +196,7 @@ def carry(deps: engine.Deps, lease: Lease, err: TextIO, *, resume: bool = False)
         deps.interrupt = stop.take
         try:
             if resume:
-                engine.resume_policy(deps, exp_id, actor="kvpilot")
+                machine.resume_policy(deps, exp_id, actor="kvpilot")
             ticker.carry(exp_id, deps, ended)
             while not ticker.wait(exp_id, timeout=0.2):
                 pass
@@ -276,7 +276,7 @@ def cmd_experiment(
         deps.client.close()
         raise
     info = deps.client.settings()
-    rules = deps.client.engine.rules_for(info, diagnose_settings(server), measured=False)
+    rules = rules_to_judge(deps.client, info, server)
     option = rules.judge(change)
     err.write(f"server {ns.server} ({server.url}): change {option.title}\n")
     err.write(f"  from: {' '.join(baseline)}\n  to:   {' '.join(trial)}\n")
@@ -307,14 +307,14 @@ def cmd_experiment(
     if refused is not None:
         return refused
     lease = Lease(lambda: database(config))
-    exp_id = engine.create(
+    exp_id = machine.create(
         deps,
         change,
         actor=who,
         approved_by=who,
         reason="approved with --yes" if ns.yes else "confirmed in the terminal",
         owner=lease,
-        plan=engine.ApprovedPlan(tuple(baseline), tuple(trial), vars(server.gate)),
+        plan=machine.ApprovedPlan(tuple(baseline), tuple(trial), vars(server.gate)),
     )
     if option.verdict == "unsafe":
         audit.record(
@@ -527,7 +527,7 @@ def cmd_abort(
         return EXIT_OK
     who = terminal_actor()
     deps = experiment_deps(config, row.server, db, _printer(err), clock=clock)
-    moved = engine.abort(deps, row.id, actor=who, reason=f"aborted by {who} in the terminal")
+    moved = machine.abort(deps, row.id, actor=who, reason=f"aborted by {who} in the terminal")
     err.write(f"experiment {row.id} on {row.server}: {row.state} -> {moved.state}\n")
     lease = Lease(lambda: database(config), row.id)
     if not moved.terminal and not lease.acquire():

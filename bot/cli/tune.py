@@ -47,8 +47,7 @@ from playbooks.clock import Clock
 from playbooks.diagnose.measure import MeasurementError, measurement_of
 from playbooks.diagnose.playbook import diagnose
 from playbooks.engines.base import ArgError, EngineClient, Snapshot
-from playbooks.experiments import machine as engine
-from playbooks.experiments import no_change
+from playbooks.experiments import machine, no_change
 from playbooks.experiments.ownership import Lease
 from playbooks.experiments.sampling import store_scrapes
 from playbooks.gate.settings import sized_for
@@ -260,15 +259,15 @@ def _experiment(
     )
     run.room_before = room_before(config.server(run.server), deps.client, option)
     # the trial sized for the gain predicted (`gate.settings.sized_for`), as approved
-    gate = sized_for(deps.plan, option.predicted_gain)
-    exp_id = engine.create(
+    gate = sized_for(deps.gate, option.predicted_gain)
+    exp_id = machine.create(
         deps,
         dict(option.change),
         actor=who,
         approved_by=who,
         reason=reason,
         owner=lease,
-        plan=engine.ApprovedPlan(tuple(baseline), tuple(trial), vars(gate)),
+        plan=machine.ApprovedPlan(tuple(baseline), tuple(trial), vars(gate)),
     )
     campaign_store.add_step(db, run.id, exp_id, now=deps.now())
     if not carry(deps, lease, err):
@@ -282,7 +281,7 @@ def _experiment(
     return row
 
 
-def _unchanged(deps: engine.Deps) -> Unchanged:
+def _unchanged(deps: machine.Deps) -> Unchanged:
     """Which changes the server already runs, as its launcher says now: passed over."""
     where = no_change.launcher_words(deps.launcher.kind)
     current = deps.launcher.current_args()

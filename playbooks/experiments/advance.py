@@ -9,20 +9,17 @@ The scheduler (`bot/app/ticker.py`) calls it for every experiment a process carr
 
 from __future__ import annotations
 
-import os
-import signal
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from playbooks import gate as gate_mod
 from playbooks.engines.base import EngineError
 from playbooks.engines.exits import Failure
-from playbooks.experiments import holds, quality_steps, rotation_steps, stall, steps
+from playbooks.experiments import holds, quality_steps, restarts, rotation_steps, stall, steps
 from playbooks.experiments.deps import Deps, args_of
-from playbooks.experiments.failures import FAILURE, exited
+from playbooks.experiments.failures import FAILURE
 from playbooks.experiments.known_baseline import (
     KnownBaseline,
     NoKnownBaseline,
@@ -149,20 +146,39 @@ def calendar(deps: Deps, proposal_id: int | None) -> holds.Calendar:
     )
 
 
+# Watchers of the steps: called before the first step of a state is chosen (BEFORE, step "")
+# and after each step is taken (AFTER, with the step's name: scrape, issue, poll, look, move,
+# ...), with what the step learnt already persisted. None are installed in production; the
+# crash tests install one (tests/faults/entry.py) to stop or kill the process at a chosen point.
+BEFORE, AFTER = "before", "after"
+StepWatcher = Callable[[str, State, str], None]
+_WATCHERS: list[StepWatcher] = []
+
+
+def watch_steps(watcher: StepWatcher) -> None:
+    """Call `watcher(when, state, step)` around every step this process takes."""
+    _WATCHERS.append(watcher)
+
+
+def _watch(when: str, state: State, step: str = "") -> None:
+    for watcher in _WATCHERS:
+        watcher(when, state, step)
+
+
 def advance(deps: Deps, exp_id: int) -> Advanced:
     """Take the experiment's next step (see the module docstring)."""
     row = store.get_experiment(deps.db, exp_id)
     if row.state in TERMINAL or row.state == State.proposed:
         return Advanced(row, None, "none")
     checkpoint(deps, row.id, row.state)
-    _fault("pause", row.state)
+    _watch(BEFORE, row.state)
     view = view_of(row, quality_answers.counts(deps.db, row.id))
     facts = gather(deps, row.state, row.progress, row.proposal_id)
     step = steps.next_step(view, facts)
     if step is None:
         return Advanced(row, None, "none")
     _take(deps, row, view, facts, step)
-    _fault("kill", row.state, type(step).__name__.lower())
+    _watch(AFTER, row.state, type(step).__name__.lower())
     after = store.get_experiment(deps.db, exp_id)
     if after.state in TERMINAL:
         return Advanced(after, None, type(step).__name__.lower())
@@ -553,43 +569,25 @@ def _issue(
         _launch_failed(deps, row, step.purpose, exc)
 
 
-def _launch_failed(deps: Deps, row: store.ExperimentRow, purpose: str, exc: LaunchError) -> None:
+def _launch_failed(
+    deps: Deps, row: store.ExperimentRow, purpose: Literal["restart", "revert"], exc: LaunchError
+) -> None:
     fresh = store.get_experiment(deps.db, row.id)
-    if purpose == "restart" and exc.wrote_nothing:
-        # refused before anything changed (the workload came under another tool's control
-        # after the approval): the server runs the baseline still, there is nothing to undo
+    outcome = restarts.after_launch_failure(purpose, exc)
+    if outcome.to == State.cancelled:
         _record(deps, fresh, audit.RestartFinished, ok=False, duration_s=0.0, error=exc.reason)
-        rotation_steps.on_end(deps, fresh, State.cancelled)
-        _give_back_slot(deps, fresh)
-        deps.say(f"{fresh.state} -> cancelled: {exc.reason}")
-        move(
-            deps, fresh.id, fresh.state, State.cancelled,
-            f"the restart was refused before anything changed: {exc.reason}",
-            details={"cause": "refused"},
-        )  # fmt: skip
-        return
-    if purpose == "restart":
+    elif outcome.to == State.reverting:
         _record(
             deps, fresh, audit.RestartFinished, ok=False, duration_s=_since_issue(deps, fresh),
             error=exc.reason,
         )  # fmt: skip
-        # the slot stays taken: the server is down until the revert restores it
-        deps.say(f"{fresh.state} -> reverting: {exc.reason}")
-        reason, kind = exited("the changed server did not start", exc.cause, exc.reason)
-        move(
-            deps, fresh.id, fresh.state, State.reverting, reason,
-            details={"cause": "failed_start", **kind, "log_tail": exc.log_tail[-2000:]},
-        )  # fmt: skip
-        return
-    _record(deps, fresh, audit.RevertExecuted, ok=False, error=exc.reason)
-    rotation_steps.on_end(deps, fresh, State.failed)
-    _give_back_slot(deps, fresh)
-    deps.say(f"{fresh.state} -> failed: {exc.reason}")
-    move(
-        deps, fresh.id, fresh.state, State.failed,
-        f"the revert failed: {exc.reason}; a person must restore the server",
-        details={"log_tail": exc.log_tail[-2000:]},
-    )  # fmt: skip
+    else:
+        _record(deps, fresh, audit.RevertExecuted, ok=False, error=exc.reason)
+    if outcome.to != State.reverting:  # a reverting server is down: its slot stays taken
+        rotation_steps.on_end(deps, fresh, outcome.to)
+        _give_back_slot(deps, fresh)
+    deps.say(f"{fresh.state} -> {outcome.to}: {exc.reason}")
+    move(deps, fresh.id, fresh.state, outcome.to, outcome.reason, details=outcome.details)
 
 
 def _since_issue(deps: Deps, row: store.ExperimentRow) -> float:
@@ -598,7 +596,7 @@ def _since_issue(deps: Deps, row: store.ExperimentRow) -> float:
 
 
 def _poll(deps: Deps, row: store.ExperimentRow, view: steps.View, facts: steps.Facts) -> None:
-    purpose = "restart" if row.state == State.restarting else "revert"
+    purpose: Literal["restart", "revert"] = "restart" if row.state == State.restarting else "revert"
     try:
         ready = deps.launcher.poll_ready()
     except LaunchError as exc:
@@ -606,7 +604,7 @@ def _poll(deps: Deps, row: store.ExperimentRow, view: steps.View, facts: steps.F
         return
     identity = deps.launcher.identity() if ready else None
     instance = None if identity is None else identity.instance
-    outcome = steps.after_poll(view, facts, ready, None, instance=instance)
+    outcome = restarts.after_poll(view, facts, ready, instance=instance)
     if outcome is None:
         return
     if isinstance(outcome, steps.Issue):
@@ -618,7 +616,7 @@ def _poll(deps: Deps, row: store.ExperimentRow, view: steps.View, facts: steps.F
         ):
             return
         seen = replace(facts, rotation=None)
-        outcome = steps.after_poll(view, seen, ready, None, instance=instance)
+        outcome = restarts.after_poll(view, seen, ready, instance=instance)
         assert isinstance(outcome, steps.Move)
     _give_back_slot(deps, row)
     if purpose == "restart":
@@ -641,24 +639,3 @@ def _keep(deps: Deps, row: store.ExperimentRow, step: steps.Keep) -> None:
         deps.db, config_id, now=deps.now(), note=f"kept by experiment {row.id}"
     )
     _move(deps, row, steps.Move(State.kept, step.reason))
-
-
-# ---------------------------------------------------------------------------------- crash tests
-def _fault(kind: str, state: State, step: str = "") -> None:
-    """Fault injection for crash tests; never set in production.
-
-    KVPILOT_FAULT_PAUSE_BEFORE=<state>: stop dead before the first step in `state`, touching
-    KVPILOT_FAULT_MARKER=<file> when the pause begins; until killed, or until the test removes
-    the marker (having broken something meanwhile), once.
-    KVPILOT_FAULT_KILL_AFTER=<state>:<step>: SIGKILL this process right after it took `step`
-    (scrape, issue, poll, look, move, ...) in `state`, with what the step learnt persisted.
-    """
-    if kind == "pause" and os.environ.get("KVPILOT_FAULT_PAUSE_BEFORE") == str(state):
-        marker = os.environ.get("KVPILOT_FAULT_MARKER")
-        if marker:
-            Path(marker).touch()
-        while marker is None or Path(marker).exists():
-            time.sleep(0.05)
-        del os.environ["KVPILOT_FAULT_PAUSE_BEFORE"]
-    if kind == "kill" and os.environ.get("KVPILOT_FAULT_KILL_AFTER") == f"{state}:{step}":
-        os.kill(os.getpid(), signal.SIGKILL)

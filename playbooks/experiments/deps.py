@@ -38,7 +38,7 @@ class Deps:
     client: EngineClient
     launcher: Launcher
     clock: Clock
-    plan: gate_mod.GateSettings
+    gate: gate_mod.GateSettings  # the gate's settings this server is judged with
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
     on_progress: Callable[[str], None] | None = None
     restarts: RestartLimiter | None = None  # the restart slots of the server's group, if any

@@ -125,7 +125,7 @@ def create(
 
     With `plan`, the experiment runs exactly the approved arguments and gate settings (its
     first step refuses it as expired when the server no longer runs `plan.from_args`);
-    without, the plan is made now from the server's current arguments and `deps.plan`, for a
+    without, the plan is made now from the server's current arguments and `deps.gate`, for a
     person approving it at this moment. With `owner`, the new experiment is leased to that
     process from its first moment. A server found running other arguments than kvpilot last
     recorded was changed by hand: what runs is recorded as its configuration and last-known-good,
@@ -135,7 +135,7 @@ def create(
     _refuse_if_nothing_changes(deps, current, change, plan)
     if plan is None:
         plan = ApprovedPlan(
-            tuple(current), tuple(deps.client.engine.with_change(current, change)), vars(deps.plan)
+            tuple(current), tuple(deps.client.engine.with_change(current, change)), vars(deps.gate)
         )
     baseline, trial = list(plan.from_args), list(plan.to_args)
     refused = deps.launcher.refusal(trial)

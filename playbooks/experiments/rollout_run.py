@@ -21,7 +21,7 @@ from typing import Any
 from sqlite_utils import Database
 
 from playbooks.engines.base import EngineError
-from playbooks.experiments import lifecycle, no_change, rotation_steps, steps
+from playbooks.experiments import lifecycle, no_change, restarts, rotation_steps, steps
 from playbooks.experiments.advance import gather
 from playbooks.experiments.deps import Deps
 from playbooks.experiments.rollout import (
@@ -327,13 +327,12 @@ def _poll(
         return 0.0
     identity = deps.launcher.identity() if ready else None
     instance = None if identity is None else identity.instance
-    outcome = steps.after_poll(view, facts, ready, None, instance=instance)
+    outcome = restarts.after_poll(view, facts, ready, instance=instance)
     if isinstance(outcome, steps.Rejoin):
         as_row = replace(kept, state=State.reverting, progress=view.progress)
         if not rotation_steps.rejoin(deps, as_row, facts, progress=save):
             return POLL_S
-        outcome = steps.after_poll(view, replace(facts, rotation=None), ready, None,
-                                   instance=instance)  # fmt: skip
+        outcome = restarts.after_poll(view, replace(facts, rotation=None), ready, instance=instance)
     if isinstance(outcome, steps.Issue):
         save(issued=None)  # the system never restarted: issue again at the next step
         return POLL_S

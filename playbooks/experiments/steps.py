@@ -4,7 +4,8 @@
 a restart, poll readiness once, look with the gate once, or move to another state. The engine
 (`machine.advance`) gathers the facts, performs the step and persists what it learnt, so no
 call blocks for a whole phase and a restarted bot continues from the stored progress. What a
-poll or a gate look found is turned into a move by `after_poll` and `after_look`, also pure.
+gate look found is turned into a move by `after_look`, and what a readiness poll or the
+launcher found by `playbooks.experiments.restarts`, both pure.
 
 Progress keys, per state (stored on the experiment row, replaced on every move):
 - `until`: calendar time (epoch s) at which a timed measuring state is over;
@@ -51,7 +52,6 @@ from playbooks.experiments.failures import (
     FAILURE,
     StillLoading,
     failure_of,
-    reverted_reason,
     what_it_teaches,
 )
 from playbooks.experiments.holds import Calendar, Hold
@@ -668,42 +668,6 @@ def next_step(view: View, facts: Facts) -> Step | None:
     """The one step to take now; None in a state that waits for a person or has ended."""
     chooser = _TABLE.get(view.state)
     return None if chooser is None else chooser(view, facts)
-
-
-def after_poll(
-    view: View, facts: Facts, ready: bool, failure: str | None, *, instance: str | None
-) -> Move | Issue | Rejoin | None:
-    """What one readiness poll means: a move, the restart again, None to poll later, or (behind
-    a router, out of its rotation) putting the ready server back first."""
-    restart = view.state == State.restarting
-    target = view.trial_args if restart else view.baseline_args
-    if failure is not None:
-        if restart:
-            return Move(
-                State.reverting,
-                f"the changed server did not start: {failure}",
-                {"cause": "failed_start"},
-            )
-        return Move(State.failed, f"the revert failed: {failure}; a person must restore the server")
-    if not ready:
-        return None
-    before = view.progress.get("before")
-    if before is not None and instance == before:
-        # Ready, but it is the server from before the restart: the system has the new
-        # arguments and never restarted (kvpilot died in between). Restart it now.
-        return Issue(target, "restart" if restart else "revert")
-    if facts.rotation is not None and facts.rotation.out:
-        return Rejoin("restart" if restart else "revert")
-    # rounded once, so the reason says the figure the move records
-    took = round(facts.now_ts - float(view.progress.get("issued", facts.now_ts)), 1)
-    if restart:
-        return Move(
-            State.warming_up,
-            f"ready after {took:.0f} s; warming up for {view.settings.warmup_s:g} s",
-            {"ready_after_s": took},
-            {"until": facts.now_ts + view.settings.warmup_s, "instance": instance},
-        )
-    return Move(State.reverted, reverted_reason(took), {"ready_after_s": took})
 
 
 def after_look(decision: gate_mod.GateDecision) -> Move | None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from tests.faults.entry import FAULTY_CLI
 from tests.twin_process import REPO
 
 
@@ -28,7 +28,8 @@ class BotProcess:
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
             [
-                *(sys.executable, "-m", "bot.cli", "experiment", "--server", server),
+                *FAULTY_CLI,
+                *("experiment", "--server", server),
                 *("--set", change, "--yes", "--json", "--config", str(config)),
             ],
             cwd=REPO,

@@ -21,6 +21,7 @@ from bot.cli import main as cli
 from bot.console.terminal import Console
 from bot.slack.blocks import blocks as slack_blocks
 from bot.slack.serve import SettingsError, slack_settings
+from playbooks.engines.sglang import rules as sglang_rules
 from playbooks.experiments.ownership import start_mark
 from storage import experiments as store
 from storage import proposals
@@ -306,3 +307,26 @@ def test_manifest_declares_what_the_bot_uses() -> None:
         "conversations_info", "usergroups_users_list", "conversations_open", "views_publish",
     ):  # fmt: skip
         assert method in source
+
+
+# An engine that cannot reason about a server (its `rules_for` raises ValueError, as the
+# interface allows) makes a proposal fail with a sentence, not a traceback, and records nothing.
+def test_an_engine_without_rules_refuses_the_proposal_in_words(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_rules(*_args: Any, **_kwargs: Any) -> Any:
+        raise ValueError("this engine cannot judge a change on this server")
+
+    monkeypatch.setattr(sglang_rules, "rules_for", no_rules)
+    out = io.StringIO()
+    console = Console(load(str(config)), out=out, stdin=io.StringIO(""), auto=False, user="ops")
+    try:
+        console.loop(["propose incident mem_fraction_static=0.88"])
+    finally:
+        console.kv.close()
+    text = out.getvalue()
+    assert "Cannot propose a change to `incident`" in text, text
+    assert "this engine cannot judge a change on this server" in text
+    assert "Traceback" not in text
+    db = open_db(config.parent / "var" / "kvpilot.db")
+    assert not db["proposals"].exists() or db["proposals"].count == 0

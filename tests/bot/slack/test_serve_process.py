@@ -22,6 +22,7 @@ import pytest
 
 from tests.bot.harness import SlackDriver, twin_config
 from tests.bot.reports.fake_sglang import fake_sglang
+from tests.faults.entry import FAULTY_CLI
 from tests.ports import free_port
 from tests.slackfake import FakeSlack
 from tests.twin_process import REPO
@@ -199,8 +200,8 @@ def _sigterm_then_resume(
     # An approved experiment that nobody carries (its kvpilot was killed right after approval).
     marker = tmp_path / "paused"
     first = subprocess.Popen(
-        [*cli, "experiment", "--server", "incident", "--set", "mem_fraction_static=0.88",
-         "--yes", "--config", str(config)],
+        [*FAULTY_CLI, "experiment", "--server", "incident", "--set",
+         "mem_fraction_static=0.88", "--yes", "--config", str(config)],
         cwd=REPO, env={**env, "KVPILOT_FAULT_PAUSE_BEFORE": "approved",
                        "KVPILOT_FAULT_MARKER": str(marker)},
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

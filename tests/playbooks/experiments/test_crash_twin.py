@@ -9,7 +9,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from itertools import pairwise
@@ -23,6 +22,7 @@ from storage import audit
 from storage import experiments as store
 from storage import samples as sample_store
 from storage.db import open_db
+from tests.faults.entry import FAULTY_CLI
 from tests.playbooks.experiments.incident import (
     MEASURING_SCALE,
     Workspace,
@@ -77,7 +77,8 @@ def kill_at(ws: Workspace, tmp_path: Path, point: str, change: str) -> store.Exp
     marker = tmp_path / "paused"
     bot = subprocess.Popen(
         [
-            *(sys.executable, "-m", "bot.cli", "experiment", "--server", "incident"),
+            *FAULTY_CLI,
+            *("experiment", "--server", "incident"),
             *("--set", change, "--yes", "--config", str(ws.config)),
         ],
         cwd=REPO,

@@ -113,7 +113,7 @@ def deps_for(router: FakeRouter, worker: str, running: list[float], db: object =
         client=Client(running),  # type: ignore[arg-type]
         launcher=Launcher(router, worker),  # type: ignore[arg-type]
         clock=clock,
-        plan=GateSettings(),
+        gate=GateSettings(),
         now=clock.utcnow,
         restarts=RestartLimiter(db, "kimi", 1, now=clock.utcnow),  # type: ignore[arg-type]
         rotation=Rotation(SGLangRouter(router.url), worker, "kimi", drain_timeout_s=60.0),

@@ -91,7 +91,7 @@ def deps_for(db: Database, limiter: RestartLimiter, launcher: FakeLauncher, serv
         client=client,
         launcher=launcher,
         clock=ManualClock(),
-        plan=GateSettings(),
+        gate=GateSettings(),
         now=lambda: T0,
         restarts=limiter,
     )

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from playbooks.experiments.ownership import Lease
 from storage import audit
 from storage import experiments as store
 from storage.db import open_db
+from tests.faults.entry import FAULTY_CLI
 from tests.playbooks.experiments.incident import (
     LOW_FRACTION_H100,
     MEASURING_SCALE,
@@ -135,7 +135,8 @@ def spawn_experiment(
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
-            *(sys.executable, "-m", "bot.cli", "experiment", "--server", "incident"),
+            *FAULTY_CLI,
+            *("experiment", "--server", "incident"),
             *("--set", change, "--yes", "--json", "--config", str(ws.config)),
         ],
         cwd=REPO,

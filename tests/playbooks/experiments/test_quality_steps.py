@@ -80,7 +80,7 @@ class Bench:
         )
         return Deps(
             db=self.db, server="s", client=client, launcher=self.launcher, clock=ManualClock(),
-            plan=GateSettings(), now=lambda: self.clock[0], quality=quality,
+            gate=GateSettings(), now=lambda: self.clock[0], quality=quality,
         )  # fmt: skip
 
     def later(self, seconds: float) -> None:

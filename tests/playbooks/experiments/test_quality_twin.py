@@ -28,6 +28,7 @@ from sim.tokenizer import encode
 from storage import audit, quality_answers
 from storage import experiments as store
 from storage.db import open_db
+from tests.faults.entry import FAULTY_CLI
 from tests.playbooks.experiments.incident import MEASURING_SCALE, Workspace, incident_workspace
 from tests.twin_process import REPO
 
@@ -134,7 +135,8 @@ def test_a_bot_killed_after_recording_baseline_answers_resumes(tmp_path: Path) -
     with quality_workspace(tmp_path, golden(0.9)) as ws:
         bot = subprocess.Popen(
             [
-                *(sys.executable, "-m", "bot.cli", "experiment", "--server", "incident"),
+                *FAULTY_CLI,
+                *("experiment", "--server", "incident"),
                 *("--set", FP8, "--yes", "--config", str(ws.config)),
             ],
             cwd=REPO,

@@ -7,15 +7,18 @@ of the transition table is made by some row, so the table and the engine cannot 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from playbooks.engines.base import Prompt
-from playbooks.experiments import steps
+from playbooks.engines.exits import ExitCause, Failure
+from playbooks.experiments import restarts, steps
+from playbooks.experiments.failures import FAILURE
 from playbooks.experiments.holds import Calendar, Hold
 from playbooks.experiments.steps import Facts, Issue, Look, Move, Poll, Probe, Scrape, View
 from playbooks.gate import GateSettings
+from playbooks.launchers.base import LaunchError
 from playbooks.quality.check import EvalCommand, GoldenPrompts, QualityCheck
 from playbooks.quality.compare import QualityVerdict
 from storage.experiments import TERMINAL, TRANSITIONS, State
@@ -587,31 +590,73 @@ def test_a_change_found_when_the_experiment_was_created_is_said_in_its_first_mov
     assert step.reason == f"{found}; approved plan checked against the server; baseline next"
 
 
-POLLS: list[tuple[str, View, bool, str | None, str | None, object]] = [
-    ("restart ready", view(State.restarting, issued=T - 40, before="i1"), True, None, "i2",
+POLLS: list[tuple[str, View, bool, str | None, object]] = [
+    ("restart ready", view(State.restarting, issued=T - 40, before="i1"), True, "i2",
      State.warming_up),
-    ("restart starting", view(State.restarting, issued=T - 40, before="i1"), False, None, None,
-     None),
-    ("restart failed", view(State.restarting, issued=T - 40), False, "OOM", None, State.reverting),
-    ("ready but the old server", view(State.restarting, issued=T - 40, before="i1"), True, None,
-     "i1", Issue),
-    ("revert ready", view(State.reverting, issued=T - 40, before="i2"), True, None, "i3",
+    ("restart starting", view(State.restarting, issued=T - 40, before="i1"), False, None, None),
+    ("ready but the old server", view(State.restarting, issued=T - 40, before="i1"), True, "i1",
+     Issue),
+    ("revert ready", view(State.reverting, issued=T - 40, before="i2"), True, "i3",
      State.reverted),
-    ("revert failed", view(State.reverting, issued=T - 40), False, "OOM", None, State.failed),
+    ("revert starting", view(State.reverting, issued=T - 40, before="i2"), False, None, None),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("name", "v", "ready", "failure", "instance", "expected"), POLLS, ids=[p[0] for p in POLLS]
+    ("name", "v", "ready", "instance", "expected"), POLLS, ids=[p[0] for p in POLLS]
 )
 def test_after_poll(
-    name: str, v: View, ready: bool, failure: str | None, instance: str | None, expected: object
+    name: str, v: View, ready: bool, instance: str | None, expected: object
 ) -> None:
-    outcome = steps.after_poll(v, seen(), ready, failure, instance=instance)
+    outcome = restarts.after_poll(v, seen(), ready, instance=instance)
     got = None if outcome is None else _outcome(outcome)
     assert got == expected, (name, outcome)
     if isinstance(outcome, Move) and outcome.to == State.warming_up:
         assert outcome.progress == {"until": T + SETTINGS.warmup_s, "instance": "i2"}
+
+
+class Refused(LaunchError):
+    """A launcher's refusal before it changed anything (as `ManagedByGitOps`)."""
+
+    wrote_nothing = True
+
+
+OOM = ExitCause(Failure.out_of_memory, "torch.OutOfMemoryError: CUDA out of memory")
+Purpose = Literal["restart", "revert"]
+LAUNCH_FAILURES: list[tuple[str, Purpose, LaunchError, State, dict[str, Any]]] = [
+    ("restart refused before anything changed", "restart",
+     Refused("the unit is managed by another tool"), State.cancelled,
+     {"cause": "refused"}),
+    ("changed server did not start", "restart",
+     LaunchError("exited 1", log_tail="x" * 3000, cause=OOM), State.reverting,
+     {"cause": "failed_start", FAILURE: "out_of_memory", "log_tail": "x" * 2000}),
+    ("restart failed, nothing known", "restart", LaunchError("exited 1"), State.reverting,
+     {"cause": "failed_start", FAILURE: "unknown", "log_tail": ""}),
+    ("revert failed", "revert", LaunchError("exited 1", log_tail="boom"), State.failed,
+     {"log_tail": "boom"}),
+    ("revert refused: still a failed revert", "revert",
+     Refused("the unit is managed by another tool"), State.failed,
+     {"log_tail": ""}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "purpose", "exc", "to", "details"),
+    LAUNCH_FAILURES,
+    ids=[c[0] for c in LAUNCH_FAILURES],
+)
+def test_after_launch_failure(
+    name: str,
+    purpose: Literal["restart", "revert"],
+    exc: LaunchError,
+    to: State,
+    details: dict[str, Any],
+) -> None:
+    move = restarts.after_launch_failure(purpose, exc)
+    assert (move.to, move.details) == (to, details), name
+    assert exc.reason in move.reason
+    if to == State.failed:
+        assert "a person must restore the server" in move.reason
 
 
 @pytest.mark.parametrize("took_s", [52.54, 52.46, 40.0, 0.05])
@@ -621,7 +666,7 @@ def test_the_time_a_start_took_is_said_as_it_is_recorded(took_s: float) -> None:
     for state, before, to in ((State.restarting, "i1", State.warming_up),
                               (State.reverting, "i2", State.reverted)):  # fmt: skip
         v = view(state, issued=T - took_s, before=before)
-        move = steps.after_poll(v, seen(), True, None, instance="i9")
+        move = restarts.after_poll(v, seen(), True, instance="i9")
         assert isinstance(move, Move) and move.to == to, move
         recorded = move.details["ready_after_s"]
         assert f"{recorded:.0f} s" in move.reason, (move.reason, recorded)
@@ -675,7 +720,11 @@ def test_the_quality_verdict_keeps_or_reverts_naming_its_numbers(
 def test_every_move_of_the_table_is_made_by_some_step() -> None:
     """Each edge of TRANSITIONS is taken by a step, an abort, a gate look or the keep."""
     made = {(v.state, _outcome(steps.next_step(v, f))) for _, v, f, _ in CASES}
-    made |= {(v.state, e) for _, v, _, _, _, e in POLLS if isinstance(e, State)}
+    made |= {(v.state, e) for _, v, _, _, e in POLLS if isinstance(e, State)}
+    made |= {  # after_launch_failure: restarting or reverting, by the purpose
+        (State.restarting if purpose == "restart" else State.reverting, to)
+        for _, purpose, _, to, _ in LAUNCH_FAILURES
+    }
     made |= {(State.trial, State.deciding), (State.deciding, State.kept)}  # after_look, Keep
     made |= {  # after_quality: the check's verdict, a keep carried out or a revert
         (State.checking_quality, State.kept if e is steps.Keep else e)

@@ -34,6 +34,7 @@ import pytest
 from playbooks.engines.exits import Failure, last_log_line
 from playbooks.engines.sglang.args import with_change
 from playbooks.launchers.base import LaunchError, ServerIdentity
+from tests.faults.entry import FAULTY_CLI
 from tests.playbooks.launchers.harness import Harness
 from tests.twin_process import REPO
 
@@ -185,7 +186,7 @@ GATE = "\n[gate]\nbaseline_s = 60\nscrape_s = 2\nbatch_s = 10\n"
 
 def _kvpilot(h: Harness, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "bot.cli", *args, "--config", str(h.config)],
+        [*FAULTY_CLI, *args, "--config", str(h.config)],
         cwd=REPO,
         env={**os.environ, **(env or {})},
         stdin=subprocess.DEVNULL,

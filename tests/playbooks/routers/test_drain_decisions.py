@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from playbooks.experiments import steps
+from playbooks.experiments import restarts, steps
 from playbooks.gate import GateSettings
 from playbooks.routers.drain import drain_state, in_full_rotation, rejoin_state
 from storage.experiments import State
@@ -139,5 +139,5 @@ def test_a_ready_server_rejoins_before_it_moves_on(
     state: State, rotation: Any, expected: Any
 ) -> None:
     v = view(state, issued=50.0, before="i0", out_at=40.0)
-    outcome = steps.after_poll(v, facts(rotation=rotation), True, None, instance="i1")
+    outcome = restarts.after_poll(v, facts(rotation=rotation), True, instance="i1")
     assert outcome == expected or (isinstance(outcome, steps.Move) and outcome.to == expected)

@@ -235,7 +235,7 @@ def test_the_gate_gives_the_same_verdict(stack: Stack) -> None:
         assert isinstance(deps.client, SourcedClient)  # the engine measures through Prometheus
         api = closing.enter_context(contextlib.closing(PrometheusAPI.connect(stack.prometheus.url)))
         timeline = calendar_timeline(api, deps.clock, SCALE)
-        direct = DirectSampler(server.url, deps.clock, deps.plan.scrape_s)
+        direct = DirectSampler(server.url, deps.clock, deps.gate.scrape_s)
         closing.callback(direct.client.close)
         closing.callback(direct.stop.set)  # runs first: the thread stops using the client
         direct.thread.start()
@@ -246,7 +246,7 @@ def test_the_gate_gives_the_same_verdict(stack: Stack) -> None:
         moves = [f"{m.to_state}: {m.reason}" for m in store.transitions(db, exp)]
         assert row.state == State.kept, moves
         result = row.result or {}
-        settings = deps.plan
+        settings = deps.gate
         per_batch = int(settings.batch_s / settings.scrape_s)
         phases = {p: sample_store.samples_for(db, exp, p) for p in ("baseline", "trial")}
         prometheus = PrometheusMetrics(api, server.metrics.selector or "", ENGINE.metrics)
