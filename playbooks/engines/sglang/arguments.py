@@ -398,19 +398,36 @@ class RunningCapCheck(Check):
         return request_table_growth(ctx, per_rank)
 
     def predicts_gain_for(self, change: Change) -> bool:
-        """Beside a larger pool the gain is the pool's, bounded by the cap after the change."""
-        return change.tokens > change.current
+        """Beside a larger pool the gain is the pool's, bounded by the cap after the change; a
+        lower cap may cut today's batch, and the loss is the batch's (`batch_shrink_loss`)."""
+        return change.tokens > change.current or self.lowers(change)
+
+    @staticmethod
+    def lowers(change: Change) -> bool:
+        """The change sets a cap below today's (the flag, else SGLang's own for the pool)."""
+        info = change.server.info
+        user = info.arg("max_running_requests")
+        today = int(user) if user is not None else running_cap_total(info)
+        value = change.values.get("max_running_requests")
+        return value is not None and today is not None and int(value) < today
 
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
         limit = running_cap_total(ctx.server.info)
+        after = min(cap.requests for cap in ctx.batch_caps)
+        if after < seen.m.running:
+            return Finding(
+                "not_useful",
+                (
+                    f"a cap of {after:,} running requests is below the {seen.m.running:.0f} "
+                    "running now: the batch shrinks to it, and the decode rate with it",
+                ),
+            )
         if seen.bottleneck == "compute" and limit and int(value) > limit:
             return Finding(
                 "possible", (f"the batch sits at the cap of {limit} while the pool has room",)
             )
-        if seen.kv_bound and self.predicts_gain_for(ctx):
-            after = min(cap.requests for cap in ctx.batch_caps)
-            if after > seen.m.running:
-                return Finding(reasons=(f"up to {after:,} requests may run in the larger pool",))
+        if seen.kv_bound and ctx.tokens > ctx.current and after > seen.m.running:
+            return Finding(reasons=(f"up to {after:,} requests may run in the larger pool",))
         return Finding("not_useful", ("the running-request cap does not limit this server now",))
 
 

@@ -279,6 +279,14 @@ class SeqCapCheck(Check):
                 ),
                 ("fewer requests run at once",),
             )
+        if after < seen.m.running:
+            return Finding(
+                "not_useful",
+                (
+                    f"a cap of {after:,} running requests is below the {seen.m.running:.0f} "
+                    "running now: the batch shrinks to it, and the decode rate with it",
+                ),
+            )
         return Finding("not_useful", ("the sequence cap does not limit this server now",))
 
 

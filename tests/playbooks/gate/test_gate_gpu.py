@@ -83,3 +83,25 @@ def test_a_cap_that_makes_requests_wait_is_reverted_as_worse() -> None:
     assert decision.effect is not None and decision.effect.high < 0
     recorded = json.loads((H100 / "experiment-cap-48.json").read_text())
     assert recorded["state"] == "reverted" and "not saturated" in recorded["reason"]
+
+
+def test_the_recorded_small_raise_is_kept() -> None:
+    """0.30 -> 0.36 on the H100, still KV-bound (about 35 running before, 45 after)."""
+    baseline, trial = windows(H100 / "experiment-raise-0.36-samples.jsonl")
+    decision = decide(baseline, trial, H100_SETTINGS)
+    assert decision.action == "keep" and decision.verdict == "improved", decision.rule
+    assert decision.effect is not None and decision.effect.low > 0.03
+    recorded = json.loads((H100 / "experiment-raise-0.36.json").read_text())
+    assert recorded["state"] == "kept" and recorded["final_fraction"] == 0.36
+
+
+def test_a_cap_that_cuts_a_waiting_batch_is_reverted() -> None:
+    """A cap of 40 on a KV-bound server running about 70 (requests waited before and after):
+    measured harm, reverted as not improved."""
+    baseline, trial = windows(H100 / "experiment-cap-40-samples.jsonl")
+    decision = decide(baseline, trial, H100_SETTINGS)
+    assert decision.action == "revert" and decision.verdict == "not_improved", decision.rule
+    assert decision.effect is not None and decision.effect.high < 0
+    recorded = json.loads((H100 / "experiment-cap-40.json").read_text())
+    assert recorded["state"] == "reverted"
+    assert recorded["final_value"] == {"max_running_requests": None}  # the cap gone again

@@ -154,3 +154,31 @@ def test_the_drop_is_said_in_the_verdict_and_only_for_the_versions_that_do_it() 
     newer = parse_server_info({**info.raw, "version": "0.5.23"})
     model = capacity_model(newer, 0.93, resolve_gpu_memory(newer, DiagnoseSettings())[0])
     assert not model.prefill_graph_skipped(0.97)
+
+
+# ------------------------------------------------------------- an unsafe fraction, forced
+# On the H100 the server ran at 0.45 under 150 clients; `kvpilot experiment --set
+# mem_fraction_static=0.99 --force` (`--phases experiment --fraction 0.45 --set
+# mem_fraction_static=0.99 --force`) restarted it there. SGLang made a pool of 513,974 tokens,
+# logged 0.54 GiB free after it (no prefill graph: "at least 4.00 GiB is required"), captured
+# its decode graph in 0.37 GiB, was left 0.18 GiB, and ran out of memory in its first forward
+# pass (`torch.OutOfMemoryError ... Tried to allocate 66.00 MiB`). kvpilot reverted it and the
+# server ran at 0.45 again. `server_info-0.45.json` is the 0.55 server's report with the 0.45
+# server's own figures from its log (weights 14.98, KV 20.32 GiB, 166,398 tokens, 41.22 GiB
+# free after start-up, graphs 1.47 + 0.24 GiB).
+H100 = FIXTURES.parent / "gpu" / "h100-sglang-0.5.17"
+
+
+def test_the_forced_unsafe_fraction_failed_as_kvpilot_said_and_was_reverted() -> None:
+    info = parse_server_info(json.loads((H100 / "server_info-0.45.json").read_text()))
+    engine = engine_named("sglang")
+    rules = engine.rules_for(info, DiagnoseSettings(), measured=False)
+    option = rules.judge(engine.parse_change(["mem_fraction_static=0.99"]))
+    assert option.verdict == "unsafe", option
+    text = " ".join(option.reasons)
+    assert "below the 5 GiB floor" in text and "captures no prefill CUDA graph" in text, text
+    assert option.predicted_max_total_num_tokens == pytest.approx(513_974, rel=0.005)
+    recorded = json.loads((H100 / "experiment-force-0.99.json").read_text())
+    assert (recorded["exit_status"], recorded["outcome"]) == (4, "reverted_after_failure")
+    assert "GPU out of memory" in recorded["stored"]["cause"]
+    assert recorded["final_fraction"] == 0.45 and recorded["final_capacity"] == 166_398

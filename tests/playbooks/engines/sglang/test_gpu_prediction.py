@@ -19,6 +19,7 @@ from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import engine_named, restore_snapshot
 from playbooks.engines.base import Snapshot
 from playbooks.sources.model_config import LocalModelConfigs
+from playbooks.types import Option
 
 RUN = Path(__file__).parents[3] / "fixtures" / "gpu" / "h200-sglang-0.5.17"
 TARGET: dict[str, Any] = {"mem_fraction_static": 0.82}
@@ -98,8 +99,8 @@ def test_without_a_dense_models_config_the_line_is_kept(tmp_path: Path) -> None:
 H100 = RUN.parent / "h100-sglang-0.5.17"
 
 
-def h100_windows() -> dict[str, list[Snapshot]]:
-    path = H100 / "experiment-raise-0.45-samples.jsonl"
+def h100_windows(name: str = "experiment-raise-0.45") -> dict[str, list[Snapshot]]:
+    path = H100 / f"{name}-samples.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     return {
         phase: [restore_snapshot(r["metrics"], r["t"]) for r in rows if r["phase"] == phase]
@@ -107,29 +108,84 @@ def h100_windows() -> dict[str, list[Snapshot]]:
     }
 
 
-def h100_predicted(model_dir: Path) -> tuple[float, float]:
+def h100_option(
+    model_dir: Path,
+    target: dict[str, Any],
+    name: str = "experiment-raise-0.45",
+    info_at: str = "0.3",
+) -> Option:
+    """kvpilot's option for `target` from the experiment's baseline window, the server's
+    report at `info_at` and the model's config.json in `model_dir`."""
     engine = engine_named("sglang")
-    raw = json.loads((H100 / "server_info-0.3.json").read_text())
+    raw = json.loads((H100 / f"server_info-{info_at}.json").read_text())
     raw["model_path"] = str(model_dir)
     info = engine.parse_settings(raw)
-    target: dict[str, Any] = {"mem_fraction_static": 0.45}
     rules = engine.rules_for(info, DiagnoseSettings(consider=(target,), models=LocalModelConfigs()))
-    assessment = rules.assess(measurement_of(h100_windows()["baseline"]))
+    assessment = rules.assess(measurement_of(h100_windows(name)["baseline"]))
     assert assessment.bottleneck == "kv_cache"
     (option,) = [o for o in assessment.options if o.change == target]
+    return option
+
+
+def h100_predicted(model_dir: Path) -> tuple[float, float]:
+    option = h100_option(model_dir, {"mem_fraction_static": 0.45})
     assert option.predicted_gain is not None
     return option.predicted_gain
+
+
+def late_gain(name: str, last_s: float) -> float:
+    """The trial's last `last_s` seconds against the baseline window, in tokens decoded."""
+    w = h100_windows(name)
+    end = w["trial"][-1].t
+    return rate([s for s in w["trial"] if s.t >= end - last_s]) / rate(w["baseline"][1:]) - 1
 
 
 def test_the_h100_raise_that_stays_kv_bound_is_held_by_the_prediction() -> None:
     recorded = json.loads((H100 / "experiment-raise-0.45.json").read_text())
     assert recorded["state"] == "kept" and "+48.5%" in recorded["reason"]
-    w = h100_windows()
-    end = w["trial"][-1].t
-    late = rate([s for s in w["trial"] if s.t >= end - 30]) / rate(w["baseline"][1:]) - 1
+    late = late_gain("experiment-raise-0.45", 30)
     assert 0.55 < late < 0.65
     low, high = h100_predicted(RUN / "model")
     assert low <= 0.485 <= high and low <= late <= high, (low, high, late)
     # the line over the batch (no config.json) over-promised here too
     line_low, _ = h100_predicted(RUN / "no-such-model")
     assert line_low > late, line_low
+
+
+# ------------------------------------------------------------------ H100: a small raise
+# 0.30 -> 0.36 under the same 150 clients (`--phases experiment --fraction 0.30 --target 0.36`):
+# about 35 requests ran before and about 45 after, the pool full both times. The gate kept it
+# at +33.4% (95% +9.0..+63.3%) over its first half-minute; the trial's last 45 s decoded 30%
+# more tokens a second than the baseline.
+def test_a_small_raise_on_the_h100_is_held_by_the_prediction() -> None:
+    recorded = json.loads((H100 / "experiment-raise-0.36.json").read_text())
+    assert recorded["state"] == "kept" and "+33.4%" in recorded["reason"]
+    late = late_gain("experiment-raise-0.36", 45)
+    assert 0.25 < late < 0.35, late
+    option = h100_option(RUN / "model", {"mem_fraction_static": 0.36}, "experiment-raise-0.36")
+    assert option.predicted_gain is not None
+    low, high = option.predicted_gain
+    assert low <= 0.334 <= high and low <= late <= high, (low, high, late)
+    # and the pool it predicted is the one SGLang made (108,469 tokens at 0.36)
+    assert option.predicted_max_total_num_tokens is not None
+    assert abs(option.predicted_max_total_num_tokens / 108_469 - 1) < 0.005
+
+
+# ------------------------------------------------------------------ H100: a cap that cuts the batch
+# At 0.45 about 65-75 requests ran and 75-90 waited; `max_running_requests=40`
+# (`--phases experiment --fraction 0.45 --set max_running_requests=40`) cut the batch to 40.
+# The gate reverted it at -30.4% (95% -48.0..-6.8%); the trial's last minute decoded 28% fewer
+# tokens a second. kvpilot said the cap "does not limit this server now" and predicted nothing.
+def test_a_cap_below_the_running_batch_is_predicted_to_cost_what_it_cost() -> None:
+    recorded = json.loads((H100 / "experiment-cap-40.json").read_text())
+    assert recorded["state"] == "reverted" and "-30.4%" in recorded["reason"]
+    late = late_gain("experiment-cap-40", 60)
+    assert -0.32 < late < -0.24, late
+    option = h100_option(
+        RUN / "model", {"max_running_requests": 40}, "experiment-cap-40", info_at="0.45"
+    )
+    assert option.verdict == "not_useful"
+    assert any("below the" in r and "the batch shrinks" in r for r in option.reasons), option
+    assert option.predicted_gain is not None
+    low, high = option.predicted_gain
+    assert low <= -0.304 <= high and low <= late <= high, (low, high, late)
