@@ -38,7 +38,7 @@ class RawSample:
     prompt_tokens: float | None = None
     requests: float | None = None
     retractions: float | None = None
-    gen_throughput: float | None = None
+    decode_rate: float | None = None
     running: float | None = None
     queued: float | None = None
     token_usage: float | None = None
@@ -83,9 +83,9 @@ class Bucket:
     prompt_tokens: float | None = None
     requests: float | None = None
     retractions: float | None = None
-    gen_tp_sum: float = 0.0
-    gen_tp_span: float = 0.0
-    gen_tp_max: float | None = None
+    decode_rate_sum: float = 0.0
+    decode_rate_span: float = 0.0
+    decode_rate_max: float | None = None
     running_sum: float = 0.0
     running_max: float | None = None
     queue_sum: float = 0.0
@@ -115,10 +115,10 @@ class Bucket:
         self.prompt_tokens = _add(self.prompt_tokens, s.prompt_tokens)
         self.requests = _add(self.requests, s.requests)
         self.retractions = _add(self.retractions, s.retractions)
-        if s.gen_throughput is not None:
-            self.gen_tp_sum += s.gen_throughput * span
-            self.gen_tp_span += span
-            self.gen_tp_max = _max(self.gen_tp_max, s.gen_throughput)
+        if s.decode_rate is not None:
+            self.decode_rate_sum += s.decode_rate * span
+            self.decode_rate_span += span
+            self.decode_rate_max = _max(self.decode_rate_max, s.decode_rate)
         if s.running is not None:
             self.running_sum += s.running * span
             self.running_max = _max(self.running_max, s.running)
@@ -148,9 +148,9 @@ class Bucket:
         self.prompt_tokens = _add(self.prompt_tokens, other.prompt_tokens)
         self.requests = _add(self.requests, other.requests)
         self.retractions = _add(self.retractions, other.retractions)
-        self.gen_tp_sum += other.gen_tp_sum
-        self.gen_tp_span += other.gen_tp_span
-        self.gen_tp_max = _max(self.gen_tp_max, other.gen_tp_max)
+        self.decode_rate_sum += other.decode_rate_sum
+        self.decode_rate_span += other.decode_rate_span
+        self.decode_rate_max = _max(self.decode_rate_max, other.decode_rate_max)
         self.running_sum += other.running_sum
         self.running_max = _max(self.running_max, other.running_max)
         self.queue_sum += other.queue_sum
@@ -177,10 +177,12 @@ class Bucket:
         if self.bucket_s <= PEAK_WINDOW_S and self.timed_s >= PEAK_MIN_COVERAGE * self.bucket_s:
             self.eff_peak = _max(self.eff_peak, self.effective_rate())
 
-    def mean(self, what: Literal["gen_tp", "running", "queue", "usage"]) -> float | None:
+    def mean(self, what: Literal["decode_rate", "running", "queue", "usage"]) -> float | None:
         """Time-weighted mean of a gauge over the bucket."""
-        if what == "gen_tp":
-            return self.gen_tp_sum / self.gen_tp_span if self.gen_tp_span > 0 else None
+        if what == "decode_rate":
+            return (
+                self.decode_rate_sum / self.decode_rate_span if self.decode_rate_span > 0 else None
+            )
         if what == "usage":
             return self.usage_sum / self.usage_span if self.usage_span > 0 else None
         total = self.running_sum if what == "running" else self.queue_sum

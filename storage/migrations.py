@@ -600,3 +600,16 @@ def m012_freezes_reminders_alerts(db: Database) -> None:
         ) STRICT
         """,
     )
+
+
+@_migration
+def m013_engine_neutral_decode_rate(db: Database) -> None:
+    """The decode rate stored under an engine-neutral name: it was stored under SGLang's
+    metric's (`gen_throughput`) though vLLM servers fill it too. Values are unchanged."""
+    _run(
+        db,
+        "ALTER TABLE metric_samples RENAME COLUMN gen_throughput TO decode_rate",
+        "ALTER TABLE metric_rollups RENAME COLUMN gen_tp_sum TO decode_rate_sum",
+        "ALTER TABLE metric_rollups RENAME COLUMN gen_tp_span TO decode_rate_span",
+        "ALTER TABLE metric_rollups RENAME COLUMN gen_tp_max TO decode_rate_max",
+    )

@@ -284,7 +284,7 @@ def render_chart(report: Report, tz: Zone | None = None) -> bytes:
     times = [p.start + half for p in report.series]  # each point is its step's mean
     top.plot(
         times,
-        _values(report.series, "gen_throughput"),
+        _values(report.series, "decode_rate"),
         color=GENERATION_COLOUR,
         label="generation (decode) tok/s",
     )

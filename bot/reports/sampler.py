@@ -293,7 +293,7 @@ class Sampler:
             prompt_total=r.prompt_tokens,
             requests_total=r.completed_requests,
             retractions_total=r.preemptions,
-            gen_throughput=r.decode_rate,
+            decode_rate=r.decode_rate,
             running=r.running,
             queued=r.queued,
             token_usage=r.kv_usage,

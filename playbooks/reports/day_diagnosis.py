@@ -29,7 +29,7 @@ def day_measurement(busy: list[Bucket]) -> Measurement | None:
         total.merge(b)
     if total.span_s <= 0:
         return None
-    gen = total.mean("gen_tp")
+    gen = total.mean("decode_rate")
     eff = total.effective_rate()
     requests = total.requests or 0.0
     return Measurement(

@@ -100,7 +100,7 @@ class SeriesPoint:
     """One step of the chart; ``None`` where nothing was observed."""
 
     start: datetime
-    gen_throughput: float | None
+    decode_rate: float | None
     effective: float | None
     queue: float | None
     queue_max: float | None

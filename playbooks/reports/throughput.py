@@ -154,7 +154,7 @@ def series(buckets: list[Bucket], since: float, until: float, step: int) -> list
         points.append(
             SeriesPoint(
                 start=_dt(start),
-                gen_throughput=None if empty or b is None else b.mean("gen_tp"),
+                decode_rate=None if empty or b is None else b.mean("decode_rate"),
                 effective=None if empty or b is None else b.effective_rate(),
                 queue=None if empty or b is None else b.mean("queue"),
                 queue_max=None if empty or b is None else b.queue_max,
@@ -299,7 +299,7 @@ def build_report(
         tokens_generated=_int(total.gen_tokens),
         prompt_tokens=_int(total.prompt_tokens),
         requests_completed=_int(total.requests),
-        generation=Throughput(total.mean("gen_tp"), total.gen_tp_max),
+        generation=Throughput(total.mean("decode_rate"), total.decode_rate_max),
         effective=Throughput(total.effective_rate(), max(peaks) if peaks else None),
         saturated_s=total.saturated_s,
         saturated_share=total.saturated_s / total.span_s if total.span_s > 0 else None,

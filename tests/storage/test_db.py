@@ -75,6 +75,41 @@ def test_reopening_applies_nothing_twice(db_path: Path) -> None:
     db.close()
 
 
+def test_stored_decode_rates_keep_their_values_under_the_engine_neutral_name(
+    db_path: Path,
+) -> None:
+    db_path.parent.mkdir(parents=True)
+    old = Database(db_path)
+    MIGRATIONS.apply(old, stop_before="m013_engine_neutral_decode_rate")
+    old.execute(
+        "INSERT INTO metric_samples (server, ts, span_s, gen_throughput)"
+        " VALUES ('gpu', 1.0, 15, 812.5)"
+    )
+    old.execute(
+        "INSERT INTO metric_rollups (server, bucket_s, start_ts, samples, span_s, timed_s,"
+        " gen_tp_sum, gen_tp_span, gen_tp_max, running_sum, queue_sum, saturated_s,"
+        " usage_sum, usage_span, usage_hist_json, retract_seen)"
+        " VALUES ('gpu', 300, 0.0, 20, 300, 300, 243750.0, 300, 900.0, 0, 0, 0, 0, 0, '[]', 0)"
+    )
+    old.conn.commit()
+    old.close()
+    db = open_db(db_path)
+    try:
+        assert [r["decode_rate"] for r in db.query("SELECT * FROM metric_samples")] == [812.5]
+        (rollup,) = db.query("SELECT * FROM metric_rollups")
+        assert (
+            rollup["decode_rate_sum"],
+            rollup["decode_rate_span"],
+            rollup["decode_rate_max"],
+        ) == (
+            243750.0,
+            300,
+            900.0,
+        )
+    finally:
+        db.close()
+
+
 def test_database_from_the_first_migration_is_upgraded_and_keeps_its_data(
     db_path: Path,
 ) -> None:

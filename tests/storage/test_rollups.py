@@ -38,13 +38,13 @@ def sample(ts: float, **values: float) -> RawSample:
 
 def test_bucket_weights_gauges_by_time_and_counts_only_contiguous_tokens() -> None:
     b = Bucket(start_ts=0, bucket_s=300)
-    b.add(sample(15, gen_tokens=1500, gen_throughput=100, queued=0, running=10, token_usage=0.5))
-    b.add(sample(30, gen_tokens=3000, gen_throughput=300, queued=4, running=30, token_usage=0.95))
+    b.add(sample(15, gen_tokens=1500, decode_rate=100, queued=0, running=10, token_usage=0.5))
+    b.add(sample(30, gen_tokens=3000, decode_rate=300, queued=4, running=30, token_usage=0.95))
     b.add(RawSample("s", 45, 15.0, None, gen_tokens=600, queued=2, running=20))  # after a gap
     assert b.samples == 3 and b.span_s == 45 and b.timed_s == 30
     assert b.gen_tokens == 5100 and b.gen_tokens_timed == 4500
     assert b.effective_rate() == 150.0  # 4,500 tokens over the 30 s observed contiguously
-    assert b.mean("gen_tp") == 200.0  # the third sample had no reading: not a zero
+    assert b.mean("decode_rate") == 200.0  # the third sample had no reading: not a zero
     assert b.mean("queue") == 2.0 and b.queue_max == 4 and b.saturated_s == 30
     assert b.mean("usage") == pytest.approx(0.725)
     assert b.usage_hist == {50: 15.0, 95: 15.0}
@@ -53,7 +53,7 @@ def test_bucket_weights_gauges_by_time_and_counts_only_contiguous_tokens() -> No
 
 def test_regrouping_is_exact() -> None:
     samples = [
-        sample(START + 15 * i, gen_tokens=i, gen_throughput=i % 7, queued=i % 3)
+        sample(START + 15 * i, gen_tokens=i, decode_rate=i % 7, queued=i % 3)
         for i in range(1, 1000)
     ]
     fine = group(samples, 300)
@@ -62,8 +62,10 @@ def test_regrouping_is_exact() -> None:
     assert [h.start_ts for h in hourly] == [d.start_ts for d in direct]
     for h, d in zip(hourly, direct, strict=True):
         assert h.gen_tokens == d.gen_tokens and h.samples == d.samples
-        assert h.gen_tp_sum == pytest.approx(d.gen_tp_sum) and h.saturated_s == d.saturated_s
-        assert h.gen_tp_max == d.gen_tp_max
+        assert (
+            h.decode_rate_sum == pytest.approx(d.decode_rate_sum) and h.saturated_s == d.saturated_s
+        )
+        assert h.decode_rate_max == d.decode_rate_max
     # the peak effective rate is a 5-minute figure at every level
     assert max(b.eff_peak or 0 for b in hourly) == max(b.eff_peak or 0 for b in fine)
 
@@ -112,8 +114,8 @@ def test_the_report_is_the_same_from_raw_samples_and_from_roll_ups(tmp_path: Pat
     assert a.saturated_s == b.saturated_s and a.observed_s == b.observed_s
     assert a.usage == b.usage
     assert a.restarts == b.restarts == 1 and a.downtime_s == b.downtime_s == 480
-    assert [p.gen_throughput for p in a.series] == pytest.approx(
-        [p.gen_throughput for p in b.series], nan_ok=True
+    assert [p.decode_rate for p in a.series] == pytest.approx(
+        [p.decode_rate for p in b.series], nan_ok=True
     )
 
 
@@ -130,7 +132,7 @@ def test_report_totals_match_what_happened(db: Database) -> None:
     assert report.tokens_generated == round(truth.gen_tokens)
     assert report.requests_completed == round(truth.requests)
     assert report.saturated_s == truth.saturated_s and report.observed_s == truth.span_s
-    assert report.generation.peak == truth.gen_tp_max
+    assert report.generation.peak == truth.decode_rate_max
     assert report.restarts == truth.restarts == 1 and report.downtime_s == truth.down_s
     # percentiles from the 1% histogram are within a bin of the exact ones
     exact = sorted(truth.usages)
@@ -141,11 +143,11 @@ def test_report_totals_match_what_happened(db: Database) -> None:
     # two days: a point per 15 minutes; nights are idle, the restart is a hole
     assert report.series_step_s == 900 and len(report.series) == 2 * 96
     for restart_point in report.series[48:50]:  # 12:00-12:30 on day one: down
-        assert restart_point.gen_throughput is None and restart_point.queue is None
+        assert restart_point.decode_rate is None and restart_point.queue is None
     noon = report.series[47]  # 11:45-12:00: busy
-    assert noon.queue and noon.queue > 80 and noon.gen_throughput and noon.gen_throughput > 600
+    assert noon.queue and noon.queue > 80 and noon.decode_rate and noon.decode_rate > 600
     night = report.series[10]
-    assert night.queue == 0 and night.gen_throughput == 0
+    assert night.queue == 0 and night.decode_rate == 0
 
 
 def test_level_choice() -> None:

@@ -75,7 +75,7 @@ def hour_of(server: str, end: float, rate: float, queued: float) -> list[RawSamp
     return [
         RawSample(
             server, end - 3600 + i * 60, 60.0, 60.0 if i else None,
-            gen_tokens=rate * 60, requests=1.0, gen_throughput=rate, running=40.0, queued=queued,
+            gen_tokens=rate * 60, requests=1.0, decode_rate=rate, running=40.0, queued=queued,
         )
         for i in range(1, 61)
     ]  # fmt: skip

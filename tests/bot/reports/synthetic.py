@@ -29,7 +29,7 @@ class Truth:
     requests: float = 0.0
     saturated_s: float = 0.0
     span_s: float = 0.0
-    gen_tp_max: float = 0.0
+    decode_rate_max: float = 0.0
     down_s: float = 0.0
     restarts: int = 0
     usages: list[float] = field(default_factory=list)
@@ -96,7 +96,7 @@ def generate(
             gen_tokens=tokens if not first or restarted else None,
             prompt_tokens=reqs * 400 if not first or restarted else None,
             requests=reqs if not first or restarted else None,
-            gen_throughput=tp,
+            decode_rate=tp,
             running=50 * load if busy else 0.0,
             queued=queued,
             token_usage=usage,
@@ -111,7 +111,7 @@ def generate(
             truth.requests += reqs
         if queued > 0:
             truth.saturated_s += interval_s
-        truth.gen_tp_max = max(truth.gen_tp_max, tp)
+        truth.decode_rate_max = max(truth.decode_rate_max, tp)
         truth.usages.append(usage)
         prev_ts = t
         t += interval_s

@@ -72,7 +72,7 @@ def store_day(db: Database, rate: tuple[float, float] = (800.0, 800.0)) -> None:
                 gen_tokens=None if i == 0 else 0.75 * tp * 15,
                 requests=None if i == 0 else 1.0,
                 prompt_tokens=None if i == 0 else 400.0,
-                gen_throughput=tp,
+                decode_rate=tp,
                 running=50.0,
                 queued=100.0 * tp / 800,
                 token_usage=0.92,

@@ -192,7 +192,7 @@ def test_without_metrics_the_loads_are_sampled(
     tick(sampler, clock, fake)
     last = all_samples(db)[-1]
     assert last.gen_total is None and last.gen_tokens is None  # no counters without metrics
-    assert last.running == 50 and last.queued == 100 and last.gen_throughput == 800
+    assert last.running == 50 and last.queued == 100 and last.decode_rate == 800
 
 
 def test_observed_settings_drop_secrets_and_moving_values() -> None:
