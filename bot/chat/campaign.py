@@ -30,7 +30,7 @@ from bot.chat.auth import Principal
 from bot.chat.messages import Button, Confirm, Message
 from bot.chat.render import mention
 from bot.chat.surface import Surface
-from bot.chat.views import APPROVE, REJECT
+from bot.chat.views import APPROVE, reject_button
 from bot.chat.when import hhmm
 from playbooks.campaigns import after
 from playbooks.campaigns.policy import (
@@ -244,13 +244,7 @@ def plan_message(row: proposal_store.ProposalRow) -> Message:
                 "Approve",
             ),
         ),
-        Button(
-            REJECT,
-            value,
-            "Reject",
-            "danger",
-            Confirm("Reject this plan?", "Nothing will be changed on the server.", "Reject"),
-        ),
+        reject_button(value, "plan"),
     )
     ranges = [f"`{key}` in {r.text()}" for key, r in sorted(plan.ranges.items())]
     return Message.from_template(

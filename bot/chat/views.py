@@ -65,13 +65,7 @@ def approval_message(
                 "Approve",
             ),
         ),
-        Button(
-            REJECT,
-            value,
-            "Reject",
-            "danger",
-            Confirm("Reject this change?", "Nothing will be changed on the server.", "Reject"),
-        ),
+        reject_button(value, "change"),
     )
     if diff == NO_CHANGE:
         buttons = buttons[1:]
@@ -170,3 +164,14 @@ def arg_diff(before: list[str], after: list[str]) -> str:
     old, new = pairs(before), pairs(after)
     lines = [f"- {p}" for p in old if p not in new] + [f"+ {p}" for p in new if p not in old]
     return "\n".join(lines) or NO_CHANGE
+
+
+def reject_button(value: str, what: str) -> Button:
+    """The Reject button of an approval message, confirmed before it is taken."""
+    return Button(
+        REJECT,
+        value,
+        "Reject",
+        "danger",
+        Confirm(f"Reject this {what}?", "Nothing will be changed on the server.", "Reject"),
+    )

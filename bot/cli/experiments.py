@@ -327,13 +327,27 @@ def cmd_experiment(
                 text="run with --force despite: " + "; ".join(option.reasons),
             ),
         )
+    return carry_and_report(deps, lease, db, exp_id, who, ns.json, out, err)
+
+
+def carry_and_report(
+    deps: machine.Deps,
+    lease: Lease,
+    db: Database,
+    exp_id: int,
+    who: str,
+    as_json: bool,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """Carry an approved experiment to its end here, say what it taught, and report it."""
     if not carry(deps, lease, err):
         return EXIT_FAILED
     for bound in after.learn(
         db, store.get_experiment(db, exp_id), deps.client.engine, actor=who, now=deps.now()
     ):
         err.write(f"  learnt: {bound.text()}; not proposed again without --force\n")
-    return report(db, exp_id, ns.json, out)
+    return report(db, exp_id, as_json, out)
 
 
 def cmd_server(
@@ -503,13 +517,7 @@ def cmd_decide(
         _say_carried_elsewhere(lease, err)
         return EXIT_FAILED
     deps = experiment_deps(config, proposal.server, db, _printer(err), clock=clock)
-    if not carry(deps, lease, err):
-        return EXIT_FAILED
-    for bound in after.learn(
-        db, store.get_experiment(db, exp_id), deps.client.engine, actor=who, now=deps.now()
-    ):
-        err.write(f"  learnt: {bound.text()}; not proposed again without --force\n")
-    return report(db, exp_id, ns.json, out)
+    return carry_and_report(deps, lease, db, exp_id, who, ns.json, out, err)
 
 
 # --------------------------------------------------------------------------- abort
