@@ -55,8 +55,8 @@ from playbooks.engines.base import (
     Snapshot,
 )
 from playbooks.experiments import no_change
+from playbooks.experiments.machine import ApprovedPlan
 from playbooks.experiments.sampling import store_scrapes
-from playbooks.gate.settings import sized_for
 from playbooks.launchers.base import LaunchError
 from playbooks.types import Option
 from storage import audit, chat
@@ -439,7 +439,7 @@ class Kvpilot(Approvals):
             "to_args": trial,
             "verdict": option.verdict,
             "option": option.to_json(),
-            "gate": vars(sized_for(cfg.gate, option.predicted_gain)),
+            "gate": ApprovedPlan.build(baseline, trial, cfg.gate, option.predicted_gain).gate,
         }
         snapshot = {
             "args": baseline,

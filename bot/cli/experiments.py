@@ -314,7 +314,7 @@ def cmd_experiment(
         approved_by=who,
         reason="approved with --yes" if ns.yes else "confirmed in the terminal",
         owner=lease,
-        plan=machine.ApprovedPlan(tuple(baseline), tuple(trial), vars(server.gate)),
+        plan=machine.ApprovedPlan.build(baseline, trial, server.gate, option.predicted_gain),
     )
     if option.verdict == "unsafe":
         audit.record(

@@ -50,7 +50,6 @@ from playbooks.engines.base import ArgError, EngineClient, Snapshot
 from playbooks.experiments import machine, no_change
 from playbooks.experiments.ownership import Lease
 from playbooks.experiments.sampling import store_scrapes
-from playbooks.gate.settings import sized_for
 from playbooks.types import Option
 from storage import campaigns as campaign_store
 from storage import experiments as store
@@ -258,8 +257,6 @@ def _experiment(
         else f"step {len(run.tried) + 1} of campaign {run.id}, confirmed in the terminal"
     )
     run.room_before = room_before(config.server(run.server), deps.client, option)
-    # the trial sized for the gain predicted (`gate.settings.sized_for`), as approved
-    gate = sized_for(deps.gate, option.predicted_gain)
     exp_id = machine.create(
         deps,
         dict(option.change),
@@ -267,7 +264,7 @@ def _experiment(
         approved_by=who,
         reason=reason,
         owner=lease,
-        plan=machine.ApprovedPlan(tuple(baseline), tuple(trial), vars(gate)),
+        plan=machine.ApprovedPlan.build(baseline, trial, deps.gate, option.predicted_gain),
     )
     campaign_store.add_step(db, run.id, exp_id, now=deps.now())
     if not carry(deps, lease, err):

@@ -9,6 +9,7 @@ table-style.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -17,6 +18,7 @@ from playbooks.experiments import no_change
 from playbooks.experiments.deps import Deps, Interrupted, args_of
 from playbooks.experiments.ownership import Lease, OwnershipLost
 from playbooks.experiments.steps import CHANGED_OUTSIDE
+from playbooks.gate.settings import GateSettings, sized_for
 from storage import audit, servers
 from storage import experiments as store
 from storage.errors import LeaseNotHeld, StaleState
@@ -100,6 +102,20 @@ class ApprovedPlan:
     plan_hash: str | None = None
 
     @classmethod
+    def build(
+        cls,
+        from_args: Sequence[str],
+        to_args: Sequence[str],
+        gate: GateSettings,
+        predicted: tuple[float, float] | None = None,
+    ) -> ApprovedPlan:
+        """The plan every front end puts before a person: the arguments before and after, and
+        the gate sized for the gain the rules predicted (`gate.settings.sized_for`), so a
+        change is measured alike whether it was approved in chat, in the terminal or by a
+        campaign's plan."""
+        return cls(tuple(from_args), tuple(to_args), vars(sized_for(gate, predicted)))
+
+    @classmethod
     def of_proposal(cls, plan: dict[str, Any], plan_hash: str) -> ApprovedPlan:
         return cls(
             from_args=tuple(str(a) for a in plan["from_args"]),
@@ -134,8 +150,8 @@ def create(
     current = deps.launcher.current_args()
     _refuse_if_nothing_changes(deps, current, change, plan)
     if plan is None:
-        plan = ApprovedPlan(
-            tuple(current), tuple(deps.client.engine.with_change(current, change)), vars(deps.gate)
+        plan = ApprovedPlan.build(
+            current, deps.client.engine.with_change(current, change), deps.gate
         )
     baseline, trial = list(plan.from_args), list(plan.to_args)
     refused = deps.launcher.refusal(trial)

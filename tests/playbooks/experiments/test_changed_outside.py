@@ -10,7 +10,7 @@ from bot.app.wiring import database, experiment_deps, make_clock
 from bot.app.wiring import launcher as wiring_launcher
 from bot.cli.experiment_summary import summarise
 from playbooks.clock import WallClock
-from playbooks.experiments import machine as engine
+from playbooks.experiments import machine
 from playbooks.launchers.base import ServerIdentity
 from storage import audit, servers
 from storage import experiments as store
@@ -38,11 +38,11 @@ def test_a_change_made_by_hand_during_the_trial_is_left_as_it_was_set(tmp_path: 
 
         deps = experiment_deps(config, "incident", db, on_progress, clock=make_clock(config, db))
         try:
-            exp = engine.create(
+            exp = machine.create(
                 deps, {"mem_fraction_static": 0.88}, actor="cli:test", approved_by="cli:test",
                 reason="approved with --yes",
             )  # fmt: skip
-            row = engine.run(deps, exp)
+            row = machine.run(deps, exp)
             assert theirs, "the experiment never reached a look in the trial"
             assert ws.info()["mem_fraction_static"] == 0.80  # their configuration runs
             assert person.identity() == after_their_change[0]  # and nobody restarted it since

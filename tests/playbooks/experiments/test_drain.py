@@ -16,8 +16,7 @@ import pytest
 from playbooks.clock import ManualClock
 from playbooks.engines import engine_named
 from playbooks.engines.base import EngineError, Snapshot
-from playbooks.experiments import machine as engine
-from playbooks.experiments import rotation_steps
+from playbooks.experiments import machine, rotation_steps
 from playbooks.experiments.advance import gather
 from playbooks.experiments.machine import Deps
 from playbooks.experiments.restart_limits import RestartLimiter
@@ -121,8 +120,8 @@ def deps_for(router: FakeRouter, worker: str, running: list[float], db: object =
 
 
 def restarting(deps: Deps) -> int:
-    plan = engine.ApprovedPlan(tuple(BASELINE), tuple(TRIAL), {})
-    exp = engine.create(deps, {"mem_fraction_static": 0.88}, actor="t", approved_by="t",
+    plan = machine.ApprovedPlan(tuple(BASELINE), tuple(TRIAL), {})
+    exp = machine.create(deps, {"mem_fraction_static": 0.88}, actor="t", approved_by="t",
                         reason="test", plan=plan)  # fmt: skip
     for state in (State.baseline, State.restarting):
         store.transition(deps.db, exp, state, actor="t", reason="test", now=deps.now())
@@ -134,7 +133,7 @@ def until_state_leaves(deps: Deps, exp: int, limit: int = 400) -> State:
     time for its background jobs) until the experiment leaves its state."""
     state = store.get_experiment(deps.db, exp).state
     for _ in range(limit):
-        row = engine.advance(deps, exp).row
+        row = machine.advance(deps, exp).row
         if row.state != state:
             return row.state
         deps.clock.sleep(1.0)
@@ -159,7 +158,7 @@ def test_restart_and_revert_drain_through_the_router(worker: str) -> None:
         launcher: Launcher = deps.launcher  # type: ignore[assignment]
         assert launcher.issued == [(TRIAL, False)]  # restarted only once out of rotation
         assert worker in router.state.workers  # back once ready
-        engine.abort(deps, exp, actor="operator", reason="stop")
+        machine.abort(deps, exp, actor="operator", reason="stop")
         deps.client.running = [2, 0]  # type: ignore[attr-defined]
         assert until_state_leaves(deps, exp) == State.reverted
         assert launcher.issued[-1] == (BASELINE, False)

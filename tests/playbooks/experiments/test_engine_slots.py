@@ -11,7 +11,7 @@ from sqlite_utils import Database
 
 from playbooks.clock import ManualClock
 from playbooks.engines.sglang.client import SGLangClient
-from playbooks.experiments import machine as engine
+from playbooks.experiments import machine
 from playbooks.experiments.machine import Deps
 from playbooks.experiments.restart_limits import RestartLimiter
 from playbooks.gate import GateSettings
@@ -98,7 +98,7 @@ def deps_for(db: Database, limiter: RestartLimiter, launcher: FakeLauncher, serv
 
 
 def restarting_experiment(deps: Deps) -> int:
-    exp = engine.create(
+    exp = machine.create(
         deps, {"mem_fraction_static": 0.88}, actor="t", approved_by="t", reason="test"
     )
     for state in (State.baseline, State.restarting):
@@ -109,7 +109,7 @@ def restarting_experiment(deps: Deps) -> int:
 def step(deps: Deps, exp: int) -> State:
     """Advance until the experiment leaves the state it is in."""
     state = store.get_experiment(deps.db, exp).state
-    while (row := engine.advance(deps, exp).row).state == state:
+    while (row := machine.advance(deps, exp).row).state == state:
         pass
     return row.state
 
@@ -165,8 +165,8 @@ def test_an_experiment_waiting_for_a_slot_can_be_aborted() -> None:
     said: list[str] = []
     deps.on_progress = said.append
     exp = restarting_experiment(deps)
-    deps.clock = AbortingClock(lambda: engine.abort(deps, exp, actor="operator", reason="stop"))
-    row = engine.run(deps, exp)
+    deps.clock = AbortingClock(lambda: machine.abort(deps, exp, actor="operator", reason="stop"))
+    row = machine.run(deps, exp)
     assert row.state == State.reverted
     assert launcher.applied == []  # the server was never touched
     assert any(m.startswith("waiting for a restart slot in group kimi") for m in said)

@@ -22,7 +22,7 @@ from bot.app.config import load
 from bot.app.wiring import database, experiment_deps, make_clock
 from bot.app.wiring import launcher as wiring_launcher
 from bot.cli import main
-from playbooks.experiments import machine as engine
+from playbooks.experiments import machine
 from sim.models import LLAMA_3_1_8B, write_model_dir
 from storage import audit
 from storage import experiments as store
@@ -265,14 +265,14 @@ def test_concurrent_experiments_take_turns_to_restart(tmp_path: Path) -> None:
         db = database(config)  # each thread its own connection, as separate bots would have
         try:
             deps = experiment_deps(config, name, db, clock=clock)
-            exp = engine.create(
+            exp = machine.create(
                 deps,
                 {"max_running_requests": 24},
                 actor="test",
                 approved_by="test",
                 reason="fleet test",
             )
-            results[name] = engine.run(deps, exp)
+            results[name] = machine.run(deps, exp)
         except BaseException as exc:
             errors.append(exc)
         finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlite_utils import Database
 
-from playbooks.experiments import machine as engine
+from playbooks.experiments import machine
 from playbooks.experiments.deps import Deps
 from playbooks.experiments.lifecycle import abort_target
 from playbooks.experiments.outcome import Outcome, ending
@@ -144,17 +144,19 @@ def test_a_server_changed_by_hand_is_the_new_baseline_measured_afresh(by_hand: b
     deps, launcher = _engine(db, now)
     if by_hand:
         launcher.started(PERSON)
-    exp = engine.create(deps, {"mem_fraction_static": 0.88}, actor="u", approved_by="u", reason="t")
+    exp = machine.create(
+        deps, {"mem_fraction_static": 0.88}, actor="u", approved_by="u", reason="t"
+    )
     running = PERSON if by_hand else BASELINE
     assert store.get_experiment(db, exp).baseline_config == {"args": running}
     current, good = servers.current_config(db, "s"), servers.last_known_good(db, "s")
     assert current is not None and good is not None
     assert current.args == good.args == {"args": running}  # no revert goes back past it
     found = audit.events(db, name="config_changed_outside")
-    first = engine.advance(deps, exp).row  # approved -> baseline
+    first = machine.advance(deps, exp).row  # approved -> baseline
     assert first.state == State.baseline
     reason = store.transitions(db, exp)[-1].reason
-    chosen = engine.advance(deps, exp).row  # the baseline's first step: stored or measured
+    chosen = machine.advance(deps, exp).row  # the baseline's first step: stored or measured
     if not by_hand:
         assert found == [] and current.id == kept
         assert reason == "approved plan checked against the server; baseline next"
@@ -183,14 +185,16 @@ def test_a_server_changed_by_hand_is_the_new_baseline_measured_afresh(by_hand: b
 def test_a_revert_or_abort_leaves_a_configuration_set_by_hand() -> None:
     db = memory_db()
     deps, launcher = _engine(db, T0)
-    exp = engine.create(deps, {"mem_fraction_static": 0.88}, actor="u", approved_by="u", reason="t")
+    exp = machine.create(
+        deps, {"mem_fraction_static": 0.88}, actor="u", approved_by="u", reason="t"
+    )
     for state in (State.baseline, State.restarting):
         store.transition(db, exp, state, actor="t", reason="test", now=T0)
     assert step(deps, exp) == State.warming_up  # kvpilot restarted it with the change
     launcher.started(PERSON)  # then someone restarted it on their own arguments
     starts = launcher.starts
-    engine.abort(deps, exp, actor="cli:alice", reason="aborted by cli:alice")
-    row = engine.run(deps, exp)
+    machine.abort(deps, exp, actor="cli:alice", reason="aborted by cli:alice")
+    row = machine.run(deps, exp)
     assert row.state == State.superseded
     assert launcher.applied == [(TRIAL, [exp])]  # the change only: no revert over their arguments
     assert (launcher.args, launcher.starts) == (PERSON, starts)

@@ -22,7 +22,7 @@ from sqlite_utils import Database
 from playbooks.clock import ManualClock
 from playbooks.engines.base import Prompt
 from playbooks.engines.sglang.client import SGLangClient
-from playbooks.experiments import machine as engine
+from playbooks.experiments import machine
 from playbooks.experiments.machine import Deps
 from playbooks.experiments.restart_limits import RestartLimiter
 from playbooks.gate import GateSettings
@@ -98,7 +98,7 @@ def advance_until(deps: Deps, exp: int, done: Callable[[store.ExperimentRow], bo
     for _ in range(50):
         if done(store.get_experiment(deps.db, exp)):
             return
-        engine.advance(deps, exp)
+        machine.advance(deps, exp)
     raise AssertionError(store.get_experiment(deps.db, exp))
 
 
@@ -114,16 +114,18 @@ def judged_by_the_gate(bench: Bench, deps: Deps, exp: int) -> None:
 
 def test_a_lossy_change_without_a_check_runs_as_before(bench: Bench) -> None:
     deps = bench.deps(None)
-    exp = engine.create(deps, FP8, actor="u", approved_by="u", reason="t")
+    exp = machine.create(deps, FP8, actor="u", approved_by="u", reason="t")
     assert "quality" not in store.get_experiment(bench.db, exp).settings
     judged_by_the_gate(bench, deps, exp)
-    assert engine.advance(deps, exp).row.state == State.kept
+    assert machine.advance(deps, exp).row.state == State.kept
     assert bench.server.asked == []
 
 
 def test_a_check_guards_only_the_arguments_opted_in(bench: Bench) -> None:
     deps = bench.deps(golden(0.9))
-    exp = engine.create(deps, {"mem_fraction_static": 0.88}, actor="u", approved_by="u", reason="t")
+    exp = machine.create(
+        deps, {"mem_fraction_static": 0.88}, actor="u", approved_by="u", reason="t"
+    )
     assert "quality" not in store.get_experiment(bench.db, exp).settings
 
 
@@ -141,19 +143,19 @@ def test_golden_answers_before_the_restart_and_after_the_gates_keep(
 ) -> None:
     bench.server.drifting = drifting
     deps = bench.deps(golden(tolerance))
-    exp = engine.create(deps, FP8, actor="u", approved_by="u", reason="t")
+    exp = machine.create(deps, FP8, actor="u", approved_by="u", reason="t")
     assert store.get_experiment(bench.db, exp).settings["quality"]["lossy_ok"] == ["kv_cache_dtype"]
-    engine.advance(deps, exp)  # approved -> baseline
-    assert engine.advance(deps, exp).step == "recordanswers"  # prompts 1-8, before measuring
+    machine.advance(deps, exp)  # approved -> baseline
+    assert machine.advance(deps, exp).step == "recordanswers"  # prompts 1-8, before measuring
     # a fresh process (the bot restarted) asks only the two prompts still unanswered
     deps = bench.deps(None)  # (the check comes from the experiment, not the new process)
-    assert engine.advance(deps, exp).step == "recordanswers"
+    assert machine.advance(deps, exp).step == "recordanswers"
     # each prompt once (the step asks its prompts at once, so in no fixed order)
     assert sorted(bench.server.asked) == sorted(str(p.text) for p in PROMPTS)
-    assert engine.advance(deps, exp).step == "choosebaseline"
+    assert machine.advance(deps, exp).step == "choosebaseline"
     assert quality_answers.answers(bench.db, exp, "baseline") == [f"answer {i}" for i in range(10)]
     judged_by_the_gate(bench, deps, exp)
-    moved = engine.advance(deps, exp).row
+    moved = machine.advance(deps, exp).row
     assert moved.state == State.checking_quality
     assert store.transitions(bench.db, exp)[-1].reason == (
         "gain +40%; checking answer quality before keeping it: 10 golden prompts from "
@@ -178,20 +180,20 @@ def test_golden_answers_before_the_restart_and_after_the_gates_keep(
     assert verdict["properties"]["verdict"] == ("quality_passed" if passed else "quality_failed")
     if not passed:
         assert move.details["cause"] == "quality"
-        assert engine.run(deps, exp).state == State.reverted
+        assert machine.run(deps, exp).state == State.reverted
         assert bench.launcher.args == BASELINE
 
 
 def test_a_server_that_does_not_answer_cancels_the_baseline(bench: Bench) -> None:
     deps = bench.deps(golden(0.9))
-    exp = engine.create(deps, FP8, actor="u", approved_by="u", reason="t")
-    engine.advance(deps, exp)
+    exp = machine.create(deps, FP8, actor="u", approved_by="u", reason="t")
+    machine.advance(deps, exp)
     bench.server.down = True
-    engine.advance(deps, exp)
+    machine.advance(deps, exp)
     row = store.get_experiment(bench.db, exp)
     assert row.state == State.baseline and row.progress["unanswered_since"] == T0.timestamp()
     bench.later(GateSettings().gap_limit_s + 1)
-    row = engine.advance(deps, exp).row
+    row = machine.advance(deps, exp).row
     assert row.state == State.cancelled
     assert store.transitions(bench.db, exp)[-1].reason.startswith(
         "the server did not answer the golden prompts for 121 s (http://sglang.test/v1/"
@@ -209,14 +211,14 @@ def test_an_eval_command_decides_after_the_gates_keep(
         ("kv_cache_dtype",), EvalCommand((sys.executable, "-c", script), str(tmp_path), 60.0)
     )
     deps = bench.deps(check)
-    exp = engine.create(deps, FP8, actor="u", approved_by="u", reason="t")
-    engine.advance(deps, exp)
-    assert engine.advance(deps, exp).step == "choosebaseline"  # nothing to record before
+    exp = machine.create(deps, FP8, actor="u", approved_by="u", reason="t")
+    machine.advance(deps, exp)
+    assert machine.advance(deps, exp).step == "choosebaseline"  # nothing to record before
     judged_by_the_gate(bench, deps, exp)
-    assert engine.advance(deps, exp).row.state == State.checking_quality
-    assert engine.advance(deps, exp).step == "starteval"
+    assert machine.advance(deps, exp).row.state == State.checking_quality
+    assert machine.advance(deps, exp).step == "starteval"
     deadline = time.monotonic() + 60  # a real process: its end is waited for, not counted
-    while engine.advance(deps, exp).row.state == State.checking_quality:
+    while machine.advance(deps, exp).row.state == State.checking_quality:
         assert time.monotonic() < deadline, "the eval command never finished"
         time.sleep(0.02)
     row = store.get_experiment(bench.db, exp)

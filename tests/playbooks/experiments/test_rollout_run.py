@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from playbooks.experiments import holds
-from playbooks.experiments import machine as engine
+from playbooks.experiments import holds, machine
 from playbooks.experiments.restart_limits import RestartLimiter
 from playbooks.experiments.rollout import Plan, ServerPlan
 from playbooks.experiments.rollout_run import RolloutContext, advance_rollout
@@ -51,10 +50,10 @@ def test_a_held_rollout_step_expires_an_hour_after_it_started_on_the_wall_clock(
     assert proposals.get_proposal(db, exp.proposal_id).expires_at == WALL + timedelta(hours=1)
 
     # frozen: the step waits, its approval's end stored on the wall clock for the front ends
-    assert engine.advance(deps, exp_id).row.state == State.approved
+    assert machine.advance(deps, exp_id).row.state == State.approved
     stored = store.get_experiment(db, exp_id).progress
     assert stored[holds.APPROVAL_UNTIL] == (WALL + timedelta(hours=1)).timestamp()
     wall[0] = WALL + timedelta(minutes=59)
-    assert engine.advance(deps, exp_id).row.state == State.approved
+    assert machine.advance(deps, exp_id).row.state == State.approved
     wall[0] = WALL + timedelta(hours=1)  # the derived approval's end, still frozen
-    assert engine.advance(deps, exp_id).row.state == State.expired
+    assert machine.advance(deps, exp_id).row.state == State.expired

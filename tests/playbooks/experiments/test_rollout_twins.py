@@ -24,7 +24,7 @@ from bot.app.wiring import database, experiment_deps, make_clock
 from bot.app.wiring import launcher as wiring_launcher
 from bot.cli import main
 from playbooks.clock import Clock
-from playbooks.experiments import machine as engine
+from playbooks.experiments import machine
 from storage import audit
 from storage import experiments as store
 from storage import proposals as proposal_store
@@ -66,9 +66,9 @@ class Fleet:
         db = database(self.config)
         deps = experiment_deps(self.config, server, db, clock=self.clock)
         try:
-            exp = engine.create(deps, change, actor="cli:alice", approved_by="cli:alice",
+            exp = machine.create(deps, change, actor="cli:alice", approved_by="cli:alice",
                                 reason="test")  # fmt: skip
-            return engine.run(deps, exp)
+            return machine.run(deps, exp)
         finally:
             deps.client.close()
 

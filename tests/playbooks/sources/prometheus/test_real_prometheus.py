@@ -30,7 +30,7 @@ from playbooks.clock import Clock, ScaledClock
 from playbooks.engines.base import Metrics, Snapshot
 from playbooks.engines.sglang import ENGINE
 from playbooks.engines.sglang.client import SGLangClient, SGLangError
-from playbooks.experiments import machine as engine
+from playbooks.experiments import machine
 from playbooks.sources.metrics_source import SourcedClient
 from playbooks.sources.prometheus import PrometheusAPI, PrometheusMetrics, Timeline
 from storage import experiments as store
@@ -239,10 +239,10 @@ def test_the_gate_gives_the_same_verdict(stack: Stack) -> None:
         closing.callback(direct.client.close)
         closing.callback(direct.stop.set)  # runs first: the thread stops using the client
         direct.thread.start()
-        exp = engine.create(
+        exp = machine.create(
             deps, {"max_running_requests": 36}, actor="test", approved_by="test", reason="test"
         )
-        row = engine.run(deps, exp)
+        row = machine.run(deps, exp)
         moves = [f"{m.to_state}: {m.reason}" for m in store.transitions(db, exp)]
         assert row.state == State.kept, moves
         result = row.result or {}
