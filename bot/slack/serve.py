@@ -47,7 +47,6 @@ from playbooks.http import is_http_url
 from storage import audit
 
 log = logging.getLogger(__name__)
-EXPIRY_TICK_S = TICK_S
 # slack_sdk's Socket Mode client notices a connection cut without a close frame only after
 # five failed pings or four intervals without a pong (socket_mode/builtin/connection.py
 # `check_state`): at Bolt's default of 10 s the bot was deaf for about 50 s; at 2 s, about 10 s.
@@ -213,7 +212,7 @@ class Bot:
         *,
         progress_every_s: float = 10.0,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
-        tick_s: float = EXPIRY_TICK_S,
+        tick_s: float = TICK_S,
         slack_timeout_s: int = SLACK_TIMEOUT_S,
     ) -> None:
         require_access(config)
