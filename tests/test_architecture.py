@@ -12,6 +12,9 @@
 5. The chat core is transport-neutral: `bot/chat/` (and the reports it posts, `bot/reports/`)
    imports no front end (`bot.slack`, `bot.console`, `bot.cli`); a front end implements
    `bot.chat.surface.Surface` and renders `bot.chat.messages.Message` (ARCHITECTURE.md).
+6. Slack's ID syntax stays in `bot/slack/`: the chat core, the shared plumbing (the
+   configuration included) and the reports spell no Slack ID, mention or prefix test; they ask
+   the front end's `bot.chat.identity.Identity`.
 
 Imports inside functions (the lazy, heavy ones) count like any other.
 """
@@ -42,6 +45,15 @@ SLACK_FRONT_END = "bot/slack/"
 FRONT_ENDS = ("bot.slack", "bot.console", "bot.cli")
 TRANSPORT_NEUTRAL = ("bot/chat/", "bot/reports/")
 METRIC_PREFIX = re.compile(r"\b(sglang|vllm):[a-z_]")
+ID_NEUTRAL = ("bot/chat/", "bot/app/", "bot/reports/")
+SLACK_SYNTAX = re.compile(
+    r"<[@#]"  # a mention of a person or a channel
+    r"|<!(subteam|here|channel|everyone)"  # of a group, of everyone
+    r"|\[[UWSCGD]{2,}\]"  # a regex's class of Slack's prefixes, [UW]
+    r"|startswith\(\s*[\"'][UWSCGD][\"']"  # a prefix test, .startswith("S")
+    r"|[\"'](UWS|UW|CG)[\"']"  # a set of prefixes
+    r"|\b[UWSCGD]0[0-9A-Z]{4,}\b"  # an ID such as U0123ABCD
+)
 
 
 def imported_modules(tree: ast.AST) -> set[str]:
@@ -146,6 +158,17 @@ def engine_words(rel: str, text: str, words: dict[str, str]) -> list[str]:
     return bad
 
 
+def slack_syntax(rel: str, text: str) -> list[str]:
+    """Lines of the ID-neutral packages that spell Slack's ID syntax."""
+    if not rel.startswith(ID_NEUTRAL):
+        return []
+    return [
+        f"{rel}:{lineno} spells Slack's ID syntax (ask the front end's Identity): {line.strip()}"
+        for lineno, line in enumerate(text.splitlines(), 1)
+        if SLACK_SYNTAX.search(line)
+    ]
+
+
 # ----------------------------------------------------------------------------- the rules
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_imports_follow_the_layering(package: str) -> None:
@@ -174,6 +197,11 @@ def test_only_the_slack_front_end_imports_slack() -> None:
 
 def test_the_chat_core_imports_no_front_end() -> None:
     bad = [line for rel, text in all_product_files() for line in front_end_imports(rel, text)]
+    assert not bad, "\n".join(bad)
+
+
+def test_only_the_slack_front_end_spells_slack_ids() -> None:
+    bad = [line for rel, text in all_product_files() for line in slack_syntax(rel, text)]
     assert not bad, "\n".join(bad)
 
 
@@ -301,3 +329,33 @@ def test_a_front_end_imported_from_the_chat_core_is_caught(rel: str, source: str
 )
 def test_the_chat_core_and_front_ends_may_import_what_they_need(rel: str, source: str) -> None:
     assert not front_end_imports(rel, source)
+
+
+@pytest.mark.parametrize(
+    ("rel", "line"),
+    [
+        ("bot/chat/auth.py", '        if entry.startswith("S"):'),
+        ("bot/chat/auth.py", '    allowed = ", ".join(f"<#{c}>" for c in channels)'),
+        ("bot/chat/render.py", '    return f"<@{user}>"'),
+        ("bot/reports/report.py", '    text = f"<!subteam^{group}> the report"'),
+        ("bot/app/config/values.py", 'USER = re.compile(r"[UW][A-Z0-9]+")'),
+        ("bot/app/config/access.py", '    slack_ids(table, key, where, "UWS")'),
+        ("bot/app/config/access.py", "    'a Slack user ID like \"U0123ABCD\"'"),
+    ],
+)
+def test_slack_id_syntax_in_the_core_is_caught(rel: str, line: str) -> None:
+    assert slack_syntax(rel, f"x = 1\n{line}\n")
+
+
+@pytest.mark.parametrize(
+    ("rel", "line"),
+    [
+        ("bot/slack/identity.py", '        return channel.startswith("D")'),
+        ("bot/slack/blocks.py", '    return f"<@{user}>"'),
+        ("bot/chat/auth.py", "    return ids.is_private(where)"),
+        ("bot/chat/flow.py", '    """`[slack] channels` limits where commands are typed."""'),
+        ("bot/app/config/values.py", 'raise ConfigError(f"{where}: expected a list of IDs")'),
+    ],
+)
+def test_the_front_end_and_neutral_words_pass(rel: str, line: str) -> None:
+    assert not slack_syntax(rel, line)

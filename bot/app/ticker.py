@@ -51,11 +51,16 @@ class Carried:
     longest_step_s: float = 0.0  # wall seconds of the longest step so far (for benchmarks)
 
 
+class Stopped(Exception):
+    """The scheduler was shut down: it carries no new experiment (the next start resumes it)."""
+
+
 class Ticker:
     def __init__(self, clock: Clock, *, workers: int = 4) -> None:
         self.clock = clock
         self._carried: dict[int, Carried] = {}
         self._lock = threading.Lock()
+        self._stopped = False
         # Leases are renewed on a thread of their own: steps that wait on slow servers must
         # not delay a renewal past the lease's expiry (another process would take it over).
         # The waits are on the monotonic clock (bot.app.timers): a stepped system clock
@@ -76,6 +81,8 @@ class Ticker:
         """Advance `exp_id` from now on; `on_end(row, error)` is called once when it stops."""
         item = Carried(exp_id, deps, on_end)
         with self._lock:
+            if self._stopped:
+                raise Stopped(f"experiment {exp_id}: the scheduler has stopped")
             self._carried[exp_id] = item
         lease = deps.lease
         if lease is not None:  # the experiment's lease is renewed here, not by a thread of its own
@@ -101,6 +108,8 @@ class Ticker:
     def shutdown(self) -> None:
         """No step or renewal fires any more, and those running finish. What is still carried
         is left where it stands (persisted: the next start resumes it), and its waiters let go."""
+        with self._lock:
+            self._stopped = True
         self._timers.shutdown(wait=True)
         with self._lock:
             left = list(self._carried.values())

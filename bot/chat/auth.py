@@ -1,11 +1,12 @@
 """Who may do what, and where: the one place kvpilot decides it.
 
 Every command and button goes through `authorise` before anything runs, in Slack, the console
-and on the command line, all by the one `[access]` policy (`AccessPolicy`). Identities are Slack
-user IDs taken from the signed request (never names, never text from a message or a button);
-the terminal's identity is the local account (`console:NAME` in the console, `cli:NAME` on the
-command line, NAME from the process's uid, never from the environment), listed in `[access]` as
-`local:NAME`: one account is one person, whichever terminal front end it uses.
+and on the command line, all by the one `[access]` policy (`AccessPolicy`). Identities are the
+chat service's user IDs taken from the signed request (never names, never text from a message
+or a button); the terminal's identity is the local account (`console:NAME` in the console,
+`cli:NAME` on the command line, NAME from the process's uid, never from the environment),
+listed in `[access]` as `local:NAME`: one account is one person, whichever terminal front end
+it uses.
 
 When `[access]` names no local account, the terminal's accounts get every role: they already
 own the database and could run any kvpilot command. Once it names one, they get exactly the
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bot.app.config import LOCAL_PREFIX, AccessPolicy
+from bot.chat.identity import OPAQUE, Identity
 
 Action = Literal[
     "help",
@@ -48,7 +50,7 @@ LOCAL_PREFIXES = (CONSOLE_PREFIX, CLI_PREFIX)
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is asking, from where. `user` is a Slack user ID, `console:NAME` or `cli:NAME`."""
+    """Who is asking, from where. `user` is a chat user ID, `console:NAME` or `cli:NAME`."""
 
     user: str
     channel: str | None = None
@@ -80,18 +82,17 @@ FOUR_EYES = (
 )
 
 
-def _members(ids: tuple[str, ...], group_members: GroupMembers) -> frozenset[str]:
-    users: set[str] = set()
-    for entry in ids:
-        if entry.startswith("S"):
-            users |= group_members(entry)
-        else:
-            users.add(entry)
+def _members(entries: tuple[str, ...], group_members: GroupMembers) -> frozenset[str]:
+    """The people `entries` name: each entry, and the members of those that are groups (the
+    front end's `group_members` knows which are: it answers nobody for a person's ID)."""
+    users: set[str] = set(entries)
+    for entry in entries:
+        users |= group_members(entry)
     return frozenset(users)
 
 
 def _no_group(_group: str) -> frozenset[str]:
-    return frozenset()  # Slack user groups never hold a local account
+    return frozenset()  # a chat's user groups never hold a local account
 
 
 def _own(proposer: str | None, who: Principal) -> bool:
@@ -106,12 +107,14 @@ def authorise(
     group_members: GroupMembers,
     proposer: str | None = None,
     channels: tuple[str, ...] = (),
+    ids: Identity = OPAQUE,
 ) -> Decision:
     """Whether `who` may do `action` in their channel; the reason says why not, for them.
 
     `proposer` is the person who proposed the change being approved or rejected (four-eyes:
     the proposer cannot approve their own change, but may withdraw it by rejecting).
-    `channels` are Slack's (`[slack] channels`); the terminal is not a channel.
+    `channels` are the chat's (`[slack] channels`); the terminal is not a channel. `ids` is
+    the front end's identity part: which channels are private, how a channel is written.
     """
     if action not in ACTIONS:
         return Decision(False, f"unknown action {action!r}")
@@ -128,23 +131,24 @@ def authorise(
         )
     if action == "help":
         return ALLOW
-    if channels and who.channel not in channels and not _private(who, action):
-        allowed = ", ".join(f"<#{c}>" for c in channels)
+    if channels and who.channel not in channels and not _private(who, action, ids):
+        allowed = ", ".join(ids.channel_link(c) for c in channels)
         return Decision(False, f"kvpilot only works in {allowed}")
     return _by_role(policy, who, action, who.user, group_members, proposer)
 
 
-# Where only the person sees kvpilot: a direct message with the bot (Slack's "D..." channels)
-# and its App Home. Decisions may be made there (an approver's copy of a proposal, the Home
-# tab's buttons), by the same roles; `[slack] channels` limits where commands are typed.
+# Where only the person sees kvpilot: a direct message with the bot (the front end's
+# `Identity.is_private`) and its App Home. Decisions may be made there (an approver's copy of a
+# proposal, the Home tab's buttons), by the same roles; `[slack] channels` limits where
+# commands are typed.
 APP_HOME = "app_home"
 
 
-def _private(who: Principal, action: Action) -> bool:
+def _private(who: Principal, action: Action, ids: Identity) -> bool:
     """A button of kvpilot's own in a person's direct messages or Home tab (a typed command
     there is held to `[slack] channels` like any other)."""
     where = who.channel or ""
-    return who.button and action in DECIDING and (where == APP_HOME or where.startswith("D"))
+    return who.button and action in DECIDING and (where == APP_HOME or ids.is_private(where))
 
 
 def _by_role(
@@ -156,7 +160,7 @@ def _by_role(
     proposer: str | None,
 ) -> Decision:
     """The roles' table: anyone reads, operators act, approvers also decide (`entry` is how
-    `who` is spelled in `[access]`: a Slack user ID or `local:NAME`)."""
+    `who` is spelled in `[access]`: a chat user ID or `local:NAME`)."""
     if action in READ_ONLY:
         return ALLOW
     approvers = _members(policy.approvers, group_members)

@@ -35,6 +35,7 @@ from bot.chat.approvals import Approvals
 from bot.chat.auth import Action, Decision, GroupMembers, Principal, authorise
 from bot.chat.commands import Command, CommandError, parse_command
 from bot.chat.dispatch import DECIDED_AGAINST_PROPOSER, HANDLERS, Reply, Work
+from bot.chat.identity import OPAQUE, Identity
 from bot.chat.messages import Button, Message
 from bot.chat.render import mention
 from bot.chat.routing import drain_text
@@ -100,8 +101,10 @@ class Kvpilot(Approvals):
         report_hook: Callable[[Command, Principal, Surface], None] | None = None,
         status_hook: Callable[[], list[str]] | None = None,
         direct: Callable[[str], Surface | None] | None = None,
+        ids: Identity = OPAQUE,
     ) -> None:
         self.config = config
+        self.ids = ids  # the front end's identity part: its groups, private channels
         self.surface_for = surface_for
         # a person's direct messages with the bot (None where the front end has none)
         self.direct: Callable[[str], Surface | None] = direct or (lambda _user: None)
@@ -193,6 +196,7 @@ class Kvpilot(Approvals):
             group_members=self.group_members,
             proposer=proposer,
             channels=self.config.channels,
+            ids=self.ids,
         )
 
     def _check(

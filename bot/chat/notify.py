@@ -30,7 +30,7 @@ DM_ROLE = "approval-dm:"
 
 
 def _entries(bot: Kvpilot) -> list[str]:
-    """The approvers as Slack names them: users and user groups (local accounts have no
+    """The approvers as the chat names them: users and user groups (local accounts have no
     chat to be reached in)."""
     policy = bot.config.access
     if policy is None:
@@ -41,7 +41,7 @@ def _entries(bot: Kvpilot) -> list[str]:
 def _people(bot: Kvpilot, proposer: str) -> list[str]:
     people: list[str] = []
     for entry in _entries(bot):
-        members = sorted(bot.group_members(entry)) if entry.startswith("S") else [entry]
+        members = sorted(bot.group_members(entry)) if bot.ids.is_group(entry) else [entry]
         people += [m for m in members if m not in people and m != proposer]
     return people
 

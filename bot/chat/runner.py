@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sqlite_utils import Database
 
 from bot.app.config import Config
-from bot.app.ticker import Ticker
+from bot.app.ticker import Stopped, Ticker
 from bot.app.wiring import experiment_deps
 from bot.chat.held import held_facts
 from bot.chat.messages import Message
@@ -87,8 +87,12 @@ class ExperimentRunner:
 
     @property
     def ticker(self) -> Ticker:
+        """The scheduler, started at first use; never once the runner stops (an experiment
+        still being started then would run on a second scheduler nothing stops)."""
         with self._lock:
             if self._ticker is None:
+                if self.stopping.is_set():
+                    raise Stopped("the runner has stopped: no scheduler is started")
                 self._ticker = Ticker(self.clock)
             return self._ticker
 
@@ -132,6 +136,9 @@ class ExperimentRunner:
             return
         try:
             self._carry(exp_id, thread, lease, resume)
+        except Stopped:  # the bot stopped while it started: the next start resumes it
+            log.info("experiment %s not started: kvpilot is stopping", exp_id)
+            lease.release()
         except Exception:  # keep the bot alive; the state machine is persisted
             log.exception("experiment %s could not be started", exp_id)
             lease.release()
@@ -154,7 +161,8 @@ class ExperimentRunner:
     def shutdown(self, *, grace_s: float = 10.0, why: str = "") -> list[dict[str, Any]]:
         """Stop carrying experiments (SIGTERM): each stops at its next step, within `grace_s`
         (a step is short); where each was left is audited. The next start resumes them."""
-        self.stopping.set()
+        with self._lock:  # after this, `ticker` starts no scheduler (see there)
+            self.stopping.set()
         carried = self.running()
         deadline = time.monotonic() + grace_s
         for exp_id in carried:
@@ -249,7 +257,7 @@ class ExperimentRunner:
                 lease.release()
                 deps.client.close()
 
-        self.ticker.carry(exp_id, deps, ended)
+        _hand_over(self.ticker, exp_id, deps, ended)
 
     def _ended(
         self,
@@ -407,3 +415,17 @@ class ExperimentRunner:
         return verdict_chart(
             samples, row.result or {}, title=f"Experiment {row.id} on {row.server}"
         )
+
+
+def _hand_over(
+    ticker: Ticker,
+    exp_id: int,
+    deps: engine.Deps,
+    ended: Callable[[store.ExperimentRow | None, BaseException | None], None],
+) -> None:
+    """The experiment to the scheduler; its client closed if the scheduler has stopped."""
+    try:
+        ticker.carry(exp_id, deps, ended)
+    except Stopped:
+        deps.client.close()
+        raise

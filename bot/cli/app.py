@@ -350,13 +350,14 @@ def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """`serve` and `console`: configuration and settings errors are one clear line each."""
     from bot.app import logs  # noqa: PLC0415 - keeps `diagnose` light
     from bot.app.config import ConfigError, announce, load, warn_to  # noqa: PLC0415
+    from bot.cli.chat import CHAT_IDS  # noqa: PLC0415
     from bot.cli.doctor import checks_of  # noqa: PLC0415
     from bot.console import terminal as console  # noqa: PLC0415 - keeps `diagnose` light
     from bot.slack import serve  # noqa: PLC0415 - keeps `diagnose` light
     from storage.errors import StorageError  # noqa: PLC0415
 
     try:
-        config = load(ns.config)
+        config = load(ns.config, ids=CHAT_IDS)
         if ns.command == "console":
             announce(config, warn_to(err))
             return console.main(config, ns.commands, auto=ns.yes, out=out, err=err)
@@ -478,6 +479,7 @@ def configured_members(
         launch_args_of,
         make_clock,
     )
+    from bot.cli.chat import CHAT_IDS  # noqa: PLC0415
     from playbooks.diagnose.fleet import Member  # noqa: PLC0415
 
     per_server = [
@@ -506,7 +508,7 @@ def configured_members(
             min_window_s=min(180.0, ns.max_window),
             fixed_window_s=ns.window,
         )
-        config = load(ns.config, warn=warn_to(err))
+        config = load(ns.config, warn=warn_to(err), ids=CHAT_IDS)
         if ns.group is not None:
             group, servers = config.group_servers(ns.group)
             name = group.name

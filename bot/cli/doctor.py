@@ -25,6 +25,7 @@ from bot.app.checks import Check
 from bot.app.config import ConfigError, load
 from bot.app.config.loading import Config
 from bot.app.config.servers import ServerConfig
+from bot.cli.chat import CHAT_IDS
 from playbooks.clock import WallClock
 from playbooks.launchers.base import LaunchError
 from playbooks.launchers.common import writable_ancestor
@@ -33,7 +34,7 @@ from playbooks.launchers.common import writable_ancestor
 def run_checks(config_path: str | None, env: Mapping[str, str]) -> Iterator[Check]:
     """Every check in order; a configuration that does not load ends the list."""
     try:
-        config = load(config_path)
+        config = load(config_path, ids=CHAT_IDS)
     except ConfigError as exc:
         yield Check(
             "config", False, str(exc), "edit the key named above (docs/configuration.md)", True

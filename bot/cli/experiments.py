@@ -30,6 +30,7 @@ from bot.chat.flow import rules_to_judge
 from bot.chat.render import change_text
 from bot.chat.surface import LOCAL_CHANNEL
 from bot.cli import access, exit_codes
+from bot.cli.chat import CHAT_IDS
 from bot.cli.experiment_summary import cmd_list, cmd_show, report
 from playbooks.campaigns import after
 from playbooks.clock import Clock
@@ -63,7 +64,7 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
         err.write(f"error: name an action: `{ACTIONS_USAGE}`\n")
         return EXIT_USAGE
     try:
-        config = load(ns.config)
+        config = load(ns.config, ids=CHAT_IDS)
         # the scheduler's threads take the steps of a foreground experiment on this connection
         db = database(config, any_thread=True)
     except (ConfigError, StorageError) as exc:
@@ -409,14 +410,14 @@ def _terminal_bot(config: Config, clock: Clock, err: TextIO) -> tuple[Any, Any]:
     from bot.console.terminal import ConsoleSurface  # noqa: PLC0415 - only the four-eyes path needs it
 
     surface = ConsoleSurface(err, Path(config.state_dir) / "charts")
-    kv = Kvpilot(
+    flow = Kvpilot(
         config,
         lambda: database(config),
         clock=clock,
         group_members=lambda _group: frozenset(),
         surface_for=lambda _channel: surface,
     )
-    return kv, surface
+    return flow, surface
 
 
 def _who_may_approve(config: Config, proposal_id: int, proposer: str) -> str:
@@ -439,16 +440,16 @@ def propose_for_approval(
     err: TextIO,
 ) -> int:
     """Four-eyes: record the change as a proposal; its proposer may not approve it."""
-    kv, surface = _terminal_bot(config, clock, err)
+    flow, surface = _terminal_bot(config, clock, err)
     try:
         principal = Principal(who, LOCAL_CHANNEL)
-        proposal_id = kv.propose(principal, surface, ns.server, change, force=ns.force)
+        proposal_id = flow.propose(principal, surface, ns.server, change, force=ns.force)
         if proposal_id is None:
             return EXIT_USAGE  # refused; the surface said why
         reason = "four-eyes is on: the person who proposed a change cannot approve it"
-        kv.deny(principal, "approve", reason, server=ns.server, proposal_id=proposal_id)
+        flow.deny(principal, "approve", reason, server=ns.server, proposal_id=proposal_id)
     finally:
-        kv.close()
+        flow.close()
     err.write(
         f"{reason}. Proposal {proposal_id} is recorded; nothing was changed. "
         f"{_who_may_approve(config, proposal_id, who).capitalize()}.\n"
@@ -488,10 +489,10 @@ def cmd_decide(
             return refused
     who = terminal_actor()
     earlier = proposal_store.approvals(db, proposal.id)
-    kv, surface = _terminal_bot(config, clock, err)
+    flow, surface = _terminal_bot(config, clock, err)
     refusals: list[Refusal] = []
     try:
-        exp_id = kv.decide(
+        exp_id = flow.decide(
             Principal(who, LOCAL_CHANNEL),
             surface,
             proposal.id,
@@ -502,7 +503,7 @@ def cmd_decide(
             refused=refusals.append,
         )
     finally:
-        kv.close()
+        flow.close()
     if refusals and refusals[0].reason is Reason.NOTHING_TO_CHANGE:
         return exit_codes.NOTHING_TO_CHANGE  # printed; the proposal is closed
     if earlier or not proposal_store.approvals(db, proposal.id):

@@ -75,13 +75,14 @@ def _until(text: str | None, zone: zoneinfo.ZoneInfo, fallback: datetime) -> dat
 def cmd_report(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from bot.app.config import ConfigError, load, warn_to  # noqa: PLC0415 - see the module docstring
     from bot.app.wiring import database, engine_of, make_clock  # noqa: PLC0415
+    from bot.cli.chat import CHAT_IDS  # noqa: PLC0415
     from bot.reports.report import render_chart, render_text  # noqa: PLC0415
     from playbooks.reports.throughput import build_report, parse_window  # noqa: PLC0415
     from storage.errors import StorageError  # noqa: PLC0415
     from storage.metric_samples import sampled_servers  # noqa: PLC0415
 
     try:
-        config = load(ns.config, warn=warn_to(err))
+        config = load(ns.config, warn=warn_to(err), ids=CHAT_IDS)
         db = database(config)
     except (ConfigError, StorageError) as exc:
         err.write(f"error: {exc}\n")

@@ -32,6 +32,7 @@ from bot.chat.render import change_text
 from bot.chat.rollout import offer
 from bot.chat.surface import LOCAL_CHANNEL
 from bot.cli import exit_codes
+from bot.cli.chat import CHAT_IDS
 from playbooks.clock import Clock
 from playbooks.engines.base import EngineError
 from playbooks.experiments import lifecycle
@@ -48,7 +49,7 @@ from storage.errors import NotFound, StorageError
 
 def cmd_rollout(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
     try:
-        config = load(ns.config, warn=warn_to(err))
+        config = load(ns.config, warn=warn_to(err), ids=CHAT_IDS)
         db = database(config, any_thread=True)
     except (ConfigError, StorageError) as exc:
         err.write(f"error: {exc}\n")

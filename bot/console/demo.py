@@ -173,7 +173,6 @@ def run(
         console.loop([f"report incident --since {minutes}m", "history"])
     finally:
         console.stop_background()
-        console.kv.close()
         kvpilot(["server", "stop", "--server", "incident", "--config", str(path)], out, err)
     charts = sorted(str(p) for p in console.surface.saved)
     banner(out, f"Done in {time.monotonic() - started:.0f} s")

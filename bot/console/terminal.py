@@ -18,25 +18,20 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TextIO
 
-from sqlite_utils import Database
-
 from bot.app.config import Config
 from bot.app.identity import os_user
-from bot.app.wiring import engine_of, make_clock
+from bot.app.runtime import Runtime
 from bot.chat.auth import CONSOLE_PREFIX, Principal
 from bot.chat.campaign import KVPILOT
-from bot.chat.flow import Kvpilot
 from bot.chat.messages import Button, Message
 from bot.chat.surface import LOCAL_CHANNEL
 from bot.chat.views import APPROVE, PROPOSE_OPTION
 from bot.cli import exit_codes
+from bot.console.identity import TERMINAL
 from bot.console.text import plain, terminal_text
-from bot.reports.hook import make_report_hook
-from bot.reports.sampler import Sampler
 from storage import chat
 from storage import proposals as proposal_store
 from storage.chat import MessageRef
-from storage.db import open_db
 from storage.errors import NotFound
 
 CHANNEL = LOCAL_CHANNEL
@@ -106,6 +101,17 @@ class ConsoleSurface:
 
 
 class Console:
+    """The terminal front end: one person's command loop over the shared `Runtime`.
+
+    It differs from a chat service's front end where a foreground session must: the runtime
+    runs without the deployment's duties (`duties=False`: scheduled reports, owed verdicts,
+    proposal expiry, reminders and alerts speak in the chat's channels, and one claimed here
+    would be marked sent into a terminal nobody else reads); experiments it resumes or starts
+    are waited for, since each command runs in the foreground; Ctrl-C aborts them, each
+    reverting its server, instead of leaving them for a next start (`interrupt`); and its end
+    waits for its work (`Runtime.close`) rather than abandoning it (`Runtime.stop`).
+    """
+
     def __init__(
         self,
         config: Config,
@@ -128,43 +134,39 @@ class Console:
         name = user or os_user()
         self.who = Principal(CONSOLE_PREFIX + name, CHANNEL)
         self.surface = ConsoleSurface(out, Path(config.state_dir) / "charts")
-        self.clock = make_clock(config, open_db(config.database))  # this process's one clock
-        self.sampler = Sampler(config, open_db(config.database), self.clock)
-        self.kv = Kvpilot(
+        self.runtime = Runtime(
             config,
-            lambda: open_db(config.database),
-            clock=self.clock,
-            group_members=lambda _group: frozenset(),
             surface_for=lambda _channel: self.surface,
+            ids=TERMINAL,
+            duties=False,
             progress_every_s=2.0,
-            report_hook=make_report_hook(
-                self._db, self.clock.utcnow, lambda name: engine_of(config, name)
-            ),
-            status_hook=self.sampler.describe,
         )
-
-    def _db(self) -> Database:
-        return self.kv.db()
+        self.clock = self.runtime.clock
+        self.flow = self.runtime.flow
 
     def start_background(self) -> None:
-        """Sample the servers while the console runs (the reports are built from this)."""
-        self.sampler.start()
+        """Resume what a previous kvpilot left running (waited for: see the class) and sample
+        the servers while the console runs (the reports are built from this)."""
+        resumed = self.runtime.start()
+        if resumed:
+            self.say(f"resumed experiment(s) {resumed} left running by a previous kvpilot")
+            self.flow.runner.join()
 
     def stop_background(self) -> None:
-        self.sampler.stop()
+        self.runtime.close()
 
     def say(self, text: str) -> None:
         self.out.write(text + "\n")
         self.out.flush()
 
     def run_command(self, line: str) -> None:
-        reply = self.kv.command(self.who, line.removeprefix("/kvpilot").strip())
+        reply = self.flow.command(self.who, line.removeprefix("/kvpilot").strip())
         if reply.now is not None:
             self.say(terminal_text(reply.now))
         if reply.work is not None:
             reply.work(self.surface)
         self.handle_buttons()
-        self.kv.runner.join()
+        self.flow.runner.join()
 
     def interrupt(self, name: str) -> None:
         """Ctrl-C or SIGTERM: abort the experiments running here (each reverts its server) and
@@ -179,14 +181,14 @@ class Console:
 
         previous = {sig: signal.signal(sig, still) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            for exp_id in self.kv.runner.running():
+            for exp_id in self.flow.runner.running():
                 self.err.write(
                     f"\n{name}: aborting experiment {exp_id}: the server is put back on its "
                     "last-known-good configuration (a second Ctrl-C does not stop that).\n"
                 )
                 self.err.flush()
-                self.kv.runner.abort(exp_id, actor=self.who.user)
-            self.kv.runner.join()
+                self.flow.runner.abort(exp_id, actor=self.who.user)
+            self.flow.runner.join()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -206,7 +208,7 @@ class Console:
             if chosen is None:
                 return
             message_id, button = chosen
-            reply = self.kv.action(
+            reply = self.flow.action(
                 self.who, button.action_id, button.value, MessageRef(CHANNEL, message_id)
             )
             if reply.now is not None:
@@ -239,7 +241,7 @@ class Console:
 
     def _proposed_by_kvpilot(self, value: str) -> bool:
         try:
-            row = proposal_store.get_proposal(self.kv.db(), int(value.partition(":")[0]))
+            row = proposal_store.get_proposal(self.flow.db(), int(value.partition(":")[0]))
         except (ValueError, NotFound):
             return False
         return row.created_by == KVPILOT
@@ -247,7 +249,7 @@ class Console:
     def _recommended(self, value: str) -> bool:
         diag_id, _, index = value.partition(":")
         try:
-            finding = chat.get_diagnosis(self.kv.db(), int(diag_id)).finding
+            finding = chat.get_diagnosis(self.flow.db(), int(diag_id)).finding
             return bool(finding["options"][int(index)]["verdict"] == "recommended")
         except (NotFound, ValueError, IndexError, KeyError):
             return False
@@ -270,10 +272,6 @@ class Console:
         return message_id, b
 
     def loop(self, commands: Iterable[str]) -> None:
-        resumed = self.kv.runner.resume_all()
-        if resumed:
-            self.say(f"resumed experiment(s) {resumed} left running by a previous kvpilot")
-            self.kv.runner.join()
         for line in commands:
             if self.refused:  # later commands may build on the choice that was not made
                 return
@@ -312,9 +310,9 @@ def main(
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)
-    console.start_background()
-    code = EXIT_REFUSED if console.refused else 0
+    code = 0
     try:
+        console.start_background()
         console.loop(commands)
         code = EXIT_REFUSED if console.refused else 0
     except KeyboardInterrupt:
@@ -323,5 +321,4 @@ def main(
     finally:
         signal.signal(signal.SIGTERM, previous)
         console.stop_background()
-        console.kv.close()
     return code

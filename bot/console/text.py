@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 
 from bot.chat.messages import Message
-from bot.chat.render import is_terminal_user, spell_mentions
+from bot.chat.render import spell_mentions
+from bot.console.identity import TERMINAL
 
 EMOJI = {
     ":white_check_mark:": "✅",
@@ -38,8 +39,8 @@ EMOJI = {
 
 
 def spell(user: str) -> str:
-    """A person as the terminal shows them."""
-    return user if is_terminal_user(user) else "@" + user
+    """A person as the terminal shows them (`bot.console.identity`)."""
+    return TERMINAL.mention(user)
 
 
 def plain(text: str) -> str:

@@ -26,6 +26,7 @@ from bot.chat.home import home_messages
 from bot.chat.surface import Surface
 from bot.slack.blocks import blocks, fallback_text
 from bot.slack.home import publish_home
+from bot.slack.identity import SLACK
 from bot.slack.surface import SlackSurface
 from storage.chat import MessageRef
 
@@ -44,6 +45,8 @@ class GroupDirectory:
         self._lock = threading.Lock()
 
     def __call__(self, group: str) -> frozenset[str]:
+        if not SLACK.is_group(group):
+            return frozenset()  # a person's ID: no call to Slack
         with self._lock:
             hit = self._cache.get(group)
             if hit and time.monotonic() - hit[0] < self.ttl_s:
@@ -77,7 +80,7 @@ def quiet_bolt() -> None:
 
 
 def build_app(
-    kv: Kvpilot,
+    flow: Kvpilot,
     client: WebClient,
     *,
     signing_secret: str | None,
@@ -99,65 +102,65 @@ def build_app(
         if not who.user or not who.channel:
             ack(text="kvpilot could not tell who or where you are; try again from a channel.")
             return
-        reply = kv.command(who, str(command.get("text", "")))
+        reply = flow.command(who, str(command.get("text", "")))
         if reply.now is not None:
             ack(text=fallback_text(reply.now), blocks=blocks(reply.now), response_type="ephemeral")
         else:
             ack()
         if reply.work is not None:
             asked = f"{COMMAND} {command.get('text', '')}".strip()
-            kv.submit(reply.work, SlackSurface(client, who.channel), tell_failure(respond, asked))
+            flow.submit(reply.work, SlackSurface(client, who.channel), tell_failure(respond, asked))
 
     @app.action(re.compile(r"^kvpilot\..+"))
     def on_action(
         ack: Ack, body: dict[str, Any], action: dict[str, Any], client: WebClient, respond: Respond
     ) -> None:
         ack()
-        on_button(kv, body, action, client, respond)
+        on_button(flow, body, action, client, respond)
 
     @app.event("app_home_opened")
     def on_home_opened(event: dict[str, Any], client: WebClient) -> None:
         user = str(event.get("user", ""))
         if user and event.get("tab", "home") == "home":
             # Bolt runs this after acknowledging the event: a few reads and one call
-            publish_home(client, user, home_messages(kv))
+            publish_home(client, user, home_messages(flow))
 
     return app
 
 
 def on_button(
-    kv: Kvpilot, body: dict[str, Any], action: dict[str, Any], client: WebClient, respond: Respond
+    flow: Kvpilot, body: dict[str, Any], action: dict[str, Any], client: WebClient, respond: Respond
 ) -> None:
     """A click on one of kvpilot's buttons, in a message or on the Home tab."""
     user = str((body.get("user") or {}).get("id", ""))
     channel = str((body.get("channel") or {}).get("id", ""))
     message = body.get("message") or {}
     if user and (body.get("container") or {}).get("type") == "view":
-        on_home_action(kv, client, user, action)
+        on_home_action(flow, client, user, action)
         return
     if not user or not channel:
         log.warning("button payload without user or channel ignored")
         return
     ref = MessageRef(channel, str(message["ts"])) if message.get("ts") else None
     who = Principal(user, channel, button=True)
-    reply = kv.action(who, str(action.get("action_id", "")), str(action.get("value", "")), ref)
+    reply = flow.action(who, str(action.get("action_id", "")), str(action.get("value", "")), ref)
     surface = SlackSurface(client, channel)
     if reply.now is not None:
         surface.whisper(who, reply.now)
     if reply.work is not None:
-        kv.submit(reply.work, surface, tell_failure(respond, "that button"))
+        flow.submit(reply.work, surface, tell_failure(respond, "that button"))
 
 
-def on_home_action(kv: Kvpilot, client: WebClient, user: str, action: dict[str, Any]) -> None:
+def on_home_action(flow: Kvpilot, client: WebClient, user: str, action: dict[str, Any]) -> None:
     """A button of the Home tab: decided as the same button in a channel (the proposal's own
     message is stamped, its thread carries the experiment), answered in the person's direct
     messages, and the tab shown again afterwards."""
-    surface = kv.direct(user)
+    surface = flow.direct(user)
     if surface is None:
         log.warning("no direct message channel with %s; their Home tab click is dropped", user)
         return
     who = Principal(user, APP_HOME, button=True)
-    reply = kv.action(who, str(action.get("action_id", "")), str(action.get("value", "")), None)
+    reply = flow.action(who, str(action.get("action_id", "")), str(action.get("value", "")), None)
     if reply.now is not None:
         surface.whisper(who, reply.now)
     work = reply.work
@@ -167,9 +170,9 @@ def on_home_action(kv: Kvpilot, client: WebClient, user: str, action: dict[str, 
             if work is not None:
                 work(s)
         finally:
-            publish_home(client, user, home_messages(kv))
+            publish_home(client, user, home_messages(flow))
 
-    kv.submit(then, surface)
+    flow.submit(then, surface)
 
 
 def tell_failure(respond: Respond, asked: str) -> Any:

@@ -24,7 +24,8 @@ from slack_sdk.models.blocks import (
 )
 
 from bot.chat.messages import Button, Divider, Fields, Header, Message, Part, Section, SmallPrint
-from bot.chat.render import is_terminal_user, spell_mentions
+from bot.chat.render import spell_mentions
+from bot.slack.identity import SLACK
 
 SECTION_LIMIT = 3000
 HEADER_LIMIT = 150
@@ -37,11 +38,8 @@ SHORTENED = "(shortened; the rest is in the log)"
 
 
 def spell(user: str) -> str:
-    """A person as Slack shows them: `<@U123>`, a user group `<!subteam^S123>` (which notifies
-    its members); a terminal's user by name."""
-    if is_terminal_user(user):
-        return user
-    return f"<!subteam^{user}>" if user.startswith("S") else f"<@{user}>"
+    """A person as Slack shows them (`bot.slack.identity`)."""
+    return SLACK.mention(user)
 
 
 def slack_text(text: str) -> str:

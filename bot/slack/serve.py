@@ -19,7 +19,6 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -29,34 +28,25 @@ from slack_bolt.adapter.socket_mode import SocketModeHandler
 from slack_bolt.adapter.starlette.handler import to_bolt_request, to_starlette_response
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
-from sqlite_utils import Database
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from bot.app import health, telemetry
+from bot.app import telemetry
 from bot.app.checks import Check
 from bot.app.config import Config
-from bot.app.wiring import engine_of, make_clock
-from bot.chat import notify
-from bot.chat.flow import Kvpilot
-from bot.reports.hook import make_report_hook
-from bot.reports.sampler import Sampler
-from bot.reports.schedule import ReportScheduler
+from bot.app.runtime import TICK_S, Runtime
 from bot.slack.app import GroupDirectory, build_app
+from bot.slack.identity import SLACK
 from bot.slack.link import SlackLink
 from bot.slack.shapes import body_problem
 from bot.slack.surface import SlackSurface, refusal, web_client
 from playbooks.http import is_http_url
 from storage import audit
-from storage.db import open_db
-from storage.experiments import count_by_state
-from storage.report_runs import last_sent
 
 log = logging.getLogger(__name__)
-EXPIRY_TICK_S = 30.0
 # slack_sdk's Socket Mode client notices a connection cut without a close frame only after
 # five failed pings or four intervals without a pong (socket_mode/builtin/connection.py
 # `check_state`): at Bolt's default of 10 s the bot was deaf for about 50 s; at 2 s, about 10 s.
@@ -211,7 +201,9 @@ def require_access(config: Config) -> None:
 
 
 class Bot:
-    """The running bot: the Bolt app, kvpilot's flow, and its background duties."""
+    """The Slack front end of a running bot: the Web API client, the Bolt app, Socket Mode or
+    HTTP, and Slack's part of health and telemetry. The process itself (clock, chat flow,
+    sampler, schedules, experiments, the stop) is the `Runtime` it builds."""
 
     def __init__(
         self,
@@ -220,52 +212,37 @@ class Bot:
         *,
         progress_every_s: float = 10.0,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
-        tick_s: float = EXPIRY_TICK_S,
+        tick_s: float = TICK_S,
         slack_timeout_s: int = SLACK_TIMEOUT_S,
     ) -> None:
         require_access(config)
         self.config = config
         self.settings = settings
-        self.tick_s = tick_s
         self.slack_errors = telemetry.Tally()
         self.client = web_client(
             settings.bot_token, settings.api_url, timeout=slack_timeout_s, errors=self.slack_errors
         )
         self.slack = SlackLink(self.client, lambda: self.socket.client if self.socket else None)
         self._dms: dict[str, str] = {}
-        self.groups = GroupDirectory(self.client)
-        self.clock = make_clock(config, open_db(config.database))  # this process's one clock
-        self.sampler = Sampler(config, open_db(config.database), self.clock)
-        self.scheduler = ReportScheduler(
-            config, open_db(config.database), surface_for=self.surface_for
-        )
-        self.kv = Kvpilot(
+        self.runtime = Runtime(
             config,
-            lambda: open_db(config.database),
-            clock=self.clock,
-            group_members=self.groups,
             surface_for=self.surface_for,
+            ids=SLACK,
+            group_members=GroupDirectory(self.client),
+            direct=self.direct,
             progress_every_s=progress_every_s,
             now=now,
-            report_hook=make_report_hook(
-                self._db, self.clock.utcnow, lambda name: engine_of(self.config, name)
-            ),
-            status_hook=lambda: self.sampler.describe() + self.scheduler.describe(),
-            direct=self.direct,
+            tick_s=tick_s,
+            heartbeat=self.slack.maybe_check,
         )
+        self.flow = self.runtime.flow  # the conversation: commands, buttons, experiments
         self.app: App = build_app(
-            self.kv,
+            self.flow,
             self.client,
             signing_secret=settings.signing_secret,
             socket_mode=settings.socket_mode,
         )
-        self._stop = threading.Event()
-        self._ticker: threading.Thread | None = None
         self.socket: SocketModeHandler | None = None
-        self.started_at = datetime.now(UTC)
-
-    def _db(self) -> Database:
-        return self.kv.db()
 
     def surface_for(self, channel: str) -> SlackSurface:
         return SlackSurface(self.client, channel)
@@ -283,92 +260,27 @@ class Bot:
             self._dms[user] = channel
         return SlackSurface(self.client, channel)
 
-    # ------------------------------------------------------------------ background
     def start_background(self) -> None:
-        resumed = self.kv.runner.resume_all()
-        if resumed:
-            log.info("resumed experiments %s", resumed)
-        self.sampler.start()
-        for result in self.scheduler.start():  # reports missed while the bot was down
-            log.info("report %s for %s: %s", result.report, result.scheduled_for, result.status)
-        self._ticker = threading.Thread(target=self._tick_loop, name="kvpilot-tick", daemon=True)
-        self._ticker.start()
-
-    def _tick_loop(self) -> None:
-        """Proposals expire, and verdicts Slack refused when they were due are posted; the
-        first pass at once (a verdict owed from before a restart goes out at start)."""
-        while True:
-            self.slack.maybe_check()
-            try:
-                self.kv.runner.deliver_owed_verdicts()
-            except Exception as exc:
-                log.warning("posting owed verdicts failed: %s", exc)
-            if self._stop.wait(self.tick_s):
-                return
-            for job, what in (
-                (lambda: self.kv.expire_proposals(self.surface_for), "expiring proposals"),
-                (lambda: notify.remind(self.kv), "reminding approvers"),
-                (self.kv.alerts.maybe_evaluate, "judging alerts"),
-            ):
-                try:
-                    job()
-                except Exception:  # each job on its own: one failing must not stop the rest
-                    log.exception("%s failed", what)
+        self.runtime.start()
 
     def stop(self, why: str = "") -> None:
-        """Stop starting work, let running experiments stop at their next check (where each
-        was left is audited; the next start resumes them), then stop the rest."""
-        self._stop.set()
-        for left in self.kv.runner.shutdown(grace_s=STOP_GRACE_S, why=why):
-            log.info(
-                "experiment %s on %s left in %s%s; the next start resumes it",
-                left["id"],
-                left["server"],
-                left["state"],
-                "" if left["stopped"] else " (inside a restart)",
-            )
-        self.sampler.stop()
-        self.scheduler.shutdown(wait=False)
+        """The runtime's stop, then Slack's connection and Bolt's listener threads."""
+        self.runtime.stop(why)
         if self.socket is not None:
             self.socket.close()  # type: ignore[no-untyped-call]
-        self.kv.work.shutdown(wait=False, cancel_futures=True)
         # Bolt's listeners: idle threads that would otherwise outlive the bot
         executor = self.app.listener_runner.listener_executor
         executor.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ transports
     def health(self) -> tuple[int, dict[str, Any]]:
-        """/healthz: 200 when Slack answers, the database takes writes and the sampler keeps
-        sampling; else 503 with the failing parts' reasons (`bot.app.health`)."""
-        status, body = health.verdict(
-            [
-                self.slack.part(),
-                health.database(Path(self.config.database)),
-                health.sampler(self.sampler.health_view()),
-            ]
+        """/healthz: Slack's part beside the runtime's (`Runtime.health`)."""
+        return self.runtime.health(
+            self.slack.part(), mode="socket" if self.settings.socket_mode else "http"
         )
-        body.update(
-            mode="socket" if self.settings.socket_mode else "http",
-            started_at=self.started_at.isoformat(timespec="seconds"),
-            experiments_running=self.kv.runner.busy(),
-        )
-        return status, body
 
     def metrics_registry(self) -> CollectorRegistry:
-        return telemetry.registry(
-            telemetry.Sources(
-                experiments=lambda: count_by_state(self._db()),
-                sampler_lag=self.sampler.lag_s,
-                sampler_failures=lambda: {n: s.failures for n, s in self.sampler.states.items()},
-                slack_errors=self.slack_errors,
-                slack_connected=self.slack.connected,
-                reports_sent=lambda: {
-                    name: at.timestamp() for name, at in last_sent(self._db()).items()
-                },
-                scheduler_jobs=self.scheduler.jobs,
-                alerts=self.kv.alerts.sent,
-            )
-        )
+        return self.runtime.metrics_registry(self.slack_errors, self.slack.connected)
 
     def http_app(self) -> Starlette:
         """/slack/events for Slack (signature-checked), /healthz and /metrics for the operator."""
@@ -416,7 +328,7 @@ class Bot:
 
     def _audit_rejected(self, path: str) -> None:
         audit.record(
-            self.kv.db(),
+            self.flow.db(),
             audit.RequestRejected(
                 actor="unknown",
                 created=datetime.now(UTC),
@@ -434,10 +346,6 @@ class Bot:
         self.socket.connect()  # type: ignore[no-untyped-call]
 
 
-# How long a stopping bot waits for its experiments to reach a check (a scrape, at most
-# `scrape_s` away); one inside a restart is left to the next start. Inside the 30 s
-# TimeoutStopSec of deploy/systemd/kvpilot.service.
-STOP_GRACE_S = 20.0
 WORK_GRACE_S = 10.0  # what the chat's requests get to finish after a stop
 
 
@@ -495,7 +403,7 @@ def run(
     if server is not None:
         server.should_exit = True
     bot.stop(why)
-    left = bot.kv.in_flight(wait_s=WORK_GRACE_S)
+    left = bot.runtime.in_flight(wait_s=WORK_GRACE_S)
     if left:
         # A diagnosis measures for minutes and the work pool's threads would hold the exit
         # until it ends (systemd's stop timeout would SIGKILL first). What they do changes no

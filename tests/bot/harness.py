@@ -281,7 +281,7 @@ def running_bot(
         yield bot, SlackDriver(f"http://127.0.0.1:{port}/slack/events", slack)
     finally:
         bot.stop()
-        bot.kv.runner.join(60)
+        bot.flow.runner.join(60)
         server.should_exit = True
         thread.join(10)
         left_running(before, "the stopped bot")

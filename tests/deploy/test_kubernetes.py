@@ -25,8 +25,9 @@ import yaml
 
 from bot.app import health
 from bot.app.config import Config, parse
+from bot.app.runtime import STOP_GRACE_S
 from bot.cli import build_parser
-from bot.slack.serve import STOP_GRACE_S, WORK_GRACE_S, slack_settings
+from bot.slack.serve import WORK_GRACE_S, slack_settings
 from tests.deploy.test_dockerfile import exec_form, instructions
 from tests.deploy.units import DEPLOY
 

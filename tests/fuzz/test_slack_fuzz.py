@@ -118,9 +118,9 @@ class Harness:
     def __init__(self, bot: Any, driver: SlackDriver, errors: Errors) -> None:
         self.driver, self.errors = driver, errors
         runner = bot.app._listener_runner  # Bolt's listeners run here after the ack
-        self.pools = [Pending(runner.listener_executor), Pending(bot.kv.work)]
+        self.pools = [Pending(runner.listener_executor), Pending(bot.flow.work)]
         runner.listener_executor = runner.lazy_listener_runner.executor = self.pools[0]
-        bot.kv.work = self.pools[1]
+        bot.flow.work = self.pools[1]
 
     def check(self, response: Any, what: str) -> None:
         assert response.status_code < 500, (what, response.status_code, response.text[:300])
@@ -141,7 +141,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     try:
         with FakeSlack() as slack, running_bot(path, slack) as (bot, driver):
             yield Harness(bot, driver, errors)
-            bot.kv.runner.join(30)  # background answers finish before the checks below
+            bot.flow.runner.join(30)  # background answers finish before the checks below
     finally:
         logging.getLogger().removeHandler(errors)
     _no_change_without_approval(path.parent / "var" / "kvpilot.db")

@@ -1,7 +1,8 @@
-"""`[access]`: who may do what, in Slack and in the terminal alike; `[slack]`: where.
+"""`[access]`: who may do what, in the chat and in the terminal alike; `[slack]`: where.
 
-`[access]` lists approvers and operators as Slack IDs (users `U…`/`W…`, user groups `S…`) or
-local accounts (`"local:alice"`, the terminal's OS users), with `four_eyes` and `approval_ttl`.
+`[access]` lists approvers and operators as the chat service's IDs (people and user groups, as
+the front end's `Identity` checks them) or local accounts (`"local:alice"`, the terminal's OS
+users), with `four_eyes` and `approval_ttl`.
 `bot.chat.auth.authorise` decides from it. `[slack]` keeps only `channels`; its older policy
 keys still work, with a deprecation note naming the `[access]` key to move each to.
 """
@@ -12,13 +13,16 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from bot.app.config.values import ConfigError, check_keys, duration, flag, slack_ids
+from bot.app.config.values import ConfigError, chat_ids, check_keys, duration, flag
+from bot.chat.identity import Identity, Kind
 
 LOCAL_PREFIX = "local:"
 POLICY_KEYS = ("approvers", "operators", "four_eyes", "approval_ttl")
 # a POSIX login name, as useradd accepts it by default
 _ACCOUNT = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?")
 _TERMINAL_SPELLINGS = ("console:", "cli:")
+PEOPLE: tuple[Kind, ...] = ("person", "group")
+CHANNEL: tuple[Kind, ...] = ("channel",)
 
 
 @dataclass(frozen=True)
@@ -62,15 +66,20 @@ def _local_account(entry: str, where: str) -> str:
     return entry
 
 
-def _entries(table: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
-    """Slack user or group IDs and `local:NAME` accounts, each checked with its own rule."""
+def _example(ids: Identity) -> str:
+    person = ids.examples.get("person")
+    return f'"{person}", ' if person else ""
+
+
+def _entries(table: dict[str, Any], key: str, where: str, ids: Identity) -> tuple[str, ...]:
+    """The chat's person or group IDs and `local:NAME` accounts, each checked with its rule."""
     value = table.get(key, [])
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(
-            f'{where}.{key}: expected a list of Slack IDs or local accounts, e.g. ["U0123ABCD", '
-            '"local:alice"]'
+            f"{where}.{key}: expected a list of {ids.service} IDs or local accounts, e.g. "
+            f'[{_example(ids)}"local:alice"]'
         )
     for entry in value:
         for spelling in _TERMINAL_SPELLINGS:
@@ -81,31 +90,45 @@ def _entries(table: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
                 )
         if entry.lower().startswith(LOCAL_PREFIX):
             _local_account(entry, f"{where}.{key}")
+        elif ids.problem(entry, PEOPLE) is None:
+            continue
         elif _ACCOUNT.fullmatch(entry):
+            person = ids.examples.get("person")
+            like = f' like "{person}"' if person else ""
             raise ConfigError(
-                f"{where}.{key}: {entry!r} is neither a Slack ID nor a local account: write "
-                f'"{LOCAL_PREFIX}{entry}" for the OS user, or a Slack user ID like "U0123ABCD"'
+                f"{where}.{key}: {entry!r} is neither a {ids.service} ID nor a local account: "
+                f'write "{LOCAL_PREFIX}{entry}" for the OS user, or a {ids.service} user ID{like}'
             )
         else:
-            slack_ids({key: [entry]}, key, where, "UWS")
+            chat_ids({key: [entry]}, key, where, PEOPLE, ids)
     return tuple(value)
 
 
-def policy(table: dict[str, Any], where: str, *, legacy: bool = False) -> AccessPolicy:
+def policy(
+    table: dict[str, Any], where: str, ids: Identity, *, legacy: bool = False
+) -> AccessPolicy:
     """The policy keys of `table` (`[access]`, or `[slack]` when `legacy`), checked."""
     read = AccessPolicy(
-        approvers=_entries(table, "approvers", where),
-        operators=_entries(table, "operators", where),
+        approvers=_entries(table, "approvers", where, ids),
+        operators=_entries(table, "operators", where, ids),
         four_eyes=flag(table, "four_eyes", where),
         approval_ttl_s=duration(table, "approval_ttl", where, 1800.0),
     )
     if not read.approvers and (legacy or read.four_eyes or read.names_local):
-        raise ConfigError(f"{where}.approvers: {_why_an_approver(read, legacy)}")
+        raise ConfigError(f"{where}.approvers: {_why_an_approver(read, legacy, ids)}")
     return read
 
 
-def _why_an_approver(read: AccessPolicy, legacy: bool) -> str:
-    example = '(Slack user IDs like "U0123ABCD", a user group like "S0123ABCD", or "local:alice")'
+def _approvers_example(ids: Identity) -> str:
+    """`(Slack user IDs like "…", a user group like "…", or "local:alice")`, from `ids`."""
+    person, group = ids.examples.get("person"), ids.examples.get("group")
+    chat = [f'{ids.service} user IDs like "{person}"'] if person else []
+    chat += [f'a user group like "{group}"'] if group else []
+    return "(" + ", ".join([*chat, 'or "local:alice"' if chat else '"local:alice"']) + ")"
+
+
+def _why_an_approver(read: AccessPolicy, legacy: bool, ids: Identity) -> str:
+    example = _approvers_example(ids)
     if read.four_eyes:
         return (
             f"name at least one approver {example}: four_eyes is on, so every change waits "
@@ -128,7 +151,7 @@ def _deprecations(path: str, keys: list[str]) -> tuple[str, ...]:
     )
 
 
-def sections(access: Any, slack: Any, path: str) -> AccessSections:
+def sections(access: Any, slack: Any, path: str, ids: Identity) -> AccessSections:
     """`[access]` and `[slack]` read together: the policy is in one of them, never both."""
     for name, table in (("access", access), ("slack", slack)):
         if table is not None and not isinstance(table, dict):
@@ -144,11 +167,13 @@ def sections(access: Any, slack: Any, path: str) -> AccessSections:
             f"{moved} and [access] both say who may do what: keep [access] (move any of "
             f"{moved} it lacks there) and delete {moved} from [slack]"
         )
-    channels = None if slack is None else SlackConfig(slack_ids(slack, "channels", "slack", "CG"))
+    channels = (
+        None if slack is None else SlackConfig(chat_ids(slack, "channels", "slack", CHANNEL, ids))
+    )
     if access is not None:
-        return AccessSections(policy(access, "access"), channels)
+        return AccessSections(policy(access, "access", ids), channels)
     if old:
         return AccessSections(
-            policy(slack, "slack", legacy=True), channels, _deprecations(path, old)
+            policy(slack, "slack", ids, legacy=True), channels, _deprecations(path, old)
         )
     return AccessSections(None, channels)

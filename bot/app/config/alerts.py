@@ -2,7 +2,7 @@
 falls against the same hours a week before, and when an experiment ends `failed`.
 
     [alerts]
-    channel = "C0123ABCD"      # where alerts go; else the first of [slack] channels
+    channel = "ID"             # the channel alerts go to; else the first of [slack] channels
     raise_after = "10m"        # a condition must hold this long before it is posted (once)
     clear_after = "10m"        # ... and be gone this long before it may be posted again
     regression = 0.2           # a fall of 20% against a week before; 0 turns it off
@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bot.app.config.values import ConfigError, check_keys, duration, flag, number, slack_ids
+from bot.app.config.values import ConfigError, chat_ids, check_keys, duration, flag, number
+from bot.chat.identity import Identity
 
 
 @dataclass(frozen=True)
@@ -26,16 +27,17 @@ class AlertsConfig:
     regression: float = 0.2
 
 
-def alerts(table: Any) -> AlertsConfig:
+def alerts(table: Any, ids: Identity) -> AlertsConfig:
     if table is None:
         return AlertsConfig()
     where = "alerts"
     if not isinstance(table, dict):
-        raise ConfigError(f'{where}: expected a table, e.g. [alerts] channel = "C0123ABCD"')
+        example = ids.examples.get("channel", "CHANNEL")
+        raise ConfigError(f'{where}: expected a table, e.g. [alerts] channel = "{example}"')
     check_keys(table, {"enabled", "channel", "raise_after", "clear_after", "regression"}, where)
     channel = table.get("channel")
     if channel is not None:
-        (channel,) = slack_ids({"channel": [channel]}, "channel", where, "CG")
+        (channel,) = chat_ids({"channel": [channel]}, "channel", where, ("channel",), ids)
     regression = number(table, "regression", where, AlertsConfig.regression, positive=False)
     assert regression is not None
     if not 0 <= regression < 1:

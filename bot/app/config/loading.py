@@ -16,6 +16,7 @@ from bot.app.config.quality import with_quality
 from bot.app.config.schedule import ReportSchedule, SamplerConfig, reports, sampler
 from bot.app.config.servers import GroupConfig, ServerConfig, gate_settings, groups, server
 from bot.app.config.values import ConfigError, check_keys, number, string
+from bot.chat.identity import OPAQUE, Identity
 from playbooks.gate import GateSettings
 
 DEFAULT_PATH = "kvpilot.toml"
@@ -70,8 +71,14 @@ def find_path(explicit: str | None) -> Path:
     return Path(explicit or os.environ.get("KVPILOT_CONFIG") or DEFAULT_PATH)
 
 
-def load(explicit: str | None = None, *, warn: Callable[[str], None] | None = None) -> Config:
-    """The configuration file, checked; `warn` is shown each deprecation note (see `announce`)."""
+def load(
+    explicit: str | None = None,
+    *,
+    warn: Callable[[str], None] | None = None,
+    ids: Identity = OPAQUE,
+) -> Config:
+    """The configuration file, checked; `warn` is shown each deprecation note (see `announce`).
+    `ids` checks the chat IDs it holds: the front end's, or only their shape where none says."""
     path = find_path(explicit)
     if "\x00" in str(path):  # no file system takes it; open() would raise ValueError
         raise ConfigError(f"{str(path)!r} is not a usable path (it holds a NUL byte)")
@@ -92,7 +99,7 @@ def load(explicit: str | None = None, *, warn: Callable[[str], None] | None = No
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    config = parse(data, path)
+    config = parse(data, path, ids=ids)
     if warn is not None:
         announce(config, warn)
     return config
@@ -129,7 +136,7 @@ def default_locations(path: Path) -> tuple[Path, str, str]:
     return path.parent, "var/kvpilot.db", "var/state"
 
 
-def parse(data: dict[str, Any], path: Path) -> Config:
+def parse(data: dict[str, Any], path: Path, *, ids: Identity = OPAQUE) -> Config:
     check_keys(
         data,
         {
@@ -159,7 +166,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     servers_table = data.get("servers", {})
     if not isinstance(servers_table, dict):
         raise ConfigError("servers: expected tables like [servers.NAME]")
-    policy = sections(data.get("access"), data.get("slack"), str(path))
+    policy = sections(data.get("access"), data.get("slack"), str(path), ids)
     servers = {name: server(name, t, gate_defaults) for name, t in servers_table.items()}
     server_groups = groups(data.get("groups"), servers)
     servers = with_quality(servers, servers_table, data.get("groups"), base)
@@ -172,9 +179,9 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         slack=policy.slack,
         groups=server_groups,
         sampler=sampler(data.get("sampler")),
-        reports=reports(data.get("reports"), servers),
+        reports=reports(data.get("reports"), servers, ids),
         access=policy.access,
         deprecations=policy.deprecations,
         notify=notify(data.get("notify")),
-        alerts=alerts(data.get("alerts")),
+        alerts=alerts(data.get("alerts"), ids),
     )

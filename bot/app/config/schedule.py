@@ -8,14 +8,15 @@ from typing import Any
 from bot.app.config.servers import ServerConfig
 from bot.app.config.values import (
     ConfigError,
+    chat_ids,
     check_cron,
     check_keys,
     check_timezone,
     duration,
     number,
-    slack_ids,
     string,
 )
+from bot.chat.identity import Identity
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,9 @@ def _report_servers(
     return tuple(value)
 
 
-def reports(value: Any, servers: dict[str, ServerConfig]) -> tuple[ReportSchedule, ...]:
+def reports(
+    value: Any, servers: dict[str, ServerConfig], ids: Identity
+) -> tuple[ReportSchedule, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
@@ -149,7 +152,7 @@ def reports(value: Any, servers: dict[str, ServerConfig]) -> tuple[ReportSchedul
                 raise ConfigError(f"{where}.{key}: required")
         channel = string(table, "channel", where)
         assert channel is not None
-        slack_ids({"channel": [channel]}, "channel", where, "CG")
+        chat_ids({"channel": [channel]}, "channel", where, ("channel",), ids)
         cron = string(table, "cron", where)
         timezone = string(table, "timezone", where, "UTC")
         assert cron is not None and timezone is not None

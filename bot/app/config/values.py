@@ -1,4 +1,5 @@
-"""The checked readers every configuration table shares: keys, numbers, strings, durations, IDs.
+"""The checked readers every configuration table shares: keys, numbers, strings, durations, IDs
+(the chat service's, checked by its front end's `Identity`).
 
 Each error names the key, what was wrong and what is expected, so a mistake in kvpilot.toml is
 fixed from the message alone.
@@ -12,6 +13,7 @@ from typing import Any
 
 from apscheduler.triggers.cron import CronTrigger
 
+from bot.chat.identity import Identity, Kind
 from playbooks.reports.throughput import parse_window
 
 
@@ -65,20 +67,21 @@ def parse_duration(text: str, where: str = "duration") -> float:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def slack_ids(table: dict[str, Any], key: str, where: str, prefixes: str) -> tuple[str, ...]:
+def chat_ids(
+    table: dict[str, Any], key: str, where: str, kinds: tuple[Kind, ...], ids: Identity
+) -> tuple[str, ...]:
+    """A list of the chat service's IDs of `kinds`, each checked by the front end's `ids`."""
     value = table.get(key, [])
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f'{where}.{key}: expected a list of Slack IDs, e.g. ["U0123ABCD"]')
+        example = ids.examples.get(kinds[0])
+        eg = f', e.g. ["{example}"]' if example else ""
+        raise ConfigError(f"{where}.{key}: expected a list of {ids.service} IDs{eg}")
     for item in value:
-        if not item or item[0] not in prefixes or not item[1:].isalnum() or item != item.upper():
-            kinds = {"U": "user", "W": "user", "S": "user group", "C": "channel", "G": "channel"}
-            expected = " or ".join(f"{kinds[p]} IDs ({p}...)" for p in prefixes)
-            raise ConfigError(
-                f"{where}.{key}: {item!r} is not a Slack ID; expected {expected}, as Slack "
-                "shows them (names and emails are not accepted: they are not unique)"
-            )
+        problem = ids.problem(item, kinds)
+        if problem is not None:
+            raise ConfigError(f"{where}.{key}: {problem}")
     return tuple(value)
 
 

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from bot.app.config import AccessPolicy, ConfigError, SlackConfig, announce, load, parse
+from bot.slack.identity import SLACK
 
 
 def read(tmp_path: Path, **tables: Any) -> Any:
-    return parse(tables, tmp_path / "kvpilot.toml")
+    return parse(tables, tmp_path / "kvpilot.toml", ids=SLACK)
 
 
 @pytest.mark.parametrize(

@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 
 from bot.app.config import ConfigError, parse
+from bot.slack.identity import SLACK
 
 SERVERS = {"servers": {"a": {"url": "http://h:1"}}}
 
 
 def config(tmp_path: Path, **sections: Any) -> Any:
-    return parse({**SERVERS, **sections}, tmp_path / "k.toml")
+    return parse({**SERVERS, **sections}, tmp_path / "k.toml", ids=SLACK)
 
 
 def test_defaults(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import pytest
 from bot.app.config import Config, parse
 from bot.chat.auth import Principal, authorise
 from bot.chat.commands import CommandError, FreezeSpec, parse_command
+from bot.slack.identity import SLACK
 
 
 @pytest.fixture
@@ -86,7 +87,7 @@ def test_only_a_click_decides_outside_the_allowed_channels(tmp_path: Path) -> No
         who = Principal("U2", where, button=button)
         return authorise(
             config.access, who, "approve", group_members=lambda _g: frozenset(),
-            channels=config.channels,
+            channels=config.channels, ids=SLACK,
         ).allowed  # fmt: skip
 
     assert may("C0OPS", False) and may("D0123", True) and may("app_home", True)

@@ -20,6 +20,7 @@ from bot.chat.messages import Button, Message, parse_parts
 from bot.cli import main as cli
 from bot.console.terminal import Console
 from bot.slack.blocks import blocks as slack_blocks
+from bot.slack.identity import SLACK as SLACK_IDS
 from bot.slack.serve import SettingsError, slack_settings
 from playbooks.engines.sglang import rules as sglang_rules
 from playbooks.experiments.ownership import start_mark
@@ -113,7 +114,7 @@ def test_console_proposes_and_rejects_interactively(config: Path) -> None:
     try:
         console.loop(["propose incident mem_fraction_static=0.88", "history"])
     finally:
-        console.kv.close()
+        console.flow.close()
     text = out.getvalue()
     assert "Change proposed for incident" in text and "[2] Reject" in text
     assert "Rejected by console:ops" in text and "No experiments yet" in text
@@ -254,7 +255,7 @@ def test_commands_are_validated_with_hints(tmp_path: Path) -> None:
         with pytest.raises(CommandError, match=needle):
             parse_command(text, config)
     with pytest.raises(ConfigError, match="not a Slack ID"):
-        parse({"slack": {"approvers": ["alice@example.com"]}}, tmp_path / "k.toml")
+        parse({"slack": {"approvers": ["alice@example.com"]}}, tmp_path / "k.toml", ids=SLACK_IDS)
 
 
 def test_long_messages_stay_within_block_kit_limits() -> None:

@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 
 from bot.app.config import Config, ConfigError, parse
+from bot.slack.identity import SLACK
 
 SERVERS = {"a": {"url": "http://127.0.0.1:1"}, "b": {"url": "http://127.0.0.1:2"}}
 
 
 def load(**tables: Any) -> Config:
-    return parse({"servers": SERVERS, **tables}, Path("/etc/kvpilot/kvpilot.toml"))
+    return parse({"servers": SERVERS, **tables}, Path("/etc/kvpilot/kvpilot.toml"), ids=SLACK)
 
 
 def report(**values: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def test_healthz_and_metrics_say_what_fails(tmp_path: Path, slack: FakeSlack) ->
     config = twin_config(tmp_path, free_port(), slack=SLACK)
     with running_bot(config, slack) as (bot, driver):
         base = driver.url.removesuffix("/slack/events")
-        bot.sampler.sample_once()
+        bot.runtime.sampler.sample_once()
         bot.slack.check()
         ok = httpx.get(f"{base}/healthz", timeout=10)
         assert ok.status_code == 200, ok.text
@@ -69,7 +69,7 @@ def test_healthz_and_metrics_say_what_fails(tmp_path: Path, slack: FakeSlack) ->
         assert "database:" in locked.json()["reason"] and "locked" in locked.json()["reason"]
 
         # the sampler's thread stops: nothing would be sampled or reported
-        bot.sampler.stop()
+        bot.runtime.sampler.stop()
         stopped = httpx.get(f"{base}/healthz", timeout=10)
         assert stopped.status_code == 503
         assert "sampler: the sampler's thread is not running" in stopped.json()["reason"]

@@ -40,12 +40,12 @@ def test_a_kv_bound_twin_is_alerted_once_and_the_button_diagnoses(
     with started(config, "incident"), running_bot(config, slack, tick_s=0.05) as (bot, driver):
         (text,) = until(lambda: alerts(slack), 60, "the alert")
         assert "`incident` turned KV-cache bound" in text
-        twin_s = bot.clock.utcnow().timestamp()
+        twin_s = bot.runtime.clock.utcnow().timestamp()
         # another ten minutes of the twin's time, sampled every 10 s, judged every minute
-        until(lambda: bot.clock.utcnow().timestamp() - twin_s > 600, 30, "ten twin minutes")
+        until(lambda: bot.runtime.clock.utcnow().timestamp() - twin_s > 600, 30, "ten twin minutes")
         time.sleep(0.2)
         assert len(alerts(slack)) == 1
-        assert bot.kv.alerts.sent.items() == [(("incident", "kv_bound"), 1)]
+        assert bot.flow.alerts.sent.items() == [(("incident", "kv_bound"), 1)]
         ts, message = until(lambda: posted(slack, "turned KV-cache bound"), 5, "the message")
         driver.click("kvpilot.diagnose", buttons(message)["kvpilot.diagnose"], user="U1",
                      message_ts=ts)  # fmt: skip
