@@ -1,1 +1,1 @@
-"""kvpilot bot package."""
+"""The bot: chat core, front ends (Slack, terminal, command line), reports and plumbing."""

@@ -1,1 +1,1 @@
-"""kvpilot playbooks package."""
+"""What kvpilot does to servers: engines, diagnosis, gate, experiments, campaigns, launchers."""

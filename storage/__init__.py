@@ -1,5 +1,7 @@
-"""kvpilot storage: one SQLite file (sqlite-utils) for servers, configurations, proposals,
-experiments, samples and the append-only audit log.
+"""kvpilot storage: one SQLite file (sqlite-utils), a module per kind of record.
+
+It holds servers, configurations, proposals, experiments, samples and the append-only audit log;
+this package re-exports what most callers use.
 
 Callers pass a ``sqlite_utils.Database`` from ``open_db`` (or ``memory_db`` in tests) and an
 explicit ``now`` (an aware datetime) to every write, so that time is testable.

@@ -1,4 +1,6 @@
-"""Alerts' states, one row per server and kind (`playbooks.reports.alerting` decides them):
+"""Alerts' states, one row per server and kind, so a restart does not post an alert again.
+
+Alerts' states, one row per server and kind (`playbooks.reports.alerting` decides them):
 what survives a restart of the bot, so an alert raised before it is not posted again after."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Change freezes: while one covers a server, no restart of it starts (an experiment approved
+"""Change freezes: while one covers a server, no restart of it starts.
+
+Change freezes: while one covers a server, no restart of it starts (an experiment approved
 meanwhile waits; one measuring its baseline is cancelled before its restart).
 
 A freeze's scope is every server (`all`), one server, or one group. It lasts until `until`, or

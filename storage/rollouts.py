@@ -1,4 +1,6 @@
-"""Fleet rollouts: one approved change taken to a group's other servers, a gated experiment at
+"""Fleet rollouts: one approved change taken to a group's other servers, and their steps.
+
+Fleet rollouts: one approved change taken to a group's other servers, a gated experiment at
 a time, and the steps each took.
 
 A rollout row holds the plan its one approval named (the servers, in order, each with its

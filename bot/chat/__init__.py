@@ -1,3 +1,1 @@
-"""The conversation, transport-neutral: commands, authorisation, messages as data, rendering, the
-experiment runner.
-"""
+"""The conversation, transport-neutral: commands, authorisation, messages, rendering, runner."""

@@ -1,4 +1,6 @@
-"""Approving and rejecting proposals: the checks (`bot.chat.decisions`), then the decision
+"""Approving and rejecting proposals, and starting the approved experiment.
+
+Approving and rejecting proposals: the checks (`bot.chat.decisions`), then the decision
 stored, the approval message stamped, and the approved experiment started.
 
 `Approvals` is a part of `bot.chat.flow.Kvpilot`, kept apart because deciding is the one place

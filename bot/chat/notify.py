@@ -1,4 +1,6 @@
-"""Bringing a proposal to the people who must decide it: a mention of the approvers in its
+"""Bringing a proposal to its approvers: a mention or direct messages, and one reminder.
+
+Bringing a proposal to the people who must decide it: a mention of the approvers in its
 thread, or a direct message to each with the same buttons (`[notify] approvers`), and one
 reminder `[notify] remind_before` its expiry.
 

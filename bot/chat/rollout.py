@@ -1,4 +1,6 @@
-"""Fleet rollout in chat: the "Roll out to N servers" button on a kept group experiment's
+"""Fleet rollout in chat: the verdict's "Roll out" button, its approval, rollouts carried.
+
+Fleet rollout in chat: the "Roll out to N servers" button on a kept group experiment's
 verdict, its click (approved as a proposal is: `bot.chat.auth`), and carrying approved rollouts
 in this process, their progress in the verdict's thread.
 

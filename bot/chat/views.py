@@ -1,4 +1,6 @@
-"""Messages the conversation shows that are read off storage and configuration: the approval
+"""Messages read off storage and configuration: a proposal's approval message, status, history.
+
+Messages the conversation shows that are read off storage and configuration: the approval
 message of a proposal, status and history.
 
 They are built here, apart from `bot.chat.flow`, because they only read: the flow decides and

@@ -1,4 +1,6 @@
-"""`kvpilot rollout --from-experiment ID`: a change kept on one server of a group, rolled out to
+"""`kvpilot rollout`: a change kept on one server of a group, rolled out to the rest.
+
+`kvpilot rollout --from-experiment ID`: a change kept on one server of a group, rolled out to
 the group's other servers with the same model and hardware, in the foreground.
 
 The servers and the plan are the chat button's (`bot.chat.rollout.offer`); the person approves

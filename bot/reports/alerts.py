@@ -1,4 +1,6 @@
-"""Proactive alerts: kvpilot says so, once, when a server turns KV-bound, when its throughput
+"""Proactive alerts: KV-bound servers, throughput regressions and failed experiments, said once.
+
+Proactive alerts: kvpilot says so, once, when a server turns KV-bound, when its throughput
 falls against the same hour a week before, and when an experiment ends `failed`.
 
 The sampler already sees every server; every `EVERY_S` (of the bot's clock) the alerter judges

@@ -1,4 +1,6 @@
-"""`kvpilot doctor`'s Slack checks: the token, the manifest's scopes, the bot's membership of
+"""`kvpilot doctor`'s Slack checks: token, scopes, channels and user groups, read-only.
+
+`kvpilot doctor`'s Slack checks: the token, the manifest's scopes, the bot's membership of
 each configured channel, the access policy's user groups. Read-only Web API calls
 (`auth.test`, `conversations.info`, `usergroups.users.list`); nothing is posted."""
 

@@ -1,4 +1,6 @@
-"""What a campaign does after a verdict: learn from a step that crashed, assess the server
+"""What a campaign does after a verdict: learn, assess again, choose the next step.
+
+What a campaign does after a verdict: learn from a step that crashed, assess the server
 again from the window it already measured, and pick the next step.
 
 No extra measurement: a kept change's trial window (after the gate's warm-up cut) shows the

@@ -1,4 +1,6 @@
-"""Steps cut down so a campaign can take them: to the GPUs' measured room, or to the
+"""A campaign's steps cut down to the GPUs' measured room or to an approved plan's arguments.
+
+Steps cut down so a campaign can take them: to the GPUs' measured room, or to the
 arguments an approved plan names.
 
 `choose_next` (`policy`) asks these where the rules' own options are all passed over for room,

@@ -1,4 +1,6 @@
-"""The GPU memory a server left free under load: the evidence a step past the engine's own
+"""The GPU memory a server left free under load, measured around a campaign's step.
+
+The GPU memory a server left free under load: the evidence a step past the engine's own
 reserve needs besides a kept step.
 
 PyTorch's caching allocator keeps the blocks it has used, so the memory NVML (or DCGM's

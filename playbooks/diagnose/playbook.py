@@ -1,4 +1,6 @@
-"""The diagnose playbook: why is this server slow, and what can be changed safely?
+"""The diagnose playbook: a server's settings, a measurement and the engine's rules.
+
+The diagnose playbook: why is this server slow, and what can be changed safely?
 
 `diagnose()` gathers (the server's settings, a measurement window, GPU and host memory through the
 probes) and hands them to the engine's rules (`Engine.rules_for(...).assess`), which name the

@@ -1,4 +1,6 @@
-"""Where a server's busy time goes, read from its own step accounting, and what a larger batch
+"""Where a server's busy time goes, from its own step accounting, and what a larger batch buys.
+
+Where a server's busy time goes, read from its own step accounting, and what a larger batch
 buys from it.
 
 SGLang (0.5.23's load report, `/v1/loads`) counts every scheduler's prefill time

@@ -1,4 +1,6 @@
-"""Fleet rollout: a change kept on one server of a group, taken to the group's other servers
+"""Fleet rollout (pure): which servers qualify and the next move, from the rollout's rows.
+
+Fleet rollout: a change kept on one server of a group, taken to the group's other servers
 with the same model and hardware, a gated experiment at a time (pure decisions).
 
 Which servers (`eligible`): a peer qualifies when kvpilot knows it to be the same as the server

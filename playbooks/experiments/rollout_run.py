@@ -1,4 +1,6 @@
-"""A rollout carried a bounded step at a time: `advance_rollout` reads the rollout's rows, lets
+"""A rollout carried a bounded step at a time, each move recorded before it returns.
+
+A rollout carried a bounded step at a time: `advance_rollout` reads the rollout's rows, lets
 `rollout.next_move` decide, and does that one thing (start the next experiments, stop the
 running ones, take one step of a revert, or end), recording it before it returns, so a bot
 killed anywhere resumes from the database.

@@ -1,1 +1,1 @@
-"""Launchers start, stop and reconfigure SGLang servers behind one interface."""
+"""Launchers start, stop and reconfigure the servers (SGLang or vLLM) behind one interface."""

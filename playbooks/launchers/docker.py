@@ -1,4 +1,4 @@
-"""The `docker` launcher: SGLang runs in a container (typically the `lmsysorg/sglang` image).
+"""The `docker` launcher: the server runs in a container (an SGLang or a vLLM image).
 
 A container's command cannot be changed in place, so kvpilot recreates it through the Docker
 Engine API on its Unix socket, the way `docker compose` does: it inspects the running container,

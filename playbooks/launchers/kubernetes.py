@@ -1,4 +1,4 @@
-"""The `kubernetes` launcher: SGLang runs as a Deployment, StatefulSet or LeaderWorkerSet.
+"""The `kubernetes` launcher: the server runs as a Deployment, StatefulSet or LeaderWorkerSet.
 
 It talks to the API server with the official Kubernetes client. `apply` patches the SGLang
 arguments of the pod template's container (both templates of a LeaderWorkerSet) with a JSON Patch

@@ -1,4 +1,4 @@
-"""The `process` launcher: kvpilot owns the SGLang process on this host.
+"""The `process` launcher: kvpilot owns the server's process (SGLang or vLLM) on this host.
 
 The command comes from configuration as an argument list, for example
 `["python", "-m", "sglang.launch_server", "--model-path", ..., "--port", "30000"]`, and is

@@ -1,4 +1,4 @@
-"""The `systemd` launcher: SGLang runs as a service unit on a GPU host, here or over SSH.
+"""The `systemd` launcher: the server runs as a service unit on a GPU host, here or over SSH.
 
 kvpilot writes the SGLang command line into a drop-in of the operator's unit
 (`/etc/systemd/system/UNIT.d/90-kvpilot.conf`, or the user manager's directory), never into the

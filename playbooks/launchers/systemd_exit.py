@@ -1,4 +1,6 @@
-"""systemd's own exit statuses: a unit's main process that ends with 200-243 never ran the
+"""systemd's own exit statuses (200-243): systemd failed to set the unit up, the server never ran.
+
+systemd's own exit statuses: a unit's main process that ends with 200-243 never ran the
 server's code, systemd failed to set it up (no such executable, a user that does not exist, a
 sandbox option the kernel refuses). Reading them as the server's own exit ("exited with status
 203") sends an operator to the engine's log, where there is nothing.

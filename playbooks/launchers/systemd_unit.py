@@ -1,4 +1,4 @@
-"""systemd's unit-file syntax, as far as the SGLang command line needs it (pure functions).
+"""systemd's unit-file syntax, as far as the server's command line needs it (pure functions).
 
 kvpilot never edits an operator's unit file. It reads the unit as `systemctl cat` prints it (the
 unit file, then every drop-in, each behind a `# /path` line), finds the `ExecStart=` that systemd

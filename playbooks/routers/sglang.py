@@ -1,4 +1,6 @@
-"""SGLang's router (sgl-router, PyPI `sglang-router`; since renamed sgl-model-gateway): its
+"""SGLang's router (sgl-router, now sgl-model-gateway): its worker-management HTTP API.
+
+SGLang's router (sgl-router, PyPI `sglang-router`; since renamed sgl-model-gateway): its
 worker-management HTTP API, in the two dialects operators run.
 
 Read from the released sources (the PyPI sdists of `sglang-router`):

@@ -1,4 +1,6 @@
-"""vLLM's production-stack router (`vllm-project/production-stack`, `src/vllm_router`): it has no
+"""vLLM's production-stack router: backends added and removed in its dynamic config file.
+
+vLLM's production-stack router (`vllm-project/production-stack`, `src/vllm_router`): it has no
 HTTP API to add or remove a backend, so kvpilot edits its dynamic configuration file.
 
 Read from its source (commit a6c01db05f65, August 2026):

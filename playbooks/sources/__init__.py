@@ -1,0 +1,1 @@
+"""Probes outside the server: GPUs, host RAM, model configs, and where metrics come from."""

@@ -1,4 +1,6 @@
-"""Host RAM, for the hierarchical cache's budget: read from /proc/meminfo and the container's
+"""Host RAM for the hierarchical cache's budget: /proc/meminfo, the memory cgroup, or configured.
+
+Host RAM, for the hierarchical cache's budget: read from /proc/meminfo and the container's
 memory cgroup, or configured.
 
 A container sees the whole machine in /proc/meminfo, but its memory cgroup is what the kernel

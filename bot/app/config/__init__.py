@@ -1,4 +1,6 @@
-"""kvpilot's configuration: one TOML file (`--config PATH`, else `$KVPILOT_CONFIG`, else
+"""kvpilot's configuration: one TOML file, validated completely before anything runs.
+
+kvpilot's configuration: one TOML file (`--config PATH`, else `$KVPILOT_CONFIG`, else
 `./kvpilot.toml`), validated completely before anything runs.
 
 Minimal form:

@@ -1,4 +1,6 @@
-"""`[alerts]`: kvpilot speaks up, unasked, when a server turns KV-bound, when its throughput
+"""`[alerts]`: where proactive alerts go, and when a condition is posted and cleared.
+
+`[alerts]`: kvpilot speaks up, unasked, when a server turns KV-bound, when its throughput
 falls against the same hours a week before, and when an experiment ends `failed`.
 
     [alerts]

@@ -1,4 +1,6 @@
-"""The hierarchical cache: does every rank's pinned pool fit in host RAM, what else enabling it
+"""SGLang's hierarchical cache: whether its host pool fits, what enabling it changes, helps.
+
+The hierarchical cache: does every rank's pinned pool fit in host RAM, what else enabling it
 changes on this SGLang version, which combinations SGLang refuses, and does a host tier help.
 
 SGLang sizes the pool per rank (`hicache_size` GB, or `hicache_ratio` times the GPU pool), and

@@ -1,0 +1,1 @@
+"""The answer quality check: does a changed server still answer well enough?"""
