@@ -420,7 +420,7 @@ class ExperimentRunner:
 def _hand_over(
     ticker: Ticker,
     exp_id: int,
-    deps: engine.Deps,
+    deps: machine.Deps,
     ended: Callable[[store.ExperimentRow | None, BaseException | None], None],
 ) -> None:
     """The experiment to the scheduler; its client closed if the scheduler has stopped."""

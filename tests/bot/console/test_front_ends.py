@@ -324,7 +324,7 @@ def test_an_engine_without_rules_refuses_the_proposal_in_words(
     try:
         console.loop(["propose incident mem_fraction_static=0.88"])
     finally:
-        console.kv.close()
+        console.flow.close()
     text = out.getvalue()
     assert "Cannot propose a change to `incident`" in text, text
     assert "this engine cannot judge a change on this server" in text
