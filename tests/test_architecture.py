@@ -12,8 +12,11 @@
 5. The chat core is transport-neutral: `bot/chat/` (and the reports it posts, `bot/reports/`)
    imports no front end (`bot.slack`, `bot.console`, `bot.cli`); a front end implements
    `bot.chat.surface.Surface` and renders `bot.chat.messages.Message` (ARCHITECTURE.md).
+6. No import circles among the product modules (`import_graph.py`): a module's import-time
+   imports never lead back to it. The seam's own modules (`playbooks/engines/base.py`,
+   `types.py`) import nothing of the playbooks that use them, not even for type checking.
 
-Imports inside functions (the lazy, heavy ones) count like any other.
+Imports inside functions (the lazy, heavy ones) count like any other in rules 1 to 5.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from playbooks.engines import NAMES, engine_named
+from tests.import_graph import cycles, import_graph
 
 REPO = Path(__file__).resolve().parent.parent
 # package -> the project packages it may import
@@ -177,6 +181,26 @@ def test_the_chat_core_imports_no_front_end() -> None:
     assert not bad, "\n".join(bad)
 
 
+def test_no_import_circles_among_product_modules() -> None:
+    found = cycles(import_graph(REPO, PRODUCT))
+    assert not found, "\n".join(" -> ".join(cycle) for cycle in found)
+
+
+SEAM = ("playbooks.engines.base", "playbooks.engines.types")
+
+
+def test_the_seam_imports_no_playbook_that_uses_it() -> None:
+    """Counting type-checking imports too: the interface's types are the engines' own."""
+    graph = import_graph(REPO, PRODUCT, type_checking=True)
+    bad = [
+        f"{module} imports {imported}"
+        for module in SEAM
+        for imported in sorted(graph[module])
+        if not imported.startswith(("playbooks.engines", "playbooks.stats", "playbooks.sources"))
+    ]
+    assert not bad, "\n".join(bad)
+
+
 # ----------------------------------------------------------------------------- the rules bite
 @pytest.mark.parametrize(
     ("engine", "words"),
@@ -301,3 +325,29 @@ def test_a_front_end_imported_from_the_chat_core_is_caught(rel: str, source: str
 )
 def test_the_chat_core_and_front_ends_may_import_what_they_need(rel: str, source: str) -> None:
     assert not front_end_imports(rel, source)
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"a.py": "import b", "b.py": "from a import x"}, [["a", "b"]]),
+        ({"p/__init__.py": "from p.q import y", "p/q.py": "import r", "r.py": "import p.s"}, 1),
+        ({"a.py": "import b", "b.py": "def f():\n    import a"}, []),  # lazy: not at import
+        (
+            {
+                "a.py": "import b",
+                "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a",
+            },
+            [],
+        ),
+        ({"p/__init__.py": "from p import q", "p/q.py": "from p import r", "p/r.py": ""}, []),
+    ],
+)
+def test_an_import_circle_is_caught(
+    tmp_path: Path, files: dict[str, str], expected: object
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = cycles(import_graph(tmp_path, ("a", "b", "p", "r")))
+    assert (len(found) if isinstance(expected, int) else found) == expected

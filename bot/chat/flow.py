@@ -46,11 +46,11 @@ from playbooks.clock import Clock
 from playbooks.diagnose.measure import MeasurementError
 from playbooks.diagnose.playbook import diagnose
 from playbooks.engines.base import ArgError, EngineClient, EngineError, MetricsDisabled, Snapshot
+from playbooks.engines.types import Option
 from playbooks.experiments import no_change
 from playbooks.experiments.sampling import store_scrapes
 from playbooks.gate.settings import sized_for
 from playbooks.launchers.base import LaunchError
-from playbooks.types import Option
 from storage import audit, chat
 from storage import experiments as store
 from storage import proposals as proposal_store

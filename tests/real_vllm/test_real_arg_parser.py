@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines.base import ArgError
 from playbooks.engines.launch_args import BoolValue, ChoiceValue, FloatValue, IntValue
+from playbooks.engines.types import DiagnoseSettings
 from playbooks.engines.vllm import ENGINE
 from playbooks.engines.vllm.args import ALLOWED, AUTO, INT32_MAX, HumanInt, IntChoice
 from playbooks.engines.vllm.proposals import propose

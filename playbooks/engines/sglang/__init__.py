@@ -33,9 +33,7 @@ from playbooks.engines.sglang import signatures as _signatures
 from playbooks.engines.sglang.client import ServerInfo, SGLangClient, parse_server_info
 
 if TYPE_CHECKING:
-    from playbooks.diagnose.measure import Measurement
-    from playbooks.diagnose.playbook import DiagnoseSettings
-    from playbooks.types import Bottleneck
+    from playbooks.engines.types import Bottleneck, DiagnoseSettings, Measurement
 
 METRICS_FLAG = "--enable-metrics"  # kvpilot reads nothing without it
 # Endpoints kvpilot calls: both dialects' info and load paths, readiness, metrics.

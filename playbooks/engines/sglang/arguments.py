@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from playbooks.diagnose.measure import Measurement
 from playbooks.engines.sglang.capacity import ACTIVATION_FLOOR_GIB
 from playbooks.engines.sglang.checks import NOTHING, Change, Check, Finding, dtype_bytes
 from playbooks.engines.sglang.deployment import decode_max_bs
@@ -30,6 +29,7 @@ from playbooks.engines.sglang.hicache import PROMPT_HEAVY, HostPoolCheck
 from playbooks.engines.sglang.metrics import binding_pool_of
 from playbooks.engines.sglang.reservation import CONSERVATIVENESS_SATURATION, initial_ratio
 from playbooks.engines.sglang.reserve import Deployment, sglang_reserve
+from playbooks.engines.types import Measurement
 
 DEFAULT_CHUNK = 8192  # SGLang's chunked_prefill_size when the server reports none
 MIN_CHUNK = 2048  # activation memory stops shrinking with the chunk below this

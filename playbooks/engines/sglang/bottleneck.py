@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from playbooks.diagnose.measure import Measurement
 from playbooks.engines.sglang.deployment import dp_replicas
 from playbooks.engines.sglang.facts import (
     SATURATED_USAGE,
@@ -34,7 +33,7 @@ from playbooks.engines.sglang.reservation import (
     floor_ratio,
     initial_ratio,
 )
-from playbooks.types import Bottleneck
+from playbooks.engines.types import Bottleneck, Measurement
 
 FILLING_RISE = 0.15  # usage rising by more than this over the window: the server is filling up
 RETRACTING_USAGE = 0.7  # with retractions, a pool this full already limits admission

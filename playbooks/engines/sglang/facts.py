@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from playbooks.diagnose.measure import Measurement
 from playbooks.engines.sglang.capacity import CapacityModel
 from playbooks.engines.sglang.client import ServerInfo
 from playbooks.engines.sglang.deployment import attn_dp_size, schedulers
 from playbooks.engines.sglang.reservation import Reservation, binding_reservation
+from playbooks.engines.types import Bottleneck, Measurement
 from playbooks.sources.host import HostMemory
-from playbooks.types import Bottleneck
 
 # The first SGLang release with each host-pool behaviour, read in the released wheels.
 # mem_cache/pool_host/base.py host_memory_budget_bytes: available // ranks_per_host().

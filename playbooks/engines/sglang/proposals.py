@@ -29,7 +29,7 @@ from playbooks.engines.sglang.facts import (
 from playbooks.engines.sglang.hicache import race_limit_gb
 from playbooks.engines.sglang.reservation import CONSERVATIVENESS_SATURATION
 from playbooks.engines.sglang.verdicts import evaluate
-from playbooks.types import Bottleneck, Option
+from playbooks.engines.types import Bottleneck, Option
 
 FRACTION_STEP = 0.004  # a safe fraction closer than this to the current one is not worth a restart
 MORE_CAUTIOUS = 1.3  # schedule_conservativeness factor against frequent retractions

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from playbooks.diagnose.measure import Measurement
 from playbooks.engines.base import Assessment
 from playbooks.engines.disaggregation import ROLES, not_judged
 from playbooks.engines.sglang.bottleneck import analyse
@@ -44,12 +43,12 @@ from playbooks.engines.sglang.geometry import Geometry, geometry_of
 from playbooks.engines.sglang.proposals import propose
 from playbooks.engines.sglang.reserve import sglang_reserve
 from playbooks.engines.sglang.verdicts import evaluate, judge_change
+from playbooks.engines.types import VERDICT_ORDER, Bottleneck, Measurement, Option
 from playbooks.sources.gpu import GpuUnavailable
 from playbooks.sources.host import HostMemory, HostUnavailable
-from playbooks.types import VERDICT_ORDER, Bottleneck, Option
 
 if TYPE_CHECKING:
-    from playbooks.diagnose.playbook import DiagnoseSettings
+    from playbooks.engines.types import DiagnoseSettings
 
 __all__ = [
     "Context",

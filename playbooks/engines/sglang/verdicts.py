@@ -24,7 +24,7 @@ from playbooks.engines.sglang.arguments import checks_for
 from playbooks.engines.sglang.checks import Change
 from playbooks.engines.sglang.facts import Context, Observed, Server
 from playbooks.engines.timebudget import Traffic
-from playbooks.types import Bottleneck, Option, Verdict
+from playbooks.engines.types import Bottleneck, Option, Verdict
 
 __all__ = ["NOTHING_AGAINST", "RESTART_RISK", "evaluate", "judge_change", "worst"]
 # The hierarchical cache is switched on with its size: the title names the size alone.

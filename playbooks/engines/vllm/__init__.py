@@ -35,9 +35,7 @@ from playbooks.engines.vllm import signatures as _signatures
 from playbooks.engines.vllm.client import VLLMClient, VLLMSettings, parse_settings
 
 if TYPE_CHECKING:
-    from playbooks.diagnose.measure import Measurement
-    from playbooks.diagnose.playbook import DiagnoseSettings
-    from playbooks.types import Bottleneck
+    from playbooks.engines.types import Bottleneck, DiagnoseSettings, Measurement
 
 
 def _info(info: ServerSettings) -> VLLMSettings:

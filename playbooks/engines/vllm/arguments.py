@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from playbooks.engines.findings import NOTHING, Finding
+from playbooks.engines.types import Verdict
 from playbooks.engines.vllm.capacity import (
     GIB,
     HIGHEST_UTILIZATION,
@@ -41,7 +42,6 @@ from playbooks.engines.vllm.shared_gpu import (
     start_limit,
     two_decimals_down,
 )
-from playbooks.types import Verdict
 
 
 class UtilizationCheck(Check):

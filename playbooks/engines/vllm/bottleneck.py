@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from playbooks.diagnose.measure import Measurement
+from playbooks.engines.types import Bottleneck, Measurement
 from playbooks.engines.vllm.facts import (
     PREEMPTING_USAGE,
     PROMPT_HEAVY,
@@ -36,7 +36,6 @@ from playbooks.engines.vllm.facts import (
     seq_cap_name,
     seq_cap_total,
 )
-from playbooks.types import Bottleneck
 
 FILLING_RISE = 0.15  # usage rising by more than this over the window: the server is filling up
 DEFERRED_SEEN = 0.5  # mean deferred requests worth naming in the evidence

@@ -10,11 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from playbooks.diagnose.measure import Measurement
+from playbooks.engines.types import Bottleneck, Measurement
 from playbooks.engines.vllm.capacity import CapacityModel
 from playbooks.engines.vllm.client import VLLMSettings
 from playbooks.sources.host import HostMemory
-from playbooks.types import Bottleneck
 
 # KV usage at or above this with a queue: the block pool is the limit. vLLM counts cached
 # blocks nobody references as free (v1/core/block_pool.py: they are evicted on demand), so a

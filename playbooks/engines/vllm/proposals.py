@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from playbooks.engines.types import Bottleneck, Option
 from playbooks.engines.vllm.args import FP8_DTYPES
 from playbooks.engines.vllm.arguments import server_start_limit
 from playbooks.engines.vllm.capacity import HIGHEST_UTILIZATION, RECOMMENDED_UTILIZATION
@@ -30,7 +31,6 @@ from playbooks.engines.vllm.facts import (
 )
 from playbooks.engines.vllm.shared_gpu import highest_that_starts
 from playbooks.engines.vllm.verdicts import evaluate
-from playbooks.types import Bottleneck, Option
 
 UTILIZATION_STEP = 0.005  # a value closer than this to today's is not worth a restart
 FEWER_SEQS = 0.75  # max_num_seqs against preemption: this share of what ran

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from playbooks.diagnose.measure import Measurement
 from playbooks.engines.base import Assessment
 from playbooks.engines.disaggregation import not_judged
+from playbooks.engines.types import VERDICT_ORDER, Bottleneck, Measurement, Option
 from playbooks.engines.vllm.args import FP8_DTYPES
 from playbooks.engines.vllm.bottleneck import analyse
 from playbooks.engines.vllm.capacity import CapacityModel, GpuMemory, block_bytes_of
@@ -31,10 +31,9 @@ from playbooks.engines.vllm.proposals import propose
 from playbooks.engines.vllm.verdicts import evaluate, judge_change
 from playbooks.sources.gpu import GpuUnavailable
 from playbooks.sources.host import HostMemory, HostUnavailable
-from playbooks.types import VERDICT_ORDER, Bottleneck, Option
 
 if TYPE_CHECKING:
-    from playbooks.diagnose.playbook import DiagnoseSettings
+    from playbooks.engines.types import DiagnoseSettings
 
 __all__ = [
     "Context",

@@ -19,10 +19,10 @@ from playbooks.engines.findings import (
     option_of,
     worst,
 )
+from playbooks.engines.types import Bottleneck, Option, Verdict
 from playbooks.engines.vllm.arguments import checks_for
 from playbooks.engines.vllm.checks import Change
 from playbooks.engines.vllm.facts import Context, Observed, Server
-from playbooks.types import Bottleneck, Option, Verdict
 
 
 def findings_of(change: Change, seen: Observed | None) -> list[Finding]:

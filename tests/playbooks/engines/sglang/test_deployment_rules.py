@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines.sglang.arguments import PrefillChunkCheck
 from playbooks.engines.sglang.checks import Change
 from playbooks.engines.sglang.client import ServerInfo, parse_server_info
@@ -16,6 +15,7 @@ from playbooks.engines.sglang.geometry import geometry_of
 from playbooks.engines.sglang.hicache import HostPoolCheck
 from playbooks.engines.sglang.reserve import sglang_reserve
 from playbooks.engines.sglang.rules import ServerRules, evaluate, propose, rules_for
+from playbooks.engines.types import DiagnoseSettings
 from playbooks.sources.gpu import FakeGpuReader, GpuState
 from playbooks.sources.host import HostMemory
 from tests.playbooks.engines.sglang.test_geometry import GPT_OSS, KIMI_K2, QWEN3_NEXT

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from playbooks.diagnose.measure import measurement_of
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import engine_named, restore_snapshot
 from playbooks.engines.base import Snapshot
+from playbooks.engines.types import DiagnoseSettings
 from playbooks.sources.model_config import LocalModelConfigs
 
 RUN = Path(__file__).parents[3] / "fixtures" / "gpu" / "h200-sglang-0.5.17"

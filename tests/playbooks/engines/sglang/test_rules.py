@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose.measure import Measurement
 from playbooks.engines.sglang.bottleneck import pools_evidence
 from playbooks.engines.sglang.capacity import GpuMemory, build_model
 from playbooks.engines.sglang.client import MemoryReport, ServerInfo
 from playbooks.engines.sglang.rules import Context, analyse, evaluate, propose
+from playbooks.engines.types import Measurement
 from playbooks.sources.host import HostMemory
 from playbooks.stats.intervals import Interval
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines.sglang.client import parse_server_info
 from playbooks.engines.sglang.rules import ServerRules, evaluate, propose, rules_for
+from playbooks.engines.types import DiagnoseSettings
 from tests.paths import FIXTURES
 from tests.playbooks.engines.sglang.test_geometry import KIMI_K2
 from tests.playbooks.engines.sglang.test_rules import measurement

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines.base import ArgError
+from playbooks.engines.types import DiagnoseSettings
 from playbooks.engines.vllm import ENGINE
 from playbooks.engines.vllm.args import (
     ALLOWED,
