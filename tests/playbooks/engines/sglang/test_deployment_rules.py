@@ -13,8 +13,10 @@ from playbooks.engines.sglang.client import ServerInfo, parse_server_info
 from playbooks.engines.sglang.deployment import attn_dp_size, decode_max_bs, deployment_of
 from playbooks.engines.sglang.geometry import geometry_of
 from playbooks.engines.sglang.hicache import HostPoolCheck
+from playbooks.engines.sglang.proposals import propose
 from playbooks.engines.sglang.reserve import sglang_reserve
-from playbooks.engines.sglang.rules import ServerRules, evaluate, propose, rules_for
+from playbooks.engines.sglang.rules import ServerRules, rules_for
+from playbooks.engines.sglang.verdicts import evaluate
 from playbooks.engines.types import DiagnoseSettings
 from playbooks.sources.gpu import FakeGpuReader, GpuState
 from playbooks.sources.host import HostMemory
