@@ -251,7 +251,7 @@ def test_data_and_kvpilots_own_words_pass(line: str) -> None:
 @pytest.mark.parametrize(
     "source",
     [
-        "from playbooks.engines.sglang.args import ALLOWED",
+        "from playbooks.engines.sglang.allow_list import ALLOWED",
         "from playbooks.engines.sglang import ENGINE",
         "from playbooks.engines import sglang",
         "import playbooks.engines.sglang.client",

@@ -5,8 +5,8 @@ in modules of their own:
 
 facts.py        the facts the rules read (`Server` before a measurement, `Context` with one)
 bottleneck.py   `analyse()`: the bottleneck with numbers, an ordered table of rules
-checks.py       what a check of a launch argument is: a safety half, a usefulness half
-arguments.py    one check per launch argument, in a table by name
+proposed_change.py       what a check of a launch argument is: a safety half, a usefulness half
+argument_checks.py    one check per launch argument, in a table by name
 hicache.py      the hierarchical cache's host pool against host RAM
 verdicts.py     `evaluate()` one change with a measurement, `judge_change()` without
 proposals.py    `propose()`: the changes for a bottleneck, an ordered table of rules

@@ -1,4 +1,4 @@
-"""SGLang's verdict on a change: its checks (`arguments.py`), the throughput a larger pool may
+"""SGLang's verdict on a change: its checks (`argument_checks.py`), the throughput a larger pool may
 buy, and the option's title and static GPU memory; the walk is `playbooks.engines.kit.verdicts`.
 """
 
@@ -13,8 +13,8 @@ from playbooks.engines.findings import (
 )
 from playbooks.engines.kit.checks import Observed
 from playbooks.engines.kit.verdicts import Verdicts
-from playbooks.engines.sglang.arguments import checks_for
-from playbooks.engines.sglang.checks import Change
+from playbooks.engines.sglang.argument_checks import checks_for
+from playbooks.engines.sglang.proposed_change import Change
 from playbooks.engines.timebudget import Traffic
 
 __all__ = ["NOTHING_AGAINST", "RESTART_RISK", "evaluate", "judge_change", "worst"]

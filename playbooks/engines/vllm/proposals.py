@@ -15,10 +15,9 @@ import math
 from collections.abc import Callable
 
 from playbooks.engines.types import Bottleneck, Option
-from playbooks.engines.vllm.args import FP8_DTYPES
-from playbooks.engines.vllm.arguments import server_start_limit
+from playbooks.engines.vllm.allow_list import FP8_DTYPES
+from playbooks.engines.vllm.argument_checks import server_start_limit
 from playbooks.engines.vllm.capacity import HIGHEST_UTILIZATION, RECOMMENDED_UTILIZATION
-from playbooks.engines.vllm.checks import HOST_SHARE
 from playbooks.engines.vllm.facts import (
     PREEMPTIONS_PER_MIN_HIGH,
     Context,
@@ -29,6 +28,7 @@ from playbooks.engines.vllm.facts import (
     requests_fitting,
     seq_cap_total,
 )
+from playbooks.engines.vllm.proposed_change import HOST_SHARE
 from playbooks.engines.vllm.shared_gpu import highest_that_starts
 from playbooks.engines.vllm.verdicts import evaluate
 

@@ -4,7 +4,7 @@ Pure functions over typed facts, in modules of their own:
 
 facts.py        the facts the rules read (`Server` before a measurement, `Context` with one)
 bottleneck.py   `analyse()`: the bottleneck with numbers, an ordered table of rules
-checks.py       one check per launch argument: a safety half, a usefulness half
+proposed_change.py       one check per launch argument: a safety half, a usefulness half
 verdicts.py     `evaluate()` one change with a measurement, `judge_change()` without
 proposals.py    `propose()`: the changes for a bottleneck, an ordered table of rules
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 from playbooks.engines.disaggregation import not_judged
 from playbooks.engines.kit import rules as kit
 from playbooks.engines.types import Bottleneck, DiagnoseSettings, Measurement
-from playbooks.engines.vllm.args import FP8_DTYPES
+from playbooks.engines.vllm.allow_list import FP8_DTYPES
 from playbooks.engines.vllm.bottleneck import analyse
 from playbooks.engines.vllm.capacity import CapacityModel, GpuMemory, block_bytes_of
 from playbooks.engines.vllm.client import VLLMSettings

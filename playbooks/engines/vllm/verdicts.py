@@ -1,4 +1,4 @@
-"""vLLM's verdict on a change: its checks (`arguments.py`), the throughput a larger pool may
+"""vLLM's verdict on a change: its checks (`argument_checks.py`), the throughput a larger pool may
 buy and the option's title; the walk is `playbooks.engines.kit.verdicts`.
 """
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from playbooks.engines.findings import BatchLimits, kv_capacity_gain
 from playbooks.engines.kit.checks import Observed
 from playbooks.engines.kit.verdicts import Verdicts
-from playbooks.engines.vllm.arguments import checks_for
-from playbooks.engines.vllm.checks import Change
+from playbooks.engines.vllm.argument_checks import checks_for
+from playbooks.engines.vllm.proposed_change import Change
 
 
 def capacity_gain(

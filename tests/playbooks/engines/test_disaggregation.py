@@ -17,7 +17,7 @@ import pytest
 
 from playbooks.engines.sglang.rules import rules_for
 from playbooks.engines.types import DiagnoseSettings
-from playbooks.engines.vllm.args import launch_settings
+from playbooks.engines.vllm.allow_list import launch_settings
 from playbooks.engines.vllm.client import from_server_info
 from playbooks.engines.vllm.rules import ServerRules
 from tests.playbooks.engines.sglang.test_rules import info, measurement

@@ -17,7 +17,7 @@ import pytest
 from playbooks.engines.base import ArgError
 from playbooks.engines.types import DiagnoseSettings
 from playbooks.engines.vllm import ENGINE
-from playbooks.engines.vllm.args import (
+from playbooks.engines.vllm.allow_list import (
     ALLOWED,
     AUTO,
     arg_value,

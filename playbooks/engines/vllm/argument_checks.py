@@ -1,7 +1,7 @@
 """The check of each vLLM launch argument kvpilot may change, and the table that picks them.
 
 The shared parts (the `Change` every check sees, the `Check` halves, the start-up check every
-pool-moving argument gets) are in `checks.py`; here is what each argument's safety and
+pool-moving argument gets) are in `proposed_change.py`; here is what each argument's safety and
 usefulness mean, in vLLM's terms, with the source each limit comes from.
 """
 
@@ -19,15 +19,6 @@ from playbooks.engines.vllm.capacity import (
     RECOMMENDED_UTILIZATION,
     dtype_bytes,
 )
-from playbooks.engines.vllm.checks import (
-    DEFAULT_CAPTURE_CEILING,
-    HOST_SHARE,
-    OOM_RISK,
-    Change,
-    Check,
-    StartsCheck,
-    capacity_usefulness,
-)
 from playbooks.engines.vllm.facts import (
     PREEMPTIONS_PER_MIN_HIGH,
     Server,
@@ -35,6 +26,15 @@ from playbooks.engines.vllm.facts import (
     preempts_often,
     prefix_heavy,
     seq_cap_total,
+)
+from playbooks.engines.vllm.proposed_change import (
+    DEFAULT_CAPTURE_CEILING,
+    HOST_SHARE,
+    OOM_RISK,
+    Change,
+    Check,
+    StartsCheck,
+    capacity_usefulness,
 )
 from playbooks.engines.vllm.shared_gpu import (
     StartLimit,

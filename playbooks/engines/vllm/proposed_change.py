@@ -6,7 +6,7 @@ address the bottleneck) reads a measurement. Each half answers with a `Finding`
 (`playbooks.engines.findings`); `verdicts.py` combines them. Arguments interact (a new
 utilization and a new KV dtype move the same pool; the token budget must cover the sequence
 cap), so every check sees the whole `Change`. An argument no check covers is refused. The
-checks of each argument, and the table that picks them, are in `arguments.py`.
+checks of each argument, and the table that picks them, are in `argument_checks.py`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from playbooks.engines.findings import NOTHING, BatchCap, Finding
 from playbooks.engines.kit import checks as kit
 from playbooks.engines.kit.checks import Observed
-from playbooks.engines.vllm.args import AUTO
+from playbooks.engines.vllm.allow_list import AUTO
 from playbooks.engines.vllm.capacity import (
     CapacityModel,
 )

@@ -12,7 +12,6 @@ from typing import Any
 from playbooks.engines.kit import checks as kit
 from playbooks.engines.kit.checks import Observed
 from playbooks.engines.sglang.capacity import ACTIVATION_FLOOR_GIB
-from playbooks.engines.sglang.checks import NOTHING, Change, Check, Finding, dtype_bytes
 from playbooks.engines.sglang.deployment import decode_max_bs
 from playbooks.engines.sglang.facts import (
     RETRACTIONS_PER_MIN_HIGH,
@@ -28,6 +27,7 @@ from playbooks.engines.sglang.facts import (
 )
 from playbooks.engines.sglang.hicache import PROMPT_HEAVY, HostPoolCheck
 from playbooks.engines.sglang.metrics import binding_pool_of
+from playbooks.engines.sglang.proposed_change import NOTHING, Change, Check, Finding, dtype_bytes
 from playbooks.engines.sglang.reservation import CONSERVATIVENESS_SATURATION, initial_ratio
 from playbooks.engines.sglang.reserve import Deployment, sglang_reserve
 from playbooks.engines.types import Measurement
