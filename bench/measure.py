@@ -29,8 +29,9 @@ from dataclasses import dataclass
 import httpx
 
 from playbooks.clock import ManualClock
-from playbooks.diagnose.measure import MeasurePlan, measure
+from playbooks.diagnose.measure import measure
 from playbooks.engines.sglang.client import SGLangClient
+from playbooks.engines.types import MeasurePlan
 from sim.simulate import simulate
 
 INCIDENT = ["--mem-fraction-static", "0.85"]

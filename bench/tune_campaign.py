@@ -32,13 +32,13 @@ from playbooks.campaigns.after import reassessor
 from playbooks.campaigns.policy import Bound, Choice, Tried, bound_from, campaign_stop, choose_next
 from playbooks.campaigns.room import GpuRoom, RoomBefore, credited
 from playbooks.diagnose.measure import MeasurementError, measurement_of
-from playbooks.diagnose.playbook import DiagnoseSettings, diagnose
+from playbooks.diagnose.playbook import diagnose
 from playbooks.engines.base import Snapshot
+from playbooks.engines.types import DiagnoseSettings, Option
 from playbooks.gate import GateDecision, GateSettings, decide
 from playbooks.gate.settings import sized_for
 from playbooks.gate.windows import trial_window
 from playbooks.sources.host import ConfiguredHost
-from playbooks.types import Option
 from sim.memory import StartupFailure
 
 

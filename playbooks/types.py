@@ -3,56 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
+
+from playbooks.engines.types import Bottleneck, Option
 
 if TYPE_CHECKING:
     from playbooks.engines.timebudget import TimeBudget
     from playbooks.gate.latency import WindowLatency
-
-Verdict = Literal["recommended", "possible", "needs_opt_in", "unsafe", "not_useful"]
-# "stalled": the server answers but generates nothing (`playbooks.experiments.stall`); no
-# engine's rules name it, the diagnosis does, over their answer
-Bottleneck = Literal["kv_cache", "compute", "client", "prefill", "unknown", "stalled"]
-VERDICT_ORDER: dict[str, int] = {
-    "unsafe": 0,
-    "needs_opt_in": 1,
-    "not_useful": 2,
-    "possible": 3,
-    "recommended": 4,
-}
-
-
-@dataclass(frozen=True)
-class Option:
-    """One change (or action) with its prediction and verdict."""
-
-    title: str
-    change: dict[str, Any]  # SGLang server-arg names -> values; {} for actions off the server
-    verdict: Verdict
-    predicted_max_total_num_tokens: int | None
-    predicted_gain: tuple[float, float] | None  # relative throughput change, low..high
-    risk: str
-    reasons: list[str]
-    considered: bool = False  # asked for with --consider
-    # GPU memory per GPU the change adds to the server's static allocations (the KV pool, a
-    # cache's buffers), where the engine's rules can say: what a measured room must hold
-    static_gpu_gib: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        gain = None
-        if self.predicted_gain is not None:
-            low, high = self.predicted_gain
-            gain = {"low": round(low, 4), "high": round(high, 4)}
-        return {
-            "title": self.title,
-            "change": self.change,
-            "predicted_max_total_num_tokens": self.predicted_max_total_num_tokens,
-            "predicted_throughput_change": gain,
-            "verdict": self.verdict,
-            "risk": self.risk,
-            "reasons": self.reasons,
-            "considered": self.considered,
-        }
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from playbooks.engines.base import ArgError
-from playbooks.engines.sglang.args import (
+from playbooks.engines.sglang.allow_list import (
     ALLOWED,
     BoolValue,
     ChoiceValue,

@@ -15,8 +15,11 @@
 6. Slack's ID syntax stays in `bot/slack/`: the chat core, the shared plumbing (the
    configuration included) and the reports spell no Slack ID, mention or prefix test; they ask
    the front end's `bot.chat.identity.Identity`.
+7. No import circles among the product modules (`import_graph.py`): a module's import-time
+   imports never lead back to it. The seam's own modules (`playbooks/engines/base.py`,
+   `types.py`) import nothing of the playbooks that use them, not even for type checking.
 
-Imports inside functions (the lazy, heavy ones) count like any other.
+Imports inside functions (the lazy, heavy ones) count like any other in rules 1 to 6.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from playbooks.engines import NAMES, engine_named
+from tests.import_graph import cycles, import_graph
 
 REPO = Path(__file__).resolve().parent.parent
 # package -> the project packages it may import
@@ -205,6 +209,26 @@ def test_only_the_slack_front_end_spells_slack_ids() -> None:
     assert not bad, "\n".join(bad)
 
 
+def test_no_import_circles_among_product_modules() -> None:
+    found = cycles(import_graph(REPO, PRODUCT))
+    assert not found, "\n".join(" -> ".join(cycle) for cycle in found)
+
+
+SEAM = ("playbooks.engines.base", "playbooks.engines.types")
+
+
+def test_the_seam_imports_no_playbook_that_uses_it() -> None:
+    """Counting type-checking imports too: the interface's types are the engines' own."""
+    graph = import_graph(REPO, PRODUCT, type_checking=True)
+    bad = [
+        f"{module} imports {imported}"
+        for module in SEAM
+        for imported in sorted(graph[module])
+        if not imported.startswith(("playbooks.engines", "playbooks.stats", "playbooks.sources"))
+    ]
+    assert not bad, "\n".join(bad)
+
+
 # ----------------------------------------------------------------------------- the rules bite
 @pytest.mark.parametrize(
     ("engine", "words"),
@@ -255,7 +279,7 @@ def test_data_and_kvpilots_own_words_pass(line: str) -> None:
 @pytest.mark.parametrize(
     "source",
     [
-        "from playbooks.engines.sglang.args import ALLOWED",
+        "from playbooks.engines.sglang.allow_list import ALLOWED",
         "from playbooks.engines.sglang import ENGINE",
         "from playbooks.engines import sglang",
         "import playbooks.engines.sglang.client",
@@ -359,3 +383,29 @@ def test_slack_id_syntax_in_the_core_is_caught(rel: str, line: str) -> None:
 )
 def test_the_front_end_and_neutral_words_pass(rel: str, line: str) -> None:
     assert not slack_syntax(rel, line)
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"a.py": "import b", "b.py": "from a import x"}, [["a", "b"]]),
+        ({"p/__init__.py": "from p.q import y", "p/q.py": "import r", "r.py": "import p.s"}, 1),
+        ({"a.py": "import b", "b.py": "def f():\n    import a"}, []),  # lazy: not at import
+        (
+            {
+                "a.py": "import b",
+                "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a",
+            },
+            [],
+        ),
+        ({"p/__init__.py": "from p import q", "p/q.py": "from p import r", "p/r.py": ""}, []),
+    ],
+)
+def test_an_import_circle_is_caught(
+    tmp_path: Path, files: dict[str, str], expected: object
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = cycles(import_graph(tmp_path, ("a", "b", "p", "r")))
+    assert (len(found) if isinstance(expected, int) else found) == expected

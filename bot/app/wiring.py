@@ -15,9 +15,9 @@ from bot.app.holds import hold_for
 from playbooks.campaigns.policy import Unchanged
 from playbooks.campaigns.room import GpuRoom, RoomBefore, read_after, read_before, room_of
 from playbooks.clock import Clock, at_scale
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import default_engine, detect, engine_named
 from playbooks.engines.base import Engine, EngineClient, EngineError, LaunchArgs
+from playbooks.engines.types import DiagnoseSettings, Option
 from playbooks.experiments import no_change
 from playbooks.experiments.machine import Deps
 from playbooks.experiments.restart_limits import RestartLimiter
@@ -33,7 +33,6 @@ from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
 from playbooks.sources.metrics_source import with_metrics_source
 from playbooks.sources.model_config import LocalModelConfigs
 from playbooks.sources.prometheus import DcgmGpuReader, PrometheusAPI, PrometheusMetrics
-from playbooks.types import Option
 from storage import freezes
 from storage.clock_anchors import Anchor, anchor_for, continued, record_anchor
 from storage.db import open_db

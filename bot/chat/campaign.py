@@ -43,8 +43,8 @@ from playbooks.campaigns.policy import (
 )
 from playbooks.campaigns.room import RoomBefore
 from playbooks.engines.base import EngineError
+from playbooks.engines.types import Option
 from playbooks.launchers.base import LaunchError
-from playbooks.types import Option
 from storage import campaigns as campaign_store
 from storage import chat
 from storage import experiments as store

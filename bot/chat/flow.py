@@ -55,11 +55,11 @@ from playbooks.engines.base import (
     ServerSettings,
     Snapshot,
 )
+from playbooks.engines.types import Option
 from playbooks.experiments import no_change
 from playbooks.experiments.machine import ApprovedPlan
 from playbooks.experiments.sampling import store_scrapes
 from playbooks.launchers.base import LaunchError
-from playbooks.types import Option
 from storage import audit, chat
 from storage import experiments as store
 from storage import proposals as proposal_store

@@ -23,12 +23,13 @@ from bot.cli.output import add_output, id_argument
 from bot.cli.report import add_report_parser, cmd_report
 from bot.cli.rollout_parser import add_rollout_parser
 from playbooks.clock import at_scale
-from playbooks.diagnose.measure import MeasurementError, MeasurePlan
-from playbooks.diagnose.playbook import DiagnoseSettings, diagnose
+from playbooks.diagnose.measure import MeasurementError
+from playbooks.diagnose.playbook import diagnose
 from playbooks.engines import DEFAULT as DEFAULT_ENGINE
 from playbooks.engines import NAMES as ENGINE_NAMES
 from playbooks.engines import detect, engine_named
 from playbooks.engines.base import ArgError, EngineError
+from playbooks.engines.types import DiagnoseSettings, MeasurePlan
 from playbooks.sources.gpu import NvmlGpuReader
 from playbooks.sources.host import ConfiguredHost, HostReader, MeminfoReader
 from playbooks.sources.model_config import LocalModelConfigs

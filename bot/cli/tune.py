@@ -47,10 +47,10 @@ from playbooks.clock import Clock
 from playbooks.diagnose.measure import MeasurementError, measurement_of
 from playbooks.diagnose.playbook import diagnose
 from playbooks.engines.base import ArgError, EngineClient, Snapshot
+from playbooks.engines.types import Option
 from playbooks.experiments import machine, no_change
 from playbooks.experiments.ownership import Lease
 from playbooks.experiments.sampling import store_scrapes
-from playbooks.types import Option
 from storage import campaigns as campaign_store
 from storage import experiments as store
 

@@ -28,15 +28,14 @@ from playbooks.campaigns.policy import (
     choose_next,
 )
 from playbooks.campaigns.room import GpuRoom
-from playbooks.diagnose.measure import Measurement, MeasurementError, measurement_of
-from playbooks.diagnose.playbook import DiagnoseSettings
+from playbooks.diagnose.measure import MeasurementError, measurement_of
 from playbooks.engines import restore_snapshot
 from playbooks.engines.base import Assessment, Engine, EngineClient, ServerSettings, Snapshot
+from playbooks.engines.types import DiagnoseSettings, Measurement, Option
 from playbooks.experiments.advance import settings_of
 from playbooks.experiments.failures import lesson_words
 from playbooks.experiments.outcome import Ending, Outcome, ending
 from playbooks.gate.windows import trial_window
-from playbooks.types import Option
 from storage import campaigns as campaign_store
 from storage import experiments as store
 from storage import samples as sample_store

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from playbooks.campaigns.room import MIN_CREDITED_CHUNK, GpuRoom
-from playbooks.types import Option
+from playbooks.engines.types import Option
 
 Reassess = Callable[[Sequence[dict[str, Any]]], Sequence[Option]]
 FIT_STEP = 0.01  # memory fractions are tried this far apart, largest first

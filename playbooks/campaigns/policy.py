@@ -27,8 +27,8 @@ from typing import Any
 from playbooks.campaigns.cutdown import Reassess, expected_gain, fitted, within_plan
 from playbooks.campaigns.room import GpuRoom
 from playbooks.engines.exits import Failure
+from playbooks.engines.types import Option, Verdict
 from playbooks.experiments.failures import teaches_about_memory
-from playbooks.types import Option, Verdict
 
 # Causes (playbooks.experiments.outcome.CAUSES keys) that may say the configuration itself
 # cannot run: a failed start or a death under load, when the failure they recorded is evidence

@@ -31,8 +31,8 @@ ROOM_MARGIN_GIB = 1.0
 
 
 # Activations stop shrinking with the chunk below this many tokens (SGLang's reserve rule
-# counts at least this much: `playbooks/engines/sglang/arguments.py::MIN_CHUNK`), so nothing is
-# credited below it and no step halves the chunk past it.
+# counts at least this much: `playbooks/engines/sglang/argument_checks.py::MIN_CHUNK`), so
+# nothing is credited below it and no step halves the chunk past it.
 MIN_CREDITED_CHUNK = 2048
 # A step must give up at least this share of its chunk to measure what a token takes: over a
 # few tokens the readings' own noise would be divided by little and credited at scale.

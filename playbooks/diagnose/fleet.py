@@ -18,10 +18,11 @@ from typing import Any
 
 from playbooks.clock import Clock
 from playbooks.diagnose.measure import MeasurementError
-from playbooks.diagnose.playbook import DiagnoseSettings, diagnose
+from playbooks.diagnose.playbook import diagnose
 from playbooks.engines.base import EngineClient, EngineError
+from playbooks.engines.types import VERDICT_ORDER, DiagnoseSettings
 from playbooks.sources.metrics_source import describe_source
-from playbooks.types import VERDICT_ORDER, DiagnoseFinding
+from playbooks.types import DiagnoseFinding
 
 
 # ----------------------------------------------------------------------------- diagnose

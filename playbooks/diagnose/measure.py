@@ -26,11 +26,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from playbooks.clock import Clock
 from playbooks.engines.base import EngineClient, MetricsDisabled, Snapshot
-from playbooks.engines.timebudget import TimeBudget, budget_between
+from playbooks.engines.timebudget import budget_between
+from playbooks.engines.types import Measurement, MeasurePlan
 from playbooks.gate.counted import counted
 from playbooks.stats.batch_means import (
     S,
@@ -47,75 +48,6 @@ MIN_BATCHES = 8
 
 class MeasurementError(Exception):
     pass
-
-
-@dataclass(frozen=True)
-class MeasurePlan:
-    precision: float = 0.05
-    confidence: float = 0.95
-    min_window_s: float = 180.0
-    max_window_s: float = 900.0
-    batch_s: float = 30.0
-    scrape_s: float = 5.0
-    fixed_window_s: float | None = None
-
-    def __post_init__(self) -> None:
-        if not 0 < self.precision < 1:
-            raise ValueError(f"precision must be between 0 and 1, got {self.precision}")
-        if self.fixed_window_s is not None and self.fixed_window_s < 2 * self.scrape_s:
-            raise ValueError(
-                f"a window of {self.fixed_window_s:g} s is too short: it must cover at least two "
-                f"scrapes ({2 * self.scrape_s:g} s)"
-            )
-        if self.min_window_s > self.max_window_s:
-            raise ValueError("min_window_s must not exceed max_window_s")
-
-
-@dataclass
-class Measurement:
-    window_s: float
-    batch_s: float
-    batches: int
-    lag1: float
-    stop_reason: str
-    source: str  # "metrics" or "loads"
-    generation: Interval | None
-    effective: Interval | None
-    prompt_tokens_per_s: float | None
-    requests_per_s: float | None
-    completed_requests: int | None
-    avg_prompt_tokens: float | None
-    avg_output_tokens: float | None
-    running: float
-    queued: float
-    queued_max: float
-    queue_nonempty_fraction: float
-    token_usage: float | None
-    cache_hit_rate: float | None
-    cached_fraction: float | None
-    retractions: int | None
-    retractions_seen_in_gauge: int
-    usage_trend: tuple[float, float] | None = None  # mean usage in the first and last third
-    # A hybrid model's KV pools, each its own window mean (`token_usage` is the fullest's).
-    full_usage: float | None = None
-    swa_usage: float | None = None
-    mamba_usage: float | None = None
-    swa_capacity_tokens: int | None = None  # the sliding-window pool's size, newest reading
-    notes: list[str] = field(default_factory=list)
-    new_token_ratio: float | None = None  # the engine's reserve share of remaining output, mean
-    grammar_queued: float | None = None  # mean requests waiting for a grammar to compile
-    deferred_queued: float | None = None  # mean of `queued` waiting for other than KV room
-    rejections: int | None = None  # requests refused at admission by a queue limit, window
-    evicted_tokens: int | None = None  # prefix-cache tokens dropped from the GPU, window
-    loaded_back_tokens: int | None = None  # tokens loaded back from a host tier, window
-    # where the schedulers' busy time went (None where the engine does not account for it)
-    time_budget: TimeBudget | None = None
-
-    @property
-    def avg_tokens_per_request(self) -> float | None:
-        if self.avg_prompt_tokens is None or self.avg_output_tokens is None:
-            return None
-        return self.avg_prompt_tokens + self.avg_output_tokens
 
 
 ProgressFn = Callable[[float, float, str], None]

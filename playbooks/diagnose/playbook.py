@@ -13,35 +13,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from playbooks.clock import Clock
-from playbooks.diagnose.measure import Measurement, MeasurePlan, measure
+from playbooks.diagnose.measure import measure
 from playbooks.engines.base import Assessment, EngineClient, EngineError, Snapshot
+from playbooks.engines.types import DiagnoseSettings, Measurement
 from playbooks.experiments import stall
 from playbooks.gate.latency import WindowLatency, targets_of, window_latency, window_slo_holds
 from playbooks.gate.settings import STALL_BATCHES
-from playbooks.sources.gpu import GpuReader
-from playbooks.sources.host import HostReader
-from playbooks.sources.model_config import ModelConfigReader
 from playbooks.types import DiagnoseFinding, Rate
-
-
-@dataclass(frozen=True)
-class DiagnoseSettings:
-    """The measurement plan, the changes asked about, and the probes the rules may read."""
-
-    plan: MeasurePlan = field(default_factory=MeasurePlan)
-    consider: tuple[dict[str, Any], ...] = ()
-    gpu_memory_gib: float | None = None  # free GPU memory before weights, per GPU (config)
-    gpus: GpuReader | None = None  # only when the bot runs on the server's GPU host
-    host: HostReader | None = None
-    models: ModelConfigReader | None = None  # the served model's config.json, on the GPU host
-    # latency targets the window's p99s are held to (configuration; None: reported only)
-    ttft_p99_s: float | None = None
-    itl_p99_ms: float | None = None
 
 
 def diagnose(

@@ -7,12 +7,19 @@ types in `playbooks.engines.base`; an engine's own modules are its private busin
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from importlib import import_module
 from typing import Any
 
 from playbooks.engines.base import Engine, EngineClient, ServerSettings, Snapshot, WrongEngine
 
 DEFAULT = "sglang"
-NAMES = ("sglang", "vllm")  # detect() asks them in this order
+# name -> the module whose `ENGINE` it is, imported when first asked; detect() asks them in
+# this order. Adding an engine is one entry here.
+ENGINES: dict[str, str] = {
+    "sglang": "playbooks.engines.sglang",
+    "vllm": "playbooks.engines.vllm",
+}
+NAMES = tuple(ENGINES)
 
 
 class UnknownEngine(ValueError):
@@ -21,15 +28,11 @@ class UnknownEngine(ValueError):
 
 def engine_named(name: str) -> Engine:
     """The engine called `name` in configuration (raises UnknownEngine, naming the choices)."""
-    if name == "sglang":
-        from playbooks.engines.sglang import ENGINE  # noqa: PLC0415 - loaded when first asked
-
-        return ENGINE
-    if name == "vllm":
-        from playbooks.engines.vllm import ENGINE as VLLM_ENGINE  # noqa: PLC0415 - as above
-
-        return VLLM_ENGINE
-    raise UnknownEngine(f"unknown engine {name!r}; kvpilot drives: {', '.join(NAMES)}")
+    module = ENGINES.get(name)
+    if module is None:
+        raise UnknownEngine(f"unknown engine {name!r}; kvpilot drives: {', '.join(ENGINES)}")
+    engine: Engine = import_module(module).ENGINE
+    return engine
 
 
 def default_engine() -> Engine:

@@ -24,15 +24,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from playbooks.engines.exits import ExitCause
 from playbooks.engines.timebudget import StepCounters
-
-if TYPE_CHECKING:
-    from playbooks.diagnose.measure import Measurement
-    from playbooks.diagnose.playbook import DiagnoseSettings
-    from playbooks.types import Bottleneck, Option
+from playbooks.engines.types import Bottleneck, DiagnoseSettings, Measurement, Option
 
 
 class EngineError(Exception):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from playbooks.engines.timebudget import KV_COST, TimeBudget, Traffic
-from playbooks.types import VERDICT_ORDER, Option, Verdict
+from playbooks.engines.types import VERDICT_ORDER, Option, Verdict
 
 # How far the time-budget model's point errs, as measured against the twin's long-run effects
 # (`bench.tune`, BENCHMARKS.md "Tuning against an oracle"): a smaller prefill chunk adds

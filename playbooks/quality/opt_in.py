@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from playbooks.engines.types import Option
 from playbooks.quality.check import QualityCheck
-from playbooks.types import Option
 
 
 def guarded(option: Option, check: QualityCheck | None) -> Option:

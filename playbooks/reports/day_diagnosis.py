@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 
-from playbooks.diagnose.measure import Measurement
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
+from playbooks.engines.types import Measurement
 from playbooks.reports.report_model import Diagnosis
 from playbooks.stats.intervals import Interval
 from storage.metric_buckets import Bucket

@@ -12,7 +12,7 @@ import argparse
 
 import pytest
 
-from playbooks.engines.sglang.args import ALLOWED
+from playbooks.engines.sglang.allow_list import ALLOWED
 from sim.args import KV_DTYPE_CHOICES_0523, build_parser, resolve
 from tests.arg_cases import (
     SGLANG_0523,

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import engine_named
+from playbooks.engines.types import DiagnoseSettings
 from playbooks.sources.gpu import GpuReader
 from playbooks.sources.model_config import LocalModelConfigs
 

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from playbooks.engines.sglang.capacity import GpuMemory
-from playbooks.engines.sglang.checks import Change
 from playbooks.engines.sglang.client import ServerInfo, parse_server_info
 from playbooks.engines.sglang.deployment import attn_dp_size, deployment_of, parse_version
 from playbooks.engines.sglang.facts import Server, ranks_on_host
 from playbooks.engines.sglang.geometry import geometry_of
 from playbooks.engines.sglang.hicache import host_pool_tokens
+from playbooks.engines.sglang.proposed_change import Change
 from playbooks.engines.sglang.reserve import sglang_reserve
 from playbooks.engines.sglang.rules import capacity_model
 from playbooks.engines.sglang.verdicts import judge_change

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from playbooks.engines.sglang.args import ALLOWED, parse_change, with_change
+from playbooks.engines.sglang.allow_list import ALLOWED, parse_change, with_change
 from tests.arg_cases import (
     BASELINE,
     SGLANG_0523,

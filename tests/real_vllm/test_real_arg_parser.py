@@ -2,9 +2,9 @@
 kvpilot meant, and refuses what kvpilot refuses, except where kvpilot is stricter for a reason
 named in `STRICTER`.
 
-The edits are generated from kvpilot's allow-list (playbooks/engines/vllm/args.py): each entry's
-boundaries, typical values, every choice, on and off, other spellings of the same value and a few
-seeded draws, each typed as an operator would and put through `ENGINE.parse_change` and
+The edits are generated from kvpilot's allow-list (playbooks/engines/vllm/allow_list.py): each
+entry's boundaries, typical values, every choice, on and off, other spellings of the same value
+and a few seeded draws, each typed as an operator would and put through `ENGINE.parse_change` and
 `ENGINE.with_change`; plus every change kvpilot's own proposal rules emit, over the recorded
 KV-bound server and the GPU scenarios of tests/playbooks/engines/vllm/test_rules.py. They are
 applied to the command line of the server kvpilot would restart (launch.py's defaults on the
@@ -31,11 +31,11 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines.base import ArgError
 from playbooks.engines.launch_args import BoolValue, ChoiceValue, FloatValue, IntValue
+from playbooks.engines.types import DiagnoseSettings
 from playbooks.engines.vllm import ENGINE
-from playbooks.engines.vllm.args import ALLOWED, AUTO, INT32_MAX, HumanInt, IntChoice
+from playbooks.engines.vllm.allow_list import ALLOWED, AUTO, INT32_MAX, HumanInt, IntChoice
 from playbooks.engines.vllm.proposals import propose
 from tests.playbooks.engines.vllm.recorded import RecordedModel, recorded_settings
 from tests.playbooks.engines.vllm.test_rules import (

@@ -2,7 +2,7 @@
 
 client.py      the HTTP API (both endpoint dialects): server info, loads, /metrics
 metrics.py     SGLang's metric names and the mapping to `Snapshot`
-args.py        the launch arguments kvpilot may change: types, ranges, command-line spelling
+allow_list.py        the launch arguments kvpilot may change: types, ranges, command-line spelling
 capacity.py    the KV-pool and memory arithmetic, the safety margins
 reserve.py     SGLang's own default reserve per GPU and deployment (the "recommended" floor)
 deployment.py  the deployment shape (TP, attention DP, CUDA graphs) from resolved arguments
@@ -25,7 +25,7 @@ from playbooks.engines.base import (
     Snapshot,
 )
 from playbooks.engines.exits import ExitCause
-from playbooks.engines.sglang import args as _args
+from playbooks.engines.sglang import allow_list as _args
 from playbooks.engines.sglang import client as _client
 from playbooks.engines.sglang import metrics as _metrics
 from playbooks.engines.sglang import rules as _rules
@@ -33,9 +33,7 @@ from playbooks.engines.sglang import signatures as _signatures
 from playbooks.engines.sglang.client import ServerInfo, SGLangClient, parse_server_info
 
 if TYPE_CHECKING:
-    from playbooks.diagnose.measure import Measurement
-    from playbooks.diagnose.playbook import DiagnoseSettings
-    from playbooks.types import Bottleneck
+    from playbooks.engines.types import Bottleneck, DiagnoseSettings, Measurement
 
 METRICS_FLAG = "--enable-metrics"  # kvpilot reads nothing without it
 # Endpoints kvpilot calls: both dialects' info and load paths, readiness, metrics.

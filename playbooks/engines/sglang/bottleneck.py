@@ -9,10 +9,10 @@ admission that looks too cautious is what is left when nothing else explains a q
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from playbooks.diagnose.measure import Measurement
+from playbooks.engines.kit import bottleneck as kit
+from playbooks.engines.kit.bottleneck import FILLING_RISE
 from playbooks.engines.sglang.deployment import dp_replicas
 from playbooks.engines.sglang.facts import (
     SATURATED_USAGE,
@@ -34,11 +34,12 @@ from playbooks.engines.sglang.reservation import (
     floor_ratio,
     initial_ratio,
 )
-from playbooks.types import Bottleneck
+from playbooks.engines.types import Measurement
 
-FILLING_RISE = 0.15  # usage rising by more than this over the window: the server is filling up
 RETRACTING_USAGE = 0.7  # with retractions, a pool this full already limits admission
 PREFILL_RATIO = 4.0  # prompt tokens per output token beyond which prefill dominates
+
+KV_FULL = kit.KvFull(SATURATED_USAGE, RETRACTING_USAGE, pool="KV pool", evicted="retracted")
 
 
 @dataclass(frozen=True)
@@ -55,17 +56,14 @@ class Signals:
 
 def signals(ctx: Context) -> Signals:
     m = ctx.m
-    usage = m.token_usage
-    usage_text = "unknown" if usage is None else f"{usage:.2f}"
-    if usage is not None and m.usage_trend is not None and m.usage_trend[1] > usage:
-        usage = m.usage_trend[1]
+    usage, usage_text = kit.usage_reached(m)
     return Signals(
-        m,
-        usage,
-        usage_text,
-        is_retracting(m),
-        running_cap_total(ctx.info),
-        reservation_binding(ctx.info, ctx.version, m),
+        m=m,
+        usage=usage,
+        usage_text=usage_text,
+        retracting=is_retracting(m),
+        running_cap=running_cap_total(ctx.info),
+        reservation=reservation_binding(ctx.info, ctx.version, m),
     )
 
 
@@ -143,13 +141,11 @@ def admission_evidence(ctx: Context) -> list[str]:
 
 
 def client_bound(s: Signals) -> str | None:
-    waiting_for_grammar = (s.m.grammar_queued or 0) >= 1
-    if s.m.queue_nonempty_fraction < 0.2 and s.m.queued < 1 and not waiting_for_grammar:
-        return (
-            "nothing waits: the server takes every request the clients send, so "
-            "throughput equals the offered load and no server change can raise it"
-        )
-    return None
+    return kit.nothing_waits(s.m, other_waits=(s.m.grammar_queued or 0) >= 1)
+
+
+def kv_bound(s: Signals) -> str | None:
+    return KV_FULL.says(s.usage, s.retracting)
 
 
 def grammar_bound(s: Signals) -> str | None:
@@ -159,19 +155,6 @@ def grammar_bound(s: Signals) -> str | None:
         f"{s.m.grammar_queued:.1f} requests waited for their grammar to compile, against "
         f"{s.m.queued:.1f} for KV: grammar compilation is CPU work before admission, so no "
         "KV-cache or admission change shortens that wait"
-    )
-
-
-def kv_bound(s: Signals) -> str | None:
-    usage = s.usage
-    if usage is None or not (
-        usage >= SATURATED_USAGE or (s.retracting and usage >= RETRACTING_USAGE)
-    ):
-        return None
-    return (
-        f"requests wait while the KV pool is {usage:.0%} used"
-        + (" and running requests are being retracted" if s.retracting else "")
-        + ": admission is limited by KV-cache capacity"
     )
 
 
@@ -246,13 +229,7 @@ def running_cap_bound(s: Signals) -> str | None:
 
 
 def prefill_bound(s: Signals) -> str | None:
-    prompt, output = s.m.prompt_tokens_per_s, s.m.effective
-    if prompt and output and output.mean > 0 and prompt > PREFILL_RATIO * output.mean:
-        return (
-            f"prompts dominate ({prompt:,.0f} prompt tok/s vs "
-            f"{output.mean:,.0f} output tok/s) while the pool has room: prefill limits"
-        )
-    return None
+    return kit.prompts_dominate(s.m, PREFILL_RATIO, "the pool has room: prefill limits")
 
 
 def admission_bound(s: Signals) -> str:
@@ -264,25 +241,16 @@ def admission_bound(s: Signals) -> str:
     )
 
 
-# In priority order: the first rule that matches names the bottleneck.
-BOTTLENECK_RULES: tuple[tuple[Bottleneck, Callable[[Signals], str | None]], ...] = (
-    ("client", client_bound),
-    ("unknown", grammar_bound),
-    ("kv_cache", kv_bound),
-    # A batch at its cap is refused before the token budget is asked (managers/scheduler.py
-    # `_get_new_batch_prefill_raw` checks `get_num_allocatable_reqs` before the PrefillAdder).
+# SGLang's own rows, after every engine's first three (`kit.Table`). A batch at its cap is
+# refused before the token budget is asked (managers/scheduler.py `_get_new_batch_prefill_raw`
+# checks `get_num_allocatable_reqs` before the PrefillAdder).
+RULES: kit.Rows[Signals] = (
     ("compute", running_cap_bound),
     ("kv_cache", reservation_bound),
     ("prefill", prefill_bound),
 )
 
 
-def analyse(ctx: Context) -> tuple[Bottleneck, list[str]]:
-    """The bottleneck and the evidence for it, the deciding sentence last."""
-    found = evidence(ctx)
-    s = signals(ctx)
-    for bottleneck, rule in BOTTLENECK_RULES:
-        because = rule(s)
-        if because is not None:
-            return bottleneck, [*found, because]
-    return "unknown", [*found, admission_bound(s)]
+# In priority order: the first rule that matches names the bottleneck.
+TABLE = kit.Table(signals, evidence, client_bound, grammar_bound, kv_bound, RULES, admission_bound)
+analyse = TABLE.analyse

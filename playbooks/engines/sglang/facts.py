@@ -2,20 +2,20 @@
 
 `Server` holds what is known before any measurement (settings, capacity model, host memory), so
 the safety half of a check cannot read a measurement by mistake; `Context` adds one measurement
-for the bottleneck analysis and the proposals; `Observed` is what the usefulness half reads.
+for the bottleneck analysis and the proposals; `Observed` (`playbooks.engines.kit.checks`) is
+what the usefulness half reads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from playbooks.diagnose.measure import Measurement
 from playbooks.engines.sglang.capacity import CapacityModel
 from playbooks.engines.sglang.client import ServerInfo
 from playbooks.engines.sglang.deployment import attn_dp_size, schedulers
 from playbooks.engines.sglang.reservation import Reservation, binding_reservation
+from playbooks.engines.types import Measurement
 from playbooks.sources.host import HostMemory
-from playbooks.types import Bottleneck
 
 # The first SGLang release with each host-pool behaviour, read in the released wheels.
 # mem_cache/pool_host/base.py host_memory_budget_bytes: available // ranks_per_host().
@@ -85,18 +85,6 @@ class Context:
     @property
     def host_pool_may_be_smaller(self) -> bool:
         return self.server.host_pool_may_be_smaller
-
-
-@dataclass(frozen=True)
-class Observed:
-    """What the usefulness half of a check reads: the measurement and the bottleneck it shows."""
-
-    m: Measurement
-    bottleneck: Bottleneck
-
-    @property
-    def kv_bound(self) -> bool:
-        return self.bottleneck == "kv_cache"
 
 
 def ranks_on_host(info: ServerInfo) -> int:

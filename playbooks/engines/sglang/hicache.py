@@ -18,15 +18,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from playbooks.engines.kit.checks import Observed
 from playbooks.engines.sglang.capacity import GIB, HOST_RESERVE_GIB, HostBudget
-from playbooks.engines.sglang.checks import (
+from playbooks.engines.sglang.facts import Server
+from playbooks.engines.sglang.proposed_change import (
     SWA_OFF_WITH_HICACHE,
     Change,
     Check,
     Finding,
     model_words,
 )
-from playbooks.engines.sglang.facts import Observed, Server
 
 DEFAULT_RATIO = 2.0  # SGLang's hicache_ratio when neither size nor ratio is given
 # 0.5.21 on: with neither size nor ratio given, SGLang lowers the default ratio until the host

@@ -11,10 +11,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from playbooks.engines.sglang.arguments import LPM_QUEUE_LIMIT, MIN_CHUNK, prefix_heavy
+from playbooks.engines.sglang.argument_checks import LPM_QUEUE_LIMIT, MIN_CHUNK, prefix_heavy
 from playbooks.engines.sglang.bottleneck import kv_bound, signals
 from playbooks.engines.sglang.capacity import GIB, HOST_MARGIN, HostBudget
-from playbooks.engines.sglang.checks import dtype_bytes
 from playbooks.engines.sglang.deployment import attn_dp_size, decode_max_bs, dp_replicas
 from playbooks.engines.sglang.facts import (
     RETRACTIONS_PER_MIN_HIGH,
@@ -27,9 +26,10 @@ from playbooks.engines.sglang.facts import (
     running_cap_total,
 )
 from playbooks.engines.sglang.hicache import race_limit_gb
+from playbooks.engines.sglang.proposed_change import dtype_bytes
 from playbooks.engines.sglang.reservation import CONSERVATIVENESS_SATURATION
 from playbooks.engines.sglang.verdicts import evaluate
-from playbooks.types import Bottleneck, Option
+from playbooks.engines.types import Bottleneck, Option
 
 FRACTION_STEP = 0.004  # a safe fraction closer than this to the current one is not worth a restart
 MORE_CAUTIOUS = 1.3  # schedule_conservativeness factor against frequent retractions

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from playbooks.diagnose.measure import Measurement
+from playbooks.engines.types import Measurement
 
 # What a running request is taken to reserve for: its answer's mean length, that length in full
 # (0.5.23's fixed-length requests), or a max_tokens larger than its answer (absent: the context).

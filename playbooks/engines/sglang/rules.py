@@ -5,25 +5,24 @@ in modules of their own:
 
 facts.py        the facts the rules read (`Server` before a measurement, `Context` with one)
 bottleneck.py   `analyse()`: the bottleneck with numbers, an ordered table of rules
-checks.py       what a check of a launch argument is: a safety half, a usefulness half
-arguments.py    one check per launch argument, in a table by name
+proposed_change.py       what a check of a launch argument is: a safety half, a usefulness half
+argument_checks.py    one check per launch argument, in a table by name
 hicache.py      the hierarchical cache's host pool against host RAM
 verdicts.py     `evaluate()` one change with a measurement, `judge_change()` without
 proposals.py    `propose()`: the changes for a bottleneck, an ordered table of rules
 
-This module gathers the facts (GPU memory, the capacity model, host RAM) and is the entry point:
-`rules_for()` and `bottleneck_of()`. `--consider KEY=VALUE` runs exactly the same checks as the
-bot's own proposals.
+The skeleton they fill in (the bottleneck table's walk, a check's halves, the verdicts, `assess`
+and `judge`) is shared: `playbooks.engines.kit`. This module gathers the facts (GPU memory, the
+capacity model, host RAM) and is the entry point: `rules_for()` and `bottleneck_of()`.
+`--consider KEY=VALUE` runs exactly the same checks as the bot's own proposals.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
 
-from playbooks.diagnose.measure import Measurement
-from playbooks.engines.base import Assessment
 from playbooks.engines.disaggregation import ROLES, not_judged
+from playbooks.engines.kit import rules as kit
 from playbooks.engines.sglang.bottleneck import analyse
 from playbooks.engines.sglang.bottleneck import evidence as measured_evidence
 from playbooks.engines.sglang.capacity import CapacityModel, GpuMemory, build_model
@@ -44,25 +43,8 @@ from playbooks.engines.sglang.geometry import Geometry, geometry_of
 from playbooks.engines.sglang.proposals import propose
 from playbooks.engines.sglang.reserve import sglang_reserve
 from playbooks.engines.sglang.verdicts import evaluate, judge_change
+from playbooks.engines.types import Bottleneck, DiagnoseSettings, Measurement
 from playbooks.sources.gpu import GpuUnavailable
-from playbooks.sources.host import HostMemory, HostUnavailable
-from playbooks.types import VERDICT_ORDER, Bottleneck, Option
-
-if TYPE_CHECKING:
-    from playbooks.diagnose.playbook import DiagnoseSettings
-
-__all__ = [
-    "Context",
-    "ServerRules",
-    "analyse",
-    "bottleneck_of",
-    "capacity_model",
-    "evaluate",
-    "judge_change",
-    "propose",
-    "resolve_gpu_memory",
-    "rules_for",
-]
 
 CUDA_CONTEXT_GIB = 0.5  # what the CUDA context takes before SGLang measures free memory
 # What judging a disaggregated SGLang node would take (0.5.23 disaggregation/decode.py and the
@@ -253,19 +235,15 @@ def model_geometry(info: ServerInfo, settings: DiagnoseSettings) -> Geometry | N
     return geometry_of(config) if config is not None else None
 
 
-@dataclass
-class ServerRules:
-    """The rules for one server, its capacity model and host read before anything is measured.
+PARTS = kit.Parts(analyse, propose, evaluate, judge_change, requests_fitting)
 
-    Built first so a server kvpilot cannot reason about fails before a measurement window is
-    spent on it; `assess` then judges a measurement, `judge` one change without one.
-    """
 
-    info: ServerInfo
-    cap: CapacityModel
-    host: HostMemory | None
-    settings: DiagnoseSettings
-    notes: list[str]
+class ServerRules(kit.ServerRules[ServerInfo, CapacityModel, Context, Server]):
+    """SGLang's rules for one server, its capacity model and host read before anything is
+    measured (the skeleton: `playbooks.engines.kit.rules`); a server's facts carry the ranks on
+    its host and its version, which decide how SGLang sizes the host pool."""
+
+    parts = PARTS
 
     @property
     def server(self) -> Server:
@@ -276,44 +254,16 @@ class ServerRules:
         s = self.server
         return Context(s.info, m, s.cap, s.host, s.ranks_on_host, s.version)
 
-    def assess(self, m: Measurement) -> Assessment:
-        """The bottleneck, the changes that address it, and the capacity facts behind them."""
-        ctx = self.context(m)
-        role = pd_role(ctx.info)
-        if role is not None:
-            return self.not_judged(ctx, role)
-        bottleneck, evidence = analyse(ctx)
-        consider = self.settings.consider
-        asked = [evaluate(change, ctx, bottleneck, considered=True) for change in consider]
-        options = [o for o in propose(ctx, bottleneck) if o.change not in consider] + asked
-        return Assessment(
-            bottleneck=bottleneck,
-            evidence=evidence,
-            options=sorted(options, key=lambda o: (o.considered, -VERDICT_ORDER[o.verdict])),
-            bytes_per_token=self.cap.bytes_per_token,
-            gpu_memory_gib=self.cap.gpu.pre_gib,
-            gpu_memory_source=self.cap.gpu.source,
-            requests_that_fit=requests_fitting(ctx.info, m),
-            notes=list(self.notes),
-        )
+    def capacity(self) -> kit.Capacity:
+        return kit.Capacity(self.cap.bytes_per_token, self.cap.gpu.pre_gib, self.cap.gpu.source)
 
-    def not_judged(self, ctx: Context, role: str) -> Assessment:
+    def apart(self, ctx: Context) -> tuple[list[str], str] | None:
         """A disaggregated node: what was measured, and why nothing is proposed."""
-        return Assessment(
-            bottleneck="unknown",
-            evidence=measured_evidence(ctx)[:1],
-            options=[],
-            bytes_per_token=self.cap.bytes_per_token,
-            gpu_memory_gib=self.cap.gpu.pre_gib,
-            gpu_memory_source=self.cap.gpu.source,
-            requests_that_fit=None,
-            notes=[*self.notes, not_judged(role, "SGLang --disaggregation-mode", PD_NEEDS)],
-        )
-
-    def judge(self, change: dict[str, Any]) -> Option:
-        """The safety verdict for one change without a measurement window (for experiments):
-        the same safety checks as `evaluate`, and no usefulness."""
-        return judge_change(self.server, change)
+        role = pd_role(ctx.info)
+        if role is None:
+            return None
+        why = not_judged(role, "SGLang --disaggregation-mode", PD_NEEDS)
+        return measured_evidence(ctx)[:1], why
 
 
 def rules_for(
@@ -326,12 +276,7 @@ def rules_for(
     if fraction is None and measured:
         raise ValueError("server info has no mem_fraction_static; is this SGLang?")
     fraction = 0.85 if fraction is None else fraction
-    host: HostMemory | None = None
-    if settings.host is not None:
-        try:
-            host = settings.host.memory()
-        except HostUnavailable as exc:
-            notes.append(f"host memory unknown ({exc})")
+    host = kit.host_memory(settings, notes)
     geometry = model_geometry(info, settings)
     if geometry is not None:
         notes.append(f"KV geometry from the model's config.json: {geometry.describe()}")

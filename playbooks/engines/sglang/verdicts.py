@@ -1,47 +1,25 @@
-"""A change's verdict from its checks: `evaluate` with a measurement, `judge_change` without.
-
-Both run the same safety halves, so `--consider KEY=VALUE`, the bot's own proposals and an
-experiment's pre-flight agree on what is unsafe. The worst verdict of the parts wins; a part that
-is unsafe is not asked whether it would also be useful.
+"""SGLang's verdict on a change: its checks (`argument_checks.py`), the throughput a larger pool may
+buy, and the option's title and static GPU memory; the walk is `playbooks.engines.kit.verdicts`.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from playbooks.engines.findings import (
     NOTHING_AGAINST,
     RESTART_RISK,
     BatchLimits,
-    Finding,
-    capped_by,
-    collect,
     kv_capacity_gain,
-    option_of,
     worst,
 )
-from playbooks.engines.sglang.arguments import checks_for
-from playbooks.engines.sglang.checks import Change
-from playbooks.engines.sglang.facts import Context, Observed, Server
+from playbooks.engines.kit.checks import Observed
+from playbooks.engines.kit.verdicts import Verdicts
+from playbooks.engines.sglang.argument_checks import checks_for
+from playbooks.engines.sglang.proposed_change import Change
 from playbooks.engines.timebudget import Traffic
-from playbooks.types import Bottleneck, Option, Verdict
 
 __all__ = ["NOTHING_AGAINST", "RESTART_RISK", "evaluate", "judge_change", "worst"]
 # The hierarchical cache is switched on with its size: the title names the size alone.
 IMPLIED = frozenset({"enable_hierarchical_cache"})
-
-
-def findings_of(change: Change, seen: Observed | None) -> list[Finding]:
-    return collect(checks_for(change), change, seen)
-
-
-def batch_limits(change: Change, seen: Observed) -> BatchLimits | None:
-    """What bounds the batch after the change (`BatchLimits`); None where an argument changes
-    something the capacity model cannot predict throughput for."""
-    if not all(check.predicts_gain_for(change) for check in checks_for(change)):
-        return None
-    m = seen.m
-    return BatchLimits(m.running, m.queued, change.current, change.tokens, change.batch_caps)
 
 
 def capacity_gain(
@@ -69,19 +47,6 @@ def traffic_of(change: Change, seen: Observed) -> Traffic | None:
     return Traffic(cap.weights_gib, usage * cap.kv_gib)
 
 
-def option(
-    change: Change,
-    found: list[Finding],
-    verdict: Verdict,
-    gain: tuple[float, float] | None,
-    considered: bool,
-) -> Option:
-    return option_of(
-        change.values, change.tokens, found, verdict, gain, considered, IMPLIED,
-        static_gpu_gib(change),
-    )  # fmt: skip
-
-
 def static_gpu_gib(change: Change) -> float | None:
     """GPU memory per GPU the change adds to the pool and the cache's buffers (what stays
     outside them shrinks by as much); None where it adds nothing."""
@@ -92,28 +57,6 @@ def static_gpu_gib(change: Change) -> float | None:
     return round(extra, 3) if extra > 0 else None
 
 
-def evaluate(
-    change: dict[str, Any], ctx: Context, bottleneck: Bottleneck, considered: bool = False
-) -> Option:
-    """Judge one change against a measured server: safe, and does it address the bottleneck."""
-    proposed = Change.of(ctx.server, change)
-    seen = Observed(ctx.m, bottleneck)
-    limits = batch_limits(proposed, seen)
-    found = findings_of(proposed, seen)
-    verdict = worst(found, "not_useful")
-    found.append(capped_by(limits, seen.kv_bound, verdict))
-    return option(proposed, found, verdict, capacity_gain(proposed, seen, limits), considered)
-
-
-def judge_change(server: Server, change: dict[str, Any]) -> Option:
-    """The safety verdict for one change, before anything is measured (an experiment's check).
-
-    Only the safety halves run: `unsafe` or `needs_opt_in` where a check says so, otherwise
-    `possible`, since whether it helps is what the experiment is for.
-    """
-    proposed = Change.of(server, change)
-    found = findings_of(proposed, None)
-    verdict = worst(found, "possible")
-    if not any(f.verdict is not None for f in found):
-        found.append(Finding(reasons=(NOTHING_AGAINST,)))
-    return option(proposed, found, verdict, None, considered=True)
+VERDICTS = Verdicts(Change.of, checks_for, capacity_gain, IMPLIED, static_gpu_gib)
+evaluate = VERDICTS.evaluate
+judge_change = VERDICTS.judge

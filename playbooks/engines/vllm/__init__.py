@@ -2,11 +2,11 @@
 
 client.py      the HTTP API: detection, settings and capacity without dev mode, /metrics
 metrics.py     vLLM's metric names and the mapping to `Snapshot` (rates from counters)
-args.py        the launch arguments kvpilot may change: types, ranges, command-line spelling
+allow_list.py        the launch arguments kvpilot may change: types, ranges, command-line spelling
 geometry.py    a model's KV page from its config.json, as vLLM sizes one
 capacity.py    vLLM's KV memory arithmetic and capacity after a change
 rules.py       what a bottleneck looks like and which changes address it (pure), with
-               facts.py, bottleneck.py, checks.py, verdicts.py, proposals.py
+               facts.py, bottleneck.py, proposed_change.py, verdicts.py, proposals.py
 signatures.py  what vLLM's exit status and log lines mean
 
 Shared with the other engines: `playbooks.engines.launch_args` (typed values, argument lists),
@@ -27,7 +27,7 @@ from playbooks.engines.base import (
     Snapshot,
 )
 from playbooks.engines.exits import ExitCause
-from playbooks.engines.vllm import args as _args
+from playbooks.engines.vllm import allow_list as _args
 from playbooks.engines.vllm import client as _client
 from playbooks.engines.vllm import metrics as _metrics
 from playbooks.engines.vllm import rules as _rules
@@ -35,9 +35,7 @@ from playbooks.engines.vllm import signatures as _signatures
 from playbooks.engines.vllm.client import VLLMClient, VLLMSettings, parse_settings
 
 if TYPE_CHECKING:
-    from playbooks.diagnose.measure import Measurement
-    from playbooks.diagnose.playbook import DiagnoseSettings
-    from playbooks.types import Bottleneck
+    from playbooks.engines.types import Bottleneck, DiagnoseSettings, Measurement
 
 
 def _info(info: ServerSettings) -> VLLMSettings:

@@ -18,10 +18,11 @@ nothing was preempted in the step, fewer than `max_num_seqs` run, the step's tok
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from playbooks.diagnose.measure import Measurement
+from playbooks.engines.kit import bottleneck as kit
+from playbooks.engines.kit.bottleneck import FILLING_RISE
+from playbooks.engines.types import Measurement
 from playbooks.engines.vllm.facts import (
     PREEMPTING_USAGE,
     PROMPT_HEAVY,
@@ -36,10 +37,10 @@ from playbooks.engines.vllm.facts import (
     seq_cap_name,
     seq_cap_total,
 )
-from playbooks.types import Bottleneck
 
-FILLING_RISE = 0.15  # usage rising by more than this over the window: the server is filling up
 DEFERRED_SEEN = 0.5  # mean deferred requests worth naming in the evidence
+
+KV_FULL = kit.KvFull(SATURATED_USAGE, PREEMPTING_USAGE, pool="KV cache", evicted="preempted")
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,7 @@ class Signals:
 
 def signals(ctx: Context) -> Signals:
     m = ctx.m
-    usage = m.token_usage
-    usage_text = "unknown" if usage is None else f"{usage:.2f}"
-    if usage is not None and m.usage_trend is not None and m.usage_trend[1] > usage:
-        usage = m.usage_trend[1]
+    usage, usage_text = kit.usage_reached(m)
     return Signals(
         m,
         usage,
@@ -136,12 +134,7 @@ def evidence(ctx: Context) -> list[str]:
 
 
 def client_bound(s: Signals) -> str | None:
-    if s.m.queue_nonempty_fraction < 0.2 and s.m.queued < 1 and not s.m.rejections:
-        return (
-            "nothing waits: the server takes every request the clients send, so "
-            "throughput equals the offered load and no server change can raise it"
-        )
-    return None
+    return kit.nothing_waits(s.m, other_waits=bool(s.m.rejections))
 
 
 def deferred_bound(s: Signals) -> str | None:
@@ -156,16 +149,7 @@ def deferred_bound(s: Signals) -> str | None:
 
 
 def kv_bound(s: Signals) -> str | None:
-    usage = s.usage
-    if usage is None or not (
-        usage >= SATURATED_USAGE or (s.preempting and usage >= PREEMPTING_USAGE)
-    ):
-        return None
-    return (
-        f"requests wait while the KV cache is {usage:.0%} used"
-        + (" and running requests are being preempted" if s.preempting else "")
-        + ": admission is limited by KV-cache capacity"
-    )
+    return KV_FULL.says(s.usage, s.preempting)
 
 
 def seq_cap_bound(s: Signals) -> str | None:
@@ -195,14 +179,16 @@ def prompt_bound(s: Signals) -> str | None:
 
 
 def prefill_bound(s: Signals) -> str | None:
-    prompt, output = s.m.prompt_tokens_per_s, s.m.effective
-    if prompt and output and output.mean > 0 and prompt > PROMPT_HEAVY * output.mean:
-        return (
-            f"prompts dominate ({prompt:,.0f} prompt tok/s vs {output.mean:,.0f} output tok/s) "
-            "while the KV cache has room: prefill, within each step's token budget "
-            "(max_num_batched_tokens), limits"
-        )
-    return None
+    where = "the KV cache has room: prefill, within each step's token budget "
+    return kit.prompts_dominate(s.m, PROMPT_HEAVY, where + "(max_num_batched_tokens), limits")
+
+
+# vLLM's own rows, after every engine's first three (`kit.Table`), in the order above (4 to 6).
+RULES: kit.Rows[Signals] = (
+    ("compute", seq_cap_bound),
+    ("kv_cache", prompt_bound),
+    ("prefill", prefill_bound),
+)
 
 
 def unexplained(s: Signals) -> str:
@@ -219,22 +205,5 @@ def unexplained(s: Signals) -> str:
 
 
 # In priority order: the first rule that matches names the bottleneck.
-BOTTLENECK_RULES: tuple[tuple[Bottleneck, Callable[[Signals], str | None]], ...] = (
-    ("client", client_bound),
-    ("unknown", deferred_bound),
-    ("kv_cache", kv_bound),
-    ("compute", seq_cap_bound),
-    ("kv_cache", prompt_bound),
-    ("prefill", prefill_bound),
-)
-
-
-def analyse(ctx: Context) -> tuple[Bottleneck, list[str]]:
-    """The bottleneck and the evidence for it, the deciding sentence last."""
-    found = evidence(ctx)
-    s = signals(ctx)
-    for bottleneck, rule in BOTTLENECK_RULES:
-        because = rule(s)
-        if because is not None:
-            return bottleneck, [*found, because]
-    return "unknown", [*found, unexplained(s)]
+TABLE = kit.Table(signals, evidence, client_bound, deferred_bound, kv_bound, RULES, unexplained)
+analyse = TABLE.analyse

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from playbooks.engines.vllm.args import FP8_DTYPES
+from playbooks.engines.vllm.allow_list import FP8_DTYPES
 from playbooks.engines.vllm.geometry import Geometry
 from playbooks.sources.gpu import GpuState
 

@@ -46,7 +46,7 @@ from playbooks.engines.base import (
     WrongEngine,
 )
 from playbooks.engines.vllm import metrics as _m
-from playbooks.engines.vllm.args import launch_settings, speculative_settings
+from playbooks.engines.vllm.allow_list import launch_settings, speculative_settings
 from playbooks.http import http_client, http_retrying, is_http_url, retried_get
 
 VERSION = "/version"

@@ -2,7 +2,8 @@
 
 `Server` holds what is known before any measurement (settings, capacity model, host memory), so
 the safety half of a check cannot read a measurement by mistake; `Context` adds one measurement
-for the bottleneck analysis and the proposals; `Observed` is what the usefulness half reads.
+for the bottleneck analysis and the proposals; `Observed` (`playbooks.engines.kit.checks`) is
+what the usefulness half reads.
 """
 
 from __future__ import annotations
@@ -10,11 +11,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from playbooks.diagnose.measure import Measurement
+from playbooks.engines.types import Measurement
 from playbooks.engines.vllm.capacity import CapacityModel
 from playbooks.engines.vllm.client import VLLMSettings
 from playbooks.sources.host import HostMemory
-from playbooks.types import Bottleneck
 
 # KV usage at or above this with a queue: the block pool is the limit. vLLM counts cached
 # blocks nobody references as free (v1/core/block_pool.py: they are evicted on demand), so a
@@ -58,18 +58,6 @@ class Context:
     @property
     def server(self) -> Server:
         return Server(self.info, self.cap, self.host)
-
-
-@dataclass(frozen=True)
-class Observed:
-    """What the usefulness half of a check reads: the measurement and the bottleneck it shows."""
-
-    m: Measurement
-    bottleneck: Bottleneck
-
-    @property
-    def kv_bound(self) -> bool:
-        return self.bottleneck == "kv_cache"
 
 
 def preempts_often(m: Measurement) -> bool:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from playbooks.engines.vllm.args import FP8_DTYPES
-from playbooks.engines.vllm.arguments import server_start_limit
+from playbooks.engines.types import Bottleneck, Option
+from playbooks.engines.vllm.allow_list import FP8_DTYPES
+from playbooks.engines.vllm.argument_checks import server_start_limit
 from playbooks.engines.vllm.capacity import HIGHEST_UTILIZATION, RECOMMENDED_UTILIZATION
-from playbooks.engines.vllm.checks import HOST_SHARE
 from playbooks.engines.vllm.facts import (
     PREEMPTIONS_PER_MIN_HIGH,
     Context,
@@ -28,9 +28,9 @@ from playbooks.engines.vllm.facts import (
     requests_fitting,
     seq_cap_total,
 )
+from playbooks.engines.vllm.proposed_change import HOST_SHARE
 from playbooks.engines.vllm.shared_gpu import highest_that_starts
 from playbooks.engines.vllm.verdicts import evaluate
-from playbooks.types import Bottleneck, Option
 
 UTILIZATION_STEP = 0.005  # a value closer than this to today's is not worth a restart
 FEWER_SEQS = 0.75  # max_num_seqs against preemption: this share of what ran

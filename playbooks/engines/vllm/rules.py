@@ -4,24 +4,23 @@ Pure functions over typed facts, in modules of their own:
 
 facts.py        the facts the rules read (`Server` before a measurement, `Context` with one)
 bottleneck.py   `analyse()`: the bottleneck with numbers, an ordered table of rules
-checks.py       one check per launch argument: a safety half, a usefulness half
+proposed_change.py       one check per launch argument: a safety half, a usefulness half
 verdicts.py     `evaluate()` one change with a measurement, `judge_change()` without
 proposals.py    `propose()`: the changes for a bottleneck, an ordered table of rules
 
-This module gathers the facts (the GPU's memory, the model's KV page, the capacity model, host
-RAM) and is the entry point: `rules_for()` and `bottleneck_of()`. `--consider KEY=VALUE` runs
-exactly the same checks as the bot's own proposals.
+The skeleton they fill in (the bottleneck table's walk, a check's halves, the verdicts, `assess`
+and `judge`) is shared: `playbooks.engines.kit`. This module gathers the facts (the GPU's
+memory, the model's KV page, the capacity model, host RAM) and is the entry point: `rules_for()`
+and `bottleneck_of()`. `--consider KEY=VALUE` runs exactly the same checks as the bot's own
+proposals.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-from playbooks.diagnose.measure import Measurement
-from playbooks.engines.base import Assessment
 from playbooks.engines.disaggregation import not_judged
-from playbooks.engines.vllm.args import FP8_DTYPES
+from playbooks.engines.kit import rules as kit
+from playbooks.engines.types import Bottleneck, DiagnoseSettings, Measurement
+from playbooks.engines.vllm.allow_list import FP8_DTYPES
 from playbooks.engines.vllm.bottleneck import analyse
 from playbooks.engines.vllm.capacity import CapacityModel, GpuMemory, block_bytes_of
 from playbooks.engines.vllm.client import VLLMSettings
@@ -30,24 +29,6 @@ from playbooks.engines.vllm.geometry import Geometry, geometry_of, with_draft
 from playbooks.engines.vllm.proposals import propose
 from playbooks.engines.vllm.verdicts import evaluate, judge_change
 from playbooks.sources.gpu import GpuUnavailable
-from playbooks.sources.host import HostMemory, HostUnavailable
-from playbooks.types import VERDICT_ORDER, Bottleneck, Option
-
-if TYPE_CHECKING:
-    from playbooks.diagnose.playbook import DiagnoseSettings
-
-__all__ = [
-    "Context",
-    "ServerRules",
-    "analyse",
-    "bottleneck_of",
-    "capacity_model",
-    "evaluate",
-    "judge_change",
-    "propose",
-    "resolve_gpu_memory",
-    "rules_for",
-]
 
 DEFAULT_UTILIZATION = 0.92  # config/cache.py:102, when the server does not say
 # kvpilot's own host offload is a KV connector too (config/vllm.py sets it for
@@ -149,15 +130,14 @@ def capacity_model(
     )
 
 
-@dataclass
-class ServerRules:
-    """The rules for one server, its capacity model and host read before anything is measured."""
+PARTS = kit.Parts(analyse, propose, evaluate, judge_change, requests_fitting)
 
-    info: VLLMSettings
-    cap: CapacityModel
-    host: HostMemory | None
-    settings: DiagnoseSettings
-    notes: list[str]
+
+class ServerRules(kit.ServerRules[VLLMSettings, CapacityModel, Context, Server]):
+    """vLLM's rules for one server, its capacity model and host read before anything is
+    measured (the skeleton: `playbooks.engines.kit.rules`)."""
+
+    parts = PARTS
 
     @property
     def server(self) -> Server:
@@ -166,52 +146,26 @@ class ServerRules:
     def context(self, m: Measurement) -> Context:
         return Context(self.info, m, self.cap, self.host)
 
-    def assess(self, m: Measurement) -> Assessment:
-        ctx = self.context(m)
-        connector = transfer_connector(self.info)
-        if connector is not None:
-            return self.not_judged(ctx, connector)
-        bottleneck, evidence = analyse(ctx)
-        consider = self.settings.consider
-        asked = [evaluate(change, ctx, bottleneck, considered=True) for change in consider]
-        options = [o for o in propose(ctx, bottleneck) if o.change not in consider] + asked
+    def capacity(self) -> kit.Capacity:
         gpu = self.cap.gpu
-        return Assessment(
-            bottleneck=bottleneck,
-            evidence=evidence,
-            options=sorted(options, key=lambda o: (o.considered, -VERDICT_ORDER[o.verdict])),
-            bytes_per_token=self.cap.bytes_per_token,
-            gpu_memory_gib=gpu.total_gib if gpu is not None else 0.0,
-            gpu_memory_source=gpu.source if gpu is not None else "unknown",
-            requests_that_fit=requests_fitting(self.info, m),
-            notes=list(self.notes),
+        return kit.Capacity(
+            self.cap.bytes_per_token,
+            gpu.total_gib if gpu is not None else 0.0,
+            gpu.source if gpu is not None else "unknown",
         )
 
-    def not_judged(self, ctx: Context, connector: str) -> Assessment:
+    def apart(self, ctx: Context) -> tuple[list[str], str] | None:
         """An instance that moves KV to or from others: why nothing is proposed."""
+        connector = transfer_connector(self.info)
+        if connector is None:
+            return None
         role = str(self.info.arg("kv_role") or "kv_both")
-        gpu = self.cap.gpu
-        return Assessment(
-            bottleneck="unknown",
-            evidence=[],
-            options=[],
-            bytes_per_token=self.cap.bytes_per_token,
-            gpu_memory_gib=gpu.total_gib if gpu is not None else 0.0,
-            gpu_memory_source=gpu.source if gpu is not None else "unknown",
-            requests_that_fit=None,
-            notes=[
-                *self.notes,
-                not_judged(
-                    ROLE_WORDS.get(role, "prefill or decode"),
-                    f"vLLM --kv-transfer-config {connector}, {role}",
-                    PD_NEEDS,
-                ),
-            ],
+        why = not_judged(
+            ROLE_WORDS.get(role, "prefill or decode"),
+            f"vLLM --kv-transfer-config {connector}, {role}",
+            PD_NEEDS,
         )
-
-    def judge(self, change: dict[str, Any]) -> Option:
-        """The safety verdict for one change without a measurement window (for experiments)."""
-        return judge_change(self.server, change)
+        return [], why
 
 
 def rules_for(
@@ -225,12 +179,7 @@ def rules_for(
             "running with --disable-log-stats?"
         )
     gpu, notes = resolve_gpu_memory(settings)
-    host: HostMemory | None = None
-    if settings.host is not None:
-        try:
-            host = settings.host.memory()
-        except HostUnavailable as exc:
-            notes.append(f"host memory unknown ({exc})")
+    host = kit.host_memory(settings, notes)
     geometry = model_geometry(info, settings, notes)
     if geometry is not None:
         notes.append(f"KV geometry from the model's config.json: {geometry.describe()}")

@@ -13,7 +13,7 @@ import pytest
 from bot.app.wiring import launcher
 from bot.cli import main as cli
 from playbooks.clock import ScaledClock
-from playbooks.engines.sglang.args import with_change
+from playbooks.engines.sglang.allow_list import with_change
 from storage import audit
 from storage import experiments as store
 from storage.chat import get_diagnosis

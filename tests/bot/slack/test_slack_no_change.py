@@ -16,7 +16,7 @@ from sqlite_utils import Database
 from bot.app.config import load
 from bot.app.wiring import launcher
 from playbooks.clock import WallClock
-from playbooks.engines.sglang.args import with_change
+from playbooks.engines.sglang.allow_list import with_change
 from storage import audit, chat
 from storage import experiments as store
 from storage import proposals as proposal_store

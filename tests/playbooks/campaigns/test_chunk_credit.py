@@ -21,8 +21,8 @@ from playbooks.campaigns.room import (
     read_before,
 )
 from playbooks.engines.base import EngineError
+from playbooks.engines.types import Option, Verdict
 from playbooks.sources.gpu import FakeGpuReader, GpuState
-from playbooks.types import Option, Verdict
 
 KEY = "chunked_prefill_size"
 KEPT = Tried({KEY: 4096, "mem_fraction_static": 0.89}, kept=True, cause="improved")

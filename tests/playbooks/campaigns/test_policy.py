@@ -19,8 +19,8 @@ from playbooks.campaigns.policy import (
 )
 from playbooks.campaigns.room import GIB, GpuRoom, room_of
 from playbooks.engines.exits import Failure
+from playbooks.engines.types import Option, Verdict
 from playbooks.sources.gpu import FakeGpuReader, GpuState
-from playbooks.types import Option, Verdict
 
 
 def opt(
@@ -440,8 +440,8 @@ def test_the_rules_judge_the_cut_down_steps_against_the_same_measurement() -> No
     back with its added GPU memory and predicted gain, and one at the server's fraction adds
     nothing."""
     from playbooks.campaigns.after import reassessor  # noqa: PLC0415
-    from playbooks.diagnose.playbook import DiagnoseSettings  # noqa: PLC0415
     from playbooks.engines import engine_named  # noqa: PLC0415
+    from playbooks.engines.types import DiagnoseSettings  # noqa: PLC0415
     from tests.playbooks.engines.sglang.test_rules import info, measurement  # noqa: PLC0415
 
     again = reassessor(

@@ -9,7 +9,7 @@ import pytest
 
 from playbooks.diagnose.playbook import _stalled
 from playbooks.engines.base import Assessment
-from playbooks.types import Option
+from playbooks.engines.types import Option
 from tests.playbooks.diagnose.test_diagnose_twin import SCALE, diagnose_json
 from tests.playbooks.engines.sglang.test_rules import measurement
 from tests.twin_process import running_twin

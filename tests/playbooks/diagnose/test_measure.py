@@ -9,9 +9,10 @@ import httpx
 import pytest
 
 from playbooks.clock import ManualClock
-from playbooks.diagnose.measure import MeasurementError, MeasurePlan, measure
+from playbooks.diagnose.measure import MeasurementError, measure
 from playbooks.engines.base import Snapshot, ttft_quantile
 from playbooks.engines.sglang.client import SGLangClient
+from playbooks.engines.types import MeasurePlan
 from playbooks.stats.intervals import lag1_autocorrelation, mean_interval, t_quantile
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines.sglang.rules import rules_for
-from playbooks.engines.vllm.args import launch_settings
+from playbooks.engines.types import DiagnoseSettings
+from playbooks.engines.vllm.allow_list import launch_settings
 from playbooks.engines.vllm.client import from_server_info
 from playbooks.engines.vllm.rules import ServerRules
 from tests.playbooks.engines.sglang.test_rules import info, measurement

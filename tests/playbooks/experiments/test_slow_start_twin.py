@@ -20,7 +20,7 @@ import pytest
 
 from playbooks.campaigns import after
 from playbooks.campaigns.policy import choose_next
-from playbooks.types import Option
+from playbooks.engines.types import Option
 from storage import campaigns as campaign_store
 from storage import experiments as store
 from storage.db import open_db

@@ -32,7 +32,7 @@ from typing import TypeVar
 import pytest
 
 from playbooks.engines.exits import Failure, last_log_line
-from playbooks.engines.sglang.args import with_change
+from playbooks.engines.sglang.allow_list import with_change
 from playbooks.launchers.base import LaunchError, ServerIdentity
 from tests.faults.entry import FAULTY_CLI
 from tests.playbooks.launchers.harness import Harness

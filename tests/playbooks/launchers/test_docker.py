@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from bot.cli import main
-from playbooks.engines.sglang.args import with_change
+from playbooks.engines.sglang.allow_list import with_change
 from playbooks.launchers.base import LaunchError
 from playbooks.launchers.docker import (
     DockerLauncher,

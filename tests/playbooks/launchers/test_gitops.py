@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient, V1Deployment, V1StatefulSet
 
-from playbooks.engines.sglang.args import with_change
+from playbooks.engines.sglang.allow_list import with_change
 from playbooks.launchers.gitops import (
     ManagedByGitOps,
     Manager,

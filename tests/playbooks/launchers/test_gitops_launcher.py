@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from playbooks.engines.sglang.args import with_change
+from playbooks.engines.sglang.allow_list import with_change
 from playbooks.launchers.gitops import ManagedByGitOps
 from playbooks.launchers.kube_objects import server_args, templates
 from playbooks.launchers.kubernetes import KubernetesLauncher, KubernetesSpec

@@ -19,7 +19,7 @@ from kubernetes.client import (
     V1StatefulSet,
 )
 
-from playbooks.engines.sglang.args import with_change
+from playbooks.engines.sglang.allow_list import with_change
 from playbooks.launchers.base import LaunchError
 from playbooks.launchers.kube_objects import (
     STAMP,

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from playbooks.engines.base import ArgError
-from playbooks.engines.sglang.args import arg_value, with_change
+from playbooks.engines.sglang.allow_list import arg_value, with_change
 from playbooks.engines.sglang.signatures import classify_exit
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from playbooks.engines.sglang.args import with_change
+from playbooks.engines.sglang.allow_list import with_change
 from playbooks.launchers.base import LaunchError
 from playbooks.launchers.systemd import Shell, SystemdLauncher, SystemdSpec
 from playbooks.launchers.systemd_unit import (

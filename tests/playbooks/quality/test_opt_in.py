@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from playbooks.engines.base import Prompt
+from playbooks.engines.types import Option, Verdict
 from playbooks.quality.check import EvalCommand, GoldenPrompts, QualityCheck
 from playbooks.quality.opt_in import guarded
-from playbooks.types import Option, Verdict
 
 GOLDEN = QualityCheck(
     ("kv_cache_dtype",), GoldenPrompts((Prompt(text="q"),), "golden.jsonl", 8, 0.9)

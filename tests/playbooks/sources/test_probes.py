@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines.sglang.client import parse_server_info
 from playbooks.engines.sglang.rules import resolve_gpu_memory
+from playbooks.engines.types import DiagnoseSettings
 from playbooks.sources.gpu import FakeGpuReader, GpuUnavailable, NvmlGpuReader
 from playbooks.sources.host import ConfiguredHost, HostUnavailable, MeminfoReader, parse_meminfo
 from tests import paths

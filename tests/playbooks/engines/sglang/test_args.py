@@ -8,7 +8,7 @@ import re
 import pytest
 
 from playbooks.engines.base import ArgError
-from playbooks.engines.sglang.args import arg_value, parse_change, with_change
+from playbooks.engines.sglang.allow_list import arg_value, parse_change, with_change
 
 
 def test_hicache_size_is_a_whole_number_of_gb_on_the_command_line() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from playbooks.engines.sglang.bottleneck import analyse
-from playbooks.types import Bottleneck
+from playbooks.engines.types import Bottleneck
 from tests.playbooks.engines.sglang.test_rules import context, measurement
 
 IDLE = {"queued": 0, "queued_max": 0, "queue_nonempty_fraction": 0.0}

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from playbooks.engines.sglang.arguments import CHECKS, checks_for
-from playbooks.engines.sglang.checks import Change, Finding
-from playbooks.engines.sglang.facts import Observed
+from playbooks.engines.kit.checks import Observed
+from playbooks.engines.sglang.argument_checks import CHECKS, checks_for
+from playbooks.engines.sglang.proposed_change import Change, Finding
 from playbooks.engines.sglang.verdicts import NOTHING_AGAINST, evaluate, judge_change, worst
-from playbooks.types import Bottleneck, Verdict
+from playbooks.engines.types import Bottleneck, Verdict
 from tests.playbooks.engines.sglang.test_rules import context, measurement
 
 INCIDENT: dict[str, Any] = {}  # the incident's server: 0.85, 8 ranks, 256 GiB of host RAM

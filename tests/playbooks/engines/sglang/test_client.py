@@ -7,7 +7,6 @@ import json
 import httpx
 import pytest
 
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines.base import MetricsDisabled, Unauthorized, Unreachable
 from playbooks.engines.sglang.client import (
     NotSGLang,
@@ -17,6 +16,7 @@ from playbooks.engines.sglang.client import (
     parse_server_info,
 )
 from playbooks.engines.sglang.rules import resolve_gpu_memory
+from playbooks.engines.types import DiagnoseSettings
 from tests.playbooks.diagnose.recorded import FIXTURES, Recorded
 
 

@@ -7,15 +7,17 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose.playbook import DiagnoseSettings
-from playbooks.engines.sglang.arguments import PrefillChunkCheck
-from playbooks.engines.sglang.checks import Change
+from playbooks.engines.sglang.argument_checks import PrefillChunkCheck
 from playbooks.engines.sglang.client import ServerInfo, parse_server_info
 from playbooks.engines.sglang.deployment import attn_dp_size, decode_max_bs, deployment_of
 from playbooks.engines.sglang.geometry import geometry_of
 from playbooks.engines.sglang.hicache import HostPoolCheck
+from playbooks.engines.sglang.proposals import propose
+from playbooks.engines.sglang.proposed_change import Change
 from playbooks.engines.sglang.reserve import sglang_reserve
-from playbooks.engines.sglang.rules import ServerRules, evaluate, propose, rules_for
+from playbooks.engines.sglang.rules import ServerRules, rules_for
+from playbooks.engines.sglang.verdicts import evaluate
+from playbooks.engines.types import DiagnoseSettings
 from playbooks.sources.gpu import FakeGpuReader, GpuState
 from playbooks.sources.host import HostMemory
 from tests.playbooks.engines.sglang.test_geometry import GPT_OSS, KIMI_K2, QWEN3_NEXT

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import engine_named
 from playbooks.engines.sglang.client import ServerInfo, parse_server_info
 from playbooks.engines.sglang.rules import capacity_model, resolve_gpu_memory
+from playbooks.engines.types import DiagnoseSettings
 
 FIXTURES = Path(__file__).parents[3] / "fixtures" / "sglang"
 GIB = 1 << 30

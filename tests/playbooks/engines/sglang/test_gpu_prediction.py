@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from playbooks.diagnose.measure import measurement_of
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import engine_named, restore_snapshot
 from playbooks.engines.base import Snapshot
+from playbooks.engines.types import DiagnoseSettings
 from playbooks.sources.model_config import LocalModelConfigs
 from playbooks.types import Option
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from playbooks.engines.sglang.checks import Change, Finding
 from playbooks.engines.sglang.client import parse_server_info
 from playbooks.engines.sglang.deployment import parse_version
 from playbooks.engines.sglang.facts import Server
 from playbooks.engines.sglang.geometry import geometry_of
 from playbooks.engines.sglang.hicache import HostPoolCheck, host_pool_tokens, refusals, side_effects
 from playbooks.engines.sglang.proposals import hicache_proposal
+from playbooks.engines.sglang.proposed_change import Change, Finding
 from playbooks.sources.host import GIB, HostMemory
 from tests.paths import FIXTURES
 from tests.playbooks.engines.sglang.test_geometry import DSA

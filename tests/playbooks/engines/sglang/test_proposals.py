@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from playbooks.engines.sglang.proposals import propose
-from playbooks.types import Bottleneck
+from playbooks.engines.types import Bottleneck
 from tests.playbooks.engines.sglang.test_rules import context, measurement
 
 FRACTIONS = ["mem_fraction_static=0.92", "mem_fraction_static=0.93", "kv_cache_dtype=fp8_e4m3"]

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
+from playbooks.engines.sglang.bottleneck import analyse
 from playbooks.engines.sglang.deployment import dp_replicas
 from playbooks.engines.sglang.facts import pool_tokens, running_cap_total
-from playbooks.engines.sglang.rules import analyse, propose
+from playbooks.engines.sglang.proposals import propose
 from tests.playbooks.engines.sglang.test_rules import by_title, context, info, measurement
 
 POOL = 116_171  # one replica's, as /server_info reports it

@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose.measure import Measurement
-from playbooks.engines.sglang.bottleneck import pools_evidence
+from playbooks.engines.sglang.bottleneck import analyse, pools_evidence
 from playbooks.engines.sglang.capacity import GpuMemory, build_model
 from playbooks.engines.sglang.client import MemoryReport, ServerInfo
-from playbooks.engines.sglang.rules import Context, analyse, evaluate, propose
+from playbooks.engines.sglang.facts import Context
+from playbooks.engines.sglang.proposals import propose
+from playbooks.engines.sglang.verdicts import evaluate
+from playbooks.engines.types import Measurement
 from playbooks.sources.host import HostMemory
 from playbooks.stats.intervals import Interval
 

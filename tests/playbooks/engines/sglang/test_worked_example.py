@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines.sglang.client import parse_server_info
-from playbooks.engines.sglang.rules import ServerRules, evaluate, propose, rules_for
+from playbooks.engines.sglang.proposals import propose
+from playbooks.engines.sglang.rules import ServerRules, rules_for
+from playbooks.engines.sglang.verdicts import evaluate
+from playbooks.engines.types import DiagnoseSettings
 from tests.paths import FIXTURES
 from tests.playbooks.engines.sglang.test_geometry import KIMI_K2
 from tests.playbooks.engines.sglang.test_rules import measurement

@@ -6,7 +6,7 @@ would lift nothing."""
 
 from __future__ import annotations
 
-from playbooks.engines.vllm.args import launch_settings
+from playbooks.engines.vllm.allow_list import launch_settings
 from playbooks.engines.vllm.bottleneck import analyse
 from playbooks.engines.vllm.client import from_server_info
 from playbooks.engines.vllm.facts import Context, seq_cap_total

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines.base import ArgError
+from playbooks.engines.types import DiagnoseSettings
 from playbooks.engines.vllm import ENGINE
-from playbooks.engines.vllm.args import (
+from playbooks.engines.vllm.allow_list import (
     ALLOWED,
     AUTO,
     arg_value,

@@ -7,9 +7,9 @@ from typing import Any
 import httpx
 import pytest
 
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import engine_named
 from playbooks.engines.base import MetricsDisabled, Unauthorized, Unreachable
+from playbooks.engines.types import DiagnoseSettings
 from playbooks.engines.vllm.client import NotVLLM, VLLMClient, parse_settings, stored_settings
 from playbooks.engines.vllm.rules import rules_for
 from tests.playbooks.engines.sglang.exposition import exposition, series

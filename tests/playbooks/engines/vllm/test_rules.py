@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose.measure import Measurement
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import engine_named
+from playbooks.engines.types import Bottleneck, DiagnoseSettings, Measurement
 from playbooks.engines.vllm.bottleneck import analyse
 from playbooks.engines.vllm.client import assemble, parse_metrics, parse_settings
 from playbooks.engines.vllm.facts import Context
@@ -26,7 +25,6 @@ from playbooks.engines.vllm.proposals import propose
 from playbooks.engines.vllm.rules import ServerRules, rules_for
 from playbooks.sources.host import HostMemory
 from playbooks.stats.intervals import Interval
-from playbooks.types import Bottleneck
 from tests.playbooks.engines.vllm.recorded import json_file, metrics_text
 
 ENGINE = engine_named("vllm")

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from playbooks.diagnose.playbook import DiagnoseSettings
 from playbooks.engines import engine_named
+from playbooks.engines.types import DiagnoseSettings
 from playbooks.engines.vllm.client import parse_settings
 from playbooks.engines.vllm.proposals import propose
 from playbooks.engines.vllm.rules import rules_for

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from playbooks.engines.vllm.args import launch_settings
+from playbooks.engines.vllm.allow_list import launch_settings
 from playbooks.engines.vllm.client import from_server_info
 from playbooks.engines.vllm.geometry import geometry_of, with_draft
 

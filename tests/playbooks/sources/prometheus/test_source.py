@@ -11,8 +11,7 @@ import pytest
 
 from playbooks.campaigns.room import room_of
 from playbooks.clock import ManualClock
-from playbooks.diagnose.measure import MeasurePlan, measure
-from playbooks.diagnose.playbook import DiagnoseSettings
+from playbooks.diagnose.measure import measure
 from playbooks.engines.sglang import ENGINE
 from playbooks.engines.sglang.client import (
     SGLangClient,
@@ -22,6 +21,7 @@ from playbooks.engines.sglang.client import (
 )
 from playbooks.engines.sglang.metrics import SPEC as SGLANG_METRICS
 from playbooks.engines.sglang.rules import resolve_gpu_memory
+from playbooks.engines.types import DiagnoseSettings, MeasurePlan
 from playbooks.engines.vllm.client import VLLMClient
 from playbooks.engines.vllm.metrics import SPEC as VLLM_METRICS
 from playbooks.sources.gpu import GpuUnavailable

@@ -1,7 +1,7 @@
 """The check of each vLLM launch argument kvpilot may change, and the table that picks them.
 
 The shared parts (the `Change` every check sees, the `Check` halves, the start-up check every
-pool-moving argument gets) are in `checks.py`; here is what each argument's safety and
+pool-moving argument gets) are in `proposed_change.py`; here is what each argument's safety and
 usefulness mean, in vLLM's terms, with the source each limit comes from.
 """
 
@@ -10,13 +10,24 @@ from __future__ import annotations
 from typing import Any
 
 from playbooks.engines.findings import NOTHING, Finding
+from playbooks.engines.kit import checks as kit
+from playbooks.engines.kit.checks import Observed
+from playbooks.engines.types import Verdict
 from playbooks.engines.vllm.capacity import (
     GIB,
     HIGHEST_UTILIZATION,
     RECOMMENDED_UTILIZATION,
     dtype_bytes,
 )
-from playbooks.engines.vllm.checks import (
+from playbooks.engines.vllm.facts import (
+    PREEMPTIONS_PER_MIN_HIGH,
+    Server,
+    preemption_rate,
+    preempts_often,
+    prefix_heavy,
+    seq_cap_total,
+)
+from playbooks.engines.vllm.proposed_change import (
     DEFAULT_CAPTURE_CEILING,
     HOST_SHARE,
     OOM_RISK,
@@ -25,15 +36,6 @@ from playbooks.engines.vllm.checks import (
     StartsCheck,
     capacity_usefulness,
 )
-from playbooks.engines.vllm.facts import (
-    PREEMPTIONS_PER_MIN_HIGH,
-    Observed,
-    Server,
-    preemption_rate,
-    preempts_often,
-    prefix_heavy,
-    seq_cap_total,
-)
 from playbooks.engines.vllm.shared_gpu import (
     StartLimit,
     highest_that_starts,
@@ -41,7 +43,6 @@ from playbooks.engines.vllm.shared_gpu import (
     start_limit,
     two_decimals_down,
 )
-from playbooks.types import Verdict
 
 
 class UtilizationCheck(Check):
@@ -564,30 +565,11 @@ class RideAlongCheck(Check):
         return Finding("not_useful", (self.why,))
 
 
-class UnknownArgument(Check):
-    """An argument no check covers: refused, since nothing says it is safe."""
-
-    predicts_gain = False
-
-    def __init__(self, name: str) -> None:
-        self.names = (name,)
-
-    def safety(self, ctx: Change, value: Any) -> Finding:
-        return Finding(
-            "unsafe",
-            (f"kvpilot has no rule for {self.names[0]}, so it cannot say the change is safe",),
-        )
-
-
-def _table(checks: tuple[Check, ...]) -> dict[str, Check]:
-    return {name: check for check in checks for name in check.names}
-
-
 # Argument name -> its check, in the order their reasons are listed. StartsCheck applies to
 # every argument that moves the pool and is listed first, where a change that cannot start is
 # refused before anything else is said.
 STARTS = StartsCheck()
-CHECKS: dict[str, Check] = _table(
+CHECKS: dict[str, kit.Check[Change]] = kit.table(
     (
         UtilizationCheck(),
         KvBytesCheck(),
@@ -610,9 +592,7 @@ CHECKS: dict[str, Check] = _table(
 )
 
 
-def checks_for(change: Change) -> list[Check]:
-    """The checks a change calls on, each once, in table order; unknown arguments last."""
-    known: list[Check] = [STARTS] if STARTS.applies(change) else []
-    known += [check for check in dict.fromkeys(CHECKS.values()) if check.applies(change)]
-    unknown: list[Check] = [UnknownArgument(n) for n in change.values if n not in CHECKS]
-    return known + unknown
+def checks_for(change: Change) -> list[kit.Check[Change]]:
+    """The checks a change calls on, each once: whether it starts, then the table's in table
+    order; unknown arguments last."""
+    return kit.checks_for(CHECKS, change, first=(STARTS,))

@@ -6,7 +6,7 @@ address the bottleneck) reads a measurement. Each half answers with a `Finding`
 (`playbooks.engines.findings`); `verdicts.py` combines them. Arguments interact (a new
 utilization and a new KV dtype move the same pool; the token budget must cover the sequence
 cap), so every check sees the whole `Change`. An argument no check covers is refused. The
-checks of each argument, and the table that picks them, are in `arguments.py`.
+checks of each argument, and the table that picks them, are in `argument_checks.py`.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from playbooks.engines.findings import NOTHING, BatchCap, Finding
-from playbooks.engines.vllm.args import AUTO
+from playbooks.engines.kit import checks as kit
+from playbooks.engines.kit.checks import Observed
+from playbooks.engines.vllm.allow_list import AUTO
 from playbooks.engines.vllm.capacity import (
     CapacityModel,
 )
 from playbooks.engines.vllm.facts import (
-    Observed,
     Server,
     requests_fitting,
 )
@@ -124,32 +125,8 @@ class Change:
         )
 
 
-class Check:
-    """The check of one launch argument (or of a few judged together).
-
-    `predicts_gain`: whether the throughput predicted from KV capacity alone holds when this
-    argument changes. `fallback`: the check speaks only when no other check has a verdict.
-    """
-
-    names: tuple[str, ...] = ()
-    predicts_gain = True
-    fallback = False
-
-    def applies(self, change: Change) -> bool:
-        return any(name in change.values for name in self.names)
-
-    def predicts_gain_for(self, change: Change) -> bool:
-        """`predicts_gain` for this change (a check may predict for some of its changes)."""
-        return self.predicts_gain
-
-    def value(self, change: Change) -> Any:
-        return change.values.get(self.names[0])
-
-    def safety(self, ctx: Change, value: Any) -> Finding:
-        return NOTHING
-
-    def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
-        return NOTHING
+class Check(kit.Check[Change]):
+    """A check of one vLLM launch argument: its halves judge vLLM's `Change`."""
 
 
 def capacity_usefulness(ctx: Change, seen: Observed, what: str) -> Finding:
@@ -174,18 +151,9 @@ def capacity_usefulness(ctx: Change, seen: Observed, what: str) -> Finding:
                 "measures it",
             ),
         )
-    if tokens <= current:
-        return Finding(
-            "not_useful", (f"capacity would not grow ({tokens:,} vs {current:,} tokens)",)
-        )
-    if not seen.kv_bound:
-        return Finding(
-            "not_useful",
-            (
-                f"capacity would grow to {tokens:,} tokens, but the bottleneck is "
-                f"{seen.bottleneck}, not the KV cache",
-            ),
-        )
+    refused = kit.capacity_grows(tokens, current, seen)
+    if refused is not None:
+        return refused
     m = seen.m
     fit = ""
     if m.avg_prompt_tokens is not None:

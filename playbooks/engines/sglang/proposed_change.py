@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from playbooks.engines.findings import NOTHING, BatchCap, Finding
+from playbooks.engines.kit import checks as kit
 from playbooks.engines.sglang.capacity import KV_DTYPE_BYTES, CapacityModel
 from playbooks.engines.sglang.deployment import attn_dp_size, dp_replicas
-from playbooks.engines.sglang.facts import Observed, Server, context_len, running_cap_per_rank
+from playbooks.engines.sglang.facts import Server, context_len, running_cap_per_rank
 
 # The checks import a finding's type from here, beside the rest.
 __all__ = [
@@ -195,33 +196,5 @@ def cell_after(cap: CapacityModel, dtype: str) -> float:
     return cap.bytes_per_token * new / now
 
 
-class Check:
-    """The check of one launch argument (or of a few judged together, like the host pool's).
-
-    `predicts_gain`: whether the throughput predicted from KV capacity alone still holds when
-    this argument changes. `fallback`: the check speaks only when no other check has a verdict,
-    for arguments that ride along with a change rather than decide it.
-    """
-
-    names: tuple[str, ...] = ()
-    predicts_gain = True
-    fallback = False
-
-    def applies(self, change: Change) -> bool:
-        return any(name in change.values for name in self.names)
-
-    def value(self, change: Change) -> Any:
-        """What the halves judge: the argument's new value unless a check says otherwise."""
-        return change.values.get(self.names[0])
-
-    def safety(self, ctx: Change, value: Any) -> Finding:
-        """Whether the server starts and keeps running with it: no measurement needed."""
-        return NOTHING
-
-    def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
-        """Whether it addresses what the measurement shows."""
-        return NOTHING
-
-    def predicts_gain_for(self, change: Change) -> bool:
-        """`predicts_gain` for this change (a check may predict for some of its changes)."""
-        return self.predicts_gain
+class Check(kit.Check[Change]):
+    """A check of one SGLang launch argument: its halves judge SGLang's `Change`."""

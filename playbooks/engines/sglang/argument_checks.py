@@ -9,14 +9,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from playbooks.diagnose.measure import Measurement
+from playbooks.engines.kit import checks as kit
+from playbooks.engines.kit.checks import Observed
 from playbooks.engines.sglang.capacity import ACTIVATION_FLOOR_GIB
-from playbooks.engines.sglang.checks import NOTHING, Change, Check, Finding, dtype_bytes
 from playbooks.engines.sglang.deployment import decode_max_bs
 from playbooks.engines.sglang.facts import (
     RETRACTIONS_PER_MIN_HIGH,
     SATURATED_USAGE,
-    Observed,
     conservativeness,
     conservativeness_scale,
     context_len,
@@ -28,8 +27,10 @@ from playbooks.engines.sglang.facts import (
 )
 from playbooks.engines.sglang.hicache import PROMPT_HEAVY, HostPoolCheck
 from playbooks.engines.sglang.metrics import binding_pool_of
+from playbooks.engines.sglang.proposed_change import NOTHING, Change, Check, Finding, dtype_bytes
 from playbooks.engines.sglang.reservation import CONSERVATIVENESS_SATURATION, initial_ratio
 from playbooks.engines.sglang.reserve import Deployment, sglang_reserve
+from playbooks.engines.types import Measurement
 
 DEFAULT_CHUNK = 8192  # SGLang's chunked_prefill_size when the server reports none
 MIN_CHUNK = 2048  # activation memory stops shrinking with the chunk below this
@@ -212,18 +213,9 @@ class StaticPoolCheck(Check):
         if not moves_fraction(ctx):
             return NOTHING
         tokens, current = ctx.tokens, ctx.current
-        if tokens <= current:
-            return Finding(
-                "not_useful", (f"capacity would not grow ({tokens:,} vs {current:,} tokens)",)
-            )
-        if not seen.kv_bound:
-            return Finding(
-                "not_useful",
-                (
-                    f"capacity would grow to {tokens:,} tokens, but the bottleneck is "
-                    f"{seen.bottleneck}, not the KV cache",
-                ),
-            )
+        refused = kit.capacity_grows(tokens, current, seen)
+        if refused is not None:
+            return refused
         m, exact = seen.m, ctx.cap.gpu.exact
         fit = ""
         if m.avg_prompt_tokens is not None:
@@ -712,27 +704,8 @@ class RideAlongCheck(Check):
         return Finding("not_useful", (f"{self.names[0]} does not raise KV capacity",))
 
 
-class UnknownArgument(Check):
-    """An argument no check covers: refused, since nothing says it is safe."""
-
-    predicts_gain = False
-
-    def __init__(self, name: str) -> None:
-        self.names = (name,)
-
-    def safety(self, ctx: Change, value: Any) -> Finding:
-        return Finding(
-            "unsafe",
-            (f"kvpilot has no rule for {self.names[0]}, so it cannot say the change is safe",),
-        )
-
-
-def _table(checks: tuple[Check, ...]) -> dict[str, Check]:
-    return {name: check for check in checks for name in check.names}
-
-
 # Argument name -> its check, in the order their reasons are listed.
-CHECKS: dict[str, Check] = _table(
+CHECKS: dict[str, kit.Check[Change]] = kit.table(
     (
         StaticPoolCheck(),
         KvDtypeCheck(),
@@ -751,8 +724,6 @@ CHECKS: dict[str, Check] = _table(
 )
 
 
-def checks_for(change: Change) -> list[Check]:
+def checks_for(change: Change) -> list[kit.Check[Change]]:
     """The checks a change calls on, each once, in table order; unknown arguments last."""
-    known = [check for check in dict.fromkeys(CHECKS.values()) if check.applies(change)]
-    unknown: list[Check] = [UnknownArgument(n) for n in change.values if n not in CHECKS]
-    return known + unknown
+    return kit.checks_for(CHECKS, change)
