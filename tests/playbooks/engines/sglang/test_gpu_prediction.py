@@ -17,9 +17,8 @@ from typing import Any
 from playbooks.diagnose.measure import measurement_of
 from playbooks.engines import engine_named, restore_snapshot
 from playbooks.engines.base import Snapshot
-from playbooks.engines.types import DiagnoseSettings
+from playbooks.engines.types import DiagnoseSettings, Option
 from playbooks.sources.model_config import LocalModelConfigs
-from playbooks.types import Option
 
 RUN = Path(__file__).parents[3] / "fixtures" / "gpu" / "h200-sglang-0.5.17"
 TARGET: dict[str, Any] = {"mem_fraction_static": 0.82}
