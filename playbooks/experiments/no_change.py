@@ -9,7 +9,7 @@ rollouts turn "the arguments now" and a change into the arguments to restart wit
 "Nothing" is judged on what the engine would run, not on the text (the engine's `read_arg`):
 a float flag's `0.850` is 0.85, `--x=v` is `--x v`, an alias is its flag, an on/off flag that
 is absent is off, and an absent flag is the engine's own default where that default is a
-constant (cited in the engine's `args.py`). Where the engine works the value out at
+constant (cited in the engine's `allow_list.py`). Where the engine works the value out at
 start-up (SGLang's `mem_fraction_static` from the GPU's memory, vLLM's `max_num_seqs`), an
 absent flag equals no value: setting it is a real change, since the server may run another.
 
