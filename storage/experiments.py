@@ -10,6 +10,9 @@ from the last committed state.
 Two bot processes must never advance the same experiment: each takes the row's lease
 (``acquire_lease``) before acting, and a lease past its expiry can be taken over, so a crashed
 holder does not block the experiment for ever.
+
+Why it is long: the experiment row's table of states and legal moves, and every read and write
+of it, in one transaction discipline.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ the package, so that it keeps meaning what it meant when it was written.
 
 Tables are ``STRICT`` so that a wrong type is an error rather than a silently stored string.
 Timestamps are ISO-8601 UTC text (see ``storage._codec``); ``*_json`` columns hold JSON text.
+
+Why it is long: a migration, once released, never changes and spells out its own SQL, so the
+schema's history only grows here.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@
 7. No import circles among the product modules (`import_graph.py`): a module's import-time
    imports never lead back to it. The seam's own modules (`playbooks/engines/base.py`,
    `types.py`) import nothing of the playbooks that use them, not even for type checking.
+8. A product module over 500 lines says why in its docstring ("Why it is long: ..."): a long
+   module is a choice, not an accident.
 
 Imports inside functions (the lazy, heavy ones) count like any other in rules 1 to 6.
 """
@@ -227,6 +229,31 @@ def test_the_seam_imports_no_playbook_that_uses_it() -> None:
         if not imported.startswith(("playbooks.engines", "playbooks.stats", "playbooks.sources"))
     ]
     assert not bad, "\n".join(bad)
+
+
+LONG_MODULE_LINES = 500
+WHY_LONG = "Why it is long:"
+
+
+def unexplained_length(rel: str, text: str) -> str | None:
+    """`rel` and its length where it is over LONG_MODULE_LINES without a stated reason."""
+    lines = text.count("\n")
+    if lines <= LONG_MODULE_LINES:
+        return None
+    doc = ast.get_docstring(ast.parse(text, filename=rel)) or ""
+    return None if WHY_LONG in doc else f"{rel}: {lines} lines"
+
+
+def test_a_long_module_says_why_it_is_long() -> None:
+    bad = [found for rel, text in all_product_files() if (found := unexplained_length(rel, text))]
+    assert not bad, f"split these or say why in their docstrings ({WHY_LONG!r}):\n" + "\n".join(bad)
+
+
+def test_an_unexplained_long_module_is_caught() -> None:
+    body = "x = 1\n" * (LONG_MODULE_LINES + 1)
+    assert unexplained_length("bot/x.py", '"""A module."""\n' + body) == "bot/x.py: 502 lines"
+    explained = f'"""A module.\n\n{WHY_LONG} a table.\n"""\n' + body
+    assert unexplained_length("bot/x.py", explained) is None
 
 
 # ----------------------------------------------------------------------------- the rules bite

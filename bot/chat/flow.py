@@ -5,6 +5,9 @@
 within 3 s and the terminal can simply run it. Every request is authorised by `bot.chat.auth`
 before anything happens, and every refusal is audited. Nothing here knows Slack: messages go
 through a `Surface`.
+
+Why it is long: it is the conversation's one entry for every front end (commands, proposals,
+approvals, aborts); what each command does is already in its own module.
 """
 
 from __future__ import annotations

@@ -2,6 +2,10 @@
 
 Every user error ends with one `error: ...` line that says what was wrong and how to fix it, and
 exit status 2 (usage) or 1 (the server or environment); never a traceback.
+
+Why it is long: the `kvpilot` command-line grammar (the subcommands' parsers and their
+dispatch; only the rollout's parser lives apart) is kept in one place, so `--help`, completion
+and the README's commands are checked against one parser.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ An experiment started here runs in the foreground: this process holds its lease 
 at a time carries an experiment), Ctrl-C or SIGTERM aborts and reverts it, and the exit status
 says how it ended (`bot.exit_codes`). With four-eyes on, the change is recorded as a proposal
 that another person must approve, in Slack or with `kvpilot experiments approve ID`.
+
+Why it is long: every `kvpilot experiment(s)` subcommand shares the terminal's approval, lease
+and carry-to-the-end code kept here.
 """
 
 from __future__ import annotations

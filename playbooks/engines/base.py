@@ -17,6 +17,9 @@ The interface, in the order a playbook meets it:
 * **signatures** - the readiness path and what the engine's exit status and log lines mean.
 * **rules** - what a bottleneck looks like on this engine and which changes address it
   (`rules_for(...).assess`, `.judge`, `bottleneck_of`), as pure functions over typed facts.
+
+Why it is long: it is the engine interface itself: every member an engine offers, with its
+contract in its docstring.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ one readiness poll, one gate look, one move) and returns how long to wait before
 what it learnt is in the database before it returns (samples as they are taken, progress
 within the state), so a bot killed between two steps, or inside one, continues from there.
 The scheduler (`bot/app/ticker.py`) calls it for every experiment a process carries.
+
+Why it is long: it performs every kind of step (scrape, restart, poll, look, move, keep, revert)
+with its persistence; each performer is short, and splitting them apart would scatter the one
+place where side effects happen.
 """
 
 from __future__ import annotations

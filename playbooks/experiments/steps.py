@@ -38,6 +38,10 @@ step, and checks answer quality in `checking_quality` before a keep of the gate 
 A person's change is told apart from kvpilot's own by the arguments alone: kvpilot only ever
 runs the baseline's or the trial's, so any other arguments were set by someone else, and every
 state from the baseline on ends `superseded` on seeing them, leaving the server as it was set.
+
+Why it is long: the state machine's whole decision table (one chooser per state, the step types
+and the pure moves) reads as one table; the launcher's outcomes already live apart
+(`restarts.py`).
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ A workload that Argo CD or Flux manages is never written to (gitops.py): the nex
 the change. `start` (and so `issue` and `apply`) and `stop` raise `ManagedByGitOps`, carrying the
 JSON Patch to commit to the source instead; `permissions` reports it; `poll_ready` deletes no pods
 of a rollout the GitOps tool made.
+
+Why it is long: Deployments, StatefulSets and LeaderWorkerSets are patched, rolled and read
+through one client, with the GitOps checks beside the patch they guard.
 """
 
 from __future__ import annotations

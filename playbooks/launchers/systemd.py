@@ -12,6 +12,10 @@ drop-in, so a revert leaves the host as the operator configured it.
 
 Every command is an argument vector. Over SSH the vector is quoted with `shlex.join` for the
 remote shell; files are written by a fixed `sh -c` script that receives paths as arguments.
+
+Why it is long: systemd's launcher works the same here and over SSH, for system and user
+managers, with its drop-in, its daemon-reload and its journal reading, which share one set of
+command runners.
 """
 
 from __future__ import annotations

@@ -2,6 +2,10 @@
 
 The table's order is the order a verdict's reasons are listed in. An argument the table does not
 name gets `UnknownArgument`: kvpilot cannot call a change safe that it has no rule for.
+
+Why it is long: one check per SGLang launch argument kvpilot judges (about twenty, each with its
+two halves and its sources cited), and the table that finds them; split by argument, the table
+would import them all back.
 """
 
 from __future__ import annotations

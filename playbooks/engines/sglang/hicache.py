@@ -10,6 +10,10 @@ splits its budget per rank itself and refuses to start (`mem_cache/pool_host/bas
 host, start, pin the memory and are killed by the OOM killer under load. Since 0.5.21 that budget
 is also bounded by the container's memory cgroup (`mem_cache/host_memory.py`); before, a pool
 that fits the host but not the container starts and is killed by the container's limit.
+
+Why it is long: SGLang's host tier has many refusals of its own (versions, layouts, backends,
+DSA and draft pools, the per-rank race), each a cited rule; they are judged together because
+they size one pool.
 """
 
 from __future__ import annotations

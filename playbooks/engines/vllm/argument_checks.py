@@ -3,6 +3,9 @@
 The shared parts (the `Change` every check sees, the `Check` halves, the start-up check every
 pool-moving argument gets) are in `proposed_change.py`; here is what each argument's safety and
 usefulness mean, in vLLM's terms, with the source each limit comes from.
+
+Why it is long: one check per vLLM launch argument kvpilot judges, each with its two halves and
+its sources cited, and the table that finds them.
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ readable without the key. So a 401 on `/v1/models` says only that kvpilot lacks 
 model's length is then unknown and said so, not a failure to read the server.
 
 Only idempotent GETs are retried (tenacity), on transport errors and 502/503/504.
+
+Why it is long: vLLM states its settings in four places (metrics labels, `/v1/models`, both
+formats of `/server_info`, the launch arguments) and each reading is kept beside the assembly
+that ranks them.
 """
 
 from __future__ import annotations
