@@ -1,5 +1,7 @@
 """The `ab` phase: two configurations under the same closed-loop load, each measured over a
 steady window after its warm-up, read as kvpilot reads a server (its engine client's snapshots).
+Each reading keeps kvpilot's whole stored snapshot and each side the server's own info, so the
+predictions kvpilot would make from one side's window can be held against the other side later.
 
 One side takes about a server start, the warm-up and the window; two sides of five-minute windows
 do not fit one 10-minute call, so `--ab-side a` and `--ab-side b` run them in two calls and
@@ -55,6 +57,7 @@ def measure(call: Call, side: str) -> dict[str, Any]:
     client = engine_named("sglang").connect(server.url)
     try:
         record["max_total_num_tokens"] = client.settings().capacity_tokens
+        record["server_info"] = server.server_info()  # whole: what kvpilot predicts from
         load = Load.start(call.machine, server.url, s.clients, call.work)
         began = time.time()
         record["window"] = [began + s.ab_warmup_s, began + s.ab_warmup_s + s.ab_steady_s]
@@ -66,7 +69,13 @@ def measure(call: Call, side: str) -> dict[str, Any]:
         while time.time() < record["window"][1] and load.running():
             try:
                 snap = client.snapshot()
-                samples.append({"t": time.time(), **{k: getattr(snap, k) for k in SNAPSHOT_FIELDS}})
+                samples.append(
+                    {
+                        "t": time.time(),
+                        **{k: getattr(snap, k) for k in SNAPSHOT_FIELDS},
+                        "metrics": snap.to_json(),  # whole, so a prediction can be made from it
+                    }
+                )
             except EngineError as exc:
                 samples.append({"t": time.time(), "error": str(exc)})
             time.sleep(min(SCRAPE_S, s.ab_steady_s / 10))

@@ -189,6 +189,9 @@ def test_the_oom_probe_and_an_ab_on_the_twin(tmp_path: Path) -> None:
         ab["summaries"]["b"]["max_total_num_tokens"] > ab["summaries"]["a"]["max_total_num_tokens"]
     )
     assert ab["summaries"]["a"]["samples"] >= 3 and "decode_tokens_per_s" in ab["compare"]
+    side = ab["sides"]["a"]
+    assert side["server_info"]["max_total_num_tokens"] == side["max_total_num_tokens"]
+    assert all(s["metrics"]["v"] for s in side["samples"] if "error" not in s)
     assert code == 0
 
 
