@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 from sim import tokenizer
-from sim.workload import PROFILES, RequestSpec, make_profile
+from sim.workload import PROFILES, RequestSpec, make_profile, profile_options
 
 
 @dataclass
@@ -142,6 +142,7 @@ async def run_load(
     seed: int = 0,
     model: str = "default",
     stop: asyncio.Event | None = None,
+    options: dict[str, int] | None = None,
 ) -> LoadReport:
     """Keep `concurrency` requests in flight for `duration` wall seconds, or until `stop` is
     set, whichever comes first."""
@@ -154,7 +155,7 @@ async def run_load(
         timeout=httpx.Timeout(None, connect=10.0),
     ) as client:
         scale = await _probe(client)
-        prof = make_profile(profile, seed)
+        prof = make_profile(profile, seed, **(options or {}))
         report = LoadReport(url, profile, concurrency, 0.0, scale, started_at=time.time())
         start = time.monotonic()
         deadline = start + duration
@@ -259,6 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
     p.add_argument("--concurrency", type=int, required=True)
     p.add_argument("--profile", choices=sorted(PROFILES), default="incident")
+    p.add_argument(
+        "--profile-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set one of the profile's numbers, e.g. conversations=400 (repeatable)",
+    )
     p.add_argument("--duration", type=float, required=True, help="wall seconds")
     p.add_argument("--api", choices=["generate", "chat"], default="generate")
     p.add_argument("--api-key", default=None)
@@ -277,6 +285,16 @@ def main(argv: list[str] | None = None) -> int:
     if not ns.url.startswith(("http://", "https://")):
         p.error(f"--url must start with http:// or https://, got {ns.url!r}")
     try:
+        options = profile_options(ns.profile_option)
+        most = make_profile(ns.profile, ns.seed, **options).most_clients()
+    except ValueError as exc:
+        p.error(str(exc))
+    if most is not None and ns.concurrency > most:
+        p.error(
+            f"--concurrency {ns.concurrency} is more clients than profile {ns.profile!r} can "
+            f"serve at once ({most}): raise its option or lower --concurrency"
+        )
+    try:
         report = asyncio.run(
             _run_until_signalled(
                 url=ns.url,
@@ -286,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                 api=ns.api,
                 api_key=ns.api_key,
                 seed=ns.seed,
+                options=options,
             )
         )
     except LoadError as exc:

@@ -15,12 +15,22 @@ real SGLang server with a tiny test tokenizer.
 * `uniform`: prompts of U(400, 1000) tokens and outputs of U(1000, 4000), each drawn
   independently; the incident's shape with a wider, flat spread of request lengths, as used on
   the real GPU (`tests/real_gpu/`).
+* `conversations`: the multi-turn chats, but more of them than clients, each turn taken by
+  whichever client is free: a conversation comes back about `conversations / clients` requests
+  later, by when a full GPU pool has usually evicted its history. The reuse a host tier serves
+  and the GPU alone cannot.
+* `working-set`: questions about a fixed set of shared documents, `working_set_tokens` of them
+  in all (size it just above the GPU pool): every prompt's prefix is reused, but not all of them
+  fit on the GPU at once.
+
+Options (`make_profile(name, **options)`, `python -m sim.load --profile-option KEY=VALUE`) set a
+profile's numeric fields, e.g. `conversations=400` or `working_set_tokens=200000`.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 TOKEN_LOW, TOKEN_HIGH = 3, 300
 
@@ -63,6 +73,10 @@ class Profile:
     def completed(self, user: int, spec: RequestSpec, output_ids: list[int]) -> None:
         """Called when a user's request finished, with what the server generated."""
         return
+
+    def most_clients(self) -> int | None:
+        """How many clients the profile can serve at once, where it is bounded."""
+        return None
 
 
 @dataclass
@@ -191,7 +205,79 @@ class LongContextProfile(UniformProfile):
     name = "long-context"
 
 
+@dataclass
+class ConversationsProfile(MultiTurnProfile):
+    """Chats that outnumber the clients. A client takes a free conversation at random for each
+    request and gives it back when the answer comes, so a history returns after others have
+    pushed it out of a full GPU pool."""
+
+    conversations: int = 600
+    name = "conversations"
+    _free: list[int] = field(init=False, default_factory=list)
+    _taken: dict[int, int] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.conversations < 1:
+            raise ValueError(f"conversations must be at least 1, got {self.conversations}")
+        self._free = list(range(self.conversations))
+
+    def next_request(self, user: int) -> RequestSpec:
+        if user in self._taken:  # its last request failed: that conversation is free again
+            self._free.append(self._taken.pop(user))
+        if not self._free:
+            raise ValueError(
+                f"more clients than conversations ({self.conversations}): raise conversations"
+            )
+        chat = self._free.pop(self.rng.randrange(len(self._free)))
+        self._taken[user] = chat
+        spec = super().next_request(chat)
+        return RequestSpec(spec.input_ids, spec.max_new_tokens, user, spec.turn)
+
+    def most_clients(self) -> int | None:
+        return self.conversations
+
+    def completed(self, user: int, spec: RequestSpec, output_ids: list[int]) -> None:
+        chat = self._taken.pop(user, None)
+        if chat is None:
+            return
+        super().completed(chat, spec, output_ids)
+        self._free.append(chat)
+
+
+@dataclass
+class WorkingSetProfile(Profile):
+    """Short questions about shared documents: the documents (`working_set_tokens` in all,
+    `document_tokens` each) are the prefixes every request reuses; short answers keep the load
+    prefill-heavy, where a reused prefix saves the most."""
+
+    working_set_tokens: int = 200_000
+    document_tokens: int = 4000
+    question_tokens: tuple[int, int] = (50, 150)
+    answer_tokens: tuple[int, int] = (100, 300)
+    name = "working-set"
+    _documents: list[tuple[int, ...]] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.document_tokens < 1 or self.working_set_tokens < self.document_tokens:
+            raise ValueError(
+                f"working_set_tokens ({self.working_set_tokens}) must hold at least one "
+                f"document of document_tokens ({self.document_tokens})"
+            )
+        docs = random.Random(self.seed + 17)
+        count = self.working_set_tokens // self.document_tokens
+        self._documents = [_tokens(docs, self.document_tokens) for _ in range(count)]
+
+    def next_request(self, user: int) -> RequestSpec:
+        doc = self._documents[self.rng.randrange(len(self._documents))]
+        question = _tokens(self.rng, self.rng.randint(*self.question_tokens))
+        return RequestSpec(doc + question, self.rng.randint(*self.answer_tokens), user, 0)
+
+
 PROFILES: dict[str, type[Profile]] = {
+    "conversations": ConversationsProfile,
+    "working-set": WorkingSetProfile,
     "incident": IncidentProfile,
     "long-context": LongContextProfile,
     "multi-turn": MultiTurnProfile,
@@ -200,10 +286,36 @@ PROFILES: dict[str, type[Profile]] = {
 }
 
 
-def make_profile(name: str, seed: int = 0) -> Profile:
+def make_profile(name: str, seed: int = 0, **options: int) -> Profile:
+    """The profile `name`, with any of its integer fields set from `options`."""
     try:
         cls = PROFILES[name]
     except KeyError:
         known = ", ".join(sorted(PROFILES))
         raise ValueError(f"unknown workload profile {name!r}; choose one of: {known}") from None
-    return cls(seed=seed)
+    settable = sorted(
+        f.name for f in fields(cls) if f.init and f.name != "seed" and f.type in ("int", int)
+    )
+    unknown = sorted(set(options) - set(settable))
+    if unknown:
+        raise ValueError(
+            f"profile {name!r} has no option {', '.join(unknown)}; its options: "
+            + (", ".join(settable) or "none")
+        )
+    return cls(seed=seed, **options)
+
+
+def profile_options(pairs: list[str]) -> dict[str, int]:
+    """`KEY=VALUE` pairs from a command line, each value a whole number."""
+    options: dict[str, int] = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        try:
+            if not eq or not key:
+                raise ValueError
+            options[key.strip()] = int(value.replace("_", ""))
+        except ValueError:
+            raise ValueError(
+                f"a profile option is KEY=WHOLE_NUMBER, e.g. conversations=400; got {pair!r}"
+            ) from None
+    return options

@@ -52,13 +52,17 @@ def measure(call: Call, side: str) -> dict[str, Any]:
         "extra": list(extra),
         "startup_s": round(server.startup_s or 0.0, 1),
         "gpu": call.machine.gpu(),
+        "profile": s.ab_profile,
+        "profile_options": list(s.ab_profile_options),
     }
     load = None
     client = engine_named("sglang").connect(server.url)
     try:
         record["max_total_num_tokens"] = client.settings().capacity_tokens
         record["server_info"] = server.server_info()  # whole: what kvpilot predicts from
-        load = Load.start(call.machine, server.url, s.clients, call.work)
+        load = Load.start(
+            call.machine, server.url, s.clients, call.work, s.ab_profile, s.ab_profile_options
+        )
         began = time.time()
         record["window"] = [began + s.ab_warmup_s, began + s.ab_warmup_s + s.ab_steady_s]
         call.say(

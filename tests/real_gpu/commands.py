@@ -44,7 +44,9 @@ def sglang_command(
     ]
 
 
-def load_command(python: str, url: str, clients: int, profile: str = PROFILE) -> list[str]:
+def load_command(
+    python: str, url: str, clients: int, profile: str = PROFILE, options: Sequence[str] = ()
+) -> list[str]:
     """The closed-loop clients: `python -m sim.load` until SIGTERM, with its timeline."""
     return [
         python,
@@ -60,6 +62,7 @@ def load_command(python: str, url: str, clients: int, profile: str = PROFILE) ->
         str(LONGEST_S),
         "--json",
         "--timeline",
+        *(arg for option in options for arg in ("--profile-option", option)),
     ]
 
 

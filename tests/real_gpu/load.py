@@ -19,14 +19,20 @@ class Load:
 
     @classmethod
     def start(
-        cls, machine: Machine, url: str, clients: int, cwd: Path, profile: str = PROFILE
+        cls,
+        machine: Machine,
+        url: str,
+        clients: int,
+        cwd: Path,
+        profile: str = PROFILE,
+        options: tuple[str, ...] = (),
     ) -> Load:
         cwd.mkdir(parents=True, exist_ok=True)  # a call's first phase may be this one
         out = machine.log_path("load-report").with_suffix(".json")
         err = machine.log_path("load")
         with out.open("wb") as stdout, err.open("wb") as stderr:
             proc = subprocess.Popen(
-                load_command(machine.python, url, clients, profile),
+                load_command(machine.python, url, clients, profile, options),
                 stdout=stdout,
                 stderr=stderr,
                 stdin=subprocess.DEVNULL,

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sim.workload import make_profile, profile_options
+
 PHASES = ("smoke", "capacity", "experiment-clear", "experiment", "oom-probe", "ab")
 # `experiment-clear` is `experiment` with its default change (mem_fraction_static=--target), the
 # name the first recordings were made under; `experiment` takes any change (`--set`).
@@ -65,6 +67,8 @@ class Settings:
     ab_side: str = "both"
     ab_warmup_s: float = 60.0
     ab_steady_s: float = 300.0
+    ab_profile: str = "uniform"  # the load both sides run under (sim/workload.py)
+    ab_profile_options: tuple[str, ...] = ()  # its KEY=VALUE options, e.g. conversations=400
     change: str | None = None  # the experiment's `--set KEY=VALUE` (else the fraction to --target)
     start_extra: tuple[str, ...] = ()  # more SGLang flags for the experiment's first server
     force: bool = False  # the experiment runs a change kvpilot's safety checks call unsafe
@@ -107,6 +111,17 @@ class Settings:
             raise ValueError("--probe-s must be at least 10 s (the load takes seconds to fill)")
         if self.ab_steady_s < 1 or self.ab_warmup_s < 0:
             raise ValueError("--ab-steady-s must be positive and --ab-warmup-s not negative")
+        self._check_profile()
+
+    def _check_profile(self) -> None:
+        """The A/B's load, refused here rather than on the GPU machine after a server start."""
+        options = profile_options(list(self.ab_profile_options))
+        most = make_profile(self.ab_profile, 0, **options).most_clients()
+        if most is not None and self.clients > most:
+            raise ValueError(
+                f"--clients {self.clients} is more than profile {self.ab_profile!r} serves at "
+                f"once ({most}): raise its option or lower --clients"
+            )
 
     @property
     def ordered(self) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from sim.workload import PROFILES
 from tests.real_gpu import commands as cmd
 from tests.real_gpu import env as genv
 from tests.real_gpu.plan import (
@@ -124,6 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ab-side", choices=AB_SIDES, default="both")
     p.add_argument("--ab-warmup-s", type=float, default=60.0)
     p.add_argument("--ab-steady-s", type=float, default=300.0)
+    p.add_argument(
+        "--ab-profile",
+        choices=sorted(PROFILES),
+        default="uniform",
+        help="the load of both sides (sim/workload.py)",
+    )
+    p.add_argument(
+        "--ab-profile-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one of the profile's numbers, e.g. working_set_tokens=200000 (repeatable)",
+    )
     return p
 
 
@@ -142,6 +156,8 @@ def settings_of(ns: argparse.Namespace) -> Settings:
         ab_side=ns.ab_side,
         ab_warmup_s=ns.ab_warmup_s,
         ab_steady_s=ns.ab_steady_s,
+        ab_profile=ns.ab_profile,
+        ab_profile_options=tuple(ns.ab_profile_option),
         change=ns.change,
         start_extra=tuple(ns.start_extra.split()),
         force=ns.force,

@@ -103,6 +103,19 @@ def test_the_trial_is_expected_to_end_at_the_gates_first_looks() -> None:
         ({"phases": ("oom-probe",), "probe_fractions": (0.95, 1.0)}, "between 0 and 1, got 1"),
         ({"phases": ("oom-probe",), "probe_s": 5}, "at least 10 s"),
         ({"phases": ("oom-probe",), "probe_clients": 0}, "must be positive"),
+        ({"phases": ("ab",), "ab_profile": "chat"}, "unknown workload profile 'chat'"),
+        (
+            {"phases": ("ab",), "ab_profile": "uniform", "ab_profile_options": ("users=4",)},
+            "has no option users",
+        ),
+        (
+            {
+                "phases": ("ab",),
+                "ab_profile": "conversations",
+                "ab_profile_options": ("conversations=100",),
+            },
+            "--clients 150 is more than profile 'conversations' serves at once",
+        ),
     ],
 )
 def test_bad_settings_are_named(kwargs: dict[str, object], message: str) -> None:
@@ -138,9 +151,14 @@ def test_command_line_options_become_settings() -> None:
             "60",
             "--probe-clients",
             "120",
+            "--ab-profile",
+            "working-set",
+            "--ab-profile-option",
+            "working_set_tokens=200_000",
         ]
     )
     s = run.settings_of(ns)
+    assert (s.ab_profile, s.ab_profile_options) == ("working-set", ("working_set_tokens=200_000",))
     assert s.change == "max_running_requests=48"
     assert s.start_extra == ("--max-running-requests", "200")
     assert (s.probe_fractions, s.probe_s, s.probe_clients) == ((0.9, 0.96), 60.0, 120)
@@ -527,11 +545,12 @@ def test_results_command_prints_the_table_of_folders(
 
 
 def test_the_runner_imports_nothing_beyond_the_standard_library_before_its_checks() -> None:
-    """`run.py` must start where only the image's python is: its checks come first."""
+    """`run.py` must start where only the image's python is: its checks come first. (It reads
+    the load profiles' names and options from `sim.workload`, which is standard library only.)"""
     code = (
         "import sys; before = set(sys.modules); import tests.real_gpu.run; "
         "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
-        "print(sorted(new - set(sys.stdlib_module_names) - {'tests'}))"
+        "print(sorted(new - set(sys.stdlib_module_names) - {'tests', 'sim'}))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import statistics
 
+import pytest
+
 from sim.workload import make_profile
 
 USERS = 400
@@ -60,3 +62,46 @@ def test_uniform_profile_draws_lengths_from_its_ranges() -> None:
     assert all(s.ignore_eos for s in specs)
     again = make_profile("uniform", 3)
     assert [again.next_request(u % 150) for u in range(2000)] == specs
+
+
+def test_conversations_come_back_after_the_others() -> None:
+    """150 clients over 600 conversations: a history returns about 450 requests later (a pick
+    among the 450 free ones), and no conversation is asked twice at once."""
+    prof = make_profile("conversations", 4, conversations=600)
+    gaps: list[int] = []
+    last: dict[tuple[int, ...], int] = {}
+    in_flight = [prof.next_request(u) for u in range(150)]
+    for step in range(3000):
+        spec = in_flight[step % 150]
+        key = spec.input_ids[:700]  # the system prompt and the start of its document
+        if key in last:
+            gaps.append(step - last[key])
+        last[key] = step
+        prof.completed(spec.user, spec, [7] * spec.max_new_tokens)
+        in_flight[step % 150] = prof.next_request(spec.user)
+    assert 400 < statistics.fmean(gaps) < 520, statistics.fmean(gaps)
+    assert len({s.input_ids[:700] for s in in_flight}) == 150
+
+
+def test_a_failed_turn_frees_its_conversation() -> None:
+    prof = make_profile("conversations", 5, conversations=2)
+    prof.next_request(0)
+    prof.next_request(1)
+    prof.next_request(0)  # the first failed: its conversation is taken again, not lost
+    prof.completed(1, prof.next_request(1), [3])
+    assert prof.most_clients() == 2
+
+
+def test_the_working_set_is_the_size_asked_for() -> None:
+    prof = make_profile("working-set", 6, working_set_tokens=120_000)
+    specs = [prof.next_request(u) for u in range(3000)]
+    documents = {s.input_ids[:4000] for s in specs}
+    assert len(documents) == 30  # 120,000 tokens of 4,000-token documents, every one asked
+    assert all(4050 <= len(s.input_ids) <= 4150 and s.max_new_tokens <= 300 for s in specs)
+
+
+def test_a_profile_option_that_does_not_exist_is_refused_with_the_ones_that_do() -> None:
+    with pytest.raises(ValueError, match=r"no option conversation; its options: .*conversations"):
+        make_profile("conversations", 0, conversation=10)
+    with pytest.raises(ValueError, match="must hold at least one document"):
+        make_profile("working-set", 0, working_set_tokens=100)
