@@ -5,6 +5,8 @@
     python3 -m tests.real_gpu.run --phases oom-probe --probe-fractions 0.93,0.95,0.97
     python3 -m tests.real_gpu.run --phases ab --ab-side a --ab-fractions 0.40,0.85
     python3 -m tests.real_gpu.run --phases smoke --dry-run     # what it would run, anywhere
+    python3 -m tests.real_gpu.run --detach --phases ab ... --ab-steady-s 600   # longer than a call
+    python3 -m tests.real_gpu.run --attach --phases ab ... --ab-steady-s 600   # the next call
 
 Runs with the GPU image's own python3 (3.12, torch 2.11) in the repository's root, with the
 bundle carried in `.gpu/` (`make gpu-bundle`). It unpacks the bundle into /tmp/kvpilot-gpu (once
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from sim.workload import PROFILES
 from tests.real_gpu import commands as cmd
+from tests.real_gpu import detach
 from tests.real_gpu import env as genv
 from tests.real_gpu.plan import (
     AB_SIDES,
@@ -81,6 +84,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=585.0, help="seconds this call may take")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--dry-run", action="store_true", help="print the plan and commands, run none")
+    longer = p.add_mutually_exclusive_group()
+    longer.add_argument(
+        "--detach",
+        action="store_true",
+        help="run in a session of its own that outlives this call (tests/real_gpu/detach.py)",
+    )
+    longer.add_argument(
+        "--attach",
+        action="store_true",
+        help="follow the detached run on; its files come back when it ends",
+    )
+    p.add_argument(
+        "--detached-budget-s",
+        type=float,
+        default=1500.0,
+        help="with --detach: the detached run's own budget (it spans calls)",
+    )
     p.add_argument(
         "--fraction", type=float, default=0.40, help="smoke's and the experiment's start"
     )
@@ -257,7 +277,7 @@ def planned_commands(s: Settings, python: str, model: Path) -> list[list[str]]:
         for side in s.ab_runs:
             i = 0 if side == "a" else 1
             out.append(server(s.ab_fractions[i], s.ab_extra[i]))
-            out.append(cmd.load_command(python, url, s.clients))
+            out.append(cmd.load_command(python, url, s.clients, s.ab_profile, s.ab_profile_options))
     return out
 
 
@@ -294,15 +314,51 @@ def main(argv: list[str] | None = None) -> int:
     if ns.dry_run:
         return dry_run(s, ns.bundle, ns.work, out, say)
     deadline = time.monotonic() + s.budget_s
+    if ns.attach:  # before anything that would stop the detached run's server
+        return attached(ns.work / "detached", deadline, out, say)
     stopped = genv.stop_leftovers(ns.work)
     if stopped:
         say(f"stopped the server(s) an earlier call left running: pid {stopped}")
     if any(not c.ok and c.fatal for c in preflight(ns, say)):
         say("stopping: fix the errors above (nothing was started)")
         return EXIT_ENVIRONMENT
+    if ns.detach:
+        return detached(argv if argv is not None else sys.argv[1:], ns, deadline, out, say)
     from tests.real_gpu.runner import prepare  # noqa: PLC0415 - after the checks
 
     return prepare(ns, s, out, say, deadline, REPO)
+
+
+def detached(
+    argv: Sequence[str],
+    ns: argparse.Namespace,
+    deadline: float,
+    out: Path,
+    say: Callable[[str], None],
+) -> int:
+    """Start the run in a session of its own and follow it for this call's budget."""
+    run_dir = ns.work / "detached"
+    command = [
+        sys.executable,
+        "-m",
+        "tests.real_gpu.run",
+        *detach.child_argv(argv, run_dir / "out", ns.detached_budget_s),
+    ]
+    pid = detach.start(command, run_dir, REPO).pid
+    say(f"detached run started (pid {pid}, budget {ns.detached_budget_s:g} s): {run_dir}")
+    return attached(run_dir, deadline, out, say)
+
+
+def attached(run_dir: Path, deadline: float, out: Path, say: Callable[[str], None]) -> int:
+    """Follow the detached run from where the last call left it, until it ends or the budget."""
+    if not (run_dir / detach.LOG).exists():
+        say(f"no detached run in {run_dir}: start one with --detach")
+        return EXIT_USAGE
+    mark = run_dir / "detached.offset"
+    offset = int(mark.read_text()) if mark.exists() else 0
+    status, offset = detach.follow(run_dir, deadline, print, offset)
+    mark.write_text(str(offset))
+    return detach.finish(run_dir, status, out, say)
 
 
 if __name__ == "__main__":
