@@ -100,6 +100,50 @@ def decode_rate(samples: Sequence[Mapping[str, Any]]) -> tuple[float | None, str
     return None, "none"
 
 
+BATCH_S = 15.0  # the gate's batch: three readings 5 s apart
+Z95 = 1.96
+
+
+def batch_rates(samples: Sequence[Mapping[str, Any]], batch_s: float = BATCH_S) -> list[float]:
+    """The decode counter's rate over consecutive batches of about `batch_s` seconds: the
+    nearly independent pieces a window's interval is made from (batch means)."""
+    counted = [s for s in samples if s.get("decoded_tokens") is not None]
+    rates: list[float] = []
+    start = counted[0] if counted else None
+    for s in counted[1:]:
+        assert start is not None
+        if s["t"] - start["t"] >= 0.9 * batch_s:
+            rates.append((s["decoded_tokens"] - start["decoded_tokens"]) / (s["t"] - start["t"]))
+            start = s
+    return rates
+
+
+def rate_spread(rates: Sequence[float]) -> dict[str, float] | None:
+    """Mean, its standard error, and each half's mean (a window still settling shows it)."""
+    if len(rates) < 4:
+        return None
+    half = len(rates) // 2
+    return {
+        "mean": round(statistics.fmean(rates), 1),
+        "se": round(statistics.stdev(rates) / len(rates) ** 0.5, 2),
+        "first_half": round(statistics.fmean(rates[:half]), 1),
+        "second_half": round(statistics.fmean(rates[half:]), 1),
+        "batches": len(rates),
+    }
+
+
+def relative_interval(
+    a: Mapping[str, float] | None, b: Mapping[str, float] | None
+) -> tuple[float, float, float] | None:
+    """B against A over their batch means: the relative difference and its 95% interval (the
+    ratio's standard error by the delta method)."""
+    if a is None or b is None or not a["mean"]:
+        return None
+    r = b["mean"] / a["mean"]
+    se = r * ((a["se"] / a["mean"]) ** 2 + (b["se"] / b["mean"]) ** 2) ** 0.5
+    return round(r - 1, 4), round(r - 1 - Z95 * se, 4), round(r - 1 + Z95 * se, 4)
+
+
 def client_rate(
     finished: Iterable[Sequence[float]], started_at: float, t0: float, t1: float
 ) -> tuple[float, int]:
@@ -130,6 +174,7 @@ def side_summary(side: Mapping[str, Any]) -> dict[str, Any]:
         "samples": len(samples),
         "decode_tokens_per_s": None if rate is None else round(rate, 1),
         "decode_source": source,
+        "decode_batches": rate_spread(batch_rates(samples)),
         "running": mean("running"),
         "queued": mean("queued"),
         "kv_usage": mean("kv_usage"),
@@ -145,6 +190,7 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"same_gpu": a.get("gpu") == b.get("gpu")}
     for key in ("decode_tokens_per_s", "client_tokens_per_s"):
         out[key] = relative(b.get(key), a.get(key))
+    out["decode_interval"] = relative_interval(a.get("decode_batches"), b.get("decode_batches"))
     return out
 
 
@@ -275,9 +321,11 @@ def ab_table(sides: Mapping[str, Mapping[str, Any]]) -> str:
         )
     if "a" in summaries and "b" in summaries:
         c = compare(summaries["a"], summaries["b"])
+        ci = c["decode_interval"]
         lines.append(
-            f"B against A: decode {_pct(c['decode_tokens_per_s'])}, client "
-            f"{_pct(c['client_tokens_per_s'])}"
+            f"B against A: decode {_pct(c['decode_tokens_per_s'])}"
+            + (f" (95% {_pct(ci[1])} .. {_pct(ci[2])} over 15 s batches)" if ci else "")
+            + f", client {_pct(c['client_tokens_per_s'])}"
             + ("" if c["same_gpu"] else "  (WARNING: the sides ran on different GPUs)")
         )
     return "\n".join(lines)

@@ -513,6 +513,34 @@ def test_an_ab_over_two_calls_is_compared_and_a_gpu_change_is_flagged(tmp_path: 
     assert "B against A: decode +47.9%" in text and "different GPUs" in text
 
 
+def _counted(rate: float, wobble: float, n: int = 61) -> list[dict[str, float]]:
+    """Readings 5 s apart of a decode counter growing at `rate`, batch by batch +-`wobble`."""
+    out, total = [], 0.0
+    for i in range(n):
+        out.append({"t": 1000.0 + 5 * i, "decoded_tokens": total})
+        total += 5 * rate * (1 + (wobble if (i // 3) % 2 else -wobble))
+    return out
+
+
+def test_a_long_ab_says_its_difference_with_an_interval_from_batches() -> None:
+    """Five minutes a side in 15 s batches: 20 batch rates each, their spread the interval."""
+    a = results.rate_spread(results.batch_rates(_counted(4000.0, 0.05)))
+    b = results.rate_spread(results.batch_rates(_counted(5000.0, 0.05)))
+    assert a is not None and b is not None and a["batches"] == 20
+    assert a["mean"] == pytest.approx(4000, rel=0.01) and a["first_half"] == a["second_half"]
+    diff = results.relative_interval(a, b)
+    assert diff is not None
+    mean, low, high = diff
+    assert mean == pytest.approx(0.25, abs=0.005) and low < 0.25 < high and high - low < 0.1
+    # steadier sides, a narrower interval; too few batches, none
+    calm = results.relative_interval(
+        results.rate_spread(results.batch_rates(_counted(4000.0, 0.01))),
+        results.rate_spread(results.batch_rates(_counted(5000.0, 0.01))),
+    )
+    assert calm is not None and calm[2] - calm[1] < (high - low) / 3
+    assert results.rate_spread(results.batch_rates(_counted(4000.0, 0.0, n=10))) is None
+
+
 def test_at_most_eight_files_come_back() -> None:
     # a call's own four files (run.json, results.txt, the logs, the caches) and a file per phase
     assert results.OUT_LIMIT == 8 and plan.MAX_PHASES == 8 - 4
