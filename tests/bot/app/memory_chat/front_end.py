@@ -7,7 +7,6 @@ from typing import TextIO
 
 from bot.app.config import Config
 from bot.app.front_ends import FrontEnd
-from tests.bot.app.memory_chat.entry import MemoryChat
 from tests.bot.app.memory_chat.identity import MattermostIdentity
 
 IDS = MattermostIdentity({})
@@ -20,6 +19,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(config: Config, ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from tests.bot.app.memory_chat.entry import MemoryChat  # noqa: PLC0415 - `kvpilot` stays light
+
     chat = MemoryChat(config, IDS)
     chat.runtime.start()
     try:
