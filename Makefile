@@ -11,7 +11,7 @@
 #   make fuzz              the long fuzz run (over 100,000 generated inputs, ~25 min); RELIABILITY.md
 #   make gpu-bundle        the real SGLang's packages for a GPU machine, one 40 MiB archive in .gpu/
 #   make test-gpu          on an H100/H200 with the bundle: PHASES=smoke,capacity,... (docs/gpu.md)
-#   make map               ARCHITECTURE.md's module map, rewritten from the modules' docstrings
+#   make map               ARCHITECTURE.md's module map and package graph, rewritten from the code
 # Working on one tier, run its target; `PYTEST_ARGS=... make test-twin` narrows the parallel tier.
 PYTHON ?= python3
 VENV ?= .venv
@@ -56,7 +56,8 @@ real-vllm:
 
 # make check: lint, types and the fast tests (pure decisions, storage, configuration; no server
 # processes), in well under a minute on two cores. make test is make check plus every tier.
-CHECK_TESTS := tests/storage tests/test_architecture.py tests/test_architecture_map.py tests/bot/app tests/bot/chat \
+CHECK_TESTS := tests/storage tests/test_architecture.py tests/test_architecture_map.py tests/test_package_graph.py \
+	tests/bot/app tests/bot/chat \
 	tests/bot/reports/test_config.py tests/bot/slack/test_blocks.py tests/bot/console/test_text.py \
 	tests/playbooks/gate tests/playbooks/campaigns tests/playbooks/stats tests/playbooks/engines tests/playbooks/test_http.py tests/playbooks/test_clock.py \
 	tests/playbooks/diagnose/test_measure.py tests/playbooks/launchers/test_launcher_config.py \
@@ -198,10 +199,12 @@ dist: venv
 demo: venv
 	$(BIN)/python -m bot.console.demo $(if $(ENGINE),--engine $(ENGINE))
 
-# ARCHITECTURE.md's module map: each product module's docstring, first line, between its markers
-# (tests/test_architecture_map.py, in make check, fails until this is run after a change).
+# ARCHITECTURE.md's module map (each product module's docstring, first line) and package graph
+# (who imports whom), between their markers; tests/test_architecture_map.py and
+# tests/test_package_graph.py, in make check, fail until this is run after a change.
 map: venv
 	$(BIN)/python -m tests.architecture_map --write
+	$(BIN)/python -m tests.package_graph --write
 
 bench: venv
 	$(BIN)/python -m bench.twin

@@ -5,7 +5,8 @@ An edge a -> b means importing `a` executes `b`: the imports at module level (in
 later) nor those under `if TYPE_CHECKING:` (they never run) unless asked for. Importing `p.q.r`
 executes the packages `p` and `p.q` as well, so they count, except a module's own packages,
 which are already running when it is imported. `from p import q` names the module `p.q` when
-there is one, else `p`.
+there is one, else `p`. Asked for `everywhere`, an edge is any import at all, inside functions
+too: what a module depends on, whenever it loads it (the package graph, `package_graph.py`).
 """
 
 from __future__ import annotations
@@ -73,8 +74,19 @@ def _imported(
     return out
 
 
+def _anywhere(tree: ast.Module, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """Every module `tree` imports, at any depth (functions included), resolved against `known`."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            out |= _from(node, module, is_package, known)
+    return out
+
+
 def import_graph(
-    repo: Path, roots: tuple[str, ...], *, type_checking: bool = False
+    repo: Path, roots: tuple[str, ...], *, type_checking: bool = False, everywhere: bool = False
 ) -> dict[str, set[str]]:
     """module -> the product modules importing it executes (see the module docstring)."""
     modules = _modules(repo, roots)
@@ -84,7 +96,13 @@ def import_graph(
         tree = ast.parse(path.read_text(), filename=str(path))
         own = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 2)}
         edges: set[str] = set()
-        for name in _imported(tree.body, module, path.name == "__init__.py", known, type_checking):
+        is_package = path.name == "__init__.py"
+        names = (
+            _anywhere(tree, module, is_package, known)
+            if everywhere
+            else _imported(tree.body, module, is_package, known, type_checking)
+        )
+        for name in names:
             parts = name.split(".")
             edges.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
         graph[module] = {name for name in edges if name in known and name not in own}

@@ -53,7 +53,7 @@ from storage.chat import MessageRef
 from storage.errors import NotFound
 
 if TYPE_CHECKING:
-    from bot.chat.flow import Kvpilot
+    from bot.chat.conversation import Conversation
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ GOES_ON = (store.State.kept, store.State.reverted)  # a campaign goes on after t
 
 
 def after_verdict(
-    bot: Kvpilot, final: store.ExperimentRow, surface: Surface, thread: MessageRef
+    bot: Conversation, final: store.ExperimentRow, surface: Surface, thread: MessageRef
 ) -> None:
     """What follows a verdict in its thread; a failure here is said there, never raised."""
     try:
@@ -73,7 +73,7 @@ def after_verdict(
 
 
 def _after_verdict(
-    bot: Kvpilot, final: store.ExperimentRow, surface: Surface, thread: MessageRef
+    bot: Conversation, final: store.ExperimentRow, surface: Surface, thread: MessageRef
 ) -> None:
     db = bot.db()
     cfg = bot.config.server(final.server)
@@ -121,7 +121,7 @@ def _room_before(db: Database, row: store.ExperimentRow) -> RoomBefore | None:
 
 
 def take_step(
-    bot: Kvpilot,
+    bot: Conversation,
     surface: Surface,
     thread: MessageRef,
     server: str,
@@ -168,7 +168,7 @@ def take_step(
 
 # --------------------------------------------------------------------------- bounded plans
 def propose_plan(
-    bot: Kvpilot, who: Principal, surface: Surface, server: str, plan: Allowance
+    bot: Conversation, who: Principal, surface: Surface, server: str, plan: Allowance
 ) -> int | None:
     """Post a bounded plan for approval (Approve/Reject, like any proposal); its id."""
     cfg = bot.config.server(server)
@@ -258,7 +258,7 @@ def plan_message(row: proposal_store.ProposalRow) -> Message:
 
 
 def start_plan(
-    bot: Kvpilot,
+    bot: Conversation,
     who: Principal,
     surface: Surface,
     row: proposal_store.ProposalRow,
@@ -298,7 +298,7 @@ def start_plan(
     return None
 
 
-def first_choice(bot: Kvpilot, server: str, options: list[Option], plan: Allowance) -> Choice:
+def first_choice(bot: Conversation, server: str, options: list[Option], plan: Allowance) -> Choice:
     bounds = after.bounds_of(bot.db(), server)
     tried: list[Tried] = []
     return choose_next(
@@ -306,7 +306,7 @@ def first_choice(bot: Kvpilot, server: str, options: list[Option], plan: Allowan
     )
 
 
-def _unchanged(bot: Kvpilot, server: str) -> Unchanged | None:
+def _unchanged(bot: Conversation, server: str) -> Unchanged | None:
     """Which changes the server already runs (passed over); None where its launcher cannot say
     now: the experiment's own creation asks it again before anything is recorded."""
     try:

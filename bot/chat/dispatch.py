@@ -10,19 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from bot.chat import campaign, freezes
 from bot.chat.auth import Principal
 from bot.chat.commands import USAGE, Command
+from bot.chat.conversation import Conversation, Work
 from bot.chat.messages import Message
-from bot.chat.surface import Surface
 from playbooks.campaigns.policy import Allowance
-
-if TYPE_CHECKING:
-    from bot.chat.flow import Kvpilot
-
-Work = Callable[[Surface], object]
 
 
 @dataclass(frozen=True)
@@ -33,15 +27,15 @@ class Reply:
     work: Work | None = None
 
 
-Handler = Callable[["Kvpilot", Principal, Command], Reply]
+Handler = Callable[[Conversation, Principal, Command], Reply]
 DECIDED_AGAINST_PROPOSER = frozenset({"approve", "reject"})
 
 
-def _help(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
+def _help(bot: Conversation, who: Principal, cmd: Command) -> Reply:
     return Reply(Message.from_template("chat/help.md.j2", usage=USAGE))
 
 
-def _diagnose(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
+def _diagnose(bot: Conversation, who: Principal, cmd: Command) -> Reply:
     assert cmd.server is not None  # parse_command requires one for diagnose
     return Reply(
         Message.note(f"Diagnosing `{cmd.server}`; the analysis will appear here."),
@@ -49,27 +43,27 @@ def _diagnose(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
     )
 
 
-def _propose(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
+def _propose(bot: Conversation, who: Principal, cmd: Command) -> Reply:
     return Reply(None, lambda s: bot.propose(who, s, cmd.server or "", cmd.change, force=cmd.force))
 
 
-def _status(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
+def _status(bot: Conversation, who: Principal, cmd: Command) -> Reply:
     return Reply(None, lambda s: s.post(bot.status_message(cmd.server)))
 
 
-def _history(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
+def _history(bot: Conversation, who: Principal, cmd: Command) -> Reply:
     return Reply(None, lambda s: s.post(bot.history_message(cmd.server)))
 
 
-def _abort(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
+def _abort(bot: Conversation, who: Principal, cmd: Command) -> Reply:
     return Reply(None, lambda s: bot.abort(who, s, cmd.experiment_id or 0))
 
 
-def _decide(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
+def _decide(bot: Conversation, who: Principal, cmd: Command) -> Reply:
     return Reply(None, lambda s: bot.decide_by_id(who, s, cmd.proposal_id or 0, cmd.name))
 
 
-def _report(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
+def _report(bot: Conversation, who: Principal, cmd: Command) -> Reply:
     hook = bot.report_hook
     if hook is None:
         return Reply(Message.note("Reports are not available in this build."))
@@ -79,12 +73,12 @@ def _report(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
     )
 
 
-def _tune(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
+def _tune(bot: Conversation, who: Principal, cmd: Command) -> Reply:
     plan = Allowance.from_json(cmd.plan or {})
     return Reply(None, lambda s: campaign.propose_plan(bot, who, s, cmd.server or "", plan))
 
 
-def _freeze(bot: Kvpilot, who: Principal, cmd: Command) -> Reply:
+def _freeze(bot: Conversation, who: Principal, cmd: Command) -> Reply:
     spec = cmd.freeze
     assert spec is not None  # parse_command sets it for both verbs
     act = freezes.freeze if cmd.name == "freeze" else freezes.unfreeze

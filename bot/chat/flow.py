@@ -37,7 +37,8 @@ from bot.chat import campaign, freezes, notify, rollout, views
 from bot.chat.approvals import Approvals
 from bot.chat.auth import Action, Decision, GroupMembers, Principal, authorise
 from bot.chat.commands import Command, CommandError, parse_command
-from bot.chat.dispatch import DECIDED_AGAINST_PROPOSER, HANDLERS, Reply, Work
+from bot.chat.conversation import Work
+from bot.chat.dispatch import DECIDED_AGAINST_PROPOSER, HANDLERS, Reply
 from bot.chat.identity import OPAQUE, Identity
 from bot.chat.messages import Button, Message
 from bot.chat.render import mention

@@ -22,14 +22,14 @@ from storage import experiments as store
 from storage import freezes
 
 if TYPE_CHECKING:
-    from bot.chat.flow import Kvpilot
+    from bot.chat.conversation import Conversation
 
 
 def _what(spec: FreezeSpec) -> str:
     return "every server" if spec.scope == "all" else f"{spec.scope} `{spec.target}`"
 
 
-def freeze(bot: Kvpilot, who: Principal, surface: Surface, spec: FreezeSpec) -> None:
+def freeze(bot: Conversation, who: Principal, surface: Surface, spec: FreezeSpec) -> None:
     now = bot.now()
     until = now + timedelta(seconds=spec.for_s) if spec.for_s is not None else None
     made = freezes.freeze(
@@ -55,7 +55,7 @@ def freeze(bot: Kvpilot, who: Principal, surface: Surface, spec: FreezeSpec) -> 
     )
 
 
-def unfreeze(bot: Kvpilot, who: Principal, surface: Surface, spec: FreezeSpec) -> None:
+def unfreeze(bot: Conversation, who: Principal, surface: Surface, spec: FreezeSpec) -> None:
     now = bot.now()
     lifted = freezes.lift(bot.db(), spec.scope, spec.target, actor=who.user, now=now)  # type: ignore[arg-type]
     left = freezes.active(bot.db(), now)
@@ -79,7 +79,7 @@ def unfreeze(bot: Kvpilot, who: Principal, surface: Surface, spec: FreezeSpec) -
     )
 
 
-def _waiting(bot: Kvpilot, now: datetime) -> str:
+def _waiting(bot: Conversation, now: datetime) -> str:
     """Experiments already approved that the freeze now holds, named."""
     active = freezes.active(bot.db(), now)
     held = [
@@ -93,7 +93,7 @@ def _waiting(bot: Kvpilot, now: datetime) -> str:
     return " Held now: " + ", ".join(f"experiment {e.id} on `{e.server}`" for e in held) + "."
 
 
-def status_lines(bot: Kvpilot) -> list[str]:
+def status_lines(bot: Conversation) -> list[str]:
     """The freezes in force, one line each, for `/kvpilot status` and App Home."""
     return [
         f"{f.what} frozen by {mention(f.created_by)} "

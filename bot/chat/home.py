@@ -19,12 +19,12 @@ from storage import experiments as store
 from storage import proposals as proposal_store
 
 if TYPE_CHECKING:
-    from bot.chat.flow import Kvpilot
+    from bot.chat.conversation import Conversation
 
 MAX_PROPOSALS = 15  # Slack's Home tab holds 100 blocks; each proposal takes about three
 
 
-def home_messages(bot: Kvpilot) -> list[Message]:
+def home_messages(bot: Conversation) -> list[Message]:
     db = bot.db()
     now = bot.now()
     pending = [proposal_store.get_proposal(db, pid) for pid in chat.pending_proposals(db)]
@@ -41,7 +41,7 @@ def home_messages(bot: Kvpilot) -> list[Message]:
     return out
 
 
-def _proposal(bot: Kvpilot, row: proposal_store.ProposalRow) -> Message:
+def _proposal(bot: Conversation, row: proposal_store.ProposalRow) -> Message:
     option = dict(row.plan.get("option") or {})
     option.setdefault("title", change_text(row.change))
     full = bot.approval_message(row, option)
@@ -59,7 +59,7 @@ def _proposal(bot: Kvpilot, row: proposal_store.ProposalRow) -> Message:
     return Message.note(text, buttons)
 
 
-def _running_and_verdicts(bot: Kvpilot) -> Message:
+def _running_and_verdicts(bot: Conversation) -> Message:
     db = bot.db()
     lines = ["*Experiments running*"]
     active = store.active_experiments(db)

@@ -25,13 +25,13 @@ from storage import proposals as proposal_store
 from storage.chat import MessageRef
 
 if TYPE_CHECKING:
-    from bot.chat.flow import Kvpilot
+    from bot.chat.conversation import Conversation
 
 log = logging.getLogger(__name__)
 DM_ROLE = "approval-dm:"
 
 
-def _entries(bot: Kvpilot) -> list[str]:
+def _entries(bot: Conversation) -> list[str]:
     """The approvers as the chat names them: users and user groups (local accounts have no
     chat to be reached in)."""
     policy = bot.config.access
@@ -40,7 +40,7 @@ def _entries(bot: Kvpilot) -> list[str]:
     return [e for e in policy.approvers if not e.startswith(LOCAL_PREFIX)]
 
 
-def _people(bot: Kvpilot, proposer: str) -> list[str]:
+def _people(bot: Conversation, proposer: str) -> list[str]:
     people: list[str] = []
     for entry in _entries(bot):
         members = sorted(bot.group_members(entry)) if bot.ids.is_group(entry) else [entry]
@@ -49,7 +49,7 @@ def _people(bot: Kvpilot, proposer: str) -> list[str]:
 
 
 def announce(
-    bot: Kvpilot, row: proposal_store.ProposalRow, ref: MessageRef, option: dict[str, Any]
+    bot: Conversation, row: proposal_store.ProposalRow, ref: MessageRef, option: dict[str, Any]
 ) -> None:
     """Tell the approvers of a new proposal, as configured; a failure is logged, not raised:
     the proposal stands in its channel either way."""
@@ -78,7 +78,7 @@ def announce(
         log.warning("proposal %s: telling the approvers failed: %s", row.id, exc)
 
 
-def _ping(bot: Kvpilot, row: proposal_store.ProposalRow, what: str) -> Message:
+def _ping(bot: Conversation, row: proposal_store.ProposalRow, what: str) -> Message:
     who = " ".join(mention(e) for e in _entries(bot))
     return Message.note(
         f":bell: {who} proposal {row.id} for `{row.server}` {what}; it expires at "
@@ -86,7 +86,7 @@ def _ping(bot: Kvpilot, row: proposal_store.ProposalRow, what: str) -> Message:
     )
 
 
-def remind(bot: Kvpilot) -> list[int]:
+def remind(bot: Conversation) -> list[int]:
     """One reminder per pending proposal, `remind_before` its expiry; returns their ids."""
     before = bot.config.notify.remind_before_s
     how = bot.config.notify.approvers
@@ -117,6 +117,6 @@ def remind(bot: Kvpilot) -> list[int]:
     return sent
 
 
-def copies(bot: Kvpilot, proposal_id: int) -> list[MessageRef]:
+def copies(bot: Conversation, proposal_id: int) -> list[MessageRef]:
     """The proposal's copies in approvers' direct messages."""
     return list(chat.find_messages(bot.db(), "proposal", proposal_id, DM_ROLE).values())

@@ -15,7 +15,9 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlite_utils import Database
@@ -46,10 +48,27 @@ from storage.proposals import plan_hash
 
 if TYPE_CHECKING:
     from bot.chat.auth import Action, Principal
-    from bot.chat.runner import ExperimentRunner
     from bot.chat.surface import Surface
 
 log = logging.getLogger(__name__)
+
+
+class Carrier(Protocol):
+    """What rollouts need of the experiment runner (`bot.chat.runner.ExperimentRunner`, which
+    offers and resumes rollouts through this module, so it is named here by what it provides)."""
+
+    config: Config
+    clock: Clock
+    db: Callable[[], Database]
+    surface_for: Callable[[str], Surface]
+    now: Callable[[], datetime]
+    stopping: threading.Event
+
+    def start(self, exp_id: int, *, thread: MessageRef | None, resume: bool = False) -> None: ...
+
+    def verdict_message(self, row: store.ExperimentRow) -> Message: ...
+
+    def _default_channel(self) -> str | None: ...
 
 
 # ---------------------------------------------------------------------------------- the offer
@@ -151,9 +170,7 @@ def _values(engine: Engine, args: list[str], change: dict[str, Any]) -> dict[str
     return {key: r.value if r.known else (r.spelt or None) for key, r in readings.items()}
 
 
-def with_rollout_offer(
-    runner: ExperimentRunner, row: store.ExperimentRow, message: Message
-) -> Message:
+def with_rollout_offer(runner: Carrier, row: store.ExperimentRow, message: Message) -> Message:
     """The verdict of a kept group experiment, with its "Roll out to N servers" button."""
     try:
         found = offer(runner.config, runner.db(), row, runner.clock)
@@ -193,7 +210,9 @@ class Host(Protocol):
 
     config: Config
     clock: Clock
-    runner: ExperimentRunner
+
+    @property
+    def runner(self) -> Carrier: ...
 
     def db(self) -> Database: ...
 
@@ -265,7 +284,7 @@ def roll_out(
 _DRIVERS: weakref.WeakKeyDictionary[Any, RolloutDriver] = weakref.WeakKeyDictionary()
 
 
-def drivers(runner: ExperimentRunner) -> RolloutDriver:
+def drivers(runner: Carrier) -> RolloutDriver:
     """This process's rollout driver, one per runner."""
     found = _DRIVERS.get(runner)
     if found is None:
@@ -273,7 +292,7 @@ def drivers(runner: ExperimentRunner) -> RolloutDriver:
     return found
 
 
-def resume_rollouts(runner: ExperimentRunner) -> list[int]:
+def resume_rollouts(runner: Carrier) -> list[int]:
     """After a bot restart: carry on every open rollout no other living process carries."""
     return drivers(runner).resume()
 
@@ -282,7 +301,7 @@ class RolloutDriver:
     """Carries rollouts in this process, one thread each (a step is short; between them it
     sleeps on the process's clock); their steps' experiments go to the runner."""
 
-    def __init__(self, runner: ExperimentRunner) -> None:
+    def __init__(self, runner: Carrier) -> None:
         self.runner = runner
         self._threads: dict[int, threading.Thread] = {}
         self._lock = threading.Lock()
@@ -368,7 +387,7 @@ class _Progress:
     surface: Surface | None
     thread: MessageRef | None
     rollout_id: int
-    runner: ExperimentRunner
+    runner: Carrier
     lines: list[str] = field(default_factory=list)
 
     def say(self, text: str) -> None:

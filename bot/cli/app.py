@@ -13,15 +13,14 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import logging
 import os
 import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
-from functools import partial
 from typing import Any, TextIO
 
+from bot.app.front_ends import FRONT_ENDS, check_serves, front_end
 from bot.chat.render import render
 from bot.cli.output import add_output, id_argument
 from bot.cli.report import add_report_parser, cmd_report
@@ -319,66 +318,29 @@ def _add_servers(sub: Commands) -> None:
 
 
 def _add_front_ends(sub: Commands) -> None:
-    sv = sub.add_parser(
-        "serve",
-        help="run the Slack bot (Socket Mode with SLACK_APP_TOKEN, else HTTP on --port)",
-    )
-    sv.add_argument("--config", default=None)
-    sv.add_argument("--host", default="0.0.0.0", help="HTTP mode: address to listen on")
-    sv.add_argument(
-        "--port",
-        type=int,
-        default=None,
-        help="HTTP mode: port for /slack/events and /healthz (default 3000); "
-        "Socket Mode: serve /healthz on this port",
-    )
-    co = sub.add_parser("console", help="the same bot in this terminal (no Slack needed)")
-    co.add_argument("--config", default=None)
-    co.add_argument(
-        "-c",
-        "--command",
-        dest="commands",
-        action="append",
-        default=[],
-        metavar="COMMAND",
-        help='run this command first, e.g. -c "diagnose incident" (repeatable)',
-    )
-    co.add_argument(
-        "--yes",
-        action="store_true",
-        help="approve what kvpilot recommends without asking; without a terminal and "
-        "without --yes the console refuses every choice and exits with status 2",
-    )
+    """Each chat front end's command (`bot.app.front_ends`): `--config`, then its own flags."""
+    for name in FRONT_ENDS:
+        found = front_end(name)
+        command = sub.add_parser(found.command, help=found.help)
+        command.add_argument("--config", default=None)
+        found.arguments(command)
+        command.set_defaults(front_end=name)
 
 
-def cmd_bot(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """`serve` and `console`: configuration and settings errors are one clear line each."""
-    from bot.app import logs  # noqa: PLC0415 - keeps `diagnose` light
-    from bot.app.config import ConfigError, announce, load, warn_to  # noqa: PLC0415
+def cmd_front_end(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """A front end's command: kvpilot.toml read with `[kvpilot] chat`'s identity, then the
+    front end's entry; configuration and storage errors are one clear line each."""
+    from bot.app.config import ConfigError, load  # noqa: PLC0415 - keeps `diagnose` light
     from bot.cli.chat import CHAT_IDS  # noqa: PLC0415
-    from bot.cli.doctor import checks_of  # noqa: PLC0415
-    from bot.console import terminal as console  # noqa: PLC0415 - keeps `diagnose` light
-    from bot.slack import serve  # noqa: PLC0415 - keeps `diagnose` light
     from storage.errors import StorageError  # noqa: PLC0415
 
     try:
         config = load(ns.config, ids=CHAT_IDS)
-        if ns.command == "console":
-            announce(config, warn_to(err))
-            return console.main(config, ns.commands, auto=ns.yes, out=out, err=err)
-        logs.configure("INFO", json=True, secrets=logs.config_secrets(config))
-        announce(config, logging.getLogger("kvpilot.config").warning)  # serve: a log warning
-        if ns.port is not None and not 0 < ns.port < 65536:
-            raise serve.SettingsError(f"--port must be 1..65535, got {ns.port}")
-        env = serve.env_settings()
-        checks = partial(checks_of, config, env)
-        return serve.run(config, env, host=ns.host, port=ns.port, checks=checks)
-    except (ConfigError, serve.SettingsError, StorageError) as exc:
+        check_serves(config, ns.front_end)
+        return front_end(ns.front_end).run(config, ns, out, err)
+    except (ConfigError, StorageError) as exc:
         err.write(f"error: {exc}\n")
         return 2
-    except serve.ListenError as exc:  # the environment, not the command line
-        err.write(f"error: {exc}\n")
-        return 1
 
 
 def _changes_some_engine_reads(items: Sequence[Sequence[str]]) -> tuple[Any, ...]:
@@ -670,8 +632,8 @@ def _main(argv: list[str] | None, out: TextIO, err: TextIO) -> int:
         return cmd_report(ns, out, err)
     if ns.command == "diagnose":
         return cmd_diagnose(ns, out, err)
-    if ns.command in ("serve", "console"):
-        return cmd_bot(ns, out, err)
+    if getattr(ns, "front_end", None) is not None:
+        return cmd_front_end(ns, out, err)
     if ns.command == "rollout":
         from bot.cli.rollout import cmd_rollout  # noqa: PLC0415 - keeps `diagnose` light
 

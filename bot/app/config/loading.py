@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -20,6 +20,7 @@ from bot.chat.identity import OPAQUE, Identity
 from playbooks.gate import GateSettings
 
 DEFAULT_PATH = "kvpilot.toml"
+DEFAULT_CHAT = "slack"  # `[kvpilot] chat`: whose IDs a file that does not say holds
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Config:
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     # one note per policy key still in [slack]: shown once per process by `announce`
     deprecations: tuple[str, ...] = ()
+    chat: str = DEFAULT_CHAT  # the chat service whose IDs the file holds (`[kvpilot] chat`)
 
     @property
     def channels(self) -> tuple[str, ...]:
@@ -75,10 +77,10 @@ def load(
     explicit: str | None = None,
     *,
     warn: Callable[[str], None] | None = None,
-    ids: Identity = OPAQUE,
+    ids: Identity | Mapping[str, Identity] = OPAQUE,
 ) -> Config:
     """The configuration file, checked; `warn` is shown each deprecation note (see `announce`).
-    `ids` checks the chat IDs it holds: the front end's, or only their shape where none says."""
+    `ids` checks the chat IDs it holds (see `parse`)."""
     path = find_path(explicit)
     if "\x00" in str(path):  # no file system takes it; open() would raise ValueError
         raise ConfigError(f"{str(path)!r} is not a usable path (it holds a NUL byte)")
@@ -136,7 +138,31 @@ def default_locations(path: Path) -> tuple[Path, str, str]:
     return path.parent, "var/kvpilot.db", "var/state"
 
 
-def parse(data: dict[str, Any], path: Path, *, ids: Identity = OPAQUE) -> Config:
+def chat_identity(
+    top: dict[str, Any], ids: Identity | Mapping[str, Identity]
+) -> tuple[str, Identity]:
+    """`[kvpilot] chat` and the identity that checks the file's IDs: from `ids` by that name
+    when `ids` maps front ends' names to theirs (`bot.app.front_ends.CHATS`, as every command
+    reads the file), else `ids` itself (a front end that knows its own, or only the IDs' shape
+    where none says: `OPAQUE`)."""
+    name = string(top, "chat", "kvpilot", DEFAULT_CHAT)
+    assert name is not None
+    if not isinstance(ids, Mapping):
+        return name, ids
+    if name not in ids:
+        known = ", ".join(f'"{known}"' for known in ids)
+        raise ConfigError(
+            f"kvpilot.chat: {name!r} is not a chat kvpilot has a front end for; use one of "
+            f'{known} (default "{DEFAULT_CHAT}"): the service whose IDs [access], [slack], '
+            "[[reports]] and [alerts] hold"
+        )
+    return name, ids[name]
+
+
+def parse(
+    data: dict[str, Any], path: Path, *, ids: Identity | Mapping[str, Identity] = OPAQUE
+) -> Config:
+    """The file's tables, checked; `ids` checks the chat IDs they hold (`chat_identity`)."""
     check_keys(
         data,
         {
@@ -156,7 +182,8 @@ def parse(data: dict[str, Any], path: Path, *, ids: Identity = OPAQUE) -> Config
     top = data.get("kvpilot", {})
     if not isinstance(top, dict):
         raise ConfigError("kvpilot: expected a table")
-    check_keys(top, {"database", "state_dir", "time_scale"}, "kvpilot")
+    check_keys(top, {"database", "state_dir", "time_scale", "chat"}, "kvpilot")
+    chat, identity = chat_identity(top, ids)
     base, database_default, state_default = default_locations(path)
     database = base / (string(top, "database", "kvpilot") or database_default)
     state_dir = base / (string(top, "state_dir", "kvpilot") or state_default)
@@ -166,7 +193,7 @@ def parse(data: dict[str, Any], path: Path, *, ids: Identity = OPAQUE) -> Config
     servers_table = data.get("servers", {})
     if not isinstance(servers_table, dict):
         raise ConfigError("servers: expected tables like [servers.NAME]")
-    policy = sections(data.get("access"), data.get("slack"), str(path), ids)
+    policy = sections(data.get("access"), data.get("slack"), str(path), identity)
     servers = {name: server(name, t, gate_defaults) for name, t in servers_table.items()}
     server_groups = groups(data.get("groups"), servers)
     servers = with_quality(servers, servers_table, data.get("groups"), base)
@@ -179,9 +206,10 @@ def parse(data: dict[str, Any], path: Path, *, ids: Identity = OPAQUE) -> Config
         slack=policy.slack,
         groups=server_groups,
         sampler=sampler(data.get("sampler")),
-        reports=reports(data.get("reports"), servers, ids),
+        reports=reports(data.get("reports"), servers, identity),
         access=policy.access,
         deprecations=policy.deprecations,
         notify=notify(data.get("notify")),
-        alerts=alerts(data.get("alerts"), ids),
+        alerts=alerts(data.get("alerts"), identity),
+        chat=chat,
     )

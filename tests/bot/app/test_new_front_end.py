@@ -1,12 +1,15 @@
-"""A new chat front end is its surface, its identity part and an entry that builds the runtime.
+"""A new chat front end is its surface, its identity part, an entry that builds the runtime,
+its command, and one line in `bot.app.front_ends.FRONT_ENDS`.
 
 `memory_chat/` is one, kept in memory and speaking Mattermost's IDs (26 lowercase letters and
-digits, which Slack's syntax refuses): nothing else of kvpilot changes for it, and a command
-typed there is authorised, answered and posted through the same `Runtime` as Slack's.
+digits, which Slack's syntax refuses): nothing else of kvpilot changes for it, a command typed
+there is authorised, answered and posted through the same `Runtime` as Slack's, and once
+registered, `[kvpilot] chat = "mattermost"` makes every command read kvpilot.toml its way.
 """
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from pathlib import Path
@@ -15,6 +18,8 @@ from typing import Any
 import pytest
 
 from bot.app.config import ConfigError, parse
+from bot.app.front_ends import CHATS, FRONT_ENDS
+from bot.cli import main as cli
 from bot.slack.identity import SLACK
 from tests.bot.app.memory_chat.entry import MemoryChat
 from tests.bot.app.memory_chat.identity import MattermostIdentity
@@ -67,3 +72,45 @@ def test_a_command_runs_through_the_runtime_and_is_answered(chat: MemoryChat) ->
     assert f"@{BOB} froze changes to every server" in chat.log[-1][1]
     chat.command(ALICE, TOWN_SQUARE, "unfreeze all")
     assert f"@{ALICE} lifted the freeze" in chat.log[-1][1]
+
+
+@pytest.fixture
+def registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registering the front end: the one line a new one adds (to `FRONT_ENDS` itself)."""
+    monkeypatch.setitem(FRONT_ENDS, "mattermost", "tests.bot.app.memory_chat.front_end")
+
+
+def with_chat(tmp_path: Path, chat: str) -> dict[str, Any]:
+    data = tables(tmp_path)
+    return {**data, "kvpilot": {**data["kvpilot"], "chat": chat}}
+
+
+@pytest.mark.usefixtures("registered")
+def test_chat_names_whose_ids_the_file_holds(tmp_path: Path) -> None:
+    config = parse(with_chat(tmp_path, "mattermost"), tmp_path / "kvpilot.toml", ids=CHATS)
+    assert config.chat == "mattermost"
+    assert config.access is not None and config.access.approvers == (ALICE,)
+    with pytest.raises(ConfigError, match="neither a Slack ID nor a local account"):
+        parse(with_chat(tmp_path, "slack"), tmp_path / "kvpilot.toml", ids=CHATS)
+    with pytest.raises(ConfigError, match="neither a Slack ID nor a local account"):
+        parse(tables(tmp_path), tmp_path / "kvpilot.toml", ids=CHATS)  # Slack's by default
+    unknown = 'kvpilot.chat: .teams. is not .*; use one of "slack", "terminal", "mattermost"'
+    with pytest.raises(ConfigError, match=unknown):
+        parse(with_chat(tmp_path, "teams"), tmp_path / "kvpilot.toml", ids=CHATS)
+
+
+@pytest.mark.usefixtures("registered")
+def test_its_command_reads_the_file_its_way_and_slacks_refuses_it(tmp_path: Path) -> None:
+    path = tmp_path / "kvpilot.toml"
+    path.write_text(
+        f'[kvpilot]\nchat = "mattermost"\ndatabase = "kvpilot.db"\nstate_dir = "state"\n'
+        f'[servers.incident]\nurl = "http://127.0.0.1:9"\n[sampler]\nenabled = false\n'
+        f'[access]\napprovers = ["{ALICE}"]\noperators = ["{OPS}"]\n'
+    )
+    out, err = io.StringIO(), io.StringIO()
+    args = ["--config", str(path), "--user", CAROL, "--channel", TOWN_SQUARE, "-c", "help"]
+    assert cli(["mattermost", *args], out, err) == 0, err.getvalue()
+    assert "/kvpilot diagnose" in out.getvalue()
+    assert cli(["serve", "--config", str(path)], out, err) == 2
+    assert "holds Mattermost IDs" in err.getvalue()
+    assert "run `kvpilot mattermost`" in err.getvalue()
