@@ -15,6 +15,7 @@ from typing import Any
 
 from playbooks.engines.kit import checks as kit
 from playbooks.engines.kit.checks import Observed
+from playbooks.engines.kit.verdicts import pool_room
 from playbooks.engines.sglang.capacity import ACTIVATION_FLOOR_GIB
 from playbooks.engines.sglang.deployment import decode_max_bs
 from playbooks.engines.sglang.facts import (
@@ -373,6 +374,17 @@ def request_table_growth(ctx: Change, per_rank: int) -> Finding:
     )
 
 
+def cap_with_room(limit: int, seen: Observed) -> str:
+    """The sentence for a batch held at its cap: how much of the pool it uses, and about how
+    many requests the pool would hold (`pool_room`)."""
+    said = f"the batch sits at the cap of {limit} while the pool has room"
+    usage = seen.m.token_usage
+    if not usage:
+        return said
+    fits = seen.m.running * pool_room(seen)
+    return f"{said} ({usage:.0%} in use: about {fits:,.0f} requests would fit)"
+
+
 class RunningCapCheck(Check):
     """max_running_requests: the batch's cap; it helps only where the batch sits at it."""
 
@@ -395,17 +407,25 @@ class RunningCapCheck(Check):
 
     def predicts_gain_for(self, change: Change) -> bool:
         """Beside a larger pool the gain is the pool's, bounded by the cap after the change; a
-        lower cap may cut today's batch, and the loss is the batch's (`batch_shrink_loss`)."""
-        return change.tokens > change.current or self.lowers(change)
+        lower cap may cut today's batch, and the loss is the batch's (`batch_shrink_loss`); a
+        higher one lets it grow into the pool's room (`BatchLimits.room`)."""
+        return change.tokens > change.current or self.moves(change) != 0
 
     @staticmethod
-    def lowers(change: Change) -> bool:
-        """The change sets a cap below today's (the flag, else SGLang's own for the pool)."""
+    def moves(change: Change) -> int:
+        """-1, 0 or 1: the change sets a cap below, at or above today's (the flag, else
+        SGLang's own for the pool)."""
         info = change.server.info
         user = info.arg("max_running_requests")
         today = int(user) if user is not None else running_cap_total(info)
         value = change.values.get("max_running_requests")
-        return value is not None and today is not None and int(value) < today
+        if value is None or today is None or int(value) == today:
+            return 0
+        return -1 if int(value) < today else 1
+
+    @classmethod
+    def lowers(cls, change: Change) -> bool:
+        return cls.moves(change) < 0
 
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
         limit = running_cap_total(ctx.server.info)
@@ -419,9 +439,7 @@ class RunningCapCheck(Check):
                 ),
             )
         if seen.bottleneck == "compute" and limit and int(value) > limit:
-            return Finding(
-                "possible", (f"the batch sits at the cap of {limit} while the pool has room",)
-            )
+            return Finding("possible", (cap_with_room(limit, seen),))
         if seen.kv_bound and ctx.tokens > ctx.current and after > seen.m.running:
             return Finding(reasons=(f"up to {after:,} requests may run in the larger pool",))
         return Finding("not_useful", ("the running-request cap does not limit this server now",))

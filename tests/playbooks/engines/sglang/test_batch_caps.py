@@ -10,6 +10,7 @@ user's value (usually null); the resolved one is `effective_max_running_requests
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -79,5 +80,36 @@ def test_under_attention_dp_the_cap_is_divided_over_the_ranks() -> None:
 
 
 def test_a_cap_only_change_predicts_nothing_from_the_pool() -> None:
+    """KV-bound, a higher cap lets no more requests in: the full pool holds the batch."""
     ctx = context(measurement(running=RUNNING, queued=QUEUED), max_running_requests=64)
-    assert evaluate({"max_running_requests": 128}, ctx, "kv_cache").predicted_gain is None
+    assert evaluate({"max_running_requests": 128}, ctx, "kv_cache").predicted_gain == (0.0, 0.0)
+
+
+# A batch held at its cap with the pool part used: raising the cap lets it grow into the
+# pool's room, FULL_POOL_USAGE (0.9) over the usage; (usage, new cap, the batch's growth)
+CAP_RAISES = [
+    ("half the pool used: it doubles, bounded by the new cap", 0.45, 128, 0.9 / 0.45),
+    ("the new cap binds first", 0.3, 80, 80 / 64),
+    ("the pool is as full as it gets: nothing", 0.92, 128, 1.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("usage", "cap", "growth"), [r[1:] for r in CAP_RAISES], ids=[r[0] for r in CAP_RAISES]
+)
+def test_a_cap_that_holds_the_batch_grows_it_into_the_pools_room(
+    usage: float, cap: int, growth: float
+) -> None:
+    base = context(
+        measurement(running=64, queued=QUEUED, token_usage=usage), max_running_requests=64
+    )  # SGLang reports the cap it applies, as the real 0.5.17 did at 40 (tests/fixtures/gpu)
+    ctx = replace(base, info=replace(base.info, effective_max_running_requests=64))
+    option = evaluate({"max_running_requests": cap}, ctx, "compute")
+    high = growth - 1
+    assert option.predicted_gain == pytest.approx((high / 5, high))
+    if usage < 0.9:
+        assert option.verdict == "possible"
+        assert (
+            f"{usage:.0%} in use: about {64 * 0.9 / usage:,.0f} requests would fit"
+            in (option.reasons[0])
+        )

@@ -233,8 +233,11 @@ def test_checks_run_once_each_in_table_order() -> None:
 def test_only_capacity_changes_predict_throughput() -> None:
     ctx = context()
     assert evaluate({"mem_fraction_static": 0.92}, ctx, "kv_cache").predicted_gain is not None
-    for change in ({"max_running_requests": 4096}, HICACHE, {"chunked_prefill_size": 4096}):
+    for change in (HICACHE, {"chunked_prefill_size": 4096}):
         assert evaluate(change, ctx, "kv_cache").predicted_gain is None, change
+    # a higher cap on a KV-bound server: the full pool holds the batch, so nothing is gained
+    cap = evaluate({"max_running_requests": 4096}, ctx, "kv_cache")
+    assert cap.predicted_gain == (0.0, 0.0)
 
 
 HALF_HELD = {**UNDER_USED, "prompt_tokens_per_s": 100}  # 50 running, 400 + 3,500 tokens
