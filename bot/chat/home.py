@@ -14,6 +14,7 @@ from bot.chat import freezes
 from bot.chat.messages import Button, Message
 from bot.chat.render import change_text, mention
 from bot.chat.when import hhmm
+from playbooks.gate.result import GateResult
 from storage import chat
 from storage import experiments as store
 from storage import proposals as proposal_store
@@ -74,8 +75,8 @@ def _running_and_verdicts(bot: Kvpilot) -> Message:
             lines.append(f"• `{name}`: no experiment yet")
             continue
         last = ended[0]
-        effect = ((last.result or {}).get("effect") or {}).get("mean")
-        gain = f", {effect:+.1%}" if isinstance(effect, (int, float)) else ""
+        effect = None if last.result is None else GateResult.from_json(last.result).effect
+        gain = "" if effect is None else f", {effect.mean:+.1%}"
         lines.append(
             f"• `{name}`: experiment {last.id} {last.state} ({change_text(last.change)}{gain}) "
             f"on {hhmm(last.updated_at)}"

@@ -20,6 +20,7 @@ from bot.chat.messages import Button, Confirm, Message
 from bot.chat.render import change_text
 from bot.chat.when import hhmm
 from playbooks.engines.base import EngineError
+from playbooks.gate.result import GateResult
 from storage import audit, chat
 from storage import experiments as store
 from storage import proposals as proposal_store
@@ -133,8 +134,7 @@ def history_message(db: Database, server: str | None) -> Message:
     rows = store.list_experiments(db, server=server)[:15]
     items = []
     for r in rows:
-        result = r.result or {}
-        effect = result.get("effect") or {}
+        effect = None if r.result is None else GateResult.from_json(r.result).effect
         items.append(
             {
                 "id": r.id,
@@ -142,7 +142,7 @@ def history_message(db: Database, server: str | None) -> Message:
                 "state": str(r.state),
                 "change": change_text(r.change),
                 "when": hhmm(r.created_at),
-                "effect": effect.get("mean"),
+                "effect": None if effect is None else effect.mean,
             }
         )
     return Message.from_template("chat/history.md.j2", items=items, server=server)

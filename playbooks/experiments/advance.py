@@ -38,7 +38,6 @@ from playbooks.experiments.lifecycle import (
 )
 from playbooks.experiments.ownership import OwnershipLost
 from playbooks.experiments.sampling import (
-    gate_result,
     gate_samples,
     store_sample,
     store_samples,
@@ -78,7 +77,7 @@ def view_of(row: store.ExperimentRow, answers: dict[str, int] | None = None) -> 
         trial_args=tuple(args_of(row.trial_config)),
         progress=dict(row.progress),
         entered_ts=row.step_started_at.timestamp(),
-        result=row.result,
+        result=None if row.result is None else gate_mod.GateResult.from_json(row.result),
         quality=stored_check(row.settings),
         answers=answers or {},
         server=row.server,
@@ -501,28 +500,30 @@ def _look(deps: Deps, row: store.ExperimentRow, view: steps.View) -> None:
     if verdict is None:
         _progress(deps, row, looks=looks)
         return
-    result = gate_result(decision)
-    result["trial_s"] = round(trial[-1].t - float(row.progress.get("first_ts", trial[0].t)), 1)
-    result["baseline_s"] = round(baseline[-1].t - baseline[0].t, 1) if baseline else 0.0
-    result.update(_baseline_source(deps, row.id))
-    store.set_result(deps.db, row.id, result, now=deps.now())
+    result = replace(
+        gate_mod.GateResult.of_decision(decision),
+        trial_s=round(trial[-1].t - float(row.progress.get("first_ts", trial[0].t)), 1),
+        baseline_s=round(baseline[-1].t - baseline[0].t, 1) if baseline else 0.0,
+        baseline_source=_baseline_source(deps, row.id),
+    )
+    store.set_result(deps.db, row.id, result.to_json(), now=deps.now())
     _record(
         deps, row, audit.VerdictReached, verdict=decision.verdict, summary=decision.rule,
-        evidence=result,
+        evidence=result.to_json(),
     )  # fmt: skip
     _move(deps, row, verdict)
 
 
-def _baseline_source(deps: Deps, exp_id: int) -> dict[str, Any]:
+def _baseline_source(deps: Deps, exp_id: int) -> str:
     """Whether the baseline was measured or taken from stored samples, as the move out of
     the baseline recorded it (for the verdict)."""
     for t in store.transitions(deps.db, exp_id):
         if t.from_state == State.baseline and t.to_state == State.restarting:
             if t.details.get("baseline") == "stored":
-                return {"baseline_source": str(t.details.get("baseline_source", "stored samples"))}
+                return str(t.details.get("baseline_source", "stored samples"))
             why = t.details.get("measured_because")
-            return {"baseline_source": "measured" + (f" ({why})" if why else "")}
-    return {"baseline_source": "measured"}
+            return "measured" + (f" ({why})" if why else "")
+    return "measured"
 
 
 # ---------------------------------------------------------------------------------- restarts

@@ -9,12 +9,13 @@ cancellation) is handed back to `advance`, which takes every move the same way.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from playbooks.engines.base import EngineError
 from playbooks.experiments import steps
 from playbooks.experiments.deps import Deps
+from playbooks.gate.result import GateResult
 from playbooks.quality.compare import QualityVerdict, compare_answers, judge_eval
 from playbooks.quality.eval_process import EvalRun, poll_eval, start_eval
 from storage import audit, quality_answers
@@ -158,7 +159,8 @@ def _judged(
 ) -> Taken:
     """Store the verdict with the result and in the audit log; the keep or revert follows."""
     quality = {"passed": verdict.passed, "summary": verdict.summary, **verdict.evidence}
-    store.set_result(deps.db, row.id, {**(row.result or {}), "quality": quality}, now=deps.now())
+    result = replace(GateResult.from_json(row.result or {}), quality=quality)
+    store.set_result(deps.db, row.id, result.to_json(), now=deps.now())
     audit.record(
         deps.db,
         audit.VerdictReached(

@@ -78,7 +78,7 @@ class View:
     trial_args: tuple[str, ...]
     progress: dict[str, Any]
     entered_ts: float  # when the current state was entered (epoch s)
-    result: dict[str, Any] | None = None
+    result: gate_mod.GateResult | None = None  # the gate's, once it decided
     quality: QualityCheck | None = None  # the answer quality check the experiment carries
     answers: dict[str, int] = field(default_factory=dict)  # golden answers stored, per phase
     server: str = ""  # its name in configuration, for the settings a message names
@@ -589,21 +589,31 @@ def _deciding(view: View, facts: Facts) -> Step:
     changed = changed_outside(view, facts)
     if changed is not None:  # keeping would record the trial as good; reverting would undo it
         return changed
-    result = view.result or {}
-    if result.get("action") == "keep" and view.quality is not None:
+    result = view.result
+    rule = None if result is None else result.rule
+    if result is not None and result.kept and view.quality is not None:
         return Move(
             State.checking_quality,
-            f"{result.get('rule', 'the gate would keep the change')}; checking answer quality "
+            f"{_or(rule, 'the gate would keep the change')}; checking answer quality "
             f"before keeping it: {view.quality.describe()}",
             progress={"instance": facts.instance},
         )
-    if result.get("action") == "keep":
-        return Keep(str(result.get("rule", "the gate kept the change")))
+    if result is not None and result.kept:
+        return Keep(_or(rule, "the gate kept the change"))
     return Move(
         State.reverting,
-        str(result.get("rule", "the gate reverted the change")),
-        {"cause": str(result.get("verdict") or "not_improved")},
+        _or(rule, "the gate reverted the change"),
+        {"cause": (None if result is None else result.verdict) or "not_improved"},
     )
+
+
+def _or(rule: str | None, default: str) -> str:
+    """The stored rule; `default` where a stored result names none."""
+    return default if rule is None else rule
+
+
+def _kept_rule(view: View) -> str:
+    return _or(None if view.result is None else view.result.rule, "the gate kept the change")
 
 
 def _reverting(view: View, facts: Facts) -> Step:
@@ -637,7 +647,7 @@ def _checking_quality(view: View, facts: Facts) -> Step:
     if not facts.running:
         return _went_down(facts, "while its answers were checked")
     if view.quality is None:  # (cannot happen: only a check leads here) keep as the gate said
-        return Keep(str((view.result or {}).get("rule", "the gate kept the change")))
+        return Keep(_kept_rule(view))
     if view.quality.golden is not None:
         return next_answers(view, "trial") or JudgeAnswers()
     return PollEval() if view.progress.get("eval") else StartEval()
@@ -647,8 +657,7 @@ def after_quality(view: View, verdict: QualityVerdict) -> Keep | Move:
     """The answer quality check's verdict as the experiment's end: the gate's keep carried out,
     or a revert that names the check and its numbers."""
     if verdict.passed:
-        rule = str((view.result or {}).get("rule", "the gate kept the change"))
-        return Keep(f"{rule}; answer quality held: {verdict.summary}")
+        return Keep(f"{_kept_rule(view)}; answer quality held: {verdict.summary}")
     return Move(
         State.reverting,
         f"the answer quality check failed: {verdict.summary}",

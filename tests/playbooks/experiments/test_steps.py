@@ -17,7 +17,7 @@ from playbooks.experiments import restarts, steps
 from playbooks.experiments.failures import FAILURE
 from playbooks.experiments.holds import Calendar, Hold
 from playbooks.experiments.steps import Facts, Issue, Look, Move, Poll, Probe, Scrape, View
-from playbooks.gate import GateSettings
+from playbooks.gate import GateResult, GateSettings
 from playbooks.launchers.base import LaunchError
 from playbooks.quality.check import EvalCommand, GoldenPrompts, QualityCheck
 from playbooks.quality.compare import QualityVerdict
@@ -48,7 +48,7 @@ GOLDEN = QualityCheck(
 )
 EVAL = QualityCheck(("kv_cache_dtype",), EvalCommand(("python", "eval.py"), "/etc/kvpilot"))
 RUN = {"status": "/tmp/kvpilot-eval-1-x.json", "pid": 4242, "host": "gpu-host"}
-KEEP = {"action": "keep", "rule": "kept"}
+KEEP = GateResult.from_json({"action": "keep", "rule": "kept"})
 
 
 def checked(v: View, check: QualityCheck = GOLDEN, **answers: int) -> View:
@@ -412,25 +412,35 @@ CASES: list[tuple[str, View, Facts, object]] = [
     # deciding
     (
         "deciding, keep",
-        replace(view(State.deciding), result={"action": "keep", "rule": "kept"}),
+        replace(
+            view(State.deciding), result=GateResult.from_json({"action": "keep", "rule": "kept"})
+        ),
         seen(**ON_TRIAL),
         steps.Keep,
     ),
     (
         "deciding, revert",
-        replace(view(State.deciding), result={"action": "revert", "verdict": "not_improved"}),
+        replace(
+            view(State.deciding),
+            result=GateResult.from_json({"action": "revert", "verdict": "not_improved"}),
+        ),
         seen(**ON_TRIAL),
         State.reverting,
     ),
     (
         "deciding, keep, changed by hand",
-        replace(view(State.deciding), result={"action": "keep", "rule": "kept"}),
+        replace(
+            view(State.deciding), result=GateResult.from_json({"action": "keep", "rule": "kept"})
+        ),
         seen(**BY_HAND),
         State.superseded,
     ),
     (
         "deciding, revert, changed by hand",
-        replace(view(State.deciding), result={"action": "revert", "verdict": "not_improved"}),
+        replace(
+            view(State.deciding),
+            result=GateResult.from_json({"action": "revert", "verdict": "not_improved"}),
+        ),
         seen(**BY_HAND),
         State.superseded,
     ),
@@ -469,7 +479,10 @@ CASES: list[tuple[str, View, Facts, object]] = [
     ),
     (
         "deciding, revert, nothing to check",
-        checked(replace(view(State.deciding), result={"action": "revert"}), baseline=10),
+        checked(
+            replace(view(State.deciding), result=GateResult.from_json({"action": "revert"})),
+            baseline=10,
+        ),
         seen(**ON_TRIAL),
         State.reverting,
     ),
