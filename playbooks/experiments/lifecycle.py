@@ -17,6 +17,7 @@ from typing import Any
 from playbooks.experiments import no_change
 from playbooks.experiments.deps import Deps, Interrupted, args_of
 from playbooks.experiments.ownership import Lease, OwnershipLost
+from playbooks.experiments.progress import Progress, progress_of
 from playbooks.experiments.steps import CHANGED_OUTSIDE
 from playbooks.gate.settings import GateSettings, sized_for
 from storage import audit, servers
@@ -82,7 +83,7 @@ def move(
             now=deps.now(),
             expected_state=came_from,
             lease_owner=None if lease is None else lease.owner,
-            progress=progress,
+            progress=None if progress is None else Progress().updated(**progress).to_json(),
         )
     except LeaseNotHeld as exc:
         raise OwnershipLost(str(exc)) from exc
@@ -275,7 +276,7 @@ def resume_policy(deps: Deps, exp_id: int, *, actor: str) -> None:
     )
     row = store.get_experiment(deps.db, exp_id)
     taken = None if deps.lease is None else deps.lease.taken_from
-    last = row.progress.get("last_ts")
+    last = progress_of(row).last_ts
     audit.record(
         deps.db,
         audit.ExperimentResumed(

@@ -17,7 +17,7 @@ from playbooks.experiments import steps
 from playbooks.experiments.deps import Deps
 from playbooks.gate.result import GateResult
 from playbooks.quality.compare import QualityVerdict, compare_answers, judge_eval
-from playbooks.quality.eval_process import EvalRun, poll_eval, start_eval
+from playbooks.quality.eval_process import poll_eval, start_eval
 from storage import audit, quality_answers
 from storage import experiments as store
 from storage.experiments import State
@@ -82,7 +82,7 @@ def _record_answers(
     )
     _note(deps, row, text)
     deps.say(f"{row.state}: {text}")
-    return Taken(progress={UNANSWERED: None} if view.progress.get(UNANSWERED) else {})
+    return Taken(progress={UNANSWERED: None} if view.progress.unanswered_since else {})
 
 
 def _unanswered(
@@ -91,7 +91,7 @@ def _unanswered(
 ) -> Taken:  # fmt: skip
     """A prompt was not answered: asked again at the next step, until the server has not
     answered for longer than a measurement may go unread."""
-    since = view.progress.get(UNANSWERED)
+    since = view.progress.unanswered_since
     if since is None:
         deps.say(f"{row.state}: a golden prompt was not answered ({exc}); asking again")
         return Taken(progress={UNANSWERED: facts.now_ts})
@@ -140,7 +140,9 @@ def _start_eval(deps: Deps, row: store.ExperimentRow, view: steps.View) -> Taken
 def _poll_eval(deps: Deps, row: store.ExperimentRow, view: steps.View) -> Taken:
     command = None if view.quality is None else view.quality.command
     assert command is not None
-    outcome = poll_eval(EvalRun.from_json(dict(view.progress["eval"])))
+    run = view.progress.eval
+    assert run is not None  # (a started run leads here: `steps._checking_quality`)
+    outcome = poll_eval(run)
     if outcome == "running":
         return Taken()
     if outcome == "vanished":

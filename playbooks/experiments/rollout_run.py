@@ -26,6 +26,7 @@ from playbooks.engines.base import EngineError
 from playbooks.experiments import lifecycle, no_change, restarts, rotation_steps, steps
 from playbooks.experiments.advance import gather
 from playbooks.experiments.deps import Deps
+from playbooks.experiments.progress import Progress
 from playbooks.experiments.rollout import (
     Abort,
     Finish,
@@ -254,18 +255,19 @@ def _revert_once(
 ) -> float:
     """One step of the revert, chosen by the experiment machine's own reverting steps."""
     sp = plan.server(step.server)
-    progress = dict(step.progress)
+    progress = Progress.from_json(step.progress)
     view = steps.View(
         State.reverting, GateSettings(), sp.from_args, sp.to_args, progress,
         entered_ts=step.created_at.timestamp(), server=step.server,
     )  # fmt: skip
     facts = gather(deps, State.reverting, progress)
     # the kept experiment stands for the revert in records and messages
-    as_row = replace(kept, state=State.reverting, progress=progress)
+    as_row = replace(kept, state=State.reverting, progress=progress.to_json())
+    saved = [progress]  # what this step stored so far (a later save builds on it)
 
     def save(**changes: Any) -> None:
-        progress.update(changes)
-        rollout_store.update_step(ctx.db, step.id, now=ctx.now(), progress=progress)
+        saved[0] = saved[0].updated(**changes)
+        rollout_store.update_step(ctx.db, step.id, now=ctx.now(), progress=saved[0].to_json())
 
     def slot() -> bool:  # a revert holds no slot: it waits while the group's are all taken
         limiter = deps.restarts
@@ -331,7 +333,7 @@ def _poll(
     instance = None if identity is None else identity.instance
     outcome = restarts.after_poll(view, facts, ready, instance=instance)
     if isinstance(outcome, steps.Rejoin):
-        as_row = replace(kept, state=State.reverting, progress=view.progress)
+        as_row = replace(kept, state=State.reverting, progress=view.progress.to_json())
         if not rotation_steps.rejoin(deps, as_row, facts, progress=save):
             return POLL_S
         outcome = restarts.after_poll(view, replace(facts, rotation=None), ready, instance=instance)

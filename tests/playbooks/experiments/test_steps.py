@@ -16,6 +16,7 @@ from playbooks.engines.exits import ExitCause, Failure
 from playbooks.experiments import restarts, steps
 from playbooks.experiments.failures import FAILURE
 from playbooks.experiments.holds import Calendar, Hold
+from playbooks.experiments.progress import Progress
 from playbooks.experiments.steps import Facts, Issue, Look, Move, Poll, Probe, Scrape, View
 from playbooks.gate import GateResult, GateSettings
 from playbooks.launchers.base import LaunchError
@@ -30,7 +31,7 @@ SETTINGS = GateSettings(batch_s=60, scrape_s=10, baseline_s=600, warmup_s=30)
 
 
 def view(state: State, **progress: Any) -> View:
-    return View(state, SETTINGS, BASE, TRIAL, progress, entered_ts=T - 100)
+    return View(state, SETTINGS, BASE, TRIAL, Progress(**progress), entered_ts=T - 100)
 
 
 def seen(**changes: Any) -> Facts:
