@@ -14,6 +14,7 @@ from bot.chat import freezes
 from bot.chat.messages import Button, Message
 from bot.chat.render import change_text, mention
 from bot.chat.when import hhmm
+from playbooks.experiments.plans import plan_from_json
 from playbooks.gate.result import GateResult
 from storage import chat
 from storage import experiments as store
@@ -43,7 +44,7 @@ def home_messages(bot: Kvpilot) -> list[Message]:
 
 
 def _proposal(bot: Kvpilot, row: proposal_store.ProposalRow) -> Message:
-    option = dict(row.plan.get("option") or {})
+    option = dict(plan_from_json(row.plan).option or {})
     option.setdefault("title", change_text(row.change))
     full = bot.approval_message(row, option)
     gain = option.get("predicted_throughput_change")

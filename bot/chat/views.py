@@ -20,6 +20,7 @@ from bot.chat.messages import Button, Confirm, Message
 from bot.chat.render import change_text
 from bot.chat.when import hhmm
 from playbooks.engines.base import EngineError
+from playbooks.experiments.plans import plan_from_json
 from playbooks.gate.result import GateResult
 from storage import audit, chat
 from storage import experiments as store
@@ -53,7 +54,8 @@ def approval_message(
     refused) gets no Approve button: its approval would only be refused."""
     value = f"{row.id}:{row.plan_hash[:16]}"
     server = row.server
-    diff = arg_diff(row.plan["from_args"], row.plan["to_args"])
+    plan = plan_from_json(row.plan)
+    diff = arg_diff(list(plan.from_args), list(plan.to_args))
     buttons: tuple[Button, ...] = (
         Button(
             APPROVE,
@@ -78,7 +80,7 @@ def approval_message(
         p=row,
         o=option,
         diff=diff,
-        gate=row.plan["gate"],
+        gate=dict(plan.gate),
         snap=row.snapshot,
         expires=hhmm(row.expires_at),
         restart_s=restart_s,

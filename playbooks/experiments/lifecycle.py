@@ -17,6 +17,7 @@ from typing import Any
 from playbooks.experiments import no_change
 from playbooks.experiments.deps import Deps, Interrupted, args_of
 from playbooks.experiments.ownership import Lease, OwnershipLost
+from playbooks.experiments.plans import ProposalPlan
 from playbooks.experiments.progress import Progress, progress_of
 from playbooks.experiments.steps import CHANGED_OUTSIDE
 from playbooks.gate.settings import GateSettings, sized_for
@@ -117,13 +118,9 @@ class ApprovedPlan:
         return cls(tuple(from_args), tuple(to_args), vars(sized_for(gate, predicted)))
 
     @classmethod
-    def of_proposal(cls, plan: dict[str, Any], plan_hash: str) -> ApprovedPlan:
-        return cls(
-            from_args=tuple(str(a) for a in plan["from_args"]),
-            to_args=tuple(str(a) for a in plan["to_args"]),
-            gate=dict(plan["gate"]),
-            plan_hash=plan_hash,
-        )
+    def of_proposal(cls, plan: ProposalPlan, plan_hash: str) -> ApprovedPlan:
+        """The approved proposal's plan, whichever its shape, bound to its approved hash."""
+        return cls(plan.from_args, plan.to_args, dict(plan.gate), plan_hash)
 
 
 def create(

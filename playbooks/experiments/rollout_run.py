@@ -26,6 +26,7 @@ from playbooks.engines.base import EngineError
 from playbooks.experiments import lifecycle, no_change, restarts, rotation_steps, steps
 from playbooks.experiments.advance import gather
 from playbooks.experiments.deps import Deps
+from playbooks.experiments.plans import RolloutPlan, RolloutRef, plan_from_json
 from playbooks.experiments.progress import Progress
 from playbooks.experiments.rollout import (
     Abort,
@@ -127,18 +128,18 @@ def _note(ctx: RolloutContext, server: str | None, text: str, exp: int | None = 
 
 
 # ---------------------------------------------------------------------------------- apply
-def step_plan(row: rollout_store.RolloutRow, plan: Plan, server: str) -> dict[str, Any]:
+def step_plan(row: rollout_store.RolloutRow, plan: Plan, server: str) -> RolloutPlan:
     """The plan one step's approval is for: this server's arguments, the rollout it is part of."""
     sp = plan.server(server)
-    return {
-        "server": server,
-        "change": dict(plan.change),
-        "from_args": list(sp.from_args),
-        "to_args": list(sp.to_args),
-        "gate": dict(plan.gate),
-        "verdict": "kept elsewhere",
-        "rollout": {"id": row.id, "plan_hash": row.plan_hash, "approved_by": row.approved_by},
-    }
+    return RolloutPlan(
+        server=server,
+        change=dict(plan.change),
+        from_args=tuple(sp.from_args),
+        to_args=tuple(sp.to_args),
+        gate=dict(plan.gate),
+        verdict="kept elsewhere",
+        rollout=RolloutRef(row.id, row.plan_hash, row.approved_by),
+    )
 
 
 def _start(ctx: RolloutContext, row: rollout_store.RolloutRow, plan: Plan, server: str) -> None:
@@ -153,7 +154,8 @@ def _start(ctx: RolloutContext, row: rollout_store.RolloutRow, plan: Plan, serve
     if proposal_id is None:
         approved_at = ctx.wall_now()
         proposal = proposal_store.create_proposal(
-            ctx.db, server=server, change=dict(plan.change), plan=step_plan(row, plan, server),
+            ctx.db, server=server, change=dict(plan.change),
+            plan=step_plan(row, plan, server).to_json(),
             snapshot={"args": list(plan.server(server).from_args), "rollout_id": row.id},
             created_by="kvpilot", now=approved_at, expires_at=approved_at + timedelta(hours=1),
         )  # fmt: skip
@@ -200,7 +202,9 @@ def _create(
             reason=f"step {index} of {len(plan.servers)} of rollout {row.id} (from experiment "
             f"{plan.source_experiment_id}), approved with it by {row.approved_by}",
             proposal_id=proposal_id,
-            plan=lifecycle.ApprovedPlan.of_proposal(proposal.plan, proposal.plan_hash),
+            plan=lifecycle.ApprovedPlan.of_proposal(
+                plan_from_json(proposal.plan), proposal.plan_hash
+            ),
         )  # fmt: skip
     except (StorageError, LaunchError, EngineError) as exc:
         text = f"rollout {row.id}: the step on {server} could not start: {exc}"
