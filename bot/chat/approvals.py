@@ -32,6 +32,7 @@ from bot.chat.when import hhmm as _hhmm
 from playbooks.clock import Clock
 from playbooks.engines.base import ArgError, EngineError
 from playbooks.experiments import no_change
+from playbooks.experiments.plans import plan_from_json
 from playbooks.launchers.base import LaunchError
 from playbooks.launchers.gitops import ManagedByGitOps
 from storage import chat, freezes
@@ -285,9 +286,10 @@ class Approvals:
         self, row: proposal_store.ProposalRow, ref: MessageRef | None, surface: Surface, text: str
     ) -> None:
         """Replace the approval message's buttons with who decided and when."""
-        option: dict[str, Any] = dict(row.plan.get("option") or {})
+        plan = plan_from_json(row.plan)
+        option: dict[str, Any] = dict(plan.option or {})
         option.setdefault("title", change_text(row.change))
-        option.setdefault("verdict", row.plan.get("verdict", "possible"))
+        option.setdefault("verdict", "possible" if plan.verdict is None else plan.verdict)
         for key in ("predicted_max_total_num_tokens", "predicted_throughput_change"):
             option.setdefault(key, None)
         option.setdefault("reasons", [])

@@ -44,6 +44,7 @@ from playbooks.campaigns.policy import (
 from playbooks.campaigns.room import RoomBefore
 from playbooks.engines.base import EngineError
 from playbooks.engines.types import Option
+from playbooks.experiments.plans import CampaignPlan, plan_from_json
 from playbooks.launchers.base import LaunchError
 from storage import campaigns as campaign_store
 from storage import chat
@@ -195,15 +196,15 @@ def propose_plan(
             ),
         )
         return None
-    body = {
-        "server": server,
-        "campaign": plan.to_json(),
-        "from_args": current,
-        "to_args": current,
-        "gate": vars(cfg.gate),
-        "verdict": "possible",
-        "option": {"title": f"campaign: {plan.text()}", "reasons": []},
-    }
+    body = CampaignPlan(
+        server=server,
+        campaign=plan,
+        from_args=tuple(current),
+        to_args=tuple(current),
+        gate=vars(cfg.gate),
+        verdict="possible",
+        option={"title": f"campaign: {plan.text()}", "reasons": []},
+    )
     snapshot = {"args": current, "running": load.running, "queued": load.queued}
     created = bot.now()
     ttl = bot.config.access.approval_ttl_s if bot.config.access else 1800.0
@@ -211,7 +212,7 @@ def propose_plan(
         bot.db(),
         server=server,
         change={},
-        plan=body,
+        plan=body.to_json(),
         snapshot=snapshot,
         created_by=who.user,
         now=created,
@@ -223,12 +224,19 @@ def propose_plan(
 
 
 def is_plan(row: proposal_store.ProposalRow) -> bool:
-    return "campaign" in row.plan
+    return isinstance(plan_from_json(row.plan), CampaignPlan)
+
+
+def _allowance(row: proposal_store.ProposalRow) -> Allowance:
+    """What the approval of a campaign's proposal allows its steps."""
+    plan = plan_from_json(row.plan)
+    assert isinstance(plan, CampaignPlan), f"proposal {row.id} is no campaign's plan"
+    return plan.campaign
 
 
 def plan_message(row: proposal_store.ProposalRow) -> Message:
     """A bounded plan with exactly what its approval allows, and Approve/Reject."""
-    plan = Allowance.from_json(row.plan["campaign"])
+    plan = _allowance(row)
     value = f"{row.id}:{row.plan_hash[:16]}"
     buttons = (
         Button(
@@ -270,7 +278,7 @@ def start_plan(
     camp = campaign_store.start_campaign(
         db,
         server=row.server,
-        plan=row.plan["campaign"],
+        plan=_allowance(row).to_json(),
         created_by=row.created_by,
         approved_by=who.user,
         now=bot.now(),

@@ -62,6 +62,7 @@ from playbooks.engines.base import (
 from playbooks.engines.types import Option
 from playbooks.experiments import no_change
 from playbooks.experiments.machine import ApprovedPlan
+from playbooks.experiments.plans import ExperimentPlan
 from playbooks.experiments.sampling import store_scrapes
 from playbooks.launchers.base import LaunchError
 from storage import audit, chat
@@ -440,15 +441,15 @@ class Kvpilot(Approvals):
                 ),
             )
             return None
-        plan = {
-            "server": server,
-            "change": change,
-            "from_args": baseline,
-            "to_args": trial,
-            "verdict": option.verdict,
-            "option": option.to_json(),
-            "gate": ApprovedPlan.build(baseline, trial, cfg.gate, option.predicted_gain).gate,
-        }
+        plan = ExperimentPlan(
+            server=server,
+            change=change,
+            from_args=tuple(baseline),
+            to_args=tuple(trial),
+            verdict=option.verdict,
+            option=option.to_json(),
+            gate=ApprovedPlan.build(baseline, trial, cfg.gate, option.predicted_gain).gate,
+        )
         snapshot = {
             "args": baseline,
             "max_total_num_tokens": info.capacity_tokens,
@@ -464,7 +465,7 @@ class Kvpilot(Approvals):
             self.db(),
             server=server,
             change=change,
-            plan=plan,
+            plan=plan.to_json(),
             snapshot=snapshot,
             created_by=who.user,
             now=created,

@@ -9,27 +9,26 @@ runs faster against an accelerated twin.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from bot.chat.when import hhmm
 from bot.reports.report import duration
-from playbooks.experiments import holds
+from playbooks.experiments.progress import Progress
 
 
 def _moment(ts: Any) -> datetime | None:
     return datetime.fromtimestamp(float(ts), UTC) if isinstance(ts, int | float) else None
 
 
-def held_facts(progress: Mapping[str, Any], wall_now: datetime) -> dict[str, Any] | None:
+def held_facts(progress: Progress, wall_now: datetime) -> dict[str, Any] | None:
     """What holds the change, since when and how long its approval has left (None when
     nothing holds it): the words the progress message and `/kvpilot status` show."""
-    why = progress.get(holds.HOLD)
+    why = progress.hold
     if not why:
         return None
-    since = _moment(progress.get(holds.HELD_SINCE))
-    ends = _moment(progress.get(holds.APPROVAL_UNTIL))
+    since = _moment(progress.held_since)
+    ends = _moment(progress.approval_until)
     left = None if ends is None else max(0.0, (ends - wall_now).total_seconds())
     if left is not None and left >= 60:
         left = left // 60 * 60  # whole minutes, never rounded up past what is left

@@ -14,6 +14,8 @@ from bot.chat import freezes
 from bot.chat.messages import Button, Message
 from bot.chat.render import change_text, mention
 from bot.chat.when import hhmm
+from playbooks.experiments.plans import plan_from_json
+from playbooks.gate.result import GateResult
 from storage import chat
 from storage import experiments as store
 from storage import proposals as proposal_store
@@ -42,7 +44,7 @@ def home_messages(bot: Conversation) -> list[Message]:
 
 
 def _proposal(bot: Conversation, row: proposal_store.ProposalRow) -> Message:
-    option = dict(row.plan.get("option") or {})
+    option = dict(plan_from_json(row.plan).option or {})
     option.setdefault("title", change_text(row.change))
     full = bot.approval_message(row, option)
     gain = option.get("predicted_throughput_change")
@@ -74,8 +76,8 @@ def _running_and_verdicts(bot: Conversation) -> Message:
             lines.append(f"• `{name}`: no experiment yet")
             continue
         last = ended[0]
-        effect = ((last.result or {}).get("effect") or {}).get("mean")
-        gain = f", {effect:+.1%}" if isinstance(effect, (int, float)) else ""
+        effect = None if last.result is None else GateResult.from_json(last.result).effect
+        gain = "" if effect is None else f", {effect.mean:+.1%}"
         lines.append(
             f"• `{name}`: experiment {last.id} {last.state} ({change_text(last.change)}{gain}) "
             f"on {hhmm(last.updated_at)}"

@@ -32,6 +32,8 @@ from playbooks.clock import Clock
 from playbooks.experiments import machine
 from playbooks.experiments.outcome import ending
 from playbooks.experiments.ownership import Lease, OwnershipLost
+from playbooks.experiments.plans import plan_from_json
+from playbooks.experiments.progress import progress_of
 from storage import audit, chat
 from storage import experiments as store
 from storage import samples as sample_store
@@ -120,7 +122,9 @@ class ExperimentRunner:
                 reason=f"approved in chat (proposal {proposal.id})",
                 proposal_id=proposal.id,
                 owner=self.lease(),
-                plan=machine.ApprovedPlan.of_proposal(proposal.plan, proposal.plan_hash),
+                plan=machine.ApprovedPlan.of_proposal(
+                    plan_from_json(proposal.plan), proposal.plan_hash
+                ),
             )
         finally:
             deps.client.close()
@@ -388,7 +392,9 @@ class ExperimentRunner:
             "remaining_s": remaining,
             "terminal": row.terminal,
             # what holds an approved change, on the wall clock (bot.chat.held)
-            "held": held_facts(row.progress, self.now()) if row.state == State.approved else None,
+            "held": held_facts(progress_of(row), self.now())
+            if row.state == State.approved
+            else None,
         }
 
     def progress_message(self, row: store.ExperimentRow, note: str) -> Message:

@@ -20,6 +20,8 @@ from bot.chat.messages import Button, Confirm, Message
 from bot.chat.render import change_text
 from bot.chat.when import hhmm
 from playbooks.engines.base import EngineError
+from playbooks.experiments.plans import plan_from_json
+from playbooks.gate.result import GateResult
 from storage import audit, chat
 from storage import experiments as store
 from storage import proposals as proposal_store
@@ -52,7 +54,8 @@ def approval_message(
     refused) gets no Approve button: its approval would only be refused."""
     value = f"{row.id}:{row.plan_hash[:16]}"
     server = row.server
-    diff = arg_diff(row.plan["from_args"], row.plan["to_args"])
+    plan = plan_from_json(row.plan)
+    diff = arg_diff(list(plan.from_args), list(plan.to_args))
     buttons: tuple[Button, ...] = (
         Button(
             APPROVE,
@@ -77,7 +80,7 @@ def approval_message(
         p=row,
         o=option,
         diff=diff,
-        gate=row.plan["gate"],
+        gate=dict(plan.gate),
         snap=row.snapshot,
         expires=hhmm(row.expires_at),
         restart_s=restart_s,
@@ -133,8 +136,7 @@ def history_message(db: Database, server: str | None) -> Message:
     rows = store.list_experiments(db, server=server)[:15]
     items = []
     for r in rows:
-        result = r.result or {}
-        effect = result.get("effect") or {}
+        effect = None if r.result is None else GateResult.from_json(r.result).effect
         items.append(
             {
                 "id": r.id,
@@ -142,7 +144,7 @@ def history_message(db: Database, server: str | None) -> Message:
                 "state": str(r.state),
                 "change": change_text(r.change),
                 "when": hhmm(r.created_at),
-                "effect": effect.get("mean"),
+                "effect": None if effect is None else effect.mean,
             }
         )
     return Message.from_template("chat/history.md.j2", items=items, server=server)

@@ -35,6 +35,7 @@ from playbooks.engines.types import DiagnoseSettings, Measurement, Option
 from playbooks.experiments.advance import settings_of
 from playbooks.experiments.failures import lesson_words
 from playbooks.experiments.outcome import Ending, Outcome, ending
+from playbooks.gate.result import GateResult
 from playbooks.gate.windows import trial_window
 from storage import campaigns as campaign_store
 from storage import experiments as store
@@ -190,21 +191,15 @@ def _change_text(change: dict[str, Any]) -> str:
 
 def _broke_a_target(row: store.ExperimentRow) -> bool:
     """Reverted because the change broke a latency target (the gate's result says so)."""
-    latency = (row.result or {}).get("latency")
     return (
         row.state == store.State.reverted
-        and isinstance(latency, dict)
-        and latency.get("slo_held") is False
+        and row.result is not None
+        and GateResult.from_json(row.result).slo_held is False
     )
 
 
 def _broken_words(row: store.ExperimentRow) -> str:
-    latency = (row.result or {}).get("latency") or {}
-    broken = [
-        str(t.get("target"))
-        for t in latency.get("targets", [])
-        if isinstance(t, dict) and t.get("verdict") == "broken"
-    ]
+    broken = GateResult.from_json(row.result or {}).broken_targets
     return f"broke its latency target{'s' if len(broken) > 1 else ''} ({', '.join(broken)})"
 
 

@@ -22,6 +22,7 @@ from playbooks.diagnose.measure import measure
 from playbooks.engines.base import Assessment, EngineClient, EngineError, Snapshot
 from playbooks.engines.types import DiagnoseSettings, Measurement
 from playbooks.experiments import stall
+from playbooks.experiments.progress import Progress
 from playbooks.gate.latency import WindowLatency, targets_of, window_latency, window_slo_holds
 from playbooks.gate.settings import STALL_BATCHES
 from playbooks.types import DiagnoseFinding, Rate
@@ -44,17 +45,18 @@ def diagnose(
     except EngineError:  # model info is decoration only
         model_info = {}
     ends: list[Snapshot] = []  # the window's first and latest scrape, for its latency p99s
-    still: dict[str, Any] = {}  # whether the readings moved (`playbooks.experiments.stall`)
+    still = [Progress()]  # whether the readings moved (`playbooks.experiments.stall`)
 
     def keep(sample: Snapshot) -> None:
         ends[:] = [ends[0] if ends else sample, sample]
-        still.update(stall.progress_after(still, sample, sample.t), last_ts=sample.t)
+        moved = stall.progress_after(still[0], sample, sample.t)
+        still[0] = still[0].updated(**moved, last_ts=sample.t)
         if on_sample is not None:
             on_sample(sample)
 
     m = measure(client, clock, settings.plan, on_progress, keep)
     latency = _latency(ends, settings)
-    still_s = stall.still_for_s(still)
+    still_s = stall.still_for_s(still[0])
     a = rules.assess(m)
     if still_s >= STALL_BATCHES * settings.plan.batch_s and not stall.generates(client, clock):
         a = _stalled(a, m, still_s)

@@ -37,8 +37,8 @@ from playbooks.experiments.lifecycle import (
     move,
 )
 from playbooks.experiments.ownership import OwnershipLost
+from playbooks.experiments.progress import Progress, progress_of
 from playbooks.experiments.sampling import (
-    gate_result,
     gate_samples,
     store_sample,
     store_samples,
@@ -76,9 +76,9 @@ def view_of(row: store.ExperimentRow, answers: dict[str, int] | None = None) -> 
         settings=settings_of(row),
         baseline_args=tuple(args_of(row.baseline_config)),
         trial_args=tuple(args_of(row.trial_config)),
-        progress=dict(row.progress),
+        progress=progress_of(row),
         entered_ts=row.step_started_at.timestamp(),
-        result=row.result,
+        result=None if row.result is None else gate_mod.GateResult.from_json(row.result),
         quality=stored_check(row.settings),
         answers=answers or {},
         server=row.server,
@@ -98,7 +98,7 @@ HELD = frozenset({State.approved, State.baseline})
 def gather(
     deps: Deps,
     state: State,
-    progress: dict[str, Any] | None = None,
+    progress: Progress | None = None,
     proposal_id: int | None = None,
 ) -> steps.Facts:
     """What the step needs to see: the launcher's view of the server, and the time (and behind
@@ -126,7 +126,7 @@ def gather(
         instance=None if identity is None else identity.instance,
         ready_timeout_s=deps.launcher.ready_timeout_s,
         carrier=None if deps.lease is None else deps.lease.owner,
-        rotation=rotation_steps.facts(deps, state, progress or {}),
+        rotation=rotation_steps.facts(deps, state, progress or Progress()),
         calendar=calendar(deps, proposal_id) if state in HELD else None,
         failure=failure,
     )
@@ -177,7 +177,7 @@ def advance(deps: Deps, exp_id: int) -> Advanced:
     checkpoint(deps, row.id, row.state)
     _watch(BEFORE, row.state)
     view = view_of(row, quality_answers.counts(deps.db, row.id))
-    facts = gather(deps, row.state, row.progress, row.proposal_id)
+    facts = gather(deps, row.state, view.progress, row.proposal_id)
     step = steps.next_step(view, facts)
     if step is None:
         return Advanced(row, None, "none")
@@ -279,7 +279,7 @@ def _progress(deps: Deps, row: store.ExperimentRow, **changes: Any) -> None:
         store.set_progress(
             deps.db,
             row.id,
-            {**row.progress, **changes},
+            progress_of(row).updated(**changes).to_json(),
             now=deps.now(),
             expected_state=row.state,
             lease_owner=None if lease is None else lease.owner,
@@ -300,7 +300,8 @@ def _scrape(
     try:
         snapshot = deps.client.snapshot()
     except EngineError as exc:
-        since = float(row.progress.get("last_ts", view.entered_ts))
+        last = view.progress.last_ts
+        since = view.entered_ts if last is None else last
         if facts.now_ts - since > view.settings.gap_limit_s:
             _move(deps, row, _went_unread(deps, row, facts.now_ts - since, exc))
             return
@@ -311,15 +312,15 @@ def _scrape(
     store_sample(deps, row.id, phase, snapshot, facts.now_ts)
     _record_gap(deps, row, view, facts, phase)
     changes: dict[str, Any] = {"last_ts": facts.now_ts, "by": facts.carrier, **step.progress}
-    changes.update(stall.progress_after(row.progress, snapshot, facts.now_ts))
+    changes.update(stall.progress_after(view.progress, snapshot, facts.now_ts))
     if phase == "baseline":  # the baseline ends once the gate could use it (`steps._baseline`)
         settings = view.settings
         changes["batches"] = gate_mod.scraped_batches(
             gate_samples(deps, row.id, "baseline", settings), settings.batch_s
         )
-    if "first_ts" not in row.progress:
+    if view.progress.first_ts is None:
         changes["first_ts"] = facts.now_ts
-    if row.progress.get("instance") is None and facts.instance is not None:
+    if view.progress.instance is None and facts.instance is not None:
         changes["instance"] = facts.instance
     _progress(deps, row, **changes)
 
@@ -336,11 +337,11 @@ def _record_gap(
     """A reading after a gap in the measurement (kvpilot down, the server's metrics silent):
     audited, so the verdict's unread time has its story. Longer gaps never get here: the step
     before cut the measurement (`steps._cut`, `_went_unread`)."""
-    last = row.progress.get("last_ts")
+    last = progress_of(row).last_ts
     s = view.settings
     if last is None or facts.now_ts - float(last) <= max(GAP_SCRAPES * s.scrape_s, s.batch_s):
         return
-    resumed = row.progress.get("by") != facts.carrier
+    resumed = progress_of(row).by != facts.carrier
     _record(
         deps, row, audit.MeasurementGap, phase=phase,
         since=datetime.fromtimestamp(float(last), UTC).isoformat(timespec="seconds"),
@@ -362,7 +363,7 @@ def _wait_or_probe(
             _progress(deps, row, **step.progress)
         deps.say(f"{row.state}: {step.reason}")
         return
-    still = stall.still_for_s(row.progress)
+    still = stall.still_for_s(progress_of(row))
     deps.say(
         f"{row.state}: none of the readings moved for {still:.0f} s with requests in hand; "
         "asking the server for one token"
@@ -501,28 +502,30 @@ def _look(deps: Deps, row: store.ExperimentRow, view: steps.View) -> None:
     if verdict is None:
         _progress(deps, row, looks=looks)
         return
-    result = gate_result(decision)
-    result["trial_s"] = round(trial[-1].t - float(row.progress.get("first_ts", trial[0].t)), 1)
-    result["baseline_s"] = round(baseline[-1].t - baseline[0].t, 1) if baseline else 0.0
-    result.update(_baseline_source(deps, row.id))
-    store.set_result(deps.db, row.id, result, now=deps.now())
+    result = replace(
+        gate_mod.GateResult.of_decision(decision),
+        trial_s=round(trial[-1].t - (view.progress.first_ts or trial[0].t), 1),
+        baseline_s=round(baseline[-1].t - baseline[0].t, 1) if baseline else 0.0,
+        baseline_source=_baseline_source(deps, row.id),
+    )
+    store.set_result(deps.db, row.id, result.to_json(), now=deps.now())
     _record(
         deps, row, audit.VerdictReached, verdict=decision.verdict, summary=decision.rule,
-        evidence=result,
+        evidence=result.to_json(),
     )  # fmt: skip
     _move(deps, row, verdict)
 
 
-def _baseline_source(deps: Deps, exp_id: int) -> dict[str, Any]:
+def _baseline_source(deps: Deps, exp_id: int) -> str:
     """Whether the baseline was measured or taken from stored samples, as the move out of
     the baseline recorded it (for the verdict)."""
     for t in store.transitions(deps.db, exp_id):
         if t.from_state == State.baseline and t.to_state == State.restarting:
             if t.details.get("baseline") == "stored":
-                return {"baseline_source": str(t.details.get("baseline_source", "stored samples"))}
+                return str(t.details.get("baseline_source", "stored samples"))
             why = t.details.get("measured_because")
-            return {"baseline_source": "measured" + (f" ({why})" if why else "")}
-    return {"baseline_source": "measured"}
+            return "measured" + (f" ({why})" if why else "")
+    return "measured"
 
 
 # ---------------------------------------------------------------------------------- restarts
@@ -537,7 +540,7 @@ def _take_slot(
     """One of the group's restart slots for this experiment (True), or a wait recorded."""
     if deps.restarts is None:
         return True
-    waiting = row.progress.get("waiting_since")
+    waiting = progress_of(row).waiting_since
     if deps.restarts.request(
         row.id,
         deps.server,
@@ -595,7 +598,7 @@ def _launch_failed(
 
 
 def _since_issue(deps: Deps, row: store.ExperimentRow) -> float:
-    issued = row.progress.get("issued")
+    issued = progress_of(row).issued
     return 0.0 if issued is None else round(deps.now().timestamp() - float(issued), 1)
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from playbooks.experiments.progress import Progress
+
 # The approved state's progress keys (wall-clock epoch seconds, the hold's words)
 HELD_SINCE = "held_since"  # when a hold first kept the change waiting
 HOLD = "hold"  # what holds it, in words
@@ -60,7 +62,7 @@ class Held:
     progress: dict[str, Any] = field(default_factory=dict)
 
 
-def decide(progress: dict[str, Any], calendar: Calendar) -> Held | None:
+def decide(progress: Progress, calendar: Calendar) -> Held | None:
     """Whether an approved change waits, expires or (None) goes on to its checks, from the
     wall clock's facts alone; `progress` is the approved state's (for `HELD_SINCE`)."""
     hold = calendar.hold
@@ -82,7 +84,7 @@ def decide(progress: dict[str, Any], calendar: Calendar) -> Held | None:
         "wait",
         f"waiting: {hold.why}; it starts then if the approval is still valid",
         {
-            HELD_SINCE: progress.get(HELD_SINCE, calendar.now_ts),
+            HELD_SINCE: calendar.now_ts if progress.held_since is None else progress.held_since,
             HOLD: hold.why,
             HOLD_UNTIL: hold.until_ts,
             APPROVAL_UNTIL: calendar.approval_until_ts,

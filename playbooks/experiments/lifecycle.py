@@ -17,6 +17,8 @@ from typing import Any
 from playbooks.experiments import no_change
 from playbooks.experiments.deps import Deps, Interrupted, args_of
 from playbooks.experiments.ownership import Lease, OwnershipLost
+from playbooks.experiments.plans import ProposalPlan
+from playbooks.experiments.progress import Progress, progress_of
 from playbooks.experiments.steps import CHANGED_OUTSIDE
 from playbooks.gate.settings import GateSettings, sized_for
 from storage import audit, servers
@@ -82,7 +84,7 @@ def move(
             now=deps.now(),
             expected_state=came_from,
             lease_owner=None if lease is None else lease.owner,
-            progress=progress,
+            progress=None if progress is None else Progress().updated(**progress).to_json(),
         )
     except LeaseNotHeld as exc:
         raise OwnershipLost(str(exc)) from exc
@@ -116,13 +118,9 @@ class ApprovedPlan:
         return cls(tuple(from_args), tuple(to_args), vars(sized_for(gate, predicted)))
 
     @classmethod
-    def of_proposal(cls, plan: dict[str, Any], plan_hash: str) -> ApprovedPlan:
-        return cls(
-            from_args=tuple(str(a) for a in plan["from_args"]),
-            to_args=tuple(str(a) for a in plan["to_args"]),
-            gate=dict(plan["gate"]),
-            plan_hash=plan_hash,
-        )
+    def of_proposal(cls, plan: ProposalPlan, plan_hash: str) -> ApprovedPlan:
+        """The approved proposal's plan, whichever its shape, bound to its approved hash."""
+        return cls(plan.from_args, plan.to_args, dict(plan.gate), plan_hash)
 
 
 def create(
@@ -275,7 +273,7 @@ def resume_policy(deps: Deps, exp_id: int, *, actor: str) -> None:
     )
     row = store.get_experiment(deps.db, exp_id)
     taken = None if deps.lease is None else deps.lease.taken_from
-    last = row.progress.get("last_ts")
+    last = progress_of(row).last_ts
     audit.record(
         deps.db,
         audit.ExperimentResumed(

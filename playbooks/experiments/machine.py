@@ -41,7 +41,6 @@ from playbooks.experiments.advance import Advanced, advance
 from playbooks.experiments.deps import Deps, Interrupted, StopRequest, args_of
 from playbooks.experiments.lifecycle import ApprovedPlan, abort, create, resume_policy
 from playbooks.experiments.resume import resume_unfinished
-from playbooks.experiments.sampling import gate_result
 from storage import experiments as store
 from storage.errors import IllegalTransition, StaleState
 
@@ -55,7 +54,6 @@ __all__ = [
     "advance",
     "args_of",
     "create",
-    "gate_result",
     "resume_policy",
     "resume_unfinished",
     "run",

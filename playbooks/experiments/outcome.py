@@ -14,6 +14,7 @@ from enum import StrEnum
 
 from playbooks.engines.exits import Failure
 from playbooks.experiments.failures import failure_of
+from playbooks.gate.result import GateResult
 from storage.experiments import ExperimentRow, State, TransitionRow
 
 
@@ -93,8 +94,8 @@ def _legacy_cause(row: ExperimentRow, move: TransitionRow) -> str:
     gate's verdict."""
     if move.actor != "kvpilot":
         return "aborted"
-    verdict = (row.result or {}).get("verdict")
-    if isinstance(verdict, str) and verdict in CAUSES:
+    verdict = None if row.result is None else GateResult.from_json(row.result).verdict
+    if verdict is not None and verdict in CAUSES:
         return verdict
     if move.to_state == State.cancelled:
         return "not_ready"

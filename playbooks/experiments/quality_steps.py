@@ -9,14 +9,15 @@ cancellation) is handed back to `advance`, which takes every move the same way.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from playbooks.engines.base import EngineError
 from playbooks.experiments import steps
 from playbooks.experiments.deps import Deps
+from playbooks.gate.result import GateResult
 from playbooks.quality.compare import QualityVerdict, compare_answers, judge_eval
-from playbooks.quality.eval_process import EvalRun, poll_eval, start_eval
+from playbooks.quality.eval_process import poll_eval, start_eval
 from storage import audit, quality_answers
 from storage import experiments as store
 from storage.experiments import State
@@ -81,7 +82,7 @@ def _record_answers(
     )
     _note(deps, row, text)
     deps.say(f"{row.state}: {text}")
-    return Taken(progress={UNANSWERED: None} if view.progress.get(UNANSWERED) else {})
+    return Taken(progress={UNANSWERED: None} if view.progress.unanswered_since else {})
 
 
 def _unanswered(
@@ -90,7 +91,7 @@ def _unanswered(
 ) -> Taken:  # fmt: skip
     """A prompt was not answered: asked again at the next step, until the server has not
     answered for longer than a measurement may go unread."""
-    since = view.progress.get(UNANSWERED)
+    since = view.progress.unanswered_since
     if since is None:
         deps.say(f"{row.state}: a golden prompt was not answered ({exc}); asking again")
         return Taken(progress={UNANSWERED: facts.now_ts})
@@ -139,7 +140,9 @@ def _start_eval(deps: Deps, row: store.ExperimentRow, view: steps.View) -> Taken
 def _poll_eval(deps: Deps, row: store.ExperimentRow, view: steps.View) -> Taken:
     command = None if view.quality is None else view.quality.command
     assert command is not None
-    outcome = poll_eval(EvalRun.from_json(dict(view.progress["eval"])))
+    run = view.progress.eval
+    assert run is not None  # (a started run leads here: `steps._checking_quality`)
+    outcome = poll_eval(run)
     if outcome == "running":
         return Taken()
     if outcome == "vanished":
@@ -158,7 +161,8 @@ def _judged(
 ) -> Taken:
     """Store the verdict with the result and in the audit log; the keep or revert follows."""
     quality = {"passed": verdict.passed, "summary": verdict.summary, **verdict.evidence}
-    store.set_result(deps.db, row.id, {**(row.result or {}), "quality": quality}, now=deps.now())
+    result = replace(GateResult.from_json(row.result or {}), quality=quality)
+    store.set_result(deps.db, row.id, result.to_json(), now=deps.now())
     audit.record(
         deps.db,
         audit.VerdictReached(

@@ -30,7 +30,7 @@ def after_poll(
     target = view.trial_args if restart else view.baseline_args
     if not ready:
         return None
-    before = view.progress.get("before")
+    before = view.progress.before
     if before is not None and instance == before:
         # Ready, but it is the server from before the restart: the system has the new
         # arguments and never restarted (kvpilot died in between). Restart it now.
@@ -38,7 +38,8 @@ def after_poll(
     if facts.rotation is not None and facts.rotation.out:
         return Rejoin("restart" if restart else "revert")
     # rounded once, so the reason says the figure the move records
-    took = round(facts.now_ts - float(view.progress.get("issued", facts.now_ts)), 1)
+    issued = view.progress.issued
+    took = round(facts.now_ts - (facts.now_ts if issued is None else issued), 1)
     if restart:
         return Move(
             State.warming_up,

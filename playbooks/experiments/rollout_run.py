@@ -26,6 +26,8 @@ from playbooks.engines.base import EngineError
 from playbooks.experiments import lifecycle, no_change, restarts, rotation_steps, steps
 from playbooks.experiments.advance import gather
 from playbooks.experiments.deps import Deps
+from playbooks.experiments.plans import RolloutPlan, RolloutRef, plan_from_json
+from playbooks.experiments.progress import Progress
 from playbooks.experiments.rollout import (
     Abort,
     Finish,
@@ -126,18 +128,18 @@ def _note(ctx: RolloutContext, server: str | None, text: str, exp: int | None = 
 
 
 # ---------------------------------------------------------------------------------- apply
-def step_plan(row: rollout_store.RolloutRow, plan: Plan, server: str) -> dict[str, Any]:
+def step_plan(row: rollout_store.RolloutRow, plan: Plan, server: str) -> RolloutPlan:
     """The plan one step's approval is for: this server's arguments, the rollout it is part of."""
     sp = plan.server(server)
-    return {
-        "server": server,
-        "change": dict(plan.change),
-        "from_args": list(sp.from_args),
-        "to_args": list(sp.to_args),
-        "gate": dict(plan.gate),
-        "verdict": "kept elsewhere",
-        "rollout": {"id": row.id, "plan_hash": row.plan_hash, "approved_by": row.approved_by},
-    }
+    return RolloutPlan(
+        server=server,
+        change=dict(plan.change),
+        from_args=tuple(sp.from_args),
+        to_args=tuple(sp.to_args),
+        gate=dict(plan.gate),
+        verdict="kept elsewhere",
+        rollout=RolloutRef(row.id, row.plan_hash, row.approved_by),
+    )
 
 
 def _start(ctx: RolloutContext, row: rollout_store.RolloutRow, plan: Plan, server: str) -> None:
@@ -152,7 +154,8 @@ def _start(ctx: RolloutContext, row: rollout_store.RolloutRow, plan: Plan, serve
     if proposal_id is None:
         approved_at = ctx.wall_now()
         proposal = proposal_store.create_proposal(
-            ctx.db, server=server, change=dict(plan.change), plan=step_plan(row, plan, server),
+            ctx.db, server=server, change=dict(plan.change),
+            plan=step_plan(row, plan, server).to_json(),
             snapshot={"args": list(plan.server(server).from_args), "rollout_id": row.id},
             created_by="kvpilot", now=approved_at, expires_at=approved_at + timedelta(hours=1),
         )  # fmt: skip
@@ -199,7 +202,9 @@ def _create(
             reason=f"step {index} of {len(plan.servers)} of rollout {row.id} (from experiment "
             f"{plan.source_experiment_id}), approved with it by {row.approved_by}",
             proposal_id=proposal_id,
-            plan=lifecycle.ApprovedPlan.of_proposal(proposal.plan, proposal.plan_hash),
+            plan=lifecycle.ApprovedPlan.of_proposal(
+                plan_from_json(proposal.plan), proposal.plan_hash
+            ),
         )  # fmt: skip
     except (StorageError, LaunchError, EngineError) as exc:
         text = f"rollout {row.id}: the step on {server} could not start: {exc}"
@@ -254,18 +259,19 @@ def _revert_once(
 ) -> float:
     """One step of the revert, chosen by the experiment machine's own reverting steps."""
     sp = plan.server(step.server)
-    progress = dict(step.progress)
+    progress = Progress.from_json(step.progress)
     view = steps.View(
         State.reverting, GateSettings(), sp.from_args, sp.to_args, progress,
         entered_ts=step.created_at.timestamp(), server=step.server,
     )  # fmt: skip
     facts = gather(deps, State.reverting, progress)
     # the kept experiment stands for the revert in records and messages
-    as_row = replace(kept, state=State.reverting, progress=progress)
+    as_row = replace(kept, state=State.reverting, progress=progress.to_json())
+    saved = [progress]  # what this step stored so far (a later save builds on it)
 
     def save(**changes: Any) -> None:
-        progress.update(changes)
-        rollout_store.update_step(ctx.db, step.id, now=ctx.now(), progress=progress)
+        saved[0] = saved[0].updated(**changes)
+        rollout_store.update_step(ctx.db, step.id, now=ctx.now(), progress=saved[0].to_json())
 
     def slot() -> bool:  # a revert holds no slot: it waits while the group's are all taken
         limiter = deps.restarts
@@ -331,7 +337,7 @@ def _poll(
     instance = None if identity is None else identity.instance
     outcome = restarts.after_poll(view, facts, ready, instance=instance)
     if isinstance(outcome, steps.Rejoin):
-        as_row = replace(kept, state=State.reverting, progress=view.progress)
+        as_row = replace(kept, state=State.reverting, progress=view.progress.to_json())
         if not rotation_steps.rejoin(deps, as_row, facts, progress=save):
             return POLL_S
         outcome = restarts.after_poll(view, replace(facts, rotation=None), ready, instance=instance)

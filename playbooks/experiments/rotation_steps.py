@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from playbooks.engines.base import EngineError, Snapshot
 from playbooks.experiments import steps
 from playbooks.experiments.deps import Deps
+from playbooks.experiments.progress import Progress, progress_of
 from playbooks.routers import drain
 from playbooks.routers.base import RouterError
 from storage import experiments as store
@@ -28,10 +28,10 @@ from storage.experiments import State
 
 RESTARTS = frozenset({State.restarting, State.reverting})
 
-Progress = Callable[..., None]  # advance's `_progress` for this row: stores what a step learnt
+Save = Callable[..., None]  # advance's `_progress` for this row: stores what a step learnt
 
 
-def facts(deps: Deps, state: State, progress: dict[str, Any]) -> steps.RotationFacts | None:
+def facts(deps: Deps, state: State, progress: Progress) -> steps.RotationFacts | None:
     """What the drain decides on: whether kvpilot has the server out (storage), and while it
     drains (out, not yet issued) whether the router still routes to it and what runs on it."""
     rot = deps.rotation
@@ -40,7 +40,7 @@ def facts(deps: Deps, state: State, progress: dict[str, Any]) -> steps.RotationF
     out = rotation_store.open_for(deps.db, deps.server) is not None
     listed: bool | None = None
     running: float | None = None
-    if progress.get("out_at") is not None and progress.get("issued") is None:
+    if progress.out_at is not None and progress.issued is None:
         listed = rot.listed()
         running = running_now(deps)
     return steps.RotationFacts(
@@ -69,7 +69,7 @@ def take(
     facts_: steps.Facts,
     step: steps.RotationStep,
     *,
-    progress: Progress,
+    progress: Save,
     take_slot: Callable[[], bool],
 ) -> None:
     if isinstance(step, steps.Leave):
@@ -77,7 +77,7 @@ def take(
     elif isinstance(step, steps.Drain):
         if step.quiet:
             progress(quiet_at=facts_.now_ts)
-        elif row.progress.get("quiet_at") is not None:
+        elif progress_of(row).quiet_at is not None:
             progress(quiet_at=None)  # something came in after all: look for quiet again
         running = "unknown" if step.running is None else f"{step.running:.0f}"
         routed = " (the router still routes to it)" if step.listed else ""
@@ -91,7 +91,7 @@ def leave(
     row: store.ExperimentRow,
     facts_: steps.Facts,
     *,
-    progress: Progress,
+    progress: Save,
     take_slot: Callable[[], bool],
 ) -> None:
     """The restart slot first (a server out of rotation is down for the group), then the
@@ -110,7 +110,7 @@ def leave(
         )  # fmt: skip
         done = rot.router.remove(rot.worker)
     except RouterError as exc:
-        if row.progress.get("leave_tried_at") is None:
+        if progress_of(row).leave_tried_at is None:
             drain.record(
                 deps.db, deps.server, row.id, now,
                 f"router: could not take {deps.server} out of rotation: {exc}; asking again "
@@ -127,9 +127,9 @@ def leave(
 def before_issue(deps: Deps, row: store.ExperimentRow, facts_: steps.Facts) -> None:
     """Say and record how the drain ended, once, as the restart is issued."""
     rot, r = deps.rotation, facts_.rotation
-    if rot is None or r is None or row.progress.get("issued") is not None:
+    if rot is None or r is None or progress_of(row).issued is not None:
         return
-    out_at = row.progress.get("out_at")
+    out_at = progress_of(row).out_at
     if out_at is None:
         text = (
             f"router: restarting {deps.server} without a drain: {rot.describe()} could not be "
@@ -148,20 +148,19 @@ def before_issue(deps: Deps, row: store.ExperimentRow, facts_: steps.Facts) -> N
     deps.say(f"{row.state}: {text.removeprefix('router: ')}")
 
 
-def rejoin(
-    deps: Deps, row: store.ExperimentRow, facts_: steps.Facts, *, progress: Progress
-) -> bool:
+def rejoin(deps: Deps, row: store.ExperimentRow, facts_: steps.Facts, *, progress: Save) -> bool:
     """Ask the router to put the server back; True once it is back (or kvpilot gave up
     waiting, bounded by `rejoin_timeout_s`, and said so)."""
     rot = deps.rotation
     if rot is None:
         return True
-    asked = row.progress.get("rejoin_asked_at")
+    asked = progress_of(row).rejoin_asked_at
     ask = asked is None or facts_.now_ts - float(asked) >= drain.ASK_AGAIN_S
     if drain.put_back(deps.db, rot, deps.server, row.id, deps.now(), ask=ask):
         deps.say(f"{row.state}: back in the rotation of {rot.describe()}")
         return True
-    since = row.progress.get("rejoin_since", facts_.now_ts)
+    since = progress_of(row).rejoin_since
+    since = facts_.now_ts if since is None else since
     if ask:
         progress(rejoin_since=since, rejoin_asked_at=facts_.now_ts)
     answer = drain.rejoin_state(

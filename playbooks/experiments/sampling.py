@@ -7,10 +7,8 @@ samples at their real distance.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlite_utils import Database
 
@@ -57,33 +55,6 @@ def gate_samples(
     spacing = scrape_spacing(snapshots) if len(snapshots) > 1 else settings.scrape_s
     per_batch = max(1, round(settings.batch_s / max(spacing, 1e-9)))
     return gate_mod.with_ttft_p95(snapshots, per_batch)
-
-
-def gate_result(decision: gate_mod.GateDecision) -> dict[str, Any]:
-    def est(x: Any) -> dict[str, Any] | None:
-        if x is None:
-            return None
-        low, high = getattr(x, "low", None), getattr(x, "high", None)
-        return {
-            "mean": round(float(x.mean), 4),
-            "ci95": None
-            if low is None or high is None or not math.isfinite(low) or not math.isfinite(high)
-            else [round(float(low), 4), round(float(high), 4)],
-        }
-
-    return {
-        "action": decision.action,
-        "verdict": decision.verdict,
-        "rule": decision.rule,
-        "baseline": est(decision.baseline),
-        "trial": est(decision.trial),
-        "effect": est(decision.effect),
-        "batches": decision.batches,
-        "unread_s": decision.unread_s,
-        "warmup_cut_s": decision.warmup_cut_s,
-        "reasons": list(decision.reasons),
-        "latency": decision.latency_json(),
-    }
 
 
 def store_scrapes(db: Database, server: str, scrapes: list[Snapshot]) -> tuple[float, float] | None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from playbooks.clock import Clock
 from playbooks.engines.base import EngineClient, EngineError, Prompt, Snapshot
+from playbooks.experiments.progress import Progress
 
 KEYS = ("reading", "moved_ts")
 # How long a one-token request may take before the server counts as not generating, on the
@@ -46,25 +47,25 @@ def digest(snapshot: Snapshot) -> str | None:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
-def progress_after(progress: dict[str, Any], snapshot: Snapshot, now_ts: float) -> dict[str, Any]:
+def progress_after(progress: Progress, snapshot: Snapshot, now_ts: float) -> dict[str, Any]:
     """The stall keys after storing `snapshot` at `now_ts`: unchanged while it reads as before."""
     seen = digest(snapshot)
-    if seen is not None and seen == progress.get("reading") and "moved_ts" in progress:
+    if seen is not None and seen == progress.reading and progress.moved_ts is not None:
         return {}
     return {"reading": seen, "moved_ts": now_ts}
 
 
-def still_for_s(progress: dict[str, Any]) -> float:
+def still_for_s(progress: Progress) -> float:
     """How long the stored readings of this state have stayed the same with work in hand."""
-    moved, last = progress.get("moved_ts"), progress.get("last_ts")
-    if moved is None or last is None or progress.get("reading") is None:
+    moved, last = progress.moved_ts, progress.last_ts
+    if moved is None or last is None or progress.reading is None:
         return 0.0
     return max(0.0, float(last) - float(moved))
 
 
-def carried(progress: dict[str, Any]) -> dict[str, Any]:
+def carried(progress: Progress) -> dict[str, Any]:
     """The stall keys to carry into the next measuring state (warm-up into the trial)."""
-    return {k: progress[k] for k in KEYS if k in progress}
+    return {k: getattr(progress, k) for k in KEYS if getattr(progress, k) is not None}
 
 
 def generates(client: EngineClient, clock: Clock) -> bool:

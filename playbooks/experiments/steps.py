@@ -47,7 +47,7 @@ and the pure moves) reads as one table; the launcher's outcomes already live apa
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from playbooks import gate as gate_mod
 from playbooks.engines.exits import Failure, last_log_line
@@ -59,6 +59,7 @@ from playbooks.experiments.failures import (
     what_it_teaches,
 )
 from playbooks.experiments.holds import Calendar, Hold
+from playbooks.experiments.progress import Progress
 from playbooks.quality.check import QualityCheck
 from playbooks.quality.compare import QualityVerdict
 from playbooks.routers.drain import drain_state
@@ -76,9 +77,9 @@ class View:
     settings: gate_mod.GateSettings
     baseline_args: tuple[str, ...]
     trial_args: tuple[str, ...]
-    progress: dict[str, Any]
+    progress: Progress
     entered_ts: float  # when the current state was entered (epoch s)
-    result: dict[str, Any] | None = None
+    result: gate_mod.GateResult | None = None  # the gate's, once it decided
     quality: QualityCheck | None = None  # the answer quality check the experiment carries
     answers: dict[str, int] = field(default_factory=dict)  # golden answers stored, per phase
     server: str = ""  # its name in configuration, for the settings a message names
@@ -274,15 +275,15 @@ def _cut(view: View, facts: Facts, what: str, *, teach: bool = True) -> Move | N
     """The measurement of `what` was cut: the server is down, was replaced, or went unread."""
     if not facts.running:
         return _went_down(facts, what, teach=teach)
-    measured = view.progress.get("instance")
+    measured = view.progress.instance
     if measured is not None and facts.instance is not None and facts.instance != measured:
         return Move(
             State.reverting,
             f"the server was restarted {what} (not by kvpilot): the measurement was cut",
             {"cause": "interrupted"},
         )
-    last = view.progress.get("last_ts")
-    resumed = view.progress.get("by") != facts.carrier
+    last = view.progress.last_ts
+    resumed = view.progress.by != facts.carrier
     if resumed and last is not None and facts.now_ts - float(last) > gap_limit_s(view.settings):
         return Move(
             State.reverting,
@@ -346,7 +347,7 @@ def _approved(view: View, facts: Facts) -> Step:
         # going on could overwrite a configuration changed since the approval.
         return Wait(
             "the launcher cannot say what the server runs; checking the plan again",
-            dict(holds.RELEASED) if view.progress.get(holds.HOLD) else {},
+            dict(holds.RELEASED) if view.progress.hold else {},
         )
     if facts.current_args != view.baseline_args:
         return Move(
@@ -362,7 +363,7 @@ def _approved(view: View, facts: Facts) -> Step:
             f"the server is not healthy before the change ({facts.reason}): nothing changed",
             {"cause": "not_ready"},
         )
-    found = view.progress.get(CHANGED_OUTSIDE)
+    found = view.progress.changed_outside
     # (kvpilot found the server changed by hand when it created the experiment: say so here,
     # where every front end shows the experiment's first move)
     then = f"{found}; " if found else ""
@@ -394,15 +395,13 @@ def _baseline(view: View, facts: Facts) -> Step:
             "change again once it lifts",
             {"cause": "held"},
         )
-    if "until" not in view.progress:
+    if view.progress.until is None:
         # the golden answers come first, from the server as it runs before any change
         return next_answers(view, "baseline") or ChooseBaseline()
     cut = _cut(view, facts, "during the baseline", teach=False)
     if cut is not None:  # nothing was changed yet: nothing to revert, and no restart is ours
         return Move(State.cancelled, cut.reason + "; nothing was changed", cut.details)
-    if facts.now_ts >= float(view.progress["until"]) and measured_s(view) >= enough_baseline_s(
-        view.settings
-    ):
+    if facts.now_ts >= view.progress.until and measured_s(view) >= enough_baseline_s(view.settings):
         # asked once the baseline is otherwise done, so an idle server's stale gauges cost no
         # step in the middle of the measurement (the trial is watched at every step instead)
         stuck = _stuck(view, "during the baseline", State.cancelled)
@@ -411,7 +410,7 @@ def _baseline(view: View, facts: Facts) -> Step:
         short = _baseline_short(view, facts)
         if short is not None:
             return short
-        why = view.progress.get("measured_because")
+        why = view.progress.measured_because
         return Move(
             State.restarting,
             "baseline measured; restarting with the change",
@@ -431,10 +430,10 @@ def _baseline_short(view: View, facts: Facts) -> Step | None:
     judge". Measuring on that gives no batch for `MEASURE_ON_FACTOR` times `baseline_s` from
     when it began is cancelled, nothing having been changed."""
     settings = view.settings
-    batches = view.progress.get("batches")
+    batches = view.progress.batches
     if batches is None or int(batches) >= settings.min_baseline_batches:
         return None  # (a row from before batches were counted: the gate reads it as it is)
-    since = view.progress.get("short_since")
+    since = view.progress.short_since
     if since is None:
         return Scrape("baseline", {"short_since": facts.now_ts})
     took = facts.now_ts - float(since)
@@ -453,7 +452,7 @@ def _baseline_short(view: View, facts: Facts) -> Step | None:
 
 def measured_s(view: View) -> float:
     """How long the samples stored in this state span."""
-    first, last = view.progress.get("first_ts"), view.progress.get("last_ts")
+    first, last = view.progress.first_ts, view.progress.last_ts
     return 0.0 if first is None or last is None else float(last) - float(first)
 
 
@@ -469,19 +468,19 @@ def _restart_or_revert(
     changed = changed_outside(view, facts)
     if changed is not None:
         return changed
-    issued = view.progress.get("issued")
+    issued = view.progress.issued
     if issued is None:
         return drain(view, facts, purpose) or Issue(target, purpose)
     if facts.current_args is not None and facts.current_args != target:
         # The system still runs kvpilot's other configuration: the issue never reached it
         # (kvpilot died between recording it and making it). Make it again.
         return Issue(target, purpose)
-    started = facts.ready and facts.instance != view.progress.get("before")
+    started = facts.ready and facts.instance != view.progress.before
     if facts.now_ts - float(issued) > facts.ready_timeout_s and not started:
         # (A server that is ready on a new instance is polled, however late: kvpilot may have
         # been away past the deadline while the restart went well.) Still loading is no
         # evidence about the change: it teaches nothing (`failures`).
-        known = view.progress.get("known_ready_s") if purpose == "restart" else None
+        known = view.progress.known_ready_s if purpose == "restart" else None
         slow = StillLoading(
             view.server,
             facts.now_ts - float(issued),
@@ -519,9 +518,9 @@ def drain(view: View, facts: Facts, purpose: Literal["restart", "revert"]) -> St
     r = facts.rotation
     if r is None:
         return None
-    out_at = view.progress.get("out_at")
+    out_at = view.progress.out_at
     if out_at is None:
-        tried = view.progress.get("leave_tried_at")
+        tried = view.progress.leave_tried_at
         if tried is not None and facts.now_ts - float(tried) >= r.drain_timeout_s:
             return None
         return Leave(purpose)
@@ -532,7 +531,7 @@ def drain(view: View, facts: Facts, purpose: Literal["restart", "revert"]) -> St
         now=facts.now_ts,
         timeout_s=r.drain_timeout_s,
     )
-    if state == "done" and view.progress.get("quiet_at") is None:
+    if state == "done" and view.progress.quiet_at is None:
         # a request on its way in (parsed, not yet scheduled) is counted nowhere: nothing in
         # flight on two looks in a row, a step apart, is drained
         return Drain(purpose, r.running, r.listed, quiet=True)
@@ -551,11 +550,11 @@ def _warming_up(view: View, facts: Facts) -> Step:
     )
     if cut is not None:
         return cut
-    if facts.now_ts >= float(view.progress.get("until", view.entered_ts)):
+    if facts.now_ts >= _or(view.progress.until, view.entered_ts):
         return Move(
             State.trial,
             "warm-up over; measuring the change",
-            progress={"instance": view.progress.get("instance"), **stall.carried(view.progress)},
+            progress={"instance": view.progress.instance, **stall.carried(view.progress)},
         )
     return Scrape("warmup")
 
@@ -568,7 +567,7 @@ def _trial(view: View, facts: Facts) -> Step:
     )
     if cut is not None:
         return cut
-    if complete_batches(view) > int(view.progress.get("looks", 0)):
+    if complete_batches(view) > (view.progress.looks or 0):
         # The gate is not shown a trial whose newest readings repeat the one before: a stuck
         # server repeats its last decode rate, which could read as a gain. The next scrape
         # moves on, or the stall check above ends the trial.
@@ -578,10 +577,10 @@ def _trial(view: View, facts: Facts) -> Step:
 
 def complete_batches(view: View) -> int:
     """Complete gate batches the trial's stored samples span (one look per new batch)."""
-    last = view.progress.get("last_ts")
+    last = view.progress.last_ts
     if last is None:
         return 0
-    started = float(view.progress.get("first_ts", view.entered_ts))
+    started = _or(view.progress.first_ts, view.entered_ts)
     return int((float(last) - started) / view.settings.batch_s + 1e-9)
 
 
@@ -589,29 +588,38 @@ def _deciding(view: View, facts: Facts) -> Step:
     changed = changed_outside(view, facts)
     if changed is not None:  # keeping would record the trial as good; reverting would undo it
         return changed
-    result = view.result or {}
-    if result.get("action") == "keep" and view.quality is not None:
+    result = view.result
+    rule = None if result is None else result.rule
+    if result is not None and result.kept and view.quality is not None:
         return Move(
             State.checking_quality,
-            f"{result.get('rule', 'the gate would keep the change')}; checking answer quality "
+            f"{_or(rule, 'the gate would keep the change')}; checking answer quality "
             f"before keeping it: {view.quality.describe()}",
             progress={"instance": facts.instance},
         )
-    if result.get("action") == "keep":
-        return Keep(str(result.get("rule", "the gate kept the change")))
+    if result is not None and result.kept:
+        return Keep(_or(rule, "the gate kept the change"))
     return Move(
         State.reverting,
-        str(result.get("rule", "the gate reverted the change")),
-        {"cause": str(result.get("verdict") or "not_improved")},
+        _or(rule, "the gate reverted the change"),
+        {"cause": (None if result is None else result.verdict) or "not_improved"},
     )
 
 
+T = TypeVar("T")
+
+
+def _or(stored: T | None, default: T) -> T:
+    """What is stored; `default` where a stored record lacks it."""
+    return default if stored is None else stored
+
+
+def _kept_rule(view: View) -> str:
+    return _or(None if view.result is None else view.result.rule, "the gate kept the change")
+
+
 def _reverting(view: View, facts: Facts) -> Step:
-    if (
-        view.progress.get("issued") is None
-        and facts.ready
-        and facts.current_args == view.baseline_args
-    ):
+    if view.progress.issued is None and facts.ready and facts.current_args == view.baseline_args:
         if facts.rotation is not None and facts.rotation.out:  # (aborted while it drained)
             return Rejoin("revert")
         return Move(State.reverted, "the server already runs the last-known-good configuration")
@@ -637,18 +645,17 @@ def _checking_quality(view: View, facts: Facts) -> Step:
     if not facts.running:
         return _went_down(facts, "while its answers were checked")
     if view.quality is None:  # (cannot happen: only a check leads here) keep as the gate said
-        return Keep(str((view.result or {}).get("rule", "the gate kept the change")))
+        return Keep(_kept_rule(view))
     if view.quality.golden is not None:
         return next_answers(view, "trial") or JudgeAnswers()
-    return PollEval() if view.progress.get("eval") else StartEval()
+    return PollEval() if view.progress.eval else StartEval()
 
 
 def after_quality(view: View, verdict: QualityVerdict) -> Keep | Move:
     """The answer quality check's verdict as the experiment's end: the gate's keep carried out,
     or a revert that names the check and its numbers."""
     if verdict.passed:
-        rule = str((view.result or {}).get("rule", "the gate kept the change"))
-        return Keep(f"{rule}; answer quality held: {verdict.summary}")
+        return Keep(f"{_kept_rule(view)}; answer quality held: {verdict.summary}")
     return Move(
         State.reverting,
         f"the answer quality check failed: {verdict.summary}",

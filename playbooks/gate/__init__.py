@@ -9,7 +9,7 @@ The package by role: `settings` (GateSettings and its validation), `warmup` (the
 `windows` (the facts, noise and effect read off the samples), `checks` (guardrails and validity),
 `latency` (the operator's latency targets: p99 TTFT and ITL per batch, with their interval),
 `look` (one look's typed facts), `rules` (the ordered decision table and `decide`), `decision`
-(the GateDecision it answers with).
+(the GateDecision it answers with), `result` (the GateResult an experiment stores from it).
 
 Statistical design (the reference notes on gate statistics, §3; measured in `bench/gate.py`):
 
@@ -76,6 +76,7 @@ Statistical design (the reference notes on gate statistics, §3; measured in `be
 
 from playbooks.gate.decision import Action, GateDecision, Verdict
 from playbooks.gate.latency import SloCheck, slo_holds
+from playbooks.gate.result import GateResult, StoredEstimate
 from playbooks.gate.rules import RULES, Rule, decide
 from playbooks.gate.settings import GateSettings
 from playbooks.gate.warmup import mser_truncation, warmup, warmup_cut
@@ -97,9 +98,11 @@ __all__ = [
     "Action",
     "Estimate",
     "GateDecision",
+    "GateResult",
     "GateSettings",
     "Rule",
     "SloCheck",
+    "StoredEstimate",
     "Verdict",
     "WindowNoise",
     "baseline_noise",

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from sqlite_utils import Database
 
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
+from playbooks.gate.result import GateResult, StoredEstimate
 from playbooks.reports.day_diagnosis import MIN_DIAGNOSIS_S, day_diagnosis, day_measurement
 from playbooks.reports.report_model import (
     ConfigComparison,
@@ -174,27 +174,26 @@ def series_step(window_s: float, level: int) -> int:
 
 
 # ----------------------------------------------------------------------------- experiments
-def _estimate(value: Any) -> Estimate | None:
-    if not isinstance(value, dict) or not isinstance(value.get("mean"), (int, float)):
+def _estimate(value: StoredEstimate | None) -> Estimate | None:
+    if value is None:
         return None
-    ci = value.get("ci95")
-    low, high = (ci[0], ci[1]) if isinstance(ci, list) and len(ci) == 2 else (None, None)
-    return Estimate(float(value["mean"]), low, high)
+    low, high = (None, None) if value.ci95 is None else value.ci95
+    return Estimate(value.mean, low, high)
 
 
 def experiment_summary(row: ExperimentRow) -> ExperimentSummary:
-    result = row.result or {}
+    result = None if row.result is None else GateResult.from_json(row.result)
     return ExperimentSummary(
         id=row.id,
         state=row.state.value,
         change=row.change,
         started=row.created_at,
         finished=row.updated_at if row.terminal else None,
-        verdict=result.get("verdict"),
-        reason=str(result.get("rule") or ""),
-        baseline=_estimate(result.get("baseline")),
-        trial=_estimate(result.get("trial")),
-        effect=_estimate(result.get("effect")),
+        verdict=None if result is None else result.verdict,
+        reason="" if result is None else result.rule or "",
+        baseline=None if result is None else _estimate(result.baseline),
+        trial=None if result is None else _estimate(result.trial),
+        effect=None if result is None else _estimate(result.effect),
     )
 
 

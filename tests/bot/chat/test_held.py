@@ -11,6 +11,7 @@ import pytest
 from bot.chat.held import held_facts
 from bot.chat.messages import Message
 from playbooks.experiments import holds
+from playbooks.experiments.progress import Progress
 
 WALL = datetime(2026, 12, 6, 0, 24, tzinfo=UTC)
 WHY = "server `incident` frozen by {@U1} until 2026-12-06 01:24 UTC: incident review"
@@ -36,7 +37,7 @@ HELD = {
 def test_the_approvals_time_left_is_counted_on_the_wall_clock_now(
     progress: dict[str, Any], later: timedelta, expected: tuple[str | None, str | None]
 ) -> None:
-    facts = held_facts(progress, WALL + later)
+    facts = held_facts(Progress.from_json(progress), WALL + later)
     assert facts is not None
     assert facts["why"] == WHY
     assert facts["since"] == "2026-12-06 00:24 UTC"
@@ -49,14 +50,14 @@ def test_the_approvals_time_left_is_counted_on_the_wall_clock_now(
     ids=["never held", "held once, no hold stored", "hold lifted"],
 )
 def test_nothing_is_said_of_a_hold_that_is_not_there(progress: dict[str, Any]) -> None:
-    assert held_facts(progress, WALL) is None
+    assert held_facts(Progress.from_json(progress), WALL) is None
 
 
 def experiment(**changes: Any) -> dict[str, Any]:
     e = {
         "id": 1, "server": "incident", "state": "approved", "change": "mem_fraction_static=0.88",
         "elapsed_s": 668.8 * 60, "remaining_s": 2400.0, "terminal": False,
-        "held": held_facts(HELD, WALL + timedelta(minutes=10)),
+        "held": held_facts(Progress.from_json(HELD), WALL + timedelta(minutes=10)),
     }  # fmt: skip
     return {**e, **changes}
 

@@ -19,6 +19,7 @@ from playbooks.engines.base import EngineError, Snapshot
 from playbooks.experiments import machine, rotation_steps
 from playbooks.experiments.advance import gather
 from playbooks.experiments.machine import Deps
+from playbooks.experiments.progress import progress_of
 from playbooks.experiments.restart_limits import RestartLimiter
 from playbooks.gate import GateSettings
 from playbooks.launchers.base import ServerIdentity, ServerState
@@ -198,7 +199,7 @@ def test_a_crash_between_the_removal_and_its_record_is_resumed_once(worker: str)
         deps = deps_for(router, worker, [0])
         exp = restarting(deps)
         row = store.get_experiment(deps.db, exp)
-        facts = gather(deps, row.state, row.progress)
+        facts = gather(deps, row.state, progress_of(row))
         assert deps.rotation is not None
         rotation_steps.leave(deps, row, facts, progress=lambda **_: None, take_slot=lambda: True)
         assert store.get_experiment(deps.db, exp).progress.get("out_at") is None  # "crashed"

@@ -15,6 +15,7 @@ import pytest
 
 from playbooks.experiments import holds, steps
 from playbooks.experiments.holds import Calendar, Hold
+from playbooks.experiments.progress import Progress
 from playbooks.experiments.steps import Facts, Move, View, Wait
 from playbooks.gate import GateSettings
 from storage.experiments import State
@@ -36,7 +37,7 @@ CLOCKS = {"wall": WALL, "scaled 200x": WALL + 11 * HOUR, "manual": 600.0}
 
 
 def view(**progress: Any) -> View:
-    return View(State.approved, SETTINGS, BASE, TRIAL, progress, entered_ts=APPROVED_AT)
+    return View(State.approved, SETTINGS, BASE, TRIAL, Progress(**progress), entered_ts=APPROVED_AT)
 
 
 def seen(now_ts: float, calendar: Calendar) -> Facts:

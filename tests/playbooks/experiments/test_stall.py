@@ -9,6 +9,7 @@ import pytest
 from playbooks.clock import Clock, ScaledClock, WallClock
 from playbooks.engines.base import EngineError, Prompt, Snapshot
 from playbooks.experiments import stall
+from playbooks.experiments.progress import Progress
 
 BUSY = Snapshot(running=40, queued=100, decode_rate=1500.0, generated_tokens=9e5,
                 completed_requests=1200, kv_usage=0.97)  # fmt: skip
@@ -43,7 +44,7 @@ def test_the_time_of_a_reading_is_not_part_of_it() -> None:
     ],
 )
 def test_any_reading_that_moves_restarts_the_clock(moved: dict[str, object]) -> None:
-    progress = {"reading": stall.digest(BUSY), "moved_ts": 100.0, "last_ts": 400.0}
+    progress = Progress(reading=stall.digest(BUSY), moved_ts=100.0, last_ts=400.0)
     assert stall.progress_after(progress, BUSY, 410.0) == {}  # the same: the clock runs on
     changed = replace(BUSY, **moved)  # type: ignore[arg-type]
     assert stall.progress_after(progress, changed, 410.0) == {
@@ -53,10 +54,10 @@ def test_any_reading_that_moves_restarts_the_clock(moved: dict[str, object]) -> 
 
 
 def test_still_for_counts_to_the_newest_stored_reading() -> None:
-    assert stall.still_for_s({"reading": "ab", "moved_ts": 100.0, "last_ts": 400.0}) == 300.0
-    assert stall.still_for_s({"reading": None, "moved_ts": 100.0, "last_ts": 400.0}) == 0.0
-    assert stall.still_for_s({"last_ts": 400.0}) == 0.0  # a row from before the keys
-    first = stall.progress_after({}, BUSY, 50.0)
+    assert stall.still_for_s(Progress(reading="ab", moved_ts=100.0, last_ts=400.0)) == 300.0
+    assert stall.still_for_s(Progress(reading=None, moved_ts=100.0, last_ts=400.0)) == 0.0
+    assert stall.still_for_s(Progress(last_ts=400.0)) == 0.0  # a row from before the keys
+    first = stall.progress_after(Progress(), BUSY, 50.0)
     assert first == {"reading": stall.digest(BUSY), "moved_ts": 50.0}
 
 

@@ -16,8 +16,9 @@ from playbooks.engines.exits import ExitCause, Failure
 from playbooks.experiments import restarts, steps
 from playbooks.experiments.failures import FAILURE
 from playbooks.experiments.holds import Calendar, Hold
+from playbooks.experiments.progress import Progress
 from playbooks.experiments.steps import Facts, Issue, Look, Move, Poll, Probe, Scrape, View
-from playbooks.gate import GateSettings
+from playbooks.gate import GateResult, GateSettings
 from playbooks.launchers.base import LaunchError
 from playbooks.quality.check import EvalCommand, GoldenPrompts, QualityCheck
 from playbooks.quality.compare import QualityVerdict
@@ -30,7 +31,7 @@ SETTINGS = GateSettings(batch_s=60, scrape_s=10, baseline_s=600, warmup_s=30)
 
 
 def view(state: State, **progress: Any) -> View:
-    return View(state, SETTINGS, BASE, TRIAL, progress, entered_ts=T - 100)
+    return View(state, SETTINGS, BASE, TRIAL, Progress(**progress), entered_ts=T - 100)
 
 
 def seen(**changes: Any) -> Facts:
@@ -48,7 +49,7 @@ GOLDEN = QualityCheck(
 )
 EVAL = QualityCheck(("kv_cache_dtype",), EvalCommand(("python", "eval.py"), "/etc/kvpilot"))
 RUN = {"status": "/tmp/kvpilot-eval-1-x.json", "pid": 4242, "host": "gpu-host"}
-KEEP = {"action": "keep", "rule": "kept"}
+KEEP = GateResult.from_json({"action": "keep", "rule": "kept"})
 
 
 def checked(v: View, check: QualityCheck = GOLDEN, **answers: int) -> View:
@@ -412,25 +413,35 @@ CASES: list[tuple[str, View, Facts, object]] = [
     # deciding
     (
         "deciding, keep",
-        replace(view(State.deciding), result={"action": "keep", "rule": "kept"}),
+        replace(
+            view(State.deciding), result=GateResult.from_json({"action": "keep", "rule": "kept"})
+        ),
         seen(**ON_TRIAL),
         steps.Keep,
     ),
     (
         "deciding, revert",
-        replace(view(State.deciding), result={"action": "revert", "verdict": "not_improved"}),
+        replace(
+            view(State.deciding),
+            result=GateResult.from_json({"action": "revert", "verdict": "not_improved"}),
+        ),
         seen(**ON_TRIAL),
         State.reverting,
     ),
     (
         "deciding, keep, changed by hand",
-        replace(view(State.deciding), result={"action": "keep", "rule": "kept"}),
+        replace(
+            view(State.deciding), result=GateResult.from_json({"action": "keep", "rule": "kept"})
+        ),
         seen(**BY_HAND),
         State.superseded,
     ),
     (
         "deciding, revert, changed by hand",
-        replace(view(State.deciding), result={"action": "revert", "verdict": "not_improved"}),
+        replace(
+            view(State.deciding),
+            result=GateResult.from_json({"action": "revert", "verdict": "not_improved"}),
+        ),
         seen(**BY_HAND),
         State.superseded,
     ),
@@ -469,7 +480,10 @@ CASES: list[tuple[str, View, Facts, object]] = [
     ),
     (
         "deciding, revert, nothing to check",
-        checked(replace(view(State.deciding), result={"action": "revert"}), baseline=10),
+        checked(
+            replace(view(State.deciding), result=GateResult.from_json({"action": "revert"})),
+            baseline=10,
+        ),
         seen(**ON_TRIAL),
         State.reverting,
     ),

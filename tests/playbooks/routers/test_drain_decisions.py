@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from playbooks.experiments import restarts, steps
+from playbooks.experiments.progress import Progress
 from playbooks.gate import GateSettings
 from playbooks.routers.drain import drain_state, in_full_rotation, rejoin_state
 from storage.experiments import State
@@ -69,7 +70,7 @@ BASE, TRIAL = ("--a", "1"), ("--a", "2")
 
 
 def view(state: State, **progress: Any) -> steps.View:
-    return steps.View(state, SETTINGS, BASE, TRIAL, progress, entered_ts=0.0)
+    return steps.View(state, SETTINGS, BASE, TRIAL, Progress(**progress), entered_ts=0.0)
 
 
 def facts(args: tuple[str, ...] = BASE, *, ready: bool = True, rotation: Any = None,
