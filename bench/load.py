@@ -73,17 +73,111 @@ def write_config(path: Path, fleet: list[int], twins: list[int]) -> None:
     for i, port in enumerate(fleet):
         lines += [f"[servers.fleet{i:02d}]", f'url = "http://127.0.0.1:{port}"', ""]
     for i, port in enumerate(twins):
-        command = pinned(others(), [
-            sys.executable, "-m", "sim.launch_server", "--preset", "llama-3.1-8b-h100",
-            "--port", str(port), "--mem-fraction-static", "0.85", "--enable-metrics",
-            "--time-scale", "1", "--workload", "incident", "--concurrency", "96",
-        ])  # fmt: skip
-        lines += [
-            f"[servers.twin{i}]", f'url = "http://127.0.0.1:{port}"', "gpu_memory_gib = 79.65",
-            "host_ram_gib = 256", f"[servers.twin{i}.launcher]", 'kind = "process"',
-            f"command = {json.dumps(command)}", "",
-        ]  # fmt: skip
+        lines += twin_lines(i, port)
     path.write_text("\n".join(lines))
+
+
+def away_from_bot() -> None:
+    """This load generator beside the fleet and the twins, away from the bot's CPU 0."""
+    cpus = os.cpu_count() or 1
+    if cpus >= 2:
+        os.sched_setaffinity(0, set(range(1, cpus)))
+
+
+def start_fleet(base: Path, sglang: int, vllm: int) -> tuple[subprocess.Popen[bytes], Path]:
+    """`bench.fleet` away from the bot; the file its ports will be written to."""
+    ports_file = base / "fleet.ports"
+    fleet = subprocess.Popen(
+        pinned(others(), [sys.executable, "-m", "bench.fleet", "--servers", str(sglang),
+                          "--vllm", str(vllm), "--ports-file", str(ports_file)]),
+        cwd=REPO,
+    )  # fmt: skip
+    return fleet, ports_file
+
+
+def twin_lines(i: int, port: int) -> list[str]:
+    """`[servers.twinI]`: an incident twin (time scale 1) behind the process launcher."""
+    command = pinned(others(), [
+        sys.executable, "-m", "sim.launch_server", "--preset", "llama-3.1-8b-h100",
+        "--port", str(port), "--mem-fraction-static", "0.85", "--enable-metrics",
+        "--time-scale", "1", "--workload", "incident", "--concurrency", "96",
+    ])  # fmt: skip
+    return [
+        f"[servers.twin{i}]", f'url = "http://127.0.0.1:{port}"', "gpu_memory_gib = 79.65",
+        "host_ram_gib = 256", f"[servers.twin{i}.launcher]", 'kind = "process"',
+        f"command = {json.dumps(command)}", "",
+    ]  # fmt: skip
+
+
+def bring_up(
+    config: Path, slack: FakeSlack, experiments: int, bots: list[subprocess.Popen[bytes]]
+) -> tuple[SlackDriver, Path]:
+    """The twins, then the bot (added to `bots`, for the caller to stop), then an approved
+    experiment on each twin; the Slack driver and the bot's database."""
+    err = start_twins(config, experiments)
+    if err:
+        raise RuntimeError(f"a twin did not start: {err}")
+    bot, driver = start_bot(config, slack)
+    bots.append(bot)
+    db_path = config.parent / "var" / "kvpilot.db"
+    print("bot up; proposing and approving", flush=True)
+    approve_all(driver, slack, db_path, experiments)
+    print(f"{experiments} experiments running; commands now", flush=True)
+    return driver, db_path
+
+
+def start_twins(config: Path, count: int) -> str:
+    """Start `count` twins at once (each takes its preset's 45 s, in real time); what went
+    wrong, or "" when every one is up."""
+    starts = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bot.cli", "server", "start", "--server", f"twin{i}",
+             "--config", str(config)],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        for i in range(count)
+    ]  # fmt: skip
+    for start in starts:
+        _, err = start.communicate(timeout=300)
+        if start.returncode:
+            return err
+    return ""
+
+
+def start_bot(config: Path, slack: FakeSlack) -> tuple[subprocess.Popen[bytes], SlackDriver]:
+    """`kvpilot serve` in HTTP mode on CPU 0, against the local Slack; its log beside `config`."""
+    port = free_port()
+    env = {**os.environ, "SLACK_BOT_TOKEN": "xoxb-bench",
+           "SLACK_SIGNING_SECRET": SECRET, "SLACK_API_URL": slack.api_url}  # fmt: skip
+    env.pop("SLACK_APP_TOKEN", None)
+    log = (config.parent / "bot.log").open("wb")
+    bot = subprocess.Popen(
+        pinned("0", [sys.executable, "-m", "bot.cli", "serve", "--config", str(config),
+                     "--host", "127.0.0.1", "--port", str(port)]),
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    wait_until(lambda: serve_answers(port), 120, "kvpilot serve")
+    return bot, SlackDriver(f"http://127.0.0.1:{port}/slack/events", slack)
+
+
+def stop_all(bot: subprocess.Popen[bytes] | None, config: Path, twins: int) -> None:
+    """Stop the bot (saying how long it took and what it logged), then the twins."""
+    if bot is not None:
+        stopped = time.monotonic()
+        bot.terminate()
+        try:
+            bot.wait(120)
+            print(f"bot stopped {time.monotonic() - stopped:.1f} s after SIGTERM")
+        except subprocess.TimeoutExpired:
+            print("bot still running 120 s after SIGTERM: killed")
+            bot.kill()
+            bot.wait(10)
+        print(_log_summary(config.parent / "bot.log"))
+    for i in range(twins):
+        subprocess.run(
+            [sys.executable, "-m", "bot.cli", "server", "stop", "--server", f"twin{i}",
+             "--config", str(config)], check=False, cwd=REPO, capture_output=True,
+        )  # fmt: skip
 
 
 class ProcStat:
@@ -167,18 +261,11 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=180.0, help="how long commands arrive")
     p.add_argument("--keep", type=Path, help="copy the bot's database here at the end")
     ns = p.parse_args()
-    cpus = os.cpu_count() or 1
-    if cpus >= 2:  # this load generator beside the fleet and the twins, away from the bot
-        os.sched_setaffinity(0, set(range(1, cpus)))
+    away_from_bot()
     with tempfile.TemporaryDirectory() as tmp, FakeSlack() as slack:
         base = Path(tmp)
-        ports_file = base / "fleet.ports"
-        fleet_proc = subprocess.Popen(
-            pinned(others(), [sys.executable, "-m", "bench.fleet", "--servers",
-                              str(ns.servers), "--ports-file", str(ports_file)]),
-            cwd=REPO,
-        )  # fmt: skip
-        bot: subprocess.Popen[bytes] | None = None
+        fleet_proc, ports_file = start_fleet(base, ns.servers, 0)
+        bots: list[subprocess.Popen[bytes]] = []
         config = base / "kvpilot.toml"
         twins = [free_port() for _ in range(ns.experiments)]
         try:
@@ -186,37 +273,8 @@ def main() -> int:
             print(f"fleet of {ns.servers} up; starting {ns.experiments} twins", flush=True)
             fleet = [int(x) for x in ports_file.read_text().split()]
             write_config(config, fleet, twins)
-            # at once: each twin takes its preset's 45 s to start, in real time
-            starts = [
-                subprocess.Popen(
-                    [sys.executable, "-m", "bot.cli", "server", "start", "--server", f"twin{i}",
-                     "--config", str(config)],
-                    cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                )
-                for i in range(ns.experiments)
-            ]  # fmt: skip
-            for start in starts:
-                _, err = start.communicate(timeout=300)
-                if start.returncode:
-                    print(err)
-                    return 1
-            port = free_port()
-            env = {**os.environ, "SLACK_BOT_TOKEN": "xoxb-bench",
-                   "SLACK_SIGNING_SECRET": SECRET, "SLACK_API_URL": slack.api_url}  # fmt: skip
-            env.pop("SLACK_APP_TOKEN", None)
-            log = (base / "bot.log").open("wb")
-            bot = subprocess.Popen(
-                pinned("0", [sys.executable, "-m", "bot.cli", "serve", "--config", str(config),
-                             "--host", "127.0.0.1", "--port", str(port)]),
-                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-            wait_until(lambda: serve_answers(port), 60, "kvpilot serve")
-            driver = SlackDriver(f"http://127.0.0.1:{port}/slack/events", slack)
-            db_path = config.parent / "var" / "kvpilot.db"
-            print("bot up; proposing and approving", flush=True)
-            approve_all(driver, slack, db_path, ns.experiments)
-            print(f"{ns.experiments} experiments running; commands now", flush=True)
-            stat = ProcStat(bot.pid)
+            driver, db_path = bring_up(config, slack, ns.experiments, bots)
+            stat = ProcStat(bots[0].pid)
             print(drive(driver, stat, ns, db_path, ns.servers), flush=True)
             if ns.keep is not None:
                 conn = sqlite3.connect(db_path)
@@ -225,22 +283,7 @@ def main() -> int:
                 finally:
                     conn.close()
         finally:
-            if bot is not None:
-                stopped = time.monotonic()
-                bot.terminate()
-                try:
-                    bot.wait(120)
-                    print(f"bot stopped {time.monotonic() - stopped:.1f} s after SIGTERM")
-                except subprocess.TimeoutExpired:
-                    print("bot still running 120 s after SIGTERM: killed")
-                    bot.kill()
-                    bot.wait(10)
-                print(_log_summary(base / "bot.log"))
-            for i in range(ns.experiments):
-                subprocess.run(
-                    [sys.executable, "-m", "bot.cli", "server", "stop", "--server", f"twin{i}",
-                     "--config", str(config)], check=False, cwd=REPO, capture_output=True,
-                )  # fmt: skip
+            stop_all(bots[0] if bots else None, config, ns.experiments)
             fleet_proc.kill()
             fleet_proc.wait(10)
     return 0

@@ -16,6 +16,11 @@ takes a recent, uninterrupted stretch of them as its baseline instead of measuri
 The server's own settings (server info) are read when it is first seen and after every gap,
 and stored when they changed, for the report's "configuration now versus a day ago".
 
+A round scrapes up to `[sampler] concurrency` servers at once (16 by default; each has its own
+client), so a round over a fleet of hundreds takes about the slowest scrapes' time rather than
+the sum of every server's; what was read is stored afterwards in the sampler's thread, one
+server after another in the configured order, on its one database connection.
+
 Time comes from the process's one ``Clock`` (``bot.app.wiring.make_clock``): the wall clock in
 production, a scaled one against a twin started with ``--time-scale K`` (so samples are in the
 twin's time, on the same time line as experiments and reports), a manual one in tests.
@@ -27,9 +32,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 from sqlite_utils import Database
 
@@ -37,7 +44,13 @@ from bot.app.config import Config, ServerConfig
 from bot.app.health import SamplerView
 from bot.app.wiring import engine_client
 from playbooks.clock import Clock
-from playbooks.engines.base import EngineClient, EngineError, MetricsDisabled, Snapshot
+from playbooks.engines.base import (
+    EngineClient,
+    EngineError,
+    MetricsDisabled,
+    ServerSettings,
+    Snapshot,
+)
 from storage.db import database_path, open_db, write_transaction
 from storage.metric_buckets import RawSample
 from storage.metric_samples import (
@@ -56,6 +69,7 @@ from storage.server_snapshots import record_snapshot
 
 log = logging.getLogger(__name__)
 
+_R = TypeVar("_R")
 CONTIGUOUS_FACTOR = 2.5  # a sample stands for at most this many intervals of time
 COMPACT_EVERY_S = 300.0
 
@@ -170,7 +184,25 @@ class Sampler:
         """Scrape every server once and store what was seen; returns one outcome per server."""
         db = db or self.db
         with self._lock:
-            return [self._sample_server(db, name) for name in self.config.servers]
+            names = list(self.config.servers)
+            for name in names:
+                self._prepare(db, name)
+                self._client(name)  # made here: the scrapes run in other threads
+            readings = self._fetch_all(names, self._scrape)
+            outcomes = [self._store(db, name, readings[name]) for name in names]
+            wanted = [n for n, o in zip(names, outcomes, strict=True) if o.ok]
+            wanted = [n for n in wanted if self.states[n].need_snapshot]
+            for name, info in self._fetch_all(wanted, self._settings).items():
+                self._snapshot(db, self.states[name], info)
+            return outcomes
+
+    def _fetch_all(self, names: list[str], read: Callable[[str], _R]) -> dict[str, _R]:
+        """`read` of every server, at most `[sampler] concurrency` at once."""
+        workers = min(self.config.sampler.concurrency, len(names))
+        if workers <= 1:
+            return {name: read(name) for name in names}
+        with ThreadPoolExecutor(workers, thread_name_prefix="kvpilot-scrape") as pool:
+            return dict(zip(names, pool.map(read, names), strict=True))
 
     def compact(self, db: Database | None = None) -> None:
         """Roll up and expire samples now."""
@@ -191,30 +223,39 @@ class Sampler:
         except MetricsDisabled:
             return client.load_snapshot()
 
-    def _sample_server(self, db: Database, name: str) -> Outcome:
+    def _prepare(self, db: Database, name: str) -> None:
         state = self.states[name]
-        now = self.clock.utcnow()
-        t = now.timestamp()
         if not state.loaded:
-            self._first_contact(db, state, t)
+            self._first_contact(db, state, self.clock.utcnow().timestamp())
         else:
             # another bot process may share the database: build on what is stored, so two
             # samplers interleave instead of counting the same tokens twice
             state.last = last_sample(db, name)
             state.gap = open_gap(db, name)
-        state.last_attempt = now
+
+    def _scrape(self, name: str) -> tuple[datetime, Snapshot | Exception]:
+        """One server's reading and when it was taken; what went wrong, as the exception."""
+        now = self.clock.utcnow()
         try:
-            reading = self._read(self._client(name))
-        except EngineError as exc:
-            self._failed(db, state, t, str(exc))
-            return Outcome(name, False, str(exc))
-        except Exception as exc:  # a bug or a malformed answer must not stop the sampler
-            log.exception("sampling %s failed", name)
-            self._failed(db, state, t, f"{type(exc).__name__}: {exc}")
-            return Outcome(name, False, str(exc))
+            return now, self._read(self._clients[name])
+        except Exception as exc:  # stored as a failed scrape by _store
+            return now, exc
+
+    def _store(
+        self, db: Database, name: str, scraped: tuple[datetime, Snapshot | Exception]
+    ) -> Outcome:
+        state = self.states[name]
+        now, reading = scraped
+        t = now.timestamp()
+        state.last_attempt = now
+        if isinstance(reading, EngineError):
+            self._failed(db, state, t, str(reading))
+            return Outcome(name, False, str(reading))
+        if isinstance(reading, Exception):  # a bug or a malformed answer: not the sampler's end
+            log.error("sampling %s failed", name, exc_info=reading)
+            self._failed(db, state, t, f"{type(reading).__name__}: {reading}")
+            return Outcome(name, False, str(reading))
         self._succeeded(db, state, now, reading)
-        if state.need_snapshot:
-            self._snapshot(db, state, t)
         return Outcome(name, True)
 
     def _max_gap(self) -> float:
@@ -309,11 +350,19 @@ class Sampler:
         state.last_error = ""
         state.samples += 1
 
-    def _snapshot(self, db: Database, state: ServerState, t: float) -> None:
+    def _settings(self, name: str) -> tuple[float, ServerSettings | EngineError]:
+        t = self.clock.utcnow().timestamp()
         try:
-            info = self._client(state.name).settings()
+            return t, self._clients[name].settings()
         except EngineError as exc:
-            log.info("server info of %s not read (%s); trying next tick", state.name, exc)
+            return t, exc
+
+    def _snapshot(
+        self, db: Database, state: ServerState, read: tuple[float, ServerSettings | EngineError]
+    ) -> None:
+        t, info = read
+        if isinstance(info, EngineError):
+            log.info("server info of %s not read (%s); trying next tick", state.name, info)
             return
         state.capacity = info.capacity_tokens
         settings = self._client(state.name).engine.stored_settings(info.raw)

@@ -8,6 +8,7 @@ falls against the same hours a week before, and when an experiment ends `failed`
     raise_after = "10m"        # a condition must hold this long before it is posted (once)
     clear_after = "10m"        # ... and be gone this long before it may be posted again
     regression = 0.2           # a fall of 20% against a week before; 0 turns it off
+    group_window = "10m"       # alerts within this of a channel's newest alert message join it
     enabled = true
 """
 
@@ -27,6 +28,7 @@ class AlertsConfig:
     raise_after_s: float = 600.0
     clear_after_s: float = 600.0
     regression: float = 0.2
+    group_window_s: float = 600.0
 
 
 def alerts(table: Any, ids: Identity) -> AlertsConfig:
@@ -36,7 +38,8 @@ def alerts(table: Any, ids: Identity) -> AlertsConfig:
     if not isinstance(table, dict):
         example = ids.examples.get("channel", "CHANNEL")
         raise ConfigError(f'{where}: expected a table, e.g. [alerts] channel = "{example}"')
-    check_keys(table, {"enabled", "channel", "raise_after", "clear_after", "regression"}, where)
+    keys = {"enabled", "channel", "raise_after", "clear_after", "regression", "group_window"}
+    check_keys(table, keys, where)
     channel = table.get("channel")
     if channel is not None:
         (channel,) = chat_ids({"channel": [channel]}, "channel", where, ("channel",), ids)
@@ -52,4 +55,5 @@ def alerts(table: Any, ids: Identity) -> AlertsConfig:
         raise_after_s=duration(table, "raise_after", where, AlertsConfig.raise_after_s),
         clear_after_s=duration(table, "clear_after", where, AlertsConfig.clear_after_s),
         regression=float(regression),
+        group_window_s=duration(table, "group_window", where, AlertsConfig.group_window_s),
     )

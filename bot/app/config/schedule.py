@@ -30,6 +30,8 @@ class SamplerConfig:
     enabled: bool = True
     # full snapshots (monitor samples) an experiment may take as its baseline
     monitor_retention_s: float = 2 * 3600.0
+    # servers scraped at once: a round takes the slowest server's time, not the sum of all
+    concurrency: int = 16
 
 
 # A stored baseline reaches 30 min back from a window that ended up to 15 min ago
@@ -63,6 +65,7 @@ def sampler(table: Any) -> SamplerConfig:
         "hourly_retention",
         "monitor_retention",
         "enabled",
+        "concurrency",
     }
     check_keys(table, keys, where)
     interval = number(table, "interval_s", where, 15.0)
@@ -91,7 +94,13 @@ def sampler(table: Any) -> SamplerConfig:
     enabled = table.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigError(f"{where}.enabled: expected true or false, got {enabled!r}")
-    return SamplerConfig(interval, raw, five, hourly, enabled, monitor)
+    concurrency = table.get("concurrency", d.concurrency)
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ConfigError(
+            f"{where}.concurrency: how many servers are scraped at once, a whole number of at "
+            f"least 1, got {concurrency!r}"
+        )
+    return SamplerConfig(interval, raw, five, hourly, enabled, monitor, concurrency)
 
 
 def _cron(expr: str, timezone: str, where: str) -> None:

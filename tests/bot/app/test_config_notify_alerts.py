@@ -21,13 +21,21 @@ def test_defaults(tmp_path: Path) -> None:
     c = config(tmp_path)
     assert (c.notify.approvers, c.notify.remind_before_s) == ("mention", 600.0)
     assert c.alerts.enabled and c.alerts.channel is None and c.alerts.regression == 0.2
+    assert c.alerts.group_window_s == 600.0
     set_ = config(
         tmp_path,
         notify={"approvers": "dm", "remind_before": "off"},
-        alerts={"channel": "C0OPS", "raise_after": "5m", "clear_after": "1h", "regression": 0},
+        alerts={
+            "channel": "C0OPS",
+            "raise_after": "5m",
+            "clear_after": "1h",
+            "regression": 0,
+            "group_window": "2m",
+        },
     )
     assert (set_.notify.approvers, set_.notify.remind_before_s) == ("dm", 0.0)
     assert (set_.alerts.raise_after_s, set_.alerts.clear_after_s) == (300.0, 3600.0)
+    assert set_.alerts.group_window_s == 120.0
 
 
 @pytest.mark.parametrize(
@@ -40,6 +48,7 @@ def test_defaults(tmp_path: Path) -> None:
         ({"alerts": {"channel": "#ops"}}, "is not a Slack ID"),
         ({"alerts": {"regression": 1.5}}, "a fall as a share"),
         ({"alerts": {"raise_after": "soon"}}, "alerts.raise_after"),
+        ({"alerts": {"group_window": "soon"}}, "alerts.group_window"),
         ({"alerts": {"enabled": "yes"}}, "alerts.enabled"),
     ],
 )

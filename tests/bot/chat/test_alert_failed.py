@@ -95,9 +95,9 @@ def test_a_fall_against_last_week_is_alerted_only_while_requests_wait(tmp_path: 
     add_samples(db, hour_of("a", now, 700.0, 0.0))  # slower, but nothing waits: less demand
     surface = Recorder("C0OPS")
     alerter = Alerter(config, lambda: db, ManualClock(epoch=NOW), lambda _c: surface)
-    assert alerter._regression("a", now) == (None, [])
+    assert alerter._regression("a", now) == (None, [], 0.0)
     db.execute("UPDATE metric_samples SET queued = 30 WHERE ts > ?", [now - 3600])
-    holds, evidence = alerter._regression("a", now)
+    holds, evidence, _fall = alerter._regression("a", now)
     assert holds is True and "700 tok/s" in evidence[0] and "(-30%)" in evidence[0]
     alerter.evaluate(now)
     alerter.evaluate(now + 60)  # held a minute: raised
