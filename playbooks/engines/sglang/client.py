@@ -33,8 +33,9 @@ from playbooks.engines.base import (
     Unreachable,
     WrongEngine,
 )
+from playbooks.engines.kit.engine import ASKED_NOTHING, ConnectOptions, engine_http
 from playbooks.engines.timebudget import MOMENTS, StepCounters
-from playbooks.http import http_client, http_retrying, is_http_url, retried_get
+from playbooks.http import Reader
 
 PATHS = {
     "server_info": ("/server_info", "/get_server_info"),
@@ -125,39 +126,21 @@ class RankLoad:
 STEP_READ_FAILURES = 3  # load reports in a row that fail before step accounting is not asked
 
 
-class SGLangClient:
+class SGLangClient(Reader):
     """Reads SGLang state. Never mutates the server."""
 
     def __init__(
-        self,
-        http: httpx.Client,
-        *,
-        attempts: int = 3,
-        wait: Callable[..., float] | None = None,
+        self, http: httpx.Client, *, attempts: int = 3, wait: Callable[..., float] | None = None
     ) -> None:
-        self.http = http
-        self._retry = http_retrying(attempts, wait)
+        super().__init__(http, attempts=attempts, wait=wait)
         self._dialect: dict[str, str] = {}
         self._reports_steps = True  # until a load report without step accounting says not
         self._step_failures = 0  # load reports in a row that could not be read
 
     @classmethod
-    def connect(
-        cls,
-        url: str,
-        api_key: str | None = None,
-        timeout: float = 10.0,
-        *,
-        attempts: int = 3,
-        wait: Callable[..., float] | None = None,
-    ) -> SGLangClient:
-        if not is_http_url(url):
-            raise EngineError(
-                f"invalid server URL {url!r}",
-                "Use the form http://HOST:PORT (for example http://127.0.0.1:30000).",
-            )
-        http = http_client(url, bearer_token=api_key, timeout_s=timeout)
-        return cls(http, attempts=attempts, wait=wait)
+    def connect(cls, url: str, options: ConnectOptions = ASKED_NOTHING) -> SGLangClient:
+        http = engine_http(url, options, "http://127.0.0.1:30000")
+        return cls(http, attempts=options.attempts, wait=options.wait)
 
     @property
     def engine(self) -> Engine:
@@ -165,17 +148,10 @@ class SGLangClient:
 
         return ENGINE
 
-    @property
-    def base_url(self) -> str:
-        return str(self.http.base_url).rstrip("/")
-
-    def close(self) -> None:
-        self.http.close()
-
     # ----------------------------------------------------------------- transport
     def _get(self, path: str, params: dict[str, str] | None = None) -> httpx.Response:
         try:
-            response = retried_get(self.http, self._retry, path, params)
+            response = self._retried_get(path, params)
         except httpx.TransportError as exc:
             raise Unreachable(
                 f"cannot reach SGLang at {self.base_url}: {exc.__class__.__name__}: {exc}",

@@ -49,9 +49,10 @@ from playbooks.engines.base import (
     Unreachable,
     WrongEngine,
 )
+from playbooks.engines.kit.engine import ASKED_NOTHING, ConnectOptions, engine_http
 from playbooks.engines.vllm import metrics as _m
 from playbooks.engines.vllm.allow_list import launch_settings, speculative_settings
-from playbooks.http import http_client, http_retrying, is_http_url, retried_get
+from playbooks.http import Reader
 
 VERSION = "/version"
 MODELS = "/v1/models"
@@ -381,7 +382,7 @@ def assemble(
 
 
 # ----------------------------------------------------------------------------- the client
-class VLLMClient:
+class VLLMClient(Reader):
     """Reads vLLM state. Never mutates the server.
 
     Keeps its previous metrics reading, so each `snapshot()` carries the decode rate and the
@@ -397,8 +398,7 @@ class VLLMClient:
         launch_args: LaunchArgs = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        self.http = http
-        self._retry = http_retrying(attempts, wait)
+        super().__init__(http, attempts=attempts, wait=wait)
         self._launch_args = launch_args
         self._clock = clock or time.monotonic
         self._history: list[_m.Timed] = []  # readings the next rates are taken against
@@ -406,37 +406,15 @@ class VLLMClient:
         self.notes: list[str] = []
 
     @classmethod
-    def connect(
-        cls,
-        url: str,
-        api_key: str | None = None,
-        timeout: float = 10.0,
-        *,
-        attempts: int = 3,
-        wait: Callable[..., float] | None = None,
-        launch_args: LaunchArgs = None,
-        clock: Callable[[], float] | None = None,
-    ) -> VLLMClient:
-        if not is_http_url(url):
-            raise EngineError(
-                f"invalid server URL {url!r}",
-                "Use the form http://HOST:PORT (for example http://127.0.0.1:8000).",
-            )
-        http = http_client(url, bearer_token=api_key, timeout_s=timeout)
-        return cls(http, attempts=attempts, wait=wait, launch_args=launch_args, clock=clock)
+    def connect(cls, url: str, options: ConnectOptions = ASKED_NOTHING) -> VLLMClient:
+        http, o = engine_http(url, options, "http://127.0.0.1:8000"), options
+        return cls(http, attempts=o.attempts, wait=o.wait, launch_args=o.launch_args, clock=o.clock)
 
     @property
     def engine(self) -> Engine:
         from playbooks.engines.vllm import ENGINE  # noqa: PLC0415 - the package imports us
 
         return ENGINE
-
-    @property
-    def base_url(self) -> str:
-        return str(self.http.base_url).rstrip("/")
-
-    def close(self) -> None:
-        self.http.close()
 
     def _note(self, text: str) -> None:
         if text not in self.notes:
@@ -445,7 +423,7 @@ class VLLMClient:
     # ----------------------------------------------------------------- transport
     def _get(self, path: str, params: dict[str, str] | None = None) -> httpx.Response:
         try:
-            return retried_get(self.http, self._retry, path, params)
+            return self._retried_get(path, params)
         except httpx.TransportError as exc:
             raise Unreachable(
                 f"cannot reach vLLM at {self.base_url}: {exc.__class__.__name__}: {exc}",
