@@ -22,24 +22,28 @@ from typing import Any, Generic, Protocol, TypeVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from playbooks.engines import completions
 from playbooks.engines.base import (
     ArgError,
     ArgReading,
+    Engine,
     EngineClient,
     EngineError,
     LaunchArgs,
     Metrics,
+    MetricsDisabled,
     MetricsSpec,
     Prompt,
     Rules,
     ServerSettings,
     Snapshot,
+    Unreachable,
     WrongEngine,
 )
 from playbooks.engines.exits import ExitCause, Failure, last_log_line
 from playbooks.engines.launch_args import ArgSpec
 from playbooks.engines.types import Bottleneck, DiagnoseSettings, Measurement
-from playbooks.http import http_client, require_http_url
+from playbooks.http import Reader, http_client, require_http_url
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,50 @@ class ClientBase:
 
     def generate(self, prompt: Prompt, *, max_tokens: int, timeout_s: float) -> str:
         raise EngineError(f"kvpilot asks {self.engine.label} servers no prompts")
+
+
+class EngineReader(Reader):
+    """What the HTTP clients of SGLang and vLLM share: a server that does not answer is
+    `Unreachable`, a /metrics it does not serve is `MetricsDisabled`, and prompts go through the
+    OpenAI-compatible API (`completions`), naming the model where the engine needs that."""
+
+    @property
+    def engine(self) -> Engine:
+        """The client's engine (each client names its own)."""
+        raise NotImplementedError
+
+    def _get(self, path: str, params: dict[str, str] | None = None) -> httpx.Response:
+        try:
+            return self._retried_get(path, params)
+        except httpx.TransportError as exc:
+            raise Unreachable(
+                f"cannot reach {self.engine.label} at {self.base_url}: "
+                f"{exc.__class__.__name__}: {exc}",
+                "Is the server running, and is the URL (host and port) right?",
+            ) from exc
+
+    def _exposition(self, path: str, hint: str) -> httpx.Response:
+        """The answer at the engine's metrics `path`; MetricsDisabled, with `hint`, where the
+        server does not serve it."""
+        response = self._get(path)
+        if response.status_code == 404:
+            raise MetricsDisabled(f"{self.base_url}{path} is not served", hint)
+        return response
+
+    def served_model(self) -> str | None:
+        """The model a completion request names; None: the server answers with the one it serves."""
+        return None
+
+    def generate(self, prompt: Prompt, *, max_tokens: int, timeout_s: float) -> str:
+        """The greedy answer through the OpenAI-compatible API, naming `served_model()`."""
+        return completions.generate(
+            self.http,
+            prompt,
+            max_tokens=max_tokens,
+            timeout_s=timeout_s,
+            label=self.engine.label,
+            model=self.served_model(),
+        )
 
 
 class EngineBase:

@@ -26,16 +26,13 @@ from playbooks.engines.base import (
     Engine,
     EngineError,
     Metrics,
-    MetricsDisabled,
-    Prompt,
     Snapshot,
     Unauthorized,
     Unreachable,
     WrongEngine,
 )
-from playbooks.engines.kit.engine import ASKED_NOTHING, ConnectOptions, engine_http
+from playbooks.engines.kit.engine import ASKED_NOTHING, ConnectOptions, EngineReader, engine_http
 from playbooks.engines.timebudget import MOMENTS, StepCounters
-from playbooks.http import Reader
 
 PATHS = {
     "server_info": ("/server_info", "/get_server_info"),
@@ -126,7 +123,7 @@ class RankLoad:
 STEP_READ_FAILURES = 3  # load reports in a row that fail before step accounting is not asked
 
 
-class SGLangClient(Reader):
+class SGLangClient(EngineReader):
     """Reads SGLang state. Never mutates the server."""
 
     def __init__(
@@ -150,13 +147,7 @@ class SGLangClient(Reader):
 
     # ----------------------------------------------------------------- transport
     def _get(self, path: str, params: dict[str, str] | None = None) -> httpx.Response:
-        try:
-            response = self._retried_get(path, params)
-        except httpx.TransportError as exc:
-            raise Unreachable(
-                f"cannot reach SGLang at {self.base_url}: {exc.__class__.__name__}: {exc}",
-                "Is the server running, and is the URL (host and port) right?",
-            ) from exc
+        response = super()._get(path, params)
         if response.status_code == 401:
             raise Unauthorized(
                 f"{self.base_url} refused the request as unauthorised (401)",
@@ -239,12 +230,9 @@ class SGLangClient(Reader):
         return self._read("load report", parse_loads, self._json("loads"))
 
     def metrics(self) -> Metrics:
-        response = self._get("/metrics")
-        if response.status_code == 404:
-            raise MetricsDisabled(
-                f"{self.base_url}/metrics is not served",
-                "Start SGLang with --enable-metrics for throughput counters.",
-            )
+        response = self._exposition(
+            "/metrics", "Start SGLang with --enable-metrics for throughput counters."
+        )
         if response.status_code != 200:
             raise SGLangError(f"{self.base_url}/metrics answered HTTP {response.status_code}")
         return self._read("/metrics", parse_metrics, response.text)
@@ -290,13 +278,6 @@ class SGLangClient(Reader):
 
     def describe_metrics(self) -> str:
         return f"{self.base_url}/metrics (scraped directly)"
-
-    def generate(self, prompt: Prompt, *, max_tokens: int, timeout_s: float) -> str:
-        """The greedy answer through the OpenAI-compatible API (`completions`); the request
-        names no model, so SGLang answers with the one it serves."""
-        return completions.generate(
-            self.http, prompt, max_tokens=max_tokens, timeout_s=timeout_s, label="SGLang"
-        )
 
     @property
     def dialect(self) -> str:

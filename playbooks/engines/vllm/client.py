@@ -43,16 +43,14 @@ from playbooks.engines.base import (
     LaunchArgs,
     Metrics,
     MetricsDisabled,
-    Prompt,
     Snapshot,
     Unauthorized,
     Unreachable,
     WrongEngine,
 )
-from playbooks.engines.kit.engine import ASKED_NOTHING, ConnectOptions, engine_http
+from playbooks.engines.kit.engine import ASKED_NOTHING, ConnectOptions, EngineReader, engine_http
 from playbooks.engines.vllm import metrics as _m
 from playbooks.engines.vllm.allow_list import launch_settings, speculative_settings
-from playbooks.http import Reader
 
 VERSION = "/version"
 MODELS = "/v1/models"
@@ -382,7 +380,7 @@ def assemble(
 
 
 # ----------------------------------------------------------------------------- the client
-class VLLMClient(Reader):
+class VLLMClient(EngineReader):
     """Reads vLLM state. Never mutates the server.
 
     Keeps its previous metrics reading, so each `snapshot()` carries the decode rate and the
@@ -421,15 +419,6 @@ class VLLMClient(Reader):
             self.notes.append(text)
 
     # ----------------------------------------------------------------- transport
-    def _get(self, path: str, params: dict[str, str] | None = None) -> httpx.Response:
-        try:
-            return self._retried_get(path, params)
-        except httpx.TransportError as exc:
-            raise Unreachable(
-                f"cannot reach vLLM at {self.base_url}: {exc.__class__.__name__}: {exc}",
-                "Is the server running, and is the URL (host and port) right?",
-            ) from exc
-
     def _unauthorized(self, path: str) -> Unauthorized:
         return Unauthorized(
             f"{self.base_url}{path} refused the request as unauthorised (401)", KEY_HINT
@@ -499,9 +488,7 @@ class VLLMClient(Reader):
         return {"model_path": found.get("model"), **found}
 
     def metrics(self) -> Metrics:
-        response = self._get(METRICS)
-        if response.status_code == 404:
-            raise MetricsDisabled(f"{self.base_url}{METRICS} is not served", _m.SPEC.how_to_enable)
+        response = self._exposition(METRICS, _m.SPEC.how_to_enable)
         if response.status_code == 401:
             raise self._unauthorized(METRICS)
         if response.status_code != 200:
@@ -586,18 +573,10 @@ class VLLMClient(Reader):
     def describe_metrics(self) -> str:
         return f"{self.base_url}{METRICS} (scraped directly)"
 
-    def generate(self, prompt: Prompt, *, max_tokens: int, timeout_s: float) -> str:
-        """The greedy answer through the OpenAI-compatible API (`completions`), naming the
-        served model as `/v1/models` lists it (vLLM refuses a name it does not serve)."""
+    def served_model(self) -> str | None:
+        """The served model as `/v1/models` lists it: vLLM refuses a name it does not serve."""
         served = from_models(self.models()).get("served_model_name")
-        return completions.generate(
-            self.http,
-            prompt,
-            max_tokens=max_tokens,
-            timeout_s=timeout_s,
-            label="vLLM",
-            model=None if served is None else str(served),
-        )
+        return None if served is None else str(served)
 
     @property
     def dialect(self) -> str:
