@@ -9,8 +9,9 @@ engine (one kvpilot diagnoses but cannot restart or tune) changes no launch argu
 member that would edit or read a command line refuses with an `ArgError` saying so; its exits
 read as crashes with the log's last line; a stored sample is read back as the seam stores it.
 An engine that can be tuned derives from `TunedEngine` instead, as SGLang and vLLM do: it names
-its allow-list module (`arguments`) and its rules module (`engine_rules`), and the members that
-read them are written here once.
+its allow-list module (`arguments`), its rules (`engine_rules`), client (`api`) and signatures
+modules, and the members that read them are written here once. Its HTTP client derives from
+`EngineReader`, what SGLang's and vLLM's clients share.
 """
 
 from __future__ import annotations

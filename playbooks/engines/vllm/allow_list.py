@@ -13,9 +13,6 @@ are those of vLLM 0.32 (`vllm/config/cache.py`, `scheduler.py`, `model.py`, `com
 where kvpilot is stricter the reason is next to the entry. vLLM's parser
 (`FlexibleArgumentParser`) also reads `--max_num_seqs` for `--max-num-seqs`, so edits find and
 remove both spellings, and every alias of a flag.
-
-Why it is long: vLLM's allow-list mirrors its typed config dataclasses (types, ranges and every
-spelling of a flag), and its readers of launch arguments sit beside it.
 """
 
 from __future__ import annotations
