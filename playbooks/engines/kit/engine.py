@@ -69,6 +69,24 @@ def engine_http(url: str, options: ConnectOptions, example: str) -> httpx.Client
     return http_client(url, bearer_token=options.api_key, timeout_s=options.timeout_s)
 
 
+def exposition(text: str, wrong: Callable[[str], WrongEngine], path: str = "/metrics") -> list[Any]:
+    """Every metric family in Prometheus exposition text; `wrong` (the engine's `WrongEngine`)
+    where the answer at `path` is not such text."""
+    try:
+        return list(text_string_to_metric_families(text))
+    except ValueError as exc:
+        raise wrong(f"{path} is not Prometheus text: {exc}") from None
+
+
+def metrics_of(families: Sequence[Any], ttft_histogram: str) -> Metrics:
+    """An engine's families (picked out of `exposition`), every sample with its label set."""
+    return Metrics.read(
+        ((s.name, s.labels, s.value) for f in families for s in f.samples),
+        (f.name for f in families),
+        ttft_histogram=ttft_histogram,
+    )
+
+
 class ClientBase:
     """Defaults for `base.EngineClient` over an engine's `metrics()`: a snapshot is the
     engine's reading of them, with or without metrics alike; no prompts are asked."""
@@ -183,16 +201,10 @@ class EngineBase:
 
     def parse_metrics(self, text: str) -> Metrics:
         """The families under the engine's prefix, from Prometheus exposition text."""
-        try:
-            parsed = list(text_string_to_metric_families(text))
-        except ValueError as exc:
-            raise WrongEngine(f"/metrics is not Prometheus text: {exc}") from None
-        families = [f for f in parsed if f.name.startswith(self.metrics.prefix)]
-        return Metrics.read(
-            ((s.name, s.labels, s.value) for f in families for s in f.samples),
-            (f.name for f in families),
-            ttft_histogram=self.metrics.ttft_histogram,
-        )
+        families = [
+            f for f in exposition(text, WrongEngine) if f.name.startswith(self.metrics.prefix)
+        ]
+        return metrics_of(families, self.metrics.ttft_histogram)
 
     def restore_snapshot(self, stored: Mapping[str, Any], t: float = 0.0) -> Snapshot:
         return Snapshot.from_json(stored, t)

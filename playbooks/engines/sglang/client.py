@@ -19,7 +19,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from playbooks.engines import completions
 from playbooks.engines.base import (
@@ -31,7 +30,7 @@ from playbooks.engines.base import (
     Unreachable,
     WrongEngine,
 )
-from playbooks.engines.kit.engine import ASKED_NOTHING, ConnectOptions, EngineReader, engine_http
+from playbooks.engines.kit import engine as kit
 from playbooks.engines.timebudget import MOMENTS, StepCounters
 
 PATHS = {
@@ -123,7 +122,7 @@ class RankLoad:
 STEP_READ_FAILURES = 3  # load reports in a row that fail before step accounting is not asked
 
 
-class SGLangClient(EngineReader):
+class SGLangClient(kit.EngineReader):
     """Reads SGLang state. Never mutates the server."""
 
     def __init__(
@@ -135,8 +134,8 @@ class SGLangClient(EngineReader):
         self._step_failures = 0  # load reports in a row that could not be read
 
     @classmethod
-    def connect(cls, url: str, options: ConnectOptions = ASKED_NOTHING) -> SGLangClient:
-        http = engine_http(url, options, "http://127.0.0.1:30000")
+    def connect(cls, url: str, options: kit.ConnectOptions = kit.ASKED_NOTHING) -> SGLangClient:
+        http = kit.engine_http(url, options, "http://127.0.0.1:30000")
         return cls(http, attempts=options.attempts, wait=options.wait)
 
     @property
@@ -397,16 +396,8 @@ def parse_loads(data: Any) -> list[RankLoad]:
 
 def parse_metrics(text: str) -> Metrics:
     """Every `sglang:` sample with its label set; how label sets combine is `metrics.py`'s."""
-    try:
-        parsed = list(text_string_to_metric_families(text))
-    except ValueError as exc:
-        raise NotSGLang(f"/metrics is not Prometheus text: {exc}") from None
-    families = [f for f in parsed if f.name.startswith("sglang:")]
-    return Metrics.read(
-        ((sample.name, sample.labels, sample.value) for f in families for sample in f.samples),
-        (f.name for f in families),
-        ttft_histogram="sglang:time_to_first_token_seconds_bucket",
-    )
+    families = [f for f in kit.exposition(text, NotSGLang) if f.name.startswith("sglang:")]
+    return kit.metrics_of(families, "sglang:time_to_first_token_seconds_bucket")
 
 
 def _steps(load: dict[str, Any]) -> StepCounters | None:

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from playbooks.engines import completions
 from playbooks.engines.base import (
@@ -48,7 +47,7 @@ from playbooks.engines.base import (
     Unreachable,
     WrongEngine,
 )
-from playbooks.engines.kit.engine import ASKED_NOTHING, ConnectOptions, EngineReader, engine_http
+from playbooks.engines.kit import engine as kit
 from playbooks.engines.vllm import metrics as _m
 from playbooks.engines.vllm.allow_list import launch_settings, speculative_settings
 
@@ -380,7 +379,7 @@ def assemble(
 
 
 # ----------------------------------------------------------------------------- the client
-class VLLMClient(EngineReader):
+class VLLMClient(kit.EngineReader):
     """Reads vLLM state. Never mutates the server.
 
     Keeps its previous metrics reading, so each `snapshot()` carries the decode rate and the
@@ -404,8 +403,8 @@ class VLLMClient(EngineReader):
         self.notes: list[str] = []
 
     @classmethod
-    def connect(cls, url: str, options: ConnectOptions = ASKED_NOTHING) -> VLLMClient:
-        http, o = engine_http(url, options, "http://127.0.0.1:8000"), options
+    def connect(cls, url: str, options: kit.ConnectOptions = kit.ASKED_NOTHING) -> VLLMClient:
+        http, o = kit.engine_http(url, options, "http://127.0.0.1:8000"), options
         return cls(http, attempts=o.attempts, wait=o.wait, launch_args=o.launch_args, clock=o.clock)
 
     @property
@@ -589,15 +588,8 @@ def parse_metrics(text: str) -> Metrics:
 
     Raises NotVLLM where the exposition is SGLang's (or not Prometheus text at all).
     """
-    try:
-        parsed = list(text_string_to_metric_families(text))
-    except ValueError as exc:
-        raise NotVLLM(f"{METRICS} is not Prometheus text: {exc}") from None
+    parsed = kit.exposition(text, NotVLLM, METRICS)
     families = [f for f in parsed if f.name.startswith(_m.PREFIX)]
     if not families and any(f.name.startswith("sglang:") for f in parsed):
         raise NotVLLM(f"{METRICS} is SGLang's", "This is an SGLang server.")
-    return Metrics.read(
-        ((sample.name, sample.labels, sample.value) for f in families for sample in f.samples),
-        (f.name for f in families),
-        ttft_histogram=_m.TTFT_BUCKET,
-    )
+    return kit.metrics_of(families, _m.TTFT_BUCKET)
