@@ -46,6 +46,38 @@ def is_http_url(url: str) -> bool:
     return url.startswith(("http://", "https://"))
 
 
+def require_http_url(
+    url: str, what: str, example: str, error: Callable[[str, str], Exception]
+) -> None:
+    """Refuses (`error(message, hint)`) a URL that is not http(s), showing the form with an
+    example address (`http://127.0.0.1:30000`)."""
+    if not is_http_url(url):
+        raise error(
+            f"invalid {what} URL {url!r}", f"Use the form http://HOST:PORT (for example {example})."
+        )
+
+
+class Reader:
+    """A read-only HTTP source (an engine's API, Prometheus): one server's client and the retry
+    policy its GETs run under."""
+
+    def __init__(
+        self, http: httpx.Client, *, attempts: int = 3, wait: Callable[..., float] | None = None
+    ) -> None:
+        self.http = http
+        self._retry = http_retrying(attempts, wait)
+
+    @property
+    def base_url(self) -> str:
+        return str(self.http.base_url).rstrip("/")
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _retried_get(self, path: str, params: dict[str, str] | None = None) -> httpx.Response:
+        return retried_get(self.http, self._retry, path, params)
+
+
 def http_client(
     base_url: str, *, bearer_token: str | None = None, timeout_s: float = 10.0
 ) -> httpx.Client:

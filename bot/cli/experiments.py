@@ -15,6 +15,7 @@ import argparse
 import json
 import sqlite3
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -59,6 +60,20 @@ def _printer(err: TextIO) -> Callable[[str], None]:
     return say
 
 
+@dataclass(frozen=True)
+class Command:
+    """One `kvpilot experiment(s)` or `tune` run as `dispatch` hands it to its subcommand: the
+    parsed arguments, the configuration and database, this process's one clock, the terminal."""
+
+    ns: argparse.Namespace
+    config: Config
+    db: Database
+    clock: Clock
+    out: TextIO
+    err: TextIO
+    stdin: TextIO
+
+
 ACTIONS_USAGE = "kvpilot experiment list|show ID|abort ID|approve ID|reject ID"
 
 
@@ -79,19 +94,20 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
         return EXIT_USAGE
     try:
         clock = make_clock(config, db)  # this process's one clock
+        cmd = Command(ns, config, db, clock, out, err, stdin)
         if ns.command == "experiment":
-            return cmd_experiment(ns, config, db, clock, out, err, stdin)
+            return cmd_experiment(cmd)
         if ns.command == "server":
             return cmd_server(ns, config, clock, out, err)
         if ns.command == "tune":
             from bot.cli.tune import cmd_tune  # noqa: PLC0415 - tune builds on this module
 
-            return cmd_tune(ns, config, db, clock, out, err, stdin)
+            return cmd_tune(cmd)
         if ns.command == "resume":
             codes = resume_unfinished(config, db, clock, err)
             out.write(f"{len(codes)} unfinished experiment(s) handled\n")
             return exit_codes.most_urgent(codes)
-        return experiments_action(ns, config, db, clock, out, err, stdin)
+        return experiments_action(cmd)
     except no_change.NothingToChange as exc:
         err.write(f"refused: {exc}; nothing was done\n")
         return exit_codes.NOTHING_TO_CHANGE
@@ -109,15 +125,8 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
         return EXIT_FAILED
 
 
-def experiments_action(
-    ns: argparse.Namespace,
-    config: Config,
-    db: Database,
-    clock: Clock,
-    out: TextIO,
-    err: TextIO,
-    stdin: TextIO,
-) -> int:
+def experiments_action(cmd: Command) -> int:
+    ns, config, db, clock, out, err = cmd.ns, cmd.config, cmd.db, cmd.clock, cmd.out, cmd.err
     if ns.action == "list":
         return cmd_list(ns, db, out)
     if ns.action == "show":
@@ -125,7 +134,7 @@ def experiments_action(
     if ns.action == "abort":
         return cmd_abort(ns, config, db, clock, out, err)
     if ns.action in ("approve", "reject"):
-        return cmd_decide(ns, config, db, clock, out, err, stdin)
+        return cmd_decide(ns, config, db, clock, out, err, cmd.stdin)
     err.write(f"error: use `{ACTIONS_USAGE}`\n")
     return EXIT_USAGE
 
@@ -247,15 +256,8 @@ def four_eyes(config: Config) -> bool:
     return config.access is not None and config.access.four_eyes
 
 
-def cmd_experiment(
-    ns: argparse.Namespace,
-    config: Config,
-    db: Database,
-    clock: Clock,
-    out: TextIO,
-    err: TextIO,
-    stdin: TextIO,
-) -> int:
+def cmd_experiment(cmd: Command) -> int:
+    ns, config, db, clock, out, err = cmd.ns, cmd.config, cmd.db, cmd.clock, cmd.out, cmd.err
     server = config.server(ns.server)
     items = [item for group in ns.set for item in group]
     if not items:
@@ -303,7 +305,7 @@ def cmd_experiment(
         return propose_for_approval(ns, config, clock, change, who, err)
     refused = confirm(
         ns.yes,
-        stdin,
+        cmd.stdin,
         err,
         "Apply this change, measure it, and keep it only if throughput improves?",
         "not applied",

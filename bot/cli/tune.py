@@ -25,6 +25,7 @@ from bot.app.wiring import diagnose_settings, experiment_deps, room_after, room_
 from bot.cli import exit_codes
 from bot.cli.experiment_summary import summarise
 from bot.cli.experiments import (
+    Command,
     _printer,
     carry,
     confirm,
@@ -71,15 +72,8 @@ class Campaign:
     room_before: RoomBefore | None = None
 
 
-def cmd_tune(
-    ns: argparse.Namespace,
-    config: Config,
-    db: Database,
-    clock: Clock,
-    out: TextIO,
-    err: TextIO,
-    stdin: TextIO,
-) -> int:
+def cmd_tune(cmd: Command) -> int:
+    ns, config, db, clock, out, err = cmd.ns, cmd.config, cmd.db, cmd.clock, cmd.out, cmd.err
     server = config.server(ns.server)
     if four_eyes(config):
         err.write(
@@ -110,7 +104,7 @@ def cmd_tune(
             err.write(f"plan for {ns.server}: {allowance.text()}\n")
             refused = confirm(
                 ns.yes,
-                stdin,
+                cmd.stdin,
                 err,
                 "Approve this plan? Each step is still measured and reverted unless it helps.",
                 "plan not approved; nothing changed",
@@ -137,7 +131,7 @@ def cmd_tune(
                 reassess=reassess,
                 unchanged=_unchanged(deps),
             )
-            _run_steps(ns, config, db, clock, run, choice, err, stdin)
+            _run_steps(ns, config, db, clock, run, choice, err, cmd.stdin)
         except BaseException as exc:  # recorded as the campaign's end, then raised on
             run.stop = run.stop or f"stopped by an error: {exc}"
             raise

@@ -47,3 +47,9 @@ def head_dim(config: Mapping[str, Any]) -> int | None:
     if value is None and hidden and heads:
         value = hidden // heads
     return value
+
+
+def kv_heads(config: Mapping[str, Any]) -> int | None:
+    """The KV heads (a GQA/MQA model's own count), else the attention heads: multi-head
+    attention keeps one KV head per attention head."""
+    return first_int(config, *KV_HEADS) or first_int(config, *HEADS)

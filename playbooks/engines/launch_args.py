@@ -1,11 +1,12 @@
 """Launch-argument machinery every engine shares: typed values, allow-list entries, argument lists.
 
-An engine's allow-list (`sglang/args.py`, `vllm/args.py`) says which flags kvpilot may edit and
-with which type and range, citing the engine's own parser; what a typed value *is* (an int spelt
-as digits, a float spelt as Python's shortest repr, a choice, an on/off flag) and how an entry is
-found in or removed from an argument list is the same for every argparse-based server, so it
-lives here once. Values are checked twice: when an operator's text is parsed, and again when a
-stored or computed value is spelt onto a command line, so no path bypasses the ranges.
+An engine's allow-list (`sglang/allow_list.py`, `vllm/allow_list.py`) says which flags kvpilot
+may edit and with which type and range, citing the engine's own parser; what a typed value *is*
+(an int spelt as digits, a float spelt as Python's shortest repr, a choice, an on/off flag), how
+an operator's `KEY=VALUE` finds its entry (`AllowList`) and how an entry is found in or removed
+from an argument list is the same for every argparse-based server, so it lives here once. Values
+are checked twice: when an operator's text is parsed, and again when a stored or computed value
+is spelt onto a command line, so no path bypasses the ranges.
 
 What an argument comes to (`read`) is shared too: its last spelling in a list read as the
 engine's parser reads it, typed, and, where the flag is absent, the engine's own default when
@@ -14,6 +15,7 @@ that is a constant (each engine lists its `Default`s, citing its source).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -222,6 +224,57 @@ def split_assignment(text: str, example: str) -> tuple[str, str]:
     if not eq or not key.strip() or not value.strip():
         raise ArgError(f"{text!r} is not KEY=VALUE (for example {example})")
     return key, value
+
+
+@dataclass(frozen=True)
+class AllowList:
+    """An engine's allow-list entries by name, and how an operator's `KEY=VALUE` items find them:
+    the refusal of an unknown key and of a key given twice are the same for every engine.
+
+    `what` names an argument in a refusal ("a vLLM argument"); `example` is the item shown for
+    text that is not `KEY=VALUE`; with `by_alias` a key may also be an alias's name, as vLLM's
+    parser reads `device_memory_utilization` for `gpu_memory_utilization`.
+    """
+
+    entries: Mapping[str, ArgSpec]
+    what: str
+    example: str
+    by_alias: bool = False
+
+    @functools.cached_property
+    def aliases(self) -> dict[str, str]:
+        """An alias's name -> the entry it sets (none without `by_alias`)."""
+        if not self.by_alias:
+            return {}
+        return {normalise_key(a): name for name, spec in self.entries.items() for a in spec.aliases}
+
+    def find(self, key: str) -> ArgSpec | None:
+        name = normalise_key(key)
+        return self.entries.get(self.aliases.get(name, name))
+
+    def spec_of(self, key: str) -> ArgSpec:
+        spec = self.find(key)
+        if spec is None:
+            name, known = normalise_key(key), ", ".join(sorted(self.entries))
+            raise ArgError(f"{name!r} is not {self.what} kvpilot can change; known: {known}")
+        return spec
+
+    def parse_assignment(self, text: str) -> tuple[str, Any]:
+        """One `KEY=VALUE` item (`--flag-name=value` too) as the entry's name and typed value."""
+        key, value = split_assignment(text, self.example)
+        spec = self.spec_of(key)
+        return spec.name, spec.parse(value)
+
+    def parse_items(self, items: Sequence[str]) -> dict[str, Any]:
+        """Items as one change; a key given twice must say the same both times. The engine's
+        checks across arguments come after."""
+        change: dict[str, Any] = {}
+        for item in items:
+            name, value = self.parse_assignment(item)
+            if name in change and change[name] != value:
+                raise ArgError(f"{name} is given twice with different values")
+            change[name] = value
+        return change
 
 
 def _names(flags: Sequence[str], underscores: bool) -> set[str]:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from playbooks.engines.base import EngineError
-from playbooks.http import http_client, http_retrying, is_http_url, retried_get
+from playbooks.http import Reader, http_client, require_http_url
 
 MAX_RANGE_POINTS = 11_000  # Prometheus refuses range queries with more points per series
 _MATCHER = re.compile(
@@ -127,36 +126,15 @@ def _flatten(matrix: list[Any]) -> list[Series]:
     return out
 
 
-class PrometheusAPI:
+class PrometheusAPI(Reader):
     """Instant and range queries on Prometheus' HTTP API (`/api/v1/query`, `/query_range`)."""
-
-    def __init__(
-        self,
-        http: httpx.Client,
-        *,
-        attempts: int = 3,
-        wait: Callable[..., float] | None = None,
-    ) -> None:
-        self.http = http
-        self._retry = http_retrying(attempts, wait)
 
     @classmethod
     def connect(
         cls, url: str, *, timeout: float = 10.0, bearer_token: str | None = None
     ) -> PrometheusAPI:
-        if not is_http_url(url):
-            raise PrometheusError(
-                f"invalid Prometheus URL {url!r}",
-                "Use the form http://HOST:PORT (for example http://127.0.0.1:9090).",
-            )
+        require_http_url(url, "Prometheus", "http://127.0.0.1:9090", PrometheusError)
         return cls(http_client(url, bearer_token=bearer_token, timeout_s=timeout))
-
-    @property
-    def base_url(self) -> str:
-        return str(self.http.base_url).rstrip("/")
-
-    def close(self) -> None:
-        self.http.close()
 
     def query(self, expr: str, at: float | None = None) -> list[Series]:
         """An instant query: a vector (one entry per series), a scalar (one entry), or, for a
@@ -212,7 +190,7 @@ class PrometheusAPI:
     # ----------------------------------------------------------------- transport
     def _call(self, path: str, params: dict[str, str], expr: str) -> dict[str, Any]:
         try:
-            response = retried_get(self.http, self._retry, path, params)
+            response = self._retried_get(path, params)
         except httpx.TransportError as exc:
             raise PrometheusUnreachable(
                 f"cannot reach Prometheus at {self.base_url} for the query `{expr}`: "

@@ -13,18 +13,11 @@ signatures.py  what SGLang's exit status and log lines mean
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
-from playbooks.engines.base import (
-    ArgReading,
-    LaunchArgs,
-    Metrics,
-    MetricsSpec,
-    ServerSettings,
-    Snapshot,
-)
-from playbooks.engines.exits import ExitCause
+from playbooks.engines.base import Metrics, MetricsSpec, ServerSettings, Snapshot
+from playbooks.engines.kit.engine import ConnectOptions, TunedEngine
 from playbooks.engines.sglang import allow_list as _args
 from playbooks.engines.sglang import client as _client
 from playbooks.engines.sglang import metrics as _metrics
@@ -32,21 +25,12 @@ from playbooks.engines.sglang import rules as _rules
 from playbooks.engines.sglang import signatures as _signatures
 from playbooks.engines.sglang.client import ServerInfo, SGLangClient, parse_server_info
 
-if TYPE_CHECKING:
-    from playbooks.engines.types import Bottleneck, DiagnoseSettings, Measurement
-
 METRICS_FLAG = "--enable-metrics"  # kvpilot reads nothing without it
 # Endpoints kvpilot calls: both dialects' info and load paths, readiness, metrics.
 ENDPOINTS = (*(path for paths in _client.PATHS.values() for path in paths), "/metrics")
 
 
-def _info(info: ServerSettings) -> ServerInfo:
-    if not isinstance(info, ServerInfo):
-        raise TypeError(f"SGLang's rules need SGLang's server info, got {type(info).__name__}")
-    return info
-
-
-class SGLang:
+class SGLang(TunedEngine[ServerInfo, _rules.ServerRules]):
     """The SGLang engine (0.5.5 to 0.5.23, both API dialects)."""
 
     name = "sglang"
@@ -56,6 +40,13 @@ class SGLang:
     # the largest prefill batch: a campaign may give some of it up for a larger pool
     # (`playbooks.campaigns.room.ChunkCredit`)
     chunk_arg: str | None = "chunked_prefill_size"
+    key_settings = _client.KEY_SETTINGS
+    not_compared = _client.NOT_COMPARED
+    arguments = _args
+    engine_rules = _rules
+    api, signatures = _client, _signatures
+    settings_type, settings_name = ServerInfo, "server info"
+    own_words = frozenset({*_metrics.NAMES, *ENDPOINTS, METRICS_FLAG})
 
     def chunk_of(self, info: ServerSettings) -> int | None:
         """`chunked_prefill_size` as the flag says it; None under attention DP, where SGLang
@@ -68,82 +59,26 @@ class SGLang:
             return value
         return None
 
-    def connect(
-        self,
-        url: str,
-        *,
-        api_key: str | None = None,
-        timeout_s: float = 10.0,
-        attempts: int = 3,
-        wait: Callable[..., float] | None = None,
-        clock: Callable[[], float] | None = None,
-        launch_args: LaunchArgs = None,
-    ) -> SGLangClient:
+    def open_client(self, url: str, options: ConnectOptions) -> SGLangClient:
         """SGLang reports its throughput as a gauge and its settings through /server_info, so
-        neither `clock` nor `launch_args` is needed."""
-        del clock, launch_args
-        return SGLangClient.connect(url, api_key, timeout_s, attempts=attempts, wait=wait)
+        neither the caller's clock nor the launch arguments are needed."""
+        return SGLangClient.connect(url, options)
 
     def parse_settings(self, raw: Mapping[str, Any]) -> ServerInfo:
         return parse_server_info(dict(raw))
 
-    def stored_settings(self, raw: Mapping[str, Any]) -> dict[str, Any]:
-        return _client.stored_settings(raw)
-
-    key_settings = _client.KEY_SETTINGS
-    not_compared = _client.NOT_COMPARED
-
     def snapshot(self, metrics: Metrics) -> Snapshot:
         return _metrics.snapshot_from_metrics(metrics)
 
-    def parse_metrics(self, text: str) -> Metrics:
-        return _client.parse_metrics(text)
-
     def restore_snapshot(self, stored: Mapping[str, Any], t: float = 0.0) -> Snapshot:
+        """Older rows are in SGLang's own names."""
         return _metrics.restore_snapshot(stored, t)
 
-    # launch arguments
-    def allowed_args(self) -> Mapping[str, str]:
-        return {name: spec.meaning for name, spec in _args.ALLOWED.items()}
-
-    def parse_change(self, items: Sequence[str]) -> dict[str, Any]:
-        return _args.parse_change(list(items))
-
-    def with_change(self, args: Sequence[str], change: Mapping[str, Any]) -> list[str]:
-        return _args.with_change(args, change)
-
-    def arg_value(self, args: Sequence[str], name: str) -> str | None:
-        return _args.arg_value(args, name)
-
-    def read_arg(self, args: Sequence[str], name: str) -> ArgReading:
-        return _args.read_arg(args, name)
-
     def spell(self, settings: Mapping[str, Any]) -> list[str]:
+        """The allowed settings, and SGLang's metrics on where they ask for them."""
         rest = dict(settings)
         metrics = bool(rest.pop("enable_metrics", False))
-        return _args.with_change([], rest) + ([METRICS_FLAG] if metrics else [])
-
-    def vocabulary(self) -> frozenset[str]:
-        flags = {flag for spec in _args.ALLOWED.values() for flag in spec.spellings}
-        return frozenset({*_metrics.NAMES, *flags, *ENDPOINTS, METRICS_FLAG})
-
-    # signatures
-    def classify_exit(self, code: int | None, log_tail: str) -> str:
-        return _signatures.classify_exit(code, log_tail)
-
-    def exit_cause(self, code: int | None, log_tail: str) -> ExitCause:
-        return _signatures.exit_cause(code, log_tail)
-
-    # rules
-    def rules_for(
-        self, info: ServerSettings, probes: DiagnoseSettings, *, measured: bool = True
-    ) -> _rules.ServerRules:
-        return _rules.rules_for(_info(info), probes, measured=measured)
-
-    def bottleneck_of(
-        self, info: ServerSettings, m: Measurement
-    ) -> tuple[Bottleneck, list[str]] | str:
-        return _rules.bottleneck_of(_info(info), m)
+        return super().spell(rest) + ([METRICS_FLAG] if metrics else [])
 
 
 ENGINE = SGLang()

@@ -21,6 +21,7 @@ from typing import Any
 
 from playbooks.engines.base import ArgError, ArgReading
 from playbooks.engines.launch_args import (
+    AllowList,
     ArgSpec,
     BoolValue,
     ChoiceValue,
@@ -29,7 +30,6 @@ from playbooks.engines.launch_args import (
     IntValue,
     normalise_key,
     read,
-    split_assignment,
     value_of,
     when_absent,
     without,
@@ -176,20 +176,10 @@ ALLOWED: dict[str, ArgSpec] = {
 }
 
 
-def spec_of(key: str) -> ArgSpec:
-    name = normalise_key(key)
-    spec = ALLOWED.get(name)
-    if spec is None:
-        known = ", ".join(sorted(ALLOWED))
-        raise ArgError(f"{name!r} is not a server argument kvpilot can change; known: {known}")
-    return spec
-
-
-def parse_assignment(text: str) -> tuple[str, Any]:
-    """Parse `KEY=VALUE` (`mem_fraction_static=0.9` or `--mem-fraction-static=0.9`)."""
-    key, value = split_assignment(text, "mem_fraction_static=0.9")
-    spec = spec_of(key)
-    return spec.name, spec.parse(value)
+TABLE = AllowList(ALLOWED, "a server argument", "mem_fraction_static=0.9")
+spec_of = TABLE.spec_of
+# `KEY=VALUE` (`mem_fraction_static=0.9` or `--mem-fraction-static=0.9`)
+parse_assignment = TABLE.parse_assignment
 
 
 def check_page_divides_chunk(page_size: object, chunked_prefill_size: object) -> None:
@@ -204,13 +194,8 @@ def check_page_divides_chunk(page_size: object, chunked_prefill_size: object) ->
         )
 
 
-def parse_change(items: list[str]) -> dict[str, Any]:
-    change: dict[str, Any] = {}
-    for item in items:
-        name, value = parse_assignment(item)
-        if name in change and change[name] != value:
-            raise ArgError(f"{name} is given twice with different values")
-        change[name] = value
+def parse_change(items: Sequence[str]) -> dict[str, Any]:
+    change = TABLE.parse_items(items)
     check_page_divides_chunk(change.get("page_size"), change.get("chunked_prefill_size"))
     if change.get("hicache_size") or change.get("hicache_ratio"):
         change.setdefault("enable_hierarchical_cache", True)

@@ -19,22 +19,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from playbooks.engines import completions
 from playbooks.engines.base import (
     Engine,
     EngineError,
     Metrics,
-    MetricsDisabled,
-    Prompt,
     Snapshot,
     Unauthorized,
     Unreachable,
     WrongEngine,
 )
+from playbooks.engines.kit import engine as kit
 from playbooks.engines.timebudget import MOMENTS, StepCounters
-from playbooks.http import http_client, http_retrying, is_http_url, retried_get
 
 PATHS = {
     "server_info": ("/server_info", "/get_server_info"),
@@ -125,39 +122,21 @@ class RankLoad:
 STEP_READ_FAILURES = 3  # load reports in a row that fail before step accounting is not asked
 
 
-class SGLangClient:
+class SGLangClient(kit.EngineReader):
     """Reads SGLang state. Never mutates the server."""
 
     def __init__(
-        self,
-        http: httpx.Client,
-        *,
-        attempts: int = 3,
-        wait: Callable[..., float] | None = None,
+        self, http: httpx.Client, *, attempts: int = 3, wait: Callable[..., float] | None = None
     ) -> None:
-        self.http = http
-        self._retry = http_retrying(attempts, wait)
+        super().__init__(http, attempts=attempts, wait=wait)
         self._dialect: dict[str, str] = {}
         self._reports_steps = True  # until a load report without step accounting says not
         self._step_failures = 0  # load reports in a row that could not be read
 
     @classmethod
-    def connect(
-        cls,
-        url: str,
-        api_key: str | None = None,
-        timeout: float = 10.0,
-        *,
-        attempts: int = 3,
-        wait: Callable[..., float] | None = None,
-    ) -> SGLangClient:
-        if not is_http_url(url):
-            raise EngineError(
-                f"invalid server URL {url!r}",
-                "Use the form http://HOST:PORT (for example http://127.0.0.1:30000).",
-            )
-        http = http_client(url, bearer_token=api_key, timeout_s=timeout)
-        return cls(http, attempts=attempts, wait=wait)
+    def connect(cls, url: str, options: kit.ConnectOptions = kit.ASKED_NOTHING) -> SGLangClient:
+        http = kit.engine_http(url, options, "http://127.0.0.1:30000")
+        return cls(http, attempts=options.attempts, wait=options.wait)
 
     @property
     def engine(self) -> Engine:
@@ -165,22 +144,9 @@ class SGLangClient:
 
         return ENGINE
 
-    @property
-    def base_url(self) -> str:
-        return str(self.http.base_url).rstrip("/")
-
-    def close(self) -> None:
-        self.http.close()
-
     # ----------------------------------------------------------------- transport
     def _get(self, path: str, params: dict[str, str] | None = None) -> httpx.Response:
-        try:
-            response = retried_get(self.http, self._retry, path, params)
-        except httpx.TransportError as exc:
-            raise Unreachable(
-                f"cannot reach SGLang at {self.base_url}: {exc.__class__.__name__}: {exc}",
-                "Is the server running, and is the URL (host and port) right?",
-            ) from exc
+        response = super()._get(path, params)
         if response.status_code == 401:
             raise Unauthorized(
                 f"{self.base_url} refused the request as unauthorised (401)",
@@ -263,12 +229,9 @@ class SGLangClient:
         return self._read("load report", parse_loads, self._json("loads"))
 
     def metrics(self) -> Metrics:
-        response = self._get("/metrics")
-        if response.status_code == 404:
-            raise MetricsDisabled(
-                f"{self.base_url}/metrics is not served",
-                "Start SGLang with --enable-metrics for throughput counters.",
-            )
+        response = self._exposition(
+            "/metrics", "Start SGLang with --enable-metrics for throughput counters."
+        )
         if response.status_code != 200:
             raise SGLangError(f"{self.base_url}/metrics answered HTTP {response.status_code}")
         return self._read("/metrics", parse_metrics, response.text)
@@ -314,13 +277,6 @@ class SGLangClient:
 
     def describe_metrics(self) -> str:
         return f"{self.base_url}/metrics (scraped directly)"
-
-    def generate(self, prompt: Prompt, *, max_tokens: int, timeout_s: float) -> str:
-        """The greedy answer through the OpenAI-compatible API (`completions`); the request
-        names no model, so SGLang answers with the one it serves."""
-        return completions.generate(
-            self.http, prompt, max_tokens=max_tokens, timeout_s=timeout_s, label="SGLang"
-        )
 
     @property
     def dialect(self) -> str:
@@ -440,16 +396,8 @@ def parse_loads(data: Any) -> list[RankLoad]:
 
 def parse_metrics(text: str) -> Metrics:
     """Every `sglang:` sample with its label set; how label sets combine is `metrics.py`'s."""
-    try:
-        parsed = list(text_string_to_metric_families(text))
-    except ValueError as exc:
-        raise NotSGLang(f"/metrics is not Prometheus text: {exc}") from None
-    families = [f for f in parsed if f.name.startswith("sglang:")]
-    return Metrics.read(
-        ((sample.name, sample.labels, sample.value) for f in families for sample in f.samples),
-        (f.name for f in families),
-        ttft_histogram="sglang:time_to_first_token_seconds_bucket",
-    )
+    families = [f for f in kit.exposition(text, NotSGLang) if f.name.startswith("sglang:")]
+    return kit.metrics_of(families, "sglang:time_to_first_token_seconds_bucket")
 
 
 def _steps(load: dict[str, Any]) -> StepCounters | None:

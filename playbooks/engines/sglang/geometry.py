@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from playbooks.engines.hf_config import (
-    HEADS,
-    KV_HEADS,
     LAYERS,
     first_int,
     head_dim,
+    kv_heads,
     language_model,
 )
 
@@ -184,9 +183,9 @@ def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
             kind, layers, latent_dim=lora + rope, index_head_dim=index, kv_quant_fp8=fp8,
             routed_experts=experts, vision=vision,
         )  # fmt: skip
-    kv_heads = first_int(config, *KV_HEADS) or first_int(config, *HEADS)
+    heads = kv_heads(config)
     dim = head_dim(config)
-    if not kv_heads or not dim:
+    if not heads or not dim:
         return None
     full, sliding, linear = _layer_counts(config, layers)
     if full <= 0:
@@ -195,7 +194,7 @@ def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
     return Geometry(
         "mha",
         full,
-        kv_heads,
+        heads,
         dim,
         v_dim,
         sliding_layers=sliding,

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from playbooks.engines.kit import proposals as kit
 from playbooks.engines.sglang.argument_checks import LPM_QUEUE_LIMIT, MIN_CHUNK, prefix_heavy
 from playbooks.engines.sglang.bottleneck import kv_bound, signals
 from playbooks.engines.sglang.capacity import GIB, HOST_MARGIN, HostBudget
@@ -44,21 +45,7 @@ SATURATED_CONSERVATIVENESS = math.floor(CONSERVATIVENESS_SATURATION * 100) / 100
 Proposal = Callable[[Context, Bottleneck], Option | None]
 
 
-def more_clients(ctx: Context, bottleneck: Bottleneck) -> Option | None:
-    if bottleneck != "client":
-        return None
-    return Option(
-        title="raise client concurrency",
-        change={},
-        verdict="recommended",
-        predicted_max_total_num_tokens=None,
-        predicted_gain=None,
-        risk="none on the server",
-        reasons=[
-            f"only {ctx.m.running:.1f} requests ran and none waited: send more at once "
-            f"(the server has room for ~{requests_fitting(ctx.info, ctx.m) or 0:.0f})"
-        ],
-    )
+more_clients = kit.client_bound(requests_fitting)
 
 
 def safe_fraction(ctx: Context, bottleneck: Bottleneck) -> Option | None:
@@ -306,4 +293,4 @@ PROPOSALS: tuple[Proposal, ...] = (
 
 def propose(ctx: Context, bottleneck: Bottleneck) -> list[Option]:
     """Every change a rule proposes for this server and bottleneck, each with its verdict."""
-    return [o for rule in PROPOSALS if (o := rule(ctx, bottleneck)) is not None]
+    return kit.propose(PROPOSALS, ctx, bottleneck)

@@ -15,18 +15,11 @@ Shared with the other engines: `playbooks.engines.launch_args` (typed values, ar
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
-from playbooks.engines.base import (
-    ArgReading,
-    LaunchArgs,
-    Metrics,
-    MetricsSpec,
-    ServerSettings,
-    Snapshot,
-)
-from playbooks.engines.exits import ExitCause
+from playbooks.engines.base import Metrics, MetricsSpec, Snapshot
+from playbooks.engines.kit.engine import ConnectOptions, TunedEngine
 from playbooks.engines.vllm import allow_list as _args
 from playbooks.engines.vllm import client as _client
 from playbooks.engines.vllm import metrics as _metrics
@@ -34,113 +27,39 @@ from playbooks.engines.vllm import rules as _rules
 from playbooks.engines.vllm import signatures as _signatures
 from playbooks.engines.vllm.client import VLLMClient, VLLMSettings, parse_settings
 
-if TYPE_CHECKING:
-    from playbooks.engines.types import Bottleneck, DiagnoseSettings, Measurement
 
+class VLLM(TunedEngine[VLLMSettings, _rules.ServerRules]):
+    """The vLLM engine (the v1 engine, as of 0.32; metric names back to 0.10).
 
-def _info(info: ServerSettings) -> VLLMSettings:
-    if not isinstance(info, VLLMSettings):
-        raise TypeError(f"vLLM's rules need vLLM's settings, got {type(info).__name__}")
-    return info
-
-
-class VLLM:
-    """The vLLM engine (the v1 engine, as of 0.32; metric names back to 0.10)."""
+    vLLM's options do not say what GPU memory they add, so no room is traded for them: no
+    `chunk_arg`. Its metrics are on unless --disable-log-stats, so `spell` adds nothing for
+    them, and its samples were always stored as `Snapshot`s (the default `restore_snapshot`).
+    """
 
     name = "vllm"
     label = "vLLM"
     metrics: MetricsSpec = _metrics.SPEC
     readiness_paths = (_client.HEALTH,)
-    # vLLM's options do not say what GPU memory they add, so no room is traded for them
-    chunk_arg: str | None = None
+    arguments = _args
+    engine_rules = _rules
+    api, signatures = _client, _signatures
+    settings_type, settings_name = VLLMSettings, "settings"
+    key_settings = _client.KEY_SETTINGS
+    not_compared = _client.NOT_COMPARED
+    own_words = frozenset({*_metrics.NAMES, *_client.ENDPOINTS})
 
-    def chunk_of(self, info: ServerSettings) -> int | None:
-        return None
-
-    def connect(
-        self,
-        url: str,
-        *,
-        api_key: str | None = None,
-        timeout_s: float = 10.0,
-        attempts: int = 3,
-        wait: Callable[..., float] | None = None,
-        clock: Callable[[], float] | None = None,
-        launch_args: LaunchArgs = None,
-    ) -> VLLMClient:
+    def open_client(self, url: str, options: ConnectOptions) -> VLLMClient:
         """`launch_args`: the server's command line where kvpilot knows it, for the settings
         vLLM does not report without dev mode (`max_num_seqs`, the token budget, TP); `clock`
         times the decode rate, which vLLM exports only as a counter."""
-        return VLLMClient.connect(
-            url,
-            api_key,
-            timeout_s,
-            attempts=attempts,
-            wait=wait,
-            launch_args=launch_args,
-            clock=clock,
-        )
+        return VLLMClient.connect(url, options)
 
     def parse_settings(self, raw: Mapping[str, Any]) -> VLLMSettings:
         return parse_settings(raw)
 
-    def stored_settings(self, raw: Mapping[str, Any]) -> dict[str, Any]:
-        return _client.stored_settings(raw)
-
-    key_settings = _client.KEY_SETTINGS
-    not_compared = _client.NOT_COMPARED
-
     def snapshot(self, metrics: Metrics) -> Snapshot:
         """One reading alone: no decode rate (that needs two; the client has it)."""
         return _metrics.snapshot_from_metrics(metrics)
-
-    def parse_metrics(self, text: str) -> Metrics:
-        return _client.parse_metrics(text)
-
-    def restore_snapshot(self, stored: Mapping[str, Any], t: float = 0.0) -> Snapshot:
-        return _metrics.restore_snapshot(stored, t)
-
-    # launch arguments
-    def allowed_args(self) -> Mapping[str, str]:
-        return {name: spec.meaning for name, spec in _args.ALLOWED.items()}
-
-    def parse_change(self, items: Sequence[str]) -> dict[str, Any]:
-        return _args.parse_change(list(items))
-
-    def with_change(self, args: Sequence[str], change: Mapping[str, Any]) -> list[str]:
-        return _args.with_change(args, change)
-
-    def arg_value(self, args: Sequence[str], name: str) -> str | None:
-        return _args.arg_value(args, name)
-
-    def read_arg(self, args: Sequence[str], name: str) -> ArgReading:
-        return _args.read_arg(args, name)
-
-    def spell(self, settings: Mapping[str, Any]) -> list[str]:
-        """vLLM's metrics are on unless --disable-log-stats, so nothing is added for them."""
-        return _args.with_change([], settings)
-
-    def vocabulary(self) -> frozenset[str]:
-        flags = {flag for spec in _args.ALLOWED.values() for flag in spec.spellings}
-        return frozenset({*_metrics.NAMES, *flags, *_client.ENDPOINTS})
-
-    # signatures
-    def classify_exit(self, code: int | None, log_tail: str) -> str:
-        return _signatures.classify_exit(code, log_tail)
-
-    def exit_cause(self, code: int | None, log_tail: str) -> ExitCause:
-        return _signatures.exit_cause(code, log_tail)
-
-    # rules
-    def rules_for(
-        self, info: ServerSettings, probes: DiagnoseSettings, *, measured: bool = True
-    ) -> _rules.ServerRules:
-        return _rules.rules_for(_info(info), probes, measured=measured)
-
-    def bottleneck_of(
-        self, info: ServerSettings, m: Measurement
-    ) -> tuple[Bottleneck, list[str]] | str:
-        return _rules.bottleneck_of(_info(info), m)
 
 
 ENGINE = VLLM()

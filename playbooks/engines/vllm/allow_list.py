@@ -13,9 +13,6 @@ are those of vLLM 0.32 (`vllm/config/cache.py`, `scheduler.py`, `model.py`, `com
 where kvpilot is stricter the reason is next to the entry. vLLM's parser
 (`FlexibleArgumentParser`) also reads `--max_num_seqs` for `--max-num-seqs`, so edits find and
 remove both spellings, and every alias of a flag.
-
-Why it is long: vLLM's allow-list mirrors its typed config dataclasses (types, ranges and every
-spelling of a flag), and its readers of launch arguments sit beside it.
 """
 
 from __future__ import annotations
@@ -28,6 +25,7 @@ from typing import Any
 
 from playbooks.engines.base import ArgError, ArgReading
 from playbooks.engines.launch_args import (
+    AllowList,
     ArgSpec,
     BoolValue,
     ChoiceValue,
@@ -36,7 +34,6 @@ from playbooks.engines.launch_args import (
     IntValue,
     normalise_key,
     read,
-    split_assignment,
     value_of,
     when_absent,
     without,
@@ -199,29 +196,11 @@ ALLOWED: dict[str, ArgSpec] = {
         ),
     )
 }
-# An alias's name -> the argument it sets (`device_memory_utilization=0.9` is accepted too).
-ALIASES = {normalise_key(a): name for name, spec in ALLOWED.items() for a in spec.aliases}
-
-
-def _spec(key: str) -> ArgSpec | None:
-    name = normalise_key(key)
-    return ALLOWED.get(ALIASES.get(name, name))
-
-
-def spec_of(key: str) -> ArgSpec:
-    spec = _spec(key)
-    if spec is None:
-        name = normalise_key(key)
-        known = ", ".join(sorted(ALLOWED))
-        raise ArgError(f"{name!r} is not a vLLM argument kvpilot can change; known: {known}")
-    return spec
-
-
-def parse_assignment(text: str) -> tuple[str, Any]:
-    """Parse `KEY=VALUE` (`gpu_memory_utilization=0.95` or `--max-num-seqs=512`)."""
-    key, value = split_assignment(text, "gpu_memory_utilization=0.95")
-    spec = spec_of(key)
-    return spec.name, spec.parse(value)
+# An alias's name sets its argument too (`device_memory_utilization=0.9` is accepted).
+TABLE = AllowList(ALLOWED, "a vLLM argument", "gpu_memory_utilization=0.95", by_alias=True)
+spec_of = TABLE.spec_of
+# `KEY=VALUE` (`gpu_memory_utilization=0.95` or `--max-num-seqs=512`)
+parse_assignment = TABLE.parse_assignment
 
 
 def check_budget_covers_seqs(seqs: object, tokens: object) -> None:
@@ -234,13 +213,8 @@ def check_budget_covers_seqs(seqs: object, tokens: object) -> None:
         )
 
 
-def parse_change(items: list[str]) -> dict[str, Any]:
-    change: dict[str, Any] = {}
-    for item in items:
-        name, value = parse_assignment(item)
-        if name in change and change[name] != value:
-            raise ArgError(f"{name} is given twice with different values")
-        change[name] = value
+def parse_change(items: Sequence[str]) -> dict[str, Any]:
+    change = TABLE.parse_items(items)
     check_budget_covers_seqs(change.get("max_num_seqs"), change.get("max_num_batched_tokens"))
     return change
 
@@ -336,7 +310,7 @@ def _int_or_none(text: str | None) -> int | None:
 def arg_value(args: Sequence[str], name: str) -> str | None:
     """The value of an argument in an argument list, under any spelling vLLM reads (a later
     one wins); an on/off flag reads "true", or "false" where its `--no-` form came last."""
-    spec = _spec(name)
+    spec = TABLE.find(name)
     if spec is None:
         key = normalise_key(name)
         return value_of(args, ("--" + key.replace("_", "-"),), underscores=True)

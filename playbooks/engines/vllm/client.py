@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from playbooks.engines import completions
 from playbooks.engines.base import (
@@ -43,15 +42,14 @@ from playbooks.engines.base import (
     LaunchArgs,
     Metrics,
     MetricsDisabled,
-    Prompt,
     Snapshot,
     Unauthorized,
     Unreachable,
     WrongEngine,
 )
+from playbooks.engines.kit import engine as kit
 from playbooks.engines.vllm import metrics as _m
 from playbooks.engines.vllm.allow_list import launch_settings, speculative_settings
-from playbooks.http import http_client, http_retrying, is_http_url, retried_get
 
 VERSION = "/version"
 MODELS = "/v1/models"
@@ -381,7 +379,7 @@ def assemble(
 
 
 # ----------------------------------------------------------------------------- the client
-class VLLMClient:
+class VLLMClient(kit.EngineReader):
     """Reads vLLM state. Never mutates the server.
 
     Keeps its previous metrics reading, so each `snapshot()` carries the decode rate and the
@@ -397,8 +395,7 @@ class VLLMClient:
         launch_args: LaunchArgs = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        self.http = http
-        self._retry = http_retrying(attempts, wait)
+        super().__init__(http, attempts=attempts, wait=wait)
         self._launch_args = launch_args
         self._clock = clock or time.monotonic
         self._history: list[_m.Timed] = []  # readings the next rates are taken against
@@ -406,24 +403,9 @@ class VLLMClient:
         self.notes: list[str] = []
 
     @classmethod
-    def connect(
-        cls,
-        url: str,
-        api_key: str | None = None,
-        timeout: float = 10.0,
-        *,
-        attempts: int = 3,
-        wait: Callable[..., float] | None = None,
-        launch_args: LaunchArgs = None,
-        clock: Callable[[], float] | None = None,
-    ) -> VLLMClient:
-        if not is_http_url(url):
-            raise EngineError(
-                f"invalid server URL {url!r}",
-                "Use the form http://HOST:PORT (for example http://127.0.0.1:8000).",
-            )
-        http = http_client(url, bearer_token=api_key, timeout_s=timeout)
-        return cls(http, attempts=attempts, wait=wait, launch_args=launch_args, clock=clock)
+    def connect(cls, url: str, options: kit.ConnectOptions = kit.ASKED_NOTHING) -> VLLMClient:
+        http, o = kit.engine_http(url, options, "http://127.0.0.1:8000"), options
+        return cls(http, attempts=o.attempts, wait=o.wait, launch_args=o.launch_args, clock=o.clock)
 
     @property
     def engine(self) -> Engine:
@@ -431,27 +413,11 @@ class VLLMClient:
 
         return ENGINE
 
-    @property
-    def base_url(self) -> str:
-        return str(self.http.base_url).rstrip("/")
-
-    def close(self) -> None:
-        self.http.close()
-
     def _note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
 
     # ----------------------------------------------------------------- transport
-    def _get(self, path: str, params: dict[str, str] | None = None) -> httpx.Response:
-        try:
-            return retried_get(self.http, self._retry, path, params)
-        except httpx.TransportError as exc:
-            raise Unreachable(
-                f"cannot reach vLLM at {self.base_url}: {exc.__class__.__name__}: {exc}",
-                "Is the server running, and is the URL (host and port) right?",
-            ) from exc
-
     def _unauthorized(self, path: str) -> Unauthorized:
         return Unauthorized(
             f"{self.base_url}{path} refused the request as unauthorised (401)", KEY_HINT
@@ -521,9 +487,7 @@ class VLLMClient:
         return {"model_path": found.get("model"), **found}
 
     def metrics(self) -> Metrics:
-        response = self._get(METRICS)
-        if response.status_code == 404:
-            raise MetricsDisabled(f"{self.base_url}{METRICS} is not served", _m.SPEC.how_to_enable)
+        response = self._exposition(METRICS, _m.SPEC.how_to_enable)
         if response.status_code == 401:
             raise self._unauthorized(METRICS)
         if response.status_code != 200:
@@ -608,18 +572,10 @@ class VLLMClient:
     def describe_metrics(self) -> str:
         return f"{self.base_url}{METRICS} (scraped directly)"
 
-    def generate(self, prompt: Prompt, *, max_tokens: int, timeout_s: float) -> str:
-        """The greedy answer through the OpenAI-compatible API (`completions`), naming the
-        served model as `/v1/models` lists it (vLLM refuses a name it does not serve)."""
+    def served_model(self) -> str | None:
+        """The served model as `/v1/models` lists it: vLLM refuses a name it does not serve."""
         served = from_models(self.models()).get("served_model_name")
-        return completions.generate(
-            self.http,
-            prompt,
-            max_tokens=max_tokens,
-            timeout_s=timeout_s,
-            label="vLLM",
-            model=None if served is None else str(served),
-        )
+        return None if served is None else str(served)
 
     @property
     def dialect(self) -> str:
@@ -632,15 +588,8 @@ def parse_metrics(text: str) -> Metrics:
 
     Raises NotVLLM where the exposition is SGLang's (or not Prometheus text at all).
     """
-    try:
-        parsed = list(text_string_to_metric_families(text))
-    except ValueError as exc:
-        raise NotVLLM(f"{METRICS} is not Prometheus text: {exc}") from None
+    parsed = kit.exposition(text, NotVLLM, METRICS)
     families = [f for f in parsed if f.name.startswith(_m.PREFIX)]
     if not families and any(f.name.startswith("sglang:") for f in parsed):
         raise NotVLLM(f"{METRICS} is SGLang's", "This is an SGLang server.")
-    return Metrics.read(
-        ((sample.name, sample.labels, sample.value) for f in families for sample in f.samples),
-        (f.name for f in families),
-        ttft_histogram=_m.TTFT_BUCKET,
-    )
+    return kit.metrics_of(families, _m.TTFT_BUCKET)

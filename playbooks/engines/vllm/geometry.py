@@ -51,11 +51,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from playbooks.engines.hf_config import (
-    HEADS,
-    KV_HEADS,
     LAYERS,
     first_int,
     head_dim,
+    kv_heads,
     language_model,
 )
 
@@ -188,9 +187,9 @@ def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
             kv_quant_fp8=fp8,
             max_positions=positions,
         )
-    kv_heads = first_int(config, *KV_HEADS) or first_int(config, *HEADS)
+    heads = kv_heads(config)
     size = head_dim(config)
-    if not kv_heads or not size:
+    if not heads or not size:
         return None
     full, sliding, linear = _layer_kinds(config, layers)
     if full <= 0:
@@ -198,7 +197,7 @@ def geometry_of(config: Mapping[str, Any]) -> Geometry | None:
     return Geometry(
         "mha",
         full,
-        kv_heads,
+        heads,
         size,
         first_int(config, "v_head_dim") or size,
         sliding_layers=sliding,

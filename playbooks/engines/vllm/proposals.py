@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from playbooks.engines.kit import proposals as kit
 from playbooks.engines.types import Bottleneck, Option
 from playbooks.engines.vllm.allow_list import FP8_DTYPES
 from playbooks.engines.vllm.argument_checks import server_start_limit
@@ -41,22 +42,7 @@ OFFLOAD_KV_MULTIPLE = 2  # a host tier twice the GPU pool holds the reused prefi
 Proposal = Callable[[Context, Bottleneck], Option | None]
 
 
-def more_clients(ctx: Context, bottleneck: Bottleneck) -> Option | None:
-    if bottleneck != "client":
-        return None
-    room = requests_fitting(ctx.info, ctx.m) or 0
-    return Option(
-        title="raise client concurrency",
-        change={},
-        verdict="recommended",
-        predicted_max_total_num_tokens=None,
-        predicted_gain=None,
-        risk="none on the server",
-        reasons=[
-            f"only {ctx.m.running:.1f} requests ran and none waited: send more at once "
-            f"(the server has room for ~{room:.0f})"
-        ],
-    )
+more_clients = kit.client_bound(requests_fitting)
 
 
 def _utilization(ctx: Context, bottleneck: Bottleneck, target: float) -> Option | None:
@@ -198,4 +184,4 @@ PROPOSALS: tuple[Proposal, ...] = (
 
 def propose(ctx: Context, bottleneck: Bottleneck) -> list[Option]:
     """Every change a rule proposes for this server and bottleneck, each with its verdict."""
-    return [o for rule in PROPOSALS if (o := rule(ctx, bottleneck)) is not None]
+    return kit.propose(PROPOSALS, ctx, bottleneck)

@@ -26,8 +26,8 @@ def serve(monkeypatch: pytest.MonkeyPatch, handler: Handler, asked: list[str]) -
     def http_client(url: str, **_: object) -> httpx.Client:
         return httpx.Client(base_url=url, transport=httpx.MockTransport(answering))
 
-    for module in ("playbooks.engines.sglang.client", "playbooks.engines.vllm.client"):
-        monkeypatch.setattr(f"{module}.http_client", http_client)
+    # every engine's client is made by the kit's `engine_http`
+    monkeypatch.setattr("playbooks.engines.kit.engine.http_client", http_client)
 
 
 def test_engines_by_name() -> None:
