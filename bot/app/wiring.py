@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlite_utils import Database
 
@@ -38,6 +40,20 @@ from storage.clock_anchors import Anchor, anchor_for, continued, record_anchor
 from storage.db import open_db
 from storage.experiments import latest_transition_at
 from storage.metric_samples import newest_sample_ts
+
+if TYPE_CHECKING:
+    from bot.chat.surface import Surface
+
+
+@dataclass(frozen=True)
+class Posting:
+    """What the bot's parts that post on their own share: its configuration, its database (a
+    connection per thread), the process's one clock, and the surface of a channel."""
+
+    config: Config
+    db: Callable[[], Database]
+    clock: Clock
+    surface_for: Callable[[str], Surface]
 
 
 def database(config: Config, *, any_thread: bool = False) -> Database:

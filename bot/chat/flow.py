@@ -26,6 +26,7 @@ from sqlite_utils import Database
 
 from bot.app.config import Config, ConfigError, ServerConfig
 from bot.app.wiring import (
+    Posting,
     diagnose_settings,
     engine,
     engine_client,
@@ -118,14 +119,8 @@ class Kvpilot(Approvals):
         self.group_members = group_members
         self.now = now
         self.clock = clock  # the process's one clock: measurements and experiments run on it
-        self.runner = ExperimentRunner(
-            config,
-            self.db,
-            clock=clock,
-            surface_for=surface_for,
-            now=now,
-            progress_every_s=progress_every_s,
-        )
+        posting = Posting(config, self.db, clock, surface_for)
+        self.runner = ExperimentRunner(posting, now=now, progress_every_s=progress_every_s)
         self.work = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvpilot-work")
         self._in_flight: set[Future[None]] = set()
         self._in_flight_lock = threading.Lock()
@@ -135,7 +130,7 @@ class Kvpilot(Approvals):
         self.runner.after_verdict = lambda row, surface, thread: campaign.after_verdict(
             self, row, surface, thread
         )
-        self.alerts = Alerter(config, self.db, clock, surface_for)
+        self.alerts = Alerter(posting)
         self.runner.on_end = self.alerts.experiment_failed
 
     # ------------------------------------------------------------------ plumbing

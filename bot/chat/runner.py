@@ -20,15 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlite_utils import Database
 
-from bot.app.config import Config
 from bot.app.ticker import Stopped, Ticker
-from bot.app.wiring import experiment_deps
+from bot.app.wiring import Posting, experiment_deps
 from bot.chat.held import held_facts
 from bot.chat.messages import Message
 from bot.chat.render import change_text
 from bot.chat.rollout import resume_rollouts, with_rollout_offer
 from bot.reports.charts import verdict_chart
-from playbooks.clock import Clock
 from playbooks.experiments import machine
 from playbooks.experiments.outcome import ending
 from playbooks.experiments.ownership import Lease, OwnershipLost
@@ -64,18 +62,15 @@ def stopped_text(exp_id: int, error: BaseException) -> str:
 class ExperimentRunner:
     def __init__(
         self,
-        config: Config,
-        db: Callable[[], Database],
+        posting: Posting,
         *,
-        clock: Clock,
-        surface_for: Callable[[str], Surface],
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         progress_every_s: float = 10.0,
     ) -> None:
-        self.config = config
-        self.db = db
-        self.surface_for = surface_for
-        self.clock = clock
+        self.config = posting.config
+        self.db = posting.db
+        self.surface_for = posting.surface_for
+        self.clock = posting.clock
         self.now = now
         self.progress_every_s = progress_every_s
         self._ticker: Ticker | None = None

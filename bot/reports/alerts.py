@@ -27,14 +27,11 @@ from typing import TypeVar
 
 from sqlite_utils import Database
 
-from bot.app.config import Config
 from bot.app.telemetry import Tally
-from bot.app.wiring import engine_of
+from bot.app.wiring import Posting, engine_of
 from bot.chat.messages import Message
-from bot.chat.surface import Surface
 from bot.chat.when import hhmm
 from bot.reports.grouping import Entry, Group, diagnose_button, render
-from playbooks.clock import Clock
 from playbooks.diagnose.measure import MeasurementError, measurement_of
 from playbooks.engines import restore_snapshot
 from playbooks.reports.alerting import AlertState, Transition, regressed, step
@@ -73,18 +70,11 @@ class _Move:
 
 
 class Alerter:
-    def __init__(
-        self,
-        config: Config,
-        db: Callable[[], Database],
-        clock: Clock,
-        surface_for: Callable[[str], Surface],
-        sent: Tally | None = None,
-    ) -> None:
-        self.config = config
-        self.db = db
-        self.clock = clock
-        self.surface_for = surface_for
+    def __init__(self, posting: Posting, sent: Tally | None = None) -> None:
+        self.config = posting.config
+        self.db = posting.db
+        self.clock = posting.clock
+        self.surface_for = posting.surface_for
         self.sent = sent or Tally()
         self._last: float | None = None
         self._open: dict[str, Group] = {}  # each channel's newest alert message

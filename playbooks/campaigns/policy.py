@@ -256,22 +256,6 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return {k: str(v) for k, v in a.items()} == {k: str(v) for k, v in b.items()}
 
 
-def _skip_reason(
-    option: Option,
-    *,
-    tried: Sequence[Tried],
-    bounds: Sequence[Bound],
-    allowance: Allowance | None,
-    force: bool,
-    room: GpuRoom | None = None,
-    unchanged: Unchanged | None = None,
-) -> str | None:
-    """Why a campaign must pass over this option now (None: it may take it)."""
-    return _not_a_step(option, tried, force, unchanged) or _outside_plan(
-        option, tried, bounds, allowance, force, room
-    )
-
-
 def _not_a_step(
     option: Option, tried: Sequence[Tried], force: bool, unchanged: Unchanged | None
 ) -> str | None:
@@ -356,10 +340,10 @@ def choose_next(
     """
 
     def reason(option: Option) -> str | None:
-        return _skip_reason(
-            option, tried=tried, bounds=bounds, allowance=allowance, force=force, room=room,
-            unchanged=unchanged,
-        )  # fmt: skip
+        """Why a campaign must pass over this option now (None: it may take it)."""
+        return _not_a_step(option, tried, force, unchanged) or _outside_plan(
+            option, tried, bounds, allowance, force, room
+        )
 
     skipped: list[tuple[str, str]] = []
     candidates: list[Option] = []

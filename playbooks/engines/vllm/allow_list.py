@@ -23,21 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from playbooks.engines import launch_args as la
 from playbooks.engines.base import ArgError, ArgReading
-from playbooks.engines.launch_args import (
-    AllowList,
-    ArgSpec,
-    BoolValue,
-    ChoiceValue,
-    Default,
-    FloatValue,
-    IntValue,
-    normalise_key,
-    read,
-    value_of,
-    when_absent,
-    without,
-)
 
 # Token, request and byte counts: vLLM keeps block tables and token positions in int32 tensors,
 # so a count beyond one is never meaningful (kvpilot's bound; vLLM sets none).
@@ -72,7 +59,7 @@ def human_readable_int(text: str) -> int:
 
 
 @dataclass(frozen=True)
-class HumanInt(IntValue):
+class HumanInt(la.IntValue):
     """A `human_readable_int` flag: held as int, read from `4k`/`64M` too, spelt as digits."""
 
     auto: bool = False  # `human_readable_int_or_auto`: `auto` and -1 mean AUTO
@@ -87,7 +74,7 @@ class HumanInt(IntValue):
 
 
 @dataclass(frozen=True)
-class IntChoice(IntValue):
+class IntChoice(la.IntValue):
     """An int flag kvpilot allows only a few values of."""
 
     options: tuple[int, ...] = ()
@@ -117,79 +104,79 @@ OFFLOADING_BACKENDS = ("native", "lmcache")
 # allows the powers of two from 16 to 128 (16 is the GPU default, 128 the CPU one).
 BLOCK_SIZES = (16, 32, 64, 128)
 
-ALLOWED: dict[str, ArgSpec] = {
+ALLOWED: dict[str, la.ArgSpec] = {
     spec.name: spec
     for spec in (
         # config/cache.py:102 `gpu_memory_utilization: float = Field(default=0.92, gt=0, le=1)`;
         # arg_utils.py:1356-1361 adds the alias --device-memory-utilization (same dest).
-        ArgSpec(
+        la.ArgSpec(
             "gpu_memory_utilization",
-            FloatValue(0.0, 1.0, hi_open=False),
+            la.FloatValue(0.0, 1.0, hi_open=False),
             "share of the GPU's total memory the whole instance may use (weights, activations, "
             "CUDA graphs and KV cache)",
             aliases=("--device-memory-utilization",),
         ),
-        ArgSpec("kv_cache_dtype", ChoiceValue(KV_DTYPES), "KV cache element type"),
+        la.ArgSpec("kv_cache_dtype", la.ChoiceValue(KV_DTYPES), "KV cache element type"),
         # config/scheduler.py:62 `max_num_seqs: int = Field(..., ge=1)`; type=int.
-        ArgSpec(
+        la.ArgSpec(
             "max_num_seqs",
-            IntValue(1, INT32_MAX, unit="requests"),
+            la.IntValue(1, INT32_MAX, unit="requests"),
             "cap on requests running at once",
         ),
         # config/scheduler.py:48 `max_num_batched_tokens: int = Field(..., ge=1)`;
         # arg_utils.py:391-403 reads it with human_readable_int.
-        ArgSpec(
+        la.ArgSpec(
             "max_num_batched_tokens",
             HumanInt(1, INT32_MAX, unit="tokens"),
             "tokens one engine step may schedule (decodes and prefill chunks together)",
         ),
-        ArgSpec(
+        la.ArgSpec(
             "block_size",
             IntChoice(1, INT32_MAX, unit="tokens", options=BLOCK_SIZES),
             "KV block (page) size in tokens",
         ),
         # config/model.py:245 `max_model_len: int = Field(default=None, ge=-1)`; read with
         # human_readable_int_or_auto (arg_utils.py:397-400; `auto`/-1: fit to the KV cache).
-        ArgSpec(
+        la.ArgSpec(
             "max_model_len",
             HumanInt(1, INT32_MAX, allow=(AUTO,), unit="tokens", auto=True),
             "longest request (prompt and output) in tokens; auto fits it to the KV cache",
         ),
         # config/cache.py `enable_prefix_caching: bool = True`; the flag's default is None
         # (arg_utils.py:1369-1375), resolved from the model's support.
-        ArgSpec(
+        la.ArgSpec(
             "enable_prefix_caching",
-            BoolValue(negatable=True),
+            la.BoolValue(negatable=True),
             "automatic prefix caching",
         ),
         # config/model.py:272 `enforce_eager: bool = False` (0.32: no torch.compile either).
-        ArgSpec(
+        la.ArgSpec(
             "enforce_eager",
-            BoolValue(negatable=True),
+            la.BoolValue(negatable=True),
             "run eagerly: no CUDA graphs, no torch.compile",
         ),
         # config/compilation.py:695 `max_cudagraph_capture_size: int = None`; type=int, no
         # range. kvpilot: up to 4096, the largest decode batch its proposals cover.
-        ArgSpec(
+        la.ArgSpec(
             "max_cudagraph_capture_size",
-            IntValue(1, 4096, unit="requests"),
+            la.IntValue(1, 4096, unit="requests"),
             "largest decode batch captured as a CUDA graph",
         ),
         # config/cache.py `kv_offloading_size: float | None = None` (GiB, the total over TP
         # ranks); type=float. kvpilot: a positive size up to 4 TiB of host memory.
-        ArgSpec(
+        la.ArgSpec(
             "kv_offloading_size",
-            FloatValue(0.0, 4096.0, hi_open=False),
+            la.FloatValue(0.0, 4096.0, hi_open=False),
             "host (CPU) memory for offloaded KV blocks, GiB over all TP ranks",
         ),
-        ArgSpec(
+        la.ArgSpec(
             "kv_offloading_backend",
-            ChoiceValue(OFFLOADING_BACKENDS),
+            la.ChoiceValue(OFFLOADING_BACKENDS),
             "where offloaded KV blocks go (vLLM's own CPU tier, or LMCache)",
         ),
         # config/cache.py `kv_cache_memory_bytes: int | None = None` (per GPU); read with
         # human_readable_int. kvpilot: at least 1 MiB, at most 16 TiB.
-        ArgSpec(
+        la.ArgSpec(
             "kv_cache_memory_bytes",
             HumanInt(1 << 20, 1 << 44, unit="bytes"),
             "KV cache size per GPU in bytes; overrides gpu_memory_utilization's sizing",
@@ -197,7 +184,7 @@ ALLOWED: dict[str, ArgSpec] = {
     )
 }
 # An alias's name sets its argument too (`device_memory_utilization=0.9` is accepted).
-TABLE = AllowList(ALLOWED, "a vLLM argument", "gpu_memory_utilization=0.95", by_alias=True)
+TABLE = la.AllowList(ALLOWED, "a vLLM argument", "gpu_memory_utilization=0.95", by_alias=True)
 spec_of = TABLE.spec_of
 # `KEY=VALUE` (`gpu_memory_utilization=0.95` or `--max-num-seqs=512`)
 parse_assignment = TABLE.parse_assignment
@@ -232,12 +219,12 @@ def with_change(args: Sequence[str], change: Mapping[str, Any]) -> list[str]:
     out = list(args)
     for key, value in change.items():
         spec = spec_of(key)
-        out = without(out, spec.spellings, takes_value=spec.takes_value, underscores=True)
+        out = la.without(out, spec.spellings, takes_value=spec.takes_value, underscores=True)
         if spec.name in IN_COMPILATION_CONFIG:
             out = _without_in_compilation_config(out, spec.name)
         if value is not None:
             out += spec.cli(value)
-    names = {normalise_key(k) for k in change}
+    names = {la.normalise_key(k) for k in change}
     if {"max_num_seqs", "max_num_batched_tokens"} & names:
         check_budget_covers_seqs(
             _int_or_none(arg_value(out, "max_num_seqs")),
@@ -312,8 +299,8 @@ def arg_value(args: Sequence[str], name: str) -> str | None:
     one wins); an on/off flag reads "true", or "false" where its `--no-` form came last."""
     spec = TABLE.find(name)
     if spec is None:
-        key = normalise_key(name)
-        return value_of(args, ("--" + key.replace("_", "-"),), underscores=True)
+        key = la.normalise_key(name)
+        return la.value_of(args, ("--" + key.replace("_", "-"),), underscores=True)
     negated = spec.negated
     if negated is not None:
         state: str | None = None
@@ -323,7 +310,7 @@ def arg_value(args: Sequence[str], name: str) -> str | None:
             elif tok in (negated, "--no_" + spec.name, "--no-" + spec.name):
                 state = "false"
         return state
-    return value_of(args, (spec.flag, *spec.aliases), underscores=True)
+    return la.value_of(args, (spec.flag, *spec.aliases), underscores=True)
 
 
 # ----------------------------------------------------------------------------- defaults
@@ -331,25 +318,25 @@ def arg_value(args: Sequence[str], name: str) -> str | None:
 # dataclass field's default, which `EngineArgs` (vllm/engine/arg_utils.py) takes as the flag's
 # (`gpu_memory_utilization: float = CacheConfig.gpu_memory_utilization`, and so on). Read by
 # `read_arg`, so that `--gpu-memory-utilization 0.92` on a server without the flag is no change.
-DEFAULTS: dict[str, Default] = {
-    "gpu_memory_utilization": Default(
+DEFAULTS: dict[str, la.Default] = {
+    "gpu_memory_utilization": la.Default(
         "vllm/config/cache.py:102 `gpu_memory_utilization: float = Field(default=0.92, ...)`",
         0.92,
     ),
-    "kv_cache_dtype": Default(
+    "kv_cache_dtype": la.Default(
         'vllm/config/cache.py `cache_dtype: CacheDType = "auto"` (resolved from the '
         "checkpoint at start-up, an explicit `auto` as the default)",
         "auto",
     ),
-    "enforce_eager": Default("vllm/config/model.py:272 `enforce_eager: bool = False`", False),
-    "kv_offloading_size": Default(
+    "enforce_eager": la.Default("vllm/config/model.py:272 `enforce_eager: bool = False`", False),
+    "kv_offloading_size": la.Default(
         "vllm/config/cache.py `kv_offloading_size: float | None = None`: no offloading", None
     ),
-    "kv_offloading_backend": Default(
+    "kv_offloading_backend": la.Default(
         'vllm/config/cache.py `kv_offloading_backend: KVOffloadingBackend = "native"`',
         "native",
     ),
-    "kv_cache_memory_bytes": Default(
+    "kv_cache_memory_bytes": la.Default(
         "vllm/config/cache.py `kv_cache_memory_bytes: int | None = None`: sized from "
         "gpu_memory_utilization",
         None,
@@ -370,14 +357,14 @@ AT_START: dict[str, str] = {
     "max_cudagraph_capture_size": "vLLM derives it from max_num_seqs at start-up "
     "(vllm/config/compilation.py), unless a compilation config sets it",
 }
-ABSENT = when_absent(DEFAULTS, AT_START, "vLLM")
+ABSENT = la.when_absent(DEFAULTS, AT_START, "vLLM")
 
 
 def read_arg(args: Sequence[str], name: str) -> ArgReading:
     """An allowed argument as vLLM would run it from `args` (`base.ArgReading`): every spelling
     its parser reads (aliases, `--no-FLAG`, underscores), typed (`4k` is 4000, `-1` is `auto`)."""
     spec = spec_of(name)
-    return read(spec, args, ABSENT(spec.name), underscores=True)
+    return la.read(spec, args, ABSENT(spec.name), underscores=True)
 
 
 def launch_settings(args: Sequence[str]) -> dict[str, Any]:
@@ -393,10 +380,10 @@ def launch_settings(args: Sequence[str]) -> dict[str, Any]:
         except ArgError:
             continue
     for name, flags in PARALLEL_FLAGS.items():
-        text = value_of(args, flags, underscores=True)
+        text = la.value_of(args, flags, underscores=True)
         if text is not None and text.isdigit():
             found[name] = int(text)
-    found.update(kv_transfer(value_of(args, ("--kv-transfer-config",), underscores=True)))
+    found.update(kv_transfer(la.value_of(args, ("--kv-transfer-config",), underscores=True)))
     found.update(speculative(args))
     return found
 
@@ -409,7 +396,7 @@ def speculative(args: Sequence[str]) -> dict[str, Any]:
     (config/speculative.py: "eagle-" -> eagle, "eagle3" -> eagle3; a draft with no model is
     the target's own MTP module); a name that says nothing is left `draft_model`."""
     config: dict[str, Any] = {}
-    text = value_of(args, ("--speculative-config", "-sc"), underscores=True)
+    text = la.value_of(args, ("--speculative-config", "-sc"), underscores=True)
     if text:
         try:
             loaded = json.loads(text)
@@ -422,7 +409,7 @@ def speculative(args: Sequence[str]) -> dict[str, Any]:
         ("--spec-model", "model"),
         ("--spec-tokens", "num_speculative_tokens"),
     ):
-        value = value_of(args, (flag,), underscores=True)
+        value = la.value_of(args, (flag,), underscores=True)
         if value is not None:
             config[key] = value
     return speculative_settings(config)

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bot.app.config import parse
+from bot.app.wiring import Posting
 from bot.chat.auth import Principal
 from bot.chat.messages import Message
 from bot.reports.alerts import Alerter
@@ -56,7 +57,7 @@ def test_a_failed_experiment_is_alerted_once(tmp_path: Path) -> None:
     )
     db = open_db(tmp_path / "k.db")
     surface = Recorder("C0OPS")
-    alerter = Alerter(config, lambda: db, ManualClock(epoch=NOW), lambda _c: surface)
+    alerter = Alerter(Posting(config, lambda: db, ManualClock(epoch=NOW), lambda _c: surface))
     alerter.experiment_failed(row(1, State.reverted))
     assert surface.posted == []
     alerter.experiment_failed(row(2, State.failed))
@@ -94,7 +95,7 @@ def test_a_fall_against_last_week_is_alerted_only_while_requests_wait(tmp_path: 
     add_samples(db, hour_of("a", now - 7 * 86400, 1000.0, 50.0))
     add_samples(db, hour_of("a", now, 700.0, 0.0))  # slower, but nothing waits: less demand
     surface = Recorder("C0OPS")
-    alerter = Alerter(config, lambda: db, ManualClock(epoch=NOW), lambda _c: surface)
+    alerter = Alerter(Posting(config, lambda: db, ManualClock(epoch=NOW), lambda _c: surface))
     assert alerter._regression("a", now) == (None, [], 0.0)
     db.execute("UPDATE metric_samples SET queued = 30 WHERE ts > ?", [now - 3600])
     holds, evidence, _fall = alerter._regression("a", now)

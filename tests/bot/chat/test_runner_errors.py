@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.app.config import load
+from bot.app.wiring import Posting
 from bot.chat.auth import Principal
 from bot.chat.messages import Message
 from bot.chat.runner import ExperimentRunner
@@ -43,9 +44,7 @@ def test_an_error_that_stops_an_experiment_is_posted_in_its_thread(tmp_path: Pat
     config = load(str(config_path))
     surface = Recorder()
     db = open_db(config.database)
-    runner = ExperimentRunner(
-        config, lambda: db, clock=at_scale(1.0), surface_for=lambda _: surface
-    )
+    runner = ExperimentRunner(Posting(config, lambda: db, at_scale(1.0), lambda _: surface))
     thread = MessageRef("C0OPS", "100.1")
     progress = MessageRef("C0OPS", "100.2", "100.1")
     runner._ended(
@@ -80,9 +79,7 @@ def test_an_experiment_started_while_the_bot_stops_starts_no_scheduler(tmp_path:
         runner.shutdown(grace_s=0.0, why="SIGTERM")  # the stop lands while it starts
         return surface
 
-    runner = ExperimentRunner(
-        config, lambda: db, clock=at_scale(1.0), surface_for=stopping_meanwhile
-    )
+    runner = ExperimentRunner(Posting(config, lambda: db, at_scale(1.0), stopping_meanwhile))
     before = set(threading.enumerate())
     runner.start(exp, thread=MessageRef("C0OPS", "100.1"))
     started = [t.name for t in set(threading.enumerate()) - before if t.is_alive()]

@@ -12,6 +12,7 @@ import pytest
 from slack_sdk import WebClient
 
 from bot.app.config import parse
+from bot.app.wiring import Posting
 from bot.reports.alerts import PACE_S, Alerter
 from bot.reports.grouping import SHOWN, Entry, render
 from bot.slack.surface import SlackSurface
@@ -43,7 +44,9 @@ def alerter(tmp_path: Path, slack: FakeSlack, servers: int, holds: dict[str, flo
     )
     db = open_db(tmp_path / "k.db")
     client = WebClient(token="xoxb-test", base_url=slack.api_url, timeout=5)
-    a = Alerter(config, lambda: db, ManualClock(epoch=NOW), lambda c: SlackSurface(client, c))
+    a = Alerter(
+        Posting(config, lambda: db, ManualClock(epoch=NOW), lambda c: SlackSurface(client, c))
+    )
 
     def kv_bound(name: str, now: float) -> tuple[bool | None, list[str], float]:
         held = name in holds and now >= holds[name]
