@@ -31,8 +31,10 @@ def serve(monkeypatch: pytest.MonkeyPatch, handler: Handler, asked: list[str]) -
 
 
 def test_engines_by_name() -> None:
-    assert registry.NAMES == ("sglang", "vllm")
-    assert [engine_named(n).name for n in registry.NAMES] == ["sglang", "vllm"]
+    """SGLang first (the default, and what `detect` asks first), then vLLM; an engine added
+    later needs no edit here."""
+    assert registry.NAMES[:2] == ("sglang", "vllm")
+    assert [engine_named(n).name for n in registry.NAMES] == list(registry.NAMES)
     with pytest.raises(UnknownEngine, match="sglang, vllm"):
         engine_named("trt")
 
