@@ -19,7 +19,10 @@ and stored when they changed, for the report's "configuration now versus a day a
 A round scrapes up to `[sampler] concurrency` servers at once (16 by default; each has its own
 client), so a round over a fleet of hundreds takes about the slowest scrapes' time rather than
 the sum of every server's; what was read is stored afterwards in the sampler's thread, one
-server after another in the configured order, on its one database connection.
+server after another in the configured order, on its one database connection, in one
+transaction for the whole round: a commit per server per tick cost a fleet's bot most of its
+storing time, and the round's raw and monitor samples go in as one `executemany` each. A round
+that fails to store stores nothing; the next round reads back what is stored (`_prepare`).
 
 Time comes from the process's one ``Clock`` (``bot.app.wiring.make_clock``): the wall clock in
 production, a scaled one against a twin started with ``--time-scale K`` (so samples are in the
@@ -57,13 +60,13 @@ from storage.metric_samples import (
     Gap,
     Retention,
     add_gap,
-    add_sample,
     close_gap,
     compact,
     extend_gap,
     last_sample,
     open_gap,
 )
+from storage.metric_samples import add_samples as add_raw_samples
 from storage.samples import Sample, add_samples, prune_monitor_samples
 from storage.server_snapshots import record_snapshot
 
@@ -144,6 +147,18 @@ def default_client(
 
 
 @dataclass
+class _Rows:
+    """A round's samples, stored together at its end."""
+
+    raw: list[RawSample] = field(default_factory=list)
+    monitor: list[Sample] = field(default_factory=list)
+
+    def store(self, db: Database) -> None:
+        add_raw_samples(db, self.raw)
+        add_samples(db, self.monitor)
+
+
+@dataclass
 class _Loop:
     thread: threading.Thread
     stop: threading.Event = field(default_factory=threading.Event)
@@ -189,7 +204,10 @@ class Sampler:
                 self._prepare(db, name)
                 self._client(name)  # made here: the scrapes run in other threads
             readings = self._fetch_all(names, self._scrape)
-            outcomes = [self._store(db, name, readings[name]) for name in names]
+            rows = _Rows()
+            with write_transaction(db):  # the whole round's rows: one commit
+                outcomes = [self._store(db, name, readings[name], rows) for name in names]
+                rows.store(db)
             wanted = [n for n, o in zip(names, outcomes, strict=True) if o.ok]
             wanted = [n for n in wanted if self.states[n].need_snapshot]
             for name, info in self._fetch_all(wanted, self._settings).items():
@@ -242,7 +260,7 @@ class Sampler:
             return now, exc
 
     def _store(
-        self, db: Database, name: str, scraped: tuple[datetime, Snapshot | Exception]
+        self, db: Database, name: str, scraped: tuple[datetime, Snapshot | Exception], rows: _Rows
     ) -> Outcome:
         state = self.states[name]
         now, reading = scraped
@@ -255,7 +273,7 @@ class Sampler:
             log.error("sampling %s failed", name, exc_info=reading)
             self._failed(db, state, t, f"{type(reading).__name__}: {reading}")
             return Outcome(name, False, str(reading))
-        self._succeeded(db, state, now, reading)
+        self._succeeded(db, state, now, reading, rows)
         return Outcome(name, True)
 
     def _max_gap(self) -> float:
@@ -300,7 +318,9 @@ class Sampler:
         extend_gap(db, gap.id, t, detail=error)
         state.gap = Gap(gap.id, gap.server, gap.kind, gap.start_ts, t, True, False, error)
 
-    def _succeeded(self, db: Database, state: ServerState, now: datetime, r: Snapshot) -> None:
+    def _succeeded(
+        self, db: Database, state: ServerState, now: datetime, r: Snapshot, rows: _Rows
+    ) -> None:
         t = now.timestamp()
         last = state.last
         if last is not None and t <= last.ts:
@@ -342,10 +362,9 @@ class Sampler:
             max_total_tokens=r.capacity_tokens or state.capacity,
             **inc,
         )
-        with write_transaction(db):  # one transaction for both rows of the tick
-            add_sample(db, sample)
-            # the full snapshot too, for an experiment's baseline: one row per server per tick
-            add_samples(db, [Sample(state.name, "monitor", t, now, r.at(t).to_json())])
+        rows.raw.append(sample)
+        # the full snapshot too, for an experiment's baseline: one row per server per tick
+        rows.monitor.append(Sample(state.name, "monitor", t, now, r.at(t).to_json()))
         state.last = sample
         state.last_error = ""
         state.samples += 1
