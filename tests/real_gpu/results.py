@@ -109,9 +109,10 @@ def batch_rates(samples: Sequence[Mapping[str, Any]], batch_s: float = BATCH_S) 
     nearly independent pieces a window's interval is made from (batch means)."""
     counted = [s for s in samples if s.get("decoded_tokens") is not None]
     rates: list[float] = []
-    start = counted[0] if counted else None
+    if not counted:
+        return rates
+    start = counted[0]
     for s in counted[1:]:
-        assert start is not None
         if s["t"] - start["t"] >= 0.9 * batch_s:
             rates.append((s["decoded_tokens"] - start["decoded_tokens"]) / (s["t"] - start["t"]))
             start = s

@@ -74,7 +74,9 @@ def batch_limits(change: Sized, checks: Sequence[Check[Any]], seen: Observed) ->
 def pool_room(seen: Observed) -> float:
     """How many times today's batch today's pool would hold, where a cap on the batch is the
     bottleneck and the pool has room (`FULL_POOL_USAGE` over the window's usage); 1 otherwise.
-    Measured on an H100: capped at 40 with the pool 51% used, the uncapped server ran 72."""
+    Measured on an H100 with SGLang: capped at 40 with the pool 51% used, the uncapped server ran
+    72. Both engines call a batch held at its sequence cap `compute`; vLLM admits until its
+    blocks run out, so for it the share is a floor and the prediction errs low."""
     usage = seen.m.token_usage
     if seen.bottleneck != "compute" or not usage:
         return 1.0

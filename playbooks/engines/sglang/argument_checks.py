@@ -423,10 +423,6 @@ class RunningCapCheck(Check):
             return 0
         return -1 if int(value) < today else 1
 
-    @classmethod
-    def lowers(cls, change: Change) -> bool:
-        return cls.moves(change) < 0
-
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
         limit = running_cap_total(ctx.server.info)
         after = min(cap.requests for cap in ctx.batch_caps)
