@@ -27,7 +27,7 @@ USAGE = {
     "approve": "approve <proposal id>",
     "reject": "reject <proposal id>",
     "history": "history [server]",
-    "report": "report [server] [--since 24h]",
+    "report": "report [server | --group NAME | --all] [--since 24h]",
     "tune": "tune <server> [--allow KEY=RANGE ...] [--max-experiments N]",
     "freeze": "freeze [server|group|all] [for 2h] [reason]",
     "unfreeze": "unfreeze [server|group]",
@@ -50,6 +50,8 @@ class Command:
     proposal_id: int | None = None
     plan: dict[str, Any] | None = None  # a campaign's bounded plan (`tune`), as stored
     freeze: FreezeSpec | None = None  # `freeze` and `unfreeze`: what, for how long, why
+    group: str | None = None  # `report --group NAME` (its name) or `--all` ("*")
+    members: tuple[str, ...] = ()  # the servers of that report, in the configuration's order
 
 
 @dataclass(frozen=True)
@@ -147,11 +149,34 @@ def parse_command(text: str, config: Config) -> Command:
         except ValueError as exc:
             raise CommandError(f"--since: {exc}") from None
         args = args[:i] + args[i + 2 :]
+    if verb == "report" and ("--all" in args or any(a.startswith("--group") for a in args)):
+        return _group_report(config, args, since)
     if len(args) > 1:
         raise CommandError(f"too many words; usage: `/kvpilot {USAGE[verb]}`")
     required = verb in ("diagnose", "report")
     server = _server(config, args[0] if args else None, required=required, verb=verb)
     return Command(verb, server=server, since=since)
+
+
+def _group_report(config: Config, args: list[str], since: timedelta) -> Command:
+    """`report --group NAME` or `report --all`: one summary of many servers."""
+    words = [w for a in args for w in (a.split("=", 1) if a.startswith("--group=") else [a])]
+    if words == ["--all"]:
+        if not config.servers:
+            raise CommandError("no servers are configured to report on")
+        return Command("report", since=since, group="*", members=tuple(config.servers))
+    if len(words) != 2 or words[0] != "--group":
+        raise CommandError(f"usage: `/kvpilot {USAGE['report']}`")
+    name = words[1]
+    if name not in config.groups:
+        close = difflib.get_close_matches(name, sorted(config.groups), n=1)
+        guess = f" (did you mean `{close[0]}`?)" if close else ""
+        known = ", ".join(sorted(config.groups)) or "none configured; see [groups.NAME]"
+        raise CommandError(f"unknown group `{name}`{guess}; groups: {known}")
+    members = tuple(s for s, c in config.servers.items() if c.group == name)
+    if not members:
+        raise CommandError(f"group `{name}` has no servers (a server joins with group = ...)")
+    return Command("report", since=since, group=name, members=members)
 
 
 def _scope(config: Config, word: str) -> tuple[str, str] | None:

@@ -67,8 +67,9 @@ def _report(bot: Conversation, who: Principal, cmd: Command) -> Reply:
     hook = bot.report_hook
     if hook is None:
         return Reply(Message.note("Reports are not available in this build."))
+    what = f"`{cmd.server}`" if cmd.group is None else f"{len(cmd.members)} servers"
     return Reply(
-        Message.note(f"Building the report for `{cmd.server}`..."),
+        Message.note(f"Building the report for {what}..."),
         lambda s: hook(cmd, who, s),
     )
 

@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, TextIO
 from bot.cli.output import add_output
 
 if TYPE_CHECKING:
+    from sqlite_utils import Database
+
+    from bot.app.config import Config
     from playbooks.reports.throughput import Report
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -27,7 +30,14 @@ def add_report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "report", help="a server's throughput report (last 24 h by default), printed or posted"
     )
     p.add_argument("--config", default=None, help="kvpilot.toml")
-    p.add_argument("--server", required=True, help="a server name from the configuration")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--server", help="a server name from the configuration")
+    which.add_argument(
+        "--group",
+        metavar="NAME",
+        help="a [groups.NAME] of the configuration: one summary, the servers losing most first",
+    )
+    which.add_argument("--all", action="store_true", help="every configured server, summarised")
     p.add_argument(
         "--since",
         default="24h",
@@ -87,6 +97,8 @@ def cmd_report(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except (ConfigError, StorageError) as exc:
         err.write(f"error: {exc}\n")
         return EXIT_USAGE
+    if ns.server is None:
+        return _fleet(ns, config, db, out, err)
     schedules = [r for r in config.reports if ns.server in r.servers]
     try:
         if ns.server not in config.servers and ns.server not in sampled_servers(db):
@@ -120,6 +132,47 @@ def cmd_report(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         out.write(json.dumps(report.to_json()) + "\n")
     else:
         out.write(render_text(report, zone))
+    return EXIT_OK
+
+
+def _fleet(ns: argparse.Namespace, config: Config, db: Database, out: TextIO, err: TextIO) -> int:
+    """`--group NAME` or `--all`: the servers summarised in one text (`bot.reports.fleet`)."""
+    from bot.app.config import ConfigError  # noqa: PLC0415 - see the module docstring
+    from bot.app.wiring import engine_of, make_clock  # noqa: PLC0415
+    from bot.reports.fleet import build_fleet, fleet_text, label  # noqa: PLC0415
+    from playbooks.reports.throughput import build_report, parse_window  # noqa: PLC0415
+
+    if ns.post or ns.chart or ns.json:
+        err.write(
+            "error: --group and --all print a summary; --post, --chart and --json need --server\n"
+        )
+        return EXIT_USAGE
+    group = "*" if ns.all else ns.group
+    if group != "*" and group not in config.groups:
+        known = ", ".join(sorted(config.groups)) or "none configured; see [groups.NAME]"
+        err.write(f"error: unknown group {group!r}; groups: {known}\n")
+        return EXIT_USAGE
+    servers = [s for s, c in config.servers.items() if group in ("*", c.group)]
+    if not servers:
+        err.write("error: no servers to report on\n")
+        return EXIT_USAGE
+    try:
+        zone = zoneinfo.ZoneInfo(ns.timezone or "UTC")
+        until = _until(ns.until, zone, make_clock(config, db).utcnow())
+        since = until - parse_window(ns.since)
+        summary = build_fleet(
+            label(group),
+            servers,
+            since,
+            until,
+            lambda server, start, end: build_report(
+                db, server, since=start, until=end, engine=engine_of(config, server)
+            ),
+        )
+    except (ConfigError, ValueError, zoneinfo.ZoneInfoNotFoundError) as exc:
+        err.write(f"error: {exc}\n")
+        return EXIT_USAGE
+    out.write(fleet_text(summary, zone))
     return EXIT_OK
 
 

@@ -1,5 +1,8 @@
 """`/kvpilot report` (and `report` in the console): the daily report, on demand, in the channel.
 
+`report NAME` posts the server's report and chart; `report --group NAME` and `report --all` post
+one summary of many servers (`bot.reports.fleet`).
+
 The window ends at the sampler's "now", which against an accelerated twin is the twin's own
 time, so the report covers what the samples cover.
 """
@@ -28,10 +31,28 @@ def make_report_hook(
 
     def report(cmd: Command, who: Principal, surface: Surface) -> None:
         from bot.reports import report as reports  # noqa: PLC0415 - matplotlib loads only when a report is asked
+        from bot.reports.fleet import build_fleet, label, post_fleet  # noqa: PLC0415
         from playbooks.reports.throughput import build_report  # noqa: PLC0415
 
-        assert cmd.server is not None
         until = now()
+        if cmd.group is not None:  # `report --group NAME` or `--all`: one summary
+            database = db()
+            summary = build_fleet(
+                label(cmd.group),
+                cmd.members,
+                until - cmd.since,
+                until,
+                lambda server, since, end: build_report(
+                    database,
+                    server,
+                    since=since,
+                    until=end,
+                    engine=None if engine is None else engine(server),
+                ),
+            )
+            post_fleet(surface, summary)
+            return
+        assert cmd.server is not None
         result = build_report(
             db(),
             cmd.server,

@@ -96,13 +96,13 @@ def effect(estimate: Estimate) -> str:
     return text
 
 
-def _num(value: float | None, digits: int = 0) -> str:
+def number(value: float | None, digits: int = 0) -> str:
     if value is None or not math.isfinite(value):
         return "n/a"
     return f"{value:,.{digits}f}"
 
 
-def _pct(value: float | None) -> str:
+def percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
 
@@ -132,9 +132,9 @@ def render_text(report: Report, tz: Zone | None = None) -> str:
 def summary_line(report: Report, tz: Zone | None = None) -> str:
     """One line: the message's notification text."""
     parts = [
-        f"{_num(report.tokens_generated)} tokens",
-        f"{_num(report.generation.mean)} tok/s generation",
-        f"queue non-empty {_pct(report.saturated_share)}",
+        f"{number(report.tokens_generated)} tokens",
+        f"{number(report.generation.mean)} tok/s generation",
+        f"queue non-empty {percent(report.saturated_share)}",
     ]
     if report.restarts:
         parts.append(f"{report.restarts} restart(s)")
@@ -151,7 +151,7 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _lines(title: str, lines: list[str]) -> Section:
+def bullet_lines(title: str, lines: list[str]) -> Section:
     """A section of bullet lines that stays readable: lines past `LIST_CHARS` are counted."""
     text = f"*{title}*"
     for i, line in enumerate(lines):
@@ -173,25 +173,25 @@ def _fields(report: Report) -> Fields:
             f"≥ 0.90 for {r.usage.share_above_90:.0%} of the time"
         )
     retractions = (
-        _num(r.retractions)
+        number(r.retractions)
         if r.retractions is not None
         else f"seen in {r.retraction_samples} samples"
     )
     values = [
-        ("Tokens generated", f"{_num(r.tokens_generated)}\n{_num(r.prompt_tokens)} prompt"),
-        ("Requests completed", _num(r.requests_completed)),
+        ("Tokens generated", f"{number(r.tokens_generated)}\n{number(r.prompt_tokens)} prompt"),
+        ("Requests completed", number(r.requests_completed)),
         (
             "Generation (decode)",
-            f"{_num(r.generation.mean)} tok/s avg\npeak {_num(r.generation.peak)}",
+            f"{number(r.generation.mean)} tok/s avg\npeak {number(r.generation.peak)}",
         ),
         (
             "Effective (completed)",
-            f"{_num(r.effective.mean)} tok/s avg\nbest 5 min {_num(r.effective.peak)}",
+            f"{number(r.effective.mean)} tok/s avg\nbest 5 min {number(r.effective.peak)}",
         ),
         (
             "Saturated (queue non-empty)",
-            f"{_pct(r.saturated_share)} of the time ({duration(r.saturated_s)})\n"
-            f"avg {_num(r.running_mean, 1)} running, {_num(r.queue_mean, 1)} waiting",
+            f"{percent(r.saturated_share)} of the time ({duration(r.saturated_s)})\n"
+            f"avg {number(r.running_mean, 1)} running, {number(r.queue_mean, 1)} waiting",
         ),
         ("KV token usage", usage),
         ("Retractions", retractions),
@@ -225,7 +225,7 @@ def report_parts(report: Report, tz: Zone | None = None) -> tuple[Part, ...]:
             else f"{duration(r.diagnosis.busy_s)} of busy time"
         )
         parts.append(
-            _lines(f"Bottleneck: {r.diagnosis.bottleneck} ({source})", r.diagnosis.evidence)
+            bullet_lines(f"Bottleneck: {r.diagnosis.bottleneck} ({source})", r.diagnosis.evidence)
         )
     experiments = [
         f"#{e.id} `{change(e.change)}`: *{e.state}*"
@@ -233,10 +233,10 @@ def report_parts(report: Report, tz: Zone | None = None) -> tuple[Part, ...]:
         + (f" — {e.reason}" if e.reason else "")
         for e in r.experiments
     ]
-    parts.append(_lines("Experiments", experiments or ["none in this window"]))
+    parts.append(bullet_lines("Experiments", experiments or ["none in this window"]))
     if r.config.changes:
         parts.append(
-            _lines(
+            bullet_lines(
                 "Configuration changed",
                 [f"`{c.key}`: {setting(c.before)} → {setting(c.after)}" for c in r.config.changes],
             )
@@ -245,7 +245,7 @@ def report_parts(report: Report, tz: Zone | None = None) -> tuple[Part, ...]:
         parts.append(Section("*Configuration* unchanged"))
     if r.outages:
         parts.append(
-            _lines(
+            bullet_lines(
                 "Outages",
                 [
                     f"{when(o.start, zone)}: {o.kind.replace('_', ' ')} for "

@@ -34,7 +34,9 @@ from bot.app.config import Config, ReportSchedule
 from bot.app.cron import TICK, LocalCron
 from bot.app.wiring import engine_of
 from bot.chat.surface import Surface
+from bot.reports.fleet import post_fleet
 from bot.reports.report import duration, post_report, when
+from playbooks.reports.fleet import LISTED, FleetSummary, summarise
 from playbooks.reports.throughput import Report, build_report
 from storage.db import database_path, open_db
 from storage.report_runs import RunStatus, claim_run, finish_run, is_claimed, runs
@@ -71,6 +73,7 @@ class RunResult:
 
 
 Deliver = Callable[[ReportSchedule, Report], None]
+DeliverFleet = Callable[[ReportSchedule, FleetSummary], None]
 Now = Callable[[], datetime]
 
 
@@ -82,6 +85,20 @@ def surface_delivery(surface_for: Callable[[str], Surface]) -> Deliver:
         post_report(surface_for(schedule.channel), report, tz=schedule.timezone)
 
     return deliver
+
+
+def surface_fleet_delivery(surface_for: Callable[[str], Surface]) -> DeliverFleet:
+    """Post a many-server report's summary to its schedule's channel, as one message."""
+
+    def deliver(schedule: ReportSchedule, summary: FleetSummary) -> None:
+        post_fleet(surface_for(schedule.channel), summary, tz=schedule.timezone)
+
+    return deliver
+
+
+def scope(schedule: ReportSchedule) -> str:
+    """What a schedule's summary covers, in words."""
+    return f"group {schedule.group}" if schedule.group else f"report {schedule.name}"
 
 
 def _system_now() -> datetime:
@@ -98,6 +115,7 @@ class ReportScheduler:
         surface_for: Callable[[str], Surface] | None = None,
         *,
         deliver: Deliver | None = None,
+        deliver_fleet: DeliverFleet | None = None,
         clock: Now = _system_now,
         build: Callable[..., Report] = build_report,
     ) -> None:
@@ -105,6 +123,9 @@ class ReportScheduler:
             if surface_for is None:
                 raise ValueError("give a surface for each channel or a deliver function")
             deliver = surface_delivery(surface_for)
+        if deliver_fleet is None and surface_for is not None:
+            deliver_fleet = surface_fleet_delivery(surface_for)
+        self.deliver_fleet = deliver_fleet  # None: every server's report on its own
         self.config = config
         self.db = db
         self.db_path = database_path(db)  # other threads open their own connection to it
@@ -148,30 +169,62 @@ class ReportScheduler:
             ]
 
     def run(self, name: str, scheduled_for: datetime, *, db: Database, late: bool) -> RunResult:
-        """Claim one run and send the report of each of its servers."""
+        """Claim one run and send it: each server's report, or, for more servers than one
+        message names (`playbooks.reports.fleet.LISTED`), one summary of them all."""
         schedule = self.schedules[name]
         run_id = claim_run(db, name, schedule.channel, scheduled_for, now=self.clock(), late=late)
         if run_id is None:
             return RunResult(name, scheduled_for, "skipped", late, "already claimed")
-        errors: list[str] = []
         since = scheduled_for - timedelta(seconds=schedule.window_s)
-        for server in schedule.servers:
-            try:
-                report = self.build(
-                    db,
-                    server,
-                    since=since,
-                    until=scheduled_for,
-                    engine=engine_of(self.config, server),
-                )
-                self.deliver(schedule, report)
-            except Exception as exc:  # one server's failure must not hold back the others
-                log.exception("report %s for %s failed", name, server)
-                errors.append(f"{server}: {type(exc).__name__}: {exc}")
+        if len(schedule.servers) > LISTED and self.deliver_fleet is not None:
+            errors = self._send_fleet(schedule, since, scheduled_for, db)
+        else:
+            errors = self._send_each(schedule, since, scheduled_for, db)
         status: RunStatus = "failed" if errors else "sent"
         detail = "; ".join(errors)[:2000]
         finish_run(db, run_id, status, now=self.clock(), detail=detail)
         return RunResult(name, scheduled_for, status, late, detail)
+
+    def _build(self, db: Database, server: str, since: datetime, until: datetime) -> Report:
+        return self.build(
+            db, server, since=since, until=until, engine=engine_of(self.config, server)
+        )
+
+    def _send_fleet(
+        self, schedule: ReportSchedule, since: datetime, until: datetime, db: Database
+    ) -> list[str]:
+        """More servers than one message names: one summary, the worst first (bot.reports.fleet).
+        A server whose report cannot be built is left out of it and named in the run's detail."""
+        errors: list[str] = []
+        reports: list[Report] = []
+        for server in schedule.servers:
+            try:
+                reports.append(self._build(db, server, since, until))
+            except Exception as exc:  # one server's failure must not hold back the others
+                log.exception("report %s for %s failed", schedule.name, server)
+                errors.append(f"{server}: {type(exc).__name__}: {exc}")
+        if not reports:
+            return errors
+        assert self.deliver_fleet is not None  # run() chose this path for it
+        try:
+            self.deliver_fleet(schedule, summarise(scope(schedule), reports))
+        except Exception as exc:
+            log.exception("report %s failed", schedule.name)
+            errors.append(f"summary: {type(exc).__name__}: {exc}")
+        return errors
+
+    def _send_each(
+        self, schedule: ReportSchedule, since: datetime, scheduled_for: datetime, db: Database
+    ) -> list[str]:
+        """A few servers: each one's report (and chart) on its own."""
+        errors: list[str] = []
+        for server in schedule.servers:
+            try:
+                self.deliver(schedule, self._build(db, server, since, scheduled_for))
+            except Exception as exc:  # one server's failure must not hold back the others
+                log.exception("report %s for %s failed", schedule.name, server)
+                errors.append(f"{server}: {type(exc).__name__}: {exc}")
+        return errors
 
     # ------------------------------------------------------------------ the thread
     def start(self) -> list[RunResult]:

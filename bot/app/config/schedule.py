@@ -50,6 +50,7 @@ class ReportSchedule:
     servers: tuple[str, ...]
     window_s: float = 86400.0
     grace_s: float = 6 * 3600.0
+    group: str | None = None  # `group = "NAME"`: the group's servers, named in its summary
 
 
 def sampler(table: Any) -> SamplerConfig:
@@ -184,6 +185,7 @@ def reports(
                 servers=_report_servers(table, servers, where),
                 window_s=window,
                 grace_s=grace,
+                group=string(table, "group", where),
             )
         )
     return tuple(out)
