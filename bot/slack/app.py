@@ -22,7 +22,7 @@ from slack_sdk.errors import SlackApiError
 
 from bot.chat.auth import APP_HOME, Principal
 from bot.chat.flow import Kvpilot
-from bot.chat.home import home_messages
+from bot.chat.home import HOME_PAGE, home_messages, parse_page
 from bot.chat.surface import Surface
 from bot.slack.blocks import blocks, fallback_text
 from bot.slack.home import publish_home
@@ -154,13 +154,19 @@ def on_button(
 def on_home_action(flow: Kvpilot, client: WebClient, user: str, action: dict[str, Any]) -> None:
     """A button of the Home tab: decided as the same button in a channel (the proposal's own
     message is stamped, its thread carries the experiment), answered in the person's direct
-    messages, and the tab shown again afterwards."""
+    messages, and the tab shown again afterwards. Previous and Next show the page their value
+    names (`bot.chat.home`; a garbled value shows page 1) and decide nothing."""
+    action_id = str(action.get("action_id", ""))
+    if action_id.split("#", 1)[0] == HOME_PAGE:
+        page = parse_page(str(action.get("value", "")))
+        publish_home(client, user, home_messages(flow, page))
+        return
     surface = flow.direct(user)
     if surface is None:
         log.warning("no direct message channel with %s; their Home tab click is dropped", user)
         return
     who = Principal(user, APP_HOME, button=True)
-    reply = flow.action(who, str(action.get("action_id", "")), str(action.get("value", "")), None)
+    reply = flow.action(who, action_id, str(action.get("value", "")), None)
     if reply.now is not None:
         surface.whisper(who, reply.now)
     work = reply.work

@@ -1,9 +1,11 @@
 """Slack's Home tab: kvpilot's home messages (`bot.chat.home`) published with `views.publish`.
 
 Each message becomes its blocks, one after another; block ids are made unique across them (a
-view refuses repeated ids) and the whole stays within the tab's 100 blocks. `views.publish`
-needs no scope, but the app must have its Home tab turned on (deploy/slack/manifest.yaml,
-`features.app_home.home_tab_enabled`), or Slack answers `not_enabled`.
+view refuses repeated ids) and the whole stays within the tab's 100 blocks: the home pages its
+items (`bot.chat.home.PAGE_ITEMS`) so that a page fits, and a view that would not is still cut.
+`views.publish` needs no scope, but the app must have its Home tab turned on
+(deploy/slack/manifest.yaml, `features.app_home.home_tab_enabled`), or Slack answers
+`not_enabled`.
 """
 
 from __future__ import annotations

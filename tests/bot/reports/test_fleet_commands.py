@@ -25,7 +25,11 @@ def fleet_config(
     tmp_path: Path, n: int = 20, reports: list[dict[str, Any]] | None = None
 ) -> Config:
     servers = {
-        f"s{i:02d}": {"url": f"http://127.0.0.1:{9000 + i}", "group": "a" if i % 2 else "b"}
+        f"s{i:02d}": {
+            "url": f"http://127.0.0.1:{9000 + i}",
+            "engine": "sglang",  # not detected over the network: nothing listens there
+            "group": "a" if i % 2 else "b",
+        }
         for i in range(n)
     }
     table: dict[str, Any] = {
@@ -120,7 +124,7 @@ def test_the_command_line_prints_a_group_summary(tmp_path: Path) -> None:
     config = fleet_config(tmp_path)
     toml = tmp_path / "kvpilot.toml"
     servers = "\n".join(
-        f'[servers.{name}]\nurl = "{s.url}"\ngroup = "{s.group}"'
+        f'[servers.{name}]\nurl = "{s.url}"\nengine = "sglang"\ngroup = "{s.group}"'
         for name, s in config.servers.items()
     )
     toml.write_text(
