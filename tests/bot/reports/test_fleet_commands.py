@@ -12,13 +12,17 @@ import pytest
 from sqlite_utils import Database
 
 from bot.app.config import Config, ReportSchedule, parse
+from bot.app.wiring import engine_of
+from bot.chat.auth import Principal
 from bot.chat.commands import CommandError, parse_command
 from bot.cli.report import cmd_report
+from bot.reports.hook import make_report_hook
 from bot.reports.schedule import ReportScheduler
 from playbooks.reports.fleet import FleetSummary
 from playbooks.reports.throughput import Report
 from storage.db import open_db
 from storage.report_runs import runs
+from tests.bot.app.memory_chat.surface import MemorySurface
 
 
 def fleet_config(
@@ -149,3 +153,15 @@ def test_the_command_line_prints_a_group_summary(tmp_path: Path) -> None:
     assert code == 2 and "unknown group 'zz'; groups: a, b" in err
     code, _, err = run("--group", "a", "--json")
     assert code == 2 and "need --server" in err
+
+
+def test_the_chat_command_posts_one_summary(tmp_path: Path, db: Database) -> None:
+    config = fleet_config(tmp_path, n=40)
+    log: list[tuple[str, str]] = []
+    surface = MemorySurface("C0OPS", log, lambda user: user)
+    at = datetime(2026, 12, 6, 9, 0, tzinfo=UTC)
+    hook = make_report_hook(lambda: db, lambda: at, lambda name: engine_of(config, name))
+    hook(parse_command("report --group a", config), Principal("U1", "C0OPS"), surface)
+    ((channel, text),) = log  # one message, no chart
+    assert channel == "C0OPS" and "Throughput report: group a (20 servers)" in text
+    assert "…and 10 more server(s)" in text
