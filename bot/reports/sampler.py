@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -46,6 +46,7 @@ from sqlite_utils import Database
 from bot.app.config import Config, ServerConfig
 from bot.app.health import SamplerView
 from bot.app.wiring import engine_client
+from bot.reports.sampler_state import ServerState, server_lines
 from playbooks.clock import Clock
 from playbooks.engines.base import (
     EngineClient,
@@ -107,23 +108,6 @@ def increases(prev: RawSample | None, now: Snapshot, reset: bool) -> dict[str, f
         else:
             out[inc] = after if reset else after - before
     return out
-
-
-@dataclass
-class ServerState:
-    """What the sampler remembers about one server between ticks."""
-
-    name: str
-    loaded: bool = False
-    last: RawSample | None = None
-    gap: Gap | None = None
-    away_since: float | None = None  # an earlier run stopped here; unknown since
-    need_snapshot: bool = True
-    capacity: int | None = None
-    last_error: str = ""
-    last_attempt: datetime | None = None
-    samples: int = 0
-    failures: int = 0  # scrapes that failed since the bot started (the bot's /metrics)
 
 
 @dataclass(frozen=True)
@@ -473,12 +457,4 @@ class Sampler:
             f", hourly {keep.hourly_s / 86400:g} d"
         ]
         now = self.clock.utcnow().timestamp()
-        for name, s in self.states.items():
-            if s.gap is not None:
-                since = datetime.fromtimestamp(s.gap.start_ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
-                lines.append(f"  {name}: down since {since} ({s.last_error})")
-            elif s.last is not None:
-                lines.append(f"  {name}: up, last sample {now - s.last.ts:.0f} s ago")
-            else:
-                lines.append(f"  {name}: not sampled yet")
-        return lines
+        return lines + server_lines(self.states, now, self.interval_s)
