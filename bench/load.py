@@ -181,21 +181,53 @@ def stop_all(bot: subprocess.Popen[bytes] | None, config: Path, twins: int) -> N
 
 
 class ProcStat:
-    """CPU seconds and resident memory of one process, from /proc."""
+    """CPU seconds and resident memory of a process and its children (the bot and, at fleet
+    size, its sampler's process, `bot.reports.sampler_process`), from /proc."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.tick = os.sysconf("SC_CLK_TCK")
 
+    def _stat(self, pid: int) -> list[str]:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+    def children(self) -> list[int]:
+        out = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if int(self._stat(int(entry.name))[1]) == self.pid:
+                        out.append(int(entry.name))
+                except (OSError, IndexError, ValueError):  # gone meanwhile
+                    continue
+        return out
+
     def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / self.tick
+        """The process's, its children's that ended (cutime, cstime) and its live ones'."""
+        own = self._stat(self.pid)
+        ticks = sum(int(own[i]) for i in (11, 12, 13, 14))
+        for child in self.children():
+            try:
+                fields = self._stat(child)
+            except OSError:
+                continue
+            ticks += int(fields[11]) + int(fields[12])
+        return ticks / self.tick
 
     def rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+        """The process's resident memory plus its children's."""
+        return sum(_rss_mib(pid) for pid in [self.pid, *self.children()])
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
         return 0.0
+    for line in lines:
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def db_bytes(path: Path) -> int:
@@ -385,7 +417,8 @@ def drive(
         f"{len(late)} samples; a round over the fleet took median "
         f"{statistics.median(spans) if spans else float('nan'):.2f} s, max "
         f"{max(spans, default=float('nan')):.2f} s ({len(spans)} rounds)",
-        f"bot: CPU {(cpu1 - cpu0) / wall * 100:.0f}% of one core, RSS max "
+        f"bot (with its sampler's process, if any): CPU {(cpu1 - cpu0) / wall * 100:.0f}% of one "
+        f"core, RSS max "
         f"{max(rss, default=0):.0f} MiB (last {rss[-1] if rss else 0:.0f} MiB)",
         f"database: {bytes1 / 2**20:.1f} MiB, grew {(bytes1 - bytes0) / 2**10:.0f} KiB in "
         f"{wall:.0f} s = {(bytes1 - bytes0) / wall * 86400 / 2**20:.0f} MiB a day; in the "

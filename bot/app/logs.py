@@ -336,6 +336,17 @@ def configured() -> bool:
     return any(isinstance(h, _Handler) for h in logging.getLogger().handlers)
 
 
+def as_configured() -> list[str]:
+    """Arguments for a child process (the sampler's) to log as this one does: its level, and
+    `--log-json` where its lines are JSON; none where `configure()` was not called."""
+    root = logging.getLogger()
+    handlers = [h for h in root.handlers if isinstance(h, _Handler)]
+    if not handlers:
+        return []
+    level = ["--log-level", logging.getLevelName(root.level)]
+    return level + (["--log-json"] if isinstance(handlers[0].formatter, JsonFormatter) else [])
+
+
 def reset() -> None:
     """Undo `configure()`: no root handlers, default hooks (for tests and embedding)."""
     root = logging.getLogger()

@@ -36,6 +36,8 @@ from bot.chat.identity import Identity
 from bot.chat.surface import Surface
 from bot.reports.hook import make_report_hook
 from bot.reports.sampler import Sampler
+from bot.reports.sampler_process import SamplerProcess, samples_in_a_process
+from bot.reports.sampler_state import SamplerStatus
 from bot.reports.schedule import ReportScheduler
 from storage.db import open_db
 from storage.experiments import count_by_state
@@ -77,7 +79,11 @@ class Runtime:
         self.tick_s = tick_s
         self.heartbeat = heartbeat
         self.clock = make_clock(config, open_db(config.database))  # this process's one clock
-        self.sampler = Sampler(config, open_db(config.database), self.clock)
+        self.sampler: SamplerStatus = (
+            SamplerProcess(config, self.clock)
+            if samples_in_a_process(config)
+            else Sampler(config, open_db(config.database), self.clock)
+        )
         self.scheduler = ReportScheduler(config, open_db(config.database), surface_for=surface_for)
         self.flow = Kvpilot(
             config,

@@ -97,6 +97,24 @@ def last_restart_s(db: Database, server: str) -> float | None:
     return None
 
 
+# Servers `status` asks for their health one by one. A fleet's status takes each server's health
+# from the sampler's last round instead (the schedule lines): 500 live checks a command would
+# take minutes and flood the servers, and 500 lines are no message.
+LIVE_STATUS_MAX = 20
+
+
+def _live_health(config: Config, name: str) -> dict[str, Any]:
+    cfg = config.server(name)
+    client = engine_client(cfg, timeout_s=2.0)
+    try:
+        health = "healthy" if client.health() else "not healthy"
+    except EngineError as exc:
+        health = f"unreachable ({exc})"
+    finally:
+        client.close()
+    return {"name": name, "url": cfg.url, "health": health}
+
+
 def status_message(
     db: Database,
     config: Config,
@@ -110,20 +128,11 @@ def status_message(
     force, the schedules."""
     active = [e for e in store.active_experiments(db) if server in (None, e.server)]
     names = [server] if server else sorted(config.servers)
-    servers: list[dict[str, Any]] = []
-    for name in names:
-        cfg = config.server(name)
-        client = engine_client(cfg, timeout_s=2.0)
-        try:
-            health = "healthy" if client.health() else "not healthy"
-        except EngineError as exc:
-            health = f"unreachable ({exc})"
-        finally:
-            client.close()
-        servers.append({"name": name, "url": cfg.url, "health": health})
+    live = len(names) <= LIVE_STATUS_MAX
     return Message.from_template(
         "chat/status.md.j2",
-        servers=servers,
+        servers=[_live_health(config, name) for name in names] if live else [],
+        fleet=None if live else len(names),
         active=[runner.describe(e) for e in active],
         pending=len(chat.pending_proposals(db)),
         schedule=schedule,

@@ -37,15 +37,15 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
 from sqlite_utils import Database
 
 from bot.app.config import Config, ServerConfig
-from bot.app.health import SamplerView
 from bot.app.wiring import engine_client
+from bot.reports.sampler_state import SamplerStatus, ServerState
 from playbooks.clock import Clock
 from playbooks.engines.base import (
     EngineClient,
@@ -58,7 +58,6 @@ from storage.db import database_path, open_db, write_transaction
 from storage.metric_buckets import RawSample
 from storage.metric_samples import (
     Gap,
-    Retention,
     add_gap,
     close_gap,
     compact,
@@ -109,23 +108,6 @@ def increases(prev: RawSample | None, now: Snapshot, reset: bool) -> dict[str, f
     return out
 
 
-@dataclass
-class ServerState:
-    """What the sampler remembers about one server between ticks."""
-
-    name: str
-    loaded: bool = False
-    last: RawSample | None = None
-    gap: Gap | None = None
-    away_since: float | None = None  # an earlier run stopped here; unknown since
-    need_snapshot: bool = True
-    capacity: int | None = None
-    last_error: str = ""
-    last_attempt: datetime | None = None
-    samples: int = 0
-    failures: int = 0  # scrapes that failed since the bot started (the bot's /metrics)
-
-
 @dataclass(frozen=True)
 class Outcome:
     server: str
@@ -164,7 +146,7 @@ class _Loop:
     stop: threading.Event = field(default_factory=threading.Event)
 
 
-class Sampler:
+class Sampler(SamplerStatus):
     """Samples every configured server into the database; ``start()`` runs it in a thread."""
 
     def __init__(
@@ -175,24 +157,16 @@ class Sampler:
         *,
         client_factory: ClientFactory | None = None,
     ) -> None:
-        self.config = config
+        super().__init__(config, clock)
         self.db = db
-        self.clock = clock
-        self.interval_s = config.sampler.interval_s
-        s = config.sampler
-        self.retention = Retention(
-            s.raw_retention_s, s.five_minute_retention_s, s.hourly_retention_s
-        )
-        self.monitor_retention_s = s.monitor_retention_s
+        self.monitor_retention_s = config.sampler.monitor_retention_s
         self._client_factory = client_factory or (lambda s: default_client(s, clock=clock))
         self._clients: dict[str, EngineClient] = {}
-        self.states = {name: ServerState(name) for name in config.servers}
         self.db_path = database_path(db)  # the thread opens its own connection to it
         self._loop: _Loop | None = None
         self._lock = threading.Lock()
         self._last_compact: datetime | None = None
-        self.started_mono: float | None = None  # time.monotonic() at start(), for /healthz
-        self.last_round_mono: float | None = None  # ...and when the newest round ended
+        self.on_round: Callable[[], None] | None = None  # after each round (its own process)
 
     # ------------------------------------------------------------------ one tick
     def sample_once(self, db: Database | None = None) -> list[Outcome]:
@@ -437,48 +411,11 @@ class Sampler:
                     log.exception("sampling round failed")
                 else:
                     self.last_round_mono = time.monotonic()
+                    if self.on_round is not None:
+                        self.on_round()
                 due += timedelta(seconds=self.interval_s)
                 now = self.clock.utcnow()
                 due = max(due, now)  # fell behind (slow scrapes): skip, do not burst
                 loop.stop.wait(self.clock.wall_seconds((due - now).total_seconds()))
         finally:
             db.close()
-
-    # ------------------------------------------------------------------ status
-    def health_view(self) -> SamplerView:
-        """What `/healthz` judges the sampler by (`bot.app.health.sampler`)."""
-        return SamplerView(
-            enabled=self.config.sampler.enabled,
-            running=self.running,
-            interval_wall_s=self.clock.wall_seconds(self.interval_s),
-            last_round_mono=self.last_round_mono,
-            started_mono=self.started_mono,
-            servers_down=tuple(n for n, s in self.states.items() if s.gap is not None),
-        )
-
-    def lag_s(self) -> dict[str, float]:
-        """Seconds (of the bot's clock) since each server's newest good sample."""
-        now = self.clock.utcnow().timestamp()
-        return {n: now - s.last.ts for n, s in self.states.items() if s.last is not None}
-
-    def describe(self) -> list[str]:
-        """One line for the sampler and one per server, for ``/kvpilot status``."""
-        state = "running" if self.running else "stopped"
-        if not self.config.sampler.enabled:
-            state = "disabled ([sampler] enabled = false)"
-        keep = self.retention
-        lines = [
-            f"sampler {state}: every {self.interval_s:g} s, {len(self.states)} server(s); "
-            f"raw samples kept {keep.raw_s / 86400:g} d, 5-minute {keep.five_minute_s / 86400:g} d"
-            f", hourly {keep.hourly_s / 86400:g} d"
-        ]
-        now = self.clock.utcnow().timestamp()
-        for name, s in self.states.items():
-            if s.gap is not None:
-                since = datetime.fromtimestamp(s.gap.start_ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
-                lines.append(f"  {name}: down since {since} ({s.last_error})")
-            elif s.last is not None:
-                lines.append(f"  {name}: up, last sample {now - s.last.ts:.0f} s ago")
-            else:
-                lines.append(f"  {name}: not sampled yet")
-        return lines

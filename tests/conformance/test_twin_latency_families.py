@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from playbooks.engines.sglang import metrics as sglang_metrics
+from playbooks.engines.sglang import series as sglang_series
 from sim.metrics import TwinMetrics
 from sim.version import SGLangVersion
 from tests import paths
@@ -74,6 +74,6 @@ def test_inter_token_latency_counts_every_output_token() -> None:
 
 
 def test_kvpilot_reads_the_recorded_families() -> None:
-    assert FAMILIES[0] + "_bucket" == sglang_metrics.ITL_BUCKET
-    assert FAMILIES[1] + "_bucket" == sglang_metrics.TTFT_BUCKET
-    assert sglang_metrics.ITL_BUCKET in sglang_metrics.SPEC.histograms
+    assert FAMILIES[0] + "_bucket" == sglang_series.ITL_BUCKET
+    assert FAMILIES[1] + "_bucket" == sglang_series.TTFT_BUCKET
+    assert sglang_series.ITL_BUCKET in sglang_series.SPEC.histograms

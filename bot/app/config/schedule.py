@@ -18,6 +18,11 @@ from bot.app.config.values import (
 )
 from bot.chat.identity import Identity
 
+# From this many servers "auto" samples in a process of its own: at 500 servers the sampler's
+# threads held the bot's one interpreter lock so often that commands waited seconds to be
+# acknowledged (BENCHMARKS.md, One bot for a fleet).
+PROCESS_FROM_SERVERS = 50
+
 
 @dataclass(frozen=True)
 class SamplerConfig:
@@ -32,6 +37,9 @@ class SamplerConfig:
     monitor_retention_s: float = 2 * 3600.0
     # servers scraped at once: a round takes the slowest server's time, not the sum of all
     concurrency: int = 16
+    # sample in a process of the sampler's own: true, false, or None for "auto" (from
+    # PROCESS_FROM_SERVERS servers, at the wall clock's pace; bot/reports/sampler_process.py)
+    process: bool | None = None
 
 
 # A stored baseline reaches 30 min back from a window that ended up to 15 min ago
@@ -67,6 +75,7 @@ def sampler(table: Any) -> SamplerConfig:
         "monitor_retention",
         "enabled",
         "concurrency",
+        "process",
     }
     check_keys(table, keys, where)
     interval = number(table, "interval_s", where, 15.0)
@@ -92,16 +101,28 @@ def sampler(table: Any) -> SamplerConfig:
             f'{where}.monitor_retention: at least "45m": an experiment\'s stored baseline '
             "reaches 30 minutes back from a window that ended up to 15 minutes ago"
         )
+    enabled, concurrency, process = _how(table, where)
+    return SamplerConfig(interval, raw, five, hourly, enabled, monitor, concurrency, process)
+
+
+def _how(table: dict[str, Any], where: str) -> tuple[bool, int, bool | None]:
+    """`enabled`, `concurrency` and `process`: whether, how wide and where it samples."""
     enabled = table.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigError(f"{where}.enabled: expected true or false, got {enabled!r}")
-    concurrency = table.get("concurrency", d.concurrency)
+    concurrency = table.get("concurrency", SamplerConfig.concurrency)
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(
             f"{where}.concurrency: how many servers are scraped at once, a whole number of at "
             f"least 1, got {concurrency!r}"
         )
-    return SamplerConfig(interval, raw, five, hourly, enabled, monitor, concurrency)
+    process = table.get("process", "auto")
+    if not (process is True or process is False or process == "auto"):
+        raise ConfigError(
+            f"{where}.process: true (sample in a process of its own), false (in a thread of the "
+            f'bot) or "auto" (its own process from {PROCESS_FROM_SERVERS} servers), got {process!r}'
+        )
+    return enabled, concurrency, None if process == "auto" else process
 
 
 def _cron(expr: str, timezone: str, where: str) -> None:

@@ -16,7 +16,7 @@ modules, and the members that read them are written here once. Its HTTP client d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -42,6 +42,7 @@ from playbooks.engines.base import (
     WrongEngine,
 )
 from playbooks.engines.exits import ExitCause, Failure, last_log_line
+from playbooks.engines.kit import exposition as exposition_reader
 from playbooks.engines.launch_args import ArgSpec
 from playbooks.engines.types import Bottleneck, DiagnoseSettings, Measurement
 from playbooks.http import Reader, http_client, require_http_url
@@ -78,13 +79,37 @@ def exposition(text: str, wrong: Callable[[str], WrongEngine], path: str = "/met
         raise wrong(f"{path} is not Prometheus text: {exc}") from None
 
 
-def metrics_of(families: Sequence[Any], ttft_histogram: str) -> Metrics:
-    """An engine's families (picked out of `exposition`), every sample with its label set."""
-    return Metrics.read(
-        ((s.name, s.labels, s.value) for f in families for s in f.samples),
-        (f.name for f in families),
-        ttft_histogram=ttft_histogram,
-    )
+def read_families(
+    text: str,
+    prefix: str,
+    buckets: Collection[str],
+    wrong: Callable[[str], WrongEngine],
+    path: str = "/metrics",
+) -> tuple[list[exposition_reader.Sample], set[str]]:
+    """The samples and family names of families `prefix...`, bucket series other than
+    `buckets` left out: the fast reader where the text has the common shape, else
+    `prometheus_client` (which also says why a text is not exposition at all)."""
+    fast = exposition_reader.read(text, prefix, buckets)
+    if fast is not None:
+        return fast.samples, fast.families
+    families = [f for f in exposition(text, wrong, path) if f.name.startswith(prefix)]
+    samples = [
+        (s.name, s.labels, s.value)
+        for f in families
+        for s in f.samples
+        if not s.name.endswith("_bucket") or s.name in buckets
+    ]
+    return samples, {f.name for f in families}
+
+
+def read_metrics(
+    text: str, spec: MetricsSpec, wrong: Callable[[str], WrongEngine], path: str = "/metrics"
+) -> Metrics:
+    """An engine's reading of its exposition: its families (`spec.prefix`), every sample with
+    its label set, of the histograms' buckets only the latency ones read (`spec.histograms`,
+    as the Prometheus source asks for)."""
+    samples, names = read_families(text, spec.prefix, frozenset(spec.histograms), wrong, path)
+    return Metrics.read(samples, names, ttft_histogram=spec.ttft_histogram)
 
 
 class ClientBase:
@@ -201,10 +226,7 @@ class EngineBase:
 
     def parse_metrics(self, text: str) -> Metrics:
         """The families under the engine's prefix, from Prometheus exposition text."""
-        families = [
-            f for f in exposition(text, WrongEngine) if f.name.startswith(self.metrics.prefix)
-        ]
-        return metrics_of(families, self.metrics.ttft_histogram)
+        return read_metrics(text, self.metrics, WrongEngine)
 
     def restore_snapshot(self, stored: Mapping[str, Any], t: float = 0.0) -> Snapshot:
         return Snapshot.from_json(stored, t)

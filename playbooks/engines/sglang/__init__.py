@@ -22,6 +22,7 @@ from playbooks.engines.sglang import allow_list as _args
 from playbooks.engines.sglang import client as _client
 from playbooks.engines.sglang import metrics as _metrics
 from playbooks.engines.sglang import rules as _rules
+from playbooks.engines.sglang import series as _series
 from playbooks.engines.sglang import signatures as _signatures
 from playbooks.engines.sglang.client import ServerInfo, SGLangClient, parse_server_info
 
@@ -35,7 +36,7 @@ class SGLang(TunedEngine[ServerInfo, _rules.ServerRules]):
 
     name = "sglang"
     label = "SGLang"
-    metrics: MetricsSpec = _metrics.SPEC
+    metrics: MetricsSpec = _series.SPEC
     readiness_paths = _client.PATHS["ready"]
     # the largest prefill batch: a campaign may give some of it up for a larger pool
     # (`playbooks.campaigns.room.ChunkCredit`)

@@ -31,6 +31,7 @@ from playbooks.engines.base import (
     WrongEngine,
 )
 from playbooks.engines.kit import engine as kit
+from playbooks.engines.sglang.series import SPEC
 from playbooks.engines.timebudget import MOMENTS, StepCounters
 
 PATHS = {
@@ -396,8 +397,7 @@ def parse_loads(data: Any) -> list[RankLoad]:
 
 def parse_metrics(text: str) -> Metrics:
     """Every `sglang:` sample with its label set; how label sets combine is `metrics.py`'s."""
-    families = [f for f in kit.exposition(text, NotSGLang) if f.name.startswith("sglang:")]
-    return kit.metrics_of(families, "sglang:time_to_first_token_seconds_bucket")
+    return kit.read_metrics(text, SPEC, NotSGLang)
 
 
 def _steps(load: dict[str, Any]) -> StepCounters | None:

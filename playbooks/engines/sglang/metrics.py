@@ -36,18 +36,17 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol
 
-from playbooks.engines.base import LabelledValue, Metrics, MetricsDisabled, MetricsSpec, Snapshot
+from playbooks.engines.base import LabelledValue, Metrics, MetricsDisabled, Snapshot
 from playbooks.engines.sglang.client import RankLoad
 from playbooks.engines.sglang.facts import SATURATED_USAGE
+from playbooks.engines.sglang.series import ITL_BUCKET, RUNNING, TTFT_BUCKET
 from playbooks.engines.timebudget import StepCounters
 
-PREFIX = "sglang:"
 # The scheduler sets it when it logs decode stats (every `decode_log_interval` decode steps)
 # and decays it to 0 after 30 s without them, but only from its own loop (0.5.23
 # `scheduler_components/metrics_reporter.py`, GEN_THROUGHPUT_STALENESS_SECONDS): a scheduler
 # that hangs keeps exporting its last rate (`playbooks.experiments.stall` sees that instead).
 GEN_THROUGHPUT = "sglang:gen_throughput"
-RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"
 TOKEN_USAGE = "sglang:token_usage"
 FULL_TOKEN_USAGE = "sglang:full_token_usage"
@@ -64,13 +63,6 @@ REQUESTS = "sglang:num_requests"
 CACHED_TOKENS = "sglang:cached_tokens"
 ABORTED_REQUESTS = "sglang:num_aborted_requests"
 RETRACTED_REQUESTS = "sglang:num_retracted_requests"
-TTFT_BUCKET = "sglang:time_to_first_token_seconds_bucket"
-# Inter-token latency: `TokenizerMetricsCollector.histogram_inter_token_latency`
-# (python/sglang/srt/metrics/collector.py; 0.5.23 moved it to observability/), observed as each
-# output chunk arrives: `num_new_tokens` observations of `interval / num_new_tokens`
-# (`observe_inter_token_latency`); buckets 0.002 .. 8 s unless `--bucket-inter-token-latency`
-# (tests/fixtures/sglang/real-0.5.23/metrics_2.txt).
-ITL_BUCKET = "sglang:inter_token_latency_seconds_bucket"
 # The share of a running request's remaining output that admission reserves (0.5.5 and later;
 # managers/scheduler_components/new_token_ratio_tracker.py), and the requests waiting for their
 # grammar to compile before they even join the waiting queue (constrained/grammar_manager.py).
@@ -89,15 +81,6 @@ GRAMMAR_QUEUED = "sglang:num_grammar_queue_reqs"
 EVICTED_TOKENS = "sglang:evicted_tokens"
 LOAD_BACK_TOKENS = "sglang:load_back_tokens"
 POOL_LABEL, KV_POOL = "pool", "kv"
-
-SPEC = MetricsSpec(
-    label="SGLang",
-    prefix=PREFIX,
-    ttft_histogram=TTFT_BUCKET,
-    heartbeat=RUNNING,
-    how_to_enable="SGLang needs --enable-metrics",
-    itl_histograms=(ITL_BUCKET,),
-)
 
 NAMES = (
     GEN_THROUGHPUT,

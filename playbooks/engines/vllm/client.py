@@ -588,8 +588,7 @@ def parse_metrics(text: str) -> Metrics:
 
     Raises NotVLLM where the exposition is SGLang's (or not Prometheus text at all).
     """
-    parsed = kit.exposition(text, NotVLLM, METRICS)
-    families = [f for f in parsed if f.name.startswith(_m.PREFIX)]
-    if not families and any(f.name.startswith("sglang:") for f in parsed):
+    metrics = kit.read_metrics(text, _m.SPEC, NotVLLM, METRICS)
+    if not metrics.families and kit.read_families(text, "sglang:", (), NotVLLM, METRICS)[1]:
         raise NotVLLM(f"{METRICS} is SGLang's", "This is an SGLang server.")
-    return kit.metrics_of(families, _m.TTFT_BUCKET)
+    return metrics

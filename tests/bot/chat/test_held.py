@@ -77,7 +77,13 @@ def test_the_progress_of_a_held_change_says_what_holds_it_not_a_time_to_go() -> 
 
 def test_status_says_what_holds_a_waiting_change() -> None:
     text = Message.from_template(
-        "chat/status.md.j2", servers=[], active=[experiment()], pending=0, schedule=[], frozen=[]
+        "chat/status.md.j2",
+        servers=[],
+        fleet=None,
+        active=[experiment()],
+        pending=0,
+        schedule=[],
+        frozen=[],
     ).text
     assert "approved (mem_fraction_static=0.88), 668.8 min elapsed, waiting" in text
     assert f"Held since 2026-12-06 00:24 UTC: {WHY}." in text

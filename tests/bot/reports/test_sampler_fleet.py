@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +14,8 @@ from sqlite_utils import Database
 from bot.app.config import Config, ServerConfig, parse
 from bot.reports.sampler import Sampler, default_client
 from playbooks.engines.base import EngineClient, Snapshot
-from storage.db import open_db
 from storage.metric_samples import samples_between
-from tests.bot.reports.fake_sglang import FakeSGLang, fake_sglang
+from tests.bot.reports.fake_sglang import FakeSGLang
 from tests.bot.reports.test_sampler import ManualTime
 
 
@@ -34,19 +32,6 @@ class Watched:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeSGLang]:
-    with fake_sglang() as server:
-        yield server
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = open_db(tmp_path / "kvpilot.db")
-    yield database
-    database.close()
 
 
 def fleet(tmp_path: Path, url: str, count: int, **sampler: Any) -> Config:

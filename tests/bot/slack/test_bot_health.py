@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from bot.reports.sampler import Sampler
 from tests.bot.harness import running_bot, twin_config
 from tests.ports import free_port
 from tests.slackfake import FakeSlack
@@ -29,7 +30,9 @@ def test_healthz_and_metrics_say_what_fails(tmp_path: Path, slack: FakeSlack) ->
     config = twin_config(tmp_path, free_port(), slack=SLACK)
     with running_bot(config, slack) as (bot, driver):
         base = driver.url.removesuffix("/slack/events")
-        bot.runtime.sampler.sample_once()
+        sampler = bot.runtime.sampler
+        assert isinstance(sampler, Sampler)  # one server: in the bot's thread
+        sampler.sample_once()
         bot.slack.check()
         ok = httpx.get(f"{base}/healthz", timeout=10)
         assert ok.status_code == 200, ok.text

@@ -19,8 +19,8 @@ from playbooks.engines.sglang.client import (
     parse_metrics,
     parse_server_info,
 )
-from playbooks.engines.sglang.metrics import SPEC as SGLANG_METRICS
 from playbooks.engines.sglang.rules import resolve_gpu_memory
+from playbooks.engines.sglang.series import SPEC as SGLANG_METRICS
 from playbooks.engines.types import DiagnoseSettings, MeasurePlan
 from playbooks.engines.vllm.client import VLLMClient
 from playbooks.engines.vllm.metrics import SPEC as VLLM_METRICS
