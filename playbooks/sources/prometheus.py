@@ -153,7 +153,11 @@ class PrometheusMetrics:
 
     @property
     def expression(self) -> str:
-        return f"{self._series(self.matchers)} or {self._histogram(self.matchers)}"
+        return self.expression_for(self.matchers)
+
+    def expression_for(self, matchers: str) -> str:
+        """`expression` with other label matchers (a grouped query's, for many servers)."""
+        return f"{self._series(matchers)} or {self._histogram(matchers)}"
 
     def _series(self, matchers: str, window: str = "") -> str:
         prefix = re.escape(self.spec.prefix)
@@ -172,15 +176,26 @@ class PrometheusMetrics:
     def reading(self) -> Reading:
         series = self.api.query(self.expression)
         if not series:
+            return self.reading_from(series, [])
+        self._check_one_target(series, self.expression)
+        return self.reading_from(series, self.api.query(self.freshness_expression))
+
+    def reading_from(self, series: list[Series], scraped_at: list[Series]) -> Reading:
+        """The reading from `series`, the answer to `expression`, and `scraped_at`, the
+        timestamps of the heartbeat's series (`timestamp(HEARTBEAT{SELECTOR})`) evaluated with
+        or after it: `reading()` asks for both itself; a grouped query
+        (`playbooks.sources.prometheus_group`) hands each server its share of one answer."""
+        if not series:
             # A failed scrape (a timeout, the server busy) marks every series stale until the
             # next one succeeds, so an instant query finds nothing; the last good scrape still
             # counts if it is recent enough.
             return self._last_good_scrape()
         self._check_one_target(series, self.expression)
-        fresh = self.api.query(self.freshness_expression)
-        if not fresh or math.isnan(fresh[0].value):
+        times = [s for s in scraped_at if not math.isnan(s.value)]
+        if not times:
             return self._last_good_scrape()  # a scrape failed between the two queries
-        sampled_at, evaluated_at = fresh[0].value, fresh[0].t
+        newest = max(times, key=lambda s: s.value)
+        sampled_at, evaluated_at = newest.value, newest.t
         age = max(0.0, evaluated_at - sampled_at)
         if age > self.max_age_s:
             raise self._stale(age, self.freshness_expression)

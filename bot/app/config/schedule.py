@@ -13,6 +13,7 @@ from bot.app.config.values import (
     check_keys,
     check_timezone,
     duration,
+    flag,
     number,
     string,
 )
@@ -32,6 +33,8 @@ class SamplerConfig:
     monitor_retention_s: float = 2 * 3600.0
     # servers scraped at once: a round takes the slowest server's time, not the sum of all
     concurrency: int = 16
+    # servers sharing a Prometheus read with one query a round (bot/reports/sampler_prometheus)
+    prometheus_batch: bool = True
 
 
 # A stored baseline reaches 30 min back from a window that ended up to 15 min ago
@@ -66,6 +69,7 @@ def sampler(table: Any) -> SamplerConfig:
         "monitor_retention",
         "enabled",
         "concurrency",
+        "prometheus_batch",
     }
     check_keys(table, keys, where)
     interval = number(table, "interval_s", where, 15.0)
@@ -91,16 +95,15 @@ def sampler(table: Any) -> SamplerConfig:
             f'{where}.monitor_retention: at least "45m": an experiment\'s stored baseline '
             "reaches 30 minutes back from a window that ended up to 15 minutes ago"
         )
-    enabled = table.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"{where}.enabled: expected true or false, got {enabled!r}")
+    enabled = flag(table, "enabled", where, default=True)
     concurrency = table.get("concurrency", d.concurrency)
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(
             f"{where}.concurrency: how many servers are scraped at once, a whole number of at "
             f"least 1, got {concurrency!r}"
         )
-    return SamplerConfig(interval, raw, five, hourly, enabled, monitor, concurrency)
+    batch = flag(table, "prometheus_batch", where, default=d.prometheus_batch)
+    return SamplerConfig(interval, raw, five, hourly, enabled, monitor, concurrency, batch)
 
 
 def _cron(expr: str, timezone: str, where: str) -> None:
