@@ -15,7 +15,8 @@ combine: per rank, per priority), so measurement, diagnosis and the gate see the
 (every series of the engine except histogram buckets, plus the latency histograms' buckets the
 gate and diagnose read: time to first token and inter-token latency, `MetricsSpec.histograms`).
 A second query, `max(timestamp(HEARTBEAT SELECTOR))`, says how old the newest
-scrape is; data older than `max_age_s` is refused rather than measured. A failed scrape makes
+scrape is; data older than `max_age_s` is refused rather than measured (the sampler asks both
+for many servers at once: `playbooks.sources.prometheus_group`). A failed scrape makes
 Prometheus mark every series stale until the next one succeeds; then the newest complete scrape
 of the last `max_age_s` seconds is read from the raw samples instead, so one slow scrape does not
 interrupt a measurement.
@@ -176,21 +177,24 @@ class PrometheusMetrics:
     def reading(self) -> Reading:
         series = self.api.query(self.expression)
         if not series:
-            return self.reading_from(series, [])
-        self._check_one_target(series, self.expression)
-        return self.reading_from(series, self.api.query(self.freshness_expression))
-
-    def reading_from(self, series: list[Series], scraped_at: list[Series]) -> Reading:
-        """The reading from `series`, the answer to `expression`, and `scraped_at`, the
-        timestamps of the heartbeat's series (`timestamp(HEARTBEAT{SELECTOR})`) evaluated with
-        or after it: `reading()` asks for both itself; a grouped query
-        (`playbooks.sources.prometheus_group`) hands each server its share of one answer."""
-        if not series:
             # A failed scrape (a timeout, the server busy) marks every series stale until the
             # next one succeeds, so an instant query finds nothing; the last good scrape still
             # counts if it is recent enough.
             return self._last_good_scrape()
         self._check_one_target(series, self.expression)
+        return self._judged(series, self.api.query(self.freshness_expression))
+
+    def reading_from(self, series: list[Series], scraped_at: list[Series]) -> Reading:
+        """`reading()` from answers asked elsewhere: `series`, the answer to `expression`, and
+        `scraped_at`, the heartbeat's timestamps (`timestamp(HEARTBEAT{SELECTOR})`) evaluated
+        with it. A grouped query (`playbooks.sources.prometheus_group`) hands each server its
+        share of one answer for many; what is missing is read as `reading()` reads it."""
+        if not series:
+            return self._last_good_scrape()  # as in reading()
+        self._check_one_target(series, self.expression)
+        return self._judged(series, scraped_at)
+
+    def _judged(self, series: list[Series], scraped_at: list[Series]) -> Reading:
         times = [s for s in scraped_at if not math.isnan(s.value)]
         if not times:
             return self._last_good_scrape()  # a scrape failed between the two queries
