@@ -1,7 +1,8 @@
 """The one way kvpilot makes HTTP clients for the servers it reads, and the one retry policy.
 
 Every read-only HTTP source (an engine's API, Prometheus) is built here, so timeouts, the bearer
-header and retries agree: only idempotent GETs are retried, only on transport errors and on
+header and retries agree: only idempotent reads are retried (GETs, and a POST that only reads:
+Prometheus' query with a long expression as form data), only on transport errors and on
 502/503/504 (a proxy or a server still starting), a few times with a short exponential wait.
 Anything that mutates (the Docker Engine API, Kubernetes) is never retried blindly and does not
 use `retried_get`.
@@ -77,6 +78,9 @@ class Reader:
     def _retried_get(self, path: str, params: dict[str, str] | None = None) -> httpx.Response:
         return retried_get(self.http, self._retry, path, params)
 
+    def _retried_read_post(self, path: str, data: dict[str, str]) -> httpx.Response:
+        return retried_read(self._retry, lambda: self.http.post(path, data=data))
+
 
 def http_client(
     base_url: str, *, bearer_token: str | None = None, timeout_s: float = 10.0
@@ -99,9 +103,14 @@ def retried_get(
     A retryable status that persists is returned (the caller says what it means); a transport
     error that persists is raised as `httpx.TransportError` for the caller to explain.
     """
+    return retried_read(retrying, lambda: http.get(path, params=params))
+
+
+def retried_read(retrying: Retrying, send: Callable[[], httpx.Response]) -> httpx.Response:
+    """`send` (a request that only reads) under the retry policy, as `retried_get`."""
 
     def once() -> httpx.Response:
-        response = http.get(path, params=params)
+        response = send()
         if response.status_code in RETRYABLE_STATUS:
             raise RetryableStatus(response)
         return response

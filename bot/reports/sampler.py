@@ -16,7 +16,9 @@ takes a recent, uninterrupted stretch of them as its baseline instead of measuri
 The server's own settings (server info) are read when it is first seen and after every gap,
 and stored when they changed, for the report's "configuration now versus a day ago".
 
-A round scrapes up to `[sampler] concurrency` servers at once (16 by default; each has its own
+Servers whose metrics come from the same Prometheus are read with one query a round
+(`bot.reports.sampler_prometheus`) rather than two each. A round scrapes up to
+`[sampler] concurrency` servers at once (16 by default; each has its own
 client), so a round over a fleet of hundreds takes about the slowest scrapes' time rather than
 the sum of every server's; what was read is stored afterwards in the sampler's thread, one
 server after another in the configured order, on its one database connection, in one
@@ -45,6 +47,7 @@ from sqlite_utils import Database
 
 from bot.app.config import Config, ServerConfig
 from bot.app.wiring import engine_client
+from bot.reports.sampler_prometheus import grouped_scrapes
 from bot.reports.sampler_state import SamplerStatus, ServerState
 from playbooks.clock import Clock
 from playbooks.engines.base import (
@@ -177,7 +180,7 @@ class Sampler(SamplerStatus):
             for name in names:
                 self._prepare(db, name)
                 self._client(name)  # made here: the scrapes run in other threads
-            readings = self._fetch_all(names, self._scrape)
+            readings = self._read_all(names)
             rows = _Rows()
             with write_transaction(db):  # the whole round's rows: one commit
                 outcomes = [self._store(db, name, readings[name], rows) for name in names]
@@ -187,6 +190,16 @@ class Sampler(SamplerStatus):
             for name, info in self._fetch_all(wanted, self._settings).items():
                 self._snapshot(db, self.states[name], info)
             return outcomes
+
+    def _read_all(self, names: list[str]) -> dict[str, tuple[datetime, Snapshot | Exception]]:
+        """Every server's reading: those sharing a Prometheus with one query a batch
+        (`bot.reports.sampler_prometheus`), the others each on its own."""
+        together: dict[str, tuple[datetime, Snapshot | Exception]] = {}
+        if self.config.sampler.prometheus_batch:
+            clients = {name: self._clients[name] for name in names}
+            together = grouped_scrapes(clients, self.clock.utcnow, self._fetch_all)
+        alone = self._fetch_all([n for n in names if n not in together], self._scrape)
+        return alone | together
 
     def _fetch_all(self, names: list[str], read: Callable[[str], _R]) -> dict[str, _R]:
         """`read` of every server, at most `[sampler] concurrency` at once."""

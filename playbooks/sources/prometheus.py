@@ -15,7 +15,8 @@ combine: per rank, per priority), so measurement, diagnosis and the gate see the
 (every series of the engine except histogram buckets, plus the latency histograms' buckets the
 gate and diagnose read: time to first token and inter-token latency, `MetricsSpec.histograms`).
 A second query, `max(timestamp(HEARTBEAT SELECTOR))`, says how old the newest
-scrape is; data older than `max_age_s` is refused rather than measured. A failed scrape makes
+scrape is; data older than `max_age_s` is refused rather than measured (the sampler asks both
+for many servers at once: `playbooks.sources.prometheus_group`). A failed scrape makes
 Prometheus mark every series stale until the next one succeeds; then the newest complete scrape
 of the last `max_age_s` seconds is read from the raw samples instead, so one slow scrape does not
 interrupt a measurement.
@@ -153,7 +154,11 @@ class PrometheusMetrics:
 
     @property
     def expression(self) -> str:
-        return f"{self._series(self.matchers)} or {self._histogram(self.matchers)}"
+        return self.expression_for(self.matchers)
+
+    def expression_for(self, matchers: str) -> str:
+        """`expression` with other label matchers (a grouped query's, for many servers)."""
+        return f"{self._series(matchers)} or {self._histogram(matchers)}"
 
     def _series(self, matchers: str, window: str = "") -> str:
         prefix = re.escape(self.spec.prefix)
@@ -177,10 +182,24 @@ class PrometheusMetrics:
             # counts if it is recent enough.
             return self._last_good_scrape()
         self._check_one_target(series, self.expression)
-        fresh = self.api.query(self.freshness_expression)
-        if not fresh or math.isnan(fresh[0].value):
+        return self._judged(series, self.api.query(self.freshness_expression))
+
+    def reading_from(self, series: list[Series], scraped_at: list[Series]) -> Reading:
+        """`reading()` from answers asked elsewhere: `series`, the answer to `expression`, and
+        `scraped_at`, the heartbeat's timestamps (`timestamp(HEARTBEAT{SELECTOR})`) evaluated
+        with it. A grouped query (`playbooks.sources.prometheus_group`) hands each server its
+        share of one answer for many; what is missing is read as `reading()` reads it."""
+        if not series:
+            return self._last_good_scrape()  # as in reading()
+        self._check_one_target(series, self.expression)
+        return self._judged(series, scraped_at)
+
+    def _judged(self, series: list[Series], scraped_at: list[Series]) -> Reading:
+        times = [s for s in scraped_at if not math.isnan(s.value)]
+        if not times:
             return self._last_good_scrape()  # a scrape failed between the two queries
-        sampled_at, evaluated_at = fresh[0].value, fresh[0].t
+        newest = max(times, key=lambda s: s.value)
+        sampled_at, evaluated_at = newest.value, newest.t
         age = max(0.0, evaluated_at - sampled_at)
         if age > self.max_age_s:
             raise self._stale(age, self.freshness_expression)

@@ -18,8 +18,11 @@ from playbooks.engines.base import EngineError
 from playbooks.http import Reader, http_client, require_http_url
 
 MAX_RANGE_POINTS = 11_000  # Prometheus refuses range queries with more points per series
+# A longer expression goes as POST form data: proxies and Prometheus' own HTTP server limit a
+# request line to a few KiB, and a query for hundreds of servers names every one of them.
+POST_OVER_CHARS = 2000
 _MATCHER = re.compile(
-    r"""\s*[A-Za-z_][A-Za-z0-9_]*\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)\s*"""
+    r"""\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)\s*"""
 )
 
 
@@ -93,6 +96,20 @@ def parse_selector(text: str) -> str:
     return ", ".join(matchers)
 
 
+def label_matchers(matchers: str) -> list[tuple[str, str, str]]:
+    """`parse_selector`'s result taken apart: (label, operator, value as written, quotes and
+    all) for each matcher."""
+    out = []
+    pos = 0
+    while pos < len(matchers):
+        found = _MATCHER.match(matchers, pos)
+        if found is None:
+            raise ValueError(f"cannot read a label matcher at {matchers[pos:]!r}")
+        out.append((found.group(1), found.group(2), found.group(3)))
+        pos = found.end() + 1  # past the comma
+    return out
+
+
 def default_selector(server_url: str) -> str:
     """`{instance="HOST:PORT"}`: the label Prometheus gives a target it scrapes at that address."""
     url = httpx.URL(server_url)
@@ -138,11 +155,12 @@ class PrometheusAPI(Reader):
 
     def query(self, expr: str, at: float | None = None) -> list[Series]:
         """An instant query: a vector (one entry per series), a scalar (one entry), or, for a
-        range selector such as `x[5m]`, a matrix flattened to one entry per raw sample."""
+        range selector such as `x[5m]`, a matrix flattened to one entry per raw sample. A long
+        expression (over `POST_OVER_CHARS`) is sent as form data, which Prometheus accepts too."""
         params = {"query": expr}
         if at is not None:
             params["time"] = f"{at:.3f}"
-        data = self._call("/api/v1/query", params, expr)
+        data = self._call("/api/v1/query", params, expr, post=len(expr) > POST_OVER_CHARS)
         kind, result = data.get("resultType"), data.get("result")
         if kind == "scalar" and isinstance(result, list) and len(result) == 2:
             return [Series({}, _float(result[0]), _float(result[1]))]
@@ -188,9 +206,14 @@ class PrometheusAPI(Reader):
         return point.value
 
     # ----------------------------------------------------------------- transport
-    def _call(self, path: str, params: dict[str, str], expr: str) -> dict[str, Any]:
+    def _call(
+        self, path: str, params: dict[str, str], expr: str, *, post: bool = False
+    ) -> dict[str, Any]:
         try:
-            response = self._retried_get(path, params)
+            if post:
+                response = self._retried_read_post(path, params)
+            else:
+                response = self._retried_get(path, params)
         except httpx.TransportError as exc:
             raise PrometheusUnreachable(
                 f"cannot reach Prometheus at {self.base_url} for the query `{expr}`: "

@@ -13,6 +13,7 @@ from bot.app.config.values import (
     check_keys,
     check_timezone,
     duration,
+    flag,
     number,
     string,
 )
@@ -40,6 +41,8 @@ class SamplerConfig:
     # sample in a process of the sampler's own: true, false, or None for "auto" (from
     # PROCESS_FROM_SERVERS servers, at the wall clock's pace; bot/reports/sampler_process.py)
     process: bool | None = None
+    # servers sharing a Prometheus read with one query a round (bot/reports/sampler_prometheus)
+    prometheus_batch: bool = True
 
 
 # A stored baseline reaches 30 min back from a window that ended up to 15 min ago
@@ -76,6 +79,7 @@ def sampler(table: Any) -> SamplerConfig:
         "enabled",
         "concurrency",
         "process",
+        "prometheus_batch",
     }
     check_keys(table, keys, where)
     interval = number(table, "interval_s", where, 15.0)
@@ -102,14 +106,13 @@ def sampler(table: Any) -> SamplerConfig:
             "reaches 30 minutes back from a window that ended up to 15 minutes ago"
         )
     enabled, concurrency, process = _how(table, where)
-    return SamplerConfig(interval, raw, five, hourly, enabled, monitor, concurrency, process)
+    batch = flag(table, "prometheus_batch", where, default=SamplerConfig.prometheus_batch)
+    return SamplerConfig(interval, raw, five, hourly, enabled, monitor, concurrency, process, batch)
 
 
 def _how(table: dict[str, Any], where: str) -> tuple[bool, int, bool | None]:
     """`enabled`, `concurrency` and `process`: whether, how wide and where it samples."""
-    enabled = table.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"{where}.enabled: expected true or false, got {enabled!r}")
+    enabled = flag(table, "enabled", where, default=True)
     concurrency = table.get("concurrency", SamplerConfig.concurrency)
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(

@@ -27,6 +27,8 @@ def test_defaults() -> None:
     assert config.sampler.raw_retention_s == 3 * 86400
     assert config.sampler.hourly_retention_s == 400 * 86400
     assert config.sampler.monitor_retention_s == 2 * 3600
+    assert config.sampler.prometheus_batch  # servers sharing a Prometheus: one query a round
+    assert not load(sampler={"prometheus_batch": False}).sampler.prometheus_batch
     (r,) = config.reports
     assert r.timezone == "UTC" and r.servers == ("a", "b")  # every server by default
     assert r.window_s == 86400 and r.grace_s == 6 * 3600 and r.name == "C0OPS 0 9 * * *"
@@ -91,6 +93,7 @@ def test_a_group_of_servers() -> None:
             "five_minute_retention: must be at least raw_retention",
         ),
         ({"sampler": {"enabled": "yes"}}, "sampler.enabled: expected true or false"),
+        ({"sampler": {"prometheus_batch": 1}}, "sampler.prometheus_batch: expected true or false"),
         ({"sampler": {"monitor_retention": "30m"}}, 'sampler.monitor_retention: at least "45m"'),
         ({"sampler": {"monitor_retention": "often"}}, "'often' is not a duration"),
     ],

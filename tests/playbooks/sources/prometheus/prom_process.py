@@ -11,7 +11,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,9 +86,13 @@ def write_config(path: Path, targets: list[str], scrape_interval: str) -> None:
 
 @contextmanager
 def running_prometheus(
-    workdir: Path, targets: list[str], scrape_interval: str = "100ms"
+    workdir: Path,
+    targets: list[str],
+    scrape_interval: str = "100ms",
+    prefix: Sequence[str] = (),
 ) -> Iterator[PrometheusProcess]:
-    """Prometheus on a free loopback port with its own storage under `workdir`."""
+    """Prometheus on a free loopback port with its own storage under `workdir`; `prefix` runs
+    it under another command that execs it (a benchmark's `taskset`)."""
     binary = prometheus_binary()
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "prometheus.yml"
@@ -98,6 +102,7 @@ def running_prometheus(
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
             [
+                *prefix,
                 binary,
                 f"--config.file={config}",
                 f"--storage.tsdb.path={workdir / 'data'}",
