@@ -13,6 +13,7 @@ import pytest
 
 from bot.app.claims import ClaimKeeper, ClaimRefused, held
 from bot.app.config import Config, ConfigError, load
+from bot.cli.doctor import claims_check
 from storage import claims as store
 
 T0 = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
@@ -171,3 +172,18 @@ def test_a_one_shot_command_holds_only_its_server_while_it_runs(tmp_path: Path) 
         held(east, "run `kvpilot experiment`", ["b2"]),
     ):
         pass
+
+
+def test_doctor_says_which_servers_another_bot_holds(tmp_path: Path) -> None:
+    east = config(tmp_path, "east", {"big": "http://gpu-7:30000"})
+    west = config(tmp_path, "west", {"small": "http://gpu-7:30000", "free": "http://gpu-8:1"})
+    first = claims_check(west)
+    assert first.ok and "will be created at the first start" in first.detail
+    keeper = ClaimKeeper(east)
+    keeper.take()
+    found = claims_check(west)
+    assert not found.ok and not found.fatal
+    assert 'small (http://gpu-7:30000) by bot "east"' in found.detail
+    assert "kvpilot claims release BOT" in found.fix
+    keeper.stop()
+    assert claims_check(west).ok
