@@ -59,7 +59,7 @@ real-vllm:
 CHECK_TESTS := tests/storage tests/test_architecture.py tests/test_architecture_map.py tests/test_package_graph.py \
 	tests/bot/app tests/bot/chat \
 	tests/bot/reports/test_config.py tests/bot/slack/test_blocks.py tests/bot/console/test_text.py \
-	tests/playbooks/gate tests/playbooks/campaigns tests/playbooks/stats tests/playbooks/engines tests/playbooks/test_http.py tests/playbooks/test_clock.py \
+	tests/playbooks/gate tests/playbooks/campaigns tests/playbooks/stats tests/playbooks/engines tests/playbooks/test_http.py tests/playbooks/test_normalised_url.py tests/playbooks/test_clock.py \
 	tests/playbooks/diagnose/test_measure.py tests/playbooks/launchers/test_launcher_config.py \
 	tests/playbooks/experiments/test_outcome.py tests/playbooks/experiments/test_ownership.py \
 	tests/playbooks/experiments/test_failures.py \

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import ssl
+import urllib.parse
 from collections.abc import Callable, Sequence
 
 import certifi
@@ -45,6 +46,31 @@ def http_retrying(attempts: int = 3, wait: Callable[..., float] | None = None) -
 
 def is_http_url(url: str) -> bool:
     return url.startswith(("http://", "https://"))
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def normalised_url(url: str) -> str:
+    """The one spelling of what reaches a server, so two configurations that name it
+    differently agree on it: scheme and host lower-cased, the port written out (80, 443 when
+    the URL has none), no credentials, query or trailing slash. The host is not resolved:
+    `localhost` and `127.0.0.1` stay two spellings. ValueError for what is no http(s) URL."""
+    parts = urllib.parse.urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS or not parts.hostname:
+        raise ValueError(f"{url!r} is not an http(s) URL such as http://HOST:PORT")
+    try:
+        port = parts.port
+    except ValueError:  # a port that is no number, or past 65535
+        port = 0
+    if port == 0:
+        raise ValueError(f"{url!r} has no valid port (1-65535)")
+    port = port or DEFAULT_PORTS[scheme]
+    host = parts.hostname.lower()
+    if ":" in host:  # IPv6: written in brackets
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{port}{parts.path.rstrip('/')}"
 
 
 def require_http_url(

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from sqlite_utils import Database
 
 from bot.app import health, telemetry
+from bot.app.claims import ClaimKeeper
 from bot.app.config import Config
 from bot.app.wiring import engine_of, make_clock
 from bot.chat import notify
@@ -101,6 +102,8 @@ class Runtime:
             ids=ids,
         )
         self.surface_for = surface_for
+        # the estate's claims on this bot's servers (`[kvpilot] claims`; None for a lone bot)
+        self.claims = ClaimKeeper.of(config)
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         self.started_at = datetime.now(UTC)
@@ -113,9 +116,13 @@ class Runtime:
 
     # ------------------------------------------------------------------ start
     def start(self) -> list[int]:
-        """Resume the experiments a previous process left running, start sampling, and with
-        `duties` send the reports missed while the bot was down and start the tick loop.
-        Returns the experiments resumed."""
+        """Claim the servers (`bot.app.claims`: ClaimRefused, before anything starts, when
+        another live bot holds one), resume the experiments a previous process left running,
+        start sampling, and with `duties` send the reports missed while the bot was down and
+        start the tick loop. Returns the experiments resumed."""
+        if self.claims is not None:
+            self.claims.take("start this bot")
+            self.claims.start()
         resumed = self.flow.runner.resume_all()
         if resumed:
             log.info("resumed experiments %s", resumed)
@@ -168,6 +175,7 @@ class Runtime:
         if self.duties:
             self.scheduler.shutdown(wait=False)
         self.flow.work.shutdown(wait=False, cancel_futures=True)
+        self._release()
 
     def close(self) -> None:
         """A foreground session ending (the console): its commands ran to their end while the
@@ -175,6 +183,14 @@ class Runtime:
         self._stop.set()
         self.sampler.stop()
         self.flow.close()
+        self._release()
+
+    def _release(self) -> None:
+        """The claims go last, once nothing of this process acts on the servers."""
+        if self.claims is not None:
+            released = self.claims.stop()
+            if released:
+                log.info("released %d claim(s)", released)
 
     # ------------------------------------------------------------------ watching it
     def health(self, transport: health.Part, **about: Any) -> tuple[int, dict[str, Any]]:

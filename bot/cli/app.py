@@ -22,6 +22,7 @@ from typing import Any, TextIO
 
 from bot.app.front_ends import FRONT_ENDS, check_serves, front_end
 from bot.chat.render import render
+from bot.cli.claims import add_claims_parser, cmd_claims
 from bot.cli.output import add_output, id_argument
 from bot.cli.report import add_report_parser, cmd_report
 from bot.cli.rollout_parser import add_rollout_parser
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         add(sub)
     add_report_parser(sub)
     add_rollout_parser(sub)
+    add_claims_parser(sub)
     doc = sub.add_parser(
         "doctor", help="check the configuration, database, Slack and servers; change nothing"
     )
@@ -646,6 +648,8 @@ def _main(argv: list[str] | None, out: TextIO, err: TextIO) -> int:
         from bot.cli.completion import completion  # noqa: PLC0415
 
         return completion(parser, ns.shell, out)
+    if ns.command == "claims":
+        return cmd_claims(ns, out, err)
     if ns.command == "files":
         from bot.cli.files import show  # noqa: PLC0415
 

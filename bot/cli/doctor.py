@@ -1,7 +1,8 @@
 """`kvpilot doctor`: every check a first start needs, each with its fix; writes nothing.
 
 One line per check, so the first thing wrong is on the screen with what to do about it:
-the configuration, the database's path, Slack (the token, the scopes of
+the configuration, the database's path, the estate's claims file where one is shared (no other
+live bot holds this configuration's servers), Slack (the token, the scopes of
 deploy/slack/manifest.yaml, the user groups the access policy names), and each server (it
 answers, the API key, its engine and version, its metrics, through Prometheus where
 configured), and what its launcher will need to restart it (the program; the Docker socket and
@@ -18,8 +19,11 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
+
+from sqlite_utils import Database
 
 from bot.app.checks import Check
 from bot.app.config import ConfigError, load
@@ -47,6 +51,8 @@ def run_checks(config_path: str | None, env: Mapping[str, str]) -> Iterator[Chec
 def checks_of(config: Config, env: Mapping[str, str]) -> Iterator[Check]:
     """What a loaded configuration needs: the database, Slack, each server and launcher."""
     yield database_check(config.database)
+    if config.claims is not None:
+        yield claims_check(config)
     from bot.slack.doctor import slack_checks  # noqa: PLC0415 - Slack loads only here
 
     yield from slack_checks(config, env)
@@ -97,6 +103,51 @@ def database_check(path: Path) -> Check:
         True,
         f"{path} opens" if path.exists() else f"{path} will be created on first use",
     )
+
+
+def claims_check(config: Config) -> Check:
+    """`[kvpilot] claims`: the shared file can be written, and no other live bot holds a server
+    of this configuration (what would refuse the start). Reads only."""
+    from bot.app.claims import LEASE_S, ago  # noqa: PLC0415
+    from bot.app.config.estate import claim_keys  # noqa: PLC0415
+    from storage import claims as store  # noqa: PLC0415
+
+    assert config.claims is not None
+    path, name = config.claims.path, config.claims.bot_name
+    fix = "set [kvpilot] claims to a file every bot of the estate can write (docs/operations.md)"
+    where = path.parent if path.exists() else writable_ancestor(path.parent)
+    if where is None or (path.exists() and not os.access(path, os.W_OK)):
+        return Check("claims", False, f"{path} cannot be written by this user", fix, True)
+    if not path.exists():
+        return Check("claims", True, f"{path} will be created at the first start; bot {name!r}")
+    keys = claim_keys(list(config.servers.values()))
+    now = datetime.now(UTC)
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            held = [
+                c
+                for c in store.all_claims(Database(conn))
+                if c.url in keys and c.bot != name and c.holder.live(now, LEASE_S)
+            ]
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        return Check("claims", False, f"{path} cannot be read: {exc}", fix, True)
+    if held:
+        listing = "; ".join(
+            f'{keys[c.url]} ({c.url}) by bot "{c.bot}" (host {c.holder.host}, pid '
+            f"{c.holder.pid}, {ago(c.holder.age_s(now))})"
+            for c in held
+        )
+        return Check(
+            "claims",
+            False,
+            f"held by another live bot, so the start would be refused: {listing}",
+            "remove these servers from one of the two configurations; for a bot gone for good, "
+            "`kvpilot claims release BOT`",
+        )
+    return Check("claims", True, f"{path}: no server of bot {name!r} is held by another live bot")
 
 
 def server_checks(server: ServerConfig, time_scale: float = 1.0) -> Iterator[Check]:

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from sqlite_utils import Database
 
+from bot.app import claims
 from bot.app.config import Config, ConfigError, load
 from bot.app.identity import terminal_actor
 from bot.app.interrupts import StopOnSignal
@@ -93,21 +94,8 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
         err.write(f"error: refused: {refused}\n")
         return EXIT_USAGE
     try:
-        clock = make_clock(config, db)  # this process's one clock
-        cmd = Command(ns, config, db, clock, out, err, stdin)
-        if ns.command == "experiment":
-            return cmd_experiment(cmd)
-        if ns.command == "server":
-            return cmd_server(ns, config, clock, out, err)
-        if ns.command == "tune":
-            from bot.cli.tune import cmd_tune  # noqa: PLC0415 - tune builds on this module
-
-            return cmd_tune(cmd)
-        if ns.command == "resume":
-            codes = resume_unfinished(config, db, clock, err)
-            out.write(f"{len(codes)} unfinished experiment(s) handled\n")
-            return exit_codes.most_urgent(codes)
-        return experiments_action(cmd)
+        with claims.held(config, *claimed(ns, config)):
+            return _run(Command(ns, config, db, make_clock(config, db), out, err, stdin))
     except no_change.NothingToChange as exc:
         err.write(f"refused: {exc}; nothing was done\n")
         return exit_codes.NOTHING_TO_CHANGE
@@ -123,6 +111,37 @@ def dispatch(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) ->
     except sqlite3.Error as exc:
         err.write(f"error: {fault(exc, path_of(db))}\n")
         return EXIT_FAILED
+
+
+def claimed(ns: argparse.Namespace, config: Config) -> tuple[str, list[str] | None]:
+    """What a command claims while it runs (`bot.app.claims.held`): the server it changes, or
+    every configured server where the experiments it carries are found only as it runs; a
+    command that only reads claims nothing."""
+    doing = f"run `kvpilot {ns.command}{' ' + ns.action if ns.command == 'experiments' else ''}`"
+    if ns.command == "experiments" and ns.action not in ("abort", "approve"):
+        return doing, []
+    if ns.command == "server" and ns.action == "status":
+        return doing, []
+    if ns.command in ("experiment", "tune", "server"):
+        return doing, [ns.server] if ns.server in config.servers else []
+    return doing, None
+
+
+def _run(cmd: Command) -> int:
+    ns, config, db, clock, out, err = cmd.ns, cmd.config, cmd.db, cmd.clock, cmd.out, cmd.err
+    if ns.command == "experiment":
+        return cmd_experiment(cmd)
+    if ns.command == "server":
+        return cmd_server(ns, config, clock, out, err)
+    if ns.command == "tune":
+        from bot.cli.tune import cmd_tune  # noqa: PLC0415 - tune builds on this module
+
+        return cmd_tune(cmd)
+    if ns.command == "resume":
+        codes = resume_unfinished(config, db, clock, err)
+        out.write(f"{len(codes)} unfinished experiment(s) handled\n")
+        return exit_codes.most_urgent(codes)
+    return experiments_action(cmd)
 
 
 def experiments_action(cmd: Command) -> int:

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from sqlite_utils import Database
 
+from bot.app import claims
 from bot.app.config import Config, ConfigError, load, warn_to
 from bot.app.identity import terminal_actor
 from bot.app.ticker import Ticker
@@ -56,6 +57,17 @@ def cmd_rollout(ns: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO)
     except (ConfigError, StorageError) as exc:
         err.write(f"error: {exc}\n")
         return exit_codes.USAGE
+    try:
+        with claims.held(config, "run `kvpilot rollout`"):
+            return _rollout(ns, config, db, out, err, stdin)
+    except (ConfigError, StorageError) as exc:  # another bot holds a server; no claims file
+        err.write(f"error: {exc}\n")
+        return exit_codes.USAGE
+
+
+def _rollout(
+    ns: argparse.Namespace, config: Config, db: Database, out: TextIO, err: TextIO, stdin: TextIO
+) -> int:
     clock = make_clock(config, db)
     try:
         row = store.get_experiment(db, ns.from_experiment)

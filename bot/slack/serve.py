@@ -371,11 +371,11 @@ def run(
     try:
         preflight(checks())  # the first calls to Slack and the servers, once the port is ours
         bot = Bot(config, settings)
+        bot.start_background()  # claims the servers first (`bot.app.claims`)
     except BaseException:
         if sock is not None:
             sock.close()
         raise
-    bot.start_background()
     done = threading.Event()
 
     received: list[str] = []

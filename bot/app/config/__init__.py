@@ -13,10 +13,12 @@ Minimal form:
 
 Every error names the key, what was wrong, and what is expected. The modules: `values` (the
 shared checked readers), `servers` (servers, launchers, metrics, gates, groups), `access` (who
-may do what, and Slack's channels), `schedule` (sampler and reports), `loading` (the file).
+may do what, and Slack's channels), `schedule` (sampler and reports), `estate` (the claims
+several bots share), `loading` (the file).
 """
 
 from bot.app.config.access import LOCAL_PREFIX, AccessPolicy, SlackConfig
+from bot.app.config.estate import ClaimsConfig
 from bot.app.config.loading import (
     DEFAULT_PATH,
     Config,
@@ -41,6 +43,7 @@ __all__ = [
     "GATE_KEYS",
     "LOCAL_PREFIX",
     "AccessPolicy",
+    "ClaimsConfig",
     "Config",
     "ConfigError",
     "GroupConfig",

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from bot.app.config.access import AccessPolicy, SlackConfig, sections
 from bot.app.config.alerts import AlertsConfig, alerts
+from bot.app.config.estate import ClaimsConfig, check_claimable, claims_config
 from bot.app.config.notify import NotifyConfig, notify
 from bot.app.config.quality import with_quality
 from bot.app.config.schedule import ReportSchedule, SamplerConfig, reports, sampler
@@ -40,6 +41,8 @@ class Config:
     # one note per policy key still in [slack]: shown once per process by `announce`
     deprecations: tuple[str, ...] = ()
     chat: str = DEFAULT_CHAT  # the chat service whose IDs the file holds (`[kvpilot] chat`)
+    # the estate's shared claims file and this bot's name in it (`bot/app/config/estate.py`)
+    claims: ClaimsConfig | None = None
 
     @property
     def channels(self) -> tuple[str, ...]:
@@ -182,7 +185,9 @@ def parse(
     top = data.get("kvpilot", {})
     if not isinstance(top, dict):
         raise ConfigError("kvpilot: expected a table")
-    check_keys(top, {"database", "state_dir", "time_scale", "chat"}, "kvpilot")
+    check_keys(
+        top, {"database", "state_dir", "time_scale", "chat", "claims", "bot_name"}, "kvpilot"
+    )
     chat, identity = chat_identity(top, ids)
     base, database_default, state_default = default_locations(path)
     database = base / (string(top, "database", "kvpilot") or database_default)
@@ -197,6 +202,9 @@ def parse(
     servers = {name: server(name, t, gate_defaults) for name, t in servers_table.items()}
     server_groups = groups(data.get("groups"), servers)
     servers = with_quality(servers, servers_table, data.get("groups"), base)
+    claims = claims_config(top, base, database)
+    if claims is not None:
+        check_claimable(servers)
     return Config(
         path,
         database,
@@ -212,4 +220,5 @@ def parse(
         notify=notify(data.get("notify")),
         alerts=alerts(data.get("alerts"), identity),
         chat=chat,
+        claims=claims,
     )
