@@ -121,20 +121,24 @@ def rounds(db_path: Path, since: float) -> str:
 
 
 def slack_rates(slack: FakeSlack, since: float, until: float) -> str:
-    """Slack Web API calls a minute for each channel over [since, until]: busiest and mean."""
+    """Slack Web API calls a minute for each channel over [since, until], busiest minute and
+    mean: the posts (`chat.postMessage`, whose limit is per channel) and every call."""
     minutes = max((until - since) / 60.0, 1e-9)
-    per: dict[str, Counter[int]] = {}
+    per: dict[tuple[str, str], Counter[int]] = {}
     for call in slack.calls():
         channel = call.params.get("channel")
         if not isinstance(channel, str) or not since <= call.at <= until:
             continue
-        per.setdefault(channel, Counter())[int((call.at - since) // 60)] += 1
+        minute = int((call.at - since) // 60)
+        per.setdefault((channel, "every call"), Counter())[minute] += 1
+        if call.method == "chat.postMessage":
+            per.setdefault((channel, "chat.postMessage"), Counter())[minute] += 1
     if not per:
         return "Slack calls: none carried a channel"
     return "Slack calls a minute by channel: " + ", ".join(
-        f"{ch} {max(c.values())} in the busiest minute, {sum(c.values()) / minutes:.0f} "
+        f"{ch} {what} {max(c.values())} in the busiest minute, {sum(c.values()) / minutes:.0f} "
         "a minute on average"
-        for ch, c in sorted(per.items())
+        for (ch, what), c in sorted(per.items())
     )
 
 

@@ -22,6 +22,7 @@ from bot.app.telemetry import Tally
 from bot.chat.auth import Principal
 from bot.chat.messages import Message
 from bot.slack.blocks import blocks, fallback_text
+from bot.slack.pacing import ChannelPacer
 from storage.chat import MessageRef
 
 log = logging.getLogger(__name__)
@@ -34,8 +35,14 @@ class CountingWebClient(WebClient):
     `kvpilot_slack_api_errors` metric."""
 
     errors: Tally | None = None
+    pacer: ChannelPacer | None = None  # messages into one channel at Slack's pace
 
     def api_call(self, api_method: str, **kwargs: Any) -> Any:
+        if self.pacer is not None and api_method == "chat.postMessage":
+            body = kwargs.get("json") or kwargs.get("data") or kwargs.get("params") or {}
+            channel = body.get("channel") if isinstance(body, dict) else None
+            if isinstance(channel, str):
+                self.pacer.wait(channel)
         try:
             return super().api_call(api_method, **kwargs)
         except SlackApiError as exc:
@@ -56,12 +63,13 @@ def web_client(
     retries: bool = True,
     errors: Tally | None = None,
 ) -> WebClient:
-    """A Web API client. `retries`: the long-running bot's policy (connection errors, rate
-    limits, server errors); without it slack_sdk's default, one retry after a connection
-    error, so a one-shot command never posts twice after a server error. `errors` counts the
-    calls that failed."""
+    """A Web API client that posts into each channel at Slack's pace (`bot.slack.pacing`).
+    `retries`: the long-running bot's policy (connection errors, rate limits, server errors);
+    without it slack_sdk's default, one retry after a connection error, so a one-shot command
+    never posts twice after a server error. `errors` counts the calls that failed."""
     client = CountingWebClient(token=token, base_url=base_url or SLACK_API, timeout=timeout)
     client.errors = errors
+    client.pacer = ChannelPacer()
     if retries:
         client.retry_handlers = [
             ConnectionErrorRetryHandler(max_retry_count=2),

@@ -1,0 +1,90 @@
+"""Messages into one channel at Slack's pace: a burst, then one a second; other channels free."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from bot.slack.pacing import BURST, PER_S, ChannelPacer
+from bot.slack.surface import CountingWebClient, web_client
+from tests.slackfake import FakeSlack
+
+
+class Manual:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+
+@pytest.mark.parametrize(
+    ("posts", "delays"),
+    [
+        # (time, channel) -> seconds each post waits; one a second after a burst of three
+        ([(0, "C1")] * 5, [0, 0, 0, 1, 2]),
+        ([(0, "C1"), (0, "C1"), (0, "C1"), (0, "C2"), (0, "C1")], [0, 0, 0, 0, 1]),
+        ([(0, "C1"), (0.5, "C1"), (1, "C1"), (1.5, "C1"), (2, "C1")], [0, 0, 0, 0, 0]),
+        ([(0, "C1")] * 4 + [(10, "C1")] * 3, [0, 0, 0, 1, 0, 0, 0]),  # the bucket refills
+        ([(0, "C1")] * 6 + [(1, "C1")], [0, 0, 0, 1, 2, 3, 3]),  # turns are kept in order
+    ],
+)
+def test_a_burst_then_one_a_second(posts: list[tuple[float, str]], delays: list[float]) -> None:
+    t = Manual()
+    pacer = ChannelPacer(per_s=1.0, burst=3, clock=t.clock, sleep=t.sleep)
+    got = []
+    for at, channel in posts:
+        t.now = 100.0 + at
+        got.append(pacer.delay(channel))
+    assert got == pytest.approx(delays)
+
+
+def test_no_minute_ever_takes_more_than_the_rate_and_one_burst() -> None:
+    t = Manual()
+    pacer = ChannelPacer(clock=t.clock, sleep=t.sleep)
+    sent = []
+    for i in range(600):  # ten posts a second wanted for a minute
+        t.now = 100.0 + i / 10
+        sent.append(t.now + pacer.delay("C1"))
+    for start in sent:
+        in_a_minute = sum(1 for s in sent if start <= s < start + 60)
+        assert in_a_minute <= 60 * PER_S + BURST - 1
+
+
+@pytest.mark.parametrize(("per_s", "burst"), [(0, 3), (-1, 3), (1, 0)])
+def test_a_pace_that_sends_nothing_is_refused(per_s: float, burst: int) -> None:
+    with pytest.raises(ValueError, match="sends nothing"):
+        ChannelPacer(per_s, burst)
+
+
+def test_the_bots_client_paces_its_posts_per_channel(slack: FakeSlack) -> None:
+    client = web_client("xoxb-test", slack.api_url)
+    assert isinstance(client, CountingWebClient) and client.pacer is not None
+    client.pacer = ChannelPacer(per_s=20.0, burst=2)  # the same rule, faster for a test
+
+    def post(channel: str) -> None:
+        client.chat_postMessage(channel=channel, text="x")
+
+    threads = [threading.Thread(target=post, args=("C1",)) for _ in range(6)]
+    threads += [threading.Thread(target=post, args=("C2",)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    ones = sorted(c.at for c in slack.calls("chat.postMessage") if c.params["channel"] == "C1")
+    twos = [c.at for c in slack.calls("chat.postMessage") if c.params["channel"] == "C2"]
+    assert len(ones) == 6 and len(twos) == 2
+    # after the burst of two, each of the other four came at least 1/20 s after the one before
+    # (less the server's own stamping jitter)
+    assert ones[-1] - ones[0] >= 4 / 20 - 0.02
+    assert max(twos) < ones[-1], "C2 was not held up behind C1's queue"
+    t = Manual()
+    client.pacer = ChannelPacer(per_s=1.0, burst=1, clock=t.clock, sleep=t.sleep)
+    for _ in range(3):
+        client.chat_postEphemeral(channel="C1", user="U1", text="y")
+    assert not t.slept, "only chat.postMessage is paced"
