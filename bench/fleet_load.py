@@ -121,8 +121,9 @@ def rounds(db_path: Path, since: float) -> str:
 
 
 def slack_rates(slack: FakeSlack, since: float, until: float) -> str:
-    """Slack Web API calls a minute for each channel over [since, until], busiest minute and
-    mean: the posts (`chat.postMessage`, whose limit is per channel) and every call."""
+    """Slack Web API calls a minute into each channel over [since, until], busiest minute and
+    mean, for every call and for each method (Slack's limits are per method: `chat.postMessage`
+    about one a second per channel, `chat.update` Tier 3, `chat.postEphemeral` Tier 4)."""
     minutes = max((until - since) / 60.0, 1e-9)
     per: dict[tuple[str, str], Counter[int]] = {}
     for call in slack.calls():
@@ -131,8 +132,7 @@ def slack_rates(slack: FakeSlack, since: float, until: float) -> str:
             continue
         minute = int((call.at - since) // 60)
         per.setdefault((channel, "every call"), Counter())[minute] += 1
-        if call.method == "chat.postMessage":
-            per.setdefault((channel, "chat.postMessage"), Counter())[minute] += 1
+        per.setdefault((channel, call.method), Counter())[minute] += 1
     if not per:
         return "Slack calls: none carried a channel"
     return "Slack calls a minute by channel: " + ", ".join(

@@ -8,7 +8,8 @@ turning KV-bound in one minute. So every post waits its turn instead: each chann
 of `burst` messages refilled at `per_s` a second (the generic cell rate algorithm: a post is
 due once the channel's theoretical arrival time is within the burst's tolerance), the turn is
 reserved under a lock and slept outside it, so concurrent posters into one channel queue in
-order and other channels are never held up.
+order and other channels are never held up. Edits (`chat.update`, Tier 3: about 50 a minute
+for the whole workspace) are paced the same way, with one bucket for the workspace.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from collections.abc import Callable
 
 PER_S = 1.0  # messages a second into one channel, sustained
 BURST = 4  # messages one channel may take at once, after a quiet spell
+# `chat.update` is Tier 3, about 50 calls a minute for the whole workspace: edits of progress
+# messages (experiments, diagnoses, alerts) share that, whichever channel they are in
+EDITS_PER_S = 50 / 60
+EDITS_BURST = 5
+WORKSPACE = ""  # the key of a limit that is the workspace's, not a channel's
 
 
 class ChannelPacer:

@@ -22,7 +22,7 @@ from bot.app.telemetry import Tally
 from bot.chat.auth import Principal
 from bot.chat.messages import Message
 from bot.slack.blocks import blocks, fallback_text
-from bot.slack.pacing import ChannelPacer
+from bot.slack.pacing import EDITS_BURST, EDITS_PER_S, WORKSPACE, ChannelPacer
 from storage.chat import MessageRef
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ class CountingWebClient(WebClient):
 
     errors: Tally | None = None
     pacer: ChannelPacer | None = None  # messages into one channel at Slack's pace
+    edit_pacer: ChannelPacer | None = None  # edits, at the workspace's pace
 
     def api_call(self, api_method: str, **kwargs: Any) -> Any:
         if self.pacer is not None and api_method == "chat.postMessage":
@@ -43,6 +44,8 @@ class CountingWebClient(WebClient):
             channel = body.get("channel") if isinstance(body, dict) else None
             if isinstance(channel, str):
                 self.pacer.wait(channel)
+        if self.edit_pacer is not None and api_method == "chat.update":
+            self.edit_pacer.wait(WORKSPACE)
         try:
             return super().api_call(api_method, **kwargs)
         except SlackApiError as exc:
@@ -70,6 +73,7 @@ def web_client(
     client = CountingWebClient(token=token, base_url=base_url or SLACK_API, timeout=timeout)
     client.errors = errors
     client.pacer = ChannelPacer()
+    client.edit_pacer = ChannelPacer(EDITS_PER_S, EDITS_BURST)
     if retries:
         client.retry_handlers = [
             ConnectionErrorRetryHandler(max_retry_count=2),

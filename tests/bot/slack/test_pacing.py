@@ -87,4 +87,16 @@ def test_the_bots_client_paces_its_posts_per_channel(slack: FakeSlack) -> None:
     client.pacer = ChannelPacer(per_s=1.0, burst=1, clock=t.clock, sleep=t.sleep)
     for _ in range(3):
         client.chat_postEphemeral(channel="C1", user="U1", text="y")
-    assert not t.slept, "only chat.postMessage is paced"
+    assert not t.slept, "a whisper is not a post: not paced"
+
+
+def test_edits_are_paced_for_the_whole_workspace(slack: FakeSlack) -> None:
+    client = web_client("xoxb-test", slack.api_url)
+    assert isinstance(client, CountingWebClient) and client.edit_pacer is not None
+    assert client.edit_pacer.interval_s == pytest.approx(60 / 50)  # Tier 3: 50 a minute
+    posted = [client.chat_postMessage(channel=c, text="x") for c in ("C1", "C2", "C3")]
+    t = Manual()
+    client.edit_pacer = ChannelPacer(per_s=1.0, burst=2, clock=t.clock, sleep=t.sleep)
+    for response in posted:  # three channels, one workspace: the third edit waits
+        client.chat_update(channel=response["channel"], ts=response["ts"], text="y")
+    assert t.slept == [pytest.approx(1.0)]
