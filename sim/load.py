@@ -50,6 +50,9 @@ class LoadReport:
     e2e_latencies: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
     started_at: float = 0.0  # wall clock (epoch seconds) when the clients started
+    # ...and when the last of them ended: the run's span on the wall clock, read at its two ends
+    # (started_at + wall_seconds mixes two clocks read at different instants)
+    ended_at: float = 0.0
     # (seconds after started_at, output tokens) of every completed request, in order
     finished: list[tuple[float, int]] = field(default_factory=list)
 
@@ -208,6 +211,7 @@ async def run_load(
                 t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         report.wall_seconds = time.monotonic() - start
+        report.ended_at = time.time()
         report.sent -= report.cancelled_at_end
         return report
 
