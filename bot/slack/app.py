@@ -96,8 +96,13 @@ def build_app(
         process_before_response=False,
     )
 
+    # Every listener below posts with `web`, the client kvpilot built (paced, its failures
+    # counted), never Bolt's `client` argument: since slack_bolt 1.15 that is a plain WebClient
+    # made per request (`App._init_context`), which would skip both.
+    web = client
+
     @app.command(COMMAND)
-    def on_command(ack: Ack, command: dict[str, Any], client: WebClient, respond: Respond) -> None:
+    def on_command(ack: Ack, command: dict[str, Any], respond: Respond) -> None:
         who = Principal(str(command.get("user_id", "")), str(command.get("channel_id", "")))
         if not who.user or not who.channel:
             ack(text="kvpilot could not tell who or where you are; try again from a channel.")
@@ -109,21 +114,19 @@ def build_app(
             ack()
         if reply.work is not None:
             asked = f"{COMMAND} {command.get('text', '')}".strip()
-            flow.submit(reply.work, SlackSurface(client, who.channel), tell_failure(respond, asked))
+            flow.submit(reply.work, SlackSurface(web, who.channel), tell_failure(respond, asked))
 
     @app.action(re.compile(r"^kvpilot\..+"))
-    def on_action(
-        ack: Ack, body: dict[str, Any], action: dict[str, Any], client: WebClient, respond: Respond
-    ) -> None:
+    def on_action(ack: Ack, body: dict[str, Any], action: dict[str, Any], respond: Respond) -> None:
         ack()
-        on_button(flow, body, action, client, respond)
+        on_button(flow, body, action, web, respond)
 
     @app.event("app_home_opened")
-    def on_home_opened(event: dict[str, Any], client: WebClient) -> None:
+    def on_home_opened(event: dict[str, Any]) -> None:
         user = str(event.get("user", ""))
         if user and event.get("tab", "home") == "home":
             # Bolt runs this after acknowledging the event: a few reads and one call
-            publish_home(client, user, home_messages(flow))
+            publish_home(web, user, home_messages(flow))
 
     return app
 
