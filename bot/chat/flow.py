@@ -292,7 +292,7 @@ class Kvpilot(Approvals):
             if time.monotonic() - last[0] < self.progress_every_s:
                 return
             last[0] = time.monotonic()
-            surface.update(
+            surface.progress(
                 progress,
                 Message.note(
                     f":hourglass_flowing_sand: Diagnosing `{server}`: measured {elapsed:.0f} s "

@@ -407,6 +407,6 @@ class _Progress:
                 chat.remember_message(self.db, "experiment", row.source_experiment_id, role, ref,
                                       now=self.runner.now())  # fmt: skip
             else:
-                self.surface.update(ref, message)
+                self.surface.progress(ref, message)
         except Exception:  # a chat hiccup must not stop the rollout
             log.exception("rollout %s: progress update failed", self.rollout_id)

@@ -238,7 +238,7 @@ class ExperimentRunner:
                 return
             last[0], last[1] = time.monotonic(), str(current.state)
             try:
-                surface.update(progress_ref, self.progress_message(current, note))
+                surface.progress(progress_ref, self.progress_message(current, note))
             except Exception as exc:  # a chat hiccup must not stop the experiment
                 log.warning("experiment %s: a progress edit failed (%s); it goes on", exp_id, exc)
 

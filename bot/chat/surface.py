@@ -28,7 +28,12 @@ class Surface(Protocol):
         ...
 
     def update(self, ref: MessageRef, message: Message) -> None:
-        """Replace a message posted earlier (progress, decisions)."""
+        """Replace a message posted earlier (decisions, outcomes): done when it returns."""
+        ...
+
+    def progress(self, ref: MessageRef, message: Message) -> None:
+        """Replace a message posted earlier with news of work going on: a front end may send
+        it later, or send only a newer one, so the work never waits for the chat."""
         ...
 
     def upload(

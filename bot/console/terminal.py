@@ -81,6 +81,9 @@ class ConsoleSurface:
     def update(self, ref: MessageRef, message: Message) -> None:
         self._show(ref, message, edited=True)
 
+    def progress(self, ref: MessageRef, message: Message) -> None:
+        self.update(ref, message)  # printing never waits on anyone
+
     def upload(
         self, data: bytes, *, filename: str, title: str, thread: MessageRef | None = None
     ) -> None:

@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 # `check_state`): at Bolt's default of 10 s the bot was deaf for about 50 s; at 2 s, about 10 s.
 SOCKET_PING_S = 2.0
 SLACK_TIMEOUT_S = 15  # a Web API call not answered within this is given up (not retried)
+EDITS_DRAIN_S = 10.0  # a stopping bot sends the progress edits still waiting, this long at most
 DEFAULT_PORT = 3000
 HTTP_START_TIMEOUT_S = 30.0
 LISTEN_HINTS = {
@@ -271,6 +272,9 @@ class Bot:
         # Bolt's listeners: idle threads that would otherwise outlive the bot
         executor = self.app.listener_runner.listener_executor
         executor.shutdown(wait=False, cancel_futures=True)
+        edits = self.client.edits
+        if edits is not None and not edits.drain(EDITS_DRAIN_S):
+            log.warning("edits of %d message(s) were not sent before the stop", edits.pending())
 
     # ------------------------------------------------------------------ transports
     def health(self) -> tuple[int, dict[str, Any]]:

@@ -22,6 +22,7 @@ from bot.app.telemetry import Tally
 from bot.chat.auth import Principal
 from bot.chat.messages import Message
 from bot.slack.blocks import blocks, fallback_text
+from bot.slack.edits import EditQueue
 from bot.slack.pacing import EDITS_BURST, EDITS_PER_S, WORKSPACE, ChannelPacer
 from storage.chat import MessageRef
 
@@ -37,6 +38,7 @@ class CountingWebClient(WebClient):
     errors: Tally | None = None
     pacer: ChannelPacer | None = None  # messages into one channel at Slack's pace
     edit_pacer: ChannelPacer | None = None  # edits, at the workspace's pace
+    edits: EditQueue | None = None  # edits that hold up no one (`bot.slack.edits`)
 
     def api_call(self, api_method: str, **kwargs: Any) -> Any:
         if self.pacer is not None and api_method == "chat.postMessage":
@@ -65,7 +67,7 @@ def web_client(
     timeout: int = 15,
     retries: bool = True,
     errors: Tally | None = None,
-) -> WebClient:
+) -> CountingWebClient:
     """A Web API client that posts into each channel at Slack's pace (`bot.slack.pacing`).
     `retries`: the long-running bot's policy (connection errors, rate limits, server errors);
     without it slack_sdk's default, one retry after a connection error, so a one-shot command
@@ -74,6 +76,7 @@ def web_client(
     client.errors = errors
     client.pacer = ChannelPacer()
     client.edit_pacer = ChannelPacer(EDITS_PER_S, EDITS_BURST)
+    client.edits = EditQueue()
     if retries:
         client.retry_handlers = [
             ConnectionErrorRetryHandler(max_retry_count=2),
@@ -111,12 +114,26 @@ class SlackSurface:
         return MessageRef(str(resp["channel"]), str(resp["ts"]), thread_ts)
 
     def update(self, ref: MessageRef, message: Message) -> None:
-        self.client.chat_update(
-            channel=ref.channel,
-            ts=ref.message_id,
-            text=fallback_text(message),
-            blocks=blocks(message),
-        )
+        self._edit(ref, message, wait=True)
+
+    def progress(self, ref: MessageRef, message: Message) -> None:
+        self._edit(ref, message, wait=False)
+
+    def _edit(self, ref: MessageRef, message: Message, *, wait: bool) -> None:
+        """Through the client's queue of edits where it has one (`bot.slack.edits`): a
+        progress edit returns at once and may be replaced by a newer one before it is sent."""
+        text, rendered = fallback_text(message), blocks(message)
+
+        def send() -> None:
+            self.client.chat_update(
+                channel=ref.channel, ts=ref.message_id, text=text, blocks=rendered
+            )
+
+        edits = getattr(self.client, "edits", None)
+        if isinstance(edits, EditQueue):
+            edits.submit((ref.channel, ref.message_id), send, wait=wait)
+        else:
+            send()
 
     def upload(
         self, data: bytes, *, filename: str, title: str, thread: MessageRef | None = None

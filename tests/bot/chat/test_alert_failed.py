@@ -34,6 +34,9 @@ class Recorder:
     def update(self, ref: MessageRef, message: Message) -> None:
         raise AssertionError("an alert of a failed experiment is never edited")
 
+    def progress(self, ref: MessageRef, message: Message) -> None:
+        self.update(ref, message)
+
     def upload(
         self, data: bytes, *, filename: str, title: str, thread: MessageRef | None = None
     ) -> None:

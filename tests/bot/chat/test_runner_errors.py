@@ -31,6 +31,9 @@ class Recorder:
     def update(self, ref: MessageRef, message: Message) -> None:
         raise AssertionError("nothing to update")
 
+    def progress(self, ref: MessageRef, message: Message) -> None:
+        self.update(ref, message)
+
     def upload(self, data: bytes, **_: Any) -> None:
         raise AssertionError("nothing to upload")
 

@@ -227,6 +227,9 @@ class RecordingSurface:
     def update(self, ref: MessageRef, message: Message) -> None:
         raise AssertionError("a report is never edited")
 
+    def progress(self, ref: MessageRef, message: Message) -> None:
+        self.update(ref, message)
+
     def upload(
         self, data: bytes, *, filename: str, title: str, thread: MessageRef | None = None
     ) -> None:

@@ -34,7 +34,7 @@ def test_a_commands_posts_and_a_buttons_work_are_paced_and_counted(tmp_path: Pat
     config = twin_config(tmp_path, free_port(), slack=SLACK)  # no twin runs: status reads state
     with FakeSlack() as slack, running_bot(config, slack) as (bot, driver):
         seen = Seen()
-        bot.client.pacer = seen  # type: ignore[attr-defined]
+        bot.client.pacer = seen
         assert driver.slash("status").status_code == 200
         wait_until(lambda: slack.calls("chat.postMessage"), 20, "the status message")
         assert seen.channels == ["C0OPS"], "the status message did not go through the bot's pacer"

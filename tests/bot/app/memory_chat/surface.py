@@ -31,6 +31,9 @@ class MemorySurface:
     def update(self, ref: MessageRef, message: Message) -> None:
         self.log.append((self.channel, self._text(message)))
 
+    def progress(self, ref: MessageRef, message: Message) -> None:
+        self.update(ref, message)
+
     def upload(self, data: bytes, **_: Any) -> None:
         self.log.append((self.channel, f"[{len(data)} bytes]"))
 
