@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -129,18 +130,25 @@ def bring_up(
 def start_twins(config: Path, count: int) -> str:
     """Start `count` twins at once (each takes its preset's 45 s, in real time); what went
     wrong, or "" when every one is up."""
-    starts = [
-        subprocess.Popen(
-            [sys.executable, "-m", "bot.cli", "server", "start", "--server", f"twin{i}",
-             "--config", str(config)],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
-        for i in range(count)
-    ]  # fmt: skip
-    for start in starts:
-        _, err = start.communicate(timeout=300)
-        if start.returncode:
-            return err
+    return start_servers(config, [f"twin{i}" for i in range(count)], count)
+
+
+def start_servers(config: Path, names: list[str], at_once: int) -> str:
+    """`kvpilot server start` for each of `names`, `at_once` at a time; what went wrong, or ""
+    when every one is up."""
+    for i in range(0, len(names), max(1, at_once)):
+        starts = [
+            subprocess.Popen(
+                [sys.executable, "-m", "bot.cli", "server", "start", "--server", name,
+                 "--config", str(config)],
+                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            )
+            for name in names[i : i + at_once]
+        ]  # fmt: skip
+        for start in starts:
+            _, err = start.communicate(timeout=300)
+            if start.returncode:
+                return err
     return ""
 
 
@@ -160,8 +168,11 @@ def start_bot(config: Path, slack: FakeSlack) -> tuple[subprocess.Popen[bytes], 
     return bot, SlackDriver(f"http://127.0.0.1:{port}/slack/events", slack)
 
 
-def stop_all(bot: subprocess.Popen[bytes] | None, config: Path, twins: int) -> None:
-    """Stop the bot (saying how long it took and what it logged), then the twins."""
+def stop_all(
+    bot: subprocess.Popen[bytes] | None, config: Path, twins: int, more: Sequence[str] = ()
+) -> None:
+    """Stop the bot (saying how long it took and what it logged), then the twins and the
+    servers named in `more`, eight at a time."""
     if bot is not None:
         stopped = time.monotonic()
         bot.terminate()
@@ -173,11 +184,18 @@ def stop_all(bot: subprocess.Popen[bytes] | None, config: Path, twins: int) -> N
             bot.kill()
             bot.wait(10)
         print(_log_summary(config.parent / "bot.log"))
-    for i in range(twins):
-        subprocess.run(
-            [sys.executable, "-m", "bot.cli", "server", "stop", "--server", f"twin{i}",
-             "--config", str(config)], check=False, cwd=REPO, capture_output=True,
-        )  # fmt: skip
+    names = [*(f"twin{i}" for i in range(twins)), *more]
+    for i in range(0, len(names), 8):
+        stops = [
+            subprocess.Popen(
+                [sys.executable, "-m", "bot.cli", "server", "stop", "--server", name,
+                 "--config", str(config)],
+                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            for name in names[i : i + 8]
+        ]  # fmt: skip
+        for stop in stops:
+            stop.wait(120)
 
 
 class ProcStat:
@@ -253,9 +271,12 @@ def growth(before: dict[str, int], after: dict[str, int], wall: float) -> str:
     )
 
 
-def sampler_lag(db_path: Path, since: float, fleet: int) -> tuple[list[float], list[float]]:
-    """Per server, how late each sample came after the one before (past the interval), and the
-    length of each round (first to last server's sample), for samples after `since`."""
+def sampler_lag(
+    db_path: Path, since: float, fleet: int, counted: Callable[[str], bool] = lambda _: True
+) -> tuple[list[float], list[float]]:
+    """Per server (those `counted`), how late each sample came after the one before (past the
+    interval), and the length of each round (first to last server's sample), for samples after
+    `since`."""
     db = open_db(db_path)
     try:
         rows = list(db.query("SELECT server, ts FROM metric_samples WHERE ts >= ? ORDER BY ts",
@@ -264,7 +285,8 @@ def sampler_lag(db_path: Path, since: float, fleet: int) -> tuple[list[float], l
         db.close()
     by_server: dict[str, list[float]] = {}
     for r in rows:
-        by_server.setdefault(r["server"], []).append(float(r["ts"]))
+        if counted(str(r["server"])):
+            by_server.setdefault(r["server"], []).append(float(r["ts"]))
     late = [
         max(0.0, b - a - INTERVAL_S)
         for ts in by_server.values() for a, b in itertools.pairwise(ts)
@@ -340,17 +362,7 @@ def _log_summary(path: Path) -> str:
 def approve_all(driver: SlackDriver, slack: FakeSlack, db_path: Path, count: int) -> None:
     """Propose a change to each twin and approve it: `count` experiments measuring."""
     for i in range(count):
-        driver.slash(f"propose twin{i} mem_fraction_static=0.88", user="U1")
-        ts, msg = wait_until(
-            lambda i=i: next(
-                ((t, m) for t, m in slack.messages(CHANNEL).items()
-                 if f"twin{i}" in (m.get("text") or "") and "kvpilot.approve" in buttons(m)),
-                None,
-            ),
-            120,
-            f"the approval message of twin{i}",
-        )  # fmt: skip
-        driver.click("kvpilot.approve", buttons(msg)["kvpilot.approve"], user="U2", message_ts=ts)
+        propose_and_approve(driver, slack, f"twin{i}", "mem_fraction_static=0.88")
     db = open_db(db_path)
     try:
         wait_until(lambda: len(store.active_experiments(db)) == count, 120, "the experiments")
@@ -358,10 +370,34 @@ def approve_all(driver: SlackDriver, slack: FakeSlack, db_path: Path, count: int
         db.close()
 
 
+def propose_and_approve(driver: SlackDriver, slack: FakeSlack, server: str, change: str) -> None:
+    """`/kvpilot propose SERVER CHANGE` by the operator U1, approved by the approver U2 with
+    the proposal's button."""
+    driver.slash(f"propose {server} {change}", user="U1")
+    ts, msg = wait_until(
+        lambda: next(
+            ((t, m) for t, m in slack.messages(CHANNEL).items()
+             if server in (m.get("text") or "") and "kvpilot.approve" in buttons(m)),
+            None,
+        ),
+        120,
+        f"the approval message of {server}",
+    )  # fmt: skip
+    driver.click("kvpilot.approve", buttons(msg)["kvpilot.approve"], user="U2", message_ts=ts)
+
+
 def drive(
-    driver: SlackDriver, stat: ProcStat, ns: argparse.Namespace, db_path: Path, fleet: int
+    driver: SlackDriver,
+    stat: ProcStat,
+    ns: argparse.Namespace,
+    db_path: Path,
+    fleet: int,
+    sent: list[tuple[float, float]] | None = None,
+    sampled: Callable[[str], bool] = lambda _: True,
 ) -> str:
-    """Commands at `ns.rate` a second for `ns.seconds`, open-loop; the figures, as text."""
+    """Commands at `ns.rate` a second for `ns.seconds`, open-loop; the figures, as text. Each
+    command's (wall time sent, seconds to its acknowledgement) goes into `sent` if given; the
+    sampler's lateness counts the servers `sampled` says."""
     mix = ["status", "history", "help", *(f"diagnose fleet{i:02d}" for i in range(3))]
     total = int(ns.rate * ns.seconds)
     latencies: list[float] = []
@@ -385,6 +421,8 @@ def drive(
         took = time.perf_counter() - start
         with lock:
             latencies.append(took)
+            if sent is not None:
+                sent.append((time.time() - took, took))
             if code != 200:
                 refused.append(f"{text}: HTTP {code}")
 
@@ -400,7 +438,7 @@ def drive(
     cpu1, bytes1 = stat.cpu_s(), db_bytes(db_path)
     tables1 = table_bytes(db_path)
     stop.set()
-    late, spans = sampler_lag(db_path, t0, fleet)
+    late, spans = sampler_lag(db_path, t0, fleet, sampled)
     db = open_db(db_path)
     try:
         states = [str(r.state) for r in store.active_experiments(db)]
