@@ -160,7 +160,8 @@ class ClaimKeeper:
         url = self.urls.get(server)
         if url is None:  # not one of ours to claim (a one-shot command's other servers)
             return None
-        return lost_refusal(server, url, dict(self.lost), doing, str(self.config.path))
+        # one look-up in `lost`, which the renewal thread only adds to
+        return lost_refusal(server, url, self.lost, doing, str(self.config.path))
 
     def lost_view(self) -> list[dict[str, str]]:
         """The servers lost to another bot, for /healthz."""
