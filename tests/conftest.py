@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bot.app import logs
+from bot.app import detection, logs
 
 LONGEST_FIRST = (
     "tests/playbooks/experiments/test_crash_twin.py",
@@ -55,6 +55,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _path(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
+
+
+@pytest.fixture(autouse=True)
+def _engines_undetected() -> Iterator[None]:
+    """The engines found at each URL are kept for the process (`bot.app.detection`); a test's
+    servers are its own, and the next test's may answer at the same port."""
+    detection.DETECTIONS.clear()
+    yield
+    detection.DETECTIONS.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,11 @@ holds refuses the start with a message saying who holds it and how to fix it. Th
 renewed every `RENEW_S` while the bot runs and released at its clean stop. One-shot commands
 that change a server (`experiment`, `tune`, `rollout`, `resume`, `server start|stop`) claim the
 same way for as long as they run (`held`).
+
+A running bot whose claim another operator released by force (`kvpilot claims release BOT
+--force`), and that another bot then took, has lost that server (`ClaimKeeper.lost`): from the
+next renewal on it refuses every action that changes the server (`lost_refusal`: experiment
+steps, restarts, rollouts, proposals, approvals, aborts) and keeps only reading it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
@@ -80,6 +85,23 @@ def refusal(config: Config, outcome: store.Outcome, doing: str, now: datetime) -
     return "\n".join(lines)
 
 
+def lost_refusal(
+    server: str, url: str, lost: Mapping[str, str], doing: str, config_path: str
+) -> str | None:
+    """Why this bot may not `doing` on `server` (whose normalised URL is `url`): another bot
+    took its claim while this one ran (`lost`: URL -> that bot); None when it may."""
+    holder = lost.get(url)
+    if holder is None:
+        return None
+    return (
+        f'cannot {doing} on `{server}`: bot "{holder}" holds its claim now (this bot\'s claim '
+        f"was released by force while it ran), so this bot no longer changes it. Fix: remove "
+        f"[servers.{server}] from {config_path} and restart this bot; or release it from bot "
+        f'"{holder}" (remove it from that bot\'s configuration and restart it), then restart '
+        "this bot to claim it again"
+    )
+
+
 class ClaimKeeper:
     """This process's claims: taken at once (`take`), renewed by a thread, released at stop.
 
@@ -103,6 +125,7 @@ class ClaimKeeper:
         self.renew_s = renew_s
         self.held = False
         self.lost: dict[str, str] = {}  # url -> the bot that took it from us
+        self.urls = {n: url for url, names in self.keys.items() for n in names.split(", ")}
         self._db = store.open_claims(config.claims.path)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -132,10 +155,26 @@ class ClaimKeeper:
             self.me.bot, len(self.keys), self.config.claims.path if self.config.claims else "",
         )  # fmt: skip
 
+    def refusal(self, server: str, doing: str) -> str | None:
+        """Why this bot may not `doing` on `server` now (`lost_refusal`); None when it may."""
+        url = self.urls.get(server)
+        if url is None:  # not one of ours to claim (a one-shot command's other servers)
+            return None
+        # one look-up in `lost`, which the renewal thread only adds to
+        return lost_refusal(server, url, self.lost, doing, str(self.config.path))
+
+    def lost_view(self) -> list[dict[str, str]]:
+        """The servers lost to another bot, for /healthz."""
+        return [
+            {"server": n, "url": url, "held_by": bot}
+            for n, url in self.urls.items()
+            if (bot := self.lost.get(url)) is not None
+        ]
+
     def renew(self) -> store.Outcome | None:
         """One renewal: the heartbeat, and any claim of ours released meanwhile taken back. A
-        server another bot holds now (our claims were released by force) is logged as lost:
-        nothing here stops acting on it, so the operator must."""
+        server another bot holds now (our claims were released by force) is lost: logged, and
+        refused from then on to every action that would change it (`refusal`)."""
         now = self.now()
         try:
             with self._lock:
@@ -148,8 +187,9 @@ class ClaimKeeper:
                 self.lost[c.url] = c.theirs.bot
                 del self.keys[c.url]
                 log.error(
-                    'lost the claim on %s (%s) to bot "%s": two bots now act on it; remove it '
-                    "from one of the two configurations and restart this bot",
+                    'lost the claim on %s (%s) to bot "%s": this bot no longer changes it (its '
+                    "experiments there are left as they stand); remove it from one of the two "
+                    "configurations and restart this bot",
                     c.server, c.url, c.theirs.bot,
                 )  # fmt: skip
             with self._lock:  # keep the heartbeat and the rest of the claims

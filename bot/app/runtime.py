@@ -104,6 +104,8 @@ class Runtime:
         self.surface_for = surface_for
         # the estate's claims on this bot's servers (`[kvpilot] claims`; None for a lone bot)
         self.claims = ClaimKeeper.of(config)
+        if self.claims is not None:  # a server lost to another bot is changed no more
+            self.flow.runner.refusal = self.claims.refusal
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         self.started_at = datetime.now(UTC)
@@ -208,6 +210,8 @@ class Runtime:
             started_at=self.started_at.isoformat(timespec="seconds"),
             experiments_running=self.flow.runner.busy(),
         )
+        if self.claims is not None:  # servers another bot claims now: this one only reads them
+            body["claims_lost"] = self.claims.lost_view()
         return status, body
 
     def metrics_registry(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -12,13 +11,14 @@ from typing import TYPE_CHECKING
 
 from sqlite_utils import Database
 
+from bot.app import detection
 from bot.app.config import Config, ConfigError, ServerConfig
 from bot.app.holds import hold_for
 from playbooks.campaigns.policy import Unchanged
 from playbooks.campaigns.room import GpuRoom, RoomBefore, read_after, read_before, room_of
 from playbooks.clock import Clock, at_scale
-from playbooks.engines import default_engine, detect, engine_named
-from playbooks.engines.base import Engine, EngineClient, EngineError, LaunchArgs
+from playbooks.engines import default_engine, engine_named
+from playbooks.engines.base import Engine, EngineClient, LaunchArgs
 from playbooks.engines.types import DiagnoseSettings, Option
 from playbooks.experiments import no_change
 from playbooks.experiments.machine import Deps
@@ -124,26 +124,12 @@ def make_clock(config: Config, db: Database | None = None) -> Clock:
 
 def engine(server: ServerConfig) -> Engine:
     """The engine that serves this server: the one its configuration names, else whichever
-    answers at its URL (asked once per loaded configuration), else the default engine while
-    the server cannot be reached."""
+    answers at its URL (`bot.app.detection`: kept per URL, a failure for a minute), else the
+    default engine while the server cannot be reached."""
     if server.engine_given:
         return engine_named(server.engine)
-    found = _DETECTED.get(id(server))
-    if found is not None:
-        return found
-    try:  # briefly: a chat command parses its change with it, within Slack's 3 s
-        client = detect(server.url, api_key=server.api_key, timeout_s=2.0)
-    except EngineError:
-        return default_engine()  # not remembered: the next use asks again
-    client.close()
-    _DETECTED[id(server)] = client.engine
-    weakref.finalize(server, _DETECTED.pop, id(server), None)
-    return client.engine
-
-
-# The engine found at each configured server's URL, by the configuration object's identity: a
-# configuration loaded again (another command, a test's other twin on the same port) asks again.
-_DETECTED: dict[int, Engine] = {}
+    found = detection.DETECTIONS.engine(server.url, server.api_key)
+    return found if found is not None else default_engine()
 
 
 def engine_of(config: Config, name: str) -> Engine:

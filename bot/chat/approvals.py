@@ -107,7 +107,12 @@ class Approvals:
 
         outcome = decisions.judge_proposal(self._proposal_facts(who, verb, row, hash_prefix))
         if outcome == decisions.GO_AHEAD and verb == "approve":
-            outcome = decisions.judge_server(self._server_facts(row))
+            lost = self.runner.refusal(row.server, "approve a change")
+            outcome = (
+                decisions.judge_server(self._server_facts(row))
+                if lost is None
+                else decisions.Refusal(decisions.Reason.CLAIM_LOST, lost)
+            )
         if isinstance(outcome, decisions.Refusal):
             refuse(outcome.text, outcome.audited)
             if refused is not None:

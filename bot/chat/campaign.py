@@ -173,6 +173,10 @@ def propose_plan(
 ) -> int | None:
     """Post a bounded plan for approval (Approve/Reject, like any proposal); its id."""
     cfg = bot.config.server(server)
+    lost = bot.refusal(server, "propose a campaign")
+    if lost is not None:  # another bot claims the server now
+        surface.whisper(who, Message.note(f":no_entry: {lost}."))
+        return None
     try:
         current = launcher(bot.config, cfg, bot.clock).current_args()
         client = engine_client(

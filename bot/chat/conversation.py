@@ -44,6 +44,10 @@ class Conversation(Protocol):
 
     def db(self) -> Database: ...
 
+    def refusal(self, server: str, doing: str) -> str | None:
+        """Why this bot may not change `server` now (another bot claims it); None if it may."""
+        ...
+
     def submit(
         self,
         work: Work,

@@ -50,6 +50,7 @@ class Reason(Enum):
     NOTHING_TO_CHANGE = "nothing to change"
     CONFIG_CHANGED = "configuration changed"
     SERVER_BUSY = "server busy"
+    CLAIM_LOST = "claim lost"  # another bot of the estate claims the server now
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from bot.chat.identity import OPAQUE, Identity
 from bot.chat.messages import Button, Message
 from bot.chat.render import mention
 from bot.chat.routing import drain_text
-from bot.chat.runner import ExperimentRunner
+from bot.chat.runner import ClaimLost, ExperimentRunner
 from bot.chat.surface import Surface
 from bot.chat.views import ACTIONS, APPROVE, DIAGNOSE, PROPOSE_OPTION, REJECT, ROLLOUT
 from bot.reports.alerts import Alerter
@@ -141,6 +141,9 @@ class Kvpilot(Approvals):
             db = self._open_db()
             self._local.db = db
         return db
+
+    def refusal(self, server: str, doing: str) -> str | None:
+        return self.runner.refusal(server, doing)
 
     def submit(
         self,
@@ -390,6 +393,10 @@ class Kvpilot(Approvals):
         `measured_tokens`: the KV capacity the diagnosis measured; a server that has another
         now was reconfigured since, and what was measured no longer describes it."""
         cfg = self.config.server(server)
+        lost = self.refusal(server, "propose a change")
+        if lost is not None:  # another bot claims the server now
+            surface.whisper(who, Message.note(f":no_entry: {lost}."))
+            return None
         try:
             srv_launcher = launcher(self.config, cfg, self.clock)
             baseline = srv_launcher.current_args()
@@ -496,7 +503,11 @@ class Kvpilot(Approvals):
         if row.terminal:
             surface.whisper(who, Message.note(f"Experiment {exp_id} already ended ({row.state})."))
             return
-        self.runner.abort(exp_id, actor=who.user)
+        try:
+            self.runner.abort(exp_id, actor=who.user)
+        except ClaimLost as exc:
+            surface.whisper(who, Message.note(f":no_entry: {exc}."))
+            return
         surface.post(
             Message.note(
                 f":octagonal_sign: {mention(who.user)} aborted experiment {exp_id} on "

@@ -32,6 +32,7 @@ from playbooks.clock import Clock
 from playbooks.engines import restore_snapshot
 from playbooks.engines.base import Engine, EngineError
 from playbooks.experiments import no_change
+from playbooks.experiments.machine import Deps
 from playbooks.experiments.ownership import this_process
 from playbooks.experiments.rollout import Candidate, Plan, ServerPlan, eligible
 from playbooks.experiments.rollout_run import RolloutContext, advance_rollout
@@ -63,6 +64,7 @@ class Carrier(Protocol):
     surface_for: Callable[[str], Surface]
     now: Callable[[], datetime]
     stopping: threading.Event
+    refusal: Callable[[str, str], str | None]  # why this bot may not change a server now
 
     def start(self, exp_id: int, *, thread: MessageRef | None, resume: bool = False) -> None: ...
 
@@ -248,6 +250,14 @@ def roll_out(
         surface.whisper(who, Message.note(f":no_entry: Not rolled out: {refused}."))
         return None
     found = offer(host.config, db, row, host.clock)
+    lost = [
+        why
+        for s in (found.plan.servers if found.plan is not None else ())
+        if (why := host.runner.refusal(s.server, "roll out a change")) is not None
+    ]
+    if lost:  # another bot claims one of the group's servers now
+        surface.whisper(who, Message.note(f":no_entry: Not rolled out: {lost[0]}."))
+        return None
     if found.plan is None or found.hash[:16] != hash16:
         why = found.reason or "the group's servers or their arguments changed since the offer"
         host.deny(who, "approve", f"rollout of experiment {exp_id} refused: {why}",
@@ -344,7 +354,7 @@ class RolloutDriver:
         progress = _Progress(db, surface, thread, rollout_id, runner)
         ctx = RolloutContext(
             db=db,
-            deps_for=lambda server: experiment_deps(runner.config, server, db, clock=runner.clock),
+            deps_for=lambda server: self._deps(db, server),
             carry=lambda step: self._carry(db, step, thread),
             say=progress.say,
             now=runner.clock.utcnow,
@@ -365,6 +375,14 @@ class RolloutDriver:
             if delay is None:
                 return
             runner.stopping.wait(runner.clock.wall_seconds(delay))
+
+    def _deps(self, db: Database, server: str) -> Deps:
+        """A step's dependencies on `server`; refused (the rollout stays where it stands) once
+        another bot claims that server."""
+        why = self.runner.refusal(server, "roll out a change")
+        if why is not None:
+            raise ConfigError(why)
+        return experiment_deps(self.runner.config, server, db, clock=self.runner.clock)
 
     def _carry(self, db: Database, step: rollout_store.StepRow, thread: MessageRef | None) -> None:
         assert step.experiment_id is not None

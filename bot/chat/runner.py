@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlite_utils import Database
 
+from bot.app.config import ConfigError
 from bot.app.ticker import Stopped, Ticker
 from bot.app.wiring import Posting, experiment_deps
 from bot.chat.held import held_facts
@@ -29,7 +30,7 @@ from bot.chat.rollout import resume_rollouts, with_rollout_offer
 from bot.reports.charts import verdict_chart
 from playbooks.experiments import machine
 from playbooks.experiments.outcome import ending
-from playbooks.experiments.ownership import Lease, OwnershipLost
+from playbooks.experiments.ownership import ActingRefused, Lease, OwnershipLost
 from playbooks.experiments.plans import plan_from_json
 from playbooks.experiments.progress import progress_of
 from storage import audit, chat
@@ -47,6 +48,16 @@ log = logging.getLogger(__name__)
 
 # How long after its end an experiment's verdict is still posted when it could not be at once
 OWED_FOR = timedelta(hours=6)
+
+
+def no_refusal(_server: str, _doing: str) -> str | None:
+    return None
+
+
+def paused_text(exp_id: int, state: str, why: str) -> str:
+    """What a person reads where an experiment's server was lost to another bot: the
+    experiment stays recorded where it stands, and no bot advances or reverts it by itself."""
+    return f":double_vertical_bar: Experiment {exp_id} is paused where it stands ({state}): {why}."
 
 
 def stopped_text(exp_id: int, error: BaseException) -> str:
@@ -81,6 +92,9 @@ class ExperimentRunner:
         self.after_verdict: Callable[[store.ExperimentRow, Surface, MessageRef], None] | None = None
         # Told of every experiment that ended while this process carried it (alerts)
         self.on_end: Callable[[store.ExperimentRow], None] | None = None
+        # Why this bot may not change a server (server, doing) -> reason, None when it may: a
+        # server whose claim another bot took (`bot.app.claims.ClaimKeeper.refusal`)
+        self.refusal: Callable[[str, str], str | None] = no_refusal
 
     @property
     def ticker(self) -> Ticker:
@@ -102,11 +116,20 @@ class ExperimentRunner:
         """A connection of its own, for a lease (which may outlive a thread's connection)."""
         return open_db(self.config.database)
 
-    def lease(self, exp_id: int = 0) -> Lease:
-        return Lease(self.connect, exp_id, stopping=self.stopping)
+    def lease(self, exp_id: int = 0, server: str | None = None) -> Lease:
+        """The experiment's lease; with `server`, lost as soon as this bot may no longer
+        change that server (`refusal`)."""
+        refused = None
+        if server is not None:
+            where = server
+            refused = lambda: self.refusal(where, f"advance experiment {exp_id}")  # noqa: E731
+        return Lease(self.connect, exp_id, stopping=self.stopping, refused=refused)
 
     # ------------------------------------------------------------------ lifecycle
     def create(self, proposal: ProposalRow, *, approved_by: str) -> int:
+        why = self.refusal(proposal.server, "start an experiment")
+        if why is not None:
+            raise ClaimLost(why)
         deps = experiment_deps(self.config, proposal.server, self.db(), clock=self.clock)
         try:
             return machine.create(
@@ -128,7 +151,12 @@ class ExperimentRunner:
         """Carry the experiment from now on (once: a second call while it runs does nothing)."""
         if self.stopping.is_set() or exp_id in self.running():
             return
-        lease = self.lease(exp_id)
+        row = store.get_experiment(self.db(), exp_id)
+        why = self.refusal(row.server, f"carry experiment {exp_id}")
+        if why is not None:  # left where it stands: neither advanced nor reverted here
+            log.error("experiment %s left in %s: %s", exp_id, row.state, why)
+            return
+        lease = self.lease(exp_id, row.server)
         if not lease.acquire():
             held_by, _ = lease.holder()
             log.info("experiment %s is carried by %s; left to it", exp_id, held_by)
@@ -188,6 +216,9 @@ class ExperimentRunner:
 
     def abort(self, exp_id: int, *, actor: str) -> None:
         row = store.get_experiment(self.db(), exp_id)
+        why = self.refusal(row.server, f"abort experiment {exp_id}")
+        if why is not None:  # another bot now acts on the server: no half-revert from here
+            raise ClaimLost(why)
         deps = experiment_deps(self.config, row.server, self.db(), clock=self.clock)
         try:
             machine.abort(deps, exp_id, actor=actor, reason=f"aborted by {actor}")
@@ -269,7 +300,13 @@ class ExperimentRunner:
     ) -> None:
         """How an experiment this process carried stopped: logged, or announced in chat."""
         try:
-            if isinstance(error, OwnershipLost):
+            if isinstance(error, ActingRefused):
+                row = store.get_experiment(self.db(), exp_id)
+                log.error("experiment %s paused in %s: %s", exp_id, row.state, error)
+                if surface is not None:
+                    text = paused_text(exp_id, str(row.state), str(error))
+                    surface.post(Message.note(text), thread=thread or progress_ref)
+            elif isinstance(error, OwnershipLost):
                 log.info("experiment %s: stopped carrying it: %s", exp_id, error)
             elif error is not None:
                 log.error("experiment %s stopped with an error: %s", exp_id, error)
@@ -416,6 +453,10 @@ class ExperimentRunner:
         return verdict_chart(
             samples, row.result or {}, title=f"Experiment {row.id} on {row.server}"
         )
+
+
+class ClaimLost(ConfigError):
+    """This bot may no longer change the server: another bot of the estate claims it now."""
 
 
 def _hand_over(

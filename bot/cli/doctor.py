@@ -130,6 +130,7 @@ def claims_check(config: Config) -> Check:
                 for c in store.all_claims(Database(conn))
                 if c.url in keys and c.bot != name and c.holder.live(now, LEASE_S)
             ]
+            mine = store.holder_of(Database(conn), name)
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:
@@ -140,10 +141,15 @@ def claims_check(config: Config) -> Check:
             f"{c.holder.pid}, {ago(c.holder.age_s(now))})"
             for c in held
         )
+        running = mine is not None and mine.live(now, LEASE_S)
         return Check(
             "claims",
             False,
-            f"held by another live bot, so the start would be refused: {listing}",
+            # a running bot of this name lost them (released by force, then taken)
+            f"held by another live bot: bot {name!r}, running, has lost them and no longer "
+            f"changes them (its /healthz lists them under claims_lost): {listing}"
+            if running
+            else f"held by another live bot, so the start would be refused: {listing}",
             "remove these servers from one of the two configurations; for a bot gone for good, "
             "`kvpilot claims release BOT`",
         )

@@ -41,6 +41,12 @@ class OwnershipLost(Exception):
     is shutting down. Whoever catches it must not touch the server for that experiment again."""
 
 
+class ActingRefused(OwnershipLost):
+    """This process may no longer change the experiment's server at all (another bot of the
+    estate claims it now): the experiment is left where it stands, neither advanced nor
+    reverted, so that two bots never act on it at once."""
+
+
 @dataclass(frozen=True)
 class Owner:
     """A process, named so that another process on the same host can tell if it still lives."""
@@ -151,8 +157,12 @@ class Lease:
         renew_every_s: float = RENEW_EVERY_S,
         now: Callable[[], datetime] = wall_now,
         stopping: threading.Event | None = None,
+        refused: Callable[[], str | None] | None = None,
     ) -> None:
+        """`refused` says why this process may no longer change the experiment's server at all
+        (None: it may), asked at every check."""
         self.connect = connect
+        self.refused = refused
         self.experiment_id = experiment_id
         self.owner = str(owner or this_process())
         self.ttl_s = ttl_s
@@ -248,6 +258,9 @@ class Lease:
         """Raise `OwnershipLost` if this process must stop touching the experiment."""
         if self.stopping.is_set():
             raise OwnershipLost("kvpilot is stopping; its next start carries the experiment on")
+        why = None if self.refused is None else self.refused()
+        if why is not None:
+            raise ActingRefused(why)
         if self._lost.is_set():
             raise OwnershipLost(self._lost_why)
         if sync and not self._take():
