@@ -30,7 +30,8 @@ from playbooks.engines.sglang.facts import (
     retraction_rate,
     running_cap_total,
 )
-from playbooks.engines.sglang.hicache import PROMPT_HEAVY, HostPoolCheck
+from playbooks.engines.sglang.hicache import HostPoolCheck
+from playbooks.engines.sglang.host_tier import PROMPT_HEAVY
 from playbooks.engines.sglang.metrics import binding_pool_of
 from playbooks.engines.sglang.proposed_change import NOTHING, Change, Check, Finding, dtype_bytes
 from playbooks.engines.sglang.reservation import CONSERVATIVENESS_SATURATION, initial_ratio

@@ -25,6 +25,7 @@ from typing import Any
 from playbooks.engines.kit.checks import Observed
 from playbooks.engines.sglang.capacity import GIB, HOST_RESERVE_GIB, HostBudget
 from playbooks.engines.sglang.facts import Server
+from playbooks.engines.sglang.host_tier import tier_usefulness
 from playbooks.engines.sglang.proposed_change import (
     SWA_OFF_WITH_HICACHE,
     Change,
@@ -41,8 +42,6 @@ DEFAULT_RATIO = 2.0  # SGLang's hicache_ratio when neither size nor ratio is giv
 AUTO_SIZE_SINCE = (0, 5, 21)
 AUTO_HOST_FRACTION = 0.8
 AUTO_SLACK = 0.05
-REUSE_WORTH_A_TIER = 0.10  # share of prompt tokens already hitting the cache
-PROMPT_HEAVY = 2.0  # prompt tokens per output token above which prefill is worth saving
 PAGE_SIZE_ADVISED = 64  # docs/advanced_features/hicache_best_practices.md: "--page-size 64"
 # Every scheduler step polls the host transfers (managers/scheduler.py
 # _process_hicache_events -> tree_cache.check_hicache_events, a TP-wide consensus).
@@ -536,61 +535,4 @@ class HostPoolCheck(Check):
         )
 
     def usefulness(self, ctx: Change, value: Any, seen: Observed) -> Finding:
-        found = self.helps(seen)
-        explained = (
-            "HiCache keeps evicted prefixes in host RAM; it does not add room for running "
-            "requests (max_total_num_tokens stays the same)",
-        )
-        return Finding(found.verdict, explained + found.reasons, found.risks)
-
-    def helps(self, seen: Observed) -> Finding:
-        """A host tier pays off where a full pool evicts long prefixes that come back."""
-        m = seen.m
-        if seen.bottleneck != "kv_cache":
-            return Finding(
-                "not_useful", ("the KV pool is not the bottleneck, so little is evicted",)
-            )
-        prompt, output = m.avg_prompt_tokens, m.avg_output_tokens
-        if prompt is None or output is None or prompt < PROMPT_HEAVY * output:
-            sizes = ""
-            if output and prompt:
-                sizes = f" ({output:,.0f} output vs {prompt:,.0f} prompt tokens)"
-            return Finding(
-                "not_useful",
-                (
-                    f"requests are dominated by generation{sizes}: a reloaded prefix saves "
-                    "little, and HiCache adds decode cost (sglang#26305)",
-                ),
-            )
-        reuse = m.cached_fraction
-        if reuse is not None and reuse >= REUSE_WORTH_A_TIER:
-            if m.evicted_tokens == 0:
-                return Finding(
-                    "not_useful",
-                    (
-                        f"{reuse:.0%} of prompt tokens hit the cache, but nothing was evicted "
-                        "from the GPU in the window (sglang:evicted_tokens_total): what comes "
-                        "back is still there, so a host tier would keep nothing more and adds "
-                        "decode cost",
-                    ),
-                )
-            evicted = (
-                f" ({m.evicted_tokens:,} tokens evicted in the window)" if m.evicted_tokens else ""
-            )
-            return Finding(
-                "recommended",
-                (
-                    f"prompts are long ({prompt:,.0f} tokens) and "
-                    f"{reuse:.0%} of prompt tokens already hit the cache while the pool is "
-                    f"full: prefixes come back and are being evicted{evicted}, so a host tier "
-                    "should serve them instead of recomputing",
-                ),
-                ("pinned host memory",),
-            )
-        return Finding(
-            "possible",
-            (
-                "prompts are long but little is reused now: this helps only if requests share "
-                "prefixes (multi-turn chat, agents, shared documents)",
-            ),
-        )
+        return tier_usefulness(seen, ctx.per_scheduler, host_pool_tokens(ctx))

@@ -14,6 +14,8 @@ from playbooks.engines.findings import (
 from playbooks.engines.kit.checks import Observed
 from playbooks.engines.kit.verdicts import Verdicts
 from playbooks.engines.sglang.argument_checks import checks_for
+from playbooks.engines.sglang.hicache import HostPoolCheck, host_pool_tokens
+from playbooks.engines.sglang.host_tier import host_tier_gain
 from playbooks.engines.sglang.proposed_change import Change
 from playbooks.engines.timebudget import Traffic
 
@@ -25,13 +27,28 @@ IMPLIED = frozenset({"enable_hierarchical_cache"})
 def capacity_gain(
     change: Change, seen: Observed, limits: BatchLimits | None
 ) -> tuple[float, float] | None:
-    """Throughput change from more KV room (`kv_capacity_gain`), where it can be predicted."""
+    """Throughput change from more KV room (`kv_capacity_gain`), or from a host tier switched
+    on alone (`host_tier`), where it can be predicted."""
+    if turns_on_host_tier(change):
+        return host_tier_gain(
+            seen.m.time_budget, seen.m.cached_fraction, change.per_scheduler,
+            host_pool_tokens(change),
+        )  # fmt: skip
     if limits is None:
         return None
     return kv_capacity_gain(
         limits, seen.kv_bound, seen.m.time_budget,
         change.bytes_per_token / change.cap.bytes_per_token, traffic_of(change, seen),
     )  # fmt: skip
+
+
+def turns_on_host_tier(change: Change) -> bool:
+    """The change switches the hierarchical cache on and changes nothing but its settings."""
+    return (
+        change.hicache
+        and not change.server.hicache_on
+        and set(change.values) <= set(HostPoolCheck.names)
+    )
 
 
 def traffic_of(change: Change, seen: Observed) -> Traffic | None:
