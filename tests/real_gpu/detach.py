@@ -45,6 +45,7 @@ def start(command: Sequence[str], run_dir: Path, cwd: Path) -> subprocess.Popen[
     a file of its own when it ends."""
     shutil.rmtree(run_dir, ignore_errors=True)  # an earlier run's files are not this one's
     run_dir.mkdir(parents=True)
+    (run_dir / LOG).touch()  # followed at once, before the run's shell has opened it
     script = '"$@" >> "$KVPILOT_DETACHED_DIR/{log}" 2>&1; echo $? > "$KVPILOT_DETACHED_DIR/{exit}"'
     return subprocess.Popen(
         ["sh", "-c", script.format(log=LOG, exit=EXIT), "detached", *command],

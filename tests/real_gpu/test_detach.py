@@ -4,6 +4,7 @@ it on and brings its files back."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -71,6 +72,19 @@ def test_a_detached_run_outlives_the_call_and_the_next_call_collects_it(tmp_path
     out = tmp_path / "call-2"
     assert detach.finish(run_dir, status, out, said.append) == 3
     assert sorted(p.name for p in out.iterdir()) == ["ab-a.json", detach.LOG]
+
+
+def test_the_run_can_be_followed_as_soon_as_it_is_started(tmp_path: Path) -> None:
+    """The call that detaches follows the run at once: its log must already be there, not
+    only once the run's shell has opened it (an H100 call said "no detached run" of the run it
+    had just started)."""
+    run_dir = tmp_path / "detached"
+    proc = detach.start([sys.executable, "-c", "import time; time.sleep(2)"], run_dir, tmp_path)
+    try:
+        assert (run_dir / detach.LOG).exists()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the shell and the run with it
+        proc.wait(5)
 
 
 def test_attaching_where_nothing_was_detached_says_how_to_start(
