@@ -199,8 +199,11 @@ def stop_all(
 
 
 class ProcStat:
-    """CPU seconds and resident memory of a process and its children (the bot and, at fleet
-    size, its sampler's process, `bot.reports.sampler_process`), from /proc."""
+    """CPU seconds and resident memory of a process and its children in its own session (the
+    bot and, at fleet size, its sampler's process, `bot.reports.sampler_process`), from /proc.
+    Servers the bot's launchers start run in sessions of their own and are not the bot's cost,
+    nor are the ones it stopped and reaped (their time would be in its cutime, so that is left
+    out: the sampler's process lives as long as the bot)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -210,20 +213,24 @@ class ProcStat:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
     def children(self) -> list[int]:
+        """Live children in the process's own session (after the command's name: state, ppid,
+        pgrp, session)."""
+        session = self._stat(self.pid)[3]
         out = []
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 try:
-                    if int(self._stat(int(entry.name))[1]) == self.pid:
+                    fields = self._stat(int(entry.name))
+                    if int(fields[1]) == self.pid and fields[3] == session:
                         out.append(int(entry.name))
                 except (OSError, IndexError, ValueError):  # gone meanwhile
                     continue
         return out
 
     def cpu_s(self) -> float:
-        """The process's, its children's that ended (cutime, cstime) and its live ones'."""
+        """The process's own and its live children's in its session."""
         own = self._stat(self.pid)
-        ticks = sum(int(own[i]) for i in (11, 12, 13, 14))
+        ticks = int(own[11]) + int(own[12])
         for child in self.children():
             try:
                 fields = self._stat(child)
