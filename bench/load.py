@@ -136,20 +136,28 @@ def start_twins(config: Path, count: int) -> str:
 def start_servers(config: Path, names: list[str], at_once: int) -> str:
     """`kvpilot server start` for each of `names`, `at_once` at a time; what went wrong, or ""
     when every one is up."""
+    return server_each(config, "start", names, at_once, 300)
+
+
+def server_each(config: Path, verb: str, names: list[str], at_once: int, wait_s: float) -> str:
+    """`kvpilot server VERB` for each of `names`, `at_once` at a time; the first error, or ""."""
+    failed = ""
     for i in range(0, len(names), max(1, at_once)):
-        starts = [
+        calls = [
             subprocess.Popen(
-                [sys.executable, "-m", "bot.cli", "server", "start", "--server", name,
+                [sys.executable, "-m", "bot.cli", "server", verb, "--server", name,
                  "--config", str(config)],
                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             )
             for name in names[i : i + at_once]
         ]  # fmt: skip
-        for start in starts:
-            _, err = start.communicate(timeout=300)
-            if start.returncode:
-                return err
-    return ""
+        for call in calls:
+            _, err = call.communicate(timeout=wait_s)
+            if call.returncode and not failed:
+                failed = err or f"kvpilot server {verb} exited {call.returncode}"
+        if failed and verb == "start":
+            return failed
+    return failed
 
 
 def start_bot(config: Path, slack: FakeSlack) -> tuple[subprocess.Popen[bytes], SlackDriver]:
@@ -184,18 +192,7 @@ def stop_all(
             bot.kill()
             bot.wait(10)
         print(_log_summary(config.parent / "bot.log"))
-    names = [*(f"twin{i}" for i in range(twins)), *more]
-    for i in range(0, len(names), 8):
-        stops = [
-            subprocess.Popen(
-                [sys.executable, "-m", "bot.cli", "server", "stop", "--server", name,
-                 "--config", str(config)],
-                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-            for name in names[i : i + 8]
-        ]  # fmt: skip
-        for stop in stops:
-            stop.wait(120)
+    server_each(config, "stop", [*(f"twin{i}" for i in range(twins)), *more], 8, 120)
 
 
 class ProcStat:

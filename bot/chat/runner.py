@@ -11,6 +11,7 @@ chart. Where that message is, is stored, so a restarted bot carries on editing i
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -119,10 +120,11 @@ class ExperimentRunner:
     def lease(self, exp_id: int = 0, server: str | None = None) -> Lease:
         """The experiment's lease; with `server`, lost as soon as this bot may no longer
         change that server (`refusal`)."""
-        refused = None
-        if server is not None:
-            where = server
-            refused = lambda: self.refusal(where, f"advance experiment {exp_id}")  # noqa: E731
+        refused = (
+            None
+            if server is None
+            else functools.partial(self.refusal, server, f"advance experiment {exp_id}")
+        )
         return Lease(self.connect, exp_id, stopping=self.stopping, refused=refused)
 
     # ------------------------------------------------------------------ lifecycle
