@@ -3,7 +3,8 @@
 A call may take ten minutes; an A/B side with a ten-minute window takes about twelve. With
 `--detach` the runner starts itself again in a process session of its own, which the machine
 keeps running after the call returns (it ends only the call's own processes), follows its
-output until the call's budget is spent, and brings its files back if it ended. The next call,
+output until the call's budget is spent, and brings back its files (those written so far if
+it goes on). The next call,
 made while the machine is still warm (30 s), runs with `--attach`: it follows the same run on
 and, once it has ended, copies its files into $OUT. Standard library only, like `run.py`
 before its checks.
@@ -109,9 +110,11 @@ def collect(run_dir: Path, out: Path, most: int = 8) -> list[str]:
 def finish(run_dir: Path, status: int | None, out: Path, say: Callable[[str], None]) -> int:
     """This call's exit status: the run's own once it ended (its files copied), else a note."""
     if status is None:
+        # what it has written so far comes back too: a side's results outlive a lost machine
+        files = collect(run_dir, out)
         say(
             f"the detached run goes on ({run_dir}); call again within 30 s with the same "
-            "command and --attach instead of --detach"
+            f"command and --attach instead of --detach; its files so far: {', '.join(files)}"
         )
         return EXIT_STILL_RUNNING
     files = collect(run_dir, out)

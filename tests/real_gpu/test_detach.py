@@ -65,6 +65,8 @@ def test_a_detached_run_outlives_the_call_and_the_next_call_collects_it(tmp_path
         == detach.EXIT_STILL_RUNNING
     )
     assert "--attach" in said[0]
+    # what it wrote so far comes back with the call that leaves it running: its log
+    assert sorted(p.name for p in (tmp_path / "call-1").iterdir()) == [detach.LOG]
     # the next call follows on from where the first stopped, to the end
     status, _ = detach.follow(run_dir, time.monotonic() + 20, lines.append, offset, 0.05)
     assert status == 3 and lines == ["side a: starting", "side a: done"]
