@@ -21,7 +21,8 @@ STAMP := $(VENV)/.installed
 .PHONY: help test check lint typecheck test-fast test-twin test-serial test-real-sglang venv demo \
 	lock bench clean dist real-sglang real-vllm test-real-vllm test-daemons bot-image \
 	test-beside-serial test-real-sglang-static test-real-sglang-measured test-real-sglang-servers \
-	test-real-vllm-static test-real-vllm-measured fuzz gpu-bundle test-gpu map
+	test-real-vllm-static test-real-vllm-measured fuzz gpu-bundle test-gpu map debs-ready \
+	test-serial-beside
 
 help:
 	@sed -n '3,15p' Makefile | sed 's/^# \{0,1\}//'
@@ -54,6 +55,11 @@ real-sglang:
 real-vllm:
 	bash tests/real_vllm/setup.sh
 
+# Prometheus, dockerd, sshd and debootstrap come from Debian: `.ci/run` installs them in the
+# background (tests/debs.sh); the tiers that meet them wait here for that install, if one is under way.
+debs-ready:
+	@bash tests/debs.sh wait
+
 # make check: lint, types and the fast tests (pure decisions, storage, configuration; no server
 # processes), in well under a minute on two cores. make test is make check plus every tier.
 CHECK_TESTS := tests/storage tests/test_architecture.py tests/test_architecture_map.py tests/test_package_graph.py \
@@ -81,14 +87,16 @@ test-fast: venv
 # measurements alone (vLLM pins the cores). -O keeps each part's output together.
 PAIR := $(MAKE) --no-print-directory -j2 -O
 test: check test-twin
-	$(PAIR) test-serial test-beside-serial
+	$(PAIR) test-serial test-beside-serial SERIAL_SPLIT=1
 	$(PAIR) test-real-sglang-measured test-real-sglang-servers
 	$(MAKE) --no-print-directory test-real-vllm-measured
 
 # The engines' static checks first: the daemons' tier waits for kvpilot's image, which .ci/run
-# builds in the background.
+# builds in the background. The serial tier's Prometheus faults run here, beside the rest of it,
+# which is longer than this side without them.
 test-beside-serial: venv
-	$(MAKE) --no-print-directory -j1 test-real-sglang-static test-real-vllm-static test-daemons
+	$(MAKE) --no-print-directory -j1 test-real-sglang-static test-real-vllm-static \
+		test-serial-beside test-daemons
 
 lint: venv
 	$(BIN)/ruff check .
@@ -97,30 +105,38 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-# Tests spend most of their time waiting on the servers they start, so four workers on two
-# cores finish in about half the time; a file's tests stay on one worker (shared servers), but
+# Tests spend most of their time waiting on the servers they start, so five workers on two
+# cores finish in about half the time (the whole tier: 567 s on four, 510 on five, 500 on six,
+# whose workers kept the cores 89% busy: BENCHMARKS.md, "Test tiers"); a file's tests stay on one worker (shared servers), but
 # for the long files that share nothing, and groups go out in the order tests/conftest.py sets. The
 # coverage of bot/, playbooks/ and storage/ is measured here, against the floor in pyproject.toml
 # (`fail_under`; the figure is in BENCHMARKS.md).
-PYTEST_ARGS ?= -n 4 --dist loadgroup --no-loadscope-reorder --durations=15
+PYTEST_ARGS ?= -n 5 --dist loadgroup --no-loadscope-reorder --durations=15
 
-test-twin: venv
+test-twin: venv debs-ready
 	$(BIN)/pytest -q $(PYTEST_ARGS) -m "not real_sglang and not real_vllm and not serial and not real_daemons and not network" --cov --cov-report=term:skip-covered
 
 # The serial and real-engine tiers compare timing-dependent behaviour (with the twin, with a real
 # Prometheus), so they run after the parallel tier, one test at a time, not next to anything else.
-test-serial: venv
-	$(BIN)/pytest -q -m "serial and not real_sglang and not real_vllm and not real_daemons" --durations=10
+# `make test` runs SERIAL_BESIDE in test-beside-serial and the rest of the tier beside it;
+# `make test-serial` alone runs the whole tier.
+SERIAL_BESIDE := tests/playbooks/sources/prometheus/test_prometheus_faults.py
+SERIAL := -m "serial and not real_sglang and not real_vllm and not real_daemons"
+test-serial: venv debs-ready
+	$(BIN)/pytest -q $(SERIAL) --durations=10 $(if $(SERIAL_SPLIT),--ignore=$(SERIAL_BESIDE))
+
+test-serial-beside: venv debs-ready
+	$(BIN)/pytest -q -p no:cacheprovider $(SERIAL) --durations=5 $(SERIAL_BESIDE)
 
 # The launchers against the real daemons: a Docker Engine (the running one, or dockerd started
 # on a socket of its own and stopped after) and systemd as PID 1 of a container of it, reached
 # over SSH; and the bot's own image and unit from deploy/. One at a time: they share the daemon.
-test-daemons: venv bot-image
+test-daemons: venv debs-ready bot-image
 	$(BIN)/pytest -q -m "real_daemons" --durations=10
 
 # kvpilot's image from deploy/docker/Dockerfile on a Debian 12 base made with debootstrap (no
 # registry here), saved under .venv/kvpilot-images; built again only when what goes in changes.
-bot-image: venv
+bot-image: venv debs-ready
 	$(BIN)/python -m tests.real_daemons.bot_image
 
 # The real-SGLang tier in three parts, so that each can run beside work it does not disturb:
