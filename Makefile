@@ -20,8 +20,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: help test check lint typecheck test-fast test-twin test-serial test-real-sglang venv demo \
 	lock bench clean dist real-sglang real-vllm test-real-vllm test-daemons bot-image \
-	test-beside-sglang test-real-sglang-static test-real-sglang-measured test-real-sglang-servers \
-	test-real-vllm-static test-real-vllm-measured fuzz gpu-bundle test-gpu map debs-ready
+	test-beside-serial test-real-sglang-static test-real-sglang-measured test-real-sglang-servers \
+	test-real-vllm-static test-real-vllm-measured fuzz gpu-bundle test-gpu map debs-ready \
+	test-serial-beside
 
 help:
 	@sed -n '3,15p' Makefile | sed 's/^# \{0,1\}//'
@@ -79,23 +80,26 @@ check: venv lint typecheck test-fast
 test-fast: venv
 	$(BIN)/pytest -q -n 2 -p no:cacheprovider $(CHECK_TESTS)
 
-# On two cores the tiers that wait on processes leave a core idle, so `make test` runs each part
-# beside one other that does not disturb it (BENCHMARKS.md, "Test tiers", has the figures): the
-# serial tier on two workers, each of its tests beside one other; the real-SGLang measurements
-# beside its servers' shapes and the real engines' static checks (their parsers and memory
-# arithmetic, one server start each); vLLM's measurements beside the real daemons, which mostly
-# wait on dockerd and systemd (vLLM pins the cores: no other engine beside it; the daemons' tier
-# took 268 s beside it, 226 s beside the serial tier). -O keeps each part's output together.
+# On two cores the tiers that wait on processes leave a core idle, so `make test` pairs parts that
+# do not disturb each other (BENCHMARKS.md, "Test tiers", has the figures): the serial tier beside
+# the real daemons and the real engines' static checks (their parsers and memory arithmetic, one
+# server start each), then the real-SGLang measurements beside its servers' shapes, then vLLM's
+# measurements alone (vLLM pins the cores: the daemons' tier beside it timed out waiting on
+# systemd in the container). -O keeps each part's output together.
+# make test runs all that make check does: lint and types first, the fast tests in the parallel
+# tier (with coverage), not twice.
 PAIR := $(MAKE) --no-print-directory -j2 -O
-test: check test-twin
-	$(MAKE) --no-print-directory test-serial SERIAL_WORKERS="$(SERIAL_PAIRED)"
-	$(PAIR) test-real-sglang-measured test-beside-sglang
-	$(PAIR) test-real-vllm-measured test-daemons
+test: lint typecheck test-twin
+	$(PAIR) test-serial test-beside-serial SERIAL_SPLIT=1
+	$(PAIR) test-real-sglang-measured test-real-sglang-servers
+	$(MAKE) --no-print-directory test-real-vllm-measured
 
-# The servers' shapes first: the static checks, after them, overlap the measurements' last minute.
-test-beside-sglang: venv
-	$(MAKE) --no-print-directory -j1 test-real-sglang-servers test-real-sglang-static \
-		test-real-vllm-static
+# The engines' static checks first: the daemons' tier waits for kvpilot's image, which .ci/run
+# builds in the background. The serial tier's Prometheus faults run here, beside the rest of it,
+# which is longer than this side without them.
+test-beside-serial: venv
+	$(MAKE) --no-print-directory -j1 test-real-sglang-static test-real-vllm-static \
+		test-serial-beside test-daemons
 
 lint: venv
 	$(BIN)/ruff check .
@@ -116,11 +120,16 @@ test-twin: venv debs-ready
 	$(BIN)/pytest -q $(PYTEST_ARGS) -m "not real_sglang and not real_vllm and not serial and not real_daemons and not network" --cov --cov-report=term:skip-covered
 
 # The serial and real-engine tiers compare timing-dependent behaviour (with the twin, with a real
-# Prometheus), so they run after the parallel tier, away from it: `make test-serial` one test at a
-# time, `make test` two at a time (SERIAL_PAIRED), each test beside one other.
-SERIAL_PAIRED := -n 2 --dist loadgroup --no-loadscope-reorder
+# Prometheus), so they run after the parallel tier, one test at a time, not next to anything else.
+# `make test` runs SERIAL_BESIDE in test-beside-serial and the rest of the tier beside it;
+# `make test-serial` alone runs the whole tier.
+SERIAL_BESIDE := tests/playbooks/sources/prometheus/test_prometheus_faults.py
+SERIAL := -m "serial and not real_sglang and not real_vllm and not real_daemons"
 test-serial: venv debs-ready
-	$(BIN)/pytest -q $(SERIAL_WORKERS) -m "serial and not real_sglang and not real_vllm and not real_daemons" --durations=10
+	$(BIN)/pytest -q $(SERIAL) --durations=10 $(if $(SERIAL_SPLIT),--ignore=$(SERIAL_BESIDE))
+
+test-serial-beside: venv debs-ready
+	$(BIN)/pytest -q -p no:cacheprovider $(SERIAL) --durations=5 $(SERIAL_BESIDE)
 
 # The launchers against the real daemons: a Docker Engine (the running one, or dockerd started
 # on a socket of its own and stopped after) and systemd as PID 1 of a container of it, reached
