@@ -105,3 +105,17 @@ def test_a_cap_that_cuts_a_waiting_batch_is_reverted() -> None:
     recorded = json.loads((H100 / "experiment-cap-40.json").read_text())
     assert recorded["state"] == "reverted"
     assert recorded["final_value"] == {"max_running_requests": None}  # the cap gone again
+
+
+def test_a_raise_that_leaves_a_short_queue_is_kept_as_recorded() -> None:
+    """0.45 -> 0.60 on the H100: about 72 running and 76 waiting before, 125-137 running and
+    13-25 waiting after. The decode rate settled slowly after the restart (MSER held the verdict
+    back twice); the replay gives the recorded +12.3% (95% +5.2..+19.9%)."""
+    baseline, trial = windows(H100 / "experiment-raise-0.60-samples.jsonl")
+    decision = decide(baseline, trial, H100_SETTINGS)
+    assert decision.action == "keep" and decision.verdict == "improved", decision.rule
+    assert decision.effect is not None
+    assert round(decision.effect.mean, 3) == 0.123 and round(decision.effect.low, 3) == 0.052
+    recorded = json.loads((H100 / "experiment-raise-0.60.json").read_text())
+    assert recorded["state"] == "kept" and recorded["final_fraction"] == 0.6
+    assert recorded["final_capacity"] == 262_947
