@@ -61,7 +61,7 @@ debs-ready:
 	@bash tests/debs.sh wait
 
 # make check: lint, types and the fast tests (pure decisions, storage, configuration; no server
-# processes), in well under a minute on two cores. make test is make check plus every tier.
+# processes), in well under a minute on two cores. make test runs all of it and every tier.
 CHECK_TESTS := tests/storage tests/test_architecture.py tests/test_architecture_map.py tests/test_package_graph.py \
 	tests/bot/app tests/bot/chat \
 	tests/bot/reports/test_config.py tests/bot/slack/test_blocks.py tests/bot/console/test_text.py \
@@ -110,17 +110,17 @@ typecheck: venv
 
 # Tests spend most of their time waiting on the servers they start, so five workers on two
 # cores finish in about half the time (the whole tier: 567 s on four, 510 on five, 500 on six,
-# whose workers kept the cores 89% busy: BENCHMARKS.md, "Test tiers"); a file's tests stay on one worker (shared servers), but
-# for the long files that share nothing, and groups go out in the order tests/conftest.py sets. The
-# coverage of bot/, playbooks/ and storage/ is measured here, against the floor in pyproject.toml
-# (`fail_under`; the figure is in BENCHMARKS.md).
+# whose workers kept the cores 89% busy: BENCHMARKS.md, "Test tiers"); a file's tests stay on
+# one worker (shared servers), but for the long files that share nothing, and groups go out in
+# the order tests/conftest.py sets. The coverage of bot/, playbooks/ and storage/ is measured
+# here, against the floor in pyproject.toml (`fail_under`; the figure is in BENCHMARKS.md).
 PYTEST_ARGS ?= -n 5 --dist loadgroup --no-loadscope-reorder --durations=15
 
 test-twin: venv debs-ready
 	$(BIN)/pytest -q $(PYTEST_ARGS) -m "not real_sglang and not real_vllm and not serial and not real_daemons and not network" --cov --cov-report=term:skip-covered
 
 # The serial and real-engine tiers compare timing-dependent behaviour (with the twin, with a real
-# Prometheus), so they run after the parallel tier, one test at a time, not next to anything else.
+# Prometheus), so they run after the parallel tier, one test at a time, away from it.
 # `make test` runs SERIAL_BESIDE in test-beside-serial and the rest of the tier beside it;
 # `make test-serial` alone runs the whole tier.
 SERIAL_BESIDE := tests/playbooks/sources/prometheus/test_prometheus_faults.py

@@ -7,7 +7,7 @@
 #   tests/debs.sh wait      # wait for an install under way; fail if it failed
 #
 # `.ci/run` starts `install` in the background, beside the project's own install and
-# `make check`, which need none of them; the targets that do need them (Makefile: debs-ready)
+# lint and types, which need none of them; the targets that do need them (Makefile: debs-ready)
 # run `wait`, which returns at once where no install was started.
 set -euo pipefail
 
