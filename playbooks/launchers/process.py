@@ -3,10 +3,11 @@
 The command comes from configuration as an argument list, for example
 `["python", "-m", "sglang.launch_server", "--model-path", ..., "--port", "30000"]`, and is
 executed without a shell. The server runs in its own session, so it outlives a crash of the bot;
-its PID, arguments and log path are kept in a small state file, which a restarted bot uses to find
-(adopt) the server again. Readiness is the engine's readiness path answering 200; a start fails
-when the process exits first or the deadline passes. Why a server went down is read from its exit
-status and the engine's own log lines.
+its PID, start time, arguments and log path are kept in a small state file, which a restarted bot
+uses to find (adopt) the server again; a pid now held by a process that started at another time is
+not the server (pids are reused), so it is never signalled. Readiness is the engine's readiness
+path answering 200; a start fails when the process exits first or the deadline passes. Why a
+server went down is read from its exit status and the engine's own log lines.
 """
 
 from __future__ import annotations
@@ -52,6 +53,39 @@ class ProcessSpec:
             if tok.startswith("--"):
                 return self.command[:i], self.command[i:]
         return list(self.command), []
+
+
+PROC = Path("/proc")
+START_SLACK_S = 2.0  # /proc/stat's btime is whole seconds; a tick is 10 ms
+
+
+def start_ticks(stat: str) -> int | None:
+    """Field 22 of `/proc/PID/stat`: when the process started, in clock ticks since boot. The
+    command name (field 2) may hold spaces and parentheses, so fields count from its last ')'."""
+    fields = stat.rpartition(")")[2].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The start of the process now holding `pid`, or None (gone, or no /proc on this host)."""
+    try:
+        return start_ticks((PROC / str(pid) / "stat").read_text())
+    except OSError:
+        return None
+
+
+def _started_wall(ticks: int) -> float | None:
+    """A start in ticks as wall-clock time, for state files written before ticks were kept."""
+    try:
+        for line in (PROC / "stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return int(line.split()[1]) + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 class NotTheEngine(LaunchError):
@@ -120,12 +154,29 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
             return False
         except PermissionError:
             return True
-        # A zombie of ours (not reaped yet) is not alive.
-        with contextlib.suppress(OSError):
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            if stat.split(")")[-1].split()[0] == "Z":
-                return False
-        return True
+        try:
+            stat = (PROC / str(pid) / "stat").read_text()
+        except OSError:
+            return True  # no /proc to tell by: the signal reached a process
+        if stat.rpartition(")")[2].split()[:1] == ["Z"]:
+            return False  # a zombie of ours, not reaped yet
+        return self._started_it(start_ticks(stat))
+
+    def _started_it(self, ticks: int | None) -> bool:
+        """Whether the process holding the recorded pid is the one this launcher started, by its
+        start time: once the server is gone its pid may be another process's, which `stop`
+        would otherwise kill, session and all."""
+        if ticks is None:
+            return True
+        state = self._read_state()
+        recorded = state.get("proc_start")
+        if isinstance(recorded, int):
+            return ticks == recorded
+        started_at = state.get("started_at")  # a state file from before `proc_start`
+        wall = _started_wall(ticks)
+        if not isinstance(started_at, int | float) or wall is None:
+            return True
+        return wall <= started_at + START_SLACK_S
 
     def _exit_code(self) -> int | None:
         if self._proc is not None:
@@ -202,7 +253,13 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
                 start_new_session=True,
             )
         self._write_state(
-            {"pid": self._proc.pid, "args": args, "log": str(log), "started_at": time.time()}
+            {
+                "pid": self._proc.pid,
+                "args": args,
+                "log": str(log),
+                "started_at": time.time(),
+                "proc_start": process_start_ticks(self._proc.pid),
+            }
         )
 
     def issue(self, args: list[str]) -> None:

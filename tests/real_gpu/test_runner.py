@@ -591,14 +591,24 @@ def test_the_runner_imports_nothing_beyond_the_standard_library_before_its_check
     assert out.strip() == "[]"
 
 
+def _sleeper(*args: str, start_new_session: bool = False) -> subprocess.Popen[str]:
+    """A child that has surely run Python: until it execs, /proc shows the forking pytest's
+    command line, which is what made a check read a moment after `Popen` see no server."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=start_new_session,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+    return proc
+
+
 def test_a_server_an_earlier_cut_off_call_left_running_is_stopped(tmp_path: Path) -> None:
     """kvpilot's launcher starts SGLang in its own session, which outlives a call killed at its
     limit; the next call on the same machine stops it before checking the port."""
-    leftover = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)", "sglang.launch_server"],
-        start_new_session=True,
-    )
-    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    leftover = _sleeper("sglang.launch_server", start_new_session=True)
+    unrelated = _sleeper()
     try:
         state = tmp_path / "calls" / "20261206-010000" / "experiment" / "state"
         state.mkdir(parents=True)
@@ -613,6 +623,8 @@ def test_a_server_an_earlier_cut_off_call_left_running_is_stopped(tmp_path: Path
         for proc in (leftover, unrelated):
             proc.kill()
             proc.wait()
+            assert proc.stdout is not None
+            proc.stdout.close()
 
 
 def test_the_table_of_a_call_whose_smoke_failed() -> None:
