@@ -49,19 +49,21 @@ class WallClock:
     restored VM would move them by the step: a restart seen as timed out, a trial cut short or
     held for an hour, a rate over a window that never was. So the calendar time follows the
     monotonic clock, and catches up with the system's clock by at most SLEW of the elapsed
-    time; it starts at the system's time, so a restarted process is right at once.
+    time; it starts at the system's time, so a restarted process is right at once, unless
+    `start` is later (what an earlier process stored: `bot.app.wiring.make_clock`).
     """
 
     def __init__(
         self,
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        start: float | None = None,
     ) -> None:
         self._wall = wall
         self._monotonic = monotonic
         self._lock = threading.Lock()
         self._seen = monotonic()
-        self._calendar = wall()
+        self._calendar = wall() if start is None else max(wall(), start)
 
     def now(self) -> float:
         return self._monotonic()
@@ -133,5 +135,8 @@ class ManualClock:
 
 
 def at_scale(scale: float, start: datetime | None = None) -> Clock:
-    """The wall clock at scale 1, else a scaled clock whose calendar time starts at `start`."""
-    return WallClock() if scale == 1.0 else ScaledClock(scale, start)
+    """A clock whose calendar time starts at `start`: the wall clock at scale 1 (not before the
+    system's time), else a scaled clock."""
+    if scale == 1.0:
+        return WallClock(start=None if start is None else start.timestamp())
+    return ScaledClock(scale, start)

@@ -98,27 +98,38 @@ def unchanged_on(config: Config, server: ServerConfig, clock: Clock) -> Unchange
     return no_change.unchanged_by(engine(server), server.name, found.current_args(), where)
 
 
+WALL_FLOOR_MAX_S = 3600.0  # the most a wall clock starts ahead of the system's time
+
+
 def make_clock(config: Config, db: Database | None = None) -> Clock:
     """The process's one clock, built once and passed to everything that waits or stamps.
 
     The wall clock; or, against an accelerated twin (`[kvpilot] time_scale`), a scaled clock
     that continues the time line of the processes before it (`storage.clock_anchors`): the
-    time a crashed bot was away passes on it as it passed on the twin, and it never goes
-    back behind the newest sample or experiment step stored in `db`.
+    time a crashed bot was away passes on it as it passed on the twin. Either never starts
+    behind the newest sample or experiment step stored in `db`: a system clock stepped back
+    while the bot was down (or another host's, behind) would otherwise file a resumed trial's
+    samples before its earlier ones. The wall clock then slews toward the system's time.
     """
     start = datetime.now(UTC)
-    if db is not None and config.time_scale != 1.0:
+    if db is not None:
         wall = time.time()
-        anchor = anchor_for(db, config.time_scale)
-        if anchor is not None:
-            start = max(start, datetime.fromtimestamp(continued(anchor, wall), UTC))
+        if config.time_scale != 1.0:
+            anchor = anchor_for(db, config.time_scale)
+            if anchor is not None:
+                start = max(start, datetime.fromtimestamp(continued(anchor, wall), UTC))
         newest = newest_sample_ts(db)
         if newest is not None:
             start = max(start, datetime.fromtimestamp(newest + 1.0, UTC))
         step = latest_transition_at(db)
         if step is not None:
             start = max(start, step + timedelta(seconds=1))
-        record_anchor(db, Anchor(config.time_scale, wall, start.timestamp()))
+        if config.time_scale != 1.0:
+            record_anchor(db, Anchor(config.time_scale, wall, start.timestamp()))
+        elif start.timestamp() - wall > WALL_FLOOR_MAX_S:
+            # far ahead: a twin's time line in this database, not a clock stepped back; the
+            # experiment's own steps refuse a measurement across it (`steps._cut`)
+            start = datetime.fromtimestamp(wall, UTC)
     return at_scale(config.time_scale, start)
 
 

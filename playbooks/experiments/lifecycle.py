@@ -23,6 +23,7 @@ from playbooks.experiments.steps import CHANGED_OUTSIDE
 from playbooks.gate.settings import GateSettings, sized_for
 from storage import audit, servers
 from storage import experiments as store
+from storage.db import write_transaction
 from storage.errors import LeaseNotHeld, StaleState
 from storage.experiments import TERMINAL, State
 
@@ -164,34 +165,37 @@ def create(
     if deps.quality is not None and deps.quality.applies_to(change):
         # stored with the experiment: a resumed one judges by the check it started with
         settings["quality"] = deps.quality.to_json()
-    exp_id = store.create_experiment(
-        deps.db,
-        server=deps.server,
-        change=change,
-        baseline_config={"args": baseline},
-        trial_config={"args": trial},
-        settings=settings,
-        actor=actor,
-        now=deps.now(),
-        proposal_id=proposal_id,
-        lease=None if owner is None else (owner.owner, owner.expiry()),
-    )
+    # One transaction from the row to its approval: a crash or a database error in between
+    # leaves nothing, not a `proposed` row no process carries that blocks the server.
+    with write_transaction(deps.db):
+        exp_id = store.create_experiment(
+            deps.db,
+            server=deps.server,
+            change=change,
+            baseline_config={"args": baseline},
+            trial_config={"args": trial},
+            settings=settings,
+            actor=actor,
+            now=deps.now(),
+            proposal_id=proposal_id,
+            lease=None if owner is None else (owner.owner, owner.expiry()),
+        )
+        # (after the experiment exists: a server with another experiment active runs that one's
+        # trial, which is no change made by hand)
+        changed = _record_running(deps, exp_id, current, actor)
+        if approved_by is not None:
+            store.transition(
+                deps.db,
+                exp_id,
+                State.approved,
+                actor=approved_by,
+                reason=reason,
+                now=deps.now(),
+                expected_state=State.proposed,
+                progress={CHANGED_OUTSIDE: changed} if changed else None,
+            )
     if owner is not None:
         owner.experiment_id = exp_id
-    # (after the experiment exists: a server with another experiment active runs that one's
-    # trial, which is no change made by hand)
-    changed = _record_running(deps, exp_id, current, actor)
-    if approved_by is not None:
-        store.transition(
-            deps.db,
-            exp_id,
-            State.approved,
-            actor=approved_by,
-            reason=reason,
-            now=deps.now(),
-            expected_state=State.proposed,
-            progress={CHANGED_OUTSIDE: changed} if changed else None,
-        )
     return exp_id
 
 

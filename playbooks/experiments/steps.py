@@ -252,6 +252,9 @@ Step = (
 )
 
 
+CLOCK_BEHIND_S = 5.0  # a resumed process this far behind the last stored reading
+
+
 def gap_limit_s(settings: gate_mod.GateSettings) -> float:
     """A gap longer than this cuts a measurement (`GateSettings.max_gap_s`, else four batches):
     the gate's batch means and the noise it pools from the trial need scrapes in every batch,
@@ -284,6 +287,14 @@ def _cut(view: View, facts: Facts, what: str, *, teach: bool = True) -> Move | N
         )
     last = view.progress.last_ts
     resumed = view.progress.by != facts.carrier
+    if resumed and last is not None and float(last) - facts.now_ts > CLOCK_BEHIND_S:
+        return Move(
+            State.reverting,
+            f"this process's clock is {float(last) - facts.now_ts:.0f} s behind the last reading "
+            f"{what} (the system's clock went back while kvpilot was down, or another host "
+            "resumed it): the measurement was cut",
+            {"cause": "interrupted"},
+        )
     if resumed and last is not None and facts.now_ts - float(last) > gap_limit_s(view.settings):
         return Move(
             State.reverting,
@@ -588,6 +599,8 @@ def _deciding(view: View, facts: Facts) -> Step:
     changed = changed_outside(view, facts)
     if changed is not None:  # keeping would record the trial as good; reverting would undo it
         return changed
+    if not facts.running:  # (resumed here after the server died): nothing runs to keep
+        return _went_down(facts, "before the verdict was carried out")
     result = view.result
     rule = None if result is None else result.rule
     if result is not None and result.kept and view.quality is not None:

@@ -365,12 +365,18 @@ class DockerLauncher(StartThenWait[DockerSpec]):
         return self._started
 
     def poll_ready(self) -> bool:
-        """One inspect: exited or restarting is a failure; ready removes the previous one."""
+        """One inspect: exited or restarting is a failure, created (never started) is started;
+        ready removes the previous one."""
         ident = self._starting()
         info = self.engine.inspect(ident)
         if info is None:
             raise LaunchError(f"container {self.name} was removed while it started")
         st = info.get("State") or {}
+        if st.get("Status") == "created":
+            # created and never started: a bot killed between the swap's last rename and its
+            # start. Nothing else will start it, so waiting would only run out the deadline.
+            self.engine.start(ident)
+            return False
         if st.get("Status") in ("exited", "dead") or st.get("Restarting"):
             log = self._log(info)
             if st.get("Restarting"):

@@ -57,6 +57,7 @@ class ProcessSpec:
 
 PROC = Path("/proc")
 START_SLACK_S = 2.0  # /proc/stat's btime is whole seconds; a tick is 10 ms
+KILLED_WAIT_S = 30.0  # after SIGKILL: a process in uninterruptible sleep may not end at once
 
 
 def start_ticks(stat: str) -> int | None:
@@ -75,6 +76,25 @@ def process_start_ticks(pid: int) -> int | None:
         return start_ticks((PROC / str(pid) / "stat").read_text())
     except OSError:
         return None
+
+
+def group_members(pgid: int) -> list[int] | None:
+    """The pids of process group `pgid` that run (zombies left out), or None without /proc."""
+    try:
+        entries = os.listdir(PROC)
+    except OSError:
+        return None
+    found: list[int] = []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            fields = (PROC / entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # ended while listed
+        if len(fields) > 2 and fields[0] != "Z" and fields[2] == str(pgid):
+            found.append(int(entry))
+    return found
 
 
 def _started_wall(ticks: int) -> float | None:
@@ -193,8 +213,8 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
         if alive:
             ready = self.healthy()
             return ServerState(True, ready, pid, None, "" if ready else "starting or not ready")
-        if pid is None and self.healthy():
-            return ServerState(True, True, None, None, self._not_ours())
+        if self.healthy():
+            return ServerState(True, True, None, None, self._not_ours(pid))
         code = self._exit_code()
         cause = self.spec.engine.exit_cause(code, self.log_tail())
         return ServerState(False, False, pid, code, cause.reason, cause)
@@ -225,18 +245,26 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
             )
         return found
 
-    def _not_ours(self) -> str:
-        """A server answering at the URL that this launcher never started."""
+    def _not_ours(self, pid: int | None) -> str:
+        """A server answering at the URL that this launcher did not start (or whose process it
+        started is gone: someone started another by hand)."""
+        recorded = (
+            "no process recorded" if pid is None else f"the one it started, pid {pid}, is gone"
+        )
         return (
-            f"it answers at {self.spec.url}, but kvpilot's process launcher did not start it (no "
-            "process recorded), so kvpilot can read it and cannot restart it: stop it, then "
+            f"it answers at {self.spec.url}, but kvpilot's process launcher did not start it "
+            f"({recorded}), so kvpilot can read it and cannot restart it: stop it, then "
             f"`kvpilot server start --server {self.spec.name}`"
         )
 
     def start(self, args: list[str]) -> None:
-        if self._pid() is None and self.healthy():
-            # a second server on its port would only die: the one there is not ours to replace
-            raise LaunchError(self._not_ours())
+        pid = self._pid()
+        if not self._alive(pid) and self.healthy():
+            # a second server on its port would only die, and its readiness would be read
+            # from the one there, which is not ours to replace
+            raise LaunchError(self._not_ours(pid))
+        if not self._alive(pid) and self._group(pid):
+            self.stop()  # the last server's leader is gone, its workers still hold the GPU
         exe, _ = self.spec.split()
         self.spec.state_dir.mkdir(parents=True, exist_ok=True)
         log = self.spec.state_dir / f"{self.spec.name}-{int(time.time() * 1000)}.log"
@@ -327,21 +355,40 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
         started_at = float(started) if isinstance(started, int | float) else None
         return ServerIdentity(f"{pid}@{started_at}", started_at, f"pid {pid}")
 
+    def _group(self, pid: int | None) -> list[int]:
+        """The server's processes still running: its whole process group (SGLang's scheduler,
+        vLLM's EngineCore, holding the GPU and outliving a leader that died), once the recorded
+        pid is its own or free. A pid now another process's means the group is gone: the
+        kernel reuses no pid while a group of that number has a member."""
+        if pid is None:
+            return []
+        holder = process_start_ticks(pid)
+        if holder is not None and not self._started_it(holder):
+            return []
+        members = group_members(pid)
+        if members is None:  # no /proc to list it by
+            return [pid] if self._alive(pid) else []
+        return members
+
     def stop(self) -> None:
+        """SIGTERM to the server's group, SIGKILL to what is left of it after
+        `stop_timeout_s`; returns once none of it runs (or 30 s after the SIGKILL, for a
+        process the kernel cannot end)."""
         pid = self._pid()
-        if pid is None or not self._alive(pid):
+        if pid is None or not self._group(pid):
             self._reap()
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + self.spec.stop_timeout_s
-        while self._alive(pid) and time.monotonic() < deadline:
+        while self._group(pid) and time.monotonic() < deadline:
             self._reap()
             time.sleep(0.05)
-        if self._alive(pid):
+        if self._group(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            while self._alive(pid):
+            deadline = time.monotonic() + KILLED_WAIT_S
+            while self._group(pid) and time.monotonic() < deadline:
                 self._reap()
                 time.sleep(0.02)
         self._reap()

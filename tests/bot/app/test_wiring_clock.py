@@ -59,6 +59,35 @@ def test_the_wall_clock_at_scale_one(tmp_path: Path) -> None:
     assert clock.wall_seconds(7.0) == 7.0
 
 
+@pytest.mark.parametrize("stored", ["sample", "step"])
+def test_a_wall_clock_behind_what_is_stored_starts_after_it(tmp_path: Path, stored: str) -> None:
+    """The system's clock stepped back while the bot was down, or the bot resumed on a host whose
+    clock is behind: the samples it stores must not sort before the trial's earlier ones, and a
+    gap or a deadline must not come out negative. The calendar starts after what is stored and
+    then slews toward the system's time, as within one process."""
+    db = memory_db()
+    ahead = datetime.now(UTC) + timedelta(minutes=10)
+    if stored == "sample":
+        add_sample(db, RawSample(server="a", ts=ahead.timestamp(), span_s=15.0, dt=None))
+    else:
+        create_experiment(
+            db, server="a", change={}, baseline_config={}, trial_config={}, settings={},
+            actor="U1", now=ahead,
+        )  # fmt: skip
+    clock = make_clock(_config(tmp_path, 1.0), db)
+    assert isinstance(clock, WallClock)
+    assert clock.utcnow() >= ahead + timedelta(seconds=1)
+    assert clock.wall_seconds(7.0) == 7.0
+
+
+def test_a_wall_clock_does_not_follow_a_twins_time_line(tmp_path: Path) -> None:
+    """Days ahead is a twin's time line in this database, not a clock stepped back."""
+    db = memory_db()
+    add_sample(db, RawSample(server="a", ts=AHEAD.timestamp(), span_s=15.0, dt=None))
+    clock = make_clock(_config(tmp_path, 1.0), db)
+    assert abs((clock.utcnow() - datetime.now(UTC)).total_seconds()) < 5
+
+
 def test_a_manual_clock_keeps_calendar_and_seconds_together() -> None:
     start = datetime(2026, 3, 1, tzinfo=UTC)
     clock = ManualClock(epoch=start)

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from bot.cli import main
+from playbooks.launchers.process import process_start_ticks
 from tests.ports import free_port
 
 SCALE = 200
@@ -142,9 +143,12 @@ def incident_workspace(
 
 
 def _kill_recorded(state_file: Path) -> None:
-    """Kill the server process kvpilot's process launcher recorded, if it still runs."""
+    """Kill the server process kvpilot's process launcher recorded, if it still runs (the same
+    process: started when recorded, not another one holding its pid since)."""
     try:
-        pid = int(json.loads(state_file.read_text())["pid"])
-        os.kill(pid, signal.SIGKILL)
+        state = json.loads(state_file.read_text())
+        pid = int(state["pid"])
+        if process_start_ticks(pid) == state["proc_start"]:
+            os.kill(pid, signal.SIGKILL)
     except (OSError, ValueError, KeyError, TypeError):
         pass

@@ -372,6 +372,13 @@ CASES: list[tuple[str, View, Facts, object]] = [
         seen(**ON_TRIAL),
         State.reverting,
     ),
+    (  # the system's clock stepped back while kvpilot was down (or another host resumed it):
+        # its samples would sort before the trial's earlier ones
+        "trial, resumed with the clock behind the last reading",
+        view(State.trial, instance="i2", first_ts=T + 100, last_ts=T + 600, looks=2),
+        seen(**ON_TRIAL),
+        State.reverting,
+    ),
     (
         "trial, server restarted while kvpilot was down",
         view(State.trial, instance="i2", last_ts=T - 10),
@@ -426,6 +433,14 @@ CASES: list[tuple[str, View, Facts, object]] = [
             result=GateResult.from_json({"action": "revert", "verdict": "not_improved"}),
         ),
         seen(**ON_TRIAL),
+        State.reverting,
+    ),
+    (
+        # resumed in deciding after the trial's server died while the bot was down (out of
+        # memory, say): keeping would record as good a configuration that does not run
+        "deciding, keep, the server down",
+        replace(view(State.deciding), result=KEEP),
+        seen(**{**ON_TRIAL, **DOWN}),
         State.reverting,
     ),
     (

@@ -261,10 +261,11 @@ def supervise(root: Path, unit: str) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGTERM)
 
-            def escalate(pid: int = child.pid) -> None:
+            def escalate(proc: subprocess.Popen[bytes] = child) -> None:
                 time.sleep(float(cfg["timeout_stop_sec"]))
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
+                if proc.returncode is None:  # once reaped, its pid may be another process's
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
 
             threading.Thread(target=escalate, daemon=True).start()
 

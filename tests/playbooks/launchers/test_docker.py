@@ -136,6 +136,35 @@ def test_apply_recreates_with_the_same_image_mounts_devices_and_environment(
     assert docker.info()["mem_fraction_static"] == 0.85
 
 
+class Killed(Exception):
+    """The bot killed at one line of the swap."""
+
+
+def test_killed_between_the_last_rename_and_the_start_the_container_is_started(
+    docker: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NAME is the new container, created and never started: the resumed bot starts it instead
+    of waiting out its deadline for a server nothing will start (and, in a revert, giving up
+    with the server down)."""
+    engine: FakeDockerEngine = docker.extra["engine"]
+    launcher = docker.launcher()
+    assert isinstance(launcher, DockerLauncher)
+    trial = with_change(docker.baseline, {"mem_fraction_static": 0.88})
+
+    def killed(ident: str) -> None:
+        raise Killed(ident)
+
+    monkeypatch.setattr(launcher.engine, "start", killed)
+    with pytest.raises(Killed):
+        launcher.issue(trial)
+    assert engine.inspect(engine.find("sglang"))["State"]["Status"] == "created"
+    fresh = docker.launcher()
+    assert fresh.current_args() == trial
+    fresh.wait_ready()
+    assert docker.info()["mem_fraction_static"] == 0.88
+    assert engine.names() == ["sglang"]
+
+
 def test_errors_an_operator_can_act_on(tmp_path: Path) -> None:
     gone = DockerLauncher(
         DockerSpec("sglang", "http://127.0.0.1:9", socket=str(tmp_path / "x.sock"))

@@ -4,7 +4,10 @@ the server: stopping it would kill a stranger (its own session's leader, so its 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,13 +15,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
+from playbooks.launchers.base import LaunchError
 from playbooks.launchers.process import (
     ProcessLauncher,
     ProcessSpec,
     process_start_ticks,
     start_ticks,
 )
+from tests.playbooks.launchers.serving import serving
 
 
 @pytest.fixture
@@ -125,3 +133,110 @@ def test_the_start_time_is_field_22_of_proc_stat(stat: str, ticks: int | None) -
 
 def test_a_pid_with_no_process_has_no_start_time() -> None:
     assert process_start_ticks(2**22 + 7) is None  # above any pid_max: never a process
+
+
+# A server is a process group: SGLang's scheduler and detokenizer, vLLM's EngineCore, each
+# holding the GPU. The leader is only one of them.
+GROUP = """
+import subprocess, sys, time
+worker = (
+    "import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
+)
+subprocess.Popen([sys.executable, "-c", worker, sys.argv[1]])
+time.sleep(float(sys.argv[2]))
+"""  # the worker ignores SIGTERM, and writes its pid once it does
+
+
+@contextlib.contextmanager
+def _server_with_worker(tmp_path: Path, leader_s: float) -> Iterator[tuple[ProcessLauncher, int]]:
+    """A server whose worker ignores SIGTERM, its leader running for `leader_s`; yields the
+    launcher of a bot started again, and the worker's pid. Nothing is left running after."""
+    pid_file = tmp_path / "worker.pid"
+    spec = ProcessSpec(
+        name="group",
+        command=[sys.executable, "-c", GROUP, str(pid_file), str(leader_s)],
+        url="http://127.0.0.1:9",
+        state_dir=tmp_path,
+        stop_timeout_s=1.0,
+    )
+    started = ProcessLauncher(spec)
+    started.start([])
+    deadline = time.monotonic() + 20
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.monotonic() < deadline, "the server's worker never started"
+        time.sleep(0.02)
+    worker = int(pid_file.read_text())
+    if leader_s == 0:  # the leader gone, as after a crash of the server's main process
+        assert started._proc is not None and started._proc.wait(10) == 0
+    launcher = ProcessLauncher(spec)
+    try:
+        yield launcher, worker
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
+        launcher.stop()
+        started.stop()  # reaps the leader it started
+
+
+def _gone(pid: int) -> bool:
+    """Whether `pid` stops running within 5 s (re-parented, then reaped by init)."""
+    deadline = time.monotonic() + 5
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not _running(pid)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+@pytest.mark.parametrize(
+    "leader_s",
+    [
+        pytest.param(60.0, id="leader-stops-on-sigterm-worker-ignores-it"),
+        pytest.param(0.0, id="leader-already-gone-worker-left"),
+    ],
+)
+def test_stop_leaves_none_of_the_servers_processes(tmp_path: Path, leader_s: float) -> None:
+    with _server_with_worker(tmp_path, leader_s) as (launcher, worker):
+        launcher.stop()
+        assert _gone(worker), "a worker of the stopped server still runs (its GPU held)"
+
+
+def test_a_server_on_the_url_that_is_not_the_recorded_one_is_not_replaced(tmp_path: Path) -> None:
+    """The recorded server is gone and another one answers on its URL (an operator started it by
+    hand): starting a second beside it would only fight it for the GPU and the port, and its
+    readiness would be taken for the new server's."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with serving(
+        Starlette(routes=[Route("/health", lambda request: PlainTextResponse("ok"))])
+    ) as url:
+        (tmp_path / "gpu.process.json").write_text(
+            json.dumps({"pid": dead.pid, "args": [], "started_at": time.time() - 60})
+        )
+        spec = ProcessSpec(
+            name="gpu",
+            command=[sys.executable, "-c", "import time; time.sleep(60)"],
+            url=url,
+            state_dir=tmp_path,
+        )
+        launcher = ProcessLauncher(spec)
+        assert "did not start it" in launcher.state().reason
+        with pytest.raises(LaunchError, match="did not start it"):
+            launcher.start([])
+        assert json.loads((tmp_path / "gpu.process.json").read_text())["pid"] == dead.pid
+
+
+def test_a_start_after_the_leader_died_first_stops_what_is_left_of_its_group(
+    tmp_path: Path,
+) -> None:
+    with _server_with_worker(tmp_path, 0.0) as (launcher, worker):
+        assert not launcher.state().running
+        launcher.start([])  # `kvpilot server start` on a server whose leader crashed
+        assert _gone(worker), "the new server would share the GPU with the old's worker"
