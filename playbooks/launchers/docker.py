@@ -160,6 +160,14 @@ class DockerEngine:
             timeout_s=timeout_s + self.timeout_s,
         )
 
+    def connect(self, network: str, ident: str, settings: dict[str, Any]) -> None:
+        self.call(
+            "POST",
+            f"/networks/{network}/connect",
+            ok=(200,),
+            body={"Container": ident, "EndpointConfig": settings},
+        )
+
     def rename(self, ident: str, name: str) -> None:
         self.call("POST", f"/containers/{ident}/rename", ok=(204,), params={"name": name})
 
@@ -218,16 +226,34 @@ def recreate_body(info: dict[str, Any], args: list[str]) -> dict[str, Any]:
     mode = str(body["HostConfig"].get("NetworkMode") or "default")
     networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
     if mode not in DEFAULT_NETWORK_MODES and not mode.startswith("container:") and mode in networks:
-        endpoint = networks[mode] or {}
-        short_id = str(info.get("Id", ""))[:12]
-        aliases = [a for a in endpoint.get("Aliases") or [] if a != short_id]
-        settings = {"IPAMConfig": endpoint.get("IPAMConfig"), "Links": endpoint.get("Links")}
-        if aliases:
-            settings["Aliases"] = aliases
-        body["NetworkingConfig"] = {
-            "EndpointsConfig": {mode: {k: v for k, v in settings.items() if v}}
-        }
+        body["NetworkingConfig"] = {"EndpointsConfig": {mode: endpoint_settings(info, mode)}}
     return body
+
+
+def other_networks(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The networks an inspected container is on besides the one its create request names
+    (its network mode's; `bridge` for the default), each with its endpoint settings: the API
+    version kvpilot speaks (1.41) creates a container on one network, so the rest are
+    connected before it starts (`docker network connect`)."""
+    mode = str((info.get("HostConfig") or {}).get("NetworkMode") or "default")
+    if mode in ("host", "none") or mode.startswith("container:"):
+        return {}  # a shared namespace: no other network can be joined
+    main = "bridge" if mode in ("default", "bridge") else mode
+    networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
+    return {name: endpoint_settings(info, name) for name in sorted(networks) if name != main}
+
+
+def endpoint_settings(info: dict[str, Any], network: str) -> dict[str, Any]:
+    """What a copy needs of the container's endpoint on `network`: its fixed addresses, links
+    and aliases (less the short ID Docker adds to every container by itself)."""
+    endpoint = ((info.get("NetworkSettings") or {}).get("Networks") or {}).get(network) or {}
+    short_id = str(info.get("Id", ""))[:12]
+    settings = {
+        "IPAMConfig": endpoint.get("IPAMConfig"),
+        "Links": endpoint.get("Links"),
+        "Aliases": [a for a in endpoint.get("Aliases") or [] if a != short_id],
+    }
+    return {k: v for k, v in settings.items() if v}
 
 
 def exit_cause(st: dict[str, Any], log: str, engine: Engine) -> ExitCause:
@@ -349,6 +375,8 @@ class DockerLauncher(StartThenWait[DockerSpec]):
         body = recreate_body(current, args)
         self.engine.remove(self.name + NEXT_SUFFIX)  # a leftover of an interrupted apply
         new_id = self.engine.create(self.name + NEXT_SUFFIX, body)
+        for network, settings in other_networks(current).items():
+            self.engine.connect(network, new_id, settings)
         if (current.get("State") or {}).get("Running"):
             self.engine.stop(current["Id"], self.spec.stop_timeout_s)
         if current.get("Name") == "/" + self.name:

@@ -162,6 +162,13 @@ class FakeDockerEngine:
             }
             host_config = {"NetworkMode": "default", **(body.get("HostConfig") or {})}
             endpoints = ((body.get("NetworkingConfig") or {}).get("EndpointsConfig")) or {}
+            if len(endpoints) > 1:  # before API 1.44 (moby's daemon/create.go)
+                raise EngineError(
+                    400,
+                    "Container cannot be connected to network endpoints: " + ", ".join(endpoints),
+                )
+            mode = str(host_config["NetworkMode"])
+            endpoints = endpoints or {"bridge" if mode in ("default", "bridge") else mode: {}}
             container = Container(
                 id=ident,
                 name=name,
@@ -300,6 +307,19 @@ class FakeDockerEngine:
                 )  # fmt: skip
             c.name = name
 
+    def connect(self, network: str, c: Container, request: dict[str, Any]) -> None:
+        """`POST /networks/NAME/connect`: every network exists here; host, none and another
+        container's namespace take no second network, as under dockerd."""
+        mode = str(c.host_config.get("NetworkMode"))
+        if mode in ("host", "none") or mode.startswith("container:"):
+            raise EngineError(  # moby's runconfig.ErrConflictSharedNetwork
+                400,
+                "container sharing network namespace with another container or host cannot be "
+                "connected to any other network",
+            )
+        with c.lock:
+            c.endpoints[network] = request.get("EndpointConfig") or {}
+
     def inspect(self, c: Container) -> dict[str, Any]:
         argv = c.argv()
         mounts = []
@@ -316,7 +336,6 @@ class FakeDockerEngine:
                     "Propagation": "rprivate",
                 }
             )
-        mode = c.host_config.get("NetworkMode", "default")
         networks = {
             name: {
                 "IPAMConfig": ep.get("IPAMConfig"),
@@ -327,7 +346,7 @@ class FakeDockerEngine:
                 "Gateway": "172.18.0.1",
                 "IPAddress": "172.18.0.2",
             }
-            for name, ep in (c.endpoints or {mode: {}}).items()
+            for name, ep in c.endpoints.items()
         }
         with c.lock:
             state = dict(c.state)
@@ -405,6 +424,15 @@ class FakeDockerEngine:
             name = query.get("name") or secrets.token_hex(6)
             c = self.create(name, request)
             return JSONResponse({"Id": c.id, "Warnings": []}, status_code=201)
+        if (
+            method == "POST"
+            and len(parts) == 3
+            and parts[0] == "networks"
+            and parts[2] == "connect"
+        ):
+            request = json.loads(body or b"{}")
+            self.connect(parts[1], self.find(str(request.get("Container"))), request)
+            return Response(status_code=200)
         if len(parts) < 2 or parts[0] != "containers":
             raise EngineError(404, "page not found")
         c = self.find(parts[1])

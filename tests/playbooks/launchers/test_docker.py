@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+import sys
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,7 @@ from playbooks.launchers.docker import (
     recreate_body,
 )
 from tests.playbooks.launchers.fake_docker import FakeDockerEngine, Image
-from tests.playbooks.launchers.harness import Harness, docker_harness
+from tests.playbooks.launchers.harness import IMAGE, Harness, docker_harness
 from tests.playbooks.launchers.serving import serving
 
 
@@ -270,3 +273,75 @@ def test_the_fake_engine_answers_with_the_apis_shapes(tmp_path: Path) -> None:
             ).status_code
             == 400
         )
+
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)", "--mem-fraction-static", "0.85"]
+
+
+def test_a_container_is_created_on_one_network_at_the_launchers_api_version(
+    tmp_path: Path,
+) -> None:
+    """Docker before API 1.44 refuses a create naming several networks (moby's
+    `verifyNetworkingConfig`); the others are connected one by one, as `docker network connect`
+    does. The fake holds that rule, so a launcher that skipped the connects cannot pass."""
+    socket = str(Path(tempfile.mkdtemp(prefix="kvd-")) / "d.sock")
+    engine = FakeDockerEngine([IMAGE])
+    with serving(engine.app(), uds=socket), _api(socket) as api:
+        two: dict[str, Any] = {"EndpointsConfig": {"backend": {}, "frontend": {}}}
+        body = {"Image": IMAGE.ref, "Cmd": SLEEPER, "NetworkingConfig": two}
+        refused = api.post("/containers/create", params={"name": "two-nets"}, json=body)
+        assert refused.status_code == 400
+        assert "cannot be connected to network endpoints" in refused.json()["message"]
+
+
+@pytest.mark.parametrize("mode", ["backend", "default"])
+def test_a_recreated_container_is_on_every_network_it_was_on(tmp_path: Path, mode: str) -> None:
+    """A compose service on two networks (or one connected to a second later): the copy with
+    the new flags is on both, with their aliases and fixed addresses, or clients on the other
+    network lose the server while kvpilot, reading it on its URL, sees it ready."""
+    socket = str(Path(tempfile.mkdtemp(prefix="kvd-")) / "d.sock")
+    engine = FakeDockerEngine([IMAGE])
+    with serving(engine.app(), uds=socket):
+        with _api(socket) as api:
+            body: dict[str, Any] = {
+                "Image": IMAGE.ref,
+                "Cmd": SLEEPER,
+                "HostConfig": {"NetworkMode": mode},
+            }
+            if mode != "default":
+                body["NetworkingConfig"] = {"EndpointsConfig": {mode: {"Aliases": ["llm"]}}}
+            assert api.post("/containers/create", params={"name": "sglang"}, json=body).is_success
+            connected = api.post(
+                "/networks/frontend/connect",
+                json={
+                    "Container": "sglang",
+                    "EndpointConfig": {
+                        "Aliases": ["api"],
+                        "IPAMConfig": {"IPv4Address": "172.20.0.9"},
+                    },
+                },
+            )
+            assert connected.status_code == 200, connected.text
+            assert api.post("/containers/sglang/start").status_code == 204
+        before = engine.inspect(engine.find("sglang"))["NetworkSettings"]["Networks"]
+        spec = DockerSpec("sglang", "http://127.0.0.1:9", socket=socket, stop_timeout_s=1)
+        try:
+            DockerLauncher(spec).issue(["--mem-fraction-static", "0.88"])
+            after = engine.inspect(engine.find("sglang"))
+        finally:
+            engine.shutdown()
+    assert after["Config"]["Cmd"][-1] == "0.88"
+    networks = after["NetworkSettings"]["Networks"]
+    assert set(networks) == set(before) == {"bridge" if mode == "default" else mode, "frontend"}
+    assert networks["frontend"]["IPAMConfig"] == {"IPv4Address": "172.20.0.9"}
+    assert "api" in networks["frontend"]["Aliases"]
+    if mode != "default":
+        assert "llm" in networks[mode]["Aliases"]
+
+
+@contextmanager
+def _api(socket: str) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        transport=httpx.HTTPTransport(uds=socket), base_url="http://docker/v1.41"
+    ) as api:
+        yield api
