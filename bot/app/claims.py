@@ -30,6 +30,8 @@ from storage import claims as store
 log = logging.getLogger(__name__)
 LEASE_S = store.LEASE_S
 RENEW_S = LEASE_S / 4  # three renewals may fail before the lease lapses
+# unrenewed this long, a bot changes nothing more: another may take its servers at LEASE_S
+STALE_S = LEASE_S - 2 * RENEW_S
 
 
 class ClaimRefused(ConfigError):
@@ -50,18 +52,23 @@ def ago(seconds: float | None) -> str:
     return f"last renewed {max(0.0, seconds):.0f} s ago"
 
 
+def name_taken_reason(config: Config, other: store.Holder, now: datetime) -> str:
+    """Another live bot holds claims under this bot's name, with another database."""
+    assert config.claims is not None
+    return (
+        f'bot name "{config.claims.bot_name}" is in use in the claims file '
+        f"{config.claims.path} by a live bot with another database ({other.database}, host "
+        f"{other.host}, pid {other.pid}, {ago(other.age_s(now))}); give each bot of the estate "
+        f"its own [kvpilot] bot_name in {config.path}"
+    )
+
+
 def refusal(config: Config, outcome: store.Outcome, doing: str, now: datetime) -> str:
     """Why `doing` may not go on, naming each server in conflict, its holder and the fixes."""
     assert config.claims is not None
     me, where = config.claims.bot_name, config.claims.path
     if outcome.name_taken is not None:
-        other = outcome.name_taken
-        return (
-            f'cannot {doing}: bot name "{me}" is in use in the claims file {where} by a live '
-            f"bot with another database ({other.database}, host {other.host}, pid {other.pid}, "
-            f"{ago(other.age_s(now))}); give each bot of the estate its own "
-            f"[kvpilot] bot_name in {config.path}"
-        )
+        return f"cannot {doing}: " + name_taken_reason(config, outcome.name_taken, now)
     lines = [
         f'cannot {doing}: bot "{me}" ({config.path}) would own {len(outcome.conflicts)} '
         f"server(s) that another live bot holds in the claims file {where}:"
@@ -125,6 +132,8 @@ class ClaimKeeper:
         self.renew_s = renew_s
         self.held = False
         self.lost: dict[str, str] = {}  # url -> the bot that took it from us
+        self.renewed_at: datetime | None = None  # the last claim or renewal that succeeded
+        self.name_taken: store.Holder | None = None  # our name, another live bot's now
         self.urls = {n: url for url, names in self.keys.items() for n in names.split(", ")}
         self._db = store.open_claims(config.claims.path)
         self._lock = threading.Lock()
@@ -144,6 +153,7 @@ class ClaimKeeper:
         if outcome.refused:
             raise ClaimRefused(refusal(self.config, outcome, doing, now))
         self.held = True
+        self.renewed_at = now
         for old in outcome.taken_over:
             log.warning(
                 'took over %s (%s) from bot "%s" (host %s, pid %s), whose lease lapsed: %s',
@@ -160,6 +170,20 @@ class ClaimKeeper:
         url = self.urls.get(server)
         if url is None:  # not one of ours to claim (a one-shot command's other servers)
             return None
+        claims = self.config.claims.path if self.config.claims else ""
+        if self.name_taken is not None:
+            return f"cannot {doing} on `{server}`: " + name_taken_reason(
+                self.config, self.name_taken, self.now()
+            )
+        unrenewed = None if self.renewed_at is None else (self.now() - self.renewed_at)
+        if self.held and unrenewed is not None and unrenewed.total_seconds() > STALE_S:
+            return (
+                f"cannot {doing} on `{server}`: this bot could not renew its claims in {claims} "
+                f"for {unrenewed.total_seconds():.0f} s, and another bot may take its servers "
+                f"once its lease lapses ({LEASE_S:.0f} s), so it changes none until a renewal "
+                "succeeds. Fix: make the claims file reachable and writable from this host "
+                "(the log says why each renewal failed)"
+            )
         # one look-up in `lost`, which the renewal thread only adds to
         return lost_refusal(server, url, self.lost, doing, str(self.config.path))
 
@@ -180,8 +204,18 @@ class ClaimKeeper:
             with self._lock:
                 outcome = store.claim(self._db, self.me, self.keys, now=now, lease_s=LEASE_S)
         except Exception as exc:  # the shared file unreachable: try again at the next renewal
-            log.warning("renewing the claims in %s failed: %s", self.config.claims, exc)
+            path = self.config.claims.path if self.config.claims else ""
+            log.warning("renewing the claims in %s failed: %s", path, exc)
             return None
+        if outcome.name_taken is not None:
+            if self.name_taken is None:
+                log.error(
+                    "%s: this bot changes none of its servers from now on",
+                    name_taken_reason(self.config, outcome.name_taken, now),
+                )
+            self.name_taken = outcome.name_taken
+            return outcome
+        self.renewed_at = now
         if outcome.refused:
             for c in outcome.conflicts:
                 self.lost[c.url] = c.theirs.bot

@@ -183,6 +183,8 @@ class Sampler(SamplerStatus):
             readings = self._read_all(names)
             rows = _Rows()
             with write_transaction(db):  # the whole round's rows: one commit
+                for name in names:  # what another process stored since `_prepare`
+                    self._build_on_stored(db, self.states[name])
                 outcomes = [self._store(db, name, readings[name], rows) for name in names]
                 rows.store(db)
             wanted = [n for n, o in zip(names, outcomes, strict=True) if o.ok]
@@ -232,11 +234,15 @@ class Sampler(SamplerStatus):
         state = self.states[name]
         if not state.loaded:
             self._first_contact(db, state, self.clock.utcnow().timestamp())
-        else:
-            # another bot process may share the database: build on what is stored, so two
-            # samplers interleave instead of counting the same tokens twice
-            state.last = last_sample(db, name)
-            state.gap = open_gap(db, name)
+
+    @staticmethod
+    def _build_on_stored(db: Database, state: ServerState) -> None:
+        """Another bot process may share the database (`serve` and a `console`): the round
+        builds on what is stored, read in the transaction that stores it, so that two samplers
+        interleave instead of counting the same tokens twice (a reading older than the stored
+        one is not stored)."""
+        state.last = last_sample(db, state.name)
+        state.gap = open_gap(db, state.name)
 
     def _scrape(self, name: str) -> tuple[datetime, Snapshot | Exception]:
         """One server's reading and when it was taken; what went wrong, as the exception."""
@@ -311,7 +317,11 @@ class Sampler(SamplerStatus):
         t = now.timestamp()
         last = state.last
         if last is not None and t <= last.ts:
-            log.warning("sampler clock went back for %s (%.3f <= %.3f)", state.name, t, last.ts)
+            log.warning(
+                "a later sample of %s is stored already (another sampler on this database, or "
+                "the clock went back): this reading (%.3f <= %.3f) is not stored",
+                state.name, t, last.ts,
+            )  # fmt: skip
             return
         reset = last is not None and counters_reset(last, r)
         continuous = last is not None and not reset

@@ -580,7 +580,18 @@ def _launch_failed(
     deps: Deps, row: store.ExperimentRow, purpose: Literal["restart", "revert"], exc: LaunchError
 ) -> None:
     fresh = store.get_experiment(deps.db, row.id)
-    outcome = restarts.after_launch_failure(purpose, exc)
+    outcome = restarts.after_launch_failure(
+        purpose,
+        exc,
+        failures=progress_of(fresh).revert_failures or 0,
+        now_ts=deps.now().timestamp(),
+    )
+    if isinstance(outcome, restarts.RetryRevert):  # reverting still, issued again later; the
+        # server is down, so its restart slot stays taken
+        _record(deps, fresh, audit.RevertExecuted, ok=False, error=exc.reason)
+        deps.say(outcome.reason)
+        _progress(deps, fresh, **outcome.progress)
+        return
     if outcome.to == State.cancelled:
         _record(deps, fresh, audit.RestartFinished, ok=False, duration_s=0.0, error=exc.reason)
     elif outcome.to == State.reverting:

@@ -40,6 +40,8 @@ class Progress:
     before: str | None = None  # the server's identity before that
     waiting_since: float | None = None  # waiting for one of the group's restart slots
     known_ready_s: float | None = None  # how long this server took to be ready before
+    revert_failures: int | None = None  # reverts issued that failed (`restarts.RetryRevert`)
+    retry_at: float | None = None  # when the failed revert is issued again
     # behind a router (`rotation_steps`)
     out_at: float | None = None  # taken out of rotation
     leave_tried_at: float | None = None

@@ -4,13 +4,15 @@ A readiness poll (`after_poll`) moves the experiment on once the new server is u
 change again where the server that answers is still the one from before the restart, or puts a
 ready server back into its router's rotation first. A launcher that failed or refused
 (`after_launch_failure`) ends the restart in a revert, a refused restart in a cancel (nothing
-changed), and a failed revert in `failed`, where a person must restore the server. The engine
+changed), and a failed revert in another try, then after REVERT_ATTEMPTS in `failed`, where a
+person must restore the server. The engine
 (`playbooks.experiments.advance`) records, announces and persists what these decide.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from playbooks.experiments.failures import exited, reverted_reason
 from playbooks.experiments.steps import Facts, Issue, Move, Rejoin, View
@@ -18,6 +20,17 @@ from playbooks.launchers.base import LaunchError
 from storage.experiments import State
 
 LOG_TAIL_CHARS = 2000  # of the server's log, kept with the move
+REVERT_ATTEMPTS = 3  # a revert issued this many times, failing each time, calls a person
+REVERT_RETRY_S = 30.0  # between them: the trial's GPU memory freed, a restart policy settled
+
+
+@dataclass(frozen=True)
+class RetryRevert:
+    """The revert failed, for a reason that may pass: the experiment stays `reverting` and
+    issues it again at `progress["retry_at"]`."""
+
+    reason: str
+    progress: dict[str, Any]
 
 
 def after_poll(
@@ -50,8 +63,11 @@ def after_poll(
     return Move(State.reverted, reverted_reason(took), {"ready_after_s": took})
 
 
-def after_launch_failure(purpose: Literal["restart", "revert"], exc: LaunchError) -> Move:
-    """Where a failed or refused launch leaves the experiment (module docstring)."""
+def after_launch_failure(
+    purpose: Literal["restart", "revert"], exc: LaunchError, *, failures: int, now_ts: float
+) -> Move | RetryRevert:
+    """Where a failed or refused launch leaves the experiment (module docstring); a revert
+    that failed fewer than REVERT_ATTEMPTS times (`failures` before this one) is tried again."""
     if purpose == "restart" and exc.wrote_nothing:
         # refused before anything changed (the workload came under another tool's control
         # after the approval): the server runs the baseline still, there is nothing to undo
@@ -66,8 +82,16 @@ def after_launch_failure(purpose: Literal["restart", "revert"], exc: LaunchError
         return Move(
             State.reverting, reason, {"cause": "failed_start", **kind, "log_tail": log_tail}
         )
+    attempt = failures + 1
+    if attempt < REVERT_ATTEMPTS:
+        return RetryRevert(
+            f"the revert failed (attempt {attempt} of {REVERT_ATTEMPTS}): {exc.reason}; trying "
+            f"again in {REVERT_RETRY_S:.0f} s",
+            {"issued": None, "revert_failures": attempt, "retry_at": now_ts + REVERT_RETRY_S},
+        )
     return Move(
         State.failed,
-        f"the revert failed: {exc.reason}; a person must restore the server",
+        f"the revert failed ({REVERT_ATTEMPTS} attempts): {exc.reason}; a person must restore "
+        "the server",
         {"log_tail": log_tail},
     )

@@ -632,6 +632,12 @@ def _kept_rule(view: View) -> str:
 
 
 def _reverting(view: View, facts: Facts) -> Step:
+    retry_at = view.progress.retry_at
+    if view.progress.issued is None and retry_at is not None and facts.now_ts < retry_at:
+        return Wait(
+            f"the revert failed {view.progress.revert_failures} time(s); issuing it again in "
+            f"{retry_at - facts.now_ts:.0f} s"
+        )
     if view.progress.issued is None and facts.ready and facts.current_args == view.baseline_args:
         if facts.rotation is not None and facts.rotation.out:  # (aborted while it drained)
             return Rejoin("revert")

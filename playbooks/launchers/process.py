@@ -207,13 +207,21 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
     def healthy(self) -> bool:
         return health_ok(self.spec.url, self.spec.engine)
 
+    def _another_answers(self) -> bool:
+        """Whether a server kvpilot did not start answers on the URL. Asked with no server of
+        ours running, where nothing usually listens (refused at once); a listener that never
+        answers is waited on a few seconds of the experiment's clock at most, not 5 wall
+        seconds (a whole restart's deadline on a twin run 200 times faster)."""
+        timeout_s = min(5.0, max(0.5, self.clock.wall_seconds(60.0)))
+        return health_ok(self.spec.url, self.spec.engine, timeout_s)
+
     def state(self) -> ServerState:
         pid = self._pid()
         alive = self._alive(pid)
         if alive:
             ready = self.healthy()
             return ServerState(True, ready, pid, None, "" if ready else "starting or not ready")
-        if self.healthy():
+        if self._another_answers():
             return ServerState(True, True, None, None, self._not_ours(pid))
         code = self._exit_code()
         cause = self.spec.engine.exit_cause(code, self.log_tail())
@@ -259,7 +267,7 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
 
     def start(self, args: list[str]) -> None:
         pid = self._pid()
-        if not self._alive(pid) and self.healthy():
+        if not self._alive(pid) and self._another_answers():
             # a second server on its port would only die, and its readiness would be read
             # from the one there, which is not ours to replace
             raise LaunchError(self._not_ours(pid))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.app.claims import ClaimKeeper, lost_refusal
+from bot.app.claims import LEASE_S, RENEW_S, ClaimKeeper, lost_refusal
 from bot.app.config import Config, load
 from bot.app.health import Part
 from bot.app.runtime import Runtime
@@ -132,3 +132,59 @@ def test_healthz_lists_the_lost_claims(tmp_path: Path) -> None:
     assert runtime.flow.refusal("big", "propose a change") is not None
     runtime.claims.stop()
     runtime.close()
+
+
+def test_a_bot_that_cannot_renew_stops_changing_its_servers_before_its_lease_lapses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claims file unreachable (a network share gone, a lock held): after LEASE_S another
+    bot may take the servers, so this one stops changing them before then, and goes on once a
+    renewal succeeds."""
+    clock = Clock()
+    east = ClaimKeeper(bot_config(tmp_path, "east", {"big": URL}), now=clock)
+    east.take()
+    real = store.claim
+
+    def unreachable(*args: object, **kwargs: object) -> store.Outcome:
+        raise OSError("disk I/O error")
+
+    monkeypatch.setattr(store, "claim", unreachable)
+    clock.advance(RENEW_S)
+    assert east.renew() is None
+    assert east.refusal("big", "restart the server") is None  # a lapse is still far off
+    clock.advance(LEASE_S - 2 * RENEW_S)
+    assert east.renew() is None
+    text = east.refusal("big", "restart the server")
+    assert text is not None
+    assert "cannot restart the server on `big`: this bot could not renew its claims" in text
+    assert "for 90 s" in text and "claims.db" in text
+    monkeypatch.setattr(store, "claim", real)
+    assert east.renew() is not None
+    assert east.refusal("big", "restart the server") is None
+    east.stop()
+
+
+def test_a_bot_whose_name_another_bot_took_refuses_every_change(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its claims released by force, and another bot started under the same name with another
+    database (on another host, say): the claims are that bot's now, so this one changes none
+    of its servers, and says so."""
+    clock = Clock()
+    east_config = bot_config(tmp_path, "east", {"big": URL})
+    east = ClaimKeeper(east_config, now=clock)
+    east.take()
+    assert east_config.claims is not None
+    store.release_bot(store.open_claims(east_config.claims.path), "east")
+    again = tmp_path / "again.toml"  # the same name, its own database, the same claims file
+    again.write_text(
+        f'[kvpilot]\ndatabase = "again/kvpilot.db"\nclaims = "claims.db"\nbot_name = "east"\n'
+        f'[servers.big]\nurl = "{URL}"\n'
+    )
+    ClaimKeeper(load(str(again)), now=clock).take()
+    with caplog.at_level("ERROR"):
+        east.renew()
+    text = east.refusal("big", "restart the server")
+    assert text is not None and 'bot name "east" is in use' in text, text
+    assert any("another database" in r.getMessage() for r in caplog.records)
+    east.stop()

@@ -309,6 +309,38 @@ def test_two_samplers_on_one_database_do_not_count_twice(
     other_db.close()
 
 
+def test_a_round_of_another_sampler_between_a_read_and_its_commit_counts_nothing_twice(
+    tmp_path: Path, db: Database, fake: FakeSGLang
+) -> None:
+    """At 500 servers a round takes seconds: the other process's whole round can land between
+    this one's scrapes and its commit. What it builds on is read in the round's transaction."""
+    clock = ManualTime()
+    config = make_config(tmp_path, fake.url)
+    other_db = open_db(tmp_path / "kvpilot.db")
+    first, second = Sampler(config, db, clock), Sampler(config, other_db, clock)
+    first.sample_once()
+    clock.advance(1)
+    second.sample_once()
+    clock.advance(14)
+    fake.advance(15)
+    read_all = first._read_all
+
+    def the_other_rounds_meanwhile(names: list[str]) -> dict[str, Any]:
+        got = read_all(names)
+        clock.advance(5)
+        fake.advance(5)
+        second.sample_once()
+        return got
+
+    first._read_all = the_other_rounds_meanwhile  # type: ignore[method-assign]
+    first.sample_once()
+    rows = all_samples(db)
+    assert [r.ts for r in rows] == sorted(r.ts for r in rows)
+    counted = sum(r.gen_tokens or 0 for r in rows)
+    assert counted == rows[-1].gen_total - rows[0].gen_total  # each token once
+    other_db.close()
+
+
 def test_each_good_scrape_is_a_monitor_sample_kept_for_its_retention(
     tmp_path: Path, db: Database, fake: FakeSGLang
 ) -> None:

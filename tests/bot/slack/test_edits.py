@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from bot.chat.messages import Message
-from bot.slack.edits import EditQueue
+from bot.slack.edits import ATTEMPTS, EditQueue
 from bot.slack.pacing import ChannelPacer
 from bot.slack.surface import SlackSurface, web_client
 from storage.chat import MessageRef
@@ -71,17 +71,57 @@ def test_an_edit_that_must_be_done_waits_and_no_older_progress_lands_after_it() 
 def test_the_error_of_an_edit_reaches_whoever_waits_and_is_logged_otherwise(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    queue = EditQueue()
+    queue = EditQueue(retry_s=0.01)
+    tries: list[str] = []
 
     def fails() -> None:
+        tries.append("sent")
         raise RuntimeError("message_not_found")
 
     with pytest.raises(RuntimeError, match="message_not_found"):
         queue.submit("m", fails, wait=True)
+    assert tries == ["sent"]  # whoever waits decides what to do
     with caplog.at_level(logging.WARNING, logger="bot.slack.edits"):
         queue.submit("m", fails, wait=False)
         assert queue.drain(10)
-    assert "an edit of a message failed (message_not_found)" in caplog.text
+    assert len(tries) == 1 + ATTEMPTS
+    assert "an edit of a message failed (message_not_found); trying again" in caplog.text
+    assert f"failed (message_not_found) {ATTEMPTS} time(s); giving it up" in caplog.text
+
+
+def test_the_last_news_of_a_message_is_sent_again_after_a_failure() -> None:
+    """A rollout's end is an edit nobody waits for: lost to one failed call (after the client's
+    own retries), its message would show an older state for good."""
+    queue = EditQueue(retry_s=0.01)
+    sent: list[str] = []
+
+    def once_refused() -> None:
+        if not sent:
+            sent.append("refused")
+            raise RuntimeError("internal_error")
+        sent.append("rollout ended: 99 kept")
+
+    queue.submit("m", once_refused, wait=False)
+    assert queue.drain(10)
+    assert sent == ["refused", "rollout ended: 99 kept"]
+
+
+def test_newer_content_replaces_an_edit_waiting_to_be_tried_again() -> None:
+    now = [0.0]  # the queue's clock, moved by hand: the retry cannot come first
+    queue = EditQueue(retry_s=0.2, monotonic=lambda: now[0])
+    sent: list[str] = []
+
+    def refused() -> None:
+        sent.append("old")
+        raise RuntimeError("internal_error")
+
+    queue.submit("m", refused, wait=False)
+    while queue.pending() == 0 or not sent:  # the first send failed; its retry waits
+        threading.Event().wait(0.01)
+    queue.submit("m", _append(sent, "new"), wait=False)
+    now[0] += 1.0
+    assert queue.drain(10)
+    assert sent == ["old", "new"]
 
 
 def test_progress_over_the_local_slack_ends_with_the_newest_content() -> None:

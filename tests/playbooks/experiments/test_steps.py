@@ -681,11 +681,55 @@ def test_after_launch_failure(
     to: State,
     details: dict[str, Any],
 ) -> None:
-    move = restarts.after_launch_failure(purpose, exc)
+    move = restarts.after_launch_failure(
+        purpose, exc, failures=restarts.REVERT_ATTEMPTS - 1, now_ts=T
+    )  # a revert's last attempt
+    assert isinstance(move, Move)
     assert (move.to, move.details) == (to, details), name
     assert exc.reason in move.reason
     if to == State.failed:
         assert "a person must restore the server" in move.reason
+
+
+@pytest.mark.parametrize(
+    ("failures", "retried"),
+    [(0, True), (1, True), (restarts.REVERT_ATTEMPTS - 1, False)],
+)
+def test_a_failed_revert_is_tried_again_before_a_person_is_called(
+    failures: int, retried: bool
+) -> None:
+    """The baseline's first start after a trial can fail for a passing reason (the trial's
+    GPU memory not yet freed, a restart policy racing kvpilot): the revert is issued again after
+    a pause, up to REVERT_ATTEMPTS times, before the server is left to a person."""
+    exc = LaunchError("sglang.service exited before it was ready: CUDA out of memory")
+    outcome = restarts.after_launch_failure("revert", exc, failures=failures, now_ts=T)
+    if retried:
+        assert isinstance(outcome, restarts.RetryRevert)
+        assert outcome.progress == {
+            "issued": None,
+            "revert_failures": failures + 1,
+            "retry_at": T + restarts.REVERT_RETRY_S,
+        }
+        assert f"attempt {failures + 1} of {restarts.REVERT_ATTEMPTS}" in outcome.reason
+        assert exc.reason in outcome.reason
+    else:
+        assert isinstance(outcome, Move) and outcome.to == State.failed
+        assert f"{restarts.REVERT_ATTEMPTS} attempts" in outcome.reason
+    # a failed restart (the trial) is never retried: it is reverted
+    assert isinstance(
+        restarts.after_launch_failure("restart", exc, failures=failures, now_ts=T), Move
+    )
+
+
+def test_a_revert_waits_out_its_pause_before_it_is_issued_again() -> None:
+    v = view(State.reverting, revert_failures=1, retry_at=T + 10)
+    waiting = steps.next_step(v, seen(**ON_TRIAL, ready=False, running=False))
+    assert isinstance(waiting, steps.Wait)
+    assert "again in 10 s" in waiting.reason
+    due = steps.next_step(
+        view(State.reverting, revert_failures=1, retry_at=T - 1), seen(**ON_TRIAL)
+    )
+    assert isinstance(due, steps.Issue) and due.args == BASE
 
 
 @pytest.mark.parametrize("took_s", [52.54, 52.46, 40.0, 0.05])
