@@ -56,7 +56,10 @@ def normalised_url(url: str) -> str:
     differently agree on it: scheme and host lower-cased, the port written out (80, 443 when
     the URL has none), no credentials, query or trailing slash. The host is not resolved:
     `localhost` and `127.0.0.1` stay two spellings. ValueError for what is no http(s) URL."""
-    parts = urllib.parse.urlsplit(url.strip())
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+    except ValueError:  # an unclosed IPv6 bracket
+        raise ValueError(f"{url!r} is not an http(s) URL such as http://HOST:PORT") from None
     scheme = parts.scheme.lower()
     if scheme not in DEFAULT_PORTS or not parts.hostname:
         raise ValueError(f"{url!r} is not an http(s) URL such as http://HOST:PORT")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import replace
@@ -37,7 +37,7 @@ from bot.app.wiring import (
 from bot.chat import campaign, freezes, notify, rollout, views
 from bot.chat.approvals import Approvals
 from bot.chat.auth import Action, Decision, GroupMembers, Principal, authorise
-from bot.chat.commands import Command, CommandError, parse_command
+from bot.chat.commands import Command, CommandError, parse_command, record_id
 from bot.chat.conversation import Work
 from bot.chat.dispatch import DECIDED_AGAINST_PROPOSER, HANDLERS, Reply
 from bot.chat.identity import OPAQUE, Identity
@@ -75,6 +75,14 @@ from storage.errors import (
 )
 
 log = logging.getLogger(__name__)
+
+
+PROPOSABLE = ("recommended", "possible", "needs_opt_in")  # verdicts a Propose button is for
+
+
+def proposable(option: Mapping[str, Any]) -> bool:
+    """Whether a diagnosis's option gets a Propose button (and a button may propose it)."""
+    return bool(option.get("change")) and option.get("verdict") in PROPOSABLE
 
 
 def rules_to_judge(client: EngineClient, info: ServerSettings, cfg: ServerConfig) -> Rules:
@@ -252,9 +260,12 @@ class Kvpilot(Approvals):
             return self._diagnose_button(who, value, where)
         try:
             first, _, second = value.partition(":")
-            ident = int(first)
+            ident = record_id(first)  # what SQLite can hold; no sign, no other digits
+            if ident is None:
+                raise ValueError(value)
             if action_id == PROPOSE_OPTION:
-                int(second)
+                if record_id(second) is None:  # an index of the options: no -1 for the last
+                    raise ValueError(value)
             elif len(second) != 16 or not all(c in "0123456789abcdef" for c in second):
                 raise ValueError(value)
         except ValueError:
@@ -334,7 +345,7 @@ class Kvpilot(Approvals):
         buttons = tuple(
             Button(f"{PROPOSE_OPTION}#{i}", f"{diag_id}:{i}", f"Propose: {o['title']}"[:75])
             for i, o in enumerate(data["options"])
-            if o["change"] and o["verdict"] in ("recommended", "possible", "needs_opt_in")
+            if proposable(o)
         )
         surface.update(
             progress,
@@ -348,6 +359,8 @@ class Kvpilot(Approvals):
         try:
             diagnosis = chat.get_diagnosis(self.db(), diag_id)
             option = diagnosis.finding["options"][index]
+            if not proposable(option):  # its button was never offered
+                raise IndexError(index)
         except (NotFound, IndexError):
             self.deny(who, "propose", f"no option {index} in diagnosis {diag_id}")
             surface.whisper(who, Message.note(":warning: That option no longer exists."))

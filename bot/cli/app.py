@@ -423,7 +423,7 @@ def cmd_diagnose(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 return 2
             settings = replace(settings, consider=consider)
         finding = diagnose(client, clock, settings, progress)
-    except (EngineError, MeasurementError) as exc:
+    except (EngineError, MeasurementError, ValueError) as exc:  # (a server info it cannot read)
         progress.finish()
         err.write(f"error: {exc}\n")
         return 1
@@ -517,7 +517,7 @@ def cmd_diagnose_named(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     progress = Progress(err)
     try:
         finding = diagnose(member.client, clock, member.settings, progress)
-    except (EngineError, MeasurementError) as exc:
+    except (EngineError, MeasurementError, ValueError) as exc:
         progress.finish()
         err.write(f"error: {ns.server}: {exc}\n")
         return 1

@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 import zoneinfo
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from playbooks.reports.throughput import Report
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def add_report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -82,12 +84,29 @@ def _until(text: str | None, zone: zoneinfo.ZoneInfo, fallback: datetime) -> dat
     return moment.replace(tzinfo=zone) if moment.tzinfo is None else moment
 
 
+def _since(until: datetime, window: str) -> datetime:
+    """The report's start, `window` before `until`; ValueError before 1970 (no sample is older)
+    or before the year 1 (past what a datetime holds)."""
+    from playbooks.reports.throughput import parse_window  # noqa: PLC0415
+
+    try:
+        since = until - parse_window(window)
+    except OverflowError:
+        since = EPOCH - timedelta(days=1)
+    if since < EPOCH:
+        raise ValueError(
+            f"--since {window} before --until {until:%Y-%m-%d} starts before 1970, "
+            "where no sample can be"
+        )
+    return since
+
+
 def cmd_report(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from bot.app.config import ConfigError, load, warn_to  # noqa: PLC0415 - see the module docstring
     from bot.app.wiring import database, engine_of, make_clock  # noqa: PLC0415
     from bot.cli.chat import CHAT_IDS  # noqa: PLC0415
     from bot.reports.report import render_chart, render_text  # noqa: PLC0415
-    from playbooks.reports.throughput import build_report, parse_window  # noqa: PLC0415
+    from playbooks.reports.throughput import build_report  # noqa: PLC0415
     from storage.errors import StorageError  # noqa: PLC0415
     from storage.metric_samples import sampled_servers  # noqa: PLC0415
 
@@ -113,7 +132,7 @@ def cmd_report(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             ) from None
         # on the stored time line: an accelerated twin's samples run ahead of the wall clock
         until = _until(ns.until, zone, make_clock(config, db).utcnow())
-        since = until - parse_window(ns.since)
+        since = _since(until, ns.since)
         report = build_report(
             db, ns.server, since=since, until=until, engine=engine_of(config, ns.server)
         )

@@ -322,6 +322,9 @@ def build_report(
     )
 
 
+MAX_DURATION_S = 3650 * 86400.0  # past what any window or retention means; a timedelta's end
+
+
 def parse_window(text: str) -> timedelta:
     """ "24h", "7d", "2w", "90m", "30s" or seconds, as a timedelta; a clear error otherwise.
 
@@ -335,5 +338,7 @@ def parse_window(text: str) -> timedelta:
     except ValueError:
         raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 30m, 24h, 7d or 2w") from None
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{text!r}: must be positive")
+        raise ValueError(f"{text!r}: must be positive and finite")
+    if value > MAX_DURATION_S:
+        raise ValueError(f"{text!r}: at most 3650 days (10 years)")
     return timedelta(seconds=value)

@@ -13,7 +13,7 @@ from bot.app.config.windows import ChangeWindow, change_window
 from playbooks.engines import DEFAULT as DEFAULT_ENGINE
 from playbooks.engines import NAMES as ENGINE_NAMES
 from playbooks.gate import GateSettings
-from playbooks.http import is_http_url
+from playbooks.http import is_http_url, normalised_url
 from playbooks.launchers import factory as launcher_factory
 from playbooks.quality.check import QualityCheck
 from playbooks.sources.prometheus import DEFAULT_MAX_AGE_S, default_selector, parse_selector
@@ -233,6 +233,10 @@ def server(name: str, table: Any, gate_defaults: GateSettings) -> ServerConfig:
     url = string(table, "url", where)
     if url is None or not is_http_url(url):
         raise ConfigError(f"{where}.url: expected http://HOST:PORT, got {url!r}")
+    try:
+        normalised_url(url)  # the host and port readable, as every request will need them
+    except ValueError as exc:
+        raise ConfigError(f"{where}.url: {exc}") from None
     api_key = string(table, "api_key", where)
     env_name = string(table, "api_key_env", where)
     if env_name is not None:

@@ -8,6 +8,7 @@ fixed from the message alone.
 from __future__ import annotations
 
 import difflib
+import math
 import zoneinfo
 from typing import Any
 
@@ -37,6 +38,8 @@ def number(
     value = table[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
+    if not math.isfinite(value):  # TOML has nan and inf
+        raise ConfigError(f"{where}.{key}: expected a finite number, got {value}")
     if positive and value <= 0:
         raise ConfigError(f"{where}.{key}: must be positive, got {value}")
     return float(value)

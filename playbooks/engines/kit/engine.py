@@ -158,6 +158,11 @@ class EngineReader(Reader):
                 f"{exc.__class__.__name__}: {exc}",
                 "Is the server running, and is the URL (host and port) right?",
             ) from exc
+        except httpx.DecodingError as exc:  # (a RequestError, not a TransportError)
+            raise WrongEngine(
+                f"{self.base_url}{path} answered a body that cannot be decoded: {exc}",
+                "Does something between kvpilot and the server (a proxy) change its answers?",
+            ) from exc
 
     def _exposition(self, path: str, hint: str) -> httpx.Response:
         """The answer at the engine's metrics `path`; MetricsDisabled, with `hint`, where the

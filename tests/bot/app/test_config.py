@@ -67,6 +67,11 @@ def test_environment_variable_and_default_path(
         ("[gate]\nbatch_s = 4\nscrape_s = 5\n", "must hold at least two scrapes"),
         ("[gate]\nmax_trial_s = 30\n", "max_trial_s must leave room"),
         ("[kvpilot]\ntime_scale = -1\n", "kvpilot.time_scale: must be positive"),
+        ("[kvpilot]\ntime_scale = nan\n", "kvpilot.time_scale: expected a finite number"),
+        ("[kvpilot]\ntime_scale = inf\n", "kvpilot.time_scale: expected a finite number"),
+        ("[servers.a]\nurl = 'http://[::1'\n", "servers.a.url: 'http://[::1' is not an http"),
+        ("[servers.a]\nurl = 'http://h:99999'\n", "servers.a.url: 'http://h:99999' has no valid"),
+        ("[access]\napproval_ttl = '99999999999w'\n", "at most 3650 days"),
         (
             "[servers.a]\nurl = 'http://x'\napi_key_env = 'KVPILOT_NOPE_UNSET'\n",
             "KVPILOT_NOPE_UNSET is not set",

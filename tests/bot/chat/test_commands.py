@@ -39,6 +39,8 @@ def test_report_window_is_parsed_when_the_command_is(
         ("report --since", "needs a duration"),
         ("report --since yesterday", "not a duration"),
         ("report --since 0h", "must be positive"),
+        ("report --since 99999999999w", "at most 3650 days"),  # past what a timedelta holds
+        ("report --since 1e400s", "must be positive and finite"),
     ],
 )
 def test_a_bad_report_window_is_answered_at_once(config: Config, text: str, needle: str) -> None:

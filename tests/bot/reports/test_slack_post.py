@@ -178,6 +178,8 @@ def test_kvpilot_report_prints_posts_and_refuses_bad_input(
         (("--server", "s", "--since", "yesterday"), "is not a duration"),
         (("--server", "s", "--until", "noon"), "is not a time"),
         (("--server", "s", "--timezone", "Mars/Olympus"), "is not a time zone"),
+        (("--server", "s", "--since", "99999999999w"), "at most 3650 days"),
+        (("--server", "s", "--until", "0001-01-02T00:00"), "starts before 1970"),
     ):
         code, _, err = run_cli("report", "--config", str(config_file), *args)
         assert code == 2 and words in err and "Traceback" not in err, err

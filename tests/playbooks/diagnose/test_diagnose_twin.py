@@ -6,7 +6,8 @@ import http.server
 import io
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -182,13 +183,15 @@ def test_human_report() -> None:
     assert "Throughput over" in out
 
 
-@pytest.fixture
-def not_sglang() -> Iterator[str]:
+@contextmanager
+def answering(answer: Callable[[str], tuple[int, str, bytes]]) -> Iterator[str]:
+    """A server on loopback whose every GET `answer(path)` answers: status, type, body."""
+
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = b"<html>a web page</html>"
-            self.send_response(404 if self.path != "/" else 200)
-            self.send_header("content-type", "text/html")
+            status, kind, body = answer(self.path.split("?")[0])
+            self.send_response(status)
+            self.send_header("content-type", kind)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -199,8 +202,18 @@ def not_sglang() -> Iterator[str]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture
+def not_sglang() -> Iterator[str]:
+    with answering(
+        lambda path: (200 if path == "/" else 404, "text/html", b"<html>a page</html>")
+    ) as url:
+        yield url
 
 
 def test_clear_errors(not_sglang: str) -> None:
@@ -226,6 +239,26 @@ def test_clear_errors(not_sglang: str) -> None:
     with pytest.raises(SystemExit) as exc:
         run_cli("diagnose", "--server", not_sglang, "--window", "-5")
     assert exc.value.code == 2
+
+
+@pytest.fixture
+def half_sglang() -> Iterator[str]:
+    """Answers SGLang's server info without what kvpilot needs of it (a proxy trimming it, a
+    fork that renamed the field)."""
+
+    def answer(path: str) -> tuple[int, str, bytes]:
+        if path in ("/get_server_info", "/server_info"):
+            return 200, "application/json", b'{"max_total_num_tokens": 1000}'
+        return 404, "text/plain", b"not found"
+
+    with answering(answer) as url:
+        yield url
+
+
+def test_a_server_info_without_what_kvpilot_reads_is_one_error_line(half_sglang: str) -> None:
+    code, _, err = run_cli("diagnose", "--server", half_sglang, "--engine", "sglang")
+    assert code == 1 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("error: "), err
 
 
 def test_metrics_disabled_falls_back_and_says_so() -> None:

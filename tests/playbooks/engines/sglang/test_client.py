@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from playbooks.engines.base import MetricsDisabled, Unauthorized, Unreachable
+from playbooks.engines.base import MetricsDisabled, Unauthorized, Unreachable, WrongEngine
 from playbooks.engines.sglang.client import (
     NotSGLang,
     SGLangClient,
@@ -91,6 +91,18 @@ def test_not_sglang() -> None:
 
     http = httpx.Client(transport=httpx.MockTransport(not_json), base_url="http://web")
     with pytest.raises(NotSGLang, match="did not return JSON"):
+        SGLangClient(http, wait=no_wait).server_info()
+
+
+def test_a_body_that_cannot_be_decoded_is_an_engine_error() -> None:
+    """A proxy that marks its answer gzip and sends it plain: httpx's DecodingError is no
+    transport error, and escaped as a traceback."""
+
+    def lying(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b'{"not": "gzip"}', headers={"Content-Encoding": "gzip"})
+
+    http = httpx.Client(transport=httpx.MockTransport(lying), base_url="http://proxy")
+    with pytest.raises(WrongEngine, match=r"cannot be decoded.*a proxy"):
         SGLangClient(http, wait=no_wait).server_info()
 
 
