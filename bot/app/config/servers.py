@@ -202,6 +202,11 @@ def _launcher(table: Any, where: str) -> LauncherConfig | None:
 
 def server(name: str, table: Any, gate_defaults: GateSettings) -> ServerConfig:
     where = f"servers.{name}"
+    if not name or any(c.isspace() for c in name):  # a command names it in one word
+        raise ConfigError(
+            f"servers.{name!r}: a server's name is one word that commands can name, e.g. "
+            "[servers.kimi-7]"
+        )
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: expected a table")
     check_keys(

@@ -72,6 +72,8 @@ def test_environment_variable_and_default_path(
         ("[servers.a]\nurl = 'http://[::1'\n", "servers.a.url: 'http://[::1' is not an http"),
         ("[servers.a]\nurl = 'http://h:99999'\n", "servers.a.url: 'http://h:99999' has no valid"),
         ("[access]\napproval_ttl = '99999999999w'\n", "at most 3650 days"),
+        ("[servers.'kimi 7']\nurl = 'http://x:1'\n", "a server's name is one word"),
+        ("[servers.'']\nurl = 'http://x:1'\n", "a server's name is one word"),
         (
             "[servers.a]\nurl = 'http://x'\napi_key_env = 'KVPILOT_NOPE_UNSET'\n",
             "KVPILOT_NOPE_UNSET is not set",
