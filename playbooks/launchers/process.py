@@ -26,6 +26,7 @@ from playbooks.clock import Clock, WallClock
 from playbooks.engines import default_engine
 from playbooks.engines.base import Engine
 from playbooks.http import readiness
+from playbooks.launchers import procfs
 from playbooks.launchers.base import Finding, LaunchError, ServerIdentity, ServerState
 from playbooks.launchers.common import (
     StartThenWait,
@@ -33,6 +34,12 @@ from playbooks.launchers.common import (
     poll_until,
     still_starting,
     writable_ancestor,
+)
+from playbooks.launchers.procfs import (
+    group_members,
+    process_start_ticks,
+    start_ticks,
+    started_wall,
 )
 
 
@@ -55,57 +62,8 @@ class ProcessSpec:
         return list(self.command), []
 
 
-PROC = Path("/proc")
 START_SLACK_S = 2.0  # /proc/stat's btime is whole seconds; a tick is 10 ms
 KILLED_WAIT_S = 30.0  # after SIGKILL: a process in uninterruptible sleep may not end at once
-
-
-def start_ticks(stat: str) -> int | None:
-    """Field 22 of `/proc/PID/stat`: when the process started, in clock ticks since boot. The
-    command name (field 2) may hold spaces and parentheses, so fields count from its last ')'."""
-    fields = stat.rpartition(")")[2].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """The start of the process now holding `pid`, or None (gone, or no /proc on this host)."""
-    try:
-        return start_ticks((PROC / str(pid) / "stat").read_text())
-    except OSError:
-        return None
-
-
-def group_members(pgid: int) -> list[int] | None:
-    """The pids of process group `pgid` that run (zombies left out), or None without /proc."""
-    try:
-        entries = os.listdir(PROC)
-    except OSError:
-        return None
-    found: list[int] = []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            fields = (PROC / entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue  # ended while listed
-        if len(fields) > 2 and fields[0] != "Z" and fields[2] == str(pgid):
-            found.append(int(entry))
-    return found
-
-
-def _started_wall(ticks: int) -> float | None:
-    """A start in ticks as wall-clock time, for state files written before ticks were kept."""
-    try:
-        for line in (PROC / "stat").read_text().splitlines():
-            if line.startswith("btime "):
-                return int(line.split()[1]) + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 class NotTheEngine(LaunchError):
@@ -175,7 +133,7 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
         except PermissionError:
             return True
         try:
-            stat = (PROC / str(pid) / "stat").read_text()
+            stat = (procfs.PROC / str(pid) / "stat").read_text()
         except OSError:
             return True  # no /proc to tell by: the signal reached a process
         if stat.rpartition(")")[2].split()[:1] == ["Z"]:
@@ -193,7 +151,7 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
         if isinstance(recorded, int):
             return ticks == recorded
         started_at = state.get("started_at")  # a state file from before `proc_start`
-        wall = _started_wall(ticks)
+        wall = started_wall(ticks)
         if not isinstance(started_at, int | float) or wall is None:
             return True
         return wall <= started_at + START_SLACK_S

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from bot.cli import main
-from playbooks.launchers.process import process_start_ticks
+from playbooks.launchers.procfs import process_start_ticks
 from tests.ports import free_port
 
 SCALE = 200

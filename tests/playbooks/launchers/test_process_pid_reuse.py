@@ -20,12 +20,8 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from playbooks.launchers.base import LaunchError
-from playbooks.launchers.process import (
-    ProcessLauncher,
-    ProcessSpec,
-    process_start_ticks,
-    start_ticks,
-)
+from playbooks.launchers.process import ProcessLauncher, ProcessSpec
+from playbooks.launchers.procfs import process_start_ticks, start_ticks
 from tests.playbooks.launchers.serving import serving
 
 
