@@ -136,7 +136,7 @@ class ProcessLauncher(StartThenWait[ProcessSpec]):
             stat = (procfs.PROC / str(pid) / "stat").read_text()
         except OSError:
             return True  # no /proc to tell by: the signal reached a process
-        if stat.rpartition(")")[2].split()[:1] == ["Z"]:
+        if procfs.is_zombie(stat):
             return False  # a zombie of ours, not reaped yet
         return self._started_it(start_ticks(stat))
 

@@ -13,10 +13,20 @@ from pathlib import Path
 PROC = Path("/proc")
 
 
+def after_name(stat: str) -> list[str]:
+    """The fields of `/proc/PID/stat` from the third (the state) on. The command name (field
+    2) may hold spaces and parentheses, so they count from its last ')'."""
+    return stat.rpartition(")")[2].split()
+
+
+def is_zombie(stat: str) -> bool:
+    """The process has ended and waits for its parent to reap it."""
+    return after_name(stat)[:1] == ["Z"]
+
+
 def start_ticks(stat: str) -> int | None:
-    """Field 22 of `/proc/PID/stat`: when the process started, in clock ticks since boot. The
-    command name (field 2) may hold spaces and parentheses, so fields count from its last ')'."""
-    fields = stat.rpartition(")")[2].split()
+    """Field 22 of `/proc/PID/stat`: when the process started, in clock ticks since boot."""
+    fields = after_name(stat)
     try:
         return int(fields[19])
     except (IndexError, ValueError):
@@ -42,7 +52,7 @@ def group_members(pgid: int) -> list[int] | None:
         if not entry.isdigit():
             continue
         try:
-            fields = (PROC / entry / "stat").read_text().rpartition(")")[2].split()
+            fields = after_name((PROC / entry / "stat").read_text())
         except OSError:
             continue  # ended while listed
         if len(fields) > 2 and fields[0] != "Z" and fields[2] == str(pgid):
