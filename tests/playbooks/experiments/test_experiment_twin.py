@@ -61,6 +61,9 @@ def test_raising_the_fraction_is_kept(ws: Workspace) -> None:
     assert [e["name"] for e in shown["audit"]].count("restart_started") == 1
 
 
+# serial: the clients' completed tokens a second, which the gate's guardrail reads, fell 29% in
+# a fresh-clone run with five parallel workers on two cores starving the twin's load generator
+@pytest.mark.serial
 def test_a_raise_that_clears_the_queue_is_kept(tmp_path: Path) -> None:
     """The change the product exists for: a server at a low fraction, where most of 150
     clients wait, raised until all of them run. The trial's queue is gone, and its faster
